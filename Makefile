@@ -1,0 +1,28 @@
+# `make demo` and `make test` each build .venv on first use; the stamp re-installs when pyproject changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/raysim demo jobs/quickstart.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ""
+
+bench: $(STAMP)
+	$(BIN)/raysim bench jobs/bench/pfl_cifar10.yaml
+
+clean:
+	rm -rf $(VENV) mlflow.db mlruns .raysim

@@ -1,0 +1,83 @@
+"""FedAvg and the FedOpt family: local SGD on clients, an optimizer step on the server.
+
+- FedAvg: McMahan et al., AISTATS 2017, arXiv:1602.05629 (server SGD, lr 1).
+- FedAvgM: Hsu et al. 2019, arXiv:1909.06335 (server momentum 0.9).
+- FedAdam / FedYogi / FedAdagrad: Reddi et al., ICLR 2021, arXiv:2003.00295
+  (server lr 0.01, beta1 0.9, beta2 0.99, tau 1e-3, no bias correction).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.local import LocalTrainConfig, local_delta_update
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class FedOptConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedAvg: clients train locally, the server averages their models (McMahan et al. 2017)."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == plain averaging
+    weighted: bool = True  # weight clients by their number of training examples
+
+
+class FedAvgMConfig(FedOptConfig, frozen=True):
+    """FedAvgM: FedAvg with server momentum 0.9 (Hsu et al. 2019)."""
+
+    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="sgd", lr=1.0, momentum=0.9)
+
+
+class FedAdamConfig(FedOptConfig, frozen=True):
+    """FedAdam: server Adam on the mean client delta (Reddi et al. 2021)."""
+
+    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adam", lr=0.01, beta1=0.9,
+                                                          beta2=0.99, eps=1e-3)
+
+
+class FedYogiConfig(FedOptConfig, frozen=True):
+    """FedYogi: server Yogi on the mean client delta (Reddi et al. 2021)."""
+
+    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="yogi", lr=0.01, beta1=0.9,
+                                                          beta2=0.99, eps=1e-3)
+
+
+class FedAdagradConfig(FedOptConfig, frozen=True):
+    """FedAdagrad: server Adagrad on the mean client delta (Reddi et al. 2021)."""
+
+    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adagrad", lr=0.01, eps=1e-3)
+
+
+@register("algorithm", "fedavg")
+@register("algorithm", "fedavgm", config=FedAvgMConfig)
+@register("algorithm", "fedadam", config=FedAdamConfig)
+@register("algorithm", "fedyogi", config=FedYogiConfig)
+@register("algorithm", "fedadagrad", config=FedAdagradConfig)
+class FedOpt:
+    """FedAvg with a configurable server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
+
+    Config = FedOptConfig
+
+    def __init__(self, config: FedOptConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        return local_delta_update(ctx, self.config.local)
+
+    def aggregator(self) -> WeightedMean:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(self, state: ServerState, mean_delta: Params | None,
+                      round_num: int) -> tuple[ServerState, Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)
+

@@ -1,0 +1,65 @@
+"""FedProx: FedAvg plus a proximal term in local training (Li et al., MLSys 2020, arXiv:1812.06127).
+
+Each client minimises ``loss(w) + (mu / 2) * ||w - w_global||^2`` over its trainable parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.local import Batch, LocalTrainConfig, local_delta_update
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedProx: FedAvg with a proximal term (mu/2)||w - w_global||^2 (Li et al. 2020)."""
+
+    mu: float = Field(0.01, ge=0)
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()
+    weighted: bool = True
+
+
+def proximal_term(mu: float, anchor: dict[str, torch.Tensor]):
+    """``extra_loss`` computing (mu/2)·||w − anchor||² over the model's trainable parameters."""
+
+    def extra_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        terms = [((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters()
+                 if p.requires_grad]
+        return 0.5 * mu * torch.stack(terms).sum()
+
+    return extra_loss
+
+
+@register("algorithm", "fedprox")
+class FedProx:
+    """FedProx: FedAvg whose clients add a proximal term to their local loss."""
+
+    Config = FedProxConfig
+
+    def __init__(self, config: FedProxConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        anchor = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.params).items()}
+        return local_delta_update(ctx, self.config.local,
+                                  extra_loss=proximal_term(self.config.mu, anchor))
+
+    def aggregator(self) -> WeightedMean:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(self, state: ServerState, mean_delta: Params | None,
+                      round_num: int) -> tuple[ServerState, Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

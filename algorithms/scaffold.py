@@ -1,0 +1,90 @@
+"""SCAFFOLD: control variates correct client drift (Karimireddy et al., ICML 2020, arXiv:1910.06378).
+
+Option II of the paper. With server variate ``c`` and client variate ``c_i`` (zero at first):
+- each local step uses the corrected gradient ``g(y) - c_i + c``;
+- after K steps at lr eta: ``c_i+ = c_i - c + (x - y) / (K * eta)``; the client sends
+  ``delta = x - y`` and ``dc = c_i+ - c_i`` and keeps ``c_i+`` as its persistent state;
+- the server: ``x <- x - eta_g * mean(delta)``, ``c <- c + (|S| / N) * mean(dc)``.
+Means are unweighted by default, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.local import LocalTrainConfig, num_train_examples, train_local
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
+    """SCAFFOLD: client and server control variates against client drift (option II)."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()  # eta_g = 1
+    weighted: bool = False
+
+
+def drift_correction(c: Params, c_i: Params):
+    """``after_backward`` adding ``c - c_i`` to every trainable parameter's gradient."""
+    correction = {k: c[k] - c_i[k] for k in c}
+
+    def after_backward(model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                p.grad.add_(correction[name])
+
+    return after_backward
+
+
+@register("algorithm", "scaffold")
+class Scaffold:
+    """SCAFFOLD: FedAvg with control variates; each client keeps its own variate between rounds."""
+
+    Config = ScaffoldConfig
+
+    def __init__(self, config: ScaffoldConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys,
+                           extra={"c": variate, "participation": info.cohort_size / info.num_clients})
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        c = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.extra["c"]).items()}
+        c_i = ({k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()} if ctx.state
+               else {k: torch.zeros_like(v) for k, v in c.items()})
+        global_params = P.from_numpy(ctx.payload.params)
+        local = self.config.local
+        metrics = train_local(ctx.model, ctx.data, local, seed=ctx.seed, spec=ctx.spec,
+                              device=ctx.device, after_backward=drift_correction(c, c_i))
+        delta = P.delta(global_params, P.model_params(ctx.model))
+        steps = max(metrics["train/steps"], 1.0)
+        new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * local.lr) for k in c}
+        dc = {k: new_c_i[k] - c_i[k] for k in c}
+        return ClientResult(update={"delta": delta, "dc": dc},
+                            weight=float(num_train_examples(ctx.data, local)), metrics=metrics,
+                            state={"c_i": P.clone(new_c_i)})
+
+    def aggregator(self) -> WeightedMean:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(self, state: ServerState, mean: dict | None,
+                      round_num: int) -> tuple[ServerState, Metrics]:
+        if mean is None:
+            return state, {}
+        state, metrics = apply_server_step(state, mean["delta"], self.config.server)
+        share = state.extra["participation"]
+        c = {k: v + share * mean["dc"][k] for k, v in state.extra["c"].items()}
+        return replace(state, extra={**state.extra, "c": c}), metrics

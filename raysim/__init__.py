@@ -1,0 +1,1 @@
+"""raysim: a Ray-based federated-learning simulator."""

@@ -1,0 +1,114 @@
+"""Associative aggregators: workers fold client results into partials, the driver merges them.
+
+Every aggregator obeys ``result(merge(add(add(zero(), a), b), add(zero(), c)))`` == the same
+over any grouping, so a round's outcome does not depend on how clients were spread over workers
+(up to float rounding; partials accumulate in float64 to keep that rounding below 1e-6).
+
+Usage:
+    agg = WeightedMean(); acc = agg.zero()
+    for r in results: acc = agg.add(acc, position, r)
+    mean_update = agg.result(agg.merge(acc, other_worker_acc))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from raysim.params import tree_map
+from raysim.types import ClientResult
+
+
+class Aggregator(Protocol):
+    """zero / add / merge / result; ``position`` is the client's index in the round's cohort."""
+
+    def zero(self) -> Any: ...
+
+    def add(self, acc: Any, position: int, result: ClientResult) -> Any: ...
+
+    def merge(self, left: Any, right: Any) -> Any: ...
+
+    def result(self, acc: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _Sums:
+    total: Any  # tree of float64 tensors, or None before the first add
+    weight: float
+    count: int
+
+
+def _merge_sums(left: _Sums, right: _Sums) -> _Sums:
+    return _Sums(_add_trees(left.total, right.total), left.weight + right.weight,
+                 left.count + right.count)
+
+
+def _add_trees(left: Any, right: Any) -> Any:
+    if left is None:
+        return right
+    if right is None:
+        return left
+    return tree_map(torch.add, left, right)
+
+
+class WeightedMean:
+    """Mean of ``update`` trees weighted by ``result.weight`` (uniform when ``weighted=False``).
+
+    ``result`` returns ``None`` when no client contributed.
+    """
+
+    def __init__(self, weighted: bool = True) -> None:
+        self.weighted = weighted
+
+    def zero(self) -> _Sums:
+        return _Sums(None, 0.0, 0)
+
+    def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
+        w = float(result.weight) if self.weighted else 1.0
+        scaled = tree_map(lambda t: t.detach().to("cpu", torch.float64) * w, result.update)
+        return _Sums(_add_trees(acc.total, scaled), acc.weight + w, acc.count + 1)
+
+    def merge(self, left: _Sums, right: _Sums) -> _Sums:
+        return _merge_sums(left, right)
+
+    def result(self, acc: _Sums) -> Any:
+        if acc.total is None or acc.weight == 0:
+            return None
+        return tree_map(lambda t: (t / acc.weight).to(torch.float32), acc.total)
+
+
+class Sum:
+    """Plain sum of ``update`` trees (FedFish sums w·F·delta and w·F itself); None when empty."""
+
+    def zero(self) -> _Sums:
+        return _Sums(None, 0.0, 0)
+
+    def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
+        update = tree_map(lambda t: t.detach().to("cpu", torch.float64), result.update)
+        return _Sums(_add_trees(acc.total, update), acc.weight + float(result.weight), acc.count + 1)
+
+    def merge(self, left: _Sums, right: _Sums) -> _Sums:
+        return _merge_sums(left, right)
+
+    def result(self, acc: _Sums) -> Any:
+        if acc.total is None:
+            return None
+        return tree_map(lambda t: t.to(torch.float32), acc.total)
+
+
+class Gather:
+    """Keeps every result, ordered by cohort position (FuseFL composes client blocks)."""
+
+    def zero(self) -> list[tuple[int, ClientResult]]:
+        return []
+
+    def add(self, acc: list, position: int, result: ClientResult) -> list:
+        return [*acc, (position, result)]
+
+    def merge(self, left: list, right: list) -> list:
+        return sorted([*left, *right], key=lambda item: item[0])
+
+    def result(self, acc: list) -> list[ClientResult]:
+        return [r for _, r in sorted(acc, key=lambda item: item[0])]

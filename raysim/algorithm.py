@@ -1,0 +1,71 @@
+"""The algorithm plugin contract.
+
+A plugin is one class in one file under ``algorithms/``, registered with
+``@register("algorithm", name)``, holding both halves of an FL method:
+
+driver   ``init`` -> per round: ``broadcast`` -> [workers: ``client_update`` folded by
+         ``aggregator``] -> ``server_update``
+worker   ``client_update(ctx)`` runs once per sampled client, on a resident model into which the
+         worker has already loaded ``payload.params``.
+
+Rules every plugin follows:
+- ``client_update`` may change ``ctx.model`` freely (the worker restores it before the next
+  client) but must not touch globals, trackers or Ray; its randomness comes from ``ctx.seed``.
+- Aggregators are associative (``raysim.aggregate``); ``Gather`` when results are needed apart.
+- Metrics are returned, never logged by the plugin.
+- ``delta = global - local``; a server steps on the mean delta like a gradient.
+- Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``;
+  it is kept outside the workers, so it survives worker restarts.
+- A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
+  defines ``protocol(services, state)`` and drives the engine's services itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from raysim.aggregate import Aggregator
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """Client and server halves of one FL method (see the module docstring for the contract)."""
+
+    Config: ClassVar[type[BaseModel]]
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        """The server state before round 0, from the initial global params."""
+        ...
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        """What every sampled client receives this round (driver)."""
+        ...
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        """One client's local work (worker)."""
+        ...
+
+    def aggregator(self) -> Aggregator:
+        """How client results reduce; the same object type on every worker and the driver."""
+        ...
+
+    def server_update(self, state: ServerState, aggregate: Any,
+                      round_num: int) -> tuple[ServerState, Metrics]:
+        """The new server state from the round's merged aggregate (None if no client reported)."""
+        ...
+
+
+class StagedAlgorithm(Algorithm, Protocol):
+    """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot)."""
+
+    def protocol(self, services: Any, state: ServerState) -> ServerState:
+        """Runs the whole method with ``services`` (an ``engine.EngineServices``)."""
+        ...
+
+
+def has_protocol(algorithm: Any) -> bool:
+    """Whether the plugin overrides the default round loop."""
+    return callable(getattr(algorithm, "protocol", None))

@@ -1,0 +1,146 @@
+"""The ``raysim`` command: run, ls, ui, bench.
+
+User errors (bad config, missing data, resources) print one clear message and exit 2, without a
+traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from raysim.errors import RaysimError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except RaysimError as exc:
+        if os.environ.get("RAYSIM_DEBUG"):
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raysim", description="Federated-learning simulator on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a job (every variant in it), log to MLflow")
+    run.add_argument("config", help="job YAML, e.g. jobs/quickstart.yaml")
+    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
+    run.add_argument("--resume", help="continue from a checkpoint written by an earlier run")
+    run.add_argument("--output-dir", default=os.environ.get("RAYSIM_HOME", ".raysim"),
+                     help="where run directories (checkpoints, client state) go")
+    run.set_defaults(handler=cmd_run)
+
+    ls = sub.add_parser("ls", help="list algorithms, datasets and models")
+    ls.add_argument("kind", nargs="?", choices=["algorithms", "datasets", "models"])
+    ls.set_defaults(handler=cmd_ls)
+
+    ui = sub.add_parser("ui", help="open the MLflow UI on the run store (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    ui.add_argument("--dry-run", action="store_true", help="print the command only")
+    ui.set_defaults(handler=cmd_ui)
+
+    bench = sub.add_parser("bench", help="raysim vs a plain PyTorch loop on the same client trainings")
+    bench.add_argument("config", help="benchmark YAML, e.g. jobs/bench/pfl_cifar10.yaml")
+    bench.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from raysim.config import load_jobs
+    from raysim.engine import run
+
+    jobs = load_jobs(args.config, args.overrides, args.variant)
+    if args.resume and len(jobs) > 1:
+        raise RaysimError("--resume continues one run: pick one with --variant NAME")
+    results = [run(job, resume_from=args.resume, output_dir=args.output_dir) for job in jobs]
+    console.print(comparison_table(results))
+    if any(r.run_id for r in results):
+        console.print("Compare the runs in the MLflow UI: [bold]raysim ui[/] "
+                      "(then open http://127.0.0.1:5000)")
+    return 0
+
+
+def comparison_table(results: list) -> Table:
+    """One row per run: final accuracies, loss, time and throughput."""
+    table = Table(title="raysim runs")
+    for column in ("run", "algorithm", "rounds", "central acc", "client acc (mean ± std)",
+                   "train loss", "time (s)", "clients/s", "MLflow run id"):
+        table.add_column(column, justify="left" if column in ("run", "algorithm") else "right")
+    for r in results:
+        f = r.final
+        fmt = lambda key: f"{f[key]:.4f}" if key in f else "-"  # noqa: E731
+        spread = (f"{f['eval/clients/accuracy_mean']:.4f} ± {f['eval/clients/accuracy_std']:.4f}"
+                  if "eval/clients/accuracy_mean" in f else "-")
+        rates = [m["sys/clients_per_s"] for _, m in r.history if "sys/clients_per_s" in m]
+        table.add_row(r.job.name, r.job.algorithm.name, str(len(r.history)),
+                      fmt("eval/central/accuracy"), spread, fmt("train/loss"),
+                      f"{r.seconds:.1f}", f"{sum(rates) / len(rates):.1f}" if rates else "-",
+                      r.run_id or "-")
+    return table
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from raysim import registry
+
+    kinds = {"algorithms": "algorithm", "datasets": "dataset", "models": "model"}
+    for title, kind in kinds.items():
+        if args.kind and args.kind != title:
+            continue
+        table = Table(title=title, show_header=True)
+        table.add_column("name")
+        table.add_column("options")
+        table.add_column("what it is")
+        for entry in registry.entries(kind):
+            table.add_row(entry.name, ", ".join(entry.config.model_fields), entry.summary)
+        console.print(table)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from raysim.config import TrackingConfig
+    from raysim.tracking import artifact_root, tracking_uri
+
+    uri = args.tracking_uri or tracking_uri(TrackingConfig())
+    mlflow = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
+    command = [mlflow, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+               "--port", str(args.port)]
+    if artifact_root(uri):
+        command += ["--default-artifact-root", artifact_root(uri)]
+    console.print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C stops it")
+    if args.dry_run:
+        console.print(" ".join(command))
+        return 0
+    return subprocess.call(command)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from raysim.bench import run_benchmark
+
+    run_benchmark(args.config, args.overrides, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Job configs: YAML -> typed, frozen values, with every problem reported at once.
+
+A job file holds values only. Its ``dataset``, ``model`` and ``algorithm`` sections each name a
+registered plugin (``name:``) and carry that plugin's own options, validated by the plugin's
+``Config``. An optional top-level ``variants:`` list runs the same job several times, each variant
+deep-merged over the base (``raysim run`` logs one MLflow run per variant and compares them).
+
+Usage:
+    jobs = load_jobs("jobs/quickstart.yaml", ["engine.num_rounds=5"])
+    job = jobs[0]; job.algorithm.name, job.algorithm.config.local.lr
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
+
+from raysim import registry
+from raysim.errors import ConfigError
+
+PLUGIN_SECTIONS: tuple[registry.Kind, ...] = ("dataset", "model", "algorithm")
+
+
+class EngineConfig(BaseModel, frozen=True, extra="forbid"):
+    """The round loop."""
+
+    num_rounds: int = Field(10, ge=1)
+    cohort_size: int = Field(10, ge=1)
+    eval_every: int = Field(10, ge=0)  # 0: evaluate only after the last round
+    eval_clients: int | None = Field(None, ge=1)  # clients whose test split is evaluated; None: all
+    eval_batch_size: int = Field(512, ge=1)
+    max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
+    schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
+    checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+
+
+class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
+    """Where clients train: in-process (``serial``) or on Ray worker actors."""
+
+    backend: Literal["ray", "serial"] = "ray"
+    num_workers: int | None = Field(None, ge=1)  # None: one per CPU (or GPU slot) available
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)  # fractional shares one GPU between workers
+    address: str | None = None  # Ray cluster address; None: RAY_ADDRESS, else a local Ray
+    max_worker_restarts: int = Field(3, ge=0)
+
+
+class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
+    """MLflow logging, from the driver only."""
+
+    enabled: bool = True
+    experiment: str = "raysim"
+    run_name: str | None = None  # default: job name
+    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    log_checkpoint: bool = True
+    progress: bool = True  # console progress bar
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class PluginSection(BaseModel, frozen=True):
+    """A registered plugin's name and its validated options."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    name: str
+    config: SerializeAsAny[BaseModel]
+
+
+class JobConfig(BaseModel, frozen=True, extra="forbid"):
+    """One simulation: data, model, algorithm, engine, resources, tracking."""
+
+    name: str = "job"
+    seed: int = 0
+    dataset: PluginSection
+    model: PluginSection
+    algorithm: PluginSection
+    engine: EngineConfig = EngineConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config in the shape of a job file (defaults filled in)."""
+        out = self.model_dump(mode="json", exclude=set(PLUGIN_SECTIONS))
+        for kind in PLUGIN_SECTIONS:
+            section: PluginSection = getattr(self, kind)
+            out[kind] = {"name": section.name, **section.config.model_dump(mode="json")}
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> JobConfig:
+        """Validates a job mapping; raises one ConfigError listing every problem."""
+        return validate_job(raw, source)
+
+
+class _CoreJob(BaseModel, frozen=True, extra="forbid"):
+    """JobConfig's own fields, validated apart from the plugin sections."""
+
+    name: str = "job"
+    seed: int = 0
+    engine: EngineConfig = EngineConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+
+def validate_job(raw: Any, source: str | None = None) -> JobConfig:
+    """Turns a mapping into a JobConfig, collecting all problems before raising."""
+    if not isinstance(raw, dict):
+        raise ConfigError([f"a job must be a mapping of sections, got {type(raw).__name__}"], source)
+    problems: list[str] = []
+    sections = {kind: _validate_plugin(kind, raw.get(kind), problems) for kind in PLUGIN_SECTIONS}
+    core_raw = {k: v for k, v in raw.items() if k not in PLUGIN_SECTIONS}
+    try:
+        core = _CoreJob.model_validate(core_raw)
+    except ValidationError as exc:
+        problems += explain(exc, _CoreJob)
+        core = None
+    if problems:
+        raise ConfigError(problems, source)
+    return JobConfig(**dict(core), **sections)
+
+
+def _validate_plugin(kind: registry.Kind, raw: Any, problems: list[str]) -> PluginSection | None:
+    available = ", ".join(registry.names(kind))
+    if raw is None:
+        problems.append(f"{kind}: required section missing (a mapping with name: one of {available})")
+        return None
+    if not isinstance(raw, dict) or "name" not in raw:
+        problems.append(f"{kind}.name: required (one of {available})")
+        return None
+    options = {k: v for k, v in raw.items() if k != "name"}
+    try:
+        entry = registry.get(kind, str(raw["name"]))
+        return PluginSection(name=entry.name, config=entry.config.model_validate(options))
+    except ConfigError as exc:
+        problems += exc.problems
+    except ValidationError as exc:
+        entry = registry.get(kind, str(raw["name"]))
+        problems += explain(exc, entry.config, prefix=f"{kind}.")
+    return None
+
+
+def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per pydantic error: dotted key, what is wrong, what is allowed or meant."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        key = prefix + ".".join(loc)
+        if err["type"] == "extra_forbidden":
+            valid = _fields_at(model, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            lines.append(f"{key}: unknown key; {hint}(valid keys: {', '.join(sorted(valid))})")
+        elif err["type"] == "missing":
+            lines.append(f"{key}: required")
+        else:
+            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return lines
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
+    """Field names of the (nested) model at ``loc``; unions contribute all their members."""
+    models = [model]
+    for part in loc:
+        nested = []
+        for m in models:
+            if part in m.model_fields:
+                nested += _models_in(m.model_fields[part].annotation)
+        models = nested or models  # a union tag or list index: stay on the same models
+    return sorted({name for m in models for name in m.model_fields})
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated, list, dict):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return []
+
+
+def load_jobs(path: str | Path, overrides: list[str] | None = None,
+              only: list[str] | None = None) -> list[JobConfig]:
+    """Loads a job file: one JobConfig, or one per variant (optionally only those named)."""
+    raw = _read_yaml(Path(path))
+    variants = raw.pop("variants", None) or [None]
+    if not isinstance(variants, list):
+        raise ConfigError(["variants: must be a list of mappings"], str(path))
+    jobs, problems = [], []
+    for index, variant in enumerate(variants):
+        merged = _with_variant(raw, variant, index, str(path))
+        if only and merged.get("name") not in only:
+            continue
+        try:
+            jobs.append(validate_job(apply_overrides(merged, overrides or []), str(path)))
+        except ConfigError as exc:
+            label = f"variant {merged.get('name')!r}: " if variant is not None else ""
+            problems += [label + p for p in exc.problems]
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)), str(path))
+    if only and not jobs:
+        raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
+    return jobs
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"no such job file: {path}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(["a job file must hold a mapping of sections"], str(path))
+    return raw
+
+
+def _with_variant(base: dict, variant: Any, index: int, source: str) -> dict:
+    if variant is None:
+        return copy.deepcopy(base)
+    if not isinstance(variant, dict):
+        raise ConfigError([f"variants[{index}]: must be a mapping"], source)
+    variant = dict(variant)
+    name = variant.pop("name", None)
+    merged = deep_merge(base, variant)
+    algorithm = merged.get("algorithm", {})
+    merged["name"] = name or (algorithm.get("name") if isinstance(algorithm, dict) else None) \
+        or f"{base.get('name', 'job')}-{index}"
+    return merged
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """A copy of ``base`` with ``update`` merged in, recursively for nested mappings."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Applies ``a.b.c=value`` overrides; values are parsed as YAML (``0.1``, ``[1, 2]``, ``null``)."""
+    out = copy.deepcopy(raw)
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"override {item!r}: expected key.sub=value")
+            continue
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        try:
+            node[leaf] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            node[leaf] = text
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (for MLflow params)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

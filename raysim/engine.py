@@ -1,0 +1,224 @@
+"""``run(job)``: build everything, run the round loop (or the plugin's own protocol), finish.
+
+Usage:
+    result = run(load_jobs("jobs/quickstart.yaml")[0])
+    result.final["eval/central/accuracy"]
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim import params as P
+from raysim.algorithm import has_protocol
+from raysim.backend import Backend, RoundOutput, SerialBackend
+from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.config import JobConfig
+from raysim.data import ClientStore, open_dataset
+from raysim.evaluation import evaluate_global
+from raysim.plots import learning_curve
+from raysim.progress import RoundProgress
+from raysim.sampling import CohortSchedule, sample_cohort, sample_eval_clients
+from raysim.tracking import MemoryTracker, MlflowTracker, Tracker
+from raysim.types import Metrics, RunInfo, ServerState
+from raysim.worker import WorkerSetup, build_algorithm, build_job_model, raise_client_failure
+
+log = logging.getLogger("raysim")
+
+
+@dataclass
+class RunResult:
+    """What a finished run leaves: final state and metrics, the per-round history, the run id."""
+
+    job: JobConfig
+    state: ServerState
+    final: Metrics
+    history: list[tuple[int, Metrics]]
+    run_id: str | None
+    run_dir: Path
+    seconds: float
+
+
+@dataclass
+class EngineServices:
+    """The engine's pieces, handed to plugins whose ``protocol`` replaces the round loop."""
+
+    job: JobConfig
+    algorithm: Any
+    store: ClientStore
+    backend: Backend
+    tracker: Tracker
+    info: RunInfo
+    run_dir: Path
+    state_dir: Path
+    schedule: CohortSchedule | None = None
+    start_round: int = 0
+    eval_clients: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cohorts: list[list[int]] = field(default_factory=list)
+    history: list[tuple[int, Metrics]] = field(default_factory=list)
+
+    def cohort(self, round_num: int) -> np.ndarray:
+        """This round's cohort: from the fixed schedule, else a pure function of (seed, round)."""
+        if self.schedule is not None:
+            cohort = self.schedule.cohort(round_num)
+        else:
+            cohort = sample_cohort(self.info.num_clients, self.job.engine.cohort_size,
+                                   self.job.seed, round_num)
+        self.cohorts.append([int(c) for c in cohort])
+        return cohort
+
+    def train_cohort(self, payload: Any, cohort: np.ndarray, round_num: int) -> RoundOutput:
+        """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
+        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num)
+        if len(output.failures) > self.job.engine.max_failed_clients:
+            raise_client_failure(output.failures[0], round_num)
+        for failure in output.failures:
+            log.warning("round %d: client %d failed and was dropped: %r", round_num,
+                        failure.client_id, failure.error)
+        return output
+
+    def evaluate(self, state: ServerState) -> Metrics:
+        return evaluate_global(self.backend, state.params, self.eval_clients)
+
+    def is_eval_round(self, round_num: int) -> bool:
+        every, last = self.job.engine.eval_every, self.job.engine.num_rounds - 1
+        return round_num == last or (every > 0 and (round_num + 1) % every == 0)
+
+    def log(self, metrics: Metrics, round_num: int) -> None:
+        self.history.append((round_num, metrics))
+        self.tracker.log_metrics(metrics, step=round_num)
+
+    def maybe_checkpoint(self, state: ServerState, round_num: int) -> None:
+        every = self.job.engine.checkpoint_every
+        if every > 0 and (round_num + 1) % every == 0:
+            self.checkpoint(state, round_num, f"round_{round_num:05d}.pt")
+
+    def checkpoint(self, state: ServerState, round_num: int, name: str) -> Path:
+        return save_checkpoint(self.run_dir / "checkpoints" / name, state, round_num,
+                               self.job.to_dict(), str(self.state_dir))
+
+
+def run(job: JobConfig, *, tracker: Tracker | None = None, resume_from: str | None = None,
+        output_dir: str | Path = ".raysim") -> RunResult:
+    """Runs one simulation end to end and returns its result."""
+    start = time.perf_counter()
+    services, state = build(job, tracker, resume_from, Path(output_dir))
+    status = "FAILED"
+    try:
+        if has_protocol(services.algorithm):
+            state = services.algorithm.protocol(services, state)
+        else:
+            state = round_loop(services, state)
+        status = "FINISHED"
+        return finish(services, state, time.perf_counter() - start)
+    finally:
+        services.backend.shutdown()
+        services.tracker.finish(status)
+
+
+def round_loop(s: EngineServices, state: ServerState) -> ServerState:
+    """The default protocol: ``num_rounds`` identical rounds."""
+    algo, engine = s.algorithm, s.job.engine
+    with RoundProgress(s.job.name, engine.num_rounds, s.start_round, s.job.tracking.progress) as bar:
+        for round_num in range(s.start_round, engine.num_rounds):
+            t0 = time.perf_counter()
+            # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
+            cohort = s.cohort(round_num)
+            # 2. One payload for every client; workers fold their clients into one partial each.
+            payload = algo.broadcast(state, round_num)
+            output = s.train_cohort(payload, cohort, round_num)
+            # 3. Server update.
+            state, metrics = algo.server_update(state, output.aggregate, round_num)
+            metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+            # 4. Side work, each when due.
+            if s.is_eval_round(round_num):
+                metrics |= s.evaluate(state)
+            s.log(metrics, round_num)
+            bar.update(round_num, metrics)
+            s.maybe_checkpoint(state, round_num)
+    return state
+
+
+def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: float) -> Metrics:
+    """Train metrics averaged over clients (weighted by their weight) and system metrics."""
+    clients = output.client_metrics
+    total = sum(m["weight"] for m in clients) or 1.0
+    metrics = {key: sum(m[key] * m["weight"] for m in clients) / total
+               for key in ("train/loss", "train/accuracy") if clients and key in clients[0]}
+    busiest = max(output.worker_seconds, default=0.0)
+    mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
+    return metrics | {
+        "sys/round_s": seconds,
+        "sys/clients_per_s": len(clients) / seconds if seconds > 0 else 0.0,
+        "sys/bytes_down": float(P.num_bytes(payload.params) + P.num_bytes(payload.extra)) * cohort_size,
+        "sys/bytes_up": float(output.bytes_up),
+        "sys/failed_clients": float(len(output.failures)),
+        "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
+    }
+
+
+def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
+          output_dir: Path) -> tuple[EngineServices, ServerState]:
+    """Builds every object of a run (here and nowhere else) and the starting server state."""
+    store = open_dataset(job.dataset.name, job.dataset.config)
+    algorithm = build_algorithm(job)
+    model = build_job_model(job, store.spec)
+    params = P.clone(P.model_params(model))
+    buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
+    del model
+    info = RunInfo(num_clients=store.num_clients, cohort_size=job.engine.cohort_size,
+                   num_rounds=job.engine.num_rounds, spec=store.spec, seed=job.seed,
+                   buffer_keys=buffer_keys)
+    state, start_round, state_dir = algorithm.init(params, info), 0, None
+    if resume_from is not None:
+        state, last_round, _, state_dir = load_checkpoint(resume_from)
+        check_compatible(state, params, resume_from)
+        start_round = last_round + 1
+    run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    state_dir = Path(state_dir) if state_dir else run_dir / "client_state"
+    setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir))
+    backend = make_backend(job, setup, store)
+    tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
+    tracker.start(job)
+    schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
+    eval_clients = sample_eval_clients(store.num_clients, job.engine.eval_clients, job.seed)
+    services = EngineServices(job, algorithm, store, backend, tracker, info, run_dir, state_dir,
+                              schedule, start_round, eval_clients)
+    return services, state
+
+
+def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:
+    """The serial backend in-process, or Ray worker actors (Ray is imported only then)."""
+    resources = job.resources
+    if resources.backend == "serial":
+        serial_setup = WorkerSetup(setup.job, setup.store_path, setup.state_dir,
+                                   num_threads=max(1, int(resources.cpus_per_worker)))
+        return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
+    from raysim.ray_backend import RayBackend
+
+    return RayBackend(setup, resources, store.num_examples("train"))
+
+
+def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
+    """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    last_round = s.history[-1][0] if s.history else s.start_round - 1
+    artifacts = [learning_curve(s.history, f"{s.job.name}: {s.job.algorithm.name} on "
+                                f"{s.job.dataset.name}", s.run_dir / "learning_curve.png")]
+    CohortSchedule(s.cohorts, s.info.num_clients).save(s.run_dir / "cohorts.json")
+    artifacts.append(s.run_dir / "cohorts.json")
+    if s.job.tracking.log_checkpoint:
+        artifacts.append(s.checkpoint(state, last_round, "final.pt"))
+    for path in artifacts:
+        s.tracker.log_artifact(path)
+    final: Metrics = {}
+    for _, metrics in s.history:
+        final |= metrics
+    return RunResult(s.job, state, final, s.history, s.tracker.run_id, s.run_dir, seconds)

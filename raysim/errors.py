@@ -1,0 +1,43 @@
+"""Errors raised by raysim. User errors are `RaysimError`s: the CLI prints them without a traceback."""
+
+from __future__ import annotations
+
+
+class RaysimError(Exception):
+    """Base class of every error raysim raises on purpose."""
+
+
+class ConfigError(RaysimError):
+    """A job config is invalid. Holds every problem found, each with its dotted key."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        head = f"invalid config{f' {source}' if source else ''}"
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{head}:\n{lines}")
+
+
+class DataError(RaysimError):
+    """A dataset, client store or client index is missing or malformed."""
+
+
+class ClientError(RaysimError):
+    """A client's local computation failed; raised `from` the original exception."""
+
+    def __init__(self, client_id: int, round_num: int, stage: str, cause: BaseException) -> None:
+        self.client_id = client_id
+        self.round_num = round_num
+        self.stage = stage
+        super().__init__(
+            f"client {client_id} failed in round {round_num} during {stage}: "
+            f"{type(cause).__name__}: {cause}"
+        )
+
+
+class ResourceError(RaysimError):
+    """The requested resources (workers, CPUs, GPUs) cannot be had."""
+
+
+class CheckpointError(RaysimError):
+    """A checkpoint is missing, unreadable, or does not match the job."""

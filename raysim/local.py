@@ -1,0 +1,152 @@
+"""The shared local trainer and evaluator that every plugin builds on.
+
+Plugins vary local training through two hooks rather than subclassing: ``extra_loss(model, batch)``
+adds a term to the task loss (FedProx's proximal term, FedGuCci's connectivity loss) and
+``after_backward(model)`` edits gradients before the step (SCAFFOLD's control-variate correction).
+
+Usage:
+    metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
+    result = local_delta_update(ctx, config)           # the FedAvg client in one call
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+from torch import nn
+
+from raysim import params as P
+from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
+
+Batch = dict[str, torch.Tensor]
+ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
+AfterBackward = Callable[[nn.Module], None]
+
+
+class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
+    """Client-side training hyper-parameters."""
+
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
+    max_steps: int | None = Field(None, ge=1)  # stop after this many local steps
+    max_examples: int | None = Field(None, ge=1)  # cap of examples per client per round
+    grad_clip: float | None = Field(None, gt=0)  # max global grad norm
+
+
+def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
+    """Moves a client's arrays to ``device`` once; batches are then index views."""
+    # Arrays read from a memory map are read-only; torch needs writable memory.
+    return {k: torch.from_numpy(np.require(v, requirements="W")).to(device)
+            for k, v in data.arrays.items()}
+
+
+def iterate_batches(tensors: Batch, batch_size: int, generator: torch.Generator | None = None,
+                    limit: int | None = None) -> Iterator[Batch]:
+    """Yields batches; shuffled when ``generator`` is given; ``limit`` keeps the first rows drawn."""
+    n = len(next(iter(tensors.values())))
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    order = order[:limit] if limit is not None else order
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size].to(next(iter(tensors.values())).device)
+        yield {k: v[idx] for k, v in tensors.items()}
+
+
+def task_loss(model: nn.Module, batch: Batch, spec: DataSpec) -> tuple[torch.Tensor, int, int]:
+    """Mean loss over the batch, plus (#correct, #predictions) for accuracy."""
+    x = batch["x"]
+    logits = model(x)
+    if spec.task == "classification":
+        y = batch["y"]
+        loss = F.cross_entropy(logits, y)
+        return loss, int((logits.argmax(-1) == y).sum()), len(y)
+    # causal LM: predict token t+1 from tokens <= t; padding is ignored.
+    targets = x[:, 1:]
+    logits = logits[:, :-1]  # (B, T-1, V)
+    ignore = spec.pad_token_id if spec.pad_token_id is not None else -100
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=ignore)
+    mask = targets != ignore
+    correct = int(((logits.argmax(-1) == targets) & mask).sum())
+    return loss, correct, int(mask.sum())
+
+
+def make_optimizer(model: nn.Module, config: LocalTrainConfig) -> torch.optim.Optimizer:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "adam":
+        return torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum,
+                           weight_decay=config.weight_decay)
+
+
+def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *, seed: int,
+                spec: DataSpec, device: torch.device | str = "cpu",
+                extra_loss: ExtraLoss | None = None,
+                after_backward: AfterBackward | None = None) -> Metrics:
+    """Trains ``model`` in place on one client's data; returns train metrics.
+
+    Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
+    worker runs it or what ran before.
+    """
+    model.train()
+    optimizer = make_optimizer(model, config)
+    tensors = to_tensors(data, device)
+    generator = torch.Generator().manual_seed(seed)
+    loss_sum, correct, seen, steps = 0.0, 0, 0, 0
+    for _ in range(config.epochs):
+        for batch in iterate_batches(tensors, config.batch_size, generator, config.max_examples):
+            loss, num_correct, num_items = task_loss(model, batch, spec)
+            total = loss + extra_loss(model, batch) if extra_loss is not None else loss
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            if after_backward is not None:
+                after_backward(model)
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            loss_sum += float(loss.detach()) * num_items
+            correct, seen, steps = correct + num_correct, seen + num_items, steps + 1
+            if config.max_steps is not None and steps >= config.max_steps:
+                return _train_metrics(loss_sum, correct, seen, steps)
+    return _train_metrics(loss_sum, correct, seen, steps)
+
+
+def _train_metrics(loss_sum: float, correct: int, seen: int, steps: int) -> Metrics:
+    return {"train/loss": loss_sum / max(seen, 1), "train/accuracy": correct / max(seen, 1),
+            "train/steps": float(steps)}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
+             device: torch.device | str = "cpu", batch_size: int = 512) -> Metrics:
+    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM)."""
+    model.eval()
+    loss_sum, correct, seen = 0.0, 0, 0
+    for batch in iterate_batches(to_tensors(data, device), batch_size):
+        loss, num_correct, num_items = task_loss(model, batch, spec)
+        loss_sum, correct, seen = loss_sum + float(loss) * num_items, correct + num_correct, seen + num_items
+    return {"loss": loss_sum / max(seen, 1), "accuracy": correct / max(seen, 1),
+            "num_examples": float(seen)}
+
+
+def num_train_examples(data: ClientData, config: LocalTrainConfig) -> int:
+    """Examples one epoch uses: all of them, or the per-round cap."""
+    return min(len(data), config.max_examples) if config.max_examples else len(data)
+
+
+def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
+                       extra_loss: ExtraLoss | None = None,
+                       after_backward: AfterBackward | None = None) -> ClientResult:
+    """The FedAvg-family client: train locally, send ``global - local`` weighted by #examples."""
+    global_params = P.from_numpy(ctx.payload.params)
+    metrics = train_local(ctx.model, ctx.data, config, seed=ctx.seed, spec=ctx.spec,
+                          device=ctx.device, extra_loss=extra_loss, after_backward=after_backward)
+    update = P.delta(global_params, P.model_params(ctx.model))
+    return ClientResult(update, float(num_train_examples(ctx.data, config)), metrics)

@@ -1,0 +1,86 @@
+"""State-dict arithmetic on (nested) dicts of tensors.
+
+Updates may nest one dict inside another (SCAFFOLD sends ``{"delta": ..., "dc": ...}``); every
+function here maps over the leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.types import NumpyParams, Params
+
+Tree = Any  # a tensor, or a dict of trees
+
+
+def tree_map(fn: Callable[..., torch.Tensor], tree: Tree, *rest: Tree) -> Tree:
+    """Applies ``fn`` leaf-wise over trees of the same structure."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
+    return fn(tree, *rest)
+
+
+def model_params(model: nn.Module) -> Params:
+    """The tensors that travel: trainable parameters and float buffers (BatchNorm statistics).
+
+    Frozen parameters (a pretrained backbone under LoRA) stay on the workers and never travel.
+    """
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    buffers = {name for name, b in model.named_buffers() if b.is_floating_point()}
+    return {k: v for k, v in model.state_dict().items() if k in trainable or k in buffers}
+
+
+def clone(params: Params, dtype: torch.dtype | None = None) -> Params:
+    """Detached CPU copies, optionally cast."""
+    return {k: v.detach().to("cpu", dtype=dtype or v.dtype, copy=True) for k, v in params.items()}
+
+
+def to_numpy(params: Params) -> NumpyParams:
+    """CPU numpy arrays for the object store (numpy is zero-copy in Ray; tensors are not)."""
+    return {k: v.detach().cpu().numpy() for k, v in params.items()}
+
+
+def from_numpy(params: NumpyParams) -> Params:
+    """Tensors sharing memory with (possibly read-only) numpy arrays; copy before writing."""
+    return {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+
+
+@torch.no_grad()
+def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
+    """Copies ``params`` into the model's tensors in place: no allocation, no rebuild."""
+    own = model.state_dict()
+    missing = set(params) - set(own)
+    if missing:
+        raise KeyError(f"params not in the model: {sorted(missing)[:5]}")
+    for name, value in params.items():
+        own[name].copy_(torch.as_tensor(value))
+
+
+def delta(global_params: Params, local_params: Params) -> Params:
+    """``global - local`` (the project's sign convention), in float32."""
+    return {k: global_params[k].to(local_params[k].device, torch.float32) - local_params[k].float()
+            for k in global_params}
+
+
+def zeros_like(params: Params, dtype: torch.dtype | None = None) -> Params:
+    return {k: torch.zeros_like(v, dtype=dtype or v.dtype) for k, v in params.items()}
+
+
+def num_bytes(tree: Tree) -> int:
+    """Bytes of all tensor or array leaves."""
+    if isinstance(tree, dict):
+        return sum(num_bytes(v) for v in tree.values())
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, np.ndarray):
+        return int(tree.nbytes)
+    return 0
+
+
+def num_elements(params: Params) -> int:
+    return sum(v.numel() for v in params.values())

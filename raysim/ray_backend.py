@@ -1,0 +1,173 @@
+"""RayBackend: long-lived worker actors, one broadcast ``ray.put`` per round, one partial each.
+
+Workers are ``ClientTrainer`` actors reserved together in a placement group (a job never starts
+with half a pool). A worker that dies is restarted by Ray up to ``max_worker_restarts`` times
+and its call retried; a worker that stays dead leaves the pool, its clients are re-run on the
+others, and the run log says so.
+
+Usage:
+    backend = RayBackend(setup, ResourcesConfig(num_workers=2), num_examples)
+    output = backend.train_cohort(algorithm, payload, cohort, round_num=0)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raysim.backend import RoundOutput, merge_reports, shard_cohort, split_evenly
+from raysim.config import ResourcesConfig
+from raysim.errors import RaysimError, ResourceError
+from raysim.types import Metrics, NumpyParams, Payload
+from raysim.worker import ClientTrainer, WorkerReport, WorkerSetup
+
+log = logging.getLogger("raysim")
+_PLACEMENT_TIMEOUT_S = 120
+
+
+def init_ray(resources: ResourcesConfig) -> None:
+    """Connects to a cluster (``address`` / RAY_ADDRESS) or starts a local Ray, once."""
+    if ray.is_initialized():
+        return
+    address = resources.address or os.environ.get("RAY_ADDRESS")
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                               "logging_level": logging.WARNING}
+    ray.init(address=address, **options) if address else ray.init(**options)
+
+
+def resolve_num_workers(resources: ResourcesConfig) -> int:
+    """The configured worker count, or as many as the cluster's CPUs (or GPU slots) allow."""
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    if resources.num_workers is not None:
+        wanted = resources.num_workers
+        if wanted * resources.cpus_per_worker > cpus + 1e-9 or wanted * resources.gpus_per_worker > gpus + 1e-9:
+            raise ResourceError(
+                f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
+                f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
+                f"resources.num_workers or the per-worker shares")
+        return wanted
+    by_cpu = int(cpus // resources.cpus_per_worker)
+    by_gpu = int(gpus // resources.gpus_per_worker) if resources.gpus_per_worker > 0 else by_cpu
+    if min(by_cpu, by_gpu) < 1:
+        raise ResourceError(f"one worker needs {resources.cpus_per_worker} CPU and "
+                            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU")
+    return min(by_cpu, by_gpu)
+
+
+def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
+    """Device, threads and GPU memory share of one worker."""
+    gpus = resources.gpus_per_worker
+    return WorkerSetup(job=setup.job, store_path=setup.store_path, state_dir=setup.state_dir,
+                       device="cuda" if gpus > 0 else "cpu",
+                       num_threads=max(1, int(resources.cpus_per_worker)),
+                       gpu_memory_fraction=gpus if 0 < gpus < 1 else None)
+
+
+class RayBackend:
+    """Trains each round's cohort on a pool of ``ClientTrainer`` actors."""
+
+    def __init__(self, setup: WorkerSetup, resources: ResourcesConfig,
+                 num_examples: np.ndarray) -> None:
+        init_ray(resources)
+        self.num_examples = num_examples
+        self.num_workers = resolve_num_workers(resources)
+        bundle = {"CPU": resources.cpus_per_worker}
+        if resources.gpus_per_worker > 0:
+            bundle["GPU"] = resources.gpus_per_worker
+        self.placement = placement_group([bundle] * self.num_workers, strategy="PACK")
+        try:
+            ray.get(self.placement.ready(), timeout=_PLACEMENT_TIMEOUT_S)
+        except GetTimeoutError:
+            remove_placement_group(self.placement)
+            raise ResourceError(f"could not reserve {self.num_workers} x {bundle} within "
+                                f"{_PLACEMENT_TIMEOUT_S} s: {ray.available_resources()} available") from None
+        actor = ray.remote(ClientTrainer)
+        one = worker_setup_for(setup, resources)
+        self.workers = [
+            actor.options(num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker,
+                          max_restarts=resources.max_worker_restarts,
+                          max_task_retries=resources.max_worker_restarts,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              placement_group=self.placement, placement_group_bundle_index=i),
+                          ).remote(one)
+            for i in range(self.num_workers)]
+        self.dead_workers = 0
+        _get(ray.get, [w.ping.remote() for w in self.workers])  # surface construction errors now
+
+    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray,
+                     round_num: int) -> RoundOutput:
+        payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
+        shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
+        reports = self._run_shards(payload_ref, shards, round_num)
+        del payload_ref
+        return merge_reports(algorithm, reports)
+
+    def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]],
+                    round_num: int) -> list[WorkerReport]:
+        workers = list(self.workers)
+        refs = [(w, w.train.remote(payload_ref, shard, round_num)) for w, shard in zip(workers, shards) if shard]
+        reports = []
+        for worker, ref in refs:
+            try:
+                reports.append(_get(ray.get, ref))
+            except RayActorError:
+                reports += self._rerun_without(worker, payload_ref, shards[workers.index(worker)], round_num)
+        return reports
+
+    def _rerun_without(self, dead: Any, payload_ref: Any, shard: list[tuple[int, int]],
+                       round_num: int) -> list[WorkerReport]:
+        """Drops a worker that Ray could not restart and re-runs its clients on the others."""
+        self.workers.remove(dead)
+        self.dead_workers += 1
+        log.warning("round %d: a worker died for good (%d left); re-running its %d clients",
+                    round_num, len(self.workers), len(shard))
+        if not self.workers:
+            raise ResourceError("every worker died; see the Ray logs (ray/session_latest/logs)")
+        positions = np.array([p for p, _ in shard])
+        clients = np.array([c for _, c in shard])
+        sub = shard_cohort(clients, self.num_examples[clients], len(self.workers))
+        sub = [[(int(positions[i]), c) for i, c in s] for s in sub]  # back to cohort positions
+        return self._run_shards(payload_ref, sub, round_num)
+
+    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray,
+                         split: str = "test") -> list[Metrics]:
+        params_ref = ray.put(params)
+        parts = split_evenly(client_ids, len(self.workers))
+        refs = [w.evaluate_clients.remote(params_ref, part, split)
+                for w, part in zip(self.workers, parts) if part]
+        results = _get(ray.get, refs)
+        return sorted((m for part in results for m in part), key=lambda m: m["client_id"])
+
+    def evaluate_central(self, params: NumpyParams) -> Metrics | None:
+        return _get(ray.get, self.workers[0].evaluate_central.remote(params))
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        remove_placement_group(self.placement)
+
+
+def _get(fn: Any, refs: Any) -> Any:
+    """ray.get, re-raising a raysim error from inside a worker as itself (no Ray wrapper)."""
+    try:
+        return fn(refs)
+    except RayTaskError as exc:
+        cause = exc.cause if hasattr(exc, "cause") else None
+        if isinstance(cause, RaysimError):
+            raise cause from None
+        raise
+    except RayActorError as exc:
+        cause = getattr(exc, "cause", None) or getattr(exc, "error_msg", "")
+        if isinstance(cause, RaysimError):
+            raise cause from None
+        if "ActorDiedError" in type(exc).__name__ and "__init__" in str(exc):
+            raise ResourceError(f"a worker failed to start: {exc}") from exc
+        raise

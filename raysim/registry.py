@@ -1,0 +1,132 @@
+"""Finds algorithms, dataset recipes and models by name.
+
+Models live in ``raysim.models`` (an ordinary package). Algorithm plugins and dataset recipes are
+files in the repo's ``algorithms/`` and ``datasets/`` folders, which must never become importable
+packages (a ``datasets`` package would shadow HuggingFace ``datasets``). They are loaded by path
+under the private module names ``raysim_plugins.<folder>.<stem>``, from the repo root and from any
+folder listed in ``RAYSIM_PLUGIN_PATH`` (``os.pathsep``-separated roots holding those folders).
+
+Usage:
+    @register("algorithm", "fedavg")
+    class FedAvg: ...
+    entry = get("algorithm", "fedavg"); algo = entry.factory(entry.config(**options))
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from raysim.errors import ConfigError, RaysimError
+
+Kind = Literal["algorithm", "dataset", "model"]
+KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model")
+_PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered plugin: how to build it and the pydantic model of its options."""
+
+    kind: Kind
+    name: str
+    factory: Callable[..., Any]
+    config: type[BaseModel]
+    summary: str
+
+
+_entries: dict[Kind, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_loaded = False
+
+
+def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) -> Callable:
+    """Registers a class or function under ``(kind, name)``.
+
+    ``config`` defaults to the factory's ``Config`` attribute. The same factory may be registered
+    under several names with different configs (FedAdam and FedYogi are FedOpt with other defaults).
+    """
+
+    def decorate(factory: Callable) -> Callable:
+        options = config if config is not None else getattr(factory, "Config", None)
+        if options is None:
+            raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")
+        # a name registered with its own config is described by that config's docstring
+        doc = ((options.__doc__ if config is not None else factory.__doc__) or "").strip()
+        module_doc = (sys.modules.get(factory.__module__).__doc__ or "").strip()
+        summary = (doc or module_doc).splitlines()[0] if (doc or module_doc) else ""
+        _entries[kind][name] = Entry(kind, name, factory, options, summary)
+        return factory
+
+    return decorate
+
+
+def get(kind: Kind, name: str) -> Entry:
+    """Returns the entry for ``name``; an unknown name raises ConfigError listing the choices."""
+    load_builtins()
+    try:
+        return _entries[kind][name]
+    except KeyError:
+        choices = names(kind)
+        close = difflib.get_close_matches(name, choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            [f"{kind}.name: unknown {kind} {name!r}{hint} (available: {', '.join(choices)})"]
+        ) from None
+
+
+def names(kind: Kind) -> list[str]:
+    """Sorted names registered for ``kind``."""
+    load_builtins()
+    return sorted(_entries[kind])
+
+
+def entries(kind: Kind) -> list[Entry]:
+    """Registered entries of ``kind``, sorted by name."""
+    return [get(kind, name) for name in names(kind)]
+
+
+def plugin_roots() -> list[Path]:
+    """Folders searched for ``algorithms/`` and ``datasets/``: RAYSIM_PLUGIN_PATH, then the repo."""
+    extra = [Path(p) for p in os.environ.get("RAYSIM_PLUGIN_PATH", "").split(os.pathsep) if p]
+    return [*extra, REPO_ROOT]
+
+
+def load_builtins() -> None:
+    """Imports the model zoo and loads every plugin file once per process."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module("raysim.models")
+    for root in plugin_roots():
+        for folder in _PLUGIN_FOLDERS.values():
+            for path in sorted((root / folder).glob("*.py")):
+                if not path.name.startswith("_"):
+                    load_plugin_file(path, folder)
+
+
+def load_plugin_file(path: Path, folder: str) -> None:
+    """Executes one plugin file under the module name ``raysim_plugins.<folder>.<stem>``."""
+    module_name = f"raysim_plugins.{folder}.{path.stem}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RaysimError(f"cannot load plugin file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # registered first so dataclasses and pickling can find it
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[module_name]
+        raise

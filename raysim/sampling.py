@@ -1,0 +1,77 @@
+"""Cohort sampling and seed derivation: every random choice is a pure function of its inputs.
+
+Seeds derive from ``(run seed, round_num, client_id)`` and a purpose tag, so results do not depend
+on worker count, arrival order or what ran before; resuming needs only ``round_num``.
+
+Usage:
+    cohort = sample_cohort(num_clients=1000, cohort_size=50, seed=0, round_num=3)
+    seed = client_seed(0, 3, int(cohort[0]))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from raysim.errors import ConfigError
+
+_COHORT, _CLIENT, _EVAL = 1, 2, 3  # purpose tags keep the streams independent
+
+
+def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
+    """Client ids drawn uniformly without replacement, in draw order."""
+    if not 0 < cohort_size <= num_clients:
+        raise ConfigError([f"engine.cohort_size: must be in 1..{num_clients} (the number of "
+                           f"clients), got {cohort_size}"])
+    rng = np.random.default_rng([seed, round_num, _COHORT])
+    return rng.choice(num_clients, size=cohort_size, replace=False).astype(np.int64)
+
+
+def client_seed(seed: int, round_num: int, client_id: int) -> int:
+    """A 63-bit seed for one client's work in one round."""
+    state = np.random.SeedSequence([seed, round_num, client_id, _CLIENT]).generate_state(2)
+    return int((int(state[0]) << 31 ^ int(state[1])) & (2**63 - 1))
+
+
+def sample_eval_clients(num_clients: int, max_clients: int | None, seed: int) -> np.ndarray:
+    """The fixed set of clients whose test splits are evaluated (all, or a seeded subset)."""
+    if max_clients is None or max_clients >= num_clients:
+        return np.arange(num_clients, dtype=np.int64)
+    rng = np.random.default_rng([seed, _EVAL])
+    return np.sort(rng.choice(num_clients, size=max_clients, replace=False)).astype(np.int64)
+
+
+class CohortSchedule:
+    """A fixed participation schedule: the cohort of every round, shared across algorithms.
+
+    Stored as JSON ``{"num_clients": N, "cohorts": [[ids of round 0], [ids of round 1], ...]}``;
+    ``raysim`` writes one for every run (artifact ``cohorts.json``) so another run can reuse it.
+    """
+
+    def __init__(self, cohorts: list[list[int]], num_clients: int) -> None:
+        self.cohorts = cohorts
+        self.num_clients = num_clients
+
+    @classmethod
+    def load(cls, path: str | Path, num_clients: int) -> CohortSchedule:
+        try:
+            raw = json.loads(Path(path).read_text())
+            cohorts = [[int(c) for c in cohort] for cohort in raw["cohorts"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError([f"engine.schedule: cannot read a cohort schedule from {path}: {exc}"])
+        bad = [c for cohort in cohorts for c in cohort if not 0 <= c < num_clients]
+        if bad:
+            raise ConfigError([f"engine.schedule: {path} names client {bad[0]}, but the dataset "
+                               f"has {num_clients} clients"])
+        return cls(cohorts, num_clients)
+
+    def cohort(self, round_num: int) -> np.ndarray:
+        if round_num >= len(self.cohorts):
+            raise ConfigError([f"engine.schedule: has {len(self.cohorts)} rounds, the job asks "
+                               f"for round {round_num}"])
+        return np.asarray(self.cohorts[round_num], dtype=np.int64)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"num_clients": self.num_clients, "cohorts": self.cohorts}))

@@ -1,0 +1,98 @@
+"""Server optimizers that step on the mean client delta (the pseudo-gradient).
+
+FedAvg is SGD with lr 1; FedAvgM adds momentum (Hsu et al. 2019, arXiv:1909.06335); FedAdam,
+FedYogi and FedAdagrad follow Reddi et al. 2021 (arXiv:2003.00295): moments start at zero, no bias
+correction, ``eps`` is their adaptivity ``tau``. ``bias_correction=True`` gives torch-style Adam
+(FedFish's server, betas (0.9, 0.999), eps 1e-7).
+
+Float buffers (BatchNorm running statistics) are not optimised: they take the clients' average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from raysim.types import Metrics, Params, ServerState
+
+
+class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
+    """Server optimizer applied to ``mean(delta)`` each round."""
+
+    kind: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"
+    lr: float = Field(1.0, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)  # sgd only (FedAvgM)
+    nesterov: bool = False
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.99, ge=0, lt=1)
+    eps: float = Field(1e-3, gt=0)  # Reddi et al.'s tau
+    bias_correction: bool = False
+
+
+def server_step(
+    params: Params,
+    pseudo_grad: Params,
+    opt_state: dict[str, Any],
+    config: ServerOptimizerConfig,
+    buffer_keys: frozenset[str] = frozenset(),
+) -> tuple[Params, dict[str, Any]]:
+    """One server step; returns new params and new optimizer state (inputs are not modified).
+
+    Args:
+        params: current global params.
+        pseudo_grad: mean of client deltas (``global - local``), same keys as params.
+        opt_state: ``{"step": int, "m": Params, "v": Params}`` as returned last time, or {}.
+        config: which optimizer and its hyper-parameters.
+        buffer_keys: float buffers, set to ``params - pseudo_grad`` (the clients' average).
+    """
+    step = int(opt_state.get("step", 0)) + 1
+    m_old, v_old = opt_state.get("m", {}), opt_state.get("v", {})
+    new_params, m_new, v_new = {}, {}, {}
+    for key, w in params.items():
+        g = pseudo_grad[key].to(w.dtype)
+        if key in buffer_keys:
+            new_params[key] = w - g
+            continue
+        m, v = m_old.get(key, torch.zeros_like(w)), v_old.get(key, torch.zeros_like(w))
+        new_params[key], m_new[key], v_new[key] = _update(w, g, m, v, step, config)
+    new_state: dict[str, Any] = {"step": step, "m": m_new}
+    if config.kind != "sgd":
+        new_state["v"] = v_new
+    return new_params, new_state
+
+
+def _update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
+            c: ServerOptimizerConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if c.kind == "sgd":
+        if c.momentum == 0:
+            return w - c.lr * g, m, v
+        m = c.momentum * m + g
+        direction = g + c.momentum * m if c.nesterov else m
+        return w - c.lr * direction, m, v
+    if c.kind == "adagrad":
+        v = v + g * g
+        return w - c.lr * g / (v.sqrt() + c.eps), m, v
+    m = c.beta1 * m + (1 - c.beta1) * g
+    if c.kind == "adam":
+        v = c.beta2 * v + (1 - c.beta2) * g * g
+    else:  # yogi: v moves towards g² by at most (1 - beta2)·g² per step
+        v = v - (1 - c.beta2) * g * g * torch.sign(v - g * g)
+    m_hat, v_hat = m, v
+    if c.bias_correction:
+        m_hat = m / (1 - c.beta1**step)
+        v_hat = v / (1 - c.beta2**step)
+    return w - c.lr * m_hat / (v_hat.sqrt() + c.eps), m, v
+
+
+def apply_server_step(state: ServerState, mean_delta: Params | None,
+                      config: ServerOptimizerConfig) -> tuple[ServerState, Metrics]:
+    """The FedOpt server half for any plugin whose clients send a mean delta."""
+    if mean_delta is None:  # nobody reported: keep the model
+        return state, {}
+    params, opt_state = server_step(state.params, mean_delta, state.opt_state, config,
+                                    state.buffer_keys)
+    norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean_delta.values()))
+    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": float(norm)}

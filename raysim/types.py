@@ -1,0 +1,131 @@
+"""Core value types shared by the engine, the backends and the plugins.
+
+Sign convention (fixed for every plugin): ``delta = global - local``. A server steps on the
+mean delta as if it were a gradient: ``global <- global - server_lr * mean_delta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+ClientId = int
+Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by state-dict name
+NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
+Metrics = dict[str, float]
+Split = Literal["train", "test"]
+Task = Literal["classification", "causal_lm"]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model needs to know about the data it is built for.
+
+    Attributes:
+        task: "classification" (batch ``x`` -> logits (B, C)) or "causal_lm" (tokens ``x`` (B, T)
+            -> logits (B, T, V)).
+        input_shape: shape of one example's ``x``, e.g. (1, 28, 28) or (seq_len,).
+        num_classes: classes for classification; the vocabulary size for causal LM.
+        pad_token_id: token id that marks padding in text inputs, if any.
+    """
+
+    task: Task
+    input_shape: tuple[int, ...]
+    num_classes: int
+    pad_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's examples of one split, as numpy arrays with a shared first dimension.
+
+    ``arrays["x"]`` has shape (n, *input_shape) (float32 images, int64 tokens) and
+    ``arrays["y"]`` shape (n,) int64 for classification.
+    """
+
+    arrays: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values()))) if self.arrays else 0
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What every sampled client receives in a round: global params plus plugin extras.
+
+    ``extra`` holds plugin data such as SCAFFOLD's server control variate or FedGuCci's anchor
+    models, as numpy arrays or plain values.
+    """
+
+    params: NumpyParams
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientContext:
+    """Everything a plugin's ``client_update`` may use; built by the worker for each client.
+
+    The worker has already loaded ``payload.params`` into ``model``; the plugin may change the
+    model freely because the worker restores it before the next client.
+    """
+
+    client_id: ClientId
+    round_num: int
+    model: nn.Module
+    payload: Payload
+    data: ClientData
+    state: Any | None  # this client's persistent state from earlier rounds, None the first time
+    seed: int  # derived from (run seed, round_num, client_id)
+    device: torch.device
+    spec: DataSpec
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client sends back.
+
+    Attributes:
+        update: what the plugin's aggregator folds, usually a (nested) dict of tensors.
+        weight: aggregation weight, usually the number of training examples.
+        metrics: small per-client numbers (loss, steps), averaged by the engine.
+        state: new persistent state for this client; None keeps nothing.
+    """
+
+    update: Any
+    weight: float
+    metrics: Metrics = field(default_factory=dict)
+    state: Any | None = None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The server's state between rounds; saved as-is in checkpoints.
+
+    Attributes:
+        params: global params (float32 CPU tensors).
+        opt_state: server-optimizer state (moments), tensors by param name per slot.
+        extra: plugin state (SCAFFOLD's control variate, IMA's window, FedGuCci's anchors).
+        buffer_keys: float buffers among ``params`` (BatchNorm statistics): averaged, never
+            stepped on by a server optimizer.
+    """
+
+    params: Params
+    opt_state: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    buffer_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Facts about the run a plugin may need when it builds its server state."""
+
+    num_clients: int
+    cohort_size: int
+    num_rounds: int
+    spec: DataSpec
+    seed: int
+    buffer_keys: frozenset[str] = frozenset()  # float buffers among the params (BN statistics)

@@ -1,0 +1,149 @@
+"""The worker: one resident model that trains many clients per call and returns one partial.
+
+``ClientTrainer`` is plain Python. The serial backend calls it in-process; the Ray backend runs
+it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one implementation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim import params as P
+from raysim.client_state import ClientStateStore
+from raysim.config import JobConfig
+from raysim.data import ClientStore
+from raysim.errors import ClientError
+from raysim.local import evaluate
+from raysim.sampling import client_seed
+from raysim.types import ClientContext, Metrics, NumpyParams, Payload
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """Everything a worker needs to build itself; plain values only (it crosses processes)."""
+
+    job: dict[str, Any]  # JobConfig.to_dict(): the worker re-validates, plugins load locally
+    store_path: str
+    state_dir: str
+    device: str = "cpu"
+    num_threads: int = 1
+    gpu_memory_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    client_id: int
+    position: int
+    error: BaseException
+
+
+@dataclass
+class WorkerReport:
+    """One worker's answer for one round."""
+
+    partial: Any
+    client_metrics: list[Metrics] = field(default_factory=list)
+    failures: list[ClientFailure] = field(default_factory=list)
+    bytes_up: int = 0
+    seconds: float = 0.0
+
+
+def build_algorithm(job: JobConfig) -> Any:
+    from raysim import registry
+
+    return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
+
+
+def build_job_model(job: JobConfig, spec: Any) -> torch.nn.Module:
+    """The job's model, seeded so every process builds identical frozen weights."""
+    from raysim.models import build_model
+
+    torch.manual_seed(job.seed)
+    return build_model(job.model.name, job.model.config, spec)
+
+
+class ClientTrainer:
+    """Holds the model, the client store and the state store; trains clients one after another."""
+
+    def __init__(self, setup: WorkerSetup) -> None:
+        torch.set_num_threads(setup.num_threads)
+        if setup.gpu_memory_fraction is not None and setup.device.startswith("cuda"):
+            # Ray's GPU fractions are scheduling hints only: enforce this worker's share.
+            torch.cuda.set_per_process_memory_fraction(setup.gpu_memory_fraction)
+        self.job = JobConfig.from_dict(setup.job)
+        self.device = torch.device(setup.device)
+        self.store = ClientStore.open(setup.store_path)
+        self.states = ClientStateStore(setup.state_dir)
+        self.algorithm = build_algorithm(self.job)
+        self.model = build_job_model(self.job, self.store.spec).to(self.device)
+
+    def ping(self) -> str:
+        return "ok"
+
+    def train(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int) -> WorkerReport:
+        """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results."""
+        start = time.perf_counter()
+        aggregator = self.algorithm.aggregator()
+        report = WorkerReport(partial=aggregator.zero())
+        for position, client_id in tasks:
+            t0 = time.perf_counter()
+            try:
+                result = self._train_one(payload, client_id, round_num)
+            except Exception as exc:  # the driver applies the failure policy
+                report.failures.append(ClientFailure(client_id, position, exc))
+                continue
+            report.partial = aggregator.add(report.partial, position, result)
+            if result.state is not None:
+                self.states.put(client_id, round_num, result.state)
+            report.bytes_up += P.num_bytes(result.update)
+            report.client_metrics.append({**result.metrics, "client_id": float(client_id),
+                                          "weight": result.weight,
+                                          "seconds": time.perf_counter() - t0})
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _train_one(self, payload: Payload, client_id: int, round_num: int) -> Any:
+        seed = client_seed(self.job.seed, round_num, client_id)
+        P.load_into(self.model, payload.params)  # in place: the model is never rebuilt
+        ctx = ClientContext(
+            client_id=client_id, round_num=round_num, model=self.model, payload=payload,
+            data=self.store.client_data(client_id, "train"),
+            state=self.states.get(client_id, before_round=round_num), seed=seed,
+            device=self.device, spec=self.store.spec)
+        torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
+        return self.algorithm.client_update(ctx)
+
+    def evaluate_clients(self, params: NumpyParams, client_ids: list[int],
+                         split: str = "test") -> list[Metrics]:
+        """The global model on each client's split (clients with no examples are skipped)."""
+        P.load_into(self.model, params)
+        out = []
+        for client_id in client_ids:
+            data = self.store.client_data(client_id, split)
+            if len(data):
+                metrics = evaluate(self.model, data, self.store.spec, self.device,
+                                   self.job.engine.eval_batch_size)
+                out.append({**metrics, "client_id": float(client_id)})
+        return out
+
+    def evaluate_central(self, params: NumpyParams) -> Metrics | None:
+        """The global model on the dataset's central test set, if it has one."""
+        data = self.store.central_test()
+        if data is None or not len(data):
+            return None
+        P.load_into(self.model, params)
+        return evaluate(self.model, data, self.store.spec, self.device,
+                        self.job.engine.eval_batch_size)
+
+
+def raise_client_failure(failure: ClientFailure, round_num: int) -> None:
+    raise ClientError(failure.client_id, round_num, "client_update", failure.error) from failure.error
+
+
+def examples_per_client(store: ClientStore, cohort: np.ndarray) -> np.ndarray:
+    return store.num_examples("train")[cohort]

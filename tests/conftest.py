@@ -1,0 +1,35 @@
+"""Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray."""
+
+import os
+import tempfile
+
+_TMP = tempfile.mkdtemp(prefix="raysim-tests-")
+# Set before anything imports HF, MLflow or Ray: a failing hub lookup otherwise hangs ~50 s.
+for key, value in {
+    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": os.path.join(_TMP, "hf"),
+    "MLFLOW_TRACKING_URI": f"sqlite:///{os.path.join(_TMP, 'mlflow.db')}",
+    "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false", "RAYSIM_CACHE": os.path.join(_TMP, "cache"),
+}.items():
+    os.environ[key] = value
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session (2 CPUs, no dashboard)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch):
+    """A fresh MLflow SQLite store for one test."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

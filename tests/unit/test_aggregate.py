@@ -1,0 +1,62 @@
+"""Aggregators against hand-computed values, and associativity across groupings."""
+
+import pytest
+import torch
+
+from raysim.aggregate import Gather, Sum, WeightedMean
+from raysim.types import ClientResult
+
+
+def result(value, weight):
+    return ClientResult(update={"w": torch.tensor([value, 2 * value]), "nested": {"b": torch.tensor(value)}},
+                        weight=weight)
+
+
+def fold(agg, results, start=0):
+    acc = agg.zero()
+    for i, r in enumerate(results):
+        acc = agg.add(acc, start + i, r)
+    return acc
+
+
+def test_weighted_mean_matches_hand_computation():
+    # (1*1 + 3*2 + 5*1) / (1 + 2 + 1) = 12 / 4 = 3
+    agg = WeightedMean()
+    out = agg.result(fold(agg, [result(1.0, 1), result(3.0, 2), result(5.0, 1)]))
+    assert torch.allclose(out["w"], torch.tensor([3.0, 6.0]))
+    assert out["nested"]["b"].item() == pytest.approx(3.0)
+    assert out["w"].dtype == torch.float32
+
+
+def test_unweighted_mean_ignores_weights():
+    agg = WeightedMean(weighted=False)
+    out = agg.result(fold(agg, [result(1.0, 100), result(3.0, 1)]))
+    assert out["w"][0].item() == pytest.approx(2.0)
+
+
+def test_merge_of_partials_equals_one_fold():
+    agg = WeightedMean()
+    results = [result(float(i), i + 1) for i in range(5)]
+    whole = agg.result(fold(agg, results))
+    left, right = fold(agg, results[:2]), fold(agg, results[2:], start=2)
+    split = agg.result(agg.merge(agg.merge(agg.zero(), left), right))
+    assert torch.equal(whole["w"], split["w"])
+
+
+def test_empty_aggregate_is_none():
+    assert WeightedMean().result(WeightedMean().zero()) is None
+    assert Sum().result(Sum().zero()) is None
+
+
+def test_sum_adds_updates_without_weighting():
+    agg = Sum()
+    out = agg.result(fold(agg, [result(1.0, 10), result(2.5, 3)]))
+    assert torch.allclose(out["w"], torch.tensor([3.5, 7.0]))
+
+
+def test_gather_orders_by_cohort_position_whatever_the_merge_order():
+    agg = Gather()
+    a = agg.add(agg.zero(), 2, result(2.0, 1))
+    b = agg.add(agg.add(agg.zero(), 0, result(0.0, 1)), 1, result(1.0, 1))
+    out = agg.result(agg.merge(a, b))
+    assert [r.update["nested"]["b"].item() for r in out] == [0.0, 1.0, 2.0]

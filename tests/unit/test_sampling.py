@@ -1,0 +1,60 @@
+"""Cohort sampling and seeds are pure functions of their inputs."""
+
+import numpy as np
+import pytest
+
+from raysim.errors import ConfigError
+from raysim.sampling import CohortSchedule, client_seed, sample_cohort, sample_eval_clients
+
+
+def test_cohort_is_deterministic_unique_and_round_dependent():
+    a = sample_cohort(1000, 50, seed=0, round_num=3)
+    assert np.array_equal(a, sample_cohort(1000, 50, seed=0, round_num=3))
+    assert len(set(a.tolist())) == 50 and a.min() >= 0 and a.max() < 1000
+    assert not np.array_equal(a, sample_cohort(1000, 50, seed=0, round_num=4))
+    assert not np.array_equal(a, sample_cohort(1000, 50, seed=1, round_num=3))
+
+
+def test_cohort_sampling_is_uniform():
+    counts = np.zeros(20)
+    for r in range(2000):
+        counts[sample_cohort(20, 5, seed=0, round_num=r)] += 1
+    # each client is expected 2000 * 5/20 = 500 times; binomial std ~ 19
+    assert np.all(np.abs(counts - 500) < 80)
+
+
+def test_cohort_of_a_million_clients_is_cheap_and_valid():
+    cohort = sample_cohort(1_000_000, 100, seed=0, round_num=0)
+    assert len(np.unique(cohort)) == 100
+
+
+def test_bad_cohort_size_is_a_config_error():
+    with pytest.raises(ConfigError, match="cohort_size"):
+        sample_cohort(10, 11, seed=0, round_num=0)
+
+
+def test_client_seeds_differ_by_client_round_and_run():
+    seeds = {client_seed(s, r, c) for s in range(2) for r in range(3) for c in range(4)}
+    assert len(seeds) == 24
+    assert client_seed(0, 1, 2) == client_seed(0, 1, 2)
+
+
+def test_eval_clients_subset_is_sorted_and_fixed():
+    a = sample_eval_clients(100, 10, seed=0)
+    assert np.array_equal(a, sample_eval_clients(100, 10, seed=0))
+    assert np.all(np.diff(a) > 0)
+    assert len(sample_eval_clients(5, None, seed=0)) == 5
+
+
+def test_schedule_round_trip_and_errors(tmp_path):
+    path = tmp_path / "cohorts.json"
+    CohortSchedule([[1, 2], [3, 4]], num_clients=5).save(path)
+    schedule = CohortSchedule.load(path, num_clients=5)
+    assert schedule.cohort(1).tolist() == [3, 4]
+    with pytest.raises(ConfigError, match="has 2 rounds"):
+        schedule.cohort(2)
+    with pytest.raises(ConfigError, match="names client 3"):
+        CohortSchedule.load(path, num_clients=3)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="cannot read"):
+        CohortSchedule.load(tmp_path / "bad.json", num_clients=5)

@@ -29,10 +29,11 @@ def model_params(model: nn.Module) -> Params:
     """The tensors that travel: trainable parameters and float buffers (BatchNorm statistics).
 
     Frozen parameters (a pretrained backbone under LoRA) stay on the workers and never travel.
+    Tied weights (an LM's shared embedding and output layer) travel once, under their first name.
     """
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    buffers = {name for name, b in model.named_buffers() if b.is_floating_point()}
-    return {k: v for k, v in model.state_dict().items() if k in trainable or k in buffers}
+    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    buffers = {name: b for name, b in model.named_buffers() if b.is_floating_point()}
+    return params | buffers
 
 
 def clone(params: Params, dtype: torch.dtype | None = None) -> Params:

@@ -1,0 +1,67 @@
+"""The model zoo: every model registers itself as ``("model", name)`` when its module is imported.
+
+A model factory is called as ``factory(config, spec) -> nn.Module``. Every model's ``forward(x)``
+takes one tensor: images (B, *input_shape) float32 or token ids (B, T) int64 for classification,
+returning logits (B, num_classes); token ids (B, T) for causal LM, returning logits (B, T, vocab).
+
+Usage:
+    spec = DataSpec("classification", (1, 28, 28), 10)
+    model = build_model("cnn_mnist", {}, spec)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from torch import nn
+
+from raysim import registry
+from raysim.errors import ConfigError
+from raysim.models import resnet, text, vision  # noqa: F401  (imported to run their @register)
+from raysim.types import DataSpec
+
+__all__ = ["build_model"]
+
+
+def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpec) -> nn.Module:
+    """Builds the registered model ``name`` for data described by ``spec``.
+
+    Seed torch (``torch.manual_seed``) first: construction then gives the same weights every time.
+
+    Args:
+        name: registered model name, e.g. "cnn_mnist".
+        options: the model's options, as its Config or as a dict (a "name" key is ignored, so
+            a job's whole ``model:`` section can be passed).
+        spec: what the data looks like.
+
+    Returns:
+        The model, in training mode, on the CPU.
+
+    Raises:
+        ConfigError: unknown name or invalid options, each problem with its ``model.`` key.
+        ValueError: the model cannot handle ``spec``.
+    """
+    entry = registry.get("model", name)
+    if isinstance(options, BaseModel):
+        if not isinstance(options, entry.config):
+            raise TypeError(f"model {name!r} takes {entry.config.__name__}, got {type(options)}")
+        return entry.factory(options, spec)
+    return entry.factory(validate_options(entry.config, options), spec)
+
+
+def validate_options(config: type[BaseModel], options: Mapping[str, Any]) -> BaseModel:
+    """Validates a dict of options into ``config``, reporting every problem at once.
+
+    Raises:
+        ConfigError: each invalid or unknown option, with its dotted key under ``model.``.
+    """
+    try:
+        return config.model_validate({k: v for k, v in options.items() if k != "name"})
+    except ValidationError as err:
+        problems = [
+            f"model.{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+            for problem in err.errors()
+        ]
+        raise ConfigError(problems) from None

@@ -124,26 +124,30 @@ def run(job: JobConfig, *, tracker: Tracker | None = None, resume_from: str | No
 
 
 def round_loop(s: EngineServices, state: ServerState) -> ServerState:
-    """The default protocol: ``num_rounds`` identical rounds."""
-    algo, engine = s.algorithm, s.job.engine
+    """The default protocol: ``num_rounds`` identical rounds, evaluated and logged when due."""
+    engine = s.job.engine
     with RoundProgress(s.job.name, engine.num_rounds, s.start_round, s.job.tracking.progress) as bar:
         for round_num in range(s.start_round, engine.num_rounds):
-            t0 = time.perf_counter()
-            # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
-            cohort = s.cohort(round_num)
-            # 2. One payload for every client; workers fold their clients into one partial each.
-            payload = algo.broadcast(state, round_num)
-            output = s.train_cohort(payload, cohort, round_num)
-            # 3. Server update.
-            state, metrics = algo.server_update(state, output.aggregate, round_num)
-            metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
-            # 4. Side work, each when due.
+            state, metrics = run_round(s, state, round_num)
             if s.is_eval_round(round_num):
                 metrics |= s.evaluate(state)
             s.log(metrics, round_num)
             bar.update(round_num, metrics)
             s.maybe_checkpoint(state, round_num)
     return state
+
+
+def run_round(s: EngineServices, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
+    """One round: sample, broadcast, train and fold on workers, update the server."""
+    t0 = time.perf_counter()
+    # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
+    cohort = s.cohort(round_num)
+    # 2. One payload for every client; each worker folds its clients into one partial.
+    payload = s.algorithm.broadcast(state, round_num)
+    output = s.train_cohort(payload, cohort, round_num)
+    # 3. Merge happened in the backend; the server updates from the aggregate.
+    state, metrics = s.algorithm.server_update(state, output.aggregate, round_num)
+    return state, metrics | round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
 
 
 def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: float) -> Metrics:
@@ -161,6 +165,7 @@ def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: 
         "sys/bytes_up": float(output.bytes_up),
         "sys/failed_clients": float(len(output.failures)),
         "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
+        "sys/num_workers": float(len(output.worker_seconds)),
     }
 
 

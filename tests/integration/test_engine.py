@@ -1,0 +1,124 @@
+"""End-to-end engine behaviour: MLflow contents, resume, worker restarts, client failures."""
+
+import pytest
+import ray
+import torch
+from mlflow.tracking import MlflowClient
+
+from jobs import tiny_job
+from raysim import registry
+from raysim.engine import build, run, run_round
+from raysim.errors import CheckpointError, ClientError
+from raysim.tracking import MemoryTracker
+
+
+def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_uri, ray_local):
+    job = tiny_job(resources={"backend": "ray", "num_workers": 2},
+                   algorithm={"name": "fedavg", "local": {"epochs": 3}},
+                   tracking={"enabled": True, "experiment": "it"})
+    result = run(job, output_dir=tmp_path)
+    client = MlflowClient(tracking_uri)
+    data = client.get_run(result.run_id).data
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    assert data.params["algorithm.name"] == "fedavg" and data.params["algorithm.local.lr"] == "0.1"
+    assert data.params["dataset.partition.alpha"] == "0.5"
+    assert data.tags["algorithm"] == "fedavg" and data.tags["dataset"] == "digits"
+    accuracy = client.get_metric_history(result.run_id, "eval/clients/accuracy")
+    assert [m.step for m in accuracy] == [0, 1, 2]
+    assert accuracy[-1].value > 0.5  # 10 classes: chance is 0.1
+    for key in ("train/loss", "sys/round_s", "sys/clients_per_s", "sys/bytes_up", "sys/bytes_down"):
+        assert len(client.get_metric_history(result.run_id, key)) == 3, key
+    params_bytes = sum(v.numel() * 4 for v in result.state.params.values())
+    assert client.get_metric_history(result.run_id, "sys/bytes_down")[0].value == 6 * params_bytes
+    names = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"learning_curve.png", "final.pt", "cohorts.json", "config"} <= names
+    assert (tmp_path / "mlruns").exists()  # artifacts beside the SQLite store, not in the cwd
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    whole = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
+                output_dir=tmp_path / "whole")
+    first = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}),
+                output_dir=tmp_path / "first")
+    resumed = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
+                  resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+                  output_dir=tmp_path / "second")
+    assert [step for step, _ in resumed.history] == [2, 3]
+    for k, v in whole.state.params.items():
+        assert torch.equal(v, resumed.state.params[k]), k
+    assert torch.equal(whole.state.extra["c"]["1.weight"], resumed.state.extra["c"]["1.weight"])
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_refused(tmp_path):
+    first = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
+    with pytest.raises(CheckpointError, match="does not fit"):
+        run(tiny_job(model={"name": "mlp", "hidden": [8]}),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        run(tiny_job(), resume_from=str(tmp_path / "nope.pt"), output_dir=tmp_path / "c")
+
+
+def run_rounds(job, tmp_path, between=None):
+    services, state = build(job, MemoryTracker(), None, tmp_path)
+    try:
+        for round_num in range(job.engine.num_rounds):
+            if between is not None and round_num == 1:
+                between(services)
+            state, _ = run_round(services, state, round_num)
+        return state, services.backend
+    finally:
+        services.backend.shutdown()
+
+
+def test_scaffold_state_survives_a_worker_restart(tmp_path, ray_local):
+    job = tiny_job(algorithm={"name": "scaffold"}, resources={"backend": "ray", "num_workers": 2})
+    expected, _ = run_rounds(job, tmp_path / "a")
+
+    def crash_worker(services):
+        ray.kill(services.backend.workers[0], no_restart=False)  # Ray restarts it: state is lost in the actor
+
+    restarted, backend = run_rounds(job, tmp_path / "b", between=crash_worker)
+    assert backend.dead_workers == 0
+    for k, v in expected.params.items():
+        assert torch.equal(v, restarted.params[k]), k
+    assert torch.equal(expected.extra["c"]["1.weight"], restarted.extra["c"]["1.weight"])
+
+
+def test_a_worker_that_stays_dead_leaves_the_pool(tmp_path, ray_local):
+    job = tiny_job(resources={"backend": "ray", "num_workers": 2, "max_worker_restarts": 0})
+    expected, _ = run_rounds(job, tmp_path / "a")
+
+    def kill_for_good(services):
+        ray.kill(services.backend.workers[1], no_restart=True)
+
+    survived, backend = run_rounds(job, tmp_path / "b", between=kill_for_good)
+    assert backend.dead_workers == 1 and len(backend.workers) == 1
+    for k, v in expected.params.items():
+        assert torch.allclose(v, survived.params[k], rtol=1e-6, atol=1e-7), k
+
+
+class FailingFedAvg:
+    """FedAvg whose client 0..19 with an id divisible by 7 raises (a test plugin)."""
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def client_update(self, ctx):
+        if ctx.client_id % 7 == 0:
+            raise ValueError("boom")
+        return self.inner.client_update(ctx)
+
+
+def test_client_failures_follow_the_policy(tmp_path):
+    registry.register("algorithm", "failing_fedavg", config=registry.get("algorithm", "fedavg").config)(FailingFedAvg)
+    job = tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6})
+    with pytest.raises(ClientError, match="boom") as info:
+        run(job, output_dir=tmp_path / "strict")
+    assert info.value.client_id % 7 == 0 and isinstance(info.value.__cause__, ValueError)
+    tolerant = run(tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6, "max_failed_clients": 6}),
+                   output_dir=tmp_path / "tolerant")
+    failed = [m["sys/failed_clients"] for _, m in tolerant.history]
+    assert sum(failed) > 0 and len(failed) == 6

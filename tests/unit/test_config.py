@@ -1,0 +1,106 @@
+"""Job configs: every problem reported at once, with dotted keys, suggestions and choices."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raysim.config import JobConfig, apply_overrides, flatten, load_jobs
+from raysim.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = {
+    "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 10}},
+    "model": {"name": "mlp"},
+    "algorithm": {"name": "fedavg"},
+}
+
+
+def problems_of(raw):
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_dict(raw)
+    return info.value.problems
+
+
+def test_unknown_key_suggests_the_nearest_valid_one():
+    [problem] = problems_of({**BASE, "engine": {"num_round": 3}})
+    assert problem.startswith("engine.num_round: unknown key; did you mean 'num_rounds'?")
+
+
+def test_unknown_key_inside_a_plugin_section():
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": {"lrr": 0.1}}})
+    assert "algorithm.local.lrr" in problem and "did you mean 'lr'" in problem
+
+
+def test_bad_value_says_what_is_allowed():
+    [problem] = problems_of({**BASE, "resources": {"backend": "spark"}})
+    assert "resources.backend" in problem and "'ray'" in problem and "'serial'" in problem
+
+
+def test_unknown_algorithm_lists_the_available_ones():
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavgg"}})
+    assert "did you mean 'fedavg'" in problem and "scaffold" in problem and "fedprox" in problem
+
+
+def test_all_problems_are_reported_together():
+    raw = {**BASE, "model": {"name": "nope"}, "engine": {"cohort_size": 0}, "sed": 1}
+    problems = problems_of(raw)
+    assert len(problems) == 3
+    assert any(p.startswith("sed: unknown key; did you mean 'seed'") for p in problems)
+    assert any(p.startswith("engine.cohort_size") for p in problems)
+
+
+def test_missing_section_is_named():
+    problems = problems_of({"dataset": BASE["dataset"], "model": BASE["model"]})
+    assert problems == [problems[0]] and problems[0].startswith("algorithm: required section missing")
+
+
+def test_round_trip_through_to_dict():
+    job = JobConfig.from_dict({**BASE, "algorithm": {"name": "fedprox", "mu": 0.5}})
+    again = JobConfig.from_dict(job.to_dict())
+    assert again == job and again.algorithm.config.mu == 0.5
+    flat = flatten(job.to_dict())
+    assert flat["algorithm.mu"] == 0.5 and flat["algorithm.local.lr"] == 0.05
+
+
+def test_overrides_parse_values_as_yaml():
+    raw = apply_overrides(BASE, ["engine.num_rounds=7", "algorithm.local.lr=0.5",
+                                 "tracking.enabled=false", "engine.eval_clients=null"])
+    job = JobConfig.from_dict(raw)
+    assert job.engine.num_rounds == 7 and job.algorithm.config.local.lr == 0.5
+    assert job.tracking.enabled is False and job.engine.eval_clients is None
+    with pytest.raises(ConfigError, match="expected key.sub=value"):
+        apply_overrides(BASE, ["engine.num_rounds"])
+
+
+def test_variants_merge_over_the_base_and_overrides_win(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": 0.2}},
+                                    "variants": [{"name": "a"},
+                                                 {"name": "b", "algorithm": {"name": "fedprox", "mu": 1.0}}]}))
+    a, b = load_jobs(path, ["engine.num_rounds=2"])
+    assert (a.name, a.algorithm.name, b.name, b.algorithm.name) == ("a", "fedavg", "b", "fedprox")
+    assert b.algorithm.config.local.lr == 0.2 and b.engine.num_rounds == 2
+    assert [j.name for j in load_jobs(path, only=["b"])] == ["b"]
+    with pytest.raises(ConfigError, match="none named c"):
+        load_jobs(path, only=["c"])
+
+
+def test_file_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such job file"):
+        load_jobs(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_jobs(tmp_path / "bad.yaml")
+
+
+def test_every_job_file_in_the_repo_validates():
+    from raysim.bench import load_benchmark
+
+    paths = sorted((REPO / "jobs").rglob("*.yaml"))
+    assert len(paths) >= 2
+    for path in paths:
+        if "bench" in path.relative_to(REPO / "jobs").parts:
+            assert load_benchmark(path, [])[0].name, path  # a job plus a bench: section
+        else:
+            assert load_jobs(path), path

@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/raysim demo jobs/quickstart.yaml
+	$(BIN)/raysim run jobs/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -4,6 +4,9 @@ Every aggregator obeys ``result(merge(add(add(zero(), a), b), add(zero(), c)))``
 over any grouping, so a round's outcome does not depend on how clients were spread over workers
 (up to float rounding; partials accumulate in float64 to keep that rounding below 1e-6).
 
+``add`` and ``merge`` may update their accumulator in place and return it (one fused pass per
+client instead of three allocations): use the returned value, never an accumulator passed in.
+
 Usage:
     agg = WeightedMean(); acc = agg.zero()
     for r in results: acc = agg.add(acc, position, r)
@@ -41,16 +44,17 @@ class _Sums:
 
 
 def _merge_sums(left: _Sums, right: _Sums) -> _Sums:
-    return _Sums(_add_trees(left.total, right.total), left.weight + right.weight,
+    return _Sums(_fold(left.total, right.total, 1.0), left.weight + right.weight,
                  left.count + right.count)
 
 
-def _add_trees(left: Any, right: Any) -> Any:
-    if left is None:
-        return right
-    if right is None:
-        return left
-    return tree_map(torch.add, left, right)
+def _fold(total: Any, update: Any, scale: float) -> Any:
+    """``total + scale * update`` in float64 on the CPU, in place when ``total`` exists."""
+    if update is None:
+        return total
+    if total is None:
+        return tree_map(lambda t: t.detach().to("cpu", torch.float64, copy=True).mul_(scale), update)
+    return tree_map(lambda acc, t: acc.add_(t.detach().to("cpu"), alpha=scale), total, update)
 
 
 class WeightedMean:
@@ -67,8 +71,7 @@ class WeightedMean:
 
     def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
         w = float(result.weight) if self.weighted else 1.0
-        scaled = tree_map(lambda t: t.detach().to("cpu", torch.float64) * w, result.update)
-        return _Sums(_add_trees(acc.total, scaled), acc.weight + w, acc.count + 1)
+        return _Sums(_fold(acc.total, result.update, w), acc.weight + w, acc.count + 1)
 
     def merge(self, left: _Sums, right: _Sums) -> _Sums:
         return _merge_sums(left, right)
@@ -86,8 +89,8 @@ class Sum:
         return _Sums(None, 0.0, 0)
 
     def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
-        update = tree_map(lambda t: t.detach().to("cpu", torch.float64), result.update)
-        return _Sums(_add_trees(acc.total, update), acc.weight + float(result.weight), acc.count + 1)
+        return _Sums(_fold(acc.total, result.update, 1.0), acc.weight + float(result.weight),
+                     acc.count + 1)
 
     def merge(self, left: _Sums, right: _Sums) -> _Sums:
         return _merge_sums(left, right)

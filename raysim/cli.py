@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RaysimError as exc:
         if os.environ.get("RAYSIM_DEBUG"):
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")
@@ -77,27 +77,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [run(job, resume_from=args.resume, output_dir=args.output_dir) for job in jobs]
     console.print(comparison_table(results))
     if any(r.run_id for r in results):
-        console.print("Compare the runs in the MLflow UI: [bold]raysim ui[/] "
-                      "(then open http://127.0.0.1:5000)")
+        from raysim.tracking import tracking_uri
+
+        console.print(f"MLflow runs {', '.join(r.run_id for r in results if r.run_id)} in "
+                      f"{tracking_uri(jobs[0].tracking)}, experiment {jobs[0].tracking.experiment!r}",
+                      soft_wrap=True)
+        console.print("Compare them in the MLflow UI: [bold]raysim ui[/] (http://127.0.0.1:5000)")
     return 0
 
 
 def comparison_table(results: list) -> Table:
-    """One row per run: final accuracies, loss, time and throughput."""
-    table = Table(title="raysim runs")
-    for column in ("run", "algorithm", "rounds", "central acc", "client acc (mean ± std)",
-                   "train loss", "time (s)", "clients/s", "MLflow run id"):
+    """One row per run: final accuracies, loss, time and throughput (fits 80 columns)."""
+    table = Table(title="raysim runs (final round)")
+    for column in ("run", "algorithm", "central acc", "client acc", "± std", "train loss",
+                   "time s", "clients/s"):
         table.add_column(column, justify="left" if column in ("run", "algorithm") else "right")
     for r in results:
         f = r.final
         fmt = lambda key: f"{f[key]:.4f}" if key in f else "-"  # noqa: E731
-        spread = (f"{f['eval/clients/accuracy_mean']:.4f} ± {f['eval/clients/accuracy_std']:.4f}"
-                  if "eval/clients/accuracy_mean" in f else "-")
         rates = [m["sys/clients_per_s"] for _, m in r.history if "sys/clients_per_s" in m]
-        table.add_row(r.job.name, r.job.algorithm.name, str(len(r.history)),
-                      fmt("eval/central/accuracy"), spread, fmt("train/loss"),
-                      f"{r.seconds:.1f}", f"{sum(rates) / len(rates):.1f}" if rates else "-",
-                      r.run_id or "-")
+        table.add_row(r.job.name, r.job.algorithm.name, fmt("eval/central/accuracy"),
+                      fmt("eval/clients/accuracy"), fmt("eval/clients/accuracy_std"),
+                      fmt("train/loss"), f"{r.seconds:.1f}",
+                      f"{sum(rates) / len(rates):.1f}" if rates else "-")
     return table
 
 
@@ -128,9 +130,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
                "--port", str(args.port)]
     if artifact_root(uri):
         command += ["--default-artifact-root", artifact_root(uri)]
-    console.print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C stops it")
+    console.print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C stops it",
+                  soft_wrap=True)
     if args.dry_run:
-        console.print(" ".join(command))
+        console.print(" ".join(command), soft_wrap=True, markup=False)
         return 0
     return subprocess.call(command)
 

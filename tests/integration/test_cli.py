@@ -1,0 +1,66 @@
+"""The raysim command: runs end to end, lists plugins, and turns user errors into one message."""
+
+import yaml
+
+from raysim.cli import main
+
+GOOD = {
+    "name": "cli",
+    "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 10}},
+    "model": {"name": "mlp", "hidden": [8]},
+    "algorithm": {"name": "fedavg"},
+    "engine": {"num_rounds": 2, "cohort_size": 3, "eval_every": 1},
+    "resources": {"backend": "serial"},
+    "tracking": {"experiment": "cli", "progress": False},
+    "variants": [{"name": "avg"}, {"name": "prox", "algorithm": {"name": "fedprox"}}],
+}
+
+
+def write(tmp_path, raw):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_run_prints_a_comparison_of_the_variants(tmp_path, tracking_uri, capsys):
+    code = main(["run", write(tmp_path, GOOD), "--output-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "avg" in out and "prox" in out and "fedprox" in out
+    assert "raysim ui" in out and tracking_uri in out
+
+
+def test_bad_config_is_one_message_without_traceback(tmp_path, capsys):
+    raw = {**GOOD, "engine": {"num_round": 2}, "algorithm": {"name": "fedavgg"}}
+    code = main(["run", write(tmp_path, raw), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "engine.num_round: unknown key; did you mean 'num_rounds'?" in err
+    assert "unknown algorithm 'fedavgg'; did you mean 'fedavg'?" in err
+    assert "Traceback" not in err
+
+
+def test_bad_override_and_missing_file(tmp_path, capsys):
+    assert main(["run", write(tmp_path, GOOD), "engine.cohort_size=abc"]) == 2
+    assert "engine.cohort_size" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "none.yaml")]) == 2
+    assert "no such job file" in capsys.readouterr().err
+
+
+def test_cohort_larger_than_population_is_a_clear_error(tmp_path, capsys):
+    code = main(["run", write(tmp_path, GOOD), "engine.cohort_size=50", "--output-dir", str(tmp_path)])
+    assert code == 2 and "cohort_size: must be in 1..10" in capsys.readouterr().err
+
+
+def test_ls_lists_every_registered_kind(capsys):
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fedavg", "fedadam", "fedyogi", "fedavgm", "fedprox", "scaffold", "mnist", "digits",
+                 "cnn_pfl", "resnet18", "hf_causal_lm"):
+        assert name in out
+
+
+def test_ui_serves_the_same_store_on_localhost(tracking_uri, capsys):
+    assert main(["ui", "--dry-run", "--port", "5055"]) == 0
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "--host 127.0.0.1" in out and "--port 5055" in out and tracking_uri in out

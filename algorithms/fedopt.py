@@ -52,7 +52,7 @@ class FedAdagradConfig(FedOptConfig, frozen=True):
     server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adagrad", lr=0.01, eps=1e-3)
 
 
-@register("algorithm", "fedavg")
+@register("algorithm", "fedavg", config=FedOptConfig)
 @register("algorithm", "fedavgm", config=FedAvgMConfig)
 @register("algorithm", "fedadam", config=FedAdamConfig)
 @register("algorithm", "fedyogi", config=FedYogiConfig)

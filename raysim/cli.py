@@ -18,7 +18,8 @@ from rich.table import Table
 
 from raysim.errors import RaysimError
 
-console = Console()
+# Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
+console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 

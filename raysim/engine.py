@@ -215,8 +215,8 @@ def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
     """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
     s.run_dir.mkdir(parents=True, exist_ok=True)
     last_round = s.history[-1][0] if s.history else s.start_round - 1
-    artifacts = [learning_curve(s.history, f"{s.job.name}: {s.job.algorithm.name} on "
-                                f"{s.job.dataset.name}", s.run_dir / "learning_curve.png")]
+    title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
+    artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
     CohortSchedule(s.cohorts, s.info.num_clients).save(s.run_dir / "cohorts.json")
     artifacts.append(s.run_dir / "cohorts.json")
     if s.job.tracking.log_checkpoint:

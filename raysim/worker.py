@@ -17,7 +17,7 @@ from raysim import params as P
 from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig
 from raysim.data import ClientStore
-from raysim.errors import ClientError
+from raysim.errors import ClientError, ConfigError
 from raysim.local import evaluate
 from raysim.sampling import client_seed
 from raysim.types import ClientContext, Metrics, NumpyParams, Payload
@@ -60,11 +60,20 @@ def build_algorithm(job: JobConfig) -> Any:
 
 
 def build_job_model(job: JobConfig, spec: Any) -> torch.nn.Module:
-    """The job's model, seeded so every process builds identical frozen weights."""
+    """The job's model, seeded so every process builds identical frozen weights.
+
+    Raises:
+        ConfigError: the model does not fit the dataset, or its pretrained files are missing.
+    """
     from raysim.models import build_model
 
     torch.manual_seed(job.seed)
-    return build_model(job.model.name, job.model.config, spec)
+    try:
+        return build_model(job.model.name, job.model.config, spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError([f"model: {job.model.name!r} cannot be built for dataset "
+                           f"{job.dataset.name!r} ({spec.task}, input {spec.input_shape}, "
+                           f"{spec.num_classes} classes): {exc}"]) from exc
 
 
 class ClientTrainer:

@@ -122,3 +122,26 @@ def test_client_failures_follow_the_policy(tmp_path):
                    output_dir=tmp_path / "tolerant")
     failed = [m["sys/failed_clients"] for _, m in tolerant.history]
     assert sum(failed) > 0 and len(failed) == 6
+
+
+def test_a_model_that_does_not_fit_the_data_is_a_config_error(tmp_path):
+    from raysim.config import JobConfig
+    from raysim.errors import ConfigError
+
+    raw = tiny_job().to_dict() | {"model": {"name": "cnn_fmnist"}}  # two 5x5 convs on 8x8 digits
+    with pytest.raises(ConfigError, match="'cnn_fmnist' cannot be built for dataset 'digits'"):
+        run(JobConfig.from_dict(raw), output_dir=tmp_path)
+
+
+def test_a_fixed_schedule_replays_the_cohorts_of_another_run(tmp_path):
+    import json
+
+    first = run(tiny_job(), output_dir=tmp_path / "a")
+    schedule = first.run_dir / "cohorts.json"
+    recorded = json.loads(schedule.read_text())["cohorts"]
+    assert len(recorded) == 3 and all(len(c) == 6 for c in recorded)
+    replay = run(tiny_job(seed=11, algorithm={"name": "fedprox"}, engine={"schedule": str(schedule)}),
+                 output_dir=tmp_path / "b")
+    assert json.loads((replay.run_dir / "cohorts.json").read_text())["cohorts"] == recorded
+    other = run(tiny_job(seed=11), output_dir=tmp_path / "c")
+    assert json.loads((other.run_dir / "cohorts.json").read_text())["cohorts"] != recorded

@@ -1,1 +1,27 @@
-"""raysim: a Ray-based federated-learning simulator."""
+"""raysim: a Ray-based, scalable, cross-device federated-learning simulator.
+
+Usage:
+    from raysim import load_jobs, run
+    result = run(load_jobs("jobs/quickstart.yaml", ["engine.num_rounds=5"])[0])
+"""
+
+from raysim.aggregate import Aggregator, Gather, Sum, WeightedMean
+from raysim.algorithm import Algorithm
+from raysim.config import JobConfig, load_jobs
+from raysim.data import ClientStore, DatasetConfig, Examples
+from raysim.engine import EngineServices, RunResult, run
+from raysim.errors import (CheckpointError, ClientError, ConfigError, DataError, RaysimError,
+                           ResourceError)
+from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
+from raysim.registry import register
+from raysim.types import (ClientContext, ClientData, ClientResult, DataSpec, Metrics, Params,
+                          Payload, RunInfo, ServerState)
+
+__all__ = [
+    "Aggregator", "Algorithm", "CheckpointError", "ClientContext", "ClientData", "ClientError",
+    "ClientResult", "ClientStore", "ConfigError", "DataError", "DataSpec", "DatasetConfig",
+    "EngineServices", "Examples", "Gather", "JobConfig", "LocalTrainConfig", "Metrics", "Params",
+    "Payload", "RaysimError", "ResourceError", "RunInfo", "RunResult", "ServerState", "Sum",
+    "WeightedMean", "evaluate", "load_jobs", "local_delta_update", "register", "run",
+    "train_local",
+]

@@ -100,7 +100,7 @@ class RayBackend:
                           ).remote(one)
             for i in range(self.num_workers)]
         self.dead_workers = 0
-        _get(ray.get, [w.ping.remote() for w in self.workers])  # surface construction errors now
+        _get([w.ping.remote() for w in self.workers])  # surface construction errors now
 
     def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray,
                      round_num: int) -> RoundOutput:
@@ -117,7 +117,7 @@ class RayBackend:
         reports = []
         for worker, ref in refs:
             try:
-                reports.append(_get(ray.get, ref))
+                reports.append(_get(ref))
             except RayActorError:
                 reports += self._rerun_without(worker, payload_ref, shards[workers.index(worker)], round_num)
         return reports
@@ -143,11 +143,11 @@ class RayBackend:
         parts = split_evenly(client_ids, len(self.workers))
         refs = [w.evaluate_clients.remote(params_ref, part, split)
                 for w, part in zip(self.workers, parts) if part]
-        results = _get(ray.get, refs)
+        results = _get(refs)
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None:
-        return _get(ray.get, self.workers[0].evaluate_central.remote(params))
+        return _get(self.workers[0].evaluate_central.remote(params))
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -155,19 +155,15 @@ class RayBackend:
         remove_placement_group(self.placement)
 
 
-def _get(fn: Any, refs: Any) -> Any:
-    """ray.get, re-raising a raysim error from inside a worker as itself (no Ray wrapper)."""
+def _get(refs: Any) -> Any:
+    """``ray.get``, re-raising a raysim error from inside a worker as itself (no Ray wrapper)."""
     try:
-        return fn(refs)
+        return ray.get(refs)
     except RayTaskError as exc:
-        cause = exc.cause if hasattr(exc, "cause") else None
-        if isinstance(cause, RaysimError):
-            raise cause from None
+        if isinstance(exc.cause, RaysimError):
+            raise exc.cause from None
         raise
     except RayActorError as exc:
-        cause = getattr(exc, "cause", None) or getattr(exc, "error_msg", "")
-        if isinstance(cause, RaysimError):
-            raise cause from None
-        if "ActorDiedError" in type(exc).__name__ and "__init__" in str(exc):
+        if "__init__" in str(exc):  # the constructor raised: say so, keep Ray's report
             raise ResourceError(f"a worker failed to start: {exc}") from exc
         raise

@@ -12,16 +12,8 @@ import pyarrow as pa
 import pytest
 
 from raysim import registry
-from raysim.data import (
-    ClientStore,
-    DatasetConfig,
-    Examples,
-    image_table,
-    open_dataset,
-    prepare_store,
-    split_sizes,
-    write_store,
-)
+from raysim.data import ClientStore, DatasetConfig, Examples, image_table, open_dataset
+from raysim.prepare import prepare_store, split_sizes, write_store
 from raysim.errors import ConfigError, DataError
 from raysim.partition import IidPartition, NaturalPartition, Partition
 from raysim.types import DataSpec

@@ -1,0 +1,256 @@
+"""Writing client stores: partition a recipe's examples once, offline, and cache the result.
+
+``prepare_store`` is idempotent: the store's directory is named by a hash of the recipe and its
+config, built in a temporary directory and renamed into place when complete. The layout and the
+per-client train/test split rule are described in ``raysim.data``.
+
+Usage:
+    path = prepare_store("mnist", MnistConfig())        # builds once, then returns the cache
+    store = ClientStore.open(path)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ValidationError
+
+from raysim import registry
+from raysim.data import (BATCH_ROWS, CENTRAL_FILE, FORMAT_VERSION, INDEX_FILE, META_FILE,
+                         ROWS_FILE, SPLIT_STREAM, DatasetConfig, Examples)
+from raysim.errors import ConfigError, DataError
+from raysim.partition import Partition, PartitionConfig, partition
+
+
+def partition_table(config: PartitionConfig, table: pa.Table, seed: int) -> Partition:
+    """Runs the partitioner on a table's ``y`` and ``config.column`` (if the config has one)."""
+    labels = table.column("y").to_numpy() if "y" in table.column_names else None
+    column = getattr(config, "column", None)
+    keys = None
+    if column is not None:
+        if column not in table.column_names:
+            raise DataError(
+                f"partition.column {column!r} is not a column of the dataset "
+                f"(columns: {', '.join(table.column_names)})"
+            )
+        if table.column(column).null_count:
+            raise DataError(f"partition.column {column!r} has missing values")
+        keys = table.column(column).to_numpy()
+    return partition(config, labels, keys, seed, num_rows=table.num_rows)
+
+
+def split_sizes(sizes: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(num_train, num_test) per client by the rule in the module docstring."""
+    num_test = np.floor(sizes * test_fraction + 0.5).astype(np.int64)
+    num_test = np.minimum(num_test, np.maximum(sizes - 1, 0))
+    return sizes - num_test, num_test
+
+
+def write_store(
+    examples: Examples,
+    partition: Partition,
+    test_fraction: float,
+    seed: int,
+    path: str | Path,
+    *,
+    source: dict[str, Any] | None = None,
+) -> Path:
+    """Writes a client store (layout in the module docstring) into the directory ``path``.
+
+    Args:
+        examples: every row, as a recipe returns them.
+        partition: which source rows each client holds.
+        test_fraction: share of each client's rows held out as its test split.
+        seed: seeds the per-client train/test shuffle.
+        path: the directory to write; created if needed.
+        source: what the store was built from (recipe name, config), recorded in meta.json.
+
+    Returns:
+        ``path``.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    _check_examples(examples, partition)
+    order = _shuffle_within_clients(partition, seed)
+    _write_arrow(examples.table, order, path / ROWS_FILE)
+    index = _client_index(examples, partition, order, test_fraction)
+    pq.write_table(index, path / INDEX_FILE, row_group_size=BATCH_ROWS)
+    if examples.central_test is not None:
+        _write_arrow(examples.central_test, None, path / CENTRAL_FILE)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        **(source or {}),
+        "spec": asdict(examples.spec),
+        "num_clients": partition.num_clients,
+        "num_rows": len(order),
+        "test_fraction": test_fraction,
+        "seed": seed,
+        "mean": examples.mean,
+        "std": examples.std,
+        "has_central_test": examples.central_test is not None,
+        "has_label_hist": "label_hist" in index.column_names,
+        "content_hash": _content_hash(path),
+    }
+    (path / META_FILE).write_text(json.dumps(meta, indent=2))  # last: marks the store complete
+    return path
+
+
+def _shuffle_within_clients(partition: Partition, seed: int) -> np.ndarray:
+    """``partition.order`` with each client's rows in a seeded random order (train rows first)."""
+    client_of_row = np.repeat(np.arange(partition.num_clients), partition.sizes)
+    shuffle_key = np.random.default_rng([seed, SPLIT_STREAM]).random(len(partition.order))
+    # One lexsort shuffles every client at once: by client, then by the random key.
+    return partition.order[np.lexsort((shuffle_key, client_of_row))]
+
+
+def _client_index(
+    examples: Examples, partition: Partition, order: np.ndarray, test_fraction: float
+) -> pa.Table:
+    """The clients.parquet table; label histograms count each client's train rows."""
+    num_clients, sizes = partition.num_clients, partition.sizes
+    num_train, num_test = split_sizes(sizes, test_fraction)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    keys = partition.keys
+    index = {
+        "client_id": pa.array(np.arange(num_clients, dtype=np.int64)),
+        "key": pa.nulls(num_clients, pa.string()) if keys is None else pa.array(keys, pa.string()),
+        "offset": pa.array(offsets),
+        "num_train": pa.array(num_train),
+        "num_test": pa.array(num_test),
+    }
+    if "y" in examples.table.column_names and examples.spec.task == "classification":
+        is_train = np.arange(len(order)) - np.repeat(offsets, sizes) < np.repeat(num_train, sizes)
+        clients = np.repeat(np.arange(num_clients), sizes)[is_train]
+        labels = examples.table.column("y").to_numpy()[order][is_train]
+        index["label_hist"] = _label_hist(clients, labels, num_clients, examples.spec.num_classes)
+    return pa.table(index)
+
+
+def _check_examples(examples: Examples, partition: Partition) -> None:
+    table, spec = examples.table, examples.spec
+    if "x" not in table.column_names:
+        raise DataError(f"examples need an 'x' column (columns: {', '.join(table.column_names)})")
+    x_type = table.schema.field("x").type
+    if pa.types.is_fixed_size_list(x_type) and x_type.list_size != int(np.prod(spec.input_shape)):
+        raise DataError(
+            f"'x' holds {x_type.list_size} values per row but spec.input_shape is "
+            f"{spec.input_shape}"
+        )
+    order = partition.order
+    if len(order) and (order.min() < 0 or order.max() >= table.num_rows):
+        raise DataError(f"partition refers to rows outside the table's {table.num_rows} rows")
+    if len(order) and np.bincount(order, minlength=table.num_rows).max() > 1:
+        raise DataError("partition uses some rows more than once")
+    if "y" in table.column_names and spec.task == "classification" and table.num_rows:
+        low, high = pc.min_max(table.column("y")).values()
+        if low.as_py() < 0 or high.as_py() >= spec.num_classes:
+            raise DataError(
+                f"labels span [{low}, {high}], outside [0, spec.num_classes={spec.num_classes})"
+            )
+
+
+def _write_arrow(table: pa.Table, order: np.ndarray | None, path: Path) -> None:
+    """Writes ``table.take(order)`` (or ``table``) in record batches, one in memory at a time."""
+    # Uncompressed on purpose: compressed IPC buffers cannot be memory-mapped zero-copy.
+    with pa.ipc.new_file(path, table.schema) as writer:
+        if order is None:
+            writer.write_table(table, max_chunksize=BATCH_ROWS)
+            return
+        for start in range(0, len(order), BATCH_ROWS):
+            rows = table.take(order[start : start + BATCH_ROWS])
+            writer.write_table(rows, max_chunksize=BATCH_ROWS)
+
+
+def _label_hist(
+    clients: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int
+) -> pa.Array:
+    """list<int32> of per-client label counts, from one bincount over (client, label) pairs."""
+    counts = np.bincount(clients * num_classes + labels, minlength=num_clients * num_classes)
+    list_offsets = pa.array(
+        np.arange(0, num_clients * num_classes + 1, num_classes, dtype=np.int32)
+    )
+    return pa.ListArray.from_arrays(list_offsets, pa.array(counts.astype(np.int32)))
+
+
+def _content_hash(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for name in (ROWS_FILE, INDEX_FILE, CENTRAL_FILE):
+        if (path / name).is_file():
+            with open(path / name, "rb") as f:
+                digest.update(hashlib.file_digest(f, "blake2b").digest())
+    return digest.hexdigest()
+
+
+def store_path(recipe_name: str, config: DatasetConfig) -> Path:
+    """``<cache>/<recipe>-<hash>``: the hash covers the format version, recipe name and config."""
+    root = config.cache_dir or os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim"
+    text = f"{FORMAT_VERSION}\0{recipe_name}\0{config.model_dump_json(exclude={'cache_dir'})}"
+    return (
+        Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    )
+
+
+def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
+    """Builds the store of ``recipe_name`` under ``config`` once and returns its directory.
+
+    An existing complete store is reused without loading the recipe's data. A new one is built in
+    a temporary directory and renamed into place, so a crash never leaves a half store behind and
+    concurrent builders agree on one result.
+
+    Raises:
+        ConfigError: unknown recipe or a config the recipe rejects.
+        DataError: the data cannot be partitioned or written as asked.
+    """
+    entry = registry.get("dataset", recipe_name)
+    config = _as_recipe_config(entry.config, config)
+    path = store_path(recipe_name, config)
+    if (path / META_FILE).is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        examples = entry.factory(config).load_examples()
+        part = partition_table(config.partition, examples.table, config.seed)
+        source = {
+            "recipe": recipe_name,
+            "config": config.model_dump(mode="json", exclude={"cache_dir"}),
+        }
+        write_store(examples, part, config.test_fraction, config.seed, tmp, source=source)
+        _publish(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _as_recipe_config(config_type: type[BaseModel], config: DatasetConfig) -> DatasetConfig:
+    """Accepts a recipe's own config, or a base one completed with the recipe's defaults."""
+    if isinstance(config, config_type):
+        return config
+    try:
+        return config_type.model_validate(config.model_dump())
+    except ValidationError as e:
+        raise ConfigError(
+            [f"dataset.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        ) from None
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if not (path / META_FILE).is_file():
+            raise DataError(
+                f"{path} exists but is not a complete store; delete it and retry"
+            ) from None
+        # Another process published the same store first; theirs is identical, keep it.

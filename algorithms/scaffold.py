@@ -18,7 +18,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.local import LocalTrainConfig, num_train_examples, train_local
+from raysim.local import LocalTrainConfig, num_train_examples, round_lr, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -68,10 +68,11 @@ class Scaffold:
         global_params = P.from_numpy(ctx.payload.params)
         local = self.config.local
         metrics = train_local(ctx.model, ctx.data, local, seed=ctx.seed, spec=ctx.spec,
-                              device=ctx.device, after_backward=drift_correction(c, c_i))
+                              device=ctx.device, round_num=ctx.round_num,
+                              after_backward=drift_correction(c, c_i))
         delta = P.delta(global_params, P.model_params(ctx.model))
         steps = max(metrics["train/steps"], 1.0)
-        new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * local.lr) for k in c}
+        new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}
         return ClientResult(update={"delta": delta, "dc": dc},
                             weight=float(num_train_examples(ctx.data, local)), metrics=metrics,

@@ -102,7 +102,11 @@ class Sum:
 
 
 class Gather:
-    """Keeps every result, ordered by cohort position (FuseFL composes client blocks)."""
+    """Keeps every result with its cohort position, ordered by position (FuseFL composes blocks).
+
+    ``result`` returns ``[(position, ClientResult), ...]``; a position indexes the round's cohort,
+    so a plugin knows which client sent what even when failed clients were dropped.
+    """
 
     def zero(self) -> list[tuple[int, ClientResult]]:
         return []
@@ -113,5 +117,5 @@ class Gather:
     def merge(self, left: list, right: list) -> list:
         return sorted([*left, *right], key=lambda item: item[0])
 
-    def result(self, acc: list) -> list[ClientResult]:
-        return [r for _, r in sorted(acc, key=lambda item: item[0])]
+    def result(self, acc: list) -> list[tuple[int, ClientResult]]:
+        return sorted(acc, key=lambda item: item[0])

@@ -9,13 +9,19 @@ worker   ``client_update(ctx)`` runs once per sampled client, on a resident mode
          worker has already loaded ``payload.params``.
 
 Rules every plugin follows:
-- ``client_update`` may change ``ctx.model`` freely (the worker restores it before the next
-  client) but must not touch globals, trackers or Ray; its randomness comes from ``ctx.seed``.
+- ``client_update`` may change the values of ``ctx.model``'s parameters and buffers freely: the
+  worker copies ``payload.params`` back in before the next client. Anything else it changes on
+  the model (modules, ``requires_grad``, hooks) it must undo before returning. It must not touch
+  globals, trackers or Ray; its randomness comes from ``ctx.seed``.
 - Aggregators are associative (``raysim.aggregate``); ``Gather`` when results are needed apart.
 - Metrics are returned, never logged by the plugin.
 - ``delta = global - local``; a server steps on the mean delta like a gradient.
 - Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``;
-  it is kept outside the workers, so it survives worker restarts.
+  it is kept outside the workers, so it survives worker restarts. It, and ``ServerState``'s
+  ``opt_state`` and ``extra``, hold only tensors, numbers, strings and dicts / lists / tuples of
+  them (what a weights-only ``torch.load`` reads back; anything else is refused when saved).
+- Every numeric entry of ``ClientResult.metrics`` is averaged over the cohort (weighted by
+  ``ClientResult.weight``) and logged under its own key.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
   defines ``protocol(services, state)`` and drives the engine's services itself.
 """

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from raysim.checkpoint import check_loadable
 from raysim.errors import DataError
 
 
@@ -47,7 +48,12 @@ class ClientStateStore:
         return best
 
     def put(self, client_id: int, round_num: int, state: Any) -> None:
-        """Saves the state written in ``round_num`` (atomically: write, then rename)."""
+        """Saves the state written in ``round_num`` (atomically: write, then rename).
+
+        Raises:
+            TypeError: the state holds something a weights-only load cannot read back.
+        """
+        check_loadable(state, f"client {client_id}'s state")
         path = self._path(client_id, round_num % 2)
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -8,6 +8,7 @@ Usage:
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -150,12 +151,15 @@ def run_round(s: EngineServices, state: ServerState, round_num: int) -> tuple[Se
     return state, metrics | round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
 
 
+_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
+
+
 def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: float) -> Metrics:
-    """Train metrics averaged over clients (weighted by their weight) and system metrics."""
+    """Every client metric averaged over clients (weighted by their weight), and system metrics."""
     clients = output.client_metrics
     total = sum(m["weight"] for m in clients) or 1.0
-    metrics = {key: sum(m[key] * m["weight"] for m in clients) / total
-               for key in ("train/loss", "train/accuracy") if clients and key in clients[0]}
+    keys = sorted({k for m in clients for k in m} - _BOOKKEEPING)
+    metrics = {key: sum(m[key] * m["weight"] for m in clients if key in m) / total for key in keys}
     busiest = max(output.worker_seconds, default=0.0)
     mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
     return metrics | {
@@ -181,13 +185,15 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     info = RunInfo(num_clients=store.num_clients, cohort_size=job.engine.cohort_size,
                    num_rounds=job.engine.num_rounds, spec=store.spec, seed=job.seed,
                    buffer_keys=buffer_keys)
-    state, start_round, state_dir = algorithm.init(params, info), 0, None
+    state, start_round, parent_state_dir = algorithm.init(params, info), 0, None
     if resume_from is not None:
-        state, last_round, _, state_dir = load_checkpoint(resume_from)
+        state, last_round, _, parent_state_dir = load_checkpoint(resume_from)
         check_compatible(state, params, resume_from)
         start_round = last_round + 1
     run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    state_dir = Path(state_dir) if state_dir else run_dir / "client_state"
+    state_dir = run_dir / "client_state"
+    if parent_state_dir and Path(parent_state_dir).is_dir():
+        shutil.copytree(parent_state_dir, state_dir)  # a branch never writes into its parent
     setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir))
     backend = make_backend(job, setup, store)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
@@ -217,7 +223,7 @@ def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
     last_round = s.history[-1][0] if s.history else s.start_round - 1
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
-    CohortSchedule(s.cohorts, s.info.num_clients).save(s.run_dir / "cohorts.json")
+    CohortSchedule(s.cohorts, s.info.num_clients, s.start_round).save(s.run_dir / "cohorts.json")
     artifacts.append(s.run_dir / "cohorts.json")
     if s.job.tracking.log_checkpoint:
         artifacts.append(s.checkpoint(state, last_round, "final.pt"))

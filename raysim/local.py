@@ -1,8 +1,10 @@
 """The shared local trainer and evaluator that every plugin builds on.
 
-Plugins vary local training through two hooks rather than subclassing: ``extra_loss(model, batch)``
-adds a term to the task loss (FedProx's proximal term, FedGuCci's connectivity loss) and
-``after_backward(model)`` edits gradients before the step (SCAFFOLD's control-variate correction).
+Plugins vary local training through hooks rather than subclassing: ``extra_loss(model, batch)``
+adds a term to the task loss (FedProx's proximal term, FedGuCci's connectivity loss),
+``after_backward(model)`` edits gradients before the step (SCAFFOLD's control-variate correction)
+and ``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration). A plugin that
+needs its own step (SAM) writes its loop from ``iterate_batches`` and ``task_loss``.
 
 Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
@@ -25,6 +27,7 @@ from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metr
 Batch = dict[str, torch.Tensor]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
 AfterBackward = Callable[[nn.Module], None]
+LossFn = Callable[[nn.Module, Batch, DataSpec], tuple[torch.Tensor, int, int]]
 
 
 class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
@@ -33,11 +36,12 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
+    lr_decay: float = Field(1.0, gt=0, le=1)  # round r trains at lr * lr_decay**r
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
     max_steps: int | None = Field(None, ge=1)  # stop after this many local steps
-    max_examples: int | None = Field(None, ge=1)  # cap of examples per client per round
+    max_examples: int | None = Field(None, ge=1)  # one random subset per client per round
     grad_clip: float | None = Field(None, gt=0)  # max global grad norm
 
 
@@ -48,15 +52,31 @@ def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
             for k, v in data.arrays.items()}
 
 
-def iterate_batches(tensors: Batch, batch_size: int, generator: torch.Generator | None = None,
-                    limit: int | None = None) -> Iterator[Batch]:
-    """Yields batches; shuffled when ``generator`` is given; ``limit`` keeps the first rows drawn."""
+def iterate_batches(tensors: Batch, batch_size: int,
+                    generator: torch.Generator | None = None) -> Iterator[Batch]:
+    """Yields batches, shuffled when ``generator`` is given."""
     n = len(next(iter(tensors.values())))
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    order = order[:limit] if limit is not None else order
-    for start in range(0, len(order), batch_size):
+    for start in range(0, n, batch_size):
         idx = order[start:start + batch_size].to(next(iter(tensors.values())).device)
         yield {k: v[idx] for k, v in tensors.items()}
+
+
+def cap_examples(data: ClientData, max_examples: int | None, seed: int) -> ClientData:
+    """The client's examples this round: all, or one seeded random subset of ``max_examples``.
+
+    A pure function of ``seed``, so a plugin's extra pass (FedFish's Fisher) sees the same subset
+    as training did.
+    """
+    if max_examples is None or len(data) <= max_examples:
+        return data
+    keep = np.sort(np.random.default_rng([seed, 0x5EED]).permutation(len(data))[:max_examples])
+    return ClientData({k: v[keep] for k, v in data.arrays.items()})
+
+
+def round_lr(config: LocalTrainConfig, round_num: int) -> float:
+    """The local learning rate in ``round_num`` (exponential decay per round)."""
+    return config.lr * config.lr_decay**round_num
 
 
 def task_loss(model: nn.Module, batch: Batch, spec: DataSpec) -> tuple[torch.Tensor, int, int]:
@@ -78,31 +98,33 @@ def task_loss(model: nn.Module, batch: Batch, spec: DataSpec) -> tuple[torch.Ten
     return loss, correct, int(mask.sum())
 
 
-def make_optimizer(model: nn.Module, config: LocalTrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
-        return torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum,
+        return torch.optim.Adam(trainable, lr=lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum,
                            weight_decay=config.weight_decay)
 
 
 def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *, seed: int,
-                spec: DataSpec, device: torch.device | str = "cpu",
+                spec: DataSpec, device: torch.device | str = "cpu", round_num: int = 0,
                 extra_loss: ExtraLoss | None = None,
-                after_backward: AfterBackward | None = None) -> Metrics:
+                after_backward: AfterBackward | None = None,
+                loss_fn: LossFn | None = None) -> Metrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
-    Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
-    worker runs it or what ran before.
+    Shuffling and the ``max_examples`` subset are drawn from ``seed`` alone, so a client's
+    training does not depend on which worker runs it or what ran before.
     """
     model.train()
-    optimizer = make_optimizer(model, config)
-    tensors = to_tensors(data, device)
+    optimizer = make_optimizer(model, config, round_lr(config, round_num))
+    tensors = to_tensors(cap_examples(data, config.max_examples, seed), device)
     generator = torch.Generator().manual_seed(seed)
+    compute_loss = loss_fn or task_loss
     loss_sum, correct, seen, steps = 0.0, 0, 0, 0
     for _ in range(config.epochs):
-        for batch in iterate_batches(tensors, config.batch_size, generator, config.max_examples):
-            loss, num_correct, num_items = task_loss(model, batch, spec)
+        for batch in iterate_batches(tensors, config.batch_size, generator):
+            loss, num_correct, num_items = compute_loss(model, batch, spec)
             total = loss + extra_loss(model, batch) if extra_loss is not None else loss
             optimizer.zero_grad(set_to_none=True)
             total.backward()
@@ -147,6 +169,7 @@ def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
     """The FedAvg-family client: train locally, send ``global - local`` weighted by #examples."""
     global_params = P.from_numpy(ctx.payload.params)
     metrics = train_local(ctx.model, ctx.data, config, seed=ctx.seed, spec=ctx.spec,
-                          device=ctx.device, extra_loss=extra_loss, after_backward=after_backward)
+                          device=ctx.device, round_num=ctx.round_num, extra_loss=extra_loss,
+                          after_backward=after_backward)
     update = P.delta(global_params, P.model_params(ctx.model))
     return ClientResult(update, float(num_train_examples(ctx.data, config)), metrics)

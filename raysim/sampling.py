@@ -46,32 +46,38 @@ def sample_eval_clients(num_clients: int, max_clients: int | None, seed: int) ->
 class CohortSchedule:
     """A fixed participation schedule: the cohort of every round, shared across algorithms.
 
-    Stored as JSON ``{"num_clients": N, "cohorts": [[ids of round 0], [ids of round 1], ...]}``;
-    ``raysim`` writes one for every run (artifact ``cohorts.json``) so another run can reuse it.
+    Stored as JSON ``{"num_clients": N, "first_round": r, "cohorts": [[ids of round r], ...]}``;
+    ``raysim`` writes one for every run (artifact ``cohorts.json``) so another run can reuse it. A
+    run resumed at round r records from r on.
     """
 
-    def __init__(self, cohorts: list[list[int]], num_clients: int) -> None:
+    def __init__(self, cohorts: list[list[int]], num_clients: int, first_round: int = 0) -> None:
         self.cohorts = cohorts
         self.num_clients = num_clients
+        self.first_round = first_round
 
     @classmethod
     def load(cls, path: str | Path, num_clients: int) -> CohortSchedule:
         try:
             raw = json.loads(Path(path).read_text())
             cohorts = [[int(c) for c in cohort] for cohort in raw["cohorts"]]
+            first_round = int(raw.get("first_round", 0))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError([f"engine.schedule: cannot read a cohort schedule from {path}: {exc}"])
         bad = [c for cohort in cohorts for c in cohort if not 0 <= c < num_clients]
         if bad:
             raise ConfigError([f"engine.schedule: {path} names client {bad[0]}, but the dataset "
                                f"has {num_clients} clients"])
-        return cls(cohorts, num_clients)
+        return cls(cohorts, num_clients, first_round)
 
     def cohort(self, round_num: int) -> np.ndarray:
-        if round_num >= len(self.cohorts):
-            raise ConfigError([f"engine.schedule: has {len(self.cohorts)} rounds, the job asks "
-                               f"for round {round_num}"])
-        return np.asarray(self.cohorts[round_num], dtype=np.int64)
+        index = round_num - self.first_round
+        if not 0 <= index < len(self.cohorts):
+            last = self.first_round + len(self.cohorts) - 1
+            raise ConfigError([f"engine.schedule: covers rounds {self.first_round}..{last}, the "
+                               f"job asks for round {round_num}"])
+        return np.asarray(self.cohorts[index], dtype=np.int64)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"num_clients": self.num_clients, "cohorts": self.cohorts}))
+        Path(path).write_text(json.dumps({"num_clients": self.num_clients,
+                                          "first_round": self.first_round, "cohorts": self.cohorts}))

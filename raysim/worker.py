@@ -103,12 +103,12 @@ class ClientTrainer:
             t0 = time.perf_counter()
             try:
                 result = self._train_one(payload, client_id, round_num)
+                if result.state is not None:
+                    self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
                 report.failures.append(ClientFailure(client_id, position, exc))
                 continue
             report.partial = aggregator.add(report.partial, position, result)
-            if result.state is not None:
-                self.states.put(client_id, round_num, result.state)
             report.bytes_up += P.num_bytes(result.update)
             report.client_metrics.append({**result.metrics, "client_id": float(client_id),
                                           "weight": result.weight,

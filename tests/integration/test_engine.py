@@ -145,3 +145,44 @@ def test_a_fixed_schedule_replays_the_cohorts_of_another_run(tmp_path):
     assert json.loads((replay.run_dir / "cohorts.json").read_text())["cohorts"] == recorded
     other = run(tiny_job(seed=11), output_dir=tmp_path / "c")
     assert json.loads((other.run_dir / "cohorts.json").read_text())["cohorts"] != recorded
+
+
+class OneShotAverage:
+    """A one-shot plugin: one round on every client, through the engine's services (a test plugin)."""
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def protocol(self, services, state):
+        import numpy as np
+
+        everyone = np.arange(services.info.num_clients)
+        output = services.train_cohort(self.broadcast(state, 0), everyone, 0)
+        state, metrics = self.server_update(state, output.aggregate, 0)
+        services.log(metrics | services.evaluate(state) | {"oneshot/clients": float(len(everyone))}, 0)
+        return state
+
+
+def test_a_protocol_override_replaces_the_round_loop(tmp_path):
+    registry.register("algorithm", "oneshot_test", config=registry.get("algorithm", "fedavg").config)(OneShotAverage)
+    result = run(tiny_job(algorithm={"name": "oneshot_test"}, engine={"num_rounds": 50}),
+                 output_dir=tmp_path)
+    assert [step for step, _ in result.history] == [0]
+    assert result.final["oneshot/clients"] == 20 and "eval/clients/accuracy" in result.final
+    assert (result.run_dir / "checkpoints" / "final.pt").exists()
+
+
+def test_a_branch_copies_client_state_instead_of_sharing_it(tmp_path):
+    parent = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}), output_dir=tmp_path / "p")
+    before = sorted(p.name for p in (parent.run_dir / "client_state").rglob("*.pt"))
+    branch = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
+                 resume_from=str(parent.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
+    assert sorted(p.name for p in (parent.run_dir / "client_state").rglob("*.pt")) == before
+    assert len(list((branch.run_dir / "client_state").rglob("*.pt"))) >= len(before)
+    import json
+
+    schedule = json.loads((branch.run_dir / "cohorts.json").read_text())
+    assert schedule["first_round"] == 2 and len(schedule["cohorts"]) == 2

@@ -59,4 +59,5 @@ def test_gather_orders_by_cohort_position_whatever_the_merge_order():
     a = agg.add(agg.zero(), 2, result(2.0, 1))
     b = agg.add(agg.add(agg.zero(), 0, result(0.0, 1)), 1, result(1.0, 1))
     out = agg.result(agg.merge(a, b))
-    assert [r.update["nested"]["b"].item() for r in out] == [0.0, 1.0, 2.0]
+    assert [p for p, _ in out] == [0, 1, 2]
+    assert [r.update["nested"]["b"].item() for _, r in out] == [0.0, 1.0, 2.0]

@@ -22,3 +22,14 @@ def test_retrying_a_round_sees_the_pre_round_state(tmp_path):
     store.put(1, 6, {"v": torch.tensor(6.0)})  # overwrites round 4's slot
     assert store.get(1, before_round=7)["v"].item() == 6.0
     assert store.num_clients() == 1
+
+
+def test_state_a_weights_only_load_cannot_read_is_refused_at_once(tmp_path):
+    import numpy as np
+    import pytest
+
+    store = ClientStateStore(tmp_path)
+    with pytest.raises(TypeError, match=r"client 3's state\['c'\]\[1\] is a numpy.ndarray"):
+        store.put(3, 0, {"c": [torch.zeros(1), np.zeros(2)]})
+    store.put(3, 0, {"c": [torch.zeros(1), 2.0, "x", (1, 2), {4}]})  # all plain: fine
+    assert store.get(3, before_round=1)["c"][2] == "x"

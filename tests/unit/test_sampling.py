@@ -51,8 +51,10 @@ def test_schedule_round_trip_and_errors(tmp_path):
     CohortSchedule([[1, 2], [3, 4]], num_clients=5).save(path)
     schedule = CohortSchedule.load(path, num_clients=5)
     assert schedule.cohort(1).tolist() == [3, 4]
-    with pytest.raises(ConfigError, match="has 2 rounds"):
+    with pytest.raises(ConfigError, match=r"covers rounds 0..1, the job asks for round 2"):
         schedule.cohort(2)
+    CohortSchedule([[0, 1]], num_clients=5, first_round=7).save(tmp_path / "branch.json")
+    assert CohortSchedule.load(tmp_path / "branch.json", num_clients=5).cohort(7).tolist() == [0, 1]
     with pytest.raises(ConfigError, match="names client 3"):
         CohortSchedule.load(path, num_clients=3)
     (tmp_path / "bad.json").write_text("{")

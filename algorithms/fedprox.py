@@ -53,9 +53,8 @@ class FedProx:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        anchor = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.params).items()}
         return local_delta_update(ctx, self.config.local,
-                                  extra_loss=proximal_term(self.config.mu, anchor))
+                                  extra_loss=proximal_term(self.config.mu, ctx.global_params))
 
     def aggregator(self) -> WeightedMean:
         return WeightedMean(weighted=self.config.weighted)

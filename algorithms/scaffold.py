@@ -65,12 +65,11 @@ class Scaffold:
         c = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.extra["c"]).items()}
         c_i = ({k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()} if ctx.state
                else {k: torch.zeros_like(v) for k, v in c.items()})
-        global_params = P.from_numpy(ctx.payload.params)
         local = self.config.local
         metrics = train_local(ctx.model, ctx.data, local, seed=ctx.seed, spec=ctx.spec,
                               device=ctx.device, round_num=ctx.round_num,
                               after_backward=drift_correction(c, c_i))
-        delta = P.delta(global_params, P.model_params(ctx.model))
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
         steps = max(metrics["train/steps"], 1.0)
         new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}

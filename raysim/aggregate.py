@@ -49,12 +49,16 @@ def _merge_sums(left: _Sums, right: _Sums) -> _Sums:
 
 
 def _fold(total: Any, update: Any, scale: float) -> Any:
-    """``total + scale * update`` in float64 on the CPU, in place when ``total`` exists."""
+    """``total + scale * update`` in float64, in place when ``total`` exists.
+
+    Partials stay on the updates' device (a GPU worker copies one partial to the host per round,
+    not one update per client); merging partials that arrive from workers happens on the CPU.
+    """
     if update is None:
         return total
     if total is None:
-        return tree_map(lambda t: t.detach().to("cpu", torch.float64, copy=True).mul_(scale), update)
-    return tree_map(lambda acc, t: acc.add_(t.detach().to("cpu"), alpha=scale), total, update)
+        return tree_map(lambda t: t.detach().to(torch.float64, copy=True).mul_(scale), update)
+    return tree_map(lambda acc, t: acc.add_(t.detach().to(acc.device), alpha=scale), total, update)
 
 
 class WeightedMean:

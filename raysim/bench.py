@@ -54,8 +54,9 @@ def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, B
 def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
     job, bench = load_benchmark(path, overrides)
     store = open_dataset(job.dataset.name, job.dataset.config)
+    timed_rounds = job.engine.num_rounds - bench.warmup_rounds
     console.print(f"[bold]{job.name}[/]: {store.num_clients} clients, cohort {job.engine.cohort_size}, "
-                  f"{job.engine.num_rounds - bench.warmup_rounds} timed rounds after {bench.warmup_rounds} warm-up")
+                  f"{timed_rounds} timed rounds after {bench.warmup_rounds} warm-up")
     result = run(job, tracker=MemoryTracker(), output_dir=Path(".raysim") / "bench")
     timed = [m["sys/round_s"] for step, m in result.history if step >= bench.warmup_rounds]
     raysim_s = statistics.median(timed)
@@ -107,7 +108,7 @@ def plain_loop_seconds(job: JobConfig, store: ClientStore, warmup_rounds: int) -
 
 def _table(f: dict[str, Any]) -> Table:
     table = Table(title=f"{f['benchmark']}: seconds per round (median)")
-    for column in ("raysim", f"plain loop (1 thread)", f"ideal ({f['num_workers']} workers)",
+    for column in ("raysim", "plain loop (1 thread)", f"ideal ({f['num_workers']} workers)",
                    "raysim / ideal", "raysim clients/s"):
         table.add_column(column, justify="right")
     table.add_row(f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}",

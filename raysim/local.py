@@ -167,9 +167,8 @@ def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
                        extra_loss: ExtraLoss | None = None,
                        after_backward: AfterBackward | None = None) -> ClientResult:
     """The FedAvg-family client: train locally, send ``global - local`` weighted by #examples."""
-    global_params = P.from_numpy(ctx.payload.params)
     metrics = train_local(ctx.model, ctx.data, config, seed=ctx.seed, spec=ctx.spec,
                           device=ctx.device, round_num=ctx.round_num, extra_loss=extra_loss,
                           after_backward=after_backward)
-    update = P.delta(global_params, P.model_params(ctx.model))
+    update = P.delta(ctx.global_params, P.model_params(ctx.model))
     return ClientResult(update, float(num_train_examples(ctx.data, config)), metrics)

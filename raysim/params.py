@@ -6,6 +6,7 @@ function here maps over the leaves.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,20 @@ def delta(global_params: Params, local_params: Params) -> Params:
 
 def zeros_like(params: Params, dtype: torch.dtype | None = None) -> Params:
     return {k: torch.zeros_like(v, dtype=dtype or v.dtype) for k, v in params.items()}
+
+
+def to_cpu(obj: Any) -> Any:
+    """A copy of ``obj`` with every tensor moved to the CPU: dicts, lists, tuples, dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: to_cpu(getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 def num_bytes(tree: Tree) -> int:

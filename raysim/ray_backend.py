@@ -48,7 +48,8 @@ def resolve_num_workers(resources: ResourcesConfig) -> int:
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
     if resources.num_workers is not None:
         wanted = resources.num_workers
-        if wanted * resources.cpus_per_worker > cpus + 1e-9 or wanted * resources.gpus_per_worker > gpus + 1e-9:
+        needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpus_per_worker
+        if needs_cpus > cpus + 1e-9 or needs_gpus > gpus + 1e-9:
             raise ResourceError(
                 f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
                 f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
@@ -113,7 +114,8 @@ class RayBackend:
     def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]],
                     round_num: int) -> list[WorkerReport]:
         workers = list(self.workers)
-        refs = [(w, w.train.remote(payload_ref, shard, round_num)) for w, shard in zip(workers, shards) if shard]
+        refs = [(w, w.train.remote(payload_ref, shard, round_num))
+                for w, shard in zip(workers, shards) if shard]
         reports = []
         for worker, ref in refs:
             try:

@@ -70,13 +70,16 @@ class ClientContext:
     """Everything a plugin's ``client_update`` may use; built by the worker for each client.
 
     The worker has already loaded ``payload.params`` into ``model``; the plugin may change the
-    model freely because the worker restores it before the next client.
+    model's values freely because the worker restores them before the next client.
+    ``global_params`` is the broadcast on ``device``, moved there once per round for every client
+    of the worker: read it, never write it.
     """
 
     client_id: ClientId
     round_num: int
     model: nn.Module
     payload: Payload
+    global_params: Params
     data: ClientData
     state: Any | None  # this client's persistent state from earlier rounds, None the first time
     seed: int  # derived from (run seed, round_num, client_id)

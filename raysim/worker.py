@@ -99,10 +99,12 @@ class ClientTrainer:
         start = time.perf_counter()
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
+        # Once per round, not per client: the broadcast on this worker's device.
+        global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:
-                result = self._train_one(payload, client_id, round_num)
+                result = self._train_one(payload, global_params, client_id, round_num)
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
@@ -113,14 +115,17 @@ class ClientTrainer:
             report.client_metrics.append({**result.metrics, "client_id": float(client_id),
                                           "weight": result.weight,
                                           "seconds": time.perf_counter() - t0})
+        report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
         report.seconds = time.perf_counter() - start
         return report
 
-    def _train_one(self, payload: Payload, client_id: int, round_num: int) -> Any:
+    def _train_one(self, payload: Payload, global_params: dict[str, torch.Tensor],
+                   client_id: int, round_num: int) -> Any:
         seed = client_seed(self.job.seed, round_num, client_id)
-        P.load_into(self.model, payload.params)  # in place: the model is never rebuilt
+        P.load_into(self.model, global_params)  # in place: the model is never rebuilt
         ctx = ClientContext(
             client_id=client_id, round_num=round_num, model=self.model, payload=payload,
+            global_params=global_params,
             data=self.store.client_data(client_id, "train"),
             state=self.states.get(client_id, before_round=round_num), seed=seed,
             device=self.device, spec=self.store.spec)

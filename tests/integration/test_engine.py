@@ -98,7 +98,7 @@ def test_a_worker_that_stays_dead_leaves_the_pool(tmp_path, ray_local):
 
 
 class FailingFedAvg:
-    """FedAvg whose client 0..19 with an id divisible by 7 raises (a test plugin)."""
+    """FedAvg whose clients with an id divisible by 7 raise (a test plugin)."""
 
     def __init__(self, config):
         self.inner = registry.get("algorithm", "fedavg").factory(config)
@@ -113,12 +113,14 @@ class FailingFedAvg:
 
 
 def test_client_failures_follow_the_policy(tmp_path):
-    registry.register("algorithm", "failing_fedavg", config=registry.get("algorithm", "fedavg").config)(FailingFedAvg)
+    fedavg_config = registry.get("algorithm", "fedavg").config
+    registry.register("algorithm", "failing_fedavg", config=fedavg_config)(FailingFedAvg)
     job = tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6})
     with pytest.raises(ClientError, match="boom") as info:
         run(job, output_dir=tmp_path / "strict")
     assert info.value.client_id % 7 == 0 and isinstance(info.value.__cause__, ValueError)
-    tolerant = run(tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6, "max_failed_clients": 6}),
+    tolerant = run(tiny_job(algorithm={"name": "failing_fedavg"},
+                            engine={"num_rounds": 6, "max_failed_clients": 6}),
                    output_dir=tmp_path / "tolerant")
     failed = [m["sys/failed_clients"] for _, m in tolerant.history]
     assert sum(failed) > 0 and len(failed) == 6
@@ -167,7 +169,8 @@ class OneShotAverage:
 
 
 def test_a_protocol_override_replaces_the_round_loop(tmp_path):
-    registry.register("algorithm", "oneshot_test", config=registry.get("algorithm", "fedavg").config)(OneShotAverage)
+    fedavg_config = registry.get("algorithm", "fedavg").config
+    registry.register("algorithm", "oneshot_test", config=fedavg_config)(OneShotAverage)
     result = run(tiny_job(algorithm={"name": "oneshot_test"}, engine={"num_rounds": 50}),
                  output_dir=tmp_path)
     assert [step for step, _ in result.history] == [0]
@@ -176,7 +179,8 @@ def test_a_protocol_override_replaces_the_round_loop(tmp_path):
 
 
 def test_a_branch_copies_client_state_instead_of_sharing_it(tmp_path):
-    parent = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}), output_dir=tmp_path / "p")
+    parent = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}),
+                 output_dir=tmp_path / "p")
     before = sorted(p.name for p in (parent.run_dir / "client_state").rglob("*.pt"))
     branch = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
                  resume_from=str(parent.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")

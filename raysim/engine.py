@@ -169,6 +169,8 @@ def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: 
         "sys/bytes_up": float(output.bytes_up),
         "sys/failed_clients": float(len(output.failures)),
         "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
+        "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
+        "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
         "sys/num_workers": float(len(output.worker_seconds)),
     }
 

@@ -1,0 +1,180 @@
+"""FedFish: Fisher-weighted function-space aggregation (Dhawan et al. 2023, arXiv:2311.10291).
+
+FedAvg with another aggregation rule. Each client trains E epochs of local SGD, then makes one
+extra pass at its final weights summing the elementwise squares of its mini-batch gradients (the
+diagonal empirical Fisher F_i). The server's pseudo-gradient is, per coordinate,
+
+    pg = sum_i w_i F_i delta_i / sum_i w_i F_i        (w_i = examples used this round)
+
+falling back to FedAvg's ``sum_i w_i delta_i / sum_i w_i`` where every F_i is zero (tokens no
+client saw, float buffers). With equal Fishers this is exactly FedAvg. The server then steps with
+its optimizer (Adam in the paper: betas (0.9, 0.999), eps 1e-7, bias correction).
+Ablation (``fisher_source: last_epoch``): square the training gradients of the last epoch instead
+of making the extra pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel
+
+from raysim import params as P
+from raysim.local import (LocalTrainConfig, cap_examples, iterate_batches, task_loss,
+                          to_tensors, train_local)
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, server_step
+from raysim.types import (ClientContext, ClientData, ClientResult, DataSpec, Metrics, Params,
+                          Payload, RunInfo, ServerState)
+
+
+class FedFishConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedFish: clients send delta and a diagonal Fisher; the server takes the Fisher-weighted mean."""
+
+    local: LocalTrainConfig = LocalTrainConfig(lr=1e-3)
+    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adam", lr=1e-3, beta1=0.9,
+                                                          beta2=0.999, eps=1e-7,
+                                                          bias_correction=True)
+    fisher_source: Literal["extra_pass", "last_epoch"] = "extra_pass"
+    fisher_reduce: Literal["sum", "mean"] = "sum"  # Algorithm 2 sums over batches
+    fisher_mode: Literal["train", "eval"] = "train"  # model mode during the extra pass
+
+
+@dataclass(frozen=True)
+class _FisherSums:
+    num: Params | None  # sum_i w_i F_i delta_i (float64)
+    den: Params | None  # sum_i w_i F_i
+    avg: Params | None  # sum_i w_i delta_i, the fallback where den == 0
+    weight: float
+
+
+class FisherWeightedMean:
+    """Associative fold of ``{"delta", "fisher"}`` updates into the FedFish pseudo-gradient.
+
+    The products ``w F delta`` are formed in float64 on the worker, so equal Fishers give FedAvg's
+    ``WeightedMean`` bit for bit.
+    """
+
+    def zero(self) -> _FisherSums:
+        return _FisherSums(None, None, None, 0.0)
+
+    def add(self, acc: _FisherSums, position: int, result: ClientResult) -> _FisherSums:
+        w = float(result.weight)
+        delta = {k: v.detach().double() for k, v in result.update["delta"].items()}
+        fisher = {k: result.update["fisher"][k].detach().double() if k in result.update["fisher"]
+                  else torch.zeros_like(d) for k, d in delta.items()}
+        num = {k: (fisher[k] * delta[k]).mul_(w) for k in delta}
+        den = {k: fisher[k].mul_(w) for k in delta}
+        avg = {k: d.mul_(w) for k, d in delta.items()}
+        return self.merge(acc, _FisherSums(num, den, avg, w))
+
+    def merge(self, left: _FisherSums, right: _FisherSums) -> _FisherSums:
+        if left.num is None:
+            return right
+        if right.num is None:
+            return left
+        add = lambda a, b: {k: a[k].add_(b[k].to(a[k].device)) for k in a}  # noqa: E731
+        return _FisherSums(add(left.num, right.num), add(left.den, right.den),
+                           add(left.avg, right.avg), left.weight + right.weight)
+
+    def result(self, acc: _FisherSums) -> dict[str, Any] | None:
+        if acc.num is None or acc.weight == 0:
+            return None
+        pseudo_grad, num_zero, total = {}, 0, 0
+        for k, num in acc.num.items():
+            den = acc.den[k]
+            has_fisher = den > 0
+            fisher_mean = num / torch.where(has_fisher, den, torch.ones_like(den))
+            pseudo_grad[k] = torch.where(has_fisher, fisher_mean, acc.avg[k] / acc.weight).float()
+            num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
+        return {"pseudo_grad": pseudo_grad, "zero_fisher_fraction": num_zero / max(total, 1)}
+
+
+def fisher_pass(model: torch.nn.Module, data: ClientData, batch_size: int, spec: DataSpec,
+                device: torch.device, seed: int, reduce: str = "sum") -> Params:
+    """Sum (or mean) over mini-batches of the elementwise squared batch gradient, at ``model``."""
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
+    num_batches = 0
+    generator = torch.Generator().manual_seed(seed)
+    for batch in iterate_batches(to_tensors(data, device), batch_size, generator):
+        model.zero_grad(set_to_none=True)
+        task_loss(model, batch, spec)[0].backward()
+        for name, p in params.items():
+            if p.grad is not None:  # accumulate in fp32: squares of small gradients underflow
+                fisher[name].add_(p.grad.detach().float() ** 2)
+        num_batches += 1
+    model.zero_grad(set_to_none=True)
+    if reduce == "mean" and num_batches:
+        fisher = {k: v / num_batches for k, v in fisher.items()}
+    return fisher
+
+
+class LastEpochFisher:
+    """``after_backward`` hook summing squared gradients of the last epoch's steps (ablation)."""
+
+    def __init__(self, model: torch.nn.Module, num_examples: int, config: LocalTrainConfig) -> None:
+        self.first_step = (config.epochs - 1) * math.ceil(num_examples / config.batch_size)
+        self.step = 0
+        self.num_batches = 0
+        self.fisher = {n: torch.zeros_like(p, dtype=torch.float32)
+                       for n, p in model.named_parameters() if p.requires_grad}
+
+    def __call__(self, model: torch.nn.Module) -> None:
+        if self.step >= self.first_step:  # gradients at the pre-update weights of this step
+            for name, p in model.named_parameters():
+                if p.grad is not None and name in self.fisher:
+                    self.fisher[name].add_(p.grad.detach().float() ** 2)
+            self.num_batches += 1
+        self.step += 1
+
+
+@register("algorithm", "fedfish")
+class FedFish:
+    """FedFish: FedAvg whose server takes the Fisher-weighted mean of the client deltas."""
+
+    Config = FedFishConfig
+
+    def __init__(self, config: FedFishConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        c = self.config
+        data = cap_examples(ctx.data, c.local.max_examples, ctx.seed)  # one D_i for every pass
+        local = c.local.model_copy(update={"max_examples": None})
+        hook = LastEpochFisher(ctx.model, len(data), local) if c.fisher_source == "last_epoch" else None
+        metrics = train_local(ctx.model, data, local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
+                              round_num=ctx.round_num, after_backward=hook)
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        if hook is None:
+            ctx.model.train(c.fisher_mode == "train")
+            fisher = fisher_pass(ctx.model, data, local.batch_size, ctx.spec, ctx.device,
+                                 seed=ctx.seed + 1, reduce=c.fisher_reduce)
+        else:
+            scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
+            fisher = {k: v * scale for k, v in hook.fisher.items()}
+        return ClientResult({"delta": delta, "fisher": fisher}, float(len(data)), metrics)
+
+    def aggregator(self) -> FisherWeightedMean:
+        return FisherWeightedMean()
+
+    def server_update(self, state: ServerState, aggregate: dict | None,
+                      round_num: int) -> tuple[ServerState, Metrics]:
+        if aggregate is None:
+            return state, {}
+        pseudo_grad = aggregate["pseudo_grad"]
+        params, opt_state = server_step(state.params, pseudo_grad, state.opt_state,
+                                        self.config.server, state.buffer_keys)
+        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in pseudo_grad.values()))
+        return replace(state, params=params, opt_state=opt_state), {
+            "server/delta_norm": norm,
+            "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"]}

@@ -1,0 +1,118 @@
+"""FedFish against hand-computed values and the numpy reference; equal Fishers give FedAvg exactly."""
+
+import numpy as np
+import pytest
+import torch
+
+from raysim import registry
+from raysim.types import ClientResult, RunInfo
+from reference import B0, SPEC, W0, context, grad, payload
+
+X = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 1.0]])
+Y = np.array([0, 1, 1])
+LR = 0.1
+
+
+def plugin(name="fedfish", **options):
+    entry = registry.get("algorithm", name)
+    return entry.factory(entry.config.model_validate(options))
+
+
+def fish_module():
+    return registry.get("algorithm", "fedfish").factory.__module__
+
+
+def test_aggregate_matches_hand_computation_with_a_zero_fisher_coordinate():
+    """Coordinate 0: (2*1*1 + 1*3*3) / (2*1 + 1*3) = 11/5. Coordinate 1 has F = 0 for both
+    clients, so it falls back to FedAvg: (2*2 + 1*4) / 3 = 8/3."""
+    agg = plugin().aggregator()
+    a = ClientResult({"delta": {"p": torch.tensor([1.0, 2.0])}, "fisher": {"p": torch.tensor([1.0, 0.0])}}, 2.0)
+    b = ClientResult({"delta": {"p": torch.tensor([3.0, 4.0])}, "fisher": {"p": torch.tensor([3.0, 0.0])}}, 1.0)
+    out = agg.result(agg.merge(agg.add(agg.zero(), 0, a), agg.add(agg.zero(), 1, b)))
+    assert out["pseudo_grad"]["p"].tolist() == pytest.approx([11 / 5, 8 / 3])
+    assert out["zero_fisher_fraction"] == 0.5
+
+
+def test_buffers_without_fisher_are_averaged():
+    agg = plugin().aggregator()
+    r = ClientResult({"delta": {"bn.mean": torch.tensor([2.0])}, "fisher": {}}, 1.0)
+    s = ClientResult({"delta": {"bn.mean": torch.tensor([4.0])}, "fisher": {}}, 3.0)
+    out = agg.result(agg.add(agg.add(agg.zero(), 0, r), 1, s))
+    assert out["pseudo_grad"]["bn.mean"].item() == pytest.approx(3.5)
+
+
+def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
+    """One full-batch step: w1 = w0 - lr g(w0); then one full batch: F = g(w1)^2."""
+    result = plugin(local={"lr": LR, "batch_size": 3, "epochs": 1}).client_update(context(X, Y, payload()))
+    gw, gb = grad(W0, B0, X, Y)
+    w1, b1 = W0 - LR * gw, B0 - LR * gb
+    fw, fb = grad(w1, b1, X, Y)
+    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw ** 2, atol=1e-7)
+    assert np.allclose(result.update["fisher"]["bias"].numpy(), fb ** 2, atol=1e-7)
+    assert np.allclose(result.update["delta"]["weight"].numpy(), LR * gw, atol=1e-6)
+    assert result.weight == 3.0
+
+
+def test_batches_of_one_sum_per_example_squares_and_mean_divides_by_batches():
+    ctx = context(X, Y, payload())
+    plugin(local={"lr": LR, "batch_size": 3, "epochs": 1}).client_update(ctx)  # model now at w1
+    gw, gb = grad(W0, B0, X, Y)
+    w1, b1 = W0 - LR * gw, B0 - LR * gb
+    expected = sum(grad(w1, b1, X[i:i + 1], Y[i:i + 1])[0] ** 2 for i in range(3))
+    fisher_pass = __import__(fish_module(), fromlist=["fisher_pass"]).fisher_pass
+    summed = fisher_pass(ctx.model, ctx.data, 1, SPEC, ctx.device, seed=0)
+    assert np.allclose(summed["weight"].numpy(), expected, atol=1e-7)
+    mean = fisher_pass(ctx.model, ctx.data, 1, SPEC, ctx.device, seed=0, reduce="mean")
+    assert np.allclose(mean["weight"].numpy(), expected / 3, atol=1e-7)
+
+
+def test_last_epoch_ablation_squares_the_last_epochs_training_gradients():
+    """Two full-batch epochs: the last epoch's only step has gradient g(w1) at its pre-update weights."""
+    result = plugin(fisher_source="last_epoch", local={"lr": LR, "batch_size": 3, "epochs": 2}) \
+        .client_update(context(X, Y, payload()))
+    gw, gb = grad(W0, B0, X, Y)
+    fw, _ = grad(W0 - LR * gw, B0 - LR * gb, X, Y)
+    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw ** 2, atol=1e-7)
+
+
+def test_the_cap_limits_examples_and_weight():
+    result = plugin(local={"lr": LR, "batch_size": 1, "epochs": 2, "max_examples": 2}) \
+        .client_update(context(X, Y, payload()))
+    assert result.weight == 2.0 and result.metrics["train/steps"] == 4
+
+
+def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
+    """Every F_i = 0.25 (a power of two keeps products exact): FedFish's mean is FedAvg's."""
+    module = __import__(fish_module(), fromlist=["fisher_pass"])
+    monkeypatch.setattr(module, "fisher_pass", lambda model, *a, **k: {
+        n: torch.full_like(p, 0.25) for n, p in model.named_parameters()})
+    server = {"kind": "sgd", "lr": 1.0}
+    local = {"lr": LR, "batch_size": 2, "epochs": 2}
+    outcomes = []
+    for name in ("fedfish", "fedavg"):
+        algo = plugin(name, local=local, server=server)
+        params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
+        state = algo.init(params, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
+        agg = algo.aggregator()
+        acc = agg.zero()
+        for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
+            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0), client_id=i)))
+        outcomes.append(algo.server_update(state, agg.result(acc), 0)[0].params)
+    fish, avg = outcomes
+    assert all(torch.equal(fish[k], avg[k]) for k in fish)
+    assert not torch.equal(fish["weight"], torch.tensor(W0).float())
+
+
+def test_unequal_fishers_differ_from_fedavg():
+    local = {"lr": LR, "batch_size": 1, "epochs": 2}
+    results = {}
+    for name in ("fedfish", "fedavg"):
+        algo = plugin(name, local=local, server={"kind": "sgd", "lr": 1.0})
+        state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
+                          RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
+        agg = algo.aggregator()
+        acc = agg.zero()
+        for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
+            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0), client_id=i)))
+        results[name] = algo.server_update(state, agg.result(acc), 0)[0].params["weight"]
+    assert not torch.allclose(results["fedfish"], results["fedavg"], atol=1e-6)

@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel
 
 from raysim import params as P
-from raysim.local import (LocalTrainConfig, cap_examples, iterate_batches, task_loss,
+from raysim.local import (LocalTrainConfig, iterate_batches, task_loss,
                           to_tensors, train_local)
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, server_step
@@ -149,8 +149,7 @@ class FedFish:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         c = self.config
-        data = cap_examples(ctx.data, c.local.max_examples, ctx.seed)  # one D_i for every pass
-        local = c.local.model_copy(update={"max_examples": None})
+        data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
         hook = LastEpochFisher(ctx.model, len(data), local) if c.fisher_source == "last_epoch" else None
         metrics = train_local(ctx.model, data, local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
                               round_num=ctx.round_num, after_backward=hook)

@@ -18,7 +18,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.local import LocalTrainConfig, num_train_examples, round_lr, train_local
+from raysim.local import LocalTrainConfig, round_lr, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -74,7 +74,7 @@ class Scaffold:
         new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}
         return ClientResult(update={"delta": delta, "dc": dc},
-                            weight=float(num_train_examples(ctx.data, local)), metrics=metrics,
+                            weight=float(len(ctx.data)), metrics=metrics,
                             state={"c_i": P.clone(new_c_i)})
 
     def aggregator(self) -> WeightedMean:

@@ -26,6 +26,7 @@ class RoundOutput:
     aggregate: Any  # the aggregator's result(merged partials)
     client_metrics: list[Metrics] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
+    barrier: list[Metrics] = field(default_factory=list)
     bytes_up: int = 0
     worker_seconds: list[float] = field(default_factory=list)
 
@@ -33,11 +34,11 @@ class RoundOutput:
 class Backend(Protocol):
     num_workers: int
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray,
-                     round_num: int) -> RoundOutput: ...
+    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
+                     measure_barrier: bool = False) -> RoundOutput: ...
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray,
-                         split: str = "test") -> list[Metrics]: ...
+    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
+                         round_num: int | None = None) -> list[Metrics]: ...
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None: ...
 
@@ -70,6 +71,7 @@ def merge_reports(algorithm: Any, reports: list[WorkerReport]) -> RoundOutput:
         merged = aggregator.merge(merged, report.partial)
         output.client_metrics += report.client_metrics
         output.failures += report.failures
+        output.barrier += report.barrier
         output.bytes_up += report.bytes_up
         output.worker_seconds.append(report.seconds)
     output.aggregate = aggregator.result(merged)
@@ -88,16 +90,16 @@ class SerialBackend:
         self.num_workers = num_workers
         self.trainer = ClientTrainer(setup)
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray,
-                     round_num: int) -> RoundOutput:
+    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
+                     measure_barrier: bool = False) -> RoundOutput:
         sizes = self.trainer.store.num_examples("train")[cohort]
         shards = shard_cohort(cohort, sizes, self.num_workers)
-        reports = [self.trainer.train(payload, shard, round_num) for shard in shards]
+        reports = [self.trainer.train(payload, shard, round_num, measure_barrier) for shard in shards]
         return merge_reports(algorithm, reports)
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray,
-                         split: str = "test") -> list[Metrics]:
-        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split)
+    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
+                         round_num: int | None = None) -> list[Metrics]:
+        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split, round_num)
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None:
         return self.trainer.evaluate_central(params)

@@ -37,6 +37,8 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     eval_clients: int | None = Field(None, ge=1)  # clients whose test split is evaluated; None: all
     eval_batch_size: int = Field(512, ge=1)
     max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
+    max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
+    barrier_every: int = Field(0, ge=0)  # client-server barrier every k rounds; 0: never
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
 

@@ -23,7 +23,7 @@ from raysim.backend import Backend, RoundOutput, SerialBackend
 from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from raysim.config import JobConfig
 from raysim.data import ClientStore, open_dataset
-from raysim.evaluation import evaluate_global
+from raysim.evaluation import evaluate_global, summarize_barrier
 from raysim.plots import learning_curve
 from raysim.progress import RoundProgress
 from raysim.sampling import CohortSchedule, sample_cohort, sample_eval_clients
@@ -75,9 +75,11 @@ class EngineServices:
         self.cohorts.append([int(c) for c in cohort])
         return cohort
 
-    def train_cohort(self, payload: Any, cohort: np.ndarray, round_num: int) -> RoundOutput:
+    def train_cohort(self, payload: Any, cohort: np.ndarray, round_num: int,
+                     measure_barrier: bool = False) -> RoundOutput:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
-        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num)
+        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num,
+                                           measure_barrier)
         if len(output.failures) > self.job.engine.max_failed_clients:
             raise_client_failure(output.failures[0], round_num)
         for failure in output.failures:
@@ -91,6 +93,18 @@ class EngineServices:
     def is_eval_round(self, round_num: int) -> bool:
         every, last = self.job.engine.eval_every, self.job.engine.num_rounds - 1
         return round_num == last or (every > 0 and (round_num + 1) % every == 0)
+
+    def is_barrier_round(self, round_num: int) -> bool:
+        every = self.job.engine.barrier_every
+        return every > 0 and (round_num + 1) % every == 0
+
+    def client_server_barrier(self, state: ServerState, output: RoundOutput,
+                              round_num: int) -> Metrics:
+        """FedFish's eq. 5: the new global model against each client's local model, on the
+        client's own data of this round (the cohort's first two terms came from the workers)."""
+        clients = np.array([int(m["client_id"]) for m in output.barrier], dtype=np.int64)
+        after = self.backend.evaluate_clients(P.to_numpy(state.params), clients, "round", round_num)
+        return summarize_barrier(output.barrier, after)
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self.history.append((round_num, metrics))
@@ -145,10 +159,15 @@ def run_round(s: EngineServices, state: ServerState, round_num: int) -> tuple[Se
     cohort = s.cohort(round_num)
     # 2. One payload for every client; each worker folds its clients into one partial.
     payload = s.algorithm.broadcast(state, round_num)
-    output = s.train_cohort(payload, cohort, round_num)
+    measure_barrier = s.is_barrier_round(round_num)
+    output = s.train_cohort(payload, cohort, round_num, measure_barrier)
     # 3. Merge happened in the backend; the server updates from the aggregate.
     state, metrics = s.algorithm.server_update(state, output.aggregate, round_num)
-    return state, metrics | round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+    metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+    # 4. When due, the client-server barrier: the new global model on each client's round data.
+    if measure_barrier:
+        metrics |= s.client_server_barrier(state, output, round_num)
+    return state, metrics
 
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})

@@ -1,4 +1,5 @@
-"""Evaluation of the global model: on clients' held-out splits and on a central test set.
+"""Evaluation of the global model: on clients' held-out splits and on a central test set, and
+the client-server barrier.
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -44,3 +45,27 @@ def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") ->
                 f"{scope}/{key}_p50": float(np.percentile(values, 50)),
                 f"{scope}/{key}_p90": float(np.percentile(values, 90))}
     return out
+
+
+def summarize_barrier(before: list[Metrics], after: list[Metrics]) -> Metrics:
+    """Client-server barrier (FedFish, eq. 5), unweighted over the round's cohort.
+
+    ``before`` holds each client's loss and accuracy on its round data under the broadcast model
+    (``start_*``) and under its local model (``local_*``); ``after`` the same data under the new
+    global model. ``barrier/loss = mean(L_i(global) - L_i(local))`` and ``barrier/error =
+    mean(acc_i(local) - acc_i(global))``: lower is better, 0 means aggregation lost nothing.
+    """
+    new = {int(m["client_id"]): m for m in after}
+    pairs = [(b, new[int(b["client_id"])]) for b in before if int(b["client_id"]) in new]
+    if not pairs:
+        return {}
+    mean = lambda values: float(np.mean(list(values)))  # noqa: E731
+    return {
+        "barrier/loss": mean(g["loss"] - b["local_loss"] for b, g in pairs),
+        "barrier/error": mean(b["local_accuracy"] - g["accuracy"] for b, g in pairs),
+        "barrier/start_loss": mean(b["start_loss"] for b, _ in pairs),
+        "barrier/local_loss": mean(b["local_loss"] for b, _ in pairs),
+        "barrier/global_loss": mean(g["loss"] for _, g in pairs),
+        "barrier/local_accuracy": mean(b["local_accuracy"] for b, _ in pairs),
+        "barrier/global_accuracy": mean(g["accuracy"] for _, g in pairs),
+    }

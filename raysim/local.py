@@ -41,7 +41,6 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     weight_decay: float = Field(0.0, ge=0)
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
     max_steps: int | None = Field(None, ge=1)  # stop after this many local steps
-    max_examples: int | None = Field(None, ge=1)  # one random subset per client per round
     grad_clip: float | None = Field(None, gt=0)  # max global grad norm
 
 
@@ -65,8 +64,8 @@ def iterate_batches(tensors: Batch, batch_size: int,
 def cap_examples(data: ClientData, max_examples: int | None, seed: int) -> ClientData:
     """The client's examples this round: all, or one seeded random subset of ``max_examples``.
 
-    A pure function of ``seed``, so a plugin's extra pass (FedFish's Fisher) sees the same subset
-    as training did.
+    The engine applies it (``engine.max_client_examples``) before ``client_update`` and before
+    measuring the client-server barrier; a pure function of ``seed``.
     """
     if max_examples is None or len(data) <= max_examples:
         return data
@@ -113,12 +112,12 @@ def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *,
                 loss_fn: LossFn | None = None) -> Metrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
-    Shuffling and the ``max_examples`` subset are drawn from ``seed`` alone, so a client's
-    training does not depend on which worker runs it or what ran before.
+    Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
+    worker runs it or what ran before.
     """
     model.train()
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
-    tensors = to_tensors(cap_examples(data, config.max_examples, seed), device)
+    tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     compute_loss = loss_fn or task_loss
     loss_sum, correct, seen, steps = 0.0, 0, 0, 0
@@ -158,11 +157,6 @@ def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
             "num_examples": float(seen)}
 
 
-def num_train_examples(data: ClientData, config: LocalTrainConfig) -> int:
-    """Examples one epoch uses: all of them, or the per-round cap."""
-    return min(len(data), config.max_examples) if config.max_examples else len(data)
-
-
 def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
                        extra_loss: ExtraLoss | None = None,
                        after_backward: AfterBackward | None = None) -> ClientResult:
@@ -171,4 +165,4 @@ def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
                           device=ctx.device, round_num=ctx.round_num, extra_loss=extra_loss,
                           after_backward=after_backward)
     update = P.delta(ctx.global_params, P.model_params(ctx.model))
-    return ClientResult(update, float(num_train_examples(ctx.data, config)), metrics)
+    return ClientResult(update, float(len(ctx.data)), metrics)

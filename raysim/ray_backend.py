@@ -103,29 +103,30 @@ class RayBackend:
         self.dead_workers = 0
         _get([w.ping.remote() for w in self.workers])  # surface construction errors now
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray,
-                     round_num: int) -> RoundOutput:
+    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
+                     measure_barrier: bool = False) -> RoundOutput:
         payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
-        reports = self._run_shards(payload_ref, shards, round_num)
+        reports = self._run_shards(payload_ref, shards, round_num, measure_barrier)
         del payload_ref
         return merge_reports(algorithm, reports)
 
-    def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]],
-                    round_num: int) -> list[WorkerReport]:
+    def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int,
+                    measure_barrier: bool) -> list[WorkerReport]:
         workers = list(self.workers)
-        refs = [(w, w.train.remote(payload_ref, shard, round_num))
+        refs = [(w, w.train.remote(payload_ref, shard, round_num, measure_barrier))
                 for w, shard in zip(workers, shards) if shard]
         reports = []
         for worker, ref in refs:
             try:
                 reports.append(_get(ref))
             except RayActorError:
-                reports += self._rerun_without(worker, payload_ref, shards[workers.index(worker)], round_num)
+                reports += self._rerun_without(worker, payload_ref, shards[workers.index(worker)],
+                                               round_num, measure_barrier)
         return reports
 
     def _rerun_without(self, dead: Any, payload_ref: Any, shard: list[tuple[int, int]],
-                       round_num: int) -> list[WorkerReport]:
+                       round_num: int, measure_barrier: bool) -> list[WorkerReport]:
         """Drops a worker that Ray could not restart and re-runs its clients on the others."""
         self.workers.remove(dead)
         self.dead_workers += 1
@@ -137,13 +138,13 @@ class RayBackend:
         clients = np.array([c for _, c in shard])
         sub = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         sub = [[(int(positions[i]), c) for i, c in s] for s in sub]  # back to cohort positions
-        return self._run_shards(payload_ref, sub, round_num)
+        return self._run_shards(payload_ref, sub, round_num, measure_barrier)
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray,
-                         split: str = "test") -> list[Metrics]:
+    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
+                         round_num: int | None = None) -> list[Metrics]:
         params_ref = ray.put(params)
         parts = split_evenly(client_ids, len(self.workers))
-        refs = [w.evaluate_clients.remote(params_ref, part, split)
+        refs = [w.evaluate_clients.remote(params_ref, part, split, round_num)
                 for w, part in zip(self.workers, parts) if part]
         results = _get(refs)
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])

@@ -18,9 +18,9 @@ from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig
 from raysim.data import ClientStore
 from raysim.errors import ClientError, ConfigError
-from raysim.local import evaluate
+from raysim.local import cap_examples, evaluate
 from raysim.sampling import client_seed
-from raysim.types import ClientContext, Metrics, NumpyParams, Payload
+from raysim.types import ClientContext, ClientData, Metrics, NumpyParams, Payload
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class WorkerReport:
     partial: Any
     client_metrics: list[Metrics] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
+    barrier: list[Metrics] = field(default_factory=list)  # per client, when measured
     bytes_up: int = 0
     seconds: float = 0.0
 
@@ -94,8 +95,13 @@ class ClientTrainer:
     def ping(self) -> str:
         return "ok"
 
-    def train(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int) -> WorkerReport:
-        """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results."""
+    def train(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
+              measure_barrier: bool = False) -> WorkerReport:
+        """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
+
+        With ``measure_barrier`` each client's round data is also evaluated under the broadcast
+        model and under its local model (the first two terms of the client-server barrier).
+        """
         start = time.perf_counter()
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
@@ -104,13 +110,16 @@ class ClientTrainer:
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:
-                result = self._train_one(payload, global_params, client_id, round_num)
+                result, barrier = self._train_one(payload, global_params, client_id, round_num,
+                                                  measure_barrier)
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
                 report.failures.append(ClientFailure(client_id, position, exc))
                 continue
             report.partial = aggregator.add(report.partial, position, result)
+            if barrier is not None:
+                report.barrier.append(barrier)
             report.bytes_up += P.num_bytes(result.update)
             report.client_metrics.append({**result.metrics, "client_id": float(client_id),
                                           "weight": result.weight,
@@ -119,30 +128,50 @@ class ClientTrainer:
         report.seconds = time.perf_counter() - start
         return report
 
-    def _train_one(self, payload: Payload, global_params: dict[str, torch.Tensor],
-                   client_id: int, round_num: int) -> Any:
+    def round_data(self, client_id: int, round_num: int) -> ClientData:
+        """The client's training examples this round: all, or the seeded ``max_client_examples``."""
+        seed = client_seed(self.job.seed, round_num, client_id)
+        return cap_examples(self.store.client_data(client_id, "train"),
+                            self.job.engine.max_client_examples, seed)
+
+    def _train_one(self, payload: Payload, global_params: dict[str, torch.Tensor], client_id: int,
+                   round_num: int, measure_barrier: bool) -> tuple[Any, Metrics | None]:
         seed = client_seed(self.job.seed, round_num, client_id)
         P.load_into(self.model, global_params)  # in place: the model is never rebuilt
+        data = self.round_data(client_id, round_num)
+        start = self._evaluate(data) if measure_barrier else None
         ctx = ClientContext(
             client_id=client_id, round_num=round_num, model=self.model, payload=payload,
-            global_params=global_params,
-            data=self.store.client_data(client_id, "train"),
+            global_params=global_params, data=data,
             state=self.states.get(client_id, before_round=round_num), seed=seed,
             device=self.device, spec=self.store.spec)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
-        return self.algorithm.client_update(ctx)
+        result = self.algorithm.client_update(ctx)
+        if start is None:
+            return result, None
+        local = self._evaluate(data)  # the model the client ended with
+        return result, {"client_id": float(client_id), "start_loss": start["loss"],
+                        "start_accuracy": start["accuracy"], "local_loss": local["loss"],
+                        "local_accuracy": local["accuracy"]}
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: list[int],
-                         split: str = "test") -> list[Metrics]:
-        """The global model on each client's split (clients with no examples are skipped)."""
+    def _evaluate(self, data: ClientData) -> Metrics:
+        return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
+
+    def evaluate_clients(self, params: NumpyParams, client_ids: list[int], split: str = "test",
+                         round_num: int | None = None) -> list[Metrics]:
+        """``params`` on each client's split (clients with no examples are skipped).
+
+        ``split="round"`` is the client's training data of ``round_num`` (after the cap).
+        """
         P.load_into(self.model, params)
         out = []
         for client_id in client_ids:
-            data = self.store.client_data(client_id, split)
+            if split == "round":
+                data = self.round_data(client_id, round_num)
+            else:
+                data = self.store.client_data(client_id, split)
             if len(data):
-                metrics = evaluate(self.model, data, self.store.spec, self.device,
-                                   self.job.engine.eval_batch_size)
-                out.append({**metrics, "client_id": float(client_id)})
+                out.append({**self._evaluate(data), "client_id": float(client_id)})
         return out
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None:

@@ -33,17 +33,6 @@ def test_cap_is_one_seeded_subset_of_distinct_rows():
     assert cap_examples(full, 50, seed=9) is full
 
 
-def test_every_epoch_trains_on_the_same_capped_subset():
-    """Two epochs on a cap of 4 equal two epochs on the capped data given uncapped."""
-    full, config = data(12), LocalTrainConfig(epochs=2, batch_size=2, lr=0.1, max_examples=4)
-    capped_model, direct_model = model(), model()
-    m = train_local(capped_model, full, config, seed=3, spec=SPEC)
-    train_local(direct_model, cap_examples(full, 4, seed=3), config.model_copy(update={"max_examples": None}),
-                seed=3, spec=SPEC)
-    assert m["train/steps"] == 4
-    assert torch.equal(capped_model.weight, direct_model.weight)
-
-
 def test_lr_decays_per_round():
     config = LocalTrainConfig(lr=0.1, lr_decay=0.5, batch_size=12)
     assert round_lr(config, 2) == pytest.approx(0.025)

@@ -75,12 +75,6 @@ def test_last_epoch_ablation_squares_the_last_epochs_training_gradients():
     assert np.allclose(result.update["fisher"]["weight"].numpy(), fw ** 2, atol=1e-7)
 
 
-def test_the_cap_limits_examples_and_weight():
-    result = plugin(local={"lr": LR, "batch_size": 1, "epochs": 2, "max_examples": 2}) \
-        .client_update(context(X, Y, payload()))
-    assert result.weight == 2.0 and result.metrics["train/steps"] == 4
-
-
 def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
     """Every F_i = 0.25 (a power of two keeps products exact): FedFish's mean is FedAvg's."""
     module = __import__(fish_module(), fromlist=["fisher_pass"])

@@ -1,8 +1,10 @@
 """Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, FuseFL's private blocks) on disk.
 
-State lives outside the workers, so it survives worker restarts and scales to many clients. Each
-client has two slots, written alternately by round parity: a retried client reads the state from
-before the round even if the failed attempt already wrote, so retries are idempotent.
+State lives outside the workers, so it survives worker restarts and scales to many clients. Every
+write is a new immutable file named by its round, ``<shard>/<client_id>.<round>.pt``, and a read
+takes the newest file of an earlier round. So a retried round never sees what a failed attempt
+wrote, and a checkpoint can freeze the directory cheaply with hard links (``snapshot``).
+Each client keeps two versions: the newest before the round being written, and that round's.
 
 Usage:
     store = ClientStateStore(tmp_dir)
@@ -13,6 +15,7 @@ Usage:
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,43 +26,83 @@ from raysim.errors import DataError
 
 
 class ClientStateStore:
-    """A directory of ``<shard>/<client_id>.<slot>.pt`` files (torch.save of plain values)."""
+    """A directory of per-client, per-round state files (torch.save of plain values)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, client_id: int, slot: int) -> Path:
-        return self.root / f"{client_id % 1024:04d}" / f"{client_id}.{slot}.pt"
+    def _folder(self, client_id: int) -> Path:
+        return self.root / f"{client_id % 1024:04d}"
+
+    def _versions(self, client_id: int) -> dict[int, Path]:
+        """Round -> file of every version this client has."""
+        folder = self._folder(client_id)
+        if not folder.is_dir():
+            return {}
+        prefix = f"{client_id}."
+        return {int(p.name.split(".")[1]): p for p in folder.glob(f"{client_id}.*.pt")
+                if p.name.startswith(prefix) and p.name.split(".")[1].isdigit()}
 
     def get(self, client_id: int, before_round: int) -> Any | None:
-        """The newest state this client wrote in a round before ``before_round``, or None."""
-        best_round, best = -1, None
-        for slot in (0, 1):
-            path = self._path(client_id, slot)
-            if not path.exists():
-                continue
-            try:
-                saved = torch.load(path, weights_only=True)
-            except Exception as exc:  # a truncated file: say which client, keep the cause
-                raise DataError(f"client state file {path} is unreadable: {exc}") from exc
-            if best_round < saved["round_num"] < before_round:
-                best_round, best = saved["round_num"], saved["state"]
-        return best
+        """The state this client wrote in its newest round before ``before_round``, or None."""
+        versions = self._versions(client_id)
+        earlier = [r for r in versions if r < before_round]
+        if not earlier:
+            return None
+        path = versions[max(earlier)]
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception as exc:  # a truncated file: say which client, keep the cause
+            raise DataError(f"client state file {path} is unreadable: {exc}") from exc
 
     def put(self, client_id: int, round_num: int, state: Any) -> None:
-        """Saves the state written in ``round_num`` (atomically: write, then rename).
+        """Saves the state written in ``round_num`` (atomically) and drops older versions.
 
         Raises:
             TypeError: the state holds something a weights-only load cannot read back.
         """
         check_loadable(state, f"client {client_id}'s state")
-        path = self._path(client_id, round_num % 2)
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"round_num": round_num, "state": state}, tmp)
-        tmp.replace(path)
+        folder = self._folder(client_id)
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{client_id}.{round_num}.pt"
+        tmp = folder / f".{client_id}.{round_num}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        tmp.replace(path)  # a new inode: snapshots holding the old file keep it
+        versions = self._versions(client_id)
+        earlier = [r for r in versions if r < round_num]
+        keep = {round_num, max(earlier)} if earlier else {round_num}
+        for r, old in versions.items():
+            if r not in keep and r < round_num:
+                old.unlink(missing_ok=True)
+
+    def snapshot(self, target: str | Path, up_to_round: int) -> Path:
+        """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links)."""
+        target = Path(target)
+        for folder in self.root.iterdir() if self.root.is_dir() else []:
+            for path in folder.glob("*.pt"):
+                parts = path.name.split(".")
+                if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) <= up_to_round:
+                    dest = target / folder.name / path.name
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    _link_or_copy(path, dest)
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def restore(self, snapshot: str | Path) -> None:
+        """Fills this (empty) store from a snapshot, by hard links."""
+        for path in Path(snapshot).glob("*/*.pt"):
+            dest = self.root / path.parent.name / path.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(path, dest)
 
     def num_clients(self) -> int:
         """How many clients have any state (walks the directory: for tests and reports)."""
         return len({p.name.split(".")[0] for p in self.root.glob("*/*.pt")})
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(source, dest)

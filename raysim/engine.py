@@ -8,7 +8,6 @@ Usage:
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from raysim import params as P
 from raysim.algorithm import has_protocol
 from raysim.backend import Backend, RoundOutput, SerialBackend
 from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig
 from raysim.data import ClientStore, open_dataset
 from raysim.evaluation import evaluate_global, summarize_barrier
@@ -116,8 +116,10 @@ class EngineServices:
             self.checkpoint(state, round_num, f"round_{round_num:05d}.pt")
 
     def checkpoint(self, state: ServerState, round_num: int, name: str) -> Path:
-        return save_checkpoint(self.run_dir / "checkpoints" / name, state, round_num,
-                               self.job.to_dict(), str(self.state_dir))
+        """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
+        path = self.run_dir / "checkpoints" / name
+        frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
+        return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
 
 
 def run(job: JobConfig, *, tracker: Tracker | None = None, resume_from: str | None = None,
@@ -213,8 +215,8 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
         start_round = last_round + 1
     run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     state_dir = run_dir / "client_state"
-    if parent_state_dir and Path(parent_state_dir).is_dir():
-        shutil.copytree(parent_state_dir, state_dir)  # a branch never writes into its parent
+    if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
+        ClientStateStore(state_dir).restore(parent_state_dir)
     setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir))
     backend = make_backend(job, setup, store)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())

@@ -190,3 +190,15 @@ def test_a_branch_copies_client_state_instead_of_sharing_it(tmp_path):
 
     schedule = json.loads((branch.run_dir / "cohorts.json").read_text())
     assert schedule["first_round"] == 2 and len(schedule["cohorts"]) == 2
+
+
+def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """SCAFFOLD keeps client state: the resumed run must see it as of the checkpoint's round."""
+    job = tiny_job(engine={"num_rounds": 6, "checkpoint_every": 2, "cohort_size": 10},
+                   algorithm={"name": "scaffold"})
+    whole = run(job, output_dir=tmp_path / "whole")
+    resumed = run(job, resume_from=str(whole.run_dir / "checkpoints" / "round_00003.pt"),
+                  output_dir=tmp_path / "resumed")
+    assert [step for step, _ in resumed.history] == [4, 5]
+    for k, v in whole.state.params.items():
+        assert torch.equal(v, resumed.state.params[k]), k

@@ -1,35 +1,59 @@
-"""Client state survives across rounds and retried rounds read the state from before the round."""
+"""Client state: versions by round, retries see the pre-round state, snapshots freeze a round."""
 
+import numpy as np
+import pytest
 import torch
 
 from raysim.client_state import ClientStateStore
 
 
+def value(store, client, before):
+    state = store.get(client, before_round=before)
+    return None if state is None else state["v"].item()
+
+
 def test_get_returns_newest_state_before_the_round(tmp_path):
     store = ClientStateStore(tmp_path)
     assert store.get(7, before_round=0) is None
-    store.put(7, 0, {"c": torch.tensor([1.0])})
-    store.put(7, 3, {"c": torch.tensor([2.0])})
-    assert store.get(7, before_round=3)["c"].item() == 1.0
-    assert store.get(7, before_round=4)["c"].item() == 2.0
+    store.put(7, 0, {"v": torch.tensor(1.0)})
+    store.put(7, 3, {"v": torch.tensor(2.0)})
+    assert value(store, 7, 3) == 1.0 and value(store, 7, 4) == 2.0
 
 
-def test_retrying_a_round_sees_the_pre_round_state(tmp_path):
+@pytest.mark.parametrize("last", [3, 4])  # same parity and other parity as the retried round 5
+def test_a_retried_round_reads_the_state_from_before_it(tmp_path, last):
     store = ClientStateStore(tmp_path)
-    store.put(1, 4, {"v": torch.tensor(4.0)})
-    store.put(1, 5, {"v": torch.tensor(5.0)})  # first attempt of round 5 wrote
-    assert store.get(1, before_round=5)["v"].item() == 4.0  # the retry still sees round 4
-    store.put(1, 6, {"v": torch.tensor(6.0)})  # overwrites round 4's slot
-    assert store.get(1, before_round=7)["v"].item() == 6.0
-    assert store.num_clients() == 1
+    store.put(1, last, {"v": torch.tensor(float(last))})
+    store.put(1, 5, {"v": torch.tensor(5.0)})  # a failed first attempt of round 5 wrote
+    assert value(store, 1, 5) == float(last)  # the retry still sees the earlier state
+    store.put(1, 5, {"v": torch.tensor(5.5)})  # the retry writes again
+    assert value(store, 1, 6) == 5.5
+
+
+def test_only_two_versions_are_kept(tmp_path):
+    store = ClientStateStore(tmp_path)
+    for r in (1, 4, 6, 9):
+        store.put(2, r, {"v": torch.tensor(float(r))})
+    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ["2.6.pt", "2.9.pt"]
+
+
+def test_a_snapshot_freezes_the_state_as_of_its_round(tmp_path):
+    store = ClientStateStore(tmp_path / "live")
+    store.put(1, 2, {"v": torch.tensor(2.0)})
+    store.put(2, 3, {"v": torch.tensor(3.0)})
+    snap = store.snapshot(tmp_path / "snap", up_to_round=2)
+    store.put(1, 5, {"v": torch.tensor(5.0)})  # later rounds do not leak into the snapshot
+    store.put(1, 7, {"v": torch.tensor(7.0)})  # prunes round 2 in the live store
+    branch = ClientStateStore(tmp_path / "branch")
+    branch.restore(snap)
+    assert value(branch, 1, 99) == 2.0 and value(branch, 2, 99) is None
+    assert value(store, 1, 99) == 7.0
 
 
 def test_state_a_weights_only_load_cannot_read_is_refused_at_once(tmp_path):
-    import numpy as np
-    import pytest
-
     store = ClientStateStore(tmp_path)
     with pytest.raises(TypeError, match=r"client 3's state\['c'\]\[1\] is a numpy.ndarray"):
         store.put(3, 0, {"c": [torch.zeros(1), np.zeros(2)]})
     store.put(3, 0, {"c": [torch.zeros(1), 2.0, "x", (1, 2), {4}]})  # all plain: fine
     assert store.get(3, before_round=1)["c"][2] == "x"
+    assert store.num_clients() == 1

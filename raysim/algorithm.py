@@ -9,9 +9,10 @@ worker   ``client_update(ctx)`` runs once per sampled client, on a resident mode
          worker has already loaded ``payload.params``.
 
 Rules every plugin follows:
-- ``client_update`` may change the values of ``ctx.model``'s parameters and buffers freely: the
-  worker copies ``payload.params`` back in before the next client. Anything else it changes on
-  the model (modules, ``requires_grad``, hooks) it must undo before returning. It must not touch
+- ``client_update`` may change the values of ``ctx.model``'s trainable parameters and float
+  buffers freely: before the next client the worker copies ``payload.params`` (which covers
+  exactly those) back in, sets train mode and clears gradients. Frozen parameters, integer
+  buffers, modules, ``requires_grad`` and hooks it must leave as they were. It must not touch
   globals, trackers or Ray; its randomness comes from ``ctx.seed``.
 - Aggregators are associative (``raysim.aggregate``); ``Gather`` when results are needed apart.
 - Metrics are returned, never logged by the plugin.

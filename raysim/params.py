@@ -54,11 +54,18 @@ def from_numpy(params: NumpyParams) -> Params:
 
 @torch.no_grad()
 def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
-    """Copies ``params`` into the model's tensors in place: no allocation, no rebuild."""
+    """Copies ``params`` into the model's tensors in place: no allocation, no rebuild.
+
+    ``params`` must cover every tensor that travels (``model_params``), so nothing a previous
+    client trained survives into the next one.
+    """
     own = model.state_dict()
-    missing = set(params) - set(own)
-    if missing:
-        raise KeyError(f"params not in the model: {sorted(missing)[:5]}")
+    unknown = set(params) - set(own)
+    if unknown:
+        raise KeyError(f"params not in the model: {sorted(unknown)[:5]}")
+    uncovered = set(model_params(model)) - set(params)
+    if uncovered:
+        raise KeyError(f"params leave model tensors unset: {sorted(uncovered)[:5]}")
     for name, value in params.items():
         own[name].copy_(torch.as_tensor(value))
 

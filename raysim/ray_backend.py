@@ -113,32 +113,37 @@ class RayBackend:
 
     def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int,
                     measure_barrier: bool) -> list[WorkerReport]:
-        workers = list(self.workers)
-        refs = [(w, w.train.remote(payload_ref, shard, round_num, measure_barrier))
-                for w, shard in zip(workers, shards) if shard]
-        reports = []
-        for worker, ref in refs:
-            try:
-                reports.append(_get(ref))
-            except RayActorError:
-                reports += self._rerun_without(worker, payload_ref, shards[workers.index(worker)],
-                                               round_num, measure_barrier)
+        """Runs the shards; clients of workers that died for good are re-sharded over the rest."""
+        reports: list[WorkerReport] = []
+        pending = list(zip(self.workers, shards))
+        while pending:
+            refs = [(w, shard, w.train.remote(payload_ref, shard, round_num, measure_barrier))
+                    for w, shard in pending if shard]
+            orphans: list[tuple[int, int]] = []
+            for worker, shard, ref in refs:
+                try:
+                    reports.append(_get(ref))
+                except RayActorError:
+                    self._drop(worker, round_num)
+                    orphans += shard
+            pending = list(zip(self.workers, self._reshard(orphans))) if orphans else []
         return reports
 
-    def _rerun_without(self, dead: Any, payload_ref: Any, shard: list[tuple[int, int]],
-                       round_num: int, measure_barrier: bool) -> list[WorkerReport]:
-        """Drops a worker that Ray could not restart and re-runs its clients on the others."""
-        self.workers.remove(dead)
-        self.dead_workers += 1
-        log.warning("round %d: a worker died for good (%d left); re-running its %d clients",
-                    round_num, len(self.workers), len(shard))
+    def _drop(self, dead: Any, round_num: int) -> None:
+        """A worker Ray could not restart leaves the pool, and the log says so."""
+        if dead in self.workers:
+            self.workers.remove(dead)
+            self.dead_workers += 1
+        log.warning("round %d: a worker died for good (%d left); re-running its clients",
+                    round_num, len(self.workers))
         if not self.workers:
             raise ResourceError("every worker died; see the Ray logs (ray/session_latest/logs)")
-        positions = np.array([p for p, _ in shard])
-        clients = np.array([c for _, c in shard])
-        sub = shard_cohort(clients, self.num_examples[clients], len(self.workers))
-        sub = [[(int(positions[i]), c) for i, c in s] for s in sub]  # back to cohort positions
-        return self._run_shards(payload_ref, sub, round_num, measure_barrier)
+
+    def _reshard(self, orphans: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        positions = np.array([p for p, _ in sorted(orphans)])
+        clients = np.array([c for _, c in sorted(orphans)])
+        shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
+        return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
     def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
                          round_num: int | None = None) -> list[Metrics]:

@@ -69,8 +69,9 @@ class Payload:
 class ClientContext:
     """Everything a plugin's ``client_update`` may use; built by the worker for each client.
 
-    The worker has already loaded ``payload.params`` into ``model``; the plugin may change the
-    model's values freely because the worker restores them before the next client.
+    The worker has already loaded ``payload.params`` into ``model`` (in train mode, no
+    gradients); the plugin may change trainable values and float buffers freely because the
+    worker restores them before the next client (see ``algorithm.py`` for the full contract).
     ``global_params`` is the broadcast on ``device``, moved there once per round for every client
     of the worker: read it, never write it.
     """

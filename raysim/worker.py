@@ -138,6 +138,8 @@ class ClientTrainer:
                    round_num: int, measure_barrier: bool) -> tuple[Any, Metrics | None]:
         seed = client_seed(self.job.seed, round_num, client_id)
         P.load_into(self.model, global_params)  # in place: the model is never rebuilt
+        self.model.train()  # whatever ran before (evaluation, another plugin's loop)
+        self.model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
         start = self._evaluate(data) if measure_barrier else None
         ctx = ClientContext(

@@ -202,3 +202,18 @@ def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_path)
     assert [step for step, _ in resumed.history] == [4, 5]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
+
+
+def test_two_workers_dying_in_one_round_leave_one_to_finish(tmp_path, ray_local):
+    job = tiny_job(resources={"backend": "ray", "num_workers": 3, "cpus_per_worker": 0.5,
+                              "max_worker_restarts": 0})
+    expected, _ = run_rounds(job, tmp_path / "a")
+
+    def kill_two(services):
+        for worker in services.backend.workers[:2]:
+            ray.kill(worker, no_restart=True)
+
+    survived, backend = run_rounds(job, tmp_path / "b", between=kill_two)
+    assert backend.dead_workers == 2 and len(backend.workers) == 1
+    for k, v in expected.params.items():
+        assert torch.allclose(v, survived.params[k], rtol=1e-6, atol=1e-7), k

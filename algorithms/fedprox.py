@@ -1,6 +1,7 @@
 """FedProx: FedAvg plus a proximal term in local training (Li et al., MLSys 2020, arXiv:1812.06127).
 
-Each client minimises ``loss(w) + (mu / 2) * ||w - w_global||^2`` over its trainable parameters.
+Each client minimises ``loss(w) + (mu / 2) * ||w - w_global||^2`` over its trainable parameters;
+the term's gradient ``mu (w - w_global)`` is added to each gradient after the backward pass.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.local import Batch, LocalTrainConfig, local_delta_update
+from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -26,15 +27,15 @@ class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
     weighted: bool = True
 
 
-def proximal_term(mu: float, anchor: dict[str, torch.Tensor]):
-    """``extra_loss`` computing (mu/2)·||w − anchor||² over the model's trainable parameters."""
+def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]):
+    """``after_backward`` adding mu·(w − anchor), the gradient of (mu/2)·||w − anchor||²."""
 
-    def extra_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-        terms = [((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters()
-                 if p.requires_grad]
-        return 0.5 * mu * torch.stack(terms).sum()
+    def after_backward(model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if p.requires_grad and p.grad is not None:
+                p.grad.add_(p.detach() - anchor[name], alpha=mu)
 
-    return extra_loss
+    return after_backward
 
 
 @register("algorithm", "fedprox")
@@ -54,7 +55,7 @@ class FedProx:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(ctx, self.config.local,
-                                  extra_loss=proximal_term(self.config.mu, ctx.global_params))
+                                  after_backward=proximal_gradient(self.config.mu, ctx.global_params))
 
     def aggregator(self) -> WeightedMean:
         return WeightedMean(weighted=self.config.weighted)

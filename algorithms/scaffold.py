@@ -4,8 +4,10 @@ Option II of the paper. With server variate ``c`` and client variate ``c_i`` (ze
 - each local step uses the corrected gradient ``g(y) - c_i + c``;
 - after K steps at lr eta: ``c_i+ = c_i - c + (x - y) / (K * eta)``; the client sends
   ``delta = x - y`` and ``dc = c_i+ - c_i`` and keeps ``c_i+`` as its persistent state;
-- the server: ``x <- x - eta_g * mean(delta)``, ``c <- c + (|S| / N) * mean(dc)``.
-Means are unweighted by default, as in the paper.
+- the server: ``x <- x - eta_g * mean(delta)``, ``c <- c + (1 / N) * sum(dc)`` over the clients
+  that reported (N: the population).
+Means are unweighted by default, as in the paper. Option II's variate assumes plain local SGD, so
+local momentum, weight decay and gradient clipping are refused.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import WeightedMean
+from raysim.aggregate import Sum
 from raysim.local import LocalTrainConfig, round_lr, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
@@ -30,6 +32,14 @@ class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # eta_g = 1
     weighted: bool = False
+
+    @model_validator(mode="after")
+    def _plain_sgd(self) -> "ScaffoldConfig":
+        local = self.local
+        if local.optimizer != "sgd" or local.momentum or local.weight_decay or local.grad_clip:
+            raise ValueError("SCAFFOLD's control variates assume plain local SGD: set local.optimizer "
+                             "to sgd and local.momentum, local.weight_decay to 0, local.grad_clip to null")
+        return self
 
 
 def drift_correction(c: Params, c_i: Params):
@@ -56,7 +66,7 @@ class Scaffold:
     def init(self, params: Params, info: RunInfo) -> ServerState:
         variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys,
-                           extra={"c": variate, "participation": info.cohort_size / info.num_clients})
+                           extra={"c": variate, "num_clients": info.num_clients})
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
         return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
@@ -73,18 +83,21 @@ class Scaffold:
         steps = max(metrics["train/steps"], 1.0)
         new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}
-        return ClientResult(update={"delta": delta, "dc": dc},
+        w = float(len(ctx.data)) if self.config.weighted else 1.0
+        return ClientResult(update={"delta": {k: v * w for k, v in delta.items()},
+                                    "weight": torch.tensor(w), "dc": dc},
                             weight=float(len(ctx.data)), metrics=metrics,
                             state={"c_i": P.clone(new_c_i)})
 
-    def aggregator(self) -> WeightedMean:
-        return WeightedMean(weighted=self.config.weighted)
+    def aggregator(self) -> Sum:
+        return Sum()
 
-    def server_update(self, state: ServerState, mean: dict | None,
+    def server_update(self, state: ServerState, sums: dict | None,
                       round_num: int) -> tuple[ServerState, Metrics]:
-        if mean is None:
+        if sums is None:
             return state, {}
-        state, metrics = apply_server_step(state, mean["delta"], self.config.server)
-        share = state.extra["participation"]
-        c = {k: v + share * mean["dc"][k] for k, v in state.extra["c"].items()}
+        mean_delta = {k: v / sums["weight"] for k, v in sums["delta"].items()}
+        state, metrics = apply_server_step(state, mean_delta, self.config.server)
+        n = state.extra["num_clients"]
+        c = {k: v + sums["dc"][k] / n for k, v in state.extra["c"].items()}
         return replace(state, extra={**state.extra, "c": c}), metrics

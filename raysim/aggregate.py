@@ -15,7 +15,7 @@ Usage:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -116,7 +116,10 @@ class Gather:
         return []
 
     def add(self, acc: list, position: int, result: ClientResult) -> list:
-        return [*acc, (position, result)]
+        # copies: an update may be a view of the worker's resident model, which the next
+        # client overwrites
+        kept = replace(result, update=tree_map(lambda t: t.detach().clone(), result.update))
+        return [*acc, (position, kept)]
 
     def merge(self, left: list, right: list) -> list:
         return sorted([*left, *right], key=lambda item: item[0])

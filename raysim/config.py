@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
+                      field_validator)
 
 from raysim import registry
 from raysim.errors import ConfigError
@@ -53,6 +54,13 @@ class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
     address: str | None = None  # Ray cluster address; None: RAY_ADDRESS, else a local Ray
     max_worker_restarts: int = Field(3, ge=0)
 
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _schedulable(cls, gpus: float) -> float:
+        if gpus > 1:  # a worker drives one device; Ray refuses fractions above 1
+            raise ValueError("must be at most 1 (a worker uses one GPU; share one with fractions)")
+        return gpus
+
 
 class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
     """MLflow logging, from the driver only."""
@@ -78,7 +86,7 @@ class JobConfig(BaseModel, frozen=True, extra="forbid"):
     """One simulation: data, model, algorithm, engine, resources, tracking."""
 
     name: str = "job"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     dataset: PluginSection
     model: PluginSection
     algorithm: PluginSection
@@ -104,7 +112,7 @@ class _CoreJob(BaseModel, frozen=True, extra="forbid"):
     """JobConfig's own fields, validated apart from the plugin sections."""
 
     name: str = "job"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -152,7 +160,7 @@ def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> l
     lines = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
-        key = prefix + ".".join(loc)
+        key = (prefix + ".".join(loc)).rstrip(".") or "job"
         if err["type"] == "extra_forbidden":
             valid = _fields_at(model, loc[:-1])
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
@@ -160,8 +168,11 @@ def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> l
             lines.append(f"{key}: unknown key; {hint}(valid keys: {', '.join(sorted(valid))})")
         elif err["type"] == "missing":
             lines.append(f"{key}: required")
+        elif not loc:  # a check across fields of the section: its message says it all
+            lines.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}: {message} (got {err.get('input')!r})")
     return lines
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from raysim import params as P
 from raysim.algorithm import has_protocol
@@ -23,6 +24,7 @@ from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig
 from raysim.data import ClientStore, open_dataset
+from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.evaluation import evaluate_global, summarize_barrier
 from raysim.plots import learning_curve
 from raysim.progress import RoundProgress
@@ -198,8 +200,15 @@ def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: 
 
 def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
           output_dir: Path) -> tuple[EngineServices, ServerState]:
-    """Builds every object of a run (here and nowhere else) and the starting server state."""
+    """Builds every object of a run (here and nowhere else) and the starting server state.
+
+    Everything that can be checked is checked before Ray workers or an MLflow run exist.
+    """
     store = open_dataset(job.dataset.name, job.dataset.config)
+    schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
+    if schedule is None and job.engine.cohort_size > store.num_clients:
+        raise ConfigError([f"engine.cohort_size: must be in 1..{store.num_clients} (the number of "
+                           f"clients), got {job.engine.cohort_size}"])
     algorithm = build_algorithm(job)
     model = build_job_model(job, store.spec)
     params = P.clone(P.model_params(model))
@@ -210,29 +219,46 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
                    buffer_keys=buffer_keys)
     state, start_round, parent_state_dir = algorithm.init(params, info), 0, None
     if resume_from is not None:
+        fresh = state
         state, last_round, _, parent_state_dir = load_checkpoint(resume_from)
         check_compatible(state, params, resume_from)
+        check_same_shape(fresh, state, job.algorithm.name, resume_from)
         start_round = last_round + 1
     run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     state_dir = run_dir / "client_state"
     if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
         ClientStateStore(state_dir).restore(parent_state_dir)
     setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir))
-    backend = make_backend(job, setup, store)
-    tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
-    tracker.start(job)
-    schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
     eval_clients = sample_eval_clients(store.num_clients, job.engine.eval_clients, job.seed)
+    backend = make_backend(job, setup, store)
+    try:
+        tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
+        tracker.start(job)
+    except BaseException:
+        backend.shutdown()  # no orphaned workers when the tracking store is unreachable
+        raise
     services = EngineServices(job, algorithm, store, backend, tracker, info, run_dir, state_dir,
                               schedule, start_round, eval_clients)
     return services, state
+
+
+def check_same_shape(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> None:
+    """A checkpoint must hold the plugin state this job's algorithm keeps (branching between
+    algorithms of one family, FedAvg to FedAdam say, is fine)."""
+    if set(fresh.extra) != set(saved.extra):
+        raise CheckpointError(f"{path} holds server state {sorted(saved.extra)}; algorithm "
+                              f"{algorithm!r} keeps {sorted(fresh.extra)}: it was written by "
+                              f"another kind of algorithm")
 
 
 def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:
     """The serial backend in-process, or Ray worker actors (Ray is imported only then)."""
     resources = job.resources
     if resources.backend == "serial":
+        if resources.gpus_per_worker > 0 and not torch.cuda.is_available():
+            raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
         serial_setup = WorkerSetup(setup.job, setup.store_path, setup.state_dir,
+                                   device="cuda" if resources.gpus_per_worker > 0 else "cpu",
                                    num_threads=max(1, int(resources.cpus_per_worker)))
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
     from raysim.ray_backend import RayBackend
@@ -248,8 +274,9 @@ def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
     CohortSchedule(s.cohorts, s.info.num_clients, s.start_round).save(s.run_dir / "cohorts.json")
     artifacts.append(s.run_dir / "cohorts.json")
+    final_checkpoint = s.checkpoint(state, last_round, "final.pt")  # always: a run can resume
     if s.job.tracking.log_checkpoint:
-        artifacts.append(s.checkpoint(state, last_round, "final.pt"))
+        artifacts.append(final_checkpoint)
     for path in artifacts:
         s.tracker.log_artifact(path)
     final: Metrics = {}

@@ -17,6 +17,9 @@ class ConfigError(RaysimError):
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{head}:\n{lines}")
 
+    def __reduce__(self) -> tuple:
+        return ConfigError, (self.problems, self.source)
+
 
 class DataError(RaysimError):
     """A dataset, client store or client index is missing or malformed."""
@@ -29,10 +32,14 @@ class ClientError(RaysimError):
         self.client_id = client_id
         self.round_num = round_num
         self.stage = stage
+        self.cause = cause
         super().__init__(
             f"client {client_id} failed in round {round_num} during {stage}: "
             f"{type(cause).__name__}: {cause}"
         )
+
+    def __reduce__(self) -> tuple:
+        return ClientError, (self.client_id, self.round_num, self.stage, self.cause)
 
 
 class ResourceError(RaysimError):

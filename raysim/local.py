@@ -1,8 +1,8 @@
 """The shared local trainer and evaluator that every plugin builds on.
 
 Plugins vary local training through hooks rather than subclassing: ``extra_loss(model, batch)``
-adds a term to the task loss (FedProx's proximal term, FedGuCci's connectivity loss),
-``after_backward(model)`` edits gradients before the step (SCAFFOLD's control-variate correction)
+adds a term to the task loss (FedGuCci's connectivity loss), ``after_backward(model)`` edits
+gradients before the step (SCAFFOLD's control-variate correction, FedProx's proximal gradient)
 and ``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration). A plugin that
 needs its own step (SAM) writes its loop from ``iterate_batches`` and ``task_loss``.
 

@@ -56,9 +56,12 @@ def server_step(
         if key in buffer_keys:
             new_params[key] = w - g
             continue
-        m, v = m_old.get(key, torch.zeros_like(w)), v_old.get(key, torch.zeros_like(w))
+        m = m_old[key] if key in m_old else torch.zeros_like(w)
+        v = v_old[key] if key in v_old else torch.zeros_like(w)
         new_params[key], m_new[key], v_new[key] = _update(w, g, m, v, step, config)
-    new_state: dict[str, Any] = {"step": step, "m": m_new}
+    new_state: dict[str, Any] = {"step": step}
+    if config.kind != "sgd" or config.momentum > 0:  # plain SGD keeps no model-sized buffer
+        new_state["m"] = m_new
     if config.kind != "sgd":
         new_state["v"] = v_new
     return new_params, new_state
@@ -72,10 +75,10 @@ def _update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
         m = c.momentum * m + g
         direction = g + c.momentum * m if c.nesterov else m
         return w - c.lr * direction, m, v
+    m = c.beta1 * m + (1 - c.beta1) * g  # Reddi et al.'s Algorithm 2: all three keep m
     if c.kind == "adagrad":
         v = v + g * g
-        return w - c.lr * g / (v.sqrt() + c.eps), m, v
-    m = c.beta1 * m + (1 - c.beta1) * g
+        return w - c.lr * m / (v.sqrt() + c.eps), m, v
     if c.kind == "adam":
         v = c.beta2 * v + (1 - c.beta2) * g * g
     else:  # yogi: v moves towards g² by at most (1 - beta2)·g² per step

@@ -6,7 +6,9 @@ it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one 
 
 from __future__ import annotations
 
+import pickle
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +117,7 @@ class ClientTrainer:
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
-                report.failures.append(ClientFailure(client_id, position, exc))
+                report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
                 continue
             report.partial = aggregator.add(report.partial, position, result)
             if barrier is not None:
@@ -184,6 +186,17 @@ class ClientTrainer:
         P.load_into(self.model, params)
         return evaluate(self.model, data, self.store.spec, self.device,
                         self.job.engine.eval_batch_size)
+
+
+def _shippable(exc: Exception) -> Exception:
+    """The exception itself when it pickles (it crosses to the driver), else one that keeps its
+    type name, message and traceback text."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        trace = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{type(exc).__name__}: {exc} (unpicklable; traceback follows)\n{trace}")
 
 
 def raise_client_failure(failure: ClientFailure, round_num: int) -> None:

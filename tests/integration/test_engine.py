@@ -217,3 +217,19 @@ def test_two_workers_dying_in_one_round_leave_one_to_finish(tmp_path, ray_local)
     assert backend.dead_workers == 2 and len(backend.workers) == 1
     for k, v in expected.params.items():
         assert torch.allclose(v, survived.params[k], rtol=1e-6, atol=1e-7), k
+
+
+def test_resuming_another_kind_of_algorithm_is_refused(tmp_path):
+    first = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
+    with pytest.raises(CheckpointError, match="another kind of algorithm"):
+        run(tiny_job(algorithm={"name": "scaffold"}),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
+    branch = run(tiny_job(algorithm={"name": "fedadam"}, engine={"num_rounds": 2}),  # same family
+                 resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "c")
+    assert [step for step, _ in branch.history] == [1]
+
+
+def test_the_final_checkpoint_is_written_even_when_not_uploaded(tmp_path):
+    result = run(tiny_job(engine={"num_rounds": 1}, tracking={"log_checkpoint": False}),
+                 output_dir=tmp_path)
+    assert (result.run_dir / "checkpoints" / "final.pt").exists()

@@ -61,3 +61,13 @@ def test_gather_orders_by_cohort_position_whatever_the_merge_order():
     out = agg.result(agg.merge(a, b))
     assert [p for p, _ in out] == [0, 1, 2]
     assert [r.update["nested"]["b"].item() for _, r in out] == [0.0, 1.0, 2.0]
+
+
+def test_gather_keeps_copies_not_views_of_a_reused_tensor():
+    agg = Gather()
+    shared = torch.zeros(2)
+    acc = agg.zero()
+    for i in range(3):
+        shared.fill_(float(i))  # like a resident model the next client overwrites
+        acc = agg.add(acc, i, ClientResult({"w": shared}, 1.0))
+    assert [r.update["w"][0].item() for _, r in agg.result(acc)] == [0.0, 1.0, 2.0]

@@ -52,10 +52,26 @@ def test_yogi_second_moment_update():
     assert w == pytest.approx(w1 - 0.01 * m2 / (math.sqrt(3.99e-4) + 1e-3), rel=1e-6)
 
 
-def test_adagrad_accumulates_squares():
-    # v = 0.04 + 0.09 = 0.13 after two steps
-    _, state = step("adagrad", [0.2, 0.3], lr=0.1, eps=1e-3)
+def test_adagrad_accumulates_squares_and_steps_on_the_first_moment():
+    # v = 0.04 + 0.09 = 0.13 after two steps; m1 = 0.1*0.2 = 0.02, m2 = 0.9*0.02 + 0.1*0.3 = 0.048
+    w, state = step("adagrad", [0.2, 0.3], lr=0.1, beta1=0.9, eps=1e-3)
     assert state["v"]["w"].item() == pytest.approx(0.13)
+    w1 = 1 - 0.1 * 0.02 / (math.sqrt(0.04) + 1e-3)
+    assert w == pytest.approx(w1 - 0.1 * 0.048 / (math.sqrt(0.13) + 1e-3), rel=1e-6)
+
+
+def test_nesterov_momentum_and_adam_bias_correction_on_step_two():
+    # Nesterov: m1 = g, step g + 0.9 m1 = 1.9 g; m2 = 0.9 g + g = 1.9 g, step g + 0.9*1.9 g = 2.71 g
+    w, _ = step("sgd", [0.1, 0.1], lr=1.0, momentum=0.9, nesterov=True)
+    assert w == pytest.approx(1 - 0.19 - 0.271)
+    # Adam with constant g: m_hat = g, v_hat = g^2 every step -> each step is lr * g / (g + eps)
+    w, _ = step("adam", [0.2, 0.2], lr=0.01, beta1=0.9, beta2=0.999, eps=1e-7, bias_correction=True)
+    assert w == pytest.approx(1 - 2 * 0.01 * 0.2 / (0.2 + 1e-7), rel=1e-6)
+
+
+def test_plain_sgd_keeps_no_momentum_buffer():
+    _, state = step("sgd", [0.5], lr=1.0)
+    assert "m" not in state and state["step"] == 1
 
 
 def test_buffers_are_averaged_not_optimised():

@@ -64,3 +64,13 @@ def test_server_moves_model_and_variate():
     mean_dc = (refs[0][1] + refs[1][1]) / 2
     assert np.allclose(new.params["weight"].numpy(), W0 - mean_delta, atol=1e-6)
     assert np.allclose(new.extra["c"]["weight"].numpy(), C_W + 0.5 * mean_dc, atol=1e-5)
+
+
+def test_local_optimizers_other_than_plain_sgd_are_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    config = registry.get("algorithm", "scaffold").config
+    with pytest.raises(ValidationError, match="assume plain local SGD"):
+        config.model_validate({"local": {"momentum": 0.9}})
+    config.model_validate({"local": {"momentum": 0.0}})  # fine

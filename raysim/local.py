@@ -54,10 +54,13 @@ def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
 def iterate_batches(tensors: Batch, batch_size: int,
                     generator: torch.Generator | None = None) -> Iterator[Batch]:
     """Yields batches, shuffled when ``generator`` is given."""
-    n = len(next(iter(tensors.values())))
+    first = next(iter(tensors.values()))
+    n = len(first)
+    # drawn on the CPU (the generator decides), moved to the device once per pass
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    order = order.to(first.device)
     for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size].to(next(iter(tensors.values())).device)
+        idx = order[start:start + batch_size]
         yield {k: v[idx] for k, v in tensors.items()}
 
 
@@ -78,14 +81,18 @@ def round_lr(config: LocalTrainConfig, round_num: int) -> float:
     return config.lr * config.lr_decay**round_num
 
 
-def task_loss(model: nn.Module, batch: Batch, spec: DataSpec) -> tuple[torch.Tensor, int, int]:
-    """Mean loss over the batch, plus (#correct, #predictions) for accuracy."""
+def task_loss(model: nn.Module, batch: Batch,
+              spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+    """Mean loss over the batch, plus #correct and #predictions for accuracy.
+
+    The counts stay tensors on the device: reading them every step would stall a GPU.
+    """
     x = batch["x"]
     logits = model(x)
     if spec.task == "classification":
         y = batch["y"]
         loss = F.cross_entropy(logits, y)
-        return loss, int((logits.argmax(-1) == y).sum()), len(y)
+        return loss, (logits.argmax(-1) == y).sum(), len(y)
     # causal LM: predict token t+1 from tokens <= t; padding is ignored.
     targets = x[:, 1:]
     logits = logits[:, :-1]  # (B, T-1, V)
@@ -93,8 +100,7 @@ def task_loss(model: nn.Module, batch: Batch, spec: DataSpec) -> tuple[torch.Ten
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                            ignore_index=ignore)
     mask = targets != ignore
-    correct = int(((logits.argmax(-1) == targets) & mask).sum())
-    return loss, correct, int(mask.sum())
+    return loss, ((logits.argmax(-1) == targets) & mask).sum(), mask.sum()
 
 
 def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -132,15 +138,18 @@ def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *,
             if config.grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
-            loss_sum += float(loss.detach()) * num_items
+            loss_sum = loss_sum + loss.detach() * num_items
             correct, seen, steps = correct + num_correct, seen + num_items, steps + 1
             if config.max_steps is not None and steps >= config.max_steps:
                 return _train_metrics(loss_sum, correct, seen, steps)
     return _train_metrics(loss_sum, correct, seen, steps)
 
 
-def _train_metrics(loss_sum: float, correct: int, seen: int, steps: int) -> Metrics:
-    return {"train/loss": loss_sum / max(seen, 1), "train/accuracy": correct / max(seen, 1),
+def _train_metrics(loss_sum: torch.Tensor | float, correct: torch.Tensor | int,
+                   seen: torch.Tensor | int, steps: int) -> Metrics:
+    """Reads the device counters once, at the end of the client."""
+    seen = max(float(seen), 1.0)
+    return {"train/loss": float(loss_sum) / seen, "train/accuracy": float(correct) / seen,
             "train/steps": float(steps)}
 
 
@@ -152,9 +161,10 @@ def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
     loss_sum, correct, seen = 0.0, 0, 0
     for batch in iterate_batches(to_tensors(data, device), batch_size):
         loss, num_correct, num_items = task_loss(model, batch, spec)
-        loss_sum, correct, seen = loss_sum + float(loss) * num_items, correct + num_correct, seen + num_items
-    return {"loss": loss_sum / max(seen, 1), "accuracy": correct / max(seen, 1),
-            "num_examples": float(seen)}
+        loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
+    seen = float(seen)
+    return {"loss": float(loss_sum) / max(seen, 1.0), "accuracy": float(correct) / max(seen, 1.0),
+            "num_examples": seen}
 
 
 def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,

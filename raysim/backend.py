@@ -38,7 +38,10 @@ class Backend(Protocol):
                      measure_barrier: bool = False) -> RoundOutput: ...
 
     def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None) -> list[Metrics]: ...
+                         round_num: int | None = None, store: str = "") -> list[Metrics]: ...
+
+    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
+                    round_num: int, store: str = "") -> list[Metrics]: ...
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None: ...
 
@@ -98,8 +101,13 @@ class SerialBackend:
         return merge_reports(algorithm, reports)
 
     def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None) -> list[Metrics]:
-        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split, round_num)
+                         round_num: int | None = None, store: str = "") -> list[Metrics]:
+        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split,
+                                             round_num, store)
+
+    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
+                    round_num: int, store: str = "") -> list[Metrics]:
+        return self.trainer.personalize(params, [int(c) for c in client_ids], config, round_num, store)
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None:
         return self.trainer.evaluate_central(params)

@@ -40,6 +40,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
     barrier_every: int = Field(0, ge=0)  # client-server barrier every k rounds; 0: never
+    heldout_fraction: float = Field(0.0, ge=0, lt=1)  # clients kept out of training, for evaluation
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
 
@@ -74,6 +75,45 @@ class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
+    """Few-shot personalization of held-out clients (FedFish, sec. 3.2 of the notes).
+
+    Each evaluated client fine-tunes a copy of the global model on the first ``fraction`` of its
+    data (taken from its train split, which the store shuffled with a seed) and is evaluated on
+    its test split, the same examples as the global evaluation.
+    """
+
+    fractions: list[float] = Field(default_factory=lambda: [0.25, 0.5])
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(10, ge=1)
+    every: int = Field(0, ge=0)  # rounds between personalizations; 0: after the last round only
+
+    @field_validator("fractions")
+    @classmethod
+    def _in_unit_interval(cls, fractions: list[float]) -> list[float]:
+        if any(not 0 < f < 1 for f in fractions):
+            raise ValueError("each fraction must be in (0, 1)")
+        return fractions
+
+
+class TransferConfig(BaseModel, frozen=True, extra="forbid"):
+    """Another dataset the global model is evaluated (and personalized) on, e.g. C4 -> Stack
+    Overflow. Its data must look like the training data to the model (same task and shape)."""
+
+    name: str  # metrics go to eval/transfer/<name>/...
+    dataset: dict[str, Any]  # a dataset section: {name: <recipe>, ...options}
+    eval_clients: int | None = Field(None, ge=1)
+    personalize: bool = True
+
+
+class EvaluationConfig(BaseModel, frozen=True, extra="forbid"):
+    """Evaluation beyond the global model on clients' test splits (``engine.eval_*``)."""
+
+    personalization: PersonalizationConfig | None = None
+    transfer: list[TransferConfig] = Field(default_factory=list)
+
+
 class PluginSection(BaseModel, frozen=True):
     """A registered plugin's name and its validated options."""
 
@@ -93,6 +133,7 @@ class JobConfig(BaseModel, frozen=True, extra="forbid"):
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the shape of a job file (defaults filled in)."""
@@ -116,6 +157,7 @@ class _CoreJob(BaseModel, frozen=True, extra="forbid"):
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
 
 
 def validate_job(raw: Any, source: str | None = None) -> JobConfig:

@@ -10,25 +10,26 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from raysim import params as P
 from raysim.algorithm import has_protocol
 from raysim.backend import Backend, RoundOutput, SerialBackend
 from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from raysim.client_state import ClientStateStore
-from raysim.config import JobConfig
+from raysim.config import JobConfig, explain
 from raysim.data import ClientStore, open_dataset
 from raysim.errors import CheckpointError, ConfigError, ResourceError
-from raysim.evaluation import evaluate_global, summarize_barrier
+from raysim.evaluation import EvaluationPlan, evaluate_global, summarize_barrier
 from raysim.plots import learning_curve
 from raysim.progress import RoundProgress
-from raysim.sampling import CohortSchedule, sample_cohort, sample_eval_clients
+from raysim.sampling import CohortSchedule, sample_cohort, sample_eval_clients, split_population
 from raysim.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import Metrics, RunInfo, ServerState
 from raysim.worker import WorkerSetup, build_algorithm, build_job_model, raise_client_failure
@@ -63,7 +64,8 @@ class EngineServices:
     state_dir: Path
     schedule: CohortSchedule | None = None
     start_round: int = 0
-    eval_clients: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    train_pool: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    plan: EvaluationPlan | None = None
     cohorts: list[list[int]] = field(default_factory=list)
     history: list[tuple[int, Metrics]] = field(default_factory=list)
 
@@ -71,9 +73,9 @@ class EngineServices:
         """This round's cohort: from the fixed schedule, else a pure function of (seed, round)."""
         if self.schedule is not None:
             cohort = self.schedule.cohort(round_num)
-        else:
-            cohort = sample_cohort(self.info.num_clients, self.job.engine.cohort_size,
-                                   self.job.seed, round_num)
+        else:  # held-out clients are not in the pool
+            cohort = self.train_pool[sample_cohort(len(self.train_pool), self.job.engine.cohort_size,
+                                                   self.job.seed, round_num)]
         self.cohorts.append([int(c) for c in cohort])
         return cohort
 
@@ -89,8 +91,15 @@ class EngineServices:
                         failure.client_id, failure.error)
         return output
 
-    def evaluate(self, state: ServerState) -> Metrics:
-        return evaluate_global(self.backend, state.params, self.eval_clients)
+    def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
+        """The global model evaluated; personalization and transfer too when due."""
+        return evaluate_global(self.backend, state.params, self.plan, round_num,
+                               personalize=round_num is not None and self.is_personalization_round(round_num))
+
+    def is_personalization_round(self, round_num: int) -> bool:
+        config = self.job.evaluation.personalization
+        every, last = (config.every if config else 0), self.job.engine.num_rounds - 1
+        return round_num == last or (every > 0 and (round_num + 1) % every == 0)
 
     def is_eval_round(self, round_num: int) -> bool:
         every, last = self.job.engine.eval_every, self.job.engine.num_rounds - 1
@@ -148,8 +157,8 @@ def round_loop(s: EngineServices, state: ServerState) -> ServerState:
     with RoundProgress(s.job.name, engine.num_rounds, s.start_round, s.job.tracking.progress) as bar:
         for round_num in range(s.start_round, engine.num_rounds):
             state, metrics = run_round(s, state, round_num)
-            if s.is_eval_round(round_num):
-                metrics |= s.evaluate(state)
+            if s.is_eval_round(round_num) or s.is_personalization_round(round_num):
+                metrics |= s.evaluate(state, round_num)
             s.log(metrics, round_num)
             bar.update(round_num, metrics)
             s.maybe_checkpoint(state, round_num)
@@ -205,16 +214,18 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     Everything that can be checked is checked before Ray workers or an MLflow run exist.
     """
     store = open_dataset(job.dataset.name, job.dataset.config)
+    train_pool, heldout = split_population(store.num_clients, job.engine.heldout_fraction, job.seed)
     schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
-    if schedule is None and job.engine.cohort_size > store.num_clients:
-        raise ConfigError([f"engine.cohort_size: must be in 1..{store.num_clients} (the number of "
-                           f"clients), got {job.engine.cohort_size}"])
+    if schedule is None and job.engine.cohort_size > len(train_pool):
+        raise ConfigError([f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
+                           f"training clients), got {job.engine.cohort_size}"])
+    transfer = open_transfer_stores(job, store)
     algorithm = build_algorithm(job)
     model = build_job_model(job, store.spec)
     params = P.clone(P.model_params(model))
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
-    info = RunInfo(num_clients=store.num_clients, cohort_size=job.engine.cohort_size,
+    info = RunInfo(num_clients=len(train_pool), cohort_size=job.engine.cohort_size,
                    num_rounds=job.engine.num_rounds, spec=store.spec, seed=job.seed,
                    buffer_keys=buffer_keys)
     state, start_round, parent_state_dir = algorithm.init(params, info), 0, None
@@ -228,8 +239,14 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     state_dir = run_dir / "client_state"
     if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
         ClientStateStore(state_dir).restore(parent_state_dir)
-    setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir))
-    eval_clients = sample_eval_clients(store.num_clients, job.engine.eval_clients, job.seed)
+    setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir),
+                        transfer_stores={name: str(s.path) for name, s in transfer.items()})
+    plan = EvaluationPlan(
+        clients=train_pool[sample_eval_clients(len(train_pool), job.engine.eval_clients, job.seed)],
+        heldout=heldout, personalization=job.evaluation.personalization,
+        transfer={t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
+                  for t in job.evaluation.transfer},
+        personalize_transfer=frozenset(t.name for t in job.evaluation.transfer if t.personalize))
     backend = make_backend(job, setup, store)
     try:
         tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
@@ -238,8 +255,29 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
         backend.shutdown()  # no orphaned workers when the tracking store is unreachable
         raise
     services = EngineServices(job, algorithm, store, backend, tracker, info, run_dir, state_dir,
-                              schedule, start_round, eval_clients)
+                              schedule, start_round, train_pool, plan)
     return services, state
+
+
+def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, ClientStore]:
+    """The evaluation-only datasets; each must look like the training data to the model."""
+    from raysim import registry
+
+    stores = {}
+    for i, transfer in enumerate(job.evaluation.transfer):
+        options = {k: v for k, v in transfer.dataset.items() if k != "name"}
+        entry = registry.get("dataset", str(transfer.dataset.get("name", "")))
+        try:
+            config = entry.config.model_validate(options)
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
+        other = open_dataset(transfer.dataset["name"], config)
+        if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != \
+                (store.spec.task, store.spec.input_shape, store.spec.num_classes):
+            raise ConfigError([f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
+                               f"model is built for {store.spec}"])
+        stores[transfer.name] = other
+    return stores
 
 
 def check_same_shape(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> None:
@@ -257,9 +295,8 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
     if resources.backend == "serial":
         if resources.gpus_per_worker > 0 and not torch.cuda.is_available():
             raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
-        serial_setup = WorkerSetup(setup.job, setup.store_path, setup.state_dir,
-                                   device="cuda" if resources.gpus_per_worker > 0 else "cpu",
-                                   num_threads=max(1, int(resources.cpus_per_worker)))
+        serial_setup = replace(setup, device="cuda" if resources.gpus_per_worker > 0 else "cpu",
+                               num_threads=max(1, int(resources.cpus_per_worker)))
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
     from raysim.ray_backend import RayBackend
 

@@ -8,42 +8,80 @@ unweighted mean over clients and the distribution over clients (std, 10th/50th/9
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from raysim import params as P
+from raysim.config import PersonalizationConfig
 from raysim.types import Metrics, Params
 
 
-def evaluate_global(backend: Any, params: Params, client_ids: np.ndarray) -> Metrics:
-    """Central and per-client evaluation of ``params``, as ``eval/...`` metrics."""
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """Which clients each evaluation looks at; fixed for the whole run."""
+
+    clients: np.ndarray  # training clients whose test splits are evaluated
+    heldout: np.ndarray  # clients that never train (empty: none held out)
+    transfer: dict[str, np.ndarray] = field(default_factory=dict)  # transfer dataset -> clients
+    personalization: PersonalizationConfig | None = None
+    personalize_transfer: frozenset[str] = frozenset()
+
+
+def evaluate_global(backend: Any, params: Params, plan: EvaluationPlan,
+                    round_num: int | None = None, personalize: bool = False) -> Metrics:
+    """Central, per-client, held-out, personalized and transfer evaluation, as ``eval/...``.
+
+    Personalization and transfer run only when ``personalize`` (they fine-tune per client).
+    """
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
     metrics: Metrics = {}
     central = backend.evaluate_central(weights)
     if central is not None:
         metrics |= {f"eval/central/{k}": v for k, v in central.items() if k != "num_examples"}
-    if len(client_ids):
-        metrics |= summarize_clients(backend.evaluate_clients(weights, client_ids, "test"))
+    if len(plan.clients):
+        metrics |= summarize_clients(backend.evaluate_clients(weights, plan.clients, "test"))
+    config = plan.personalization if personalize else None
+    if len(plan.heldout):
+        rows = (backend.personalize(weights, plan.heldout, config, round_num) if config
+                else backend.evaluate_clients(weights, plan.heldout, "test"))
+        metrics |= summarize_clients(rows, "eval/heldout")
+    elif config is not None:  # nobody held out: personalize the evaluated training clients
+        metrics |= summarize_clients(backend.personalize(weights, plan.clients, config, round_num),
+                                     "eval/clients")
+    if personalize:
+        for name, clients in plan.transfer.items():
+            rows = (backend.personalize(weights, clients, plan.personalization, round_num, name)
+                    if plan.personalization and name in plan.personalize_transfer
+                    else backend.evaluate_clients(weights, clients, "test", round_num, name))
+            metrics |= summarize_clients(rows, f"eval/transfer/{name}")
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
 
 
+_SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported
+_NOT_METRICS = frozenset({"client_id", "num_examples"})
+
+
 def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
-    """Weighted mean, unweighted mean and spread over clients of accuracy and loss."""
+    """Per metric: the example-weighted mean and the unweighted mean over clients (``_mean``);
+    for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
     if not per_client:
         return {}
     n = np.array([m["num_examples"] for m in per_client])
     out: Metrics = {f"{scope}/num_clients": float(len(per_client))}
-    for key in ("accuracy", "loss"):
+    keys = sorted({k for m in per_client for k in m} - _NOT_METRICS)
+    for key in keys:
         values = np.array([m[key] for m in per_client])
         out |= {f"{scope}/{key}": float((values * n).sum() / n.sum()),
-                f"{scope}/{key}_mean": float(values.mean()),
-                f"{scope}/{key}_std": float(values.std()),
-                f"{scope}/{key}_p10": float(np.percentile(values, 10)),
-                f"{scope}/{key}_p50": float(np.percentile(values, 50)),
-                f"{scope}/{key}_p90": float(np.percentile(values, 90))}
+                f"{scope}/{key}_mean": float(values.mean())}
+        if key in _SPREAD:
+            out |= {f"{scope}/{key}_std": float(values.std()),
+                    f"{scope}/{key}_p10": float(np.percentile(values, 10)),
+                    f"{scope}/{key}_p50": float(np.percentile(values, 50)),
+                    f"{scope}/{key}_p90": float(np.percentile(values, 90))}
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -66,10 +67,9 @@ def resolve_num_workers(resources: ResourcesConfig) -> int:
 def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
     """Device, threads and GPU memory share of one worker."""
     gpus = resources.gpus_per_worker
-    return WorkerSetup(job=setup.job, store_path=setup.store_path, state_dir=setup.state_dir,
-                       device="cuda" if gpus > 0 else "cpu",
-                       num_threads=max(1, int(resources.cpus_per_worker)),
-                       gpu_memory_fraction=gpus if 0 < gpus < 1 else None)
+    return replace(setup, device="cuda" if gpus > 0 else "cpu",
+                   num_threads=max(1, int(resources.cpus_per_worker)),
+                   gpu_memory_fraction=gpus if 0 < gpus < 1 else None)
 
 
 class RayBackend:
@@ -146,10 +146,19 @@ class RayBackend:
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
     def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None) -> list[Metrics]:
+                         round_num: int | None = None, store: str = "") -> list[Metrics]:
+        return self._per_client("evaluate_clients", params, client_ids, split, round_num, store)
+
+    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
+                    round_num: int, store: str = "") -> list[Metrics]:
+        return self._per_client("personalize", params, client_ids, config, round_num, store)
+
+    def _per_client(self, method: str, params: NumpyParams, client_ids: np.ndarray,
+                    *args: Any) -> list[Metrics]:
+        """Spreads per-client evaluation work over the workers; results sorted by client."""
         params_ref = ray.put(params)
         parts = split_evenly(client_ids, len(self.workers))
-        refs = [w.evaluate_clients.remote(params_ref, part, split, round_num)
+        refs = [getattr(w, method).remote(params_ref, part, *args)
                 for w, part in zip(self.workers, parts) if part]
         results = _get(refs)
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])

@@ -17,7 +17,7 @@ import numpy as np
 
 from raysim.errors import ConfigError
 
-_COHORT, _CLIENT, _EVAL = 1, 2, 3  # purpose tags keep the streams independent
+_COHORT, _CLIENT, _EVAL, _HELDOUT = 1, 2, 3, 4  # purpose tags keep the streams independent
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -27,6 +27,17 @@ def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int)
                            f"clients), got {cohort_size}"])
     rng = np.random.default_rng([seed, round_num, _COHORT])
     return rng.choice(num_clients, size=cohort_size, replace=False).astype(np.int64)
+
+
+def split_population(num_clients: int, heldout_fraction: float,
+                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training clients, held-out clients), both sorted; held-out clients never train."""
+    num_heldout = int(round(num_clients * heldout_fraction))
+    if heldout_fraction > 0 and not 0 < num_heldout < num_clients:
+        raise ConfigError([f"engine.heldout_fraction: {heldout_fraction} of {num_clients} clients "
+                           f"leaves no held-out or no training client"])
+    order = np.random.default_rng([seed, _HELDOUT]).permutation(num_clients)
+    return np.sort(order[num_heldout:]).astype(np.int64), np.sort(order[:num_heldout]).astype(np.int64)
 
 
 def client_seed(seed: int, round_num: int, client_id: int) -> int:

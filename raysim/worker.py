@@ -17,10 +17,10 @@ import torch
 
 from raysim import params as P
 from raysim.client_state import ClientStateStore
-from raysim.config import JobConfig
+from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data import ClientStore
 from raysim.errors import ClientError, ConfigError
-from raysim.local import cap_examples, evaluate
+from raysim.local import LocalTrainConfig, cap_examples, evaluate, train_local
 from raysim.sampling import client_seed
 from raysim.types import ClientContext, ClientData, Metrics, NumpyParams, Payload
 
@@ -32,6 +32,7 @@ class WorkerSetup:
     job: dict[str, Any]  # JobConfig.to_dict(): the worker re-validates, plugins load locally
     store_path: str
     state_dir: str
+    transfer_stores: dict[str, str] = field(default_factory=dict)  # evaluation-only datasets
     device: str = "cpu"
     num_threads: int = 1
     gpu_memory_fraction: float | None = None
@@ -90,6 +91,8 @@ class ClientTrainer:
         self.job = JobConfig.from_dict(setup.job)
         self.device = torch.device(setup.device)
         self.store = ClientStore.open(setup.store_path)
+        self.stores = {"": self.store} | {name: ClientStore.open(path)
+                                          for name, path in setup.transfer_stores.items()}
         self.states = ClientStateStore(setup.state_dir)
         self.algorithm = build_algorithm(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
@@ -161,11 +164,43 @@ class ClientTrainer:
     def _evaluate(self, data: ClientData) -> Metrics:
         return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
 
+    def personalize(self, params: NumpyParams, client_ids: list[int], config: PersonalizationConfig,
+                    round_num: int, store: str = "") -> list[Metrics]:
+        """Each client's test split under the global model and after few-shot fine-tuning.
+
+        A client fine-tunes a fresh copy of ``params`` on the first ``fraction`` of its data
+        (from its train split, shuffled by the store's seed) for ``config.epochs`` epochs.
+        """
+        source = self.stores[store]
+        local = LocalTrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr)
+        out = []
+        for client_id in client_ids:
+            test, pool = source.client_data(client_id, "test"), source.client_data(client_id, "train")
+            if not len(test):
+                continue
+            P.load_into(self.model, params)
+            row = {**self._evaluate(test), "client_id": float(client_id)}
+            for fraction in config.fractions:
+                shots = min(int(round(fraction * (len(test) + len(pool)))), len(pool))
+                P.load_into(self.model, params)  # every fraction starts from the global model
+                self.model.train()
+                self.model.zero_grad(set_to_none=True)
+                if shots:
+                    train_local(self.model, ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
+                                local, seed=client_seed(self.job.seed, round_num, client_id),
+                                spec=source.spec, device=self.device)
+                tuned = self._evaluate(test)
+                tag = f"personalized_{round(fraction * 100)}"
+                row |= {f"{tag}/accuracy": tuned["accuracy"], f"{tag}/loss": tuned["loss"]}
+            out.append(row)
+        return out
+
     def evaluate_clients(self, params: NumpyParams, client_ids: list[int], split: str = "test",
-                         round_num: int | None = None) -> list[Metrics]:
+                         round_num: int | None = None, store: str = "") -> list[Metrics]:
         """``params`` on each client's split (clients with no examples are skipped).
 
-        ``split="round"`` is the client's training data of ``round_num`` (after the cap).
+        ``split="round"`` is the client's training data of ``round_num`` (after the cap);
+        ``store`` names a transfer dataset ("" is the training dataset).
         """
         P.load_into(self.model, params)
         out = []
@@ -173,7 +208,7 @@ class ClientTrainer:
             if split == "round":
                 data = self.round_data(client_id, round_num)
             else:
-                data = self.store.client_data(client_id, split)
+                data = self.stores[store].client_data(client_id, split)
             if len(data):
                 out.append({**self._evaluate(data), "client_id": float(client_id)})
         return out

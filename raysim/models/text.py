@@ -4,7 +4,7 @@ Nothing is ever fetched from the hub: models are built with ``from_config`` from
 loaded from ``pretrained_path`` with ``local_files_only=True``. ``transformers`` is imported inside
 the factories because importing it takes about 6 s. Both models wrap the HF model in
 ``HFTokenModel``, whose ``forward(x)`` takes token ids (B, T) and whose ``.hf`` attribute is the
-inner model, for peft to wrap.
+inner model; with a ``lora`` section it is the ``peft.PeftModel`` around it (see ``lora.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, PositiveInt
 from torch import nn
 
+from raysim.models.lora import ClassifierLoraConfig, LoraConfig, apply_lora
 from raysim.registry import register
 from raysim.types import DataSpec, Task
 
@@ -65,6 +66,7 @@ class HFClassifierConfig(BaseModel, frozen=True, extra="forbid"):
     max_position_embeddings: PositiveInt | None = None  # default: what the sequence length needs
     vocab_size: PositiveInt | None = None  # the tokenizer's; default 30522 (BERT WordPiece)
     pretrained_path: str | None = None  # a local save_pretrained directory; ignores arch and preset
+    lora: ClassifierLoraConfig | None = None  # train LoRA adapters (and the head) only
 
 
 class HFCausalLMConfig(BaseModel, frozen=True, extra="forbid"):
@@ -81,13 +83,14 @@ class HFCausalLMConfig(BaseModel, frozen=True, extra="forbid"):
     intermediate_size: PositiveInt | None = None  # default 4d (gpt2), about 8d/3 (llama, SwiGLU)
     max_positions: PositiveInt | None = None  # default: the sequence length
     pretrained_path: str | None = None  # a local save_pretrained directory; ignores arch and preset
+    lora: LoraConfig | None = None  # train LoRA adapters only; the base stays frozen
 
 
 class HFTokenModel(nn.Module):
     """Runs a HuggingFace model on token ids and returns its logits.
 
     Attributes:
-        hf: the inner HuggingFace model (what peft wraps with LoRA).
+        hf: the inner HuggingFace model, or the ``peft.PeftModel`` around it under LoRA.
         pad_token_id: positions holding this id are masked out of attention; None masks nothing.
     """
 
@@ -122,6 +125,8 @@ def build_hf_classifier(config: HFClassifierConfig, spec: DataSpec) -> HFTokenMo
         )
         offset = positions_offset(hf.config.model_type, hf.config.pad_token_id)
         check_positions(hf.config, sequence_length + offset, config.pretrained_path)
+    if config.lora is not None:
+        hf = apply_lora(hf, config.lora)
     return HFTokenModel(hf, spec.pad_token_id)
 
 
@@ -145,6 +150,8 @@ def build_hf_causal_lm(config: HFCausalLMConfig, spec: DataSpec) -> HFTokenModel
             )
     # The key/value cache only serves generation; in training it would hold memory for nothing.
     hf.config.use_cache = False
+    if config.lora is not None:
+        hf = apply_lora(hf, config.lora)
     return HFTokenModel(hf, spec.pad_token_id)
 
 

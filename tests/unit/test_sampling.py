@@ -60,3 +60,16 @@ def test_schedule_round_trip_and_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match="cannot read"):
         CohortSchedule.load(tmp_path / "bad.json", num_clients=5)
+
+
+def test_population_split_is_disjoint_deterministic_and_sized():
+    from raysim.sampling import split_population
+
+    train, heldout = split_population(100, 0.2, seed=0)
+    assert len(heldout) == 20 and len(train) == 80
+    assert set(train.tolist()).isdisjoint(heldout.tolist())
+    assert sorted([*train, *heldout]) == list(range(100))
+    assert np.array_equal(heldout, split_population(100, 0.2, seed=0)[1])
+    assert len(split_population(10, 0.0, seed=0)[1]) == 0
+    with pytest.raises(ConfigError, match="leaves no held-out"):
+        split_population(3, 0.1, seed=0)

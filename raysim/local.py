@@ -93,6 +93,9 @@ def task_loss(model: nn.Module, batch: Batch,
         y = batch["y"]
         loss = F.cross_entropy(logits, y)
         return loss, (logits.argmax(-1) == y).sum(), len(y)
+    if spec.task == "regression":
+        y = batch["y"].to(logits.dtype).reshape(logits.shape)
+        return F.mse_loss(logits, y), torch.zeros((), device=logits.device), len(y)
     # causal LM: predict token t+1 from tokens <= t; padding is ignored.
     targets = x[:, 1:]
     logits = logits[:, :-1]  # (B, T-1, V)

@@ -33,7 +33,8 @@ def model_params(model: nn.Module) -> Params:
     Tied weights (an LM's shared embedding and output layer) travel once, under their first name.
     """
     params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-    buffers = {name: b for name, b in model.named_buffers() if b.is_floating_point()}
+    saved = model.state_dict(keep_vars=True)  # non-persistent buffers (rotary tables) stay home
+    buffers = {name: b for name, b in model.named_buffers() if b.is_floating_point() and name in saved}
     return params | buffers
 
 

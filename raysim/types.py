@@ -18,7 +18,7 @@ Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by sta
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
 Metrics = dict[str, float]
 Split = Literal["train", "test"]
-Task = Literal["classification", "causal_lm"]
+Task = Literal["classification", "causal_lm", "regression"]
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,12 @@ class DataSpec:
     """What a model needs to know about the data it is built for.
 
     Attributes:
-        task: "classification" (batch ``x`` -> logits (B, C)) or "causal_lm" (tokens ``x`` (B, T)
-            -> logits (B, T, V)).
+        task: "classification" (batch ``x`` -> logits (B, C)), "causal_lm" (tokens ``x`` (B, T)
+            -> logits (B, T, V)) or "regression" (``x`` -> predictions (B, C) of float ``y`` (B, C)
+            or (B,), mean squared error; accuracy is not defined and reads 0).
         input_shape: shape of one example's ``x``, e.g. (1, 28, 28) or (seq_len,).
-        num_classes: classes for classification; the vocabulary size for causal LM.
+        num_classes: classes for classification; the vocabulary size for causal LM; the number
+            of outputs for regression.
         pad_token_id: token id that marks padding in text inputs, if any.
     """
 

@@ -63,7 +63,7 @@ def apply_lora(hf: PreTrainedModel, config: LoraConfig) -> nn.Module:
     """
     import peft
 
-    head = head_modules(hf) if getattr(config, "train_head", False) else []
+    head = head_modules(hf) if isinstance(config, ClassifierLoraConfig) and config.train_head else []
     targets = resolve_targets(hf, config.target_modules, head)
     peft_config = peft.LoraConfig(
         r=config.r,

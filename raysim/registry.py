@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,7 @@ def load_plugin_file(path: Path, folder: str) -> None:
     module_name = f"raysim_plugins.{folder}.{path.stem}"
     if module_name in sys.modules:
         return
+    _ensure_namespace("raysim_plugins", f"raysim_plugins.{folder}")
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise RaysimError(f"cannot load plugin file {path}")
@@ -130,3 +132,13 @@ def load_plugin_file(path: Path, folder: str) -> None:
     except Exception:
         del sys.modules[module_name]
         raise
+
+
+def _ensure_namespace(*names: str) -> None:
+    """Empty parent modules, so ``raysim_plugins.<folder>.<stem>`` imports by name: pickle needs
+    that for a plugin's own classes (an aggregator's partial) crossing between Ray processes."""
+    for name in names:
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__path__ = []  # a package with nothing on disk: submodules come from sys.modules
+            sys.modules[name] = module

@@ -22,7 +22,7 @@ def assert_bitwise(a, b):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedfish"])
 def test_serial_and_ray_agree(tmp_path, ray_local, algorithm):
     serial1 = final_params(tmp_path, "serial", 1, algorithm)
     ray1 = final_params(tmp_path, "ray", 1, algorithm)

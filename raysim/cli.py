@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, ls, ui, bench.
+"""The ``raysim`` command: run, prepare, ls, ui, bench.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -12,11 +12,15 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from raysim.errors import RaysimError
+
+if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
+    from raysim.data import ClientStore, DatasetConfig
 
 # Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -25,7 +29,15 @@ err_console = Console(stderr=True)
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow options (`--variant a x.y=1`): argparse leaves them over
+    stray = [item for item in extra if "=" not in item or item.startswith("-")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        if not hasattr(args, "overrides"):
+            parser.error(f"{args.command} takes no key=value overrides: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.handler(args)
     except RaysimError as exc:
@@ -50,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", default=os.environ.get("RAYSIM_HOME", ".raysim"),
                      help="where run directories (checkpoints, client state) go")
     run.set_defaults(handler=cmd_run)
+
+    prepare = sub.add_parser("prepare", help="build (or resume) a dataset's client store offline")
+    prepare.add_argument("target", help="a dataset recipe (raysim ls datasets) or a job YAML")
+    prepare.add_argument("overrides", nargs="*",
+                         help="key=value options of the recipe (dataset.key=value for a job)")
+    prepare.set_defaults(handler=cmd_prepare)
 
     ls = sub.add_parser("ls", help="list algorithms, datasets and models")
     ls.add_argument("kind", nargs="?", choices=["algorithms", "datasets", "models"])
@@ -102,6 +120,51 @@ def comparison_table(results: list) -> Table:
                       fmt("train/loss"), f"{r.seconds:.1f}",
                       f"{sum(rates) / len(rates):.1f}" if rates else "-")
     return table
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from raysim.data import ClientStore
+    from raysim.prepare import prepare_store
+
+    for name, config in prepare_targets(args.target, args.overrides):
+        path = prepare_store(name, config)
+        console.print(f"store {path}", soft_wrap=True, highlight=False)
+        console.print(store_summary(ClientStore.open(path)), soft_wrap=True, highlight=False)
+    return 0
+
+
+def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, DatasetConfig]]:
+    """(recipe name, validated dataset config) pairs: a job's datasets (each variant's, once) or
+    one recipe with ``key=value`` options."""
+    from pydantic import ValidationError
+
+    from raysim import registry
+    from raysim.config import apply_overrides, explain, load_jobs
+    from raysim.errors import ConfigError
+
+    if target.endswith((".yaml", ".yml")) or os.path.isfile(target):
+        sections = [(job.dataset.name, job.dataset.config) for job in load_jobs(target, overrides)]
+        return list({(n, c.model_dump_json()): (n, c) for n, c in sections}.values())
+    entry = registry.get("dataset", target)
+    try:
+        return [(target, entry.config.model_validate(apply_overrides({}, overrides)))]
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, entry.config, prefix="dataset."), target) from None
+
+
+def store_summary(store: ClientStore) -> str:
+    """Clients, sequences (rows) and, for text stores, tokens and documents of a store."""
+    meta, rows = store.meta, store.meta["num_rows"]
+    train, test = int(store.num_examples("train").sum()), int(store.num_examples("test").sum())
+    lines = [f"{meta.get('recipe', '?')}: {store.num_clients:,} clients, {rows:,} "
+             f"{'sequences' if 'tokenizer' in meta else 'rows'} (train {train:,}, test {test:,})"]
+    if "tokenizer" in meta:
+        tok = meta["tokenizer"]
+        lines.append(f"{meta['num_tokens']:,} tokens (seq_len {meta['seq_len']}, tokenizer "
+                     f"{tok['name']}, vocab {tok['vocab_size']:,}); {meta['num_documents']:,} "
+                     f"documents read, {meta['num_skipped_documents']:,} skipped; "
+                     f"{meta['num_dropped_clients']:,} clients below min_sequences dropped")
+    return "\n".join(lines)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -208,6 +208,12 @@ def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
     a temporary directory and renamed into place, so a crash never leaves a half store behind and
     concurrent builders agree on one result.
 
+    A recipe builds through one of two methods. Most define ``load_examples() -> Examples``
+    (every row in memory), partitioned and written here. A recipe for corpora that do not fit
+    in memory defines ``write_store(path, source)`` instead and writes the whole store itself
+    (text recipes use ``raysim.stream_store``); its build directory has a fixed name,
+    ``.<store name>.build``, and is kept when building fails, so that a re-run resumes it.
+
     Raises:
         ConfigError: unknown recipe or a config the recipe rejects.
         DataError: the data cannot be partitioned or written as asked.
@@ -218,14 +224,18 @@ def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
     if (path / META_FILE).is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    source = {"recipe": recipe_name, "config": config.model_dump(mode="json", exclude={"cache_dir"})}
+    recipe = entry.factory(config)
+    if hasattr(recipe, "write_store"):
+        build = path.parent / f".{path.name}.build"
+        recipe.write_store(build, source)
+        _publish(build, path)
+        shutil.rmtree(build, ignore_errors=True)  # left only when another process published first
+        return path
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        examples = entry.factory(config).load_examples()
+        examples = recipe.load_examples()
         part = partition_table(config.partition, examples.table, config.seed)
-        source = {
-            "recipe": recipe_name,
-            "config": config.model_dump(mode="json", exclude={"cache_dir"}),
-        }
         write_store(examples, part, config.test_fraction, config.seed, tmp, source=source)
         _publish(tmp, path)
     finally:

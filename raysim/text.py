@@ -14,6 +14,9 @@ tokens; the incomplete last block is dropped. One *example* of a text store is o
 sequence, never a document. The causal-LM loss shifts inside a block (token t predicts t+1), so a
 block of ``seq_len`` tokens yields ``seq_len - 1`` predictions.
 
+Also here, for the text recipes in ``datasets/`` (c4, stackoverflow, pydoc_topics): their shared
+``TextDatasetConfig`` and ``hf_records``, a lazy reader of HuggingFace datasets (streaming).
+
 Usage:
     tokenizer = prepare_tokenizer(TokenizerConfig(kind="bpe"), sample_texts, store_dir)
     docs = tokenizer.encode_batch(client_texts)
@@ -22,16 +25,18 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from raysim.data import META_FILE
+from raysim.data import META_FILE, DatasetConfig
 from raysim.errors import DataError
+from raysim.partition import NaturalPartition
 
 BPE_FILE = "tokenizer.json"  # a trained bpe tokenizer, in the store directory
 HF_DIR = "tokenizer"  # an hf tokenizer's save_pretrained copy, in the store directory
@@ -115,6 +120,31 @@ class Tokenizer:
         return self._decode([int(i) for i in ids])
 
 
+class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
+    """Settings shared by text recipes built with the streaming writer.
+
+    Attributes:
+        partition: clients are always the documents' own keys (hosts, users, topics).
+        seq_len: tokens per packed sequence (one example).
+        tokenizer: which tokenizer; default a bpe trained on the corpus.
+        min_sequences: clients with fewer packed sequences are dropped (counted in meta.json).
+        max_sequences: keep at most this many sequences per client, the first in document order
+            (counted in meta.json); None keeps all.
+        num_buckets: spill buckets; one bucket (about corpus / num_buckets) is held in memory.
+        buffer_docs: documents buffered per bucket before a flush to disk.
+        checkpoint_docs: documents between two resumable checkpoints of the spill.
+    """
+
+    partition: NaturalPartition = NaturalPartition(column="key")
+    seq_len: int = Field(128, ge=2)
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    min_sequences: int = Field(1, ge=1)
+    max_sequences: int | None = Field(None, ge=1)
+    num_buckets: int = Field(64, ge=1, le=65_536)
+    buffer_docs: int = Field(2_000, ge=1)
+    checkpoint_docs: int = Field(500_000, ge=1)
+
+
 def pack(documents: Iterable[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
     """Packs one client's tokenized documents into (n, seq_len) int32 sequences.
 
@@ -179,14 +209,11 @@ def prepare_tokenizer(config: TokenizerConfig, texts: Iterable[str], directory: 
     tokenizer is copied with ``save_pretrained`` so the store works without the hub later.
 
     Raises:
-        DataError: an hf tokenizer cannot be loaded, or ``texts`` is empty for bpe.
+        DataError: an hf tokenizer cannot be loaded.
     """
     directory = Path(directory)
     if config.kind == "bpe":
-        tokenizer = train_bpe(texts, config)
-        if tokenizer.get_vocab_size() <= len(BPE_SPECIALS):
-            raise DataError("cannot train a bpe tokenizer: the corpus sample holds no text")
-        tokenizer.save(str(directory / BPE_FILE))
+        train_bpe(texts, config).save(str(directory / BPE_FILE))
     elif config.kind == "hf":
         _load_auto_tokenizer(config.name_or_path).save_pretrained(str(directory / HF_DIR))
     return load_tokenizer(config, directory)
@@ -273,3 +300,36 @@ def _from_auto(tokenizer: Any, name: str) -> Tokenizer:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     return Tokenizer(name, len(tokenizer), int(eos), pad, encode_batch, decode)
+
+
+def hf_records(path: str, name: str | None = None, *, split: str = "train",
+               data_files: str | list[str] | dict[str, Any] | None = None, streaming: bool = True,
+               columns: tuple[str, ...] = (), max_records: int | None = None) -> Iterator[dict]:
+    """Records of a HuggingFace dataset split, read lazily (``load_dataset`` runs on first use).
+
+    Args:
+        path, name, split, data_files, streaming: as ``datasets.load_dataset`` takes them.
+        columns: columns every record must have (checked on the first record).
+        max_records: stop after this many records; None reads all.
+
+    Raises:
+        DataError: the dataset cannot be loaded or lacks one of ``columns``.
+    """
+    import datasets  # imported here: ~2 s, and only building a store needs it
+
+    try:
+        dataset = datasets.load_dataset(path, name, split=split, data_files=data_files,
+                                        streaming=streaming)
+        records = iter(dataset)
+        first = next(records, None)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot load split {split!r} of {path!r} (data_files={data_files!r}): "
+                        f"{type(e).__name__}: {e}. Without the hub, point data_files at local "
+                        "files") from e
+    if first is None:
+        return
+    missing = [c for c in columns if c not in first]
+    if missing:
+        raise DataError(f"{path} split {split!r} has no column {', '.join(map(repr, missing))} "
+                        f"(columns: {', '.join(first)})")
+    yield from itertools.islice(itertools.chain([first], records), max_records)

@@ -64,3 +64,10 @@ def test_ui_serves_the_same_store_on_localhost(tracking_uri, capsys):
     assert main(["ui", "--dry-run", "--port", "5055"]) == 0
     out = capsys.readouterr().out.replace("\n", "")
     assert "--host 127.0.0.1" in out and "--port 5055" in out and tracking_uri in out
+
+
+def test_overrides_may_follow_options(tmp_path, capsys):
+    code = main(["run", write(tmp_path, GOOD), "--variant", "avg", "engine.num_rounds=1",
+                 "tracking.enabled=false", "--output-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0 and "avg" in out and "prox" not in out

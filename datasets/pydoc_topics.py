@@ -1,0 +1,52 @@
+"""Python's own help topics as a federated text corpus: 79 topics, one client each, offline.
+
+``pydoc_data.topics.topics`` ships with CPython: 79 help texts (about 465k characters of
+English, from "assert" to "with") that ``help()`` shows. Each topic is one document and one
+natural client; topics too short for ``min_sequences`` packed sequences are dropped. Built by the
+same streaming writer as C4 (``raysim.stream_store``), with a bpe tokenizer trained on the topics
+by default: the offline language-model demo's dataset.
+
+Usage:
+    store = open_dataset("pydoc_topics", PydocTopicsConfig())
+    store.client_key(0), store.client_data(0).arrays["x"].shape      # "assert", (n, 64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from raysim.registry import register
+from raysim.stream_store import Document, write_text_store
+from raysim.text import TextDatasetConfig
+
+
+class PydocTopicsConfig(TextDatasetConfig, frozen=True, extra="forbid"):
+    """pydoc topics settings: ``TextDatasetConfig`` with defaults sized for 465k characters."""
+
+    seq_len: int = Field(64, ge=2)
+    num_buckets: int = Field(4, ge=1, le=65_536)
+
+
+@register("dataset", "pydoc_topics")
+class PydocTopics:
+    """CPython's 79 pydoc help topics (English text shipped offline), one client per topic."""
+
+    Config = PydocTopicsConfig
+
+    def __init__(self, config: PydocTopicsConfig) -> None:
+        self.config = config
+
+    def documents(self) -> Iterator[Document]:
+        """(topic, help text) for every topic, in sorted order."""
+        from pydoc_data.topics import topics
+
+        for topic in sorted(topics):
+            yield topic, topics[topic]
+
+    def write_store(self, path: Path, source: dict[str, Any]) -> None:
+        """Writes the store in ``path``."""
+        write_text_store(self.documents(), self.config, path, source=source)

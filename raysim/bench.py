@@ -28,7 +28,8 @@ from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data import ClientStore
 from raysim.engine import build, run_round
 from raysim.errors import ConfigError
-from raysim.sampling import sample_cohort
+from raysim.local import cap_examples
+from raysim.sampling import client_seed, sample_cohort
 from raysim.tracking import MemoryTracker
 from raysim.worker import build_job_model
 
@@ -66,7 +67,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     console.print(f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
                   f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
                   f"timed rounds after {bench.warmup_rounds} warm-up")
-    raysim_s, plain_s, overhead_s = [], [], []
+    raysim_s, plain_s, overhead_s, tokens = [], [], [], []
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
@@ -77,15 +78,29 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
                 raysim_s.append(raysim_round)
                 plain_s.append(plain_round)
                 overhead_s.append(metrics["sys/driver_overhead_s"])
+                tokens.append(plain.tokens)
     finally:
         services.backend.shutdown()
     figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
     figures["driver_overhead_s"] = statistics.median(overhead_s)
+    unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
+    figures[f"raysim_{unit}_per_s"] = statistics.median(t / r for t, r in zip(tokens, raysim_s))
+    figures[f"plain_{unit}_per_s"] = statistics.median(t / p for t, p in zip(tokens, plain_s))
+    figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
+    if any(plain.fisher_s):
+        figures["plain_fisher_share"] = statistics.median(
+            f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds:], plain_s))
     console.print(_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
     console.print(f"outside the workers (broadcast, transfer, merge, server step): "
                   f"{figures['driver_overhead_s']:.3f} s per round (median)")
+    console.print(f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
+                  f"{figures[f'plain_{unit}_per_s']:.0f} (x{services.backend.num_workers} workers ideal); "
+                  f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal")
+    if "plain_fisher_share" in figures:
+        console.print(f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
+                      f"round (both sides run it)")
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
 
@@ -104,41 +119,82 @@ def summarize(job: JobConfig, num_workers: int, raysim_s: list[float],
 
 
 class PlainLoop:
-    """The limit: one thread, one model, client data in memory, plain SGD, a float64 sum."""
+    """The limit: one thread, one model, client data in memory, plain SGD, a float64 sum.
+
+    Language models train through HuggingFace's own loss (``hf(input_ids, labels=input_ids)``);
+    for FedFish the extra Fisher pass runs too and is timed apart (``fisher_s``).
+    """
 
     def __init__(self, job: JobConfig, store: ClientStore) -> None:
         self.job, self.store = job, store
         self.model = build_job_model(job, store.spec)
         self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.fisher_s: list[float] = []
+        self.tokens = 0  # tokens (or examples) trained in the last round
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        if self.store.spec.task == "causal_lm":
+            return self.model.hf(input_ids=x, labels=x).loss
+        return F.cross_entropy(self.model(x), y)
+
+    def _client_data(self, round_num: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The cohort's round data, capped exactly as raysim's workers cap it."""
+        job = self.job
+        cohort = sample_cohort(self.store.num_clients, job.engine.cohort_size, job.seed, round_num)
+        out = []
+        for c in cohort:
+            data = cap_examples(self.store.client_data(int(c), "train"), job.engine.max_client_examples,
+                                client_seed(job.seed, round_num, int(c)))
+            y = data.arrays.get("y")
+            out.append((torch.from_numpy(data.arrays["x"].copy()),
+                        None if y is None else torch.from_numpy(y.copy())))
+        return out
 
     def round(self, round_num: int) -> float:
         """Trains the round's cohort; returns its seconds (data loading excluded)."""
         job, local = self.job, self.job.algorithm.config.local
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        cohort = sample_cohort(self.store.num_clients, job.engine.cohort_size, job.seed, round_num)
-        data = [(torch.from_numpy(d.arrays["x"].copy()), torch.from_numpy(d.arrays["y"].copy()))
-                for d in (self.store.client_data(int(c), "train") for c in cohort)]
+        data = self._client_data(round_num)
         t0 = time.perf_counter()
-        model, start = self.model, self.global_state
+        model, start, fisher_s = self.model, self.global_state, 0.0
         total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.items()}
         for x, y in data:
             model.load_state_dict(start)
-            optimizer = torch.optim.SGD(model.parameters(), lr=local.lr)
+            model.train()
+            optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=local.lr)
             for _ in range(local.epochs):
                 order = torch.randperm(len(x))
                 for begin in range(0, len(x), local.batch_size):
                     idx = order[begin:begin + local.batch_size]
                     optimizer.zero_grad()
-                    F.cross_entropy(model(x[idx]), y[idx]).backward()
+                    self._loss(x[idx], None if y is None else y[idx]).backward()
                     optimizer.step()
+            if job.algorithm.name == "fedfish":
+                fisher_s += self._fisher_pass(x, y, local.batch_size)
             for k, v in model.state_dict().items():
                 total[k] += (start[k] - v).double() * len(x)
         num_examples = sum(len(x) for x, _ in data)
         self.global_state = {k: start[k] - (total[k] / num_examples).to(v.dtype) for k, v in start.items()}
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
+        self.fisher_s.append(fisher_s)
+        per_example = self.store.spec.input_shape[0] if self.store.spec.task == "causal_lm" else 1
+        self.tokens = num_examples * local.epochs * per_example
         return seconds
+
+    def _fisher_pass(self, x: torch.Tensor, y: torch.Tensor | None, batch_size: int) -> float:
+        """FedFish's extra pass: squared batch gradients summed, at the final local weights."""
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        fisher = [torch.zeros_like(p) for p in params]
+        for begin in range(0, len(x), batch_size):
+            batch = slice(begin, begin + batch_size)
+            self.model.zero_grad()
+            self._loss(x[batch], None if y is None else y[batch]).backward()
+            for f, p in zip(fisher, params):
+                f.add_(p.grad ** 2)
+        return time.perf_counter() - t0
 
 
 def _table(f: dict[str, Any]) -> Table:

@@ -59,7 +59,8 @@ def test_transfer_evaluation_on_another_dataset(tmp_path):
                                "transfer": [{"name": "digits_iid", "dataset": other}]})
     final = run(job, output_dir=tmp_path).final
     assert final["eval/transfer/digits_iid/num_clients"] == 8
-    assert {"eval/transfer/digits_iid/accuracy", "eval/transfer/digits_iid/personalized_25/accuracy"} <= set(final)
+    scope = "eval/transfer/digits_iid"
+    assert {f"{scope}/accuracy", f"{scope}/personalized_25/accuracy"} <= set(final)
 
 
 def test_a_transfer_dataset_the_model_cannot_read_is_a_config_error(tmp_path):

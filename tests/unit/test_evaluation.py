@@ -18,9 +18,10 @@ def test_client_summary_weights_by_examples_and_spreads_over_clients():
 def test_barrier_is_the_mean_gap_between_global_and_local_on_each_clients_data():
     """Client 1: global loss 0.9 vs local 0.4 (gap 0.5), client 2: 0.3 vs 0.2 (gap 0.1) -> 0.3.
     Error form: accuracies local 0.9 / 0.8, global 0.6 / 0.7 -> mean(0.3, 0.1) = 0.2."""
-    before = [{"client_id": 1.0, "start_loss": 1.0, "start_accuracy": 0.5, "local_loss": 0.4, "local_accuracy": 0.9},
-              {"client_id": 2.0, "start_loss": 0.8, "start_accuracy": 0.6, "local_loss": 0.2, "local_accuracy": 0.8}]
-    after = [{"client_id": 2.0, "loss": 0.3, "accuracy": 0.7}, {"client_id": 1.0, "loss": 0.9, "accuracy": 0.6}]
+    keys = ("client_id", "start_loss", "start_accuracy", "local_loss", "local_accuracy")
+    before = [dict(zip(keys, (1.0, 1.0, 0.5, 0.4, 0.9))), dict(zip(keys, (2.0, 0.8, 0.6, 0.2, 0.8)))]
+    after = [{"client_id": 2.0, "loss": 0.3, "accuracy": 0.7},
+             {"client_id": 1.0, "loss": 0.9, "accuracy": 0.6}]
     out = summarize_barrier(before, after)
     assert out["barrier/loss"] == pytest.approx(0.3)
     assert out["barrier/error"] == pytest.approx(0.2)

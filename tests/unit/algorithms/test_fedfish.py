@@ -26,8 +26,12 @@ def test_aggregate_matches_hand_computation_with_a_zero_fisher_coordinate():
     """Coordinate 0: (2*1*1 + 1*3*3) / (2*1 + 1*3) = 11/5. Coordinate 1 has F = 0 for both
     clients, so it falls back to FedAvg: (2*2 + 1*4) / 3 = 8/3."""
     agg = plugin().aggregator()
-    a = ClientResult({"delta": {"p": torch.tensor([1.0, 2.0])}, "fisher": {"p": torch.tensor([1.0, 0.0])}}, 2.0)
-    b = ClientResult({"delta": {"p": torch.tensor([3.0, 4.0])}, "fisher": {"p": torch.tensor([3.0, 0.0])}}, 1.0)
+
+    def result(delta, fisher, weight):
+        update = {"delta": {"p": torch.tensor(delta)}, "fisher": {"p": torch.tensor(fisher)}}
+        return ClientResult(update, weight)
+
+    a, b = result([1.0, 2.0], [1.0, 0.0], 2.0), result([3.0, 4.0], [3.0, 0.0], 1.0)
     out = agg.result(agg.merge(agg.add(agg.zero(), 0, a), agg.add(agg.zero(), 1, b)))
     assert out["pseudo_grad"]["p"].tolist() == pytest.approx([11 / 5, 8 / 3])
     assert out["zero_fisher_fraction"] == 0.5

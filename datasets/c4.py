@@ -37,7 +37,8 @@ class C4Config(TextDatasetConfig, frozen=True, extra="forbid"):
 
     Attributes:
         path: hub id passed to ``datasets.load_dataset``; unused when ``data_files`` is set.
-        name: the C4 variant ("en", "en.noclean", "realnewslike", ...); unused with data_files.
+        subset: the C4 variant ("en", "en.noclean", "realnewslike", ...); unused with data_files
+            (HF calls it the config name; `name:` in a job picks the recipe).
         data_files: local JSON-lines files in C4's schema, read with the ``json`` builder.
         split: "train" or "validation" (with data_files: the split they are filed under).
         streaming: stream the corpus (never downloaded whole); False reads a map-style dataset.
@@ -45,7 +46,7 @@ class C4Config(TextDatasetConfig, frozen=True, extra="forbid"):
     """
 
     path: str = "allenai/c4"
-    name: str | None = "en"
+    subset: str | None = "en"
     data_files: str | list[str] | dict[str, str | list[str]] | None = None
     split: str = "train"
     streaming: bool = True
@@ -74,7 +75,7 @@ class C4:
     def documents(self) -> Iterator[Document]:
         """(host, text) of every document, in corpus order."""
         cfg = self.config
-        path, name = ("json", None) if cfg.data_files is not None else (cfg.path, cfg.name)
+        path, name = ("json", None) if cfg.data_files is not None else (cfg.path, cfg.subset)
         records = hf_records(path, name, split=cfg.split, data_files=cfg.data_files,
                              streaming=cfg.streaming, columns=("text", "url"),
                              max_records=cfg.max_documents)

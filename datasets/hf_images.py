@@ -34,7 +34,8 @@ class HfImagesConfig(DatasetConfig, frozen=True, extra="forbid"):
 
     Attributes:
         path: hub id or builder name, passed to ``datasets.load_dataset``.
-        name: the dataset's configuration name (e.g. "byclass" for EMNIST), if any.
+        subset: the dataset's configuration name (e.g. "byclass" for EMNIST), if any (HF calls
+            it `name`; in a job `name:` picks the recipe).
         data_files: local files for builders such as "parquet" or "imagefolder".
         train_split: split partitioned into clients.
         test_split: split used as the central test set; None for none.
@@ -45,7 +46,7 @@ class HfImagesConfig(DatasetConfig, frozen=True, extra="forbid"):
     """
 
     path: str
-    name: str | None = None
+    subset: str | None = None
     data_files: dict[str, str | list[str]] | str | list[str] | None = None
     train_split: str = "train"
     test_split: str | None = "test"
@@ -100,7 +101,7 @@ class HfImages:
 
         cfg = self.config
         try:
-            ds = datasets.load_dataset(cfg.path, cfg.name, data_files=cfg.data_files, split=split)
+            ds = datasets.load_dataset(cfg.path, cfg.subset, data_files=cfg.data_files, split=split)
         except (FileNotFoundError, ValueError) as e:
             raise DataError(f"cannot load split {split!r} of {cfg.path!r}: {e}") from e
         for column in (cfg.image_column, cfg.label_column, cfg.domain_column):

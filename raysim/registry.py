@@ -61,6 +61,8 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
         options = config if config is not None else getattr(factory, "Config", None)
         if options is None:
             raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")
+        if "name" in options.model_fields:  # a job's `name:` picks the plugin: unsettable
+            raise TypeError(f"{kind} {name!r}: its Config may not have a field called 'name'")
         # a name registered with its own config is described by that config's docstring
         doc = ((options.__doc__ if config is not None else factory.__doc__) or "").strip()
         module_doc = (sys.modules.get(factory.__module__).__doc__ or "").strip()

@@ -104,9 +104,21 @@ def test_every_job_file_in_the_repo_validates():
     from raysim.bench import load_benchmark
 
     paths = sorted((REPO / "jobs").rglob("*.yaml"))
-    assert len(paths) == 10  # a new job file must be added here on purpose
+    assert len(paths) == 12  # a new job file must be added here on purpose
     for path in paths:
         if "bench" in path.relative_to(REPO / "jobs").parts:
             assert load_benchmark(path, [])[0].name, path  # a job plus a bench: section
         else:
             assert load_jobs(path), path
+
+
+def test_a_plugin_option_called_name_is_refused_at_registration():
+    from pydantic import BaseModel
+
+    from raysim import registry
+
+    class Shadowing(BaseModel):
+        name: str = "en"
+
+    with pytest.raises(TypeError, match="may not have a field called 'name'"):
+        registry.register("dataset", "shadowing", config=Shadowing)(object)

@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -166,8 +167,11 @@ def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
         loss, num_correct, num_items = task_loss(model, batch, spec)
         loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
     seen = float(seen)
-    return {"loss": float(loss_sum) / max(seen, 1.0), "accuracy": float(correct) / max(seen, 1.0),
-            "num_examples": seen}
+    metrics = {"loss": float(loss_sum) / max(seen, 1.0), "accuracy": float(correct) / max(seen, 1.0),
+               "num_examples": seen}
+    if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
+        metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+    return metrics
 
 
 def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.local import (LocalTrainConfig, iterate_batches, task_loss,
@@ -41,6 +41,12 @@ class FedFishConfig(BaseModel, frozen=True, extra="forbid"):
     fisher_source: Literal["extra_pass", "last_epoch"] = "extra_pass"
     fisher_reduce: Literal["sum", "mean"] = "sum"  # Algorithm 2 sums over batches
     fisher_mode: Literal["train", "eval"] = "train"  # model mode during the extra pass
+
+    @model_validator(mode="after")
+    def _whole_last_epoch(self) -> "FedFishConfig":
+        if self.fisher_source == "last_epoch" and self.local.max_steps is not None:
+            raise ValueError("fisher_source last_epoch needs whole epochs: unset local.max_steps")
+        return self
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,8 @@ def fisher_pass(model: torch.nn.Module, data: ClientData, batch_size: int, spec:
         task_loss(model, batch, spec)[0].backward()
         for name, p in params.items():
             if p.grad is not None:  # accumulate in fp32: squares of small gradients underflow
-                fisher[name].add_(p.grad.detach().float() ** 2)
+                grad = p.grad.detach().float()
+                fisher[name].addcmul_(grad, grad)
         num_batches += 1
     model.zero_grad(set_to_none=True)
     if reduce == "mean" and num_batches:
@@ -155,9 +162,13 @@ class FedFish:
                               round_num=ctx.round_num, after_backward=hook)
         delta = P.delta(ctx.global_params, P.model_params(ctx.model))
         if hook is None:
+            buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics
             ctx.model.train(c.fisher_mode == "train")
             fisher = fisher_pass(ctx.model, data, local.batch_size, ctx.spec, ctx.device,
                                  seed=ctx.seed + 1, reduce=c.fisher_reduce)
+            with torch.no_grad():  # the pass must not move them: the local model is theta_i
+                for name, value in ctx.model.named_buffers():
+                    value.copy_(buffers[name])
         else:
             scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
             fisher = {k: v * scale for k, v in hook.fisher.items()}

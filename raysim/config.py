@@ -41,6 +41,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
     barrier_every: int = Field(0, ge=0)  # client-server barrier every k rounds; 0: never
     heldout_fraction: float = Field(0.0, ge=0, lt=1)  # clients kept out of training, for evaluation
+    heldout_eval_clients: int | None = Field(None, ge=1)  # a seeded subset of them is evaluated
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
 
@@ -88,6 +89,7 @@ class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(10, ge=1)
     every: int = Field(0, ge=0)  # rounds between personalizations; 0: after the last round only
+    min_examples: int = Field(4, ge=1)  # smaller clients are skipped (the paper filters C4 at 4)
 
     @field_validator("fractions")
     @classmethod

@@ -219,6 +219,11 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     if schedule is None and job.engine.cohort_size > len(train_pool):
         raise ConfigError([f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
                            f"training clients), got {job.engine.cohort_size}"])
+    if schedule is not None and len(heldout):
+        trained = {c for cohort in schedule.cohorts for c in cohort} & set(heldout.tolist())
+        if trained:
+            raise ConfigError([f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
+                               f"clients never train (engine.heldout_fraction)"])
     transfer = open_transfer_stores(job, store)
     algorithm = build_algorithm(job)
     model = build_job_model(job, store.spec)
@@ -243,7 +248,8 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
                         transfer_stores={name: str(s.path) for name, s in transfer.items()})
     plan = EvaluationPlan(
         clients=train_pool[sample_eval_clients(len(train_pool), job.engine.eval_clients, job.seed)],
-        heldout=heldout, personalization=job.evaluation.personalization,
+        heldout=heldout[sample_eval_clients(len(heldout), job.engine.heldout_eval_clients, job.seed)],
+        personalization=job.evaluation.personalization,
         transfer={t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
                   for t in job.evaluation.transfer},
         personalize_transfer=frozenset(t.name for t in job.evaluation.transfer if t.personalize))
@@ -309,7 +315,7 @@ def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
     last_round = s.history[-1][0] if s.history else s.start_round - 1
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
-    CohortSchedule(s.cohorts, s.info.num_clients, s.start_round).save(s.run_dir / "cohorts.json")
+    CohortSchedule(s.cohorts, s.store.num_clients, s.start_round).save(s.run_dir / "cohorts.json")
     artifacts.append(s.run_dir / "cohorts.json")
     final_checkpoint = s.checkpoint(state, last_round, "final.pt")  # always: a run can resume
     if s.job.tracking.log_checkpoint:

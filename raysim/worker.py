@@ -25,6 +25,9 @@ from raysim.sampling import client_seed
 from raysim.types import ClientContext, ClientData, Metrics, NumpyParams, Payload
 
 
+_PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
     """Everything a worker needs to build itself; plain values only (it crosses processes)."""
@@ -147,6 +150,7 @@ class ClientTrainer:
         self.model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
         start = self._evaluate(data) if measure_barrier else None
+        self.model.train()  # the evaluation above switched to eval mode
         ctx = ClientContext(
             client_id=client_id, round_num=round_num, model=self.model, payload=payload,
             global_params=global_params, data=data,
@@ -169,26 +173,29 @@ class ClientTrainer:
         """Each client's test split under the global model and after few-shot fine-tuning.
 
         A client fine-tunes a fresh copy of ``params`` on the first ``fraction`` of its data
-        (from its train split, shuffled by the store's seed) for ``config.epochs`` epochs.
+        (from its train split, shuffled by the store's seed) for ``config.epochs`` epochs. Clients
+        with fewer than ``config.min_examples`` examples are skipped.
         """
         source = self.stores[store]
         local = LocalTrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr)
+        on_device = {k: torch.as_tensor(v).to(self.device) for k, v in params.items()}  # once
         out = []
         for client_id in client_ids:
             test, pool = source.client_data(client_id, "test"), source.client_data(client_id, "train")
-            if not len(test):
+            if not len(test) or len(test) + len(pool) < config.min_examples:
                 continue
-            P.load_into(self.model, params)
+            P.load_into(self.model, on_device)
             row = {**self._evaluate(test), "client_id": float(client_id)}
+            seed = client_seed(self.job.seed, round_num, client_id) ^ _PERSONALIZE
             for fraction in config.fractions:
                 shots = min(int(round(fraction * (len(test) + len(pool)))), len(pool))
-                P.load_into(self.model, params)  # every fraction starts from the global model
+                P.load_into(self.model, on_device)  # every fraction starts from the global model
                 self.model.train()
                 self.model.zero_grad(set_to_none=True)
+                torch.manual_seed(seed)  # dropout: the same whichever worker runs the client
                 if shots:
                     train_local(self.model, ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
-                                local, seed=client_seed(self.job.seed, round_num, client_id),
-                                spec=source.spec, device=self.device)
+                                local, seed=seed, spec=source.spec, device=self.device)
                 tuned = self._evaluate(test)
                 tag = f"personalized_{round(fraction * 100)}"
                 row |= {f"{tag}/accuracy": tuned["accuracy"], f"{tag}/loss": tuned["loss"]}

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from jobs import tiny_job
 from raysim import params as P
@@ -13,7 +14,7 @@ from raysim.errors import ConfigError
 from raysim.local import LocalTrainConfig, evaluate, train_local
 from raysim.sampling import client_seed, split_population
 from raysim.types import ClientData
-from raysim.worker import ClientTrainer, WorkerSetup
+from raysim.worker import _PERSONALIZE, ClientTrainer, WorkerSetup
 
 PERSONALIZE = {"fractions": [0.25, 0.5], "epochs": 2, "lr": 0.1, "batch_size": 4}
 
@@ -45,9 +46,10 @@ def test_personalization_matches_a_hand_composed_fine_tune(tmp_path):
         test, pool = store.client_data(int(client), "test"), store.client_data(int(client), "train")
         shots = min(round(0.5 * (len(test) + len(pool))), len(pool))
         P.load_into(trainer.model, weights)
+        seed = client_seed(job.seed, 2, int(client)) ^ _PERSONALIZE
+        torch.manual_seed(seed)
         train_local(trainer.model, ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
-                    LocalTrainConfig(epochs=2, lr=0.1, batch_size=4),
-                    seed=client_seed(job.seed, 2, int(client)), spec=store.spec)
+                    LocalTrainConfig(epochs=2, lr=0.1, batch_size=4), seed=seed, spec=store.spec)
         expected.append(evaluate(trainer.model, test, store.spec)["accuracy"])
     assert last["eval/heldout/personalized_50/accuracy_mean"] == pytest.approx(np.mean(expected))
     assert last["eval/heldout/personalized_50/accuracy_mean"] != last["eval/heldout/accuracy_mean"]
@@ -84,3 +86,18 @@ def test_ray_and_serial_agree_on_heldout_personalization_and_transfer(tmp_path, 
     for key in ("eval/heldout/personalized_25/accuracy_mean", "eval/transfer/t/personalized_50/loss",
                 "eval/heldout/accuracy"):
         assert on_ray[key] == pytest.approx(serial[key], rel=1e-5), key
+
+
+def test_a_schedule_cannot_train_heldout_clients(tmp_path):
+    _, heldout = split_population(20, 0.25, 3)
+    schedule = tmp_path / "cohorts.json"
+    schedule.write_text(json.dumps({"num_clients": 20, "cohorts": [[int(heldout[0]), 1, 2, 3, 4, 5]] * 3}))
+    job = tiny_job(engine={"heldout_fraction": 0.25, "schedule": str(schedule)})
+    with pytest.raises(ConfigError, match="trains held-out clients"):
+        run(job, output_dir=tmp_path / "run")
+
+
+def test_heldout_evaluation_can_be_capped(tmp_path):
+    final = run(tiny_job(engine={"heldout_fraction": 0.5, "heldout_eval_clients": 3}),
+                output_dir=tmp_path).final
+    assert final["eval/heldout/num_clients"] == 3

@@ -114,3 +114,40 @@ def test_unequal_fishers_differ_from_fedavg():
             acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0), client_id=i)))
         results[name] = algo.server_update(state, agg.result(acc), 0)[0].params["weight"]
     assert not torch.allclose(results["fedfish"], results["fedavg"], atol=1e-6)
+
+
+def test_the_fisher_pass_leaves_batchnorm_statistics_as_training_left_them(monkeypatch):
+    """The barrier's local term is measured on theta_i: the extra pass must not move BN buffers."""
+    from torch import nn
+
+    from raysim.types import ClientContext, ClientData, DataSpec, Payload
+
+    spec = DataSpec("classification", (2,), 2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    from raysim import params as P
+
+    start = P.clone(P.model_params(model))
+    data = ClientData({"x": np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32),
+                       "y": np.array([0, 1] * 4)})
+    captured = {}
+    module = __import__(fish_module(), fromlist=["fisher_pass"])
+    original = module.fisher_pass
+
+    def spy(model, *args, **kwargs):
+        captured["before"] = model[1].running_mean.clone()
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(module, "fisher_pass", spy)
+    ctx = ClientContext(0, 0, model, Payload(P.to_numpy(start)), start, data, None, 0,
+                        torch.device("cpu"), spec)
+    plugin(local={"lr": 0.1, "batch_size": 4}).client_update(ctx)
+    assert torch.equal(model[1].running_mean, captured["before"])
+
+
+def test_last_epoch_fisher_refuses_max_steps():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="needs whole epochs"):
+        registry.get("algorithm", "fedfish").config.model_validate(
+            {"fisher_source": "last_epoch", "local": {"max_steps": 3}})

@@ -143,7 +143,17 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
     from raysim.errors import ConfigError
 
     if target.endswith((".yaml", ".yml")) or os.path.isfile(target):
-        sections = [(job.dataset.name, job.dataset.config) for job in load_jobs(target, overrides)]
+        sections = []
+        for job in load_jobs(target, overrides):
+            sections.append((job.dataset.name, job.dataset.config))
+            for transfer in job.evaluation.transfer:  # evaluation-only datasets are built too
+                options = {k: v for k, v in transfer.dataset.items() if k != "name"}
+                recipe = registry.get("dataset", str(transfer.dataset.get("name", "")))
+                try:
+                    sections.append((recipe.name, recipe.config.model_validate(options)))
+                except ValidationError as exc:
+                    raise ConfigError(explain(exc, recipe.config, prefix="evaluation.transfer.dataset."),
+                                      target) from None
         return list({(n, c.model_dump_json()): (n, c) for n, c in sections}.values())
     entry = registry.get("dataset", target)
     try:

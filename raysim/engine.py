@@ -7,6 +7,7 @@ Usage:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -265,6 +266,22 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     return services, state
 
 
+def tokenizer_identity(store: ClientStore) -> str | None:
+    """What a text store's token ids mean: a digest of its saved tokenizer (None: not text)."""
+    import hashlib
+
+    saved = store.meta.get("tokenizer")
+    if not saved:
+        return None
+    digest = hashlib.sha256(json.dumps(saved["config"], sort_keys=True).encode())
+    files = [p for p in sorted((store.path / saved["file"]).rglob("*")) if p.is_file()] \
+        if saved.get("file") and (store.path / saved["file"]).is_dir() else \
+        [store.path / saved["file"]] if saved.get("file") else []
+    for path in files:  # a BPE trained per corpus differs in its merges, not its config
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, ClientStore]:
     """The evaluation-only datasets; each must look like the training data to the model."""
     from raysim import registry
@@ -282,6 +299,10 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
                 (store.spec.task, store.spec.input_shape, store.spec.num_classes):
             raise ConfigError([f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
                                f"model is built for {store.spec}"])
+        if tokenizer_identity(other) != tokenizer_identity(store):
+            raise ConfigError([f"evaluation.transfer[{i}]: {transfer.name!r} is tokenized differently "
+                               f"from the training data (the same ids would mean other words); give "
+                               f"both the same tokenizer, e.g. tokenizer: {{kind: hf, name_or_path: ...}}"])
         stores[transfer.name] = other
     return stores
 

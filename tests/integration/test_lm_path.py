@@ -41,3 +41,34 @@ def test_lora_sends_adapter_weights_only(tmp_path):
     first = result.history[0][1]
     assert first["sys/bytes_up"] == 4 * adapter_bytes  # 4 clients, one adapter delta each
     assert first["sys/bytes_down"] == 4 * adapter_bytes
+
+
+def test_a_transfer_dataset_tokenized_differently_is_refused(tmp_path):
+    import pytest
+
+    from raysim.errors import ConfigError
+
+    def text(min_frequency):
+        return {"name": "pydoc_topics", "seq_len": 32, "test_fraction": 0.5,
+                "tokenizer": {"kind": "bpe", "vocab_size": 600, "min_frequency": min_frequency}}
+
+    job = {**BASE, "dataset": text(2), "evaluation": {"transfer": [{"name": "other", "dataset": text(3)}]}}
+    with pytest.raises(ConfigError, match="'other' is tokenized differently"):
+        run(JobConfig.from_dict(job), output_dir=tmp_path)
+    same = {**job, "evaluation": {"transfer": [{"name": "same", "dataset": text(2)}]},
+            "engine": {**BASE["engine"], "num_rounds": 1}}
+    assert "eval/transfer/same/accuracy" in run(JobConfig.from_dict(same), output_dir=tmp_path).final
+
+
+def test_prepare_builds_a_jobs_transfer_datasets(tmp_path, capsys):
+    import yaml
+
+    from raysim.cli import main
+
+    other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 7}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
+                                    "evaluation": {"transfer": [{"name": "t", "dataset": other}]}}))
+    assert main(["prepare", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "7 clients" in out and "100 clients" in out

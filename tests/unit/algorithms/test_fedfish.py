@@ -151,3 +151,13 @@ def test_last_epoch_fisher_refuses_max_steps():
     with pytest.raises(ValidationError, match="needs whole epochs"):
         registry.get("algorithm", "fedfish").config.model_validate(
             {"fisher_source": "last_epoch", "local": {"max_steps": 3}})
+
+
+def test_float32_accumulation_matches_float64_and_leaves_client_tensors_alone():
+    fish64, fish32 = plugin().aggregator(), plugin(accumulate="float32").aggregator()
+    delta, fisher = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.5, 0.0, 2.0])
+    result = ClientResult({"delta": {"p": delta}, "fisher": {"p": fisher}}, 3.0)
+    other = ClientResult({"delta": {"p": -delta}, "fisher": {"p": fisher * 3}}, 1.0)
+    outs = [agg.result(agg.add(agg.add(agg.zero(), 0, result), 1, other)) for agg in (fish64, fish32)]
+    assert torch.allclose(outs[0]["pseudo_grad"]["p"], outs[1]["pseudo_grad"]["p"], atol=1e-6)
+    assert delta.tolist() == [1.0, -2.0, 0.5] and fisher.tolist() == [0.5, 0.0, 2.0]

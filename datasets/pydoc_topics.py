@@ -41,11 +41,16 @@ class PydocTopics:
         self.config = config
 
     def documents(self) -> Iterator[Document]:
-        """(topic, help text) for every topic, in sorted order."""
+        """(topic, paragraph) for every paragraph of every topic, in sorted order.
+
+        Paragraphs are the documents, so a split by document keeps whole paragraphs on one side.
+        """
         from pydoc_data.topics import topics
 
         for topic in sorted(topics):
-            yield topic, topics[topic]
+            for paragraph in topics[topic].split("\n\n"):
+                if paragraph.strip():
+                    yield topic, paragraph
 
     def write_store(self, path: Path, source: dict[str, Any]) -> None:
         """Writes the store in ``path``."""

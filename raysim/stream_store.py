@@ -311,21 +311,50 @@ def _pack_clients(table: pa.Table, tokenizer: Tokenizer,
     rows, index = [], {"key": [], "num_train": [], "num_test": [], "num_documents": []}
     stats = {"dropped_clients": 0, "capped_sequences": 0}
     for key, start, end in zip(client_keys, starts, ends):
-        packed = pack(docs[start:end], config.seq_len, tokenizer.eos_id)
-        if config.max_sequences is not None and len(packed) > config.max_sequences:
-            stats["capped_sequences"] += len(packed) - config.max_sequences
-            packed = packed[: config.max_sequences]
-        if len(packed) < config.min_sequences:
+        shuffle = np.random.default_rng([config.seed, SPLIT_STREAM, key_hash(key)])
+        train, test = _split_client(docs[start:end], tokenizer, config, shuffle)
+        if len(train) + len(test) < config.min_sequences:
             stats["dropped_clients"] += 1
             continue
-        num_train, num_test = split_sizes(np.array([len(packed)]), config.test_fraction)
-        shuffle = np.random.default_rng([config.seed, SPLIT_STREAM, key_hash(key)])
-        rows.append(packed[shuffle.permutation(len(packed))])  # train rows first, then test
-        for name, value in (("key", key), ("num_train", int(num_train[0])),
-                            ("num_test", int(num_test[0])), ("num_documents", int(end - start))):
+        train, test, capped = _cap(train, test, config)
+        stats["capped_sequences"] += capped
+        rows.append(np.concatenate([train[shuffle.permutation(len(train))], test]))
+        for name, value in (("key", key), ("num_train", len(train)), ("num_test", len(test)),
+                            ("num_documents", int(end - start))):
             index[name].append(value)
     packed_rows = np.concatenate(rows) if rows else np.empty((0, config.seq_len), np.int32)
     return packed_rows, index, stats
+
+
+def _split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
+                  shuffle: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) packed sequences of one client.
+
+    ``split_by: document`` sends whole documents to one side before packing, so no
+    text is in both the personalization pool and the evaluation half; ``sequence`` (default) packs first
+    and splits the sequences (a single-document client then still has a test split).
+    """
+    if config.split_by == "sequence":
+        packed = pack(docs, config.seq_len, tokenizer.eos_id)
+        num_train, _ = split_sizes(np.array([len(packed)]), config.test_fraction)
+        packed = packed[shuffle.permutation(len(packed))]
+        return packed[: int(num_train[0])], packed[int(num_train[0]):]
+    order = shuffle.permutation(len(docs))
+    num_train, _ = split_sizes(np.array([len(docs)]), config.test_fraction)
+    train_docs, test_docs = np.sort(order[: int(num_train[0])]), np.sort(order[int(num_train[0]):])
+    return (pack([docs[i] for i in train_docs], config.seq_len, tokenizer.eos_id),
+            pack([docs[i] for i in test_docs], config.seq_len, tokenizer.eos_id))
+
+
+def _cap(train: np.ndarray, test: np.ndarray,
+         config: TextDatasetConfig) -> tuple[np.ndarray, np.ndarray, int]:
+    """At most ``max_sequences`` per client, keeping the test share."""
+    total = len(train) + len(test)
+    if config.max_sequences is None or total <= config.max_sequences:
+        return train, test, 0
+    keep_test = min(len(test), int(round(config.max_sequences * len(test) / total)))
+    keep_train = config.max_sequences - keep_test
+    return train[:keep_train], test[:keep_test], total - config.max_sequences
 
 
 def _run_starts(keys: pa.Array) -> np.ndarray:

@@ -140,6 +140,7 @@ class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
     tokenizer: TokenizerConfig = TokenizerConfig()
     min_sequences: int = Field(1, ge=1)
     max_sequences: int | None = Field(None, ge=1)
+    split_by: Literal["document", "sequence"] = "sequence"  # document: no text on both sides
     num_buckets: int = Field(64, ge=1, le=65_536)
     buffer_docs: int = Field(2_000, ge=1)
     checkpoint_docs: int = Field(500_000, ge=1)

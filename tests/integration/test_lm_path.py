@@ -72,3 +72,27 @@ def test_prepare_builds_a_jobs_transfer_datasets(tmp_path, capsys):
     assert main(["prepare", str(path)]) == 0
     out = capsys.readouterr().out
     assert "7 clients" in out and "100 clients" in out
+
+
+def test_a_document_split_keeps_each_document_on_one_side(tmp_path):
+    """Every document carries a unique marker; with bytes tokens each sequence decodes to text, so
+    every marker found must be in the train sequences or the test sequences of its host, not both."""
+    import json
+    import re
+
+    from raysim.data import open_dataset
+    from raysim.registry import get
+
+    lines = [{"url": f"https://host{d % 4}.org/{d}", "timestamp": "2019",
+              "text": f"DOC{d:04d} lorem ipsum dolor " * 8} for d in range(80)]  # marker in every block
+    corpus = tmp_path / "c4.jsonl"
+    corpus.write_text("\n".join(json.dumps(line) for line in lines))
+    config = get("dataset", "c4").config.model_validate(
+        {"data_files": str(corpus), "seq_len": 32, "tokenizer": {"kind": "bytes"}, "test_fraction": 0.5,
+         "split_by": "document", "cache_dir": str(tmp_path / "cache")})
+    store = open_dataset("c4", config)
+    decode = lambda rows: bytes(int(t) for t in rows.reshape(-1) if t < 256).decode()  # noqa: E731
+    for client in range(store.num_clients):
+        train, test = (set(re.findall(r"DOC\d{4}", decode(store.client_data(client, s).arrays["x"])))
+                       for s in ("train", "test"))
+        assert train and test and not train & test, client

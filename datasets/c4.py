@@ -1,9 +1,11 @@
 """C4 grouped by URL host: one client per web host, as FedFish's federated C4.
 
-FedFish (Dhawan et al., arXiv:2306.03937) trains on C4 split by domain with Dataset Grouper
+FedFish (Dhawan et al., arXiv:2311.10291) trains on C4 split by domain with Dataset Grouper
 (Charles et al., arXiv:2307.09619), whose key is the URL's network location. Here the key is
 ``urllib.parse.urlsplit(url).hostname``: the full host, lower-cased, without port or user, so
-``www.nytimes.com`` and ``nytimes.com`` stay two clients (no eTLD+1 merging, as there).
+``www.nytimes.com`` and ``nytimes.com`` stay two clients (no eTLD+1 merging, as in Dataset
+Grouper). Unlike its raw ``netloc`` the key drops a port or user and is lower-cased, so client counts
+can differ slightly from the paper's 15.6M.
 Documents whose ``url`` has no host are skipped and counted (``num_skipped_documents`` in the
 store's meta.json). Clients are sorted by host; packing and the split are described in
 ``raysim.stream_store``; there is no central test set (FedFish evaluates held-out clients,

@@ -1,6 +1,6 @@
 """Stack Overflow by user, from local JSON-lines files: one client per user.
 
-FedFish (arXiv:2306.03937) trains its 350M LM on TFF's Stack Overflow, where every client is one
+FedFish (arXiv:2311.10291) trains its 350M LM on TFF's Stack Overflow, where every client is one
 user's questions and answers. TFF ships it as per-user SQLite/HDF5; export it (or a Stack
 Exchange dump) to JSON lines with one post per line, e.g.
 ``{"user_id": "4211", "title": "How do I ...", "tokens": "i have a list ..."}``.

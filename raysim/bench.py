@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
@@ -62,7 +63,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     job, bench = load_benchmark(path, overrides)
     out = Path(".raysim") / "bench"
     services, state = build(job, MemoryTracker(), None, out)
-    plain = PlainLoop(job, services.store)
+    plain = PlainLoop(job, services.store, services.train_pool)
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
     console.print(f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
                   f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
@@ -125,8 +126,8 @@ class PlainLoop:
     for FedFish the extra Fisher pass runs too and is timed apart (``fisher_s``).
     """
 
-    def __init__(self, job: JobConfig, store: ClientStore) -> None:
-        self.job, self.store = job, store
+    def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray) -> None:
+        self.job, self.store, self.pool = job, store, pool  # pool: the clients that train
         self.model = build_job_model(job, store.spec)
         self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.fisher_s: list[float] = []
@@ -140,7 +141,7 @@ class PlainLoop:
     def _client_data(self, round_num: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The cohort's round data, capped exactly as raysim's workers cap it."""
         job = self.job
-        cohort = sample_cohort(self.store.num_clients, job.engine.cohort_size, job.seed, round_num)
+        cohort = self.pool[sample_cohort(len(self.pool), job.engine.cohort_size, job.seed, round_num)]
         out = []
         for c in cohort:
             data = cap_examples(self.store.client_data(int(c), "train"), job.engine.max_client_examples,

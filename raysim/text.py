@@ -333,4 +333,8 @@ def hf_records(path: str, name: str | None = None, *, split: str = "train",
     if missing:
         raise DataError(f"{path} split {split!r} has no column {', '.join(map(repr, missing))} "
                         f"(columns: {', '.join(first)})")
-    yield from itertools.islice(itertools.chain([first], records), max_records)
+    try:
+        yield from itertools.islice(itertools.chain([first], records), max_records)
+    except (OSError, ValueError) as e:  # a malformed line or a dropped connection, mid-stream
+        raise DataError(f"reading {path!r} split {split!r} failed part-way: {type(e).__name__}: {e}. "
+                        "The build keeps what it has; run the same command again to resume") from e

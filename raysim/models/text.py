@@ -41,7 +41,7 @@ CLASSIFIER_PRESETS = {
     "small": Sizes(4, 256, 4, 1024),
     "base": Sizes(12, 768, 12, 3072),  # BERT-base / RoBERTa-base
 }
-# "350m" and "1.5b" stand in for FedFish's unspecified LMs (arXiv:2306.03937): GPT-2 medium and XL.
+# "350m" and "1.5b" stand in for FedFish's unspecified LMs (arXiv:2311.10291): GPT-2 medium and XL.
 CAUSAL_LM_PRESETS = {
     "tiny": Sizes(2, 64, 2),
     "small": Sizes(4, 256, 4),

@@ -28,7 +28,9 @@ def test_fedfish_trains_a_causal_lm_and_reports_next_token_metrics(tmp_path):
     assert math.exp(final["eval/clients/loss_mean"]) <= final["eval/clients/perplexity_mean"] + 1e-6
     assert final["eval/clients/perplexity_mean"] < 258
     assert final["barrier/local_loss"] < final["barrier/start_loss"]
-    assert result.history[0][1]["train/loss"] > result.history[-1][1]["train/loss"] - 1.0
+    # the last round's server step helped its own cohort: the new global model's loss on the
+    # cohort's round data is below the broadcast model's on the same data
+    assert final["barrier/global_loss"] < final["barrier/start_loss"]
 
 
 def test_lora_sends_adapter_weights_only(tmp_path):

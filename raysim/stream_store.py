@@ -47,11 +47,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raysim.data import (BATCH_ROWS, FORMAT_VERSION, INDEX_FILE, META_FILE, ROWS_FILE,
-                         SPLIT_STREAM, _map_arrow)
+                         _map_arrow)
 from raysim.errors import DataError
-from raysim.prepare import _content_hash, split_sizes
-from raysim.text import (BPE_FILE, HF_DIR, TextDatasetConfig, Tokenizer, load_tokenizer, pack,
-                         prepare_tokenizer)
+from raysim.prepare import _content_hash
+from raysim.text import (BPE_FILE, HF_DIR, TextDatasetConfig, Tokenizer, load_tokenizer, prepare_tokenizer)
+from raysim.packing import key_hash, pack_clients
 from raysim.types import DataSpec
 
 Document = tuple[str | None, str]  # (client key, text); a None key skips the document
@@ -82,11 +82,6 @@ class BuildState:
         tmp = build / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(asdict(self)))
         os.replace(tmp, build / STATE_FILE)  # atomic: a crash leaves the old or the new state
-
-
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of a client key (Python's ``hash`` differs between processes)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def write_text_store(
@@ -287,7 +282,7 @@ def _pack_buckets(config: TextDatasetConfig, build: Path, state: BuildState, tok
         for bucket in range(state.num_buckets_done, config.num_buckets):
             parts = [_read_part(p) for p in _bucket_parts(build, bucket)]
             table = pa.concat_tables(parts) if parts else _SPILL_SCHEMA.empty_table()
-            rows, index, stats = _pack_clients(table, tokenizer, config)
+            rows, index, stats = pack_clients(table, tokenizer, config)
             _write_bucket(build, bucket, rows, index, config.seq_len)
             state.num_buckets_done = bucket + 1
             state.num_dropped_clients += stats["dropped_clients"]
@@ -297,72 +292,6 @@ def _pack_buckets(config: TextDatasetConfig, build: Path, state: BuildState, tok
             bar.update(1)
             num_clients += len(index["key"])
             bar.set_postfix(clients=num_clients)
-
-
-def _pack_clients(table: pa.Table, tokenizer: Tokenizer,
-                  config: TextDatasetConfig) -> tuple[np.ndarray, dict[str, Any], dict[str, int]]:
-    """One bucket's documents -> (rows (n, seq_len) int32, index columns, drop counts)."""
-    table = table.sort_by([("key", "ascending"), ("seq", "ascending")])
-    keys = table.column("key").combine_chunks()
-    starts = _run_starts(keys)
-    ends = np.append(starts[1:], len(keys))
-    docs = tokenizer.encode_batch(table.column("text").to_pylist())
-    client_keys = keys.take(pa.array(starts)).to_pylist()
-    rows, index = [], {"key": [], "num_train": [], "num_test": [], "num_documents": []}
-    stats = {"dropped_clients": 0, "capped_sequences": 0}
-    for key, start, end in zip(client_keys, starts, ends):
-        shuffle = np.random.default_rng([config.seed, SPLIT_STREAM, key_hash(key)])
-        train, test = _split_client(docs[start:end], tokenizer, config, shuffle)
-        if len(train) + len(test) < config.min_sequences:
-            stats["dropped_clients"] += 1
-            continue
-        train, test, capped = _cap(train, test, config)
-        stats["capped_sequences"] += capped
-        rows.append(np.concatenate([train[shuffle.permutation(len(train))], test]))
-        for name, value in (("key", key), ("num_train", len(train)), ("num_test", len(test)),
-                            ("num_documents", int(end - start))):
-            index[name].append(value)
-    packed_rows = np.concatenate(rows) if rows else np.empty((0, config.seq_len), np.int32)
-    return packed_rows, index, stats
-
-
-def _split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
-                  shuffle: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(train, test) packed sequences of one client.
-
-    ``split_by: document`` sends whole documents to one side before packing, so no
-    text is in both the personalization pool and the evaluation half; ``sequence`` (default) packs first
-    and splits the sequences (a single-document client then still has a test split).
-    """
-    if config.split_by == "sequence":
-        packed = pack(docs, config.seq_len, tokenizer.eos_id)
-        num_train, _ = split_sizes(np.array([len(packed)]), config.test_fraction)
-        packed = packed[shuffle.permutation(len(packed))]
-        return packed[: int(num_train[0])], packed[int(num_train[0]):]
-    order = shuffle.permutation(len(docs))
-    num_train, _ = split_sizes(np.array([len(docs)]), config.test_fraction)
-    train_docs, test_docs = np.sort(order[: int(num_train[0])]), np.sort(order[int(num_train[0]):])
-    return (pack([docs[i] for i in train_docs], config.seq_len, tokenizer.eos_id),
-            pack([docs[i] for i in test_docs], config.seq_len, tokenizer.eos_id))
-
-
-def _cap(train: np.ndarray, test: np.ndarray,
-         config: TextDatasetConfig) -> tuple[np.ndarray, np.ndarray, int]:
-    """At most ``max_sequences`` per client, keeping the test share."""
-    total = len(train) + len(test)
-    if config.max_sequences is None or total <= config.max_sequences:
-        return train, test, 0
-    keep_test = min(len(test), int(round(config.max_sequences * len(test) / total)))
-    keep_train = config.max_sequences - keep_test
-    return train[:keep_train], test[:keep_test], total - config.max_sequences
-
-
-def _run_starts(keys: pa.Array) -> np.ndarray:
-    """Where each run of equal values starts in a sorted column."""
-    if len(keys) == 0:
-        return np.empty(0, np.int64)
-    changed = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
-    return np.concatenate([[0], np.flatnonzero(changed) + 1]).astype(np.int64)
 
 
 def _write_bucket(build: Path, bucket: int, rows: np.ndarray, index: dict[str, Any],

@@ -134,7 +134,7 @@ def test_interrupted_packing_resumes_at_the_next_bucket(tmp_path, monkeypatch):
     docs = corpus()
     cfg = config(num_buckets=4)
     calls = []
-    pack_clients = stream_store._pack_clients
+    pack_clients = stream_store.pack_clients
 
     def fail_third(*args):
         calls.append(1)
@@ -142,7 +142,7 @@ def test_interrupted_packing_resumes_at_the_next_bucket(tmp_path, monkeypatch):
             raise RuntimeError("killed")
         return pack_clients(*args)
 
-    monkeypatch.setattr(stream_store, "_pack_clients", fail_third)
+    monkeypatch.setattr(stream_store, "pack_clients", fail_third)
     path = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="killed"):
         write_text_store(iter(docs), cfg, path, progress=False)

@@ -25,7 +25,7 @@ def key_hash(key: str) -> int:
 
 
 def pack_clients(table: pa.Table, tokenizer: Tokenizer,
-                  config: TextDatasetConfig) -> tuple[np.ndarray, dict[str, Any], dict[str, int]]:
+                 config: TextDatasetConfig) -> tuple[np.ndarray, dict[str, Any], dict[str, int]]:
     """One bucket's documents -> (rows (n, seq_len) int32, index columns, drop counts)."""
     table = table.sort_by([("key", "ascending"), ("seq", "ascending")])
     keys = table.column("key").combine_chunks()

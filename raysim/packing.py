@@ -52,7 +52,7 @@ def pack_clients(table: pa.Table, tokenizer: Tokenizer,
 
 
 def split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
-                  shuffle: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                 shuffle: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) packed sequences of one client.
 
     ``split_by: document`` sends whole documents to one side before packing, so no
@@ -72,7 +72,7 @@ def split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
 
 
 def cap_client(train: np.ndarray, test: np.ndarray,
-         config: TextDatasetConfig) -> tuple[np.ndarray, np.ndarray, int]:
+               config: TextDatasetConfig) -> tuple[np.ndarray, np.ndarray, int]:
     """At most ``max_sequences`` per client, keeping the test share."""
     total = len(train) + len(test)
     if config.max_sequences is None or total <= config.max_sequences:

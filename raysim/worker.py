@@ -12,7 +12,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from raysim import params as P
@@ -243,7 +242,3 @@ def _shippable(exc: Exception) -> Exception:
 
 def raise_client_failure(failure: ClientFailure, round_num: int) -> None:
     raise ClientError(failure.client_id, round_num, "client_update", failure.error) from failure.error
-
-
-def examples_per_client(store: ClientStore, cohort: np.ndarray) -> np.ndarray:
-    return store.num_examples("train")[cohort]

@@ -23,12 +23,20 @@ import torch
 from pydantic import BaseModel, model_validator
 
 from raysim import params as P
-from raysim.local import (LocalTrainConfig, iterate_batches, task_loss,
-                          to_tensors, train_local)
+from raysim.local import LocalTrainConfig, iterate_batches, task_loss, to_tensors, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, server_step
-from raysim.types import (ClientContext, ClientData, ClientResult, DataSpec, Metrics, Params,
-                          Payload, RunInfo, ServerState)
+from raysim.types import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
 
 
 class FedFishConfig(BaseModel, frozen=True, extra="forbid"):

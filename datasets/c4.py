@@ -8,7 +8,7 @@ Grouper). Unlike its raw ``netloc`` the key drops a port or user and is lower-ca
 can differ slightly from the paper's 15.6M.
 Documents whose ``url`` has no host are skipped and counted (``num_skipped_documents`` in the
 store's meta.json). Clients are sorted by host; packing and the split are described in
-``raysim.stream_store``; there is no central test set (FedFish evaluates held-out clients,
+``raysim.data.text.writer``; there is no central test set (FedFish evaluates held-out clients,
 built from C4's validation split: ``split=validation``).
 
 The corpus streams through ``datasets.load_dataset(..., streaming=True)`` into the bounded-memory
@@ -29,9 +29,9 @@ from typing import Any
 
 from pydantic import Field
 
+from raysim.data.text.tokenizer import TextDatasetConfig, hf_records
+from raysim.data.text.writer import Document, write_text_store
 from raysim.registry import register
-from raysim.stream_store import Document, write_text_store
-from raysim.text import TextDatasetConfig, hf_records
 
 
 class C4Config(TextDatasetConfig, frozen=True, extra="forbid"):

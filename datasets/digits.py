@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from raysim.data import DatasetConfig, Examples, channel_stats, image_table
-from raysim.partition import stratified_holdout
+from raysim.data.partition import stratified_holdout
+from raysim.data.store import DatasetConfig, Examples, channel_stats, image_table
 from raysim.registry import register
 from raysim.types import DataSpec
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from raysim.data import DatasetConfig, Examples, channel_stats, image_table
+from raysim.data.store import DatasetConfig, Examples, channel_stats, image_table
 from raysim.errors import DataError
 from raysim.registry import register
 from raysim.types import DataSpec

@@ -3,7 +3,7 @@
 ``pydoc_data.topics.topics`` ships with CPython: 79 help texts (about 465k characters of
 English, from "assert" to "with") that ``help()`` shows. Each topic is one document and one
 natural client; topics too short for ``min_sequences`` packed sequences are dropped. Built by the
-same streaming writer as C4 (``raysim.stream_store``), with a bpe tokenizer trained on the topics
+same streaming writer as C4 (``raysim.data.text.writer``), with a bpe tokenizer trained on the topics
 by default: the offline language-model demo's dataset.
 
 Usage:
@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import Field
 
+from raysim.data.text.tokenizer import TextDatasetConfig
+from raysim.data.text.writer import Document, write_text_store
 from raysim.registry import register
-from raysim.stream_store import Document, write_text_store
-from raysim.text import TextDatasetConfig
 
 
 class PydocTopicsConfig(TextDatasetConfig, frozen=True, extra="forbid"):

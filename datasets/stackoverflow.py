@@ -6,7 +6,7 @@ Exchange dump) to JSON lines with one post per line, e.g.
 ``{"user_id": "4211", "title": "How do I ...", "tokens": "i have a list ..."}``.
 Each post is one document: its ``text_columns`` joined by newlines (list values, such as token
 lists, joined by spaces; missing or null values are empty). Posts without a user are skipped and
-counted. Clients are sorted by user id (as text); packing and the split: ``raysim.stream_store``.
+counted. Clients are sorted by user id (as text); packing and the split: ``raysim.data.text.writer``.
 
 Usage:
     raysim prepare stackoverflow data_files=/data/so/train.jsonl user_column=OwnerUserId \
@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import Field
 
+from raysim.data.text.tokenizer import TextDatasetConfig, hf_records
+from raysim.data.text.writer import Document, write_text_store
 from raysim.registry import register
-from raysim.stream_store import Document, write_text_store
-from raysim.text import TextDatasetConfig, hf_records
 
 
 class StackOverflowConfig(TextDatasetConfig, frozen=True, extra="forbid"):

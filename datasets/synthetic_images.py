@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from raysim.data import DatasetConfig, Examples, channel_stats, image_table
+from raysim.data.store import DatasetConfig, Examples, channel_stats, image_table
 from raysim.registry import register
 from raysim.types import DataSpec
 

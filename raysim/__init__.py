@@ -8,14 +8,22 @@ Usage:
 from raysim.aggregate import Aggregator, Gather, Sum, WeightedMean
 from raysim.algorithm import Algorithm
 from raysim.config import JobConfig, load_jobs
-from raysim.data import ClientStore, DatasetConfig, Examples
-from raysim.engine import EngineServices, RunResult, run
-from raysim.errors import (CheckpointError, ClientError, ConfigError, DataError, RaysimError,
-                           ResourceError)
+from raysim.data.store import ClientStore, DatasetConfig, Examples
+from raysim.engine.loop import EngineServices, RunResult, run
+from raysim.errors import CheckpointError, ClientError, ConfigError, DataError, RaysimError, ResourceError
 from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
 from raysim.registry import register
-from raysim.types import (ClientContext, ClientData, ClientResult, DataSpec, Metrics, Params,
-                          Payload, RunInfo, ServerState)
+from raysim.types import (
+                           ClientContext,
+                           ClientData,
+                           ClientResult,
+                           DataSpec,
+                           Metrics,
+                           Params,
+                           Payload,
+                           RunInfo,
+                           ServerState,
+)
 
 __all__ = [
     "Aggregator", "Algorithm", "CheckpointError", "ClientContext", "ClientData", "ClientError",

@@ -2,6 +2,6 @@
 
 import sys
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 sys.exit(main())

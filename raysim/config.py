@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
-                      field_validator)
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
 from raysim import registry
 from raysim.errors import ConfigError

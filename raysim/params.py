@@ -108,3 +108,25 @@ def num_bytes(tree: Tree) -> int:
 
 def num_elements(params: Params) -> int:
     return sum(v.numel() for v in params.values())
+
+
+# What torch.load(weights_only=True) reads back: state made of anything else saves, then fails to load.
+_LOADABLE = (torch.Tensor, int, float, bool, str, bytes, complex, type(None))
+
+
+def check_loadable(tree: Any, where: str) -> None:
+    """Raises TypeError naming the first value a weights-only load would refuse.
+
+    Plugin state (``ServerState.extra``, client state) must be tensors, numbers, strings and
+    dicts / lists / tuples / sets of them; convert numpy arrays with ``torch.from_numpy``.
+    """
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            check_loadable(key, f"{where} key")
+            check_loadable(value, f"{where}[{key!r}]")
+    elif isinstance(tree, (list, tuple, set)):
+        for i, value in enumerate(tree):
+            check_loadable(value, f"{where}[{i}]")
+    elif not isinstance(tree, _LOADABLE):
+        raise TypeError(f"{where} is a {type(tree).__module__}.{type(tree).__name__}; state must hold "
+                        f"only tensors, numbers, strings and dicts/lists/tuples/sets of them")

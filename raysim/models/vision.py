@@ -14,7 +14,6 @@ from torch import nn
 from raysim.registry import register
 from raysim.types import DataSpec
 
-
 # The registry shows each Config's first docstring line as its model's summary.
 
 

@@ -8,8 +8,8 @@ import torch
 
 from jobs import tiny_job
 from raysim import params as P
-from raysim.engine import run
-from raysim.worker import ClientTrainer, WorkerSetup
+from raysim.engine.loop import run
+from raysim.runtime.worker import ClientTrainer, WorkerSetup
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedfish"])
@@ -48,6 +48,6 @@ def test_the_cap_sets_each_clients_examples_and_weight(tmp_path):
 
 
 def store_path(job):
-    from raysim.data import open_dataset
+    from raysim.data.prepare import open_dataset
 
     return open_dataset(job.dataset.name, job.dataset.config).path

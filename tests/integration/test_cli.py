@@ -2,7 +2,7 @@
 
 import yaml
 
-from raysim.cli import main
+from raysim.cli.main import main
 
 GOOD = {
     "name": "cli",

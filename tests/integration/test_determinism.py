@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jobs import tiny_job
-from raysim.engine import run
+from raysim.engine.loop import run
 
 
 def final_params(tmp_path, backend, num_workers, algorithm="fedavg"):
@@ -38,8 +38,8 @@ def test_serial_and_ray_agree(tmp_path, ray_local, algorithm):
 
 def initial_params():
     from raysim import params as P
-    from raysim.data import open_dataset
-    from raysim.worker import build_job_model
+    from raysim.data.prepare import open_dataset
+    from raysim.runtime.worker import build_job_model
 
     job = tiny_job()
     store = open_dataset(job.dataset.name, job.dataset.config)

@@ -7,9 +7,9 @@ from mlflow.tracking import MlflowClient
 
 from jobs import tiny_job
 from raysim import registry
-from raysim.engine import build, run, run_round
+from raysim.engine.loop import build, run, run_round
+from raysim.engine.tracking import MemoryTracker
 from raysim.errors import CheckpointError, ClientError
-from raysim.tracking import MemoryTracker
 
 
 def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_uri, ray_local):

@@ -8,13 +8,13 @@ import torch
 
 from jobs import tiny_job
 from raysim import params as P
-from raysim.data import open_dataset
-from raysim.engine import run
+from raysim.data.prepare import open_dataset
+from raysim.engine.loop import run
 from raysim.errors import ConfigError
 from raysim.local import LocalTrainConfig, evaluate, train_local
+from raysim.runtime.worker import _PERSONALIZE, ClientTrainer, WorkerSetup
 from raysim.sampling import client_seed, split_population
 from raysim.types import ClientData
-from raysim.worker import _PERSONALIZE, ClientTrainer, WorkerSetup
 
 PERSONALIZE = {"fractions": [0.25, 0.5], "epochs": 2, "lr": 0.1, "batch_size": 4}
 

@@ -2,9 +2,8 @@
 
 import math
 
-
 from raysim.config import JobConfig
-from raysim.engine import run
+from raysim.engine.loop import run
 
 BASE = {
     "name": "lm",
@@ -65,7 +64,7 @@ def test_a_transfer_dataset_tokenized_differently_is_refused(tmp_path):
 def test_prepare_builds_a_jobs_transfer_datasets(tmp_path, capsys):
     import yaml
 
-    from raysim.cli import main
+    from raysim.cli.main import main
 
     other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 7}}
     path = tmp_path / "job.yaml"
@@ -82,7 +81,7 @@ def test_a_document_split_keeps_each_document_on_one_side(tmp_path):
     import json
     import re
 
-    from raysim.data import open_dataset
+    from raysim.data.prepare import open_dataset
     from raysim.registry import get
 
     lines = [{"url": f"https://host{d % 4}.org/{d}", "timestamp": "2019",

@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from raysim import registry
-from raysim.cli import main
-from raysim.data import ClientStore
-from raysim.prepare import prepare_store, split_sizes, store_path
-from raysim.text import BYTES_EOS, TokenizerConfig, pack, store_tokenizer
+from raysim.cli.main import main
+from raysim.data.format import split_sizes
+from raysim.data.prepare import prepare_store, store_path
+from raysim.data.store import ClientStore
+from raysim.data.text.tokenizer import BYTES_EOS, TokenizerConfig, pack, store_tokenizer
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have "
          "federated learning client server model round data web page news host").split()
@@ -145,8 +146,9 @@ def test_interrupted_c4_build_resumes(c4_files, c4_store, tmp_path, monkeypatch)
 
 
 def test_tiny_causal_lm_runs_on_pydoc_topics(tmp_path):
-    import torch
     from pydoc_data.topics import topics
+
+    import torch
 
     from raysim.local import evaluate
     from raysim.models import build_model

@@ -5,10 +5,10 @@ import torch
 
 from jobs import tiny_job
 from raysim.config import ResourcesConfig
-from raysim.engine import run
+from raysim.engine.loop import run
 from raysim.errors import ResourceError
-from raysim.ray_backend import resolve_num_workers, worker_setup_for
-from raysim.worker import WorkerSetup
+from raysim.runtime.ray_backend import resolve_num_workers, worker_setup_for
+from raysim.runtime.worker import WorkerSetup
 
 
 def test_more_workers_than_cpus_is_refused(tmp_path, ray_local):

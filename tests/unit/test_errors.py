@@ -14,7 +14,7 @@ def test_config_and_client_errors_survive_pickling():
 
 
 def test_an_unpicklable_client_exception_still_reaches_the_driver():
-    from raysim.worker import _shippable
+    from raysim.runtime.worker import _shippable
 
     class Odd(Exception):
         def __init__(self, a, b):

@@ -5,8 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.local import (LocalTrainConfig, cap_examples, evaluate, iterate_batches, round_lr,
-                          task_loss, train_local)
+from raysim.local import (
+    LocalTrainConfig,
+    cap_examples,
+    evaluate,
+    iterate_batches,
+    round_lr,
+    task_loss,
+    train_local,
+)
 from raysim.types import ClientData, DataSpec
 
 SPEC = DataSpec("classification", (3,), 2)

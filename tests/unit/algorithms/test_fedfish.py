@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from reference import B0, SPEC, W0, context, grad, payload
 
 from raysim import registry
 from raysim.types import ClientResult, RunInfo
-from reference import B0, SPEC, W0, context, grad, payload
 
 X = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 1.0]])
 Y = np.array([0, 1, 1])

@@ -7,10 +7,10 @@ FedAvg's new model is w0 - (n1 * d1 + n2 * d2) / (n1 + n2) with d_i = lr * grad_
 import numpy as np
 import pytest
 import torch
+from reference import B0, SPEC, W0, context, grad
 
 from raysim import registry
 from raysim.types import RunInfo
-from reference import B0, SPEC, W0, context, grad
 
 X1, Y1 = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 1.0]]), np.array([0, 1, 1])
 X2, Y2 = np.array([[-1.0, 0.5]]), np.array([0])

@@ -6,9 +6,9 @@ Step 1 starts at the global model, where the proximal gradient mu (w - w0) is ze
 """
 
 import numpy as np
+from reference import B0, W0, context, grad, payload
 
 from raysim import registry
-from reference import B0, W0, context, grad, payload
 
 X, Y, LR, MU = np.array([[1.0, -2.0]]), np.array([1]), 0.2, 0.5
 

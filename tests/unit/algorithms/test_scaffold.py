@@ -8,10 +8,10 @@ Server with two clients and N = 4: x <- x - mean(delta); c <- c + (2/4) mean(dc)
 
 import numpy as np
 import torch
+from reference import B0, SPEC, W0, context, grad
 
 from raysim import registry
 from raysim.types import RunInfo
-from reference import B0, SPEC, W0, context, grad
 
 LR, K = 0.1, 2
 CLIENTS = [(np.array([[1.0, 2.0]]), np.array([0])), (np.array([[-0.5, 1.0]]), np.array([1]))]

@@ -1,4 +1,4 @@
-"""raysim.stream_store: grouping, packing and splitting a shuffled stream; memory; resuming."""
+"""raysim.data.text.writer: grouping, packing and splitting a shuffled stream; memory; resuming."""
 
 from __future__ import annotations
 
@@ -10,13 +10,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raysim import stream_store
-from raysim.data import ClientStore
+from raysim.data.text import writer
+from raysim.data.format import split_sizes
+from raysim.data.store import ClientStore
+from raysim.data.text.tokenizer import (
+    BYTES_EOS,
+    TextDatasetConfig,
+    TokenizerConfig,
+    pack,
+    store_tokenizer,
+    train_bpe,
+)
+from raysim.data.text.writer import write_text_store
 from raysim.errors import DataError
-from raysim.prepare import split_sizes
-from raysim.stream_store import write_text_store
-from raysim.text import (BYTES_EOS, TextDatasetConfig, TokenizerConfig, pack, store_tokenizer,
-                         train_bpe)
 
 WORDS = "the a federated client model round data host text token of in on and server".split()
 
@@ -93,13 +99,13 @@ def test_result_is_independent_of_buckets_and_buffers_and_memory_stays_bounded(t
     docs = corpus()
     reference = store_content(build(tmp_path, "ref", docs, num_buckets=1, buffer_docs=10_000))
     largest = []
-    add = stream_store._Spill.add
+    add = writer._Spill.add
 
     def watched_add(self, seq, key, text):
         add(self, seq, key, text)
         largest.append(max(len(b) for b in self.buffers))
 
-    monkeypatch.setattr(stream_store._Spill, "add", watched_add)
+    monkeypatch.setattr(writer._Spill, "add", watched_add)
     small = build(tmp_path, "small", docs, num_buckets=7, buffer_docs=5, checkpoint_docs=11)
     assert max(largest) < 5  # a full buffer is flushed at once
     rows, index = store_content(small)
@@ -134,7 +140,7 @@ def test_interrupted_packing_resumes_at_the_next_bucket(tmp_path, monkeypatch):
     docs = corpus()
     cfg = config(num_buckets=4)
     calls = []
-    pack_clients = stream_store.pack_clients
+    pack_clients = writer.pack_clients
 
     def fail_third(*args):
         calls.append(1)
@@ -142,7 +148,7 @@ def test_interrupted_packing_resumes_at_the_next_bucket(tmp_path, monkeypatch):
             raise RuntimeError("killed")
         return pack_clients(*args)
 
-    monkeypatch.setattr(stream_store, "pack_clients", fail_third)
+    monkeypatch.setattr(writer, "pack_clients", fail_third)
     path = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="killed"):
         write_text_store(iter(docs), cfg, path, progress=False)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.client_state import ClientStateStore
+from raysim.runtime.client_state import ClientStateStore
 
 
 def value(store, client, before):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from raysim.evaluation import summarize_barrier, summarize_clients
+from raysim.engine.evaluation import summarize_barrier, summarize_clients
 
 
 def test_client_summary_weights_by_examples_and_spreads_over_clients():

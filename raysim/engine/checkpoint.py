@@ -13,31 +13,10 @@ from typing import Any
 import torch
 
 from raysim.errors import CheckpointError
+from raysim.params import check_loadable
 from raysim.types import ServerState
 
 FORMAT = 1
-# What torch.load(weights_only=True) reads back: state made of anything else saves, then fails to load.
-_PLAIN = (torch.Tensor, int, float, bool, str, bytes, complex, type(None))
-
-
-def check_loadable(tree: Any, where: str) -> None:
-    """Raises TypeError naming the first value a weights-only load would refuse.
-
-    Plugin state (``ServerState.extra``, client state) must be tensors, numbers, strings and
-    dicts / lists / tuples / sets of them; convert numpy arrays with ``torch.from_numpy``.
-    """
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            check_loadable(key, f"{where} key")
-            check_loadable(value, f"{where}[{key!r}]")
-    elif isinstance(tree, (list, tuple, set)):
-        for i, value in enumerate(tree):
-            check_loadable(value, f"{where}[{i}]")
-    elif not isinstance(tree, _PLAIN):
-        raise TypeError(f"{where} is a {type(tree).__module__}.{type(tree).__name__}; state must hold "
-                        f"only tensors, numbers, strings and dicts/lists/tuples/sets of them")
-
-
 def save_checkpoint(path: str | Path, state: ServerState, round_num: int, job_dict: dict[str, Any],
                     state_dir: str | None = None) -> Path:
     """Writes atomically; ``round_num`` is the last completed round."""

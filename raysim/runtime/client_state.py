@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from raysim.checkpoint import check_loadable
 from raysim.errors import DataError
+from raysim.params import check_loadable
 
 
 class ClientStateStore:

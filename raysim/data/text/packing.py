@@ -1,6 +1,6 @@
 """One bucket's documents -> each client's packed train and test sequences.
 
-The streaming writer (``raysim.stream_store``) groups documents by client key into buckets; this
+The streaming writer (``raysim.data.text.writer``) groups documents by client key into buckets; this
 module turns one bucket into rows: tokenize, split each client's documents (or sequences) into
 train and test with a seed drawn from the client key, pack, cap, drop clients that are too small.
 """
@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raysim.data import SPLIT_STREAM
-from raysim.prepare import split_sizes
-from raysim.text import TextDatasetConfig, Tokenizer, pack
+from raysim.data.format import SPLIT_STREAM, split_sizes
+from raysim.data.text.tokenizer import TextDatasetConfig, Tokenizer, pack
 
 
 def key_hash(key: str) -> int:

@@ -16,9 +16,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from raysim import registry  # noqa: E402
-from raysim.data import open_dataset  # noqa: E402
+from raysim.data.partition import DirichletPartition, DomainPartition, IidPartition  # noqa: E402
+from raysim.data.prepare import open_dataset  # noqa: E402
 from raysim.errors import DataError  # noqa: E402
-from raysim.partition import DirichletPartition, DomainPartition, IidPartition  # noqa: E402
 
 
 def recipe(stem: str) -> ModuleType:

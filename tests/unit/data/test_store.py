@@ -12,10 +12,11 @@ import pyarrow as pa
 import pytest
 
 from raysim import registry
-from raysim.data import ClientStore, DatasetConfig, Examples, image_table, open_dataset
-from raysim.prepare import prepare_store, split_sizes, write_store
+from raysim.data.format import split_sizes
+from raysim.data.partition import IidPartition, NaturalPartition, Partition
+from raysim.data.prepare import open_dataset, prepare_store, write_store
+from raysim.data.store import ClientStore, DatasetConfig, Examples, image_table
 from raysim.errors import ConfigError, DataError
-from raysim.partition import IidPartition, NaturalPartition, Partition
 from raysim.types import DataSpec
 
 SPEC = DataSpec("classification", (1, 2, 2), num_classes=3)

@@ -15,14 +15,13 @@ from typing import Any
 import torch
 
 from raysim import params as P
-from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig, PersonalizationConfig
-from raysim.data import ClientStore
+from raysim.data.store import ClientStore
 from raysim.errors import ClientError, ConfigError
 from raysim.local import LocalTrainConfig, cap_examples, evaluate, train_local
+from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import client_seed
 from raysim.types import ClientContext, ClientData, Metrics, NumpyParams, Payload
-
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 

@@ -34,9 +34,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from raysim.data import META_FILE, DatasetConfig
+from raysim.data.format import META_FILE
+from raysim.data.partition import NaturalPartition
+from raysim.data.store import DatasetConfig
 from raysim.errors import DataError
-from raysim.partition import NaturalPartition
 
 BPE_FILE = "tokenizer.json"  # a trained bpe tokenizer, in the store directory
 HF_DIR = "tokenizer"  # an hf tokenizer's save_pretrained copy, in the store directory

@@ -20,7 +20,7 @@ from rich.table import Table
 from raysim.errors import RaysimError
 
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
-    from raysim.data import ClientStore, DatasetConfig
+    from raysim.data.store import ClientStore, DatasetConfig
 
 # Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_jobs
-    from raysim.engine import run
+    from raysim.engine.loop import run
 
     jobs = load_jobs(args.config, args.overrides, args.variant)
     if args.resume and len(jobs) > 1:
@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [run(job, resume_from=args.resume, output_dir=args.output_dir) for job in jobs]
     console.print(comparison_table(results))
     if any(r.run_id for r in results):
-        from raysim.tracking import tracking_uri
+        from raysim.engine.tracking import tracking_uri
 
         console.print(f"MLflow runs {', '.join(r.run_id for r in results if r.run_id)} in "
                       f"{tracking_uri(jobs[0].tracking)}, experiment {jobs[0].tracking.experiment!r}",
@@ -123,8 +123,8 @@ def comparison_table(results: list) -> Table:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from raysim.data import ClientStore
-    from raysim.prepare import prepare_store
+    from raysim.data.prepare import prepare_store
+    from raysim.data.store import ClientStore
 
     for name, config in prepare_targets(args.target, args.overrides):
         path = prepare_store(name, config)
@@ -196,7 +196,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from raysim.config import TrackingConfig
-    from raysim.tracking import artifact_root, tracking_uri
+    from raysim.engine.tracking import artifact_root, tracking_uri
 
     uri = args.tracking_uri or tracking_uri(TrackingConfig())
     mlflow = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
@@ -213,7 +213,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from raysim.bench import run_benchmark
+    from raysim.cli.bench import run_benchmark
 
     run_benchmark(args.config, args.overrides, console)
     return 0

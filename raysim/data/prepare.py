@@ -2,7 +2,7 @@
 
 ``prepare_store`` is idempotent: the store's directory is named by a hash of the recipe and its
 config, built in a temporary directory and renamed into place when complete. The layout and the
-per-client train/test split rule are described in ``raysim.data``.
+per-client train/test split rule are described in ``raysim.data.format``.
 
 Usage:
     path = prepare_store("mnist", MnistConfig())        # builds once, then returns the cache
@@ -12,7 +12,6 @@ Usage:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -27,10 +26,20 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
 from raysim import registry
-from raysim.data import (BATCH_ROWS, CENTRAL_FILE, FORMAT_VERSION, INDEX_FILE, META_FILE,
-                         ROWS_FILE, SPLIT_STREAM, DatasetConfig, Examples)
+from raysim.data.format import (
+    BATCH_ROWS,
+    CENTRAL_FILE,
+    FORMAT_VERSION,
+    INDEX_FILE,
+    ROWS_FILE,
+    SPLIT_STREAM,
+    is_complete,
+    split_sizes,
+    write_meta,
+)
+from raysim.data.partition import Partition, PartitionConfig, partition
+from raysim.data.store import ClientStore, DatasetConfig, Examples
 from raysim.errors import ConfigError, DataError
-from raysim.partition import Partition, PartitionConfig, partition
 
 
 def partition_table(config: PartitionConfig, table: pa.Table, seed: int) -> Partition:
@@ -48,13 +57,6 @@ def partition_table(config: PartitionConfig, table: pa.Table, seed: int) -> Part
             raise DataError(f"partition.column {column!r} has missing values")
         keys = table.column(column).to_numpy()
     return partition(config, labels, keys, seed, num_rows=table.num_rows)
-
-
-def split_sizes(sizes: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """(num_train, num_test) per client by the rule in the module docstring."""
-    num_test = np.floor(sizes * test_fraction + 0.5).astype(np.int64)
-    num_test = np.minimum(num_test, np.maximum(sizes - 1, 0))
-    return sizes - num_test, num_test
 
 
 def write_store(
@@ -88,8 +90,7 @@ def write_store(
     pq.write_table(index, path / INDEX_FILE, row_group_size=BATCH_ROWS)
     if examples.central_test is not None:
         _write_arrow(examples.central_test, None, path / CENTRAL_FILE)
-    meta = {
-        "format_version": FORMAT_VERSION,
+    write_meta(path, {  # last: marks the store complete
         **(source or {}),
         "spec": asdict(examples.spec),
         "num_clients": partition.num_clients,
@@ -100,9 +101,7 @@ def write_store(
         "std": examples.std,
         "has_central_test": examples.central_test is not None,
         "has_label_hist": "label_hist" in index.column_names,
-        "content_hash": _content_hash(path),
-    }
-    (path / META_FILE).write_text(json.dumps(meta, indent=2))  # last: marks the store complete
+    })
     return path
 
 
@@ -183,15 +182,6 @@ def _label_hist(
     return pa.ListArray.from_arrays(list_offsets, pa.array(counts.astype(np.int32)))
 
 
-def _content_hash(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    for name in (ROWS_FILE, INDEX_FILE, CENTRAL_FILE):
-        if (path / name).is_file():
-            with open(path / name, "rb") as f:
-                digest.update(hashlib.file_digest(f, "blake2b").digest())
-    return digest.hexdigest()
-
-
 def store_path(recipe_name: str, config: DatasetConfig) -> Path:
     """``<cache>/<recipe>-<hash>``: the hash covers the format version, recipe name and config."""
     root = config.cache_dir or os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim"
@@ -211,7 +201,7 @@ def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
     A recipe builds through one of two methods. Most define ``load_examples() -> Examples``
     (every row in memory), partitioned and written here. A recipe for corpora that do not fit
     in memory defines ``write_store(path, source)`` instead and writes the whole store itself
-    (text recipes use ``raysim.stream_store``); its build directory has a fixed name,
+    (text recipes use ``raysim.data.text.writer``); its build directory has a fixed name,
     ``.<store name>.build``, and is kept when building fails, so that a re-run resumes it.
 
     Raises:
@@ -221,7 +211,7 @@ def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
     entry = registry.get("dataset", recipe_name)
     config = _as_recipe_config(entry.config, config)
     path = store_path(recipe_name, config)
-    if (path / META_FILE).is_file():
+    if is_complete(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     source = {"recipe": recipe_name, "config": config.model_dump(mode="json", exclude={"cache_dir"})}
@@ -259,8 +249,13 @@ def _publish(tmp: Path, path: Path) -> None:
     try:
         os.rename(tmp, path)
     except OSError:
-        if not (path / META_FILE).is_file():
+        if not is_complete(path):
             raise DataError(
                 f"{path} exists but is not a complete store; delete it and retry"
             ) from None
         # Another process published the same store first; theirs is identical, keep it.
+
+
+def open_dataset(recipe_name: str, config: DatasetConfig) -> ClientStore:
+    """Prepares the store if needed and opens it: ``ClientStore.open(prepare_store(...))``."""
+    return ClientStore.open(prepare_store(recipe_name, config))

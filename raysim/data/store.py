@@ -1,27 +1,17 @@
 """The federated dataset: a client store on disk and the ``ClientStore`` that reads it.
 
-A recipe (a file in ``datasets/``) turns raw data into ``Examples``; ``raysim.prepare`` partitions
-them once, offline, and writes one directory:
-
-    rows.arrow          Arrow IPC file, uncompressed so it can be memory-mapped: every client's
-                        rows contiguous (client 0 first), its train rows then its test rows
-    clients.parquet     client_id, key, offset, num_train, num_test[, label_hist (train rows)]
-    central_test.arrow  optional central test set, same columns as rows.arrow
-    meta.json           format version, spec, counts, mean/std, recipe + config, content hash
-
-Per-client split rule: a client with n rows keeps ``num_test = min(floor(n * test_fraction + 1/2),
-n - 1)`` rows for test (round half up, but never its last train row) and ``n - num_test`` for
-train, after a seeded shuffle of its rows.
+A recipe (a file in ``datasets/``) turns raw data into ``Examples``; ``raysim.data.prepare``
+partitions them once, offline, into a store directory (layout and split rule:
+``raysim.data.format``), which ``ClientStore`` memory-maps and reads one client at a time.
 
 Usage:
-    store = open_dataset("mnist", MnistConfig(partition=DirichletPartition(alpha=0.3)))
+    store = ClientStore.open(prepare_store("mnist", MnistConfig()))
     data = store.client_data(7, "train")          # reads client 7's rows only
     data.arrays["x"].shape                        # (n, 1, 28, 28) float32, normalised
 """
 
 from __future__ import annotations
 
-import json
 import operator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
+from raysim.data.format import CENTRAL_FILE, INDEX_FILE, ROWS_FILE, read_meta
+from raysim.data.partition import IidPartition, PartitionConfig
 from raysim.errors import DataError
-from raysim.partition import IidPartition, PartitionConfig
 from raysim.types import ClientData, DataSpec, Split
-
-FORMAT_VERSION = 1
-ROWS_FILE = "rows.arrow"
-INDEX_FILE = "clients.parquet"
-CENTRAL_FILE = "central_test.arrow"
-META_FILE = "meta.json"
-BATCH_ROWS = 65_536  # record batches of rows.arrow and row groups of clients.parquet
-_REQUIRED_META = ("spec", "num_clients", "mean", "std", "has_central_test", "has_label_hist")
-# The train/test shuffle draws from its own stream, independent of the partition's.
-SPLIT_STREAM = 1
 
 
 class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
@@ -146,9 +127,9 @@ class ClientStore:
             DataError: the directory is missing, incomplete, corrupt or of another format version.
         """
         path = Path(path)
-        meta = _read_meta(path)
+        meta = read_meta(path)
         try:
-            rows = _map_arrow(path / ROWS_FILE)
+            rows = map_arrow(path / ROWS_FILE)
             index = pq.read_table(path / INDEX_FILE, columns=["offset", "num_train", "num_test"])
         except (OSError, pa.ArrowException) as e:
             raise DataError(
@@ -200,7 +181,7 @@ class ClientStore:
         if not self._meta["has_central_test"]:
             return None
         if self._central is None:
-            self._central = _map_arrow(self.path / CENTRAL_FILE)
+            self._central = map_arrow(self.path / CENTRAL_FILE)
         return self._decode(self._central)
 
     def label_histogram(self, client_id: int) -> np.ndarray:
@@ -288,37 +269,6 @@ def _concat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
-def _map_arrow(path: Path) -> pa.Table:
+def map_arrow(path: Path) -> pa.Table:
     """Zero-copy table over a memory-mapped Arrow IPC file: reading it allocates nothing."""
     return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise DataError(f"no client store at {path} (not a directory); prepare it first")
-    try:
-        meta = json.loads((path / META_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(
-            f"client store {path} has no readable {META_FILE} ({e}); delete it and prepare it again"
-        ) from e
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != FORMAT_VERSION:
-        raise DataError(
-            f"client store {path} has format version {version!r}, this raysim reads "
-            f"{FORMAT_VERSION}; delete it and prepare it again"
-        )
-    missing = [key for key in _REQUIRED_META if key not in meta]
-    if missing:
-        raise DataError(
-            f"client store {path}: {META_FILE} lacks {', '.join(missing)}; "
-            "delete it and prepare it again"
-        )
-    return meta
-
-
-def open_dataset(recipe_name: str, config: DatasetConfig) -> ClientStore:
-    """Prepares the store if needed and opens it: ``ClientStore.open(prepare_store(...))``."""
-    from raysim.prepare import prepare_store  # the writer imports this module's types
-
-    return ClientStore.open(prepare_store(recipe_name, config))

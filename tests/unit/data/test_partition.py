@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from raysim.errors import DataError
-from raysim.partition import (
+from raysim.data.partition import (
     DirichletPartition,
     DomainPartition,
     IidPartition,
@@ -18,6 +17,7 @@ from raysim.partition import (
     partition,
     stratified_holdout,
 )
+from raysim.errors import DataError
 
 
 def client_rows(part: Partition) -> list[np.ndarray]:

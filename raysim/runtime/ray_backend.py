@@ -23,11 +23,11 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raysim.backend import RoundOutput, merge_reports, shard_cohort, split_evenly
 from raysim.config import ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
+from raysim.runtime.backend import RoundOutput, merge_reports, shard_cohort, split_evenly
+from raysim.runtime.worker import ClientTrainer, WorkerReport, WorkerSetup
 from raysim.types import Metrics, NumpyParams, Payload
-from raysim.worker import ClientTrainer, WorkerReport, WorkerSetup
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120

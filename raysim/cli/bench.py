@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.table import Table
 
 from raysim.config import JobConfig, apply_overrides, explain
-from raysim.data import ClientStore
-from raysim.engine import build, run_round
+from raysim.data.store import ClientStore
+from raysim.engine.loop import build, run_round
+from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
 from raysim.local import cap_examples
+from raysim.runtime.worker import build_job_model
 from raysim.sampling import client_seed, sample_cohort
-from raysim.tracking import MemoryTracker
-from raysim.worker import build_job_model
 
 
 class BenchConfig(BaseModel, frozen=True, extra="forbid"):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from raysim.backend import shard_cohort
+from raysim.runtime.backend import shard_cohort
 
 
 def test_largest_first_to_least_loaded_worker():

@@ -1,4 +1,4 @@
-"""raysim.text: packing, and the bytes, bpe and hf tokenizers, all offline."""
+"""raysim.data.text.tokenizer: packing, and the bytes, bpe and hf tokenizers, all offline."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import json
 import numpy as np
 import pytest
 
+from raysim.data.text.tokenizer import (
+    BYTES_EOS,
+    BYTES_PAD,
+    TokenizerConfig,
+    bytes_tokenizer,
+    load_tokenizer,
+    pack,
+    prepare_tokenizer,
+    train_bpe,
+)
 from raysim.errors import DataError
-from raysim.text import (BYTES_EOS, BYTES_PAD, TokenizerConfig, bytes_tokenizer, load_tokenizer,
-                         pack, prepare_tokenizer, train_bpe)
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.engine.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from raysim.errors import CheckpointError
 from raysim.types import ServerState
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from raysim.runtime.worker import ClientFailure, ClientTrainer, WorkerReport, WorkerSetup
 from raysim.types import Metrics, NumpyParams, Payload
-from raysim.worker import ClientFailure, ClientTrainer, WorkerReport, WorkerSetup
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Streaming writer of text client stores, for corpora that never fit in memory (C4 by host).
 
 Input: documents ``(client_key, text)`` in any order (C4 is not grouped by host). Output: the
-store layout of ``raysim.data``, read by ``ClientStore.open``: column ``x`` of ``rows.arrow`` is
-``fixed_size_list<int32>[seq_len]``, one packed sequence per row (``raysim.text.pack``); clients
+store layout of ``raysim.data.store``, read by ``ClientStore.open``: column ``x`` of ``rows.arrow`` is
+``fixed_size_list<int32>[seq_len]``, one packed sequence per row (``raysim.data.text.tokenizer.pack``); clients
 are sorted by key, their rows contiguous, train rows then test rows, split by
-``prepare.split_sizes`` after a shuffle seeded by ``(seed, key)``. No central test set.
+``raysim.data.format.split_sizes`` after a shuffle seeded by ``(seed, key)``. No central test set.
 
 The build runs in a directory that survives a failure, in four resumable stages:
 
@@ -46,12 +46,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raysim.data import (BATCH_ROWS, FORMAT_VERSION, INDEX_FILE, META_FILE, ROWS_FILE,
-                         _map_arrow)
+from raysim.data.format import BATCH_ROWS, FORMAT_VERSION, INDEX_FILE, ROWS_FILE, is_complete, write_meta
+from raysim.data.store import map_arrow
+from raysim.data.text.packing import key_hash, pack_clients
+from raysim.data.text.tokenizer import (
+    BPE_FILE,
+    HF_DIR,
+    TextDatasetConfig,
+    Tokenizer,
+    load_tokenizer,
+    prepare_tokenizer,
+)
 from raysim.errors import DataError
-from raysim.prepare import _content_hash
-from raysim.text import (BPE_FILE, HF_DIR, TextDatasetConfig, Tokenizer, load_tokenizer, prepare_tokenizer)
-from raysim.packing import key_hash, pack_clients
 from raysim.types import DataSpec
 
 Document = tuple[str | None, str]  # (client key, text); a None key skips the document
@@ -111,7 +117,7 @@ def write_text_store(
     """
     build = Path(path)
     build.mkdir(parents=True, exist_ok=True)
-    if (build / META_FILE).is_file():
+    if is_complete(build):
         _remove_scratch(build)  # left when a finished build stopped before tidying up
         return build
     with _locked(build):
@@ -351,7 +357,7 @@ def _write_rows(build: Path, index: pa.Table, sizes: np.ndarray, seq_len: int) -
         for bucket, local, size in zip(index.column("bucket").to_numpy(),
                                        index.column("local_offset").to_numpy(), sizes):
             if bucket not in buckets:
-                buckets[bucket] = _map_arrow(build / BUCKET_DIR / f"{bucket:05d}.arrow")
+                buckets[bucket] = map_arrow(build / BUCKET_DIR / f"{bucket:05d}.arrow")
             pending.append(buckets[bucket].slice(int(local), int(size)))
             num_pending += size
             if num_pending >= batch_rows:
@@ -376,8 +382,7 @@ def _write_meta(build: Path, config: TextDatasetConfig, state: BuildState, token
     # models on their unmasked (fast) attention path. The tokenizer's pad id is in "tokenizer".
     spec = DataSpec("causal_lm", (config.seq_len,), tokenizer.vocab_size, None)
     files = {"bpe": BPE_FILE, "hf": HF_DIR, "bytes": None}
-    meta = {
-        "format_version": FORMAT_VERSION,
+    write_meta(build, {
         **(source or {}),
         "spec": asdict(spec),
         "num_clients": index.num_rows,
@@ -397,9 +402,7 @@ def _write_meta(build: Path, config: TextDatasetConfig, state: BuildState, token
         "tokenizer": {"config": config.tokenizer.model_dump(mode="json"), "name": tokenizer.name,
                       "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
                       "pad_id": tokenizer.pad_id, "file": files[config.tokenizer.kind]},
-        "content_hash": _content_hash(build),
-    }
-    (build / META_FILE).write_text(json.dumps(meta, indent=2))
+    })
 
 
 def _bar(progress: bool, description: str, unit: str, **kwargs: Any) -> Any:

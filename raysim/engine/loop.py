@@ -21,19 +21,20 @@ from pydantic import ValidationError
 
 from raysim import params as P
 from raysim.algorithm import has_protocol
-from raysim.backend import Backend, RoundOutput, SerialBackend
-from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
-from raysim.client_state import ClientStateStore
 from raysim.config import JobConfig, explain
-from raysim.data import ClientStore, open_dataset
+from raysim.data.prepare import open_dataset
+from raysim.data.store import ClientStore
+from raysim.engine.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.engine.evaluation import EvaluationPlan, evaluate_global, summarize_barrier
+from raysim.engine.plots import learning_curve
+from raysim.engine.progress import RoundProgress
+from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
-from raysim.evaluation import EvaluationPlan, evaluate_global, summarize_barrier
-from raysim.plots import learning_curve
-from raysim.progress import RoundProgress
+from raysim.runtime.backend import Backend, RoundOutput, SerialBackend
+from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort, sample_eval_clients, split_population
-from raysim.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import Metrics, RunInfo, ServerState
-from raysim.worker import WorkerSetup, build_algorithm, build_job_model, raise_client_failure
 
 log = logging.getLogger("raysim")
 
@@ -325,7 +326,7 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
         serial_setup = replace(setup, device="cuda" if resources.gpus_per_worker > 0 else "cpu",
                                num_threads=max(1, int(resources.cpus_per_worker)))
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
-    from raysim.ray_backend import RayBackend
+    from raysim.runtime.ray_backend import RayBackend
 
     return RayBackend(setup, resources, store.num_examples("train"))
 

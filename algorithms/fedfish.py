@@ -43,9 +43,9 @@ class FedFishConfig(BaseModel, frozen=True, extra="forbid"):
     """FedFish: clients send delta and a diagonal Fisher; the server takes the Fisher-weighted mean."""
 
     local: LocalTrainConfig = LocalTrainConfig(lr=1e-3)
-    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adam", lr=1e-3, beta1=0.9,
-                                                          beta2=0.999, eps=1e-7,
-                                                          bias_correction=True)
+    server: ServerOptimizerConfig = ServerOptimizerConfig(
+        kind="adam", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-7, bias_correction=True
+    )
     fisher_source: Literal["extra_pass", "last_epoch"] = "extra_pass"
     fisher_reduce: Literal["sum", "mean"] = "sum"  # Algorithm 2 sums over batches
     fisher_mode: Literal["train", "eval"] = "train"  # model mode during the extra pass
@@ -98,8 +98,12 @@ class FisherWeightedMean:
         if right.num is None:
             return left
         add = lambda a, b: {k: a[k].add_(b[k].to(a[k].device)) for k in a}  # noqa: E731
-        return _FisherSums(add(left.num, right.num), add(left.den, right.den),
-                           add(left.avg, right.avg), left.weight + right.weight)
+        return _FisherSums(
+            add(left.num, right.num),
+            add(left.den, right.den),
+            add(left.avg, right.avg),
+            left.weight + right.weight,
+        )
 
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
         if acc.num is None or acc.weight == 0:
@@ -114,8 +118,15 @@ class FisherWeightedMean:
         return {"pseudo_grad": pseudo_grad, "zero_fisher_fraction": num_zero / max(total, 1)}
 
 
-def fisher_pass(model: torch.nn.Module, data: ClientData, batch_size: int, spec: DataSpec,
-                device: torch.device, seed: int, reduce: str = "sum") -> Params:
+def fisher_pass(
+    model: torch.nn.Module,
+    data: ClientData,
+    batch_size: int,
+    spec: DataSpec,
+    device: torch.device,
+    seed: int,
+    reduce: str = "sum",
+) -> Params:
     """Sum (or mean) over mini-batches of the elementwise squared batch gradient, at ``model``."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
@@ -142,8 +153,11 @@ class LastEpochFisher:
         self.first_step = (config.epochs - 1) * math.ceil(num_examples / config.batch_size)
         self.step = 0
         self.num_batches = 0
-        self.fisher = {n: torch.zeros_like(p, dtype=torch.float32)
-                       for n, p in model.named_parameters() if p.requires_grad}
+        self.fisher = {
+            n: torch.zeros_like(p, dtype=torch.float32)
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
 
     def __call__(self, model: torch.nn.Module) -> None:
         if self.step >= self.first_step:  # gradients at the pre-update weights of this step
@@ -173,14 +187,29 @@ class FedFish:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
         hook = LastEpochFisher(ctx.model, len(data), local) if c.fisher_source == "last_epoch" else None
-        metrics = train_local(ctx.model, data, local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
-                              round_num=ctx.round_num, after_backward=hook)
+        metrics = train_local(
+            ctx.model,
+            data,
+            local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=ctx.round_num,
+            after_backward=hook,
+        )
         delta = P.delta(ctx.global_params, P.model_params(ctx.model))
         if hook is None:
             buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics
             ctx.model.train(c.fisher_mode == "train")
-            fisher = fisher_pass(ctx.model, data, local.batch_size, ctx.spec, ctx.device,
-                                 seed=ctx.seed + 1, reduce=c.fisher_reduce)
+            fisher = fisher_pass(
+                ctx.model,
+                data,
+                local.batch_size,
+                ctx.spec,
+                ctx.device,
+                seed=ctx.seed + 1,
+                reduce=c.fisher_reduce,
+            )
             with torch.no_grad():  # the pass must not move them: the local model is theta_i
                 for name, value in ctx.model.named_buffers():
                     value.copy_(buffers[name])
@@ -192,14 +221,17 @@ class FedFish:
     def aggregator(self) -> FisherWeightedMean:
         return FisherWeightedMean(getattr(torch, self.config.accumulate))
 
-    def server_update(self, state: ServerState, aggregate: dict | None,
-                      round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, aggregate: dict | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
         if aggregate is None:
             return state, {}
         pseudo_grad = aggregate["pseudo_grad"]
-        params, opt_state = server_step(state.params, pseudo_grad, state.opt_state,
-                                        self.config.server, state.buffer_keys)
+        params, opt_state = server_step(
+            state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
+        )
         norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in pseudo_grad.values()))
         return replace(state, params=params, opt_state=opt_state), {
             "server/delta_norm": norm,
-            "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"]}
+            "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"],
+        }

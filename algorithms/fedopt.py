@@ -35,15 +35,17 @@ class FedAvgMConfig(FedOptConfig, frozen=True):
 class FedAdamConfig(FedOptConfig, frozen=True):
     """FedAdam: server Adam on the mean client delta (Reddi et al. 2021)."""
 
-    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="adam", lr=0.01, beta1=0.9,
-                                                          beta2=0.99, eps=1e-3)
+    server: ServerOptimizerConfig = ServerOptimizerConfig(
+        kind="adam", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3
+    )
 
 
 class FedYogiConfig(FedOptConfig, frozen=True):
     """FedYogi: server Yogi on the mean client delta (Reddi et al. 2021)."""
 
-    server: ServerOptimizerConfig = ServerOptimizerConfig(kind="yogi", lr=0.01, beta1=0.9,
-                                                          beta2=0.99, eps=1e-3)
+    server: ServerOptimizerConfig = ServerOptimizerConfig(
+        kind="yogi", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3
+    )
 
 
 class FedAdagradConfig(FedOptConfig, frozen=True):
@@ -77,7 +79,7 @@ class FedOpt:
     def aggregator(self) -> WeightedMean:
         return WeightedMean(weighted=self.config.weighted)
 
-    def server_update(self, state: ServerState, mean_delta: Params | None,
-                      round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)
-

@@ -54,12 +54,14 @@ class FedProx:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        return local_delta_update(ctx, self.config.local,
-                                  after_backward=proximal_gradient(self.config.mu, ctx.global_params))
+        return local_delta_update(
+            ctx, self.config.local, after_backward=proximal_gradient(self.config.mu, ctx.global_params)
+        )
 
     def aggregator(self) -> WeightedMean:
         return WeightedMean(weighted=self.config.weighted)
 
-    def server_update(self, state: ServerState, mean_delta: Params | None,
-                      round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)

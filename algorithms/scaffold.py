@@ -37,8 +37,10 @@ class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
     def _plain_sgd(self) -> "ScaffoldConfig":
         local = self.local
         if local.optimizer != "sgd" or local.momentum or local.weight_decay or local.grad_clip:
-            raise ValueError("SCAFFOLD's control variates assume plain local SGD: set local.optimizer "
-                             "to sgd and local.momentum, local.weight_decay to 0, local.grad_clip to null")
+            raise ValueError(
+                "SCAFFOLD's control variates assume plain local SGD: set local.optimizer "
+                "to sgd and local.momentum, local.weight_decay to 0, local.grad_clip to null"
+            )
         return self
 
 
@@ -65,35 +67,51 @@ class Scaffold:
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys,
-                           extra={"c": variate, "num_clients": info.num_clients})
+        return ServerState(
+            params=P.clone(params),
+            buffer_keys=info.buffer_keys,
+            extra={"c": variate, "num_clients": info.num_clients},
+        )
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
         return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         c = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.extra["c"]).items()}
-        c_i = ({k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()} if ctx.state
-               else {k: torch.zeros_like(v) for k, v in c.items()})
+        c_i = (
+            {k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()}
+            if ctx.state
+            else {k: torch.zeros_like(v) for k, v in c.items()}
+        )
         local = self.config.local
-        metrics = train_local(ctx.model, ctx.data, local, seed=ctx.seed, spec=ctx.spec,
-                              device=ctx.device, round_num=ctx.round_num,
-                              after_backward=drift_correction(c, c_i))
+        metrics = train_local(
+            ctx.model,
+            ctx.data,
+            local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=ctx.round_num,
+            after_backward=drift_correction(c, c_i),
+        )
         delta = P.delta(ctx.global_params, P.model_params(ctx.model))
         steps = max(metrics["train/steps"], 1.0)
         new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}
         w = float(len(ctx.data)) if self.config.weighted else 1.0
-        return ClientResult(update={"delta": {k: v * w for k, v in delta.items()},
-                                    "weight": torch.tensor(w), "dc": dc},
-                            weight=float(len(ctx.data)), metrics=metrics,
-                            state={"c_i": P.clone(new_c_i)})
+        return ClientResult(
+            update={"delta": {k: v * w for k, v in delta.items()}, "weight": torch.tensor(w), "dc": dc},
+            weight=float(len(ctx.data)),
+            metrics=metrics,
+            state={"c_i": P.clone(new_c_i)},
+        )
 
     def aggregator(self) -> Sum:
         return Sum()
 
-    def server_update(self, state: ServerState, sums: dict | None,
-                      round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, sums: dict | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
         if sums is None:
             return state, {}
         mean_delta = {k: v / sums["weight"] for k, v in sums["delta"].items()}

@@ -78,9 +78,15 @@ class C4:
         """(host, text) of every document, in corpus order."""
         cfg = self.config
         path, name = ("json", None) if cfg.data_files is not None else (cfg.path, cfg.subset)
-        records = hf_records(path, name, split=cfg.split, data_files=cfg.data_files,
-                             streaming=cfg.streaming, columns=("text", "url"),
-                             max_records=cfg.max_documents)
+        records = hf_records(
+            path,
+            name,
+            split=cfg.split,
+            data_files=cfg.data_files,
+            streaming=cfg.streaming,
+            columns=("text", "url"),
+            max_records=cfg.max_documents,
+        )
         for record in records:
             yield url_host(record["url"]), record["text"] or ""
 

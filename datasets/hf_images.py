@@ -83,8 +83,7 @@ class HfImages:
             )
             if test_images.shape[1:] != images.shape[1:]:
                 raise DataError(
-                    f"{cfg.path}: test images are {test_images.shape[1:]}, "
-                    f"train images {images.shape[1:]}"
+                    f"{cfg.path}: test images are {test_images.shape[1:]}, train images {images.shape[1:]}"
                 )
             central, all_labels = image_table(test_images, test_labels), [labels, test_labels]
         mean, std = channel_stats(images)
@@ -111,9 +110,7 @@ class HfImages:
                     f"(columns: {', '.join(ds.column_names)})"
                 )
         if not isinstance(ds.features[cfg.image_column], datasets.Image):
-            ds = ds.cast_column(
-                cfg.image_column, datasets.Image()
-            )  # paths or {bytes, path} structs
+            ds = ds.cast_column(cfg.image_column, datasets.Image())  # paths or {bytes, path} structs
         if cfg.max_examples is not None and len(ds) > cfg.max_examples:
             ds = ds.select(range(cfg.max_examples))
         return ds
@@ -127,9 +124,7 @@ def _images(ds: Any, column: str, mode: str | None) -> np.ndarray:
         if mode is None:
             mode = "L" if image.mode in GRAYSCALE_MODES else "RGB"
         array = np.asarray(image if image.mode == mode else image.convert(mode), dtype=np.uint8)
-        array = (
-            array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
-        )  # (H, W, C) -> (C, H, W)
+        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)  # (H, W, C) -> (C, H, W)
         if images is None:
             images = np.empty((len(ds), *array.shape), np.uint8)  # preallocated: no list of arrays
         elif array.shape != images.shape[1:]:
@@ -152,11 +147,7 @@ def _domains(ds: Any, column: str) -> list[str]:
     """Domain of each row as text; class-label domains by their names."""
     feature = ds.features[column]
     values = list(ds[column])
-    return (
-        [feature.int2str(v) for v in values]
-        if hasattr(feature, "int2str")
-        else [str(v) for v in values]
-    )
+    return [feature.int2str(v) for v in values] if hasattr(feature, "int2str") else [str(v) for v in values]
 
 
 def _num_classes(ds: Any, column: str, labels: list[np.ndarray]) -> int:

@@ -68,8 +68,13 @@ class StackOverflow:
     def documents(self) -> Iterator[Document]:
         """(user id, post text) of every post, in file order."""
         cfg = self.config
-        records = hf_records("json", split=cfg.split, data_files=cfg.data_files,
-                             columns=(cfg.user_column,), max_records=cfg.max_documents)
+        records = hf_records(
+            "json",
+            split=cfg.split,
+            data_files=cfg.data_files,
+            columns=(cfg.user_column,),
+            max_records=cfg.max_documents,
+        )
         for record in records:
             user = record[cfg.user_column]
             yield (None if user is None else str(user)), post_text(record, cfg.text_columns)

@@ -55,18 +55,14 @@ class SyntheticImages:
         mean, std = channel_stats(images)
         return Examples(
             table=image_table(images, labels),
-            spec=DataSpec(
-                task="classification", input_shape=cfg.shape, num_classes=cfg.num_classes
-            ),
+            spec=DataSpec(task="classification", input_shape=cfg.shape, num_classes=cfg.num_classes),
             central_test=central,
             mean=mean,
             std=std,
         )
 
 
-def _draw(
-    rng: np.random.Generator, templates: np.ndarray, num: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _draw(rng: np.random.Generator, templates: np.ndarray, num: int) -> tuple[np.ndarray, np.ndarray]:
     """(num, C, H, W) uint8 images of random classes: (template + noise) / 2, and their labels."""
     labels = rng.integers(0, len(templates), size=num)
     images = rng.integers(0, 256, size=(num, *templates.shape[1:]), dtype=np.uint8)

@@ -44,8 +44,7 @@ class _Sums:
 
 
 def _merge_sums(left: _Sums, right: _Sums) -> _Sums:
-    return _Sums(_fold(left.total, right.total, 1.0), left.weight + right.weight,
-                 left.count + right.count)
+    return _Sums(_fold(left.total, right.total, 1.0), left.weight + right.weight, left.count + right.count)
 
 
 def _fold(total: Any, update: Any, scale: float) -> Any:
@@ -93,8 +92,7 @@ class Sum:
         return _Sums(None, 0.0, 0)
 
     def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
-        return _Sums(_fold(acc.total, result.update, 1.0), acc.weight + float(result.weight),
-                     acc.count + 1)
+        return _Sums(_fold(acc.total, result.update, 1.0), acc.weight + float(result.weight), acc.count + 1)
 
     def merge(self, left: _Sums, right: _Sums) -> _Sums:
         return _merge_sums(left, right)

@@ -59,8 +59,9 @@ class Algorithm(Protocol):
         """How client results reduce; the same object type on every worker and the driver."""
         ...
 
-    def server_update(self, state: ServerState, aggregate: Any,
-                      round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, aggregate: Any, round_num: int
+    ) -> tuple[ServerState, Metrics]:
         """The new server state from the round's merged aggregate (None if no client reported)."""
         ...
 

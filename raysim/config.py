@@ -240,8 +240,9 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
-def load_jobs(path: str | Path, overrides: list[str] | None = None,
-              only: list[str] | None = None) -> list[JobConfig]:
+def load_jobs(
+    path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None
+) -> list[JobConfig]:
     """Loads a job file: one JobConfig, or one per variant (optionally only those named)."""
     raw = _read_yaml(Path(path))
     variants = raw.pop("variants", None) or [None]
@@ -285,8 +286,11 @@ def _with_variant(base: dict, variant: Any, index: int, source: str) -> dict:
     name = variant.pop("name", None)
     merged = deep_merge(base, variant)
     algorithm = merged.get("algorithm", {})
-    merged["name"] = name or (algorithm.get("name") if isinstance(algorithm, dict) else None) \
+    merged["name"] = (
+        name
+        or (algorithm.get("name") if isinstance(algorithm, dict) else None)
         or f"{base.get('name', 'job')}-{index}"
+    )
     return merged
 
 

@@ -34,8 +34,7 @@ class ClientError(RaysimError):
         self.stage = stage
         self.cause = cause
         super().__init__(
-            f"client {client_id} failed in round {round_num} during {stage}: "
-            f"{type(cause).__name__}: {cause}"
+            f"client {client_id} failed in round {round_num} during {stage}: {type(cause).__name__}: {cause}"
         )
 
     def __reduce__(self) -> tuple:

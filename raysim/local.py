@@ -48,12 +48,12 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
 def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
     """Moves a client's arrays to ``device`` once; batches are then index views."""
     # Arrays read from a memory map are read-only; torch needs writable memory.
-    return {k: torch.from_numpy(np.require(v, requirements="W")).to(device)
-            for k, v in data.arrays.items()}
+    return {k: torch.from_numpy(np.require(v, requirements="W")).to(device) for k, v in data.arrays.items()}
 
 
-def iterate_batches(tensors: Batch, batch_size: int,
-                    generator: torch.Generator | None = None) -> Iterator[Batch]:
+def iterate_batches(
+    tensors: Batch, batch_size: int, generator: torch.Generator | None = None
+) -> Iterator[Batch]:
     """Yields batches, shuffled when ``generator`` is given."""
     first = next(iter(tensors.values()))
     n = len(first)
@@ -61,7 +61,7 @@ def iterate_batches(tensors: Batch, batch_size: int,
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
     order = order.to(first.device)
     for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         yield {k: v[idx] for k, v in tensors.items()}
 
 
@@ -82,8 +82,9 @@ def round_lr(config: LocalTrainConfig, round_num: int) -> float:
     return config.lr * config.lr_decay**round_num
 
 
-def task_loss(model: nn.Module, batch: Batch,
-              spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+def task_loss(
+    model: nn.Module, batch: Batch, spec: DataSpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Mean loss over the batch, plus #correct and #predictions for accuracy.
 
     The counts stay tensors on the device: reading them every step would stall a GPU.
@@ -101,8 +102,7 @@ def task_loss(model: nn.Module, batch: Batch,
     targets = x[:, 1:]
     logits = logits[:, :-1]  # (B, T-1, V)
     ignore = spec.pad_token_id if spec.pad_token_id is not None else -100
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=ignore)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore)
     mask = targets != ignore
     return loss, ((logits.argmax(-1) == targets) & mask).sum(), mask.sum()
 
@@ -111,15 +111,22 @@ def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> tor
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
         return torch.optim.Adam(trainable, lr=lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum,
-                           weight_decay=config.weight_decay)
+    return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
-def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *, seed: int,
-                spec: DataSpec, device: torch.device | str = "cpu", round_num: int = 0,
-                extra_loss: ExtraLoss | None = None,
-                after_backward: AfterBackward | None = None,
-                loss_fn: LossFn | None = None) -> Metrics:
+def train_local(
+    model: nn.Module,
+    data: ClientData,
+    config: LocalTrainConfig,
+    *,
+    seed: int,
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+    round_num: int = 0,
+    extra_loss: ExtraLoss | None = None,
+    after_backward: AfterBackward | None = None,
+    loss_fn: LossFn | None = None,
+) -> Metrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
@@ -149,17 +156,26 @@ def train_local(model: nn.Module, data: ClientData, config: LocalTrainConfig, *,
     return _train_metrics(loss_sum, correct, seen, steps)
 
 
-def _train_metrics(loss_sum: torch.Tensor | float, correct: torch.Tensor | int,
-                   seen: torch.Tensor | int, steps: int) -> Metrics:
+def _train_metrics(
+    loss_sum: torch.Tensor | float, correct: torch.Tensor | int, seen: torch.Tensor | int, steps: int
+) -> Metrics:
     """Reads the device counters once, at the end of the client."""
     seen = max(float(seen), 1.0)
-    return {"train/loss": float(loss_sum) / seen, "train/accuracy": float(correct) / seen,
-            "train/steps": float(steps)}
+    return {
+        "train/loss": float(loss_sum) / seen,
+        "train/accuracy": float(correct) / seen,
+        "train/steps": float(steps),
+    }
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
-             device: torch.device | str = "cpu", batch_size: int = 512) -> Metrics:
+def evaluate(
+    model: nn.Module,
+    data: ClientData,
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+    batch_size: int = 512,
+) -> Metrics:
     """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM)."""
     model.eval()
     loss_sum, correct, seen = 0.0, 0, 0
@@ -167,19 +183,34 @@ def evaluate(model: nn.Module, data: ClientData, spec: DataSpec,
         loss, num_correct, num_items = task_loss(model, batch, spec)
         loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
     seen = float(seen)
-    metrics = {"loss": float(loss_sum) / max(seen, 1.0), "accuracy": float(correct) / max(seen, 1.0),
-               "num_examples": seen}
+    metrics = {
+        "loss": float(loss_sum) / max(seen, 1.0),
+        "accuracy": float(correct) / max(seen, 1.0),
+        "num_examples": seen,
+    }
     if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
     return metrics
 
 
-def local_delta_update(ctx: ClientContext, config: LocalTrainConfig, *,
-                       extra_loss: ExtraLoss | None = None,
-                       after_backward: AfterBackward | None = None) -> ClientResult:
+def local_delta_update(
+    ctx: ClientContext,
+    config: LocalTrainConfig,
+    *,
+    extra_loss: ExtraLoss | None = None,
+    after_backward: AfterBackward | None = None,
+) -> ClientResult:
     """The FedAvg-family client: train locally, send ``global - local`` weighted by #examples."""
-    metrics = train_local(ctx.model, ctx.data, config, seed=ctx.seed, spec=ctx.spec,
-                          device=ctx.device, round_num=ctx.round_num, extra_loss=extra_loss,
-                          after_backward=after_backward)
+    metrics = train_local(
+        ctx.model,
+        ctx.data,
+        config,
+        seed=ctx.seed,
+        spec=ctx.spec,
+        device=ctx.device,
+        round_num=ctx.round_num,
+        extra_loss=extra_loss,
+        after_backward=after_backward,
+    )
     update = P.delta(ctx.global_params, P.model_params(ctx.model))
     return ClientResult(update, float(len(ctx.data)), metrics)

@@ -73,8 +73,10 @@ def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
 
 def delta(global_params: Params, local_params: Params) -> Params:
     """``global - local`` (the project's sign convention), in float32."""
-    return {k: global_params[k].to(local_params[k].device, torch.float32) - local_params[k].float()
-            for k in global_params}
+    return {
+        k: global_params[k].to(local_params[k].device, torch.float32) - local_params[k].float()
+        for k in global_params
+    }
 
 
 def zeros_like(params: Params, dtype: torch.dtype | None = None) -> Params:
@@ -90,8 +92,9 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: to_cpu(getattr(obj, f.name))
-                                           for f in dataclasses.fields(obj) if f.init})
+        return dataclasses.replace(
+            obj, **{f.name: to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        )
     return obj
 
 
@@ -128,5 +131,7 @@ def check_loadable(tree: Any, where: str) -> None:
         for i, value in enumerate(tree):
             check_loadable(value, f"{where}[{i}]")
     elif not isinstance(tree, _LOADABLE):
-        raise TypeError(f"{where} is a {type(tree).__module__}.{type(tree).__name__}; state must hold "
-                        f"only tensors, numbers, strings and dicts/lists/tuples/sets of them")
+        raise TypeError(
+            f"{where} is a {type(tree).__module__}.{type(tree).__name__}; state must hold "
+            f"only tensors, numbers, strings and dicts/lists/tuples/sets of them"
+        )

@@ -23,19 +23,23 @@ _COHORT, _CLIENT, _EVAL, _HELDOUT = 1, 2, 3, 4  # purpose tags keep the streams 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
     """Client ids drawn uniformly without replacement, in draw order."""
     if not 0 < cohort_size <= num_clients:
-        raise ConfigError([f"engine.cohort_size: must be in 1..{num_clients} (the number of "
-                           f"clients), got {cohort_size}"])
+        raise ConfigError(
+            [f"engine.cohort_size: must be in 1..{num_clients} (the number of clients), got {cohort_size}"]
+        )
     rng = np.random.default_rng([seed, round_num, _COHORT])
     return rng.choice(num_clients, size=cohort_size, replace=False).astype(np.int64)
 
 
-def split_population(num_clients: int, heldout_fraction: float,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_population(num_clients: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(training clients, held-out clients), both sorted; held-out clients never train."""
     num_heldout = int(round(num_clients * heldout_fraction))
     if heldout_fraction > 0 and not 0 < num_heldout < num_clients:
-        raise ConfigError([f"engine.heldout_fraction: {heldout_fraction} of {num_clients} clients "
-                           f"leaves no held-out or no training client"])
+        raise ConfigError(
+            [
+                f"engine.heldout_fraction: {heldout_fraction} of {num_clients} clients "
+                f"leaves no held-out or no training client"
+            ]
+        )
     order = np.random.default_rng([seed, _HELDOUT]).permutation(num_clients)
     return np.sort(order[num_heldout:]).astype(np.int64), np.sort(order[:num_heldout]).astype(np.int64)
 
@@ -77,18 +81,26 @@ class CohortSchedule:
             raise ConfigError([f"engine.schedule: cannot read a cohort schedule from {path}: {exc}"])
         bad = [c for cohort in cohorts for c in cohort if not 0 <= c < num_clients]
         if bad:
-            raise ConfigError([f"engine.schedule: {path} names client {bad[0]}, but the dataset "
-                               f"has {num_clients} clients"])
+            raise ConfigError(
+                [f"engine.schedule: {path} names client {bad[0]}, but the dataset has {num_clients} clients"]
+            )
         return cls(cohorts, num_clients, first_round)
 
     def cohort(self, round_num: int) -> np.ndarray:
         index = round_num - self.first_round
         if not 0 <= index < len(self.cohorts):
             last = self.first_round + len(self.cohorts) - 1
-            raise ConfigError([f"engine.schedule: covers rounds {self.first_round}..{last}, the "
-                               f"job asks for round {round_num}"])
+            raise ConfigError(
+                [
+                    f"engine.schedule: covers rounds {self.first_round}..{last}, the "
+                    f"job asks for round {round_num}"
+                ]
+            )
         return np.asarray(self.cohorts[index], dtype=np.int64)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"num_clients": self.num_clients,
-                                          "first_round": self.first_round, "cohorts": self.cohorts}))
+        Path(path).write_text(
+            json.dumps(
+                {"num_clients": self.num_clients, "first_round": self.first_round, "cohorts": self.cohorts}
+            )
+        )

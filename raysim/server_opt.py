@@ -67,8 +67,9 @@ def server_step(
     return new_params, new_state
 
 
-def _update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
-            c: ServerOptimizerConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _update(
+    w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, c: ServerOptimizerConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if c.kind == "sgd":
         if c.momentum == 0:
             return w - c.lr * g, m, v
@@ -90,12 +91,12 @@ def _update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
     return w - c.lr * m_hat / (v_hat.sqrt() + c.eps), m, v
 
 
-def apply_server_step(state: ServerState, mean_delta: Params | None,
-                      config: ServerOptimizerConfig) -> tuple[ServerState, Metrics]:
+def apply_server_step(
+    state: ServerState, mean_delta: Params | None, config: ServerOptimizerConfig
+) -> tuple[ServerState, Metrics]:
     """The FedOpt server half for any plugin whose clients send a mean delta."""
     if mean_delta is None:  # nobody reported: keep the model
         return state, {}
-    params, opt_state = server_step(state.params, mean_delta, state.opt_state, config,
-                                    state.buffer_keys)
+    params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
     norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean_delta.values()))
     return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": float(norm)}

@@ -6,11 +6,16 @@ import tempfile
 _TMP = tempfile.mkdtemp(prefix="raysim-tests-")
 # Set before anything imports HF, MLflow or Ray: a failing hub lookup otherwise hangs ~50 s.
 for key, value in {
-    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": os.path.join(_TMP, "hf"),
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HOME": os.path.join(_TMP, "hf"),
     "MLFLOW_TRACKING_URI": f"sqlite:///{os.path.join(_TMP, 'mlflow.db')}",
-    "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0",
-    "TOKENIZERS_PARALLELISM": "false", "RAYSIM_CACHE": os.path.join(_TMP, "cache"),
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAYSIM_CACHE": os.path.join(_TMP, "cache"),
 }.items():
     os.environ[key] = value
 

@@ -65,9 +65,11 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     services, state = build(job, MemoryTracker(), None, out)
     plain = PlainLoop(job, services.store, services.train_pool)
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
-    console.print(f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
-                  f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
-                  f"timed rounds after {bench.warmup_rounds} warm-up")
+    console.print(
+        f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
+        f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
+        f"timed rounds after {bench.warmup_rounds} warm-up"
+    )
     raysim_s, plain_s, overhead_s, tokens = [], [], [], []
     try:
         for round_num in range(job.engine.num_rounds):
@@ -90,33 +92,48 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
     if any(plain.fisher_s):
         figures["plain_fisher_share"] = statistics.median(
-            f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds:], plain_s))
+            f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds :], plain_s)
+        )
     console.print(_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
-    console.print(f"outside the workers (broadcast, transfer, merge, server step): "
-                  f"{figures['driver_overhead_s']:.3f} s per round (median)")
-    console.print(f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
-                  f"{figures[f'plain_{unit}_per_s']:.0f} (x{services.backend.num_workers} workers ideal); "
-                  f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal")
+    console.print(
+        f"outside the workers (broadcast, transfer, merge, server step): "
+        f"{figures['driver_overhead_s']:.3f} s per round (median)"
+    )
+    console.print(
+        f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
+        f"{figures[f'plain_{unit}_per_s']:.0f} (x{services.backend.num_workers} workers ideal); "
+        f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal"
+    )
     if "plain_fisher_share" in figures:
-        console.print(f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
-                      f"round (both sides run it)")
+        console.print(
+            f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
+            f"round (both sides run it)"
+        )
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
 
 
-def summarize(job: JobConfig, num_workers: int, raysim_s: list[float],
-              plain_s: list[float]) -> dict[str, Any]:
+def summarize(
+    job: JobConfig, num_workers: int, raysim_s: list[float], plain_s: list[float]
+) -> dict[str, Any]:
     """Medians per round, and the median of the per-round ratios raysim / (plain / workers)."""
     raysim, plain = statistics.median(raysim_s), statistics.median(plain_s)
     ratios = [r / (p / num_workers) for r, p in zip(raysim_s, plain_s)]
-    return {"benchmark": job.name, "num_workers": num_workers, "timed_rounds": len(raysim_s),
-            "raysim_round_s": raysim, "plain_round_s": plain, "ideal_round_s": plain / num_workers,
-            "ratio_to_ideal": statistics.median(ratios),
-            "raysim_clients_per_s": job.engine.cohort_size / raysim,
-            "plain_clients_per_s": job.engine.cohort_size / plain,
-            "raysim_rounds_s": raysim_s, "plain_rounds_s": plain_s}
+    return {
+        "benchmark": job.name,
+        "num_workers": num_workers,
+        "timed_rounds": len(raysim_s),
+        "raysim_round_s": raysim,
+        "plain_round_s": plain,
+        "ideal_round_s": plain / num_workers,
+        "ratio_to_ideal": statistics.median(ratios),
+        "raysim_clients_per_s": job.engine.cohort_size / raysim,
+        "plain_clients_per_s": job.engine.cohort_size / plain,
+        "raysim_rounds_s": raysim_s,
+        "plain_rounds_s": plain_s,
+    }
 
 
 class PlainLoop:
@@ -144,11 +161,15 @@ class PlainLoop:
         cohort = self.pool[sample_cohort(len(self.pool), job.engine.cohort_size, job.seed, round_num)]
         out = []
         for c in cohort:
-            data = cap_examples(self.store.client_data(int(c), "train"), job.engine.max_client_examples,
-                                client_seed(job.seed, round_num, int(c)))
+            data = cap_examples(
+                self.store.client_data(int(c), "train"),
+                job.engine.max_client_examples,
+                client_seed(job.seed, round_num, int(c)),
+            )
             y = data.arrays.get("y")
-            out.append((torch.from_numpy(data.arrays["x"].copy()),
-                        None if y is None else torch.from_numpy(y.copy())))
+            out.append(
+                (torch.from_numpy(data.arrays["x"].copy()), None if y is None else torch.from_numpy(y.copy()))
+            )
         return out
 
     def round(self, round_num: int) -> float:
@@ -167,7 +188,7 @@ class PlainLoop:
             for _ in range(local.epochs):
                 order = torch.randperm(len(x))
                 for begin in range(0, len(x), local.batch_size):
-                    idx = order[begin:begin + local.batch_size]
+                    idx = order[begin : begin + local.batch_size]
                     optimizer.zero_grad()
                     self._loss(x[idx], None if y is None else y[idx]).backward()
                     optimizer.step()
@@ -194,15 +215,25 @@ class PlainLoop:
             self.model.zero_grad()
             self._loss(x[batch], None if y is None else y[batch]).backward()
             for f, p in zip(fisher, params):
-                f.add_(p.grad ** 2)
+                f.add_(p.grad**2)
         return time.perf_counter() - t0
 
 
 def _table(f: dict[str, Any]) -> Table:
     table = Table(title=f"{f['benchmark']}: seconds per round (median)")
-    for column in ("raysim", "plain loop (1 thread)", f"ideal ({f['num_workers']} workers)",
-                   "raysim / ideal", "raysim clients/s"):
+    for column in (
+        "raysim",
+        "plain loop (1 thread)",
+        f"ideal ({f['num_workers']} workers)",
+        "raysim / ideal",
+        "raysim clients/s",
+    ):
         table.add_column(column, justify="right")
-    table.add_row(f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}",
-                  f"{f['ratio_to_ideal']:.3f}x", f"{f['raysim_clients_per_s']:.1f}")
+    table.add_row(
+        f"{f['raysim_round_s']:.3f}",
+        f"{f['plain_round_s']:.3f}",
+        f"{f['ideal_round_s']:.3f}",
+        f"{f['ratio_to_ideal']:.3f}x",
+        f"{f['raysim_clients_per_s']:.1f}",
+    )
     return table

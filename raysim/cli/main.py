@@ -59,14 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument("--resume", help="continue from a checkpoint written by an earlier run")
-    run.add_argument("--output-dir", default=os.environ.get("RAYSIM_HOME", ".raysim"),
-                     help="where run directories (checkpoints, client state) go")
+    run.add_argument(
+        "--output-dir",
+        default=os.environ.get("RAYSIM_HOME", ".raysim"),
+        help="where run directories (checkpoints, client state) go",
+    )
     run.set_defaults(handler=cmd_run)
 
     prepare = sub.add_parser("prepare", help="build (or resume) a dataset's client store offline")
     prepare.add_argument("target", help="a dataset recipe (raysim ls datasets) or a job YAML")
-    prepare.add_argument("overrides", nargs="*",
-                         help="key=value options of the recipe (dataset.key=value for a job)")
+    prepare.add_argument(
+        "overrides", nargs="*", help="key=value options of the recipe (dataset.key=value for a job)"
+    )
     prepare.set_defaults(handler=cmd_prepare)
 
     ls = sub.add_parser("ls", help="list algorithms, datasets and models")
@@ -98,9 +102,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if any(r.run_id for r in results):
         from raysim.engine.tracking import tracking_uri
 
-        console.print(f"MLflow runs {', '.join(r.run_id for r in results if r.run_id)} in "
-                      f"{tracking_uri(jobs[0].tracking)}, experiment {jobs[0].tracking.experiment!r}",
-                      soft_wrap=True)
+        console.print(
+            f"MLflow runs {', '.join(r.run_id for r in results if r.run_id)} in "
+            f"{tracking_uri(jobs[0].tracking)}, experiment {jobs[0].tracking.experiment!r}",
+            soft_wrap=True,
+        )
         console.print("Compare them in the MLflow UI: [bold]raysim ui[/] (http://127.0.0.1:5000)")
     return 0
 
@@ -108,17 +114,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 def comparison_table(results: list) -> Table:
     """One row per run: final accuracies, loss, time and throughput (fits 80 columns)."""
     table = Table(title="raysim runs (final round)")
-    for column in ("run", "algorithm", "central acc", "client acc", "± std", "train loss",
-                   "time s", "clients/s"):
+    for column in (
+        "run",
+        "algorithm",
+        "central acc",
+        "client acc",
+        "± std",
+        "train loss",
+        "time s",
+        "clients/s",
+    ):
         table.add_column(column, justify="left" if column in ("run", "algorithm") else "right")
     for r in results:
         f = r.final
         fmt = lambda key: f"{f[key]:.4f}" if key in f else "-"  # noqa: E731
         rates = [m["sys/clients_per_s"] for _, m in r.history if "sys/clients_per_s" in m]
-        table.add_row(r.job.name, r.job.algorithm.name, fmt("eval/central/accuracy"),
-                      fmt("eval/clients/accuracy"), fmt("eval/clients/accuracy_std"),
-                      fmt("train/loss"), f"{r.seconds:.1f}",
-                      f"{sum(rates) / len(rates):.1f}" if rates else "-")
+        table.add_row(
+            r.job.name,
+            r.job.algorithm.name,
+            fmt("eval/central/accuracy"),
+            fmt("eval/clients/accuracy"),
+            fmt("eval/clients/accuracy_std"),
+            fmt("train/loss"),
+            f"{r.seconds:.1f}",
+            f"{sum(rates) / len(rates):.1f}" if rates else "-",
+        )
     return table
 
 
@@ -152,8 +172,9 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
                 try:
                     sections.append((recipe.name, recipe.config.model_validate(options)))
                 except ValidationError as exc:
-                    raise ConfigError(explain(exc, recipe.config, prefix="evaluation.transfer.dataset."),
-                                      target) from None
+                    raise ConfigError(
+                        explain(exc, recipe.config, prefix="evaluation.transfer.dataset."), target
+                    ) from None
         return list({(n, c.model_dump_json()): (n, c) for n, c in sections}.values())
     entry = registry.get("dataset", target)
     try:
@@ -166,14 +187,18 @@ def store_summary(store: ClientStore) -> str:
     """Clients, sequences (rows) and, for text stores, tokens and documents of a store."""
     meta, rows = store.meta, store.meta["num_rows"]
     train, test = int(store.num_examples("train").sum()), int(store.num_examples("test").sum())
-    lines = [f"{meta.get('recipe', '?')}: {store.num_clients:,} clients, {rows:,} "
-             f"{'sequences' if 'tokenizer' in meta else 'rows'} (train {train:,}, test {test:,})"]
+    lines = [
+        f"{meta.get('recipe', '?')}: {store.num_clients:,} clients, {rows:,} "
+        f"{'sequences' if 'tokenizer' in meta else 'rows'} (train {train:,}, test {test:,})"
+    ]
     if "tokenizer" in meta:
         tok = meta["tokenizer"]
-        lines.append(f"{meta['num_tokens']:,} tokens (seq_len {meta['seq_len']}, tokenizer "
-                     f"{tok['name']}, vocab {tok['vocab_size']:,}); {meta['num_documents']:,} "
-                     f"documents read, {meta['num_skipped_documents']:,} skipped; "
-                     f"{meta['num_dropped_clients']:,} clients below min_sequences dropped")
+        lines.append(
+            f"{meta['num_tokens']:,} tokens (seq_len {meta['seq_len']}, tokenizer "
+            f"{tok['name']}, vocab {tok['vocab_size']:,}); {meta['num_documents']:,} "
+            f"documents read, {meta['num_skipped_documents']:,} skipped; "
+            f"{meta['num_dropped_clients']:,} clients below min_sequences dropped"
+        )
     return "\n".join(lines)
 
 
@@ -200,12 +225,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     uri = args.tracking_uri or tracking_uri(TrackingConfig())
     mlflow = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
-    command = [mlflow, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-               "--port", str(args.port)]
+    command = [mlflow, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(args.port)]
     if artifact_root(uri):
         command += ["--default-artifact-root", artifact_root(uri)]
-    console.print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C stops it",
-                  soft_wrap=True)
+    console.print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C stops it", soft_wrap=True)
     if args.dry_run:
         console.print(" ".join(command), soft_wrap=True, markup=False)
         return 0

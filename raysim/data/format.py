@@ -84,7 +84,6 @@ def read_meta(path: Path) -> dict[str, Any]:
     missing = [key for key in _REQUIRED_META if key not in meta]
     if missing:
         raise DataError(
-            f"client store {path}: {META_FILE} lacks {', '.join(missing)}; "
-            "delete it and prepare it again"
+            f"client store {path}: {META_FILE} lacks {', '.join(missing)}; delete it and prepare it again"
         )
     return meta

@@ -108,9 +108,7 @@ class Partition:
                 f"got sum {int(self.sizes.sum())}"
             )
         if self.keys is not None and len(self.keys) != len(self.sizes):
-            raise DataError(
-                f"Partition.keys has {len(self.keys)} entries for {len(self.sizes)} clients"
-            )
+            raise DataError(f"Partition.keys has {len(self.keys)} entries for {len(self.sizes)} clients")
 
     @property
     def num_clients(self) -> int:
@@ -162,9 +160,7 @@ def partition(
     if isinstance(config, NaturalPartition):
         return _natural(_require(keys, config.kind, f"the key column {config.column!r}"))
     if isinstance(config, DomainPartition):
-        return _domain(
-            config, _require(keys, config.kind, f"the key column {config.column!r}"), rng
-        )
+        return _domain(config, _require(keys, config.kind, f"the key column {config.column!r}"), rng)
     raise DataError(f"unknown partition config {config!r}")
 
 
@@ -194,9 +190,7 @@ def _iid(rows: np.ndarray, num_clients: int) -> Partition:
     return Partition(rows, _even_sizes(len(rows), num_clients))
 
 
-def _dirichlet(
-    config: DirichletPartition, labels: np.ndarray, rng: np.random.Generator
-) -> Partition:
+def _dirichlet(config: DirichletPartition, labels: np.ndarray, rng: np.random.Generator) -> Partition:
     k, num_rows = config.num_clients, len(labels)
     if k * config.min_size > num_rows:
         raise DataError(
@@ -231,9 +225,7 @@ def _shards(config: ShardsPartition, labels: np.ndarray, rng: np.random.Generato
     by_label = _group_shuffled(inverse, rng)
     shard_of_row = np.repeat(np.arange(num_shards), _even_sizes(len(labels), num_shards))
     client_of_shard = np.empty(num_shards, dtype=np.int64)
-    client_of_shard[rng.permutation(num_shards)] = (
-        np.arange(num_shards) // config.classes_per_client
-    )
+    client_of_shard[rng.permutation(num_shards)] = np.arange(num_shards) // config.classes_per_client
     client_of_row = client_of_shard[shard_of_row]
     order = by_label[np.argsort(client_of_row, kind="stable")]
     return Partition(order, np.bincount(client_of_row, minlength=config.num_clients))

@@ -90,18 +90,21 @@ def write_store(
     pq.write_table(index, path / INDEX_FILE, row_group_size=BATCH_ROWS)
     if examples.central_test is not None:
         _write_arrow(examples.central_test, None, path / CENTRAL_FILE)
-    write_meta(path, {  # last: marks the store complete
-        **(source or {}),
-        "spec": asdict(examples.spec),
-        "num_clients": partition.num_clients,
-        "num_rows": len(order),
-        "test_fraction": test_fraction,
-        "seed": seed,
-        "mean": examples.mean,
-        "std": examples.std,
-        "has_central_test": examples.central_test is not None,
-        "has_label_hist": "label_hist" in index.column_names,
-    })
+    write_meta(
+        path,
+        {  # last: marks the store complete
+            **(source or {}),
+            "spec": asdict(examples.spec),
+            "num_clients": partition.num_clients,
+            "num_rows": len(order),
+            "test_fraction": test_fraction,
+            "seed": seed,
+            "mean": examples.mean,
+            "std": examples.std,
+            "has_central_test": examples.central_test is not None,
+            "has_label_hist": "label_hist" in index.column_names,
+        },
+    )
     return path
 
 
@@ -143,8 +146,7 @@ def _check_examples(examples: Examples, partition: Partition) -> None:
     x_type = table.schema.field("x").type
     if pa.types.is_fixed_size_list(x_type) and x_type.list_size != int(np.prod(spec.input_shape)):
         raise DataError(
-            f"'x' holds {x_type.list_size} values per row but spec.input_shape is "
-            f"{spec.input_shape}"
+            f"'x' holds {x_type.list_size} values per row but spec.input_shape is {spec.input_shape}"
         )
     order = partition.order
     if len(order) and (order.min() < 0 or order.max() >= table.num_rows):
@@ -154,9 +156,7 @@ def _check_examples(examples: Examples, partition: Partition) -> None:
     if "y" in table.column_names and spec.task == "classification" and table.num_rows:
         low, high = pc.min_max(table.column("y")).values()
         if low.as_py() < 0 or high.as_py() >= spec.num_classes:
-            raise DataError(
-                f"labels span [{low}, {high}], outside [0, spec.num_classes={spec.num_classes})"
-            )
+            raise DataError(f"labels span [{low}, {high}], outside [0, spec.num_classes={spec.num_classes})")
 
 
 def _write_arrow(table: pa.Table, order: np.ndarray | None, path: Path) -> None:
@@ -171,14 +171,10 @@ def _write_arrow(table: pa.Table, order: np.ndarray | None, path: Path) -> None:
             writer.write_table(rows, max_chunksize=BATCH_ROWS)
 
 
-def _label_hist(
-    clients: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int
-) -> pa.Array:
+def _label_hist(clients: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int) -> pa.Array:
     """list<int32> of per-client label counts, from one bincount over (client, label) pairs."""
     counts = np.bincount(clients * num_classes + labels, minlength=num_clients * num_classes)
-    list_offsets = pa.array(
-        np.arange(0, num_clients * num_classes + 1, num_classes, dtype=np.int32)
-    )
+    list_offsets = pa.array(np.arange(0, num_clients * num_classes + 1, num_classes, dtype=np.int32))
     return pa.ListArray.from_arrays(list_offsets, pa.array(counts.astype(np.int32)))
 
 
@@ -186,9 +182,7 @@ def store_path(recipe_name: str, config: DatasetConfig) -> Path:
     """``<cache>/<recipe>-<hash>``: the hash covers the format version, recipe name and config."""
     root = config.cache_dir or os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim"
     text = f"{FORMAT_VERSION}\0{recipe_name}\0{config.model_dump_json(exclude={'cache_dir'})}"
-    return (
-        Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    )
+    return Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
@@ -250,9 +244,7 @@ def _publish(tmp: Path, path: Path) -> None:
         os.rename(tmp, path)
     except OSError:
         if not is_complete(path):
-            raise DataError(
-                f"{path} exists but is not a complete store; delete it and retry"
-            ) from None
+            raise DataError(f"{path} exists but is not a complete store; delete it and retry") from None
         # Another process published the same store first; theirs is identical, keep it.
 
 

@@ -132,13 +132,9 @@ class ClientStore:
             rows = map_arrow(path / ROWS_FILE)
             index = pq.read_table(path / INDEX_FILE, columns=["offset", "num_train", "num_test"])
         except (OSError, pa.ArrowException) as e:
-            raise DataError(
-                f"client store {path} is unreadable ({e}); delete it and prepare it again"
-            ) from e
+            raise DataError(f"client store {path} is unreadable ({e}); delete it and prepare it again") from e
         # Copied out of Arrow so that the parquet buffers are freed when ``index`` goes.
-        counts = {
-            name: index.column(name).to_numpy().astype(np.int64) for name in index.column_names
-        }
+        counts = {name: index.column(name).to_numpy().astype(np.int64) for name in index.column_names}
         for array in counts.values():
             array.flags.writeable = False
         ends = counts["offset"] + counts["num_train"] + counts["num_test"]
@@ -188,11 +184,7 @@ class ClientStore:
         """(num_classes,) int64 label counts of the client's train rows."""
         if not self._meta["has_label_hist"]:
             raise DataError(f"client store {self.path} has no label histograms (no labels)")
-        return (
-            self._index_cell("label_hist", self._check_id(client_id))
-            .values.to_numpy()
-            .astype(np.int64)
-        )
+        return self._index_cell("label_hist", self._check_id(client_id)).values.to_numpy().astype(np.int64)
 
     def client_key(self, client_id: int) -> str:
         """The client's natural id or domain name; its id as text when the partition has none."""
@@ -203,9 +195,7 @@ class ClientStore:
     def _check_id(self, client_id: int) -> int:
         cid = operator.index(client_id)
         if not 0 <= cid < self.num_clients:
-            raise DataError(
-                f"client_id {cid} is out of range [0, {self.num_clients}) for {self.path}"
-            )
+            raise DataError(f"client_id {cid} is out of range [0, {self.num_clients}) for {self.path}")
         return cid
 
     def _index_cell(self, column: str, cid: int) -> pa.Scalar:
@@ -226,9 +216,7 @@ class ClientStore:
             x = x.astype(np.float32)
             x /= 255
         else:  # x is already a fresh copy: convert without another one
-            x = x.astype(
-                np.float32 if np.issubdtype(x.dtype, np.floating) else np.int64, copy=False
-            )
+            x = x.astype(np.float32 if np.issubdtype(x.dtype, np.floating) else np.int64, copy=False)
         if self.mean is not None and x.dtype == np.float32:
             shape = (1, -1) + (1,) * (x.ndim - 2)  # broadcast over (n, C, ...)
             x -= np.asarray(self.mean, np.float32).reshape(shape)
@@ -245,8 +233,7 @@ def _column_values(column: pa.ChunkedArray, spec: DataSpec, num_rows: int) -> np
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         return _pad_tokens(column, spec.input_shape[0], spec.pad_token_id or 0)
     values = [
-        c.flatten().to_numpy() if pa.types.is_fixed_size_list(c.type) else c.to_numpy()
-        for c in column.chunks
+        c.flatten().to_numpy() if pa.types.is_fixed_size_list(c.type) else c.to_numpy() for c in column.chunks
     ]
     leaf = column.type.value_type if pa.types.is_fixed_size_list(column.type) else column.type
     return _concat(values, leaf.to_pandas_dtype()).reshape(num_rows, *spec.input_shape)

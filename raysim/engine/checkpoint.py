@@ -17,15 +17,31 @@ from raysim.params import check_loadable
 from raysim.types import ServerState
 
 FORMAT = 1
-def save_checkpoint(path: str | Path, state: ServerState, round_num: int, job_dict: dict[str, Any],
-                    state_dir: str | None = None) -> Path:
+
+
+def save_checkpoint(
+    path: str | Path,
+    state: ServerState,
+    round_num: int,
+    job_dict: dict[str, Any],
+    state_dir: str | None = None,
+) -> Path:
     """Writes atomically; ``round_num`` is the last completed round."""
     check_loadable({"opt_state": state.opt_state, "extra": state.extra}, "ServerState")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "round_num": round_num, "job": job_dict, "state_dir": state_dir,
-               "state": {"params": state.params, "opt_state": state.opt_state,
-                         "extra": state.extra, "buffer_keys": sorted(state.buffer_keys)}}
+    payload = {
+        "format": FORMAT,
+        "round_num": round_num,
+        "job": job_dict,
+        "state_dir": state_dir,
+        "state": {
+            "params": state.params,
+            "opt_state": state.opt_state,
+            "extra": state.extra,
+            "buffer_keys": sorted(state.buffer_keys),
+        },
+    }
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     tmp.replace(path)
@@ -42,8 +58,12 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any],
         if raw.get("format") != FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {raw.get('format')!r}, expected {FORMAT}")
         s = raw["state"]
-        state = ServerState(params=s["params"], opt_state=s["opt_state"], extra=s["extra"],
-                            buffer_keys=frozenset(s["buffer_keys"]))
+        state = ServerState(
+            params=s["params"],
+            opt_state=s["opt_state"],
+            extra=s["extra"],
+            buffer_keys=frozenset(s["buffer_keys"]),
+        )
         return state, int(raw["round_num"]), raw["job"], raw.get("state_dir")
     except CheckpointError:
         raise

@@ -29,8 +29,13 @@ class EvaluationPlan:
     personalize_transfer: frozenset[str] = frozenset()
 
 
-def evaluate_global(backend: Any, params: Params, plan: EvaluationPlan,
-                    round_num: int | None = None, personalize: bool = False) -> Metrics:
+def evaluate_global(
+    backend: Any,
+    params: Params,
+    plan: EvaluationPlan,
+    round_num: int | None = None,
+    personalize: bool = False,
+) -> Metrics:
     """Central, per-client, held-out, personalized and transfer evaluation, as ``eval/...``.
 
     Personalization and transfer run only when ``personalize`` (they fine-tune per client).
@@ -45,17 +50,23 @@ def evaluate_global(backend: Any, params: Params, plan: EvaluationPlan,
         metrics |= summarize_clients(backend.evaluate_clients(weights, plan.clients, "test"))
     config = plan.personalization if personalize else None
     if len(plan.heldout):
-        rows = (backend.personalize(weights, plan.heldout, config, round_num) if config
-                else backend.evaluate_clients(weights, plan.heldout, "test"))
+        rows = (
+            backend.personalize(weights, plan.heldout, config, round_num)
+            if config
+            else backend.evaluate_clients(weights, plan.heldout, "test")
+        )
         metrics |= summarize_clients(rows, "eval/heldout")
     elif config is not None:  # nobody held out: personalize the evaluated training clients
-        metrics |= summarize_clients(backend.personalize(weights, plan.clients, config, round_num),
-                                     "eval/clients")
+        metrics |= summarize_clients(
+            backend.personalize(weights, plan.clients, config, round_num), "eval/clients"
+        )
     if personalize:
         for name, clients in plan.transfer.items():
-            rows = (backend.personalize(weights, clients, plan.personalization, round_num, name)
-                    if plan.personalization and name in plan.personalize_transfer
-                    else backend.evaluate_clients(weights, clients, "test", round_num, name))
+            rows = (
+                backend.personalize(weights, clients, plan.personalization, round_num, name)
+                if plan.personalization and name in plan.personalize_transfer
+                else backend.evaluate_clients(weights, clients, "test", round_num, name)
+            )
             metrics |= summarize_clients(rows, f"eval/transfer/{name}")
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
@@ -75,13 +86,17 @@ def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") ->
     keys = sorted({k for m in per_client for k in m} - _NOT_METRICS)
     for key in keys:
         values = np.array([m[key] for m in per_client])
-        out |= {f"{scope}/{key}": float((values * n).sum() / n.sum()),
-                f"{scope}/{key}_mean": float(values.mean())}
+        out |= {
+            f"{scope}/{key}": float((values * n).sum() / n.sum()),
+            f"{scope}/{key}_mean": float(values.mean()),
+        }
         if key in _SPREAD:
-            out |= {f"{scope}/{key}_std": float(values.std()),
-                    f"{scope}/{key}_p10": float(np.percentile(values, 10)),
-                    f"{scope}/{key}_p50": float(np.percentile(values, 50)),
-                    f"{scope}/{key}_p90": float(np.percentile(values, 90))}
+            out |= {
+                f"{scope}/{key}_std": float(values.std()),
+                f"{scope}/{key}_p10": float(np.percentile(values, 10)),
+                f"{scope}/{key}_p50": float(np.percentile(values, 50)),
+                f"{scope}/{key}_p90": float(np.percentile(values, 90)),
+            }
     return out
 
 

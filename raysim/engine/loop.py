@@ -76,27 +76,34 @@ class EngineServices:
         if self.schedule is not None:
             cohort = self.schedule.cohort(round_num)
         else:  # held-out clients are not in the pool
-            cohort = self.train_pool[sample_cohort(len(self.train_pool), self.job.engine.cohort_size,
-                                                   self.job.seed, round_num)]
+            cohort = self.train_pool[
+                sample_cohort(len(self.train_pool), self.job.engine.cohort_size, self.job.seed, round_num)
+            ]
         self.cohorts.append([int(c) for c in cohort])
         return cohort
 
-    def train_cohort(self, payload: Any, cohort: np.ndarray, round_num: int,
-                     measure_barrier: bool = False) -> RoundOutput:
+    def train_cohort(
+        self, payload: Any, cohort: np.ndarray, round_num: int, measure_barrier: bool = False
+    ) -> RoundOutput:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
-        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num,
-                                           measure_barrier)
+        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, measure_barrier)
         if len(output.failures) > self.job.engine.max_failed_clients:
             raise_client_failure(output.failures[0], round_num)
         for failure in output.failures:
-            log.warning("round %d: client %d failed and was dropped: %r", round_num,
-                        failure.client_id, failure.error)
+            log.warning(
+                "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
+            )
         return output
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
-        return evaluate_global(self.backend, state.params, self.plan, round_num,
-                               personalize=round_num is not None and self.is_personalization_round(round_num))
+        return evaluate_global(
+            self.backend,
+            state.params,
+            self.plan,
+            round_num,
+            personalize=round_num is not None and self.is_personalization_round(round_num),
+        )
 
     def is_personalization_round(self, round_num: int) -> bool:
         config = self.job.evaluation.personalization
@@ -111,8 +118,7 @@ class EngineServices:
         every = self.job.engine.barrier_every
         return every > 0 and (round_num + 1) % every == 0
 
-    def client_server_barrier(self, state: ServerState, output: RoundOutput,
-                              round_num: int) -> Metrics:
+    def client_server_barrier(self, state: ServerState, output: RoundOutput, round_num: int) -> Metrics:
         """FedFish's eq. 5: the new global model against each client's local model, on the
         client's own data of this round (the cohort's first two terms came from the workers)."""
         clients = np.array([int(m["client_id"]) for m in output.barrier], dtype=np.int64)
@@ -135,8 +141,13 @@ class EngineServices:
         return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
 
 
-def run(job: JobConfig, *, tracker: Tracker | None = None, resume_from: str | None = None,
-        output_dir: str | Path = ".raysim") -> RunResult:
+def run(
+    job: JobConfig,
+    *,
+    tracker: Tracker | None = None,
+    resume_from: str | None = None,
+    output_dir: str | Path = ".raysim",
+) -> RunResult:
     """Runs one simulation end to end and returns its result."""
     start = time.perf_counter()
     services, state = build(job, tracker, resume_from, Path(output_dir))
@@ -209,8 +220,9 @@ def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: 
     }
 
 
-def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
-          output_dir: Path) -> tuple[EngineServices, ServerState]:
+def build(
+    job: JobConfig, tracker: Tracker | None, resume_from: str | None, output_dir: Path
+) -> tuple[EngineServices, ServerState]:
     """Builds every object of a run (here and nowhere else) and the starting server state.
 
     Everything that can be checked is checked before Ray workers or an MLflow run exist.
@@ -219,22 +231,35 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     train_pool, heldout = split_population(store.num_clients, job.engine.heldout_fraction, job.seed)
     schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
     if schedule is None and job.engine.cohort_size > len(train_pool):
-        raise ConfigError([f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
-                           f"training clients), got {job.engine.cohort_size}"])
+        raise ConfigError(
+            [
+                f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
+                f"training clients), got {job.engine.cohort_size}"
+            ]
+        )
     if schedule is not None and len(heldout):
         trained = {c for cohort in schedule.cohorts for c in cohort} & set(heldout.tolist())
         if trained:
-            raise ConfigError([f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
-                               f"clients never train (engine.heldout_fraction)"])
+            raise ConfigError(
+                [
+                    f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
+                    f"clients never train (engine.heldout_fraction)"
+                ]
+            )
     transfer = open_transfer_stores(job, store)
     algorithm = build_algorithm(job)
     model = build_job_model(job, store.spec)
     params = P.clone(P.model_params(model))
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
-    info = RunInfo(num_clients=len(train_pool), cohort_size=job.engine.cohort_size,
-                   num_rounds=job.engine.num_rounds, spec=store.spec, seed=job.seed,
-                   buffer_keys=buffer_keys)
+    info = RunInfo(
+        num_clients=len(train_pool),
+        cohort_size=job.engine.cohort_size,
+        num_rounds=job.engine.num_rounds,
+        spec=store.spec,
+        seed=job.seed,
+        buffer_keys=buffer_keys,
+    )
     state, start_round, parent_state_dir = algorithm.init(params, info), 0, None
     if resume_from is not None:
         fresh = state
@@ -246,15 +271,22 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     state_dir = run_dir / "client_state"
     if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
         ClientStateStore(state_dir).restore(parent_state_dir)
-    setup = WorkerSetup(job=job.to_dict(), store_path=str(store.path), state_dir=str(state_dir),
-                        transfer_stores={name: str(s.path) for name, s in transfer.items()})
+    setup = WorkerSetup(
+        job=job.to_dict(),
+        store_path=str(store.path),
+        state_dir=str(state_dir),
+        transfer_stores={name: str(s.path) for name, s in transfer.items()},
+    )
     plan = EvaluationPlan(
         clients=train_pool[sample_eval_clients(len(train_pool), job.engine.eval_clients, job.seed)],
         heldout=heldout[sample_eval_clients(len(heldout), job.engine.heldout_eval_clients, job.seed)],
         personalization=job.evaluation.personalization,
-        transfer={t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
-                  for t in job.evaluation.transfer},
-        personalize_transfer=frozenset(t.name for t in job.evaluation.transfer if t.personalize))
+        transfer={
+            t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
+            for t in job.evaluation.transfer
+        },
+        personalize_transfer=frozenset(t.name for t in job.evaluation.transfer if t.personalize),
+    )
     backend = make_backend(job, setup, store)
     try:
         tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
@@ -262,8 +294,20 @@ def build(job: JobConfig, tracker: Tracker | None, resume_from: str | None,
     except BaseException:
         backend.shutdown()  # no orphaned workers when the tracking store is unreachable
         raise
-    services = EngineServices(job, algorithm, store, backend, tracker, info, run_dir, state_dir,
-                              schedule, start_round, train_pool, plan)
+    services = EngineServices(
+        job,
+        algorithm,
+        store,
+        backend,
+        tracker,
+        info,
+        run_dir,
+        state_dir,
+        schedule,
+        start_round,
+        train_pool,
+        plan,
+    )
     return services, state
 
 
@@ -275,9 +319,13 @@ def tokenizer_identity(store: ClientStore) -> str | None:
     if not saved:
         return None
     digest = hashlib.sha256(json.dumps(saved["config"], sort_keys=True).encode())
-    files = [p for p in sorted((store.path / saved["file"]).rglob("*")) if p.is_file()] \
-        if saved.get("file") and (store.path / saved["file"]).is_dir() else \
-        [store.path / saved["file"]] if saved.get("file") else []
+    files = (
+        [p for p in sorted((store.path / saved["file"]).rglob("*")) if p.is_file()]
+        if saved.get("file") and (store.path / saved["file"]).is_dir()
+        else [store.path / saved["file"]]
+        if saved.get("file")
+        else []
+    )
     for path in files:  # a BPE trained per corpus differs in its merges, not its config
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -296,14 +344,25 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
         except ValidationError as exc:
             raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
         other = open_dataset(transfer.dataset["name"], config)
-        if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != \
-                (store.spec.task, store.spec.input_shape, store.spec.num_classes):
-            raise ConfigError([f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
-                               f"model is built for {store.spec}"])
+        if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != (
+            store.spec.task,
+            store.spec.input_shape,
+            store.spec.num_classes,
+        ):
+            raise ConfigError(
+                [
+                    f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
+                    f"model is built for {store.spec}"
+                ]
+            )
         if tokenizer_identity(other) != tokenizer_identity(store):
-            raise ConfigError([f"evaluation.transfer[{i}]: {transfer.name!r} is tokenized differently "
-                               f"from the training data (the same ids would mean other words); give "
-                               f"both the same tokenizer, e.g. tokenizer: {{kind: hf, name_or_path: ...}}"])
+            raise ConfigError(
+                [
+                    f"evaluation.transfer[{i}]: {transfer.name!r} is tokenized differently "
+                    f"from the training data (the same ids would mean other words); give "
+                    f"both the same tokenizer, e.g. tokenizer: {{kind: hf, name_or_path: ...}}"
+                ]
+            )
         stores[transfer.name] = other
     return stores
 
@@ -312,9 +371,11 @@ def check_same_shape(fresh: ServerState, saved: ServerState, algorithm: str, pat
     """A checkpoint must hold the plugin state this job's algorithm keeps (branching between
     algorithms of one family, FedAvg to FedAdam say, is fine)."""
     if set(fresh.extra) != set(saved.extra):
-        raise CheckpointError(f"{path} holds server state {sorted(saved.extra)}; algorithm "
-                              f"{algorithm!r} keeps {sorted(fresh.extra)}: it was written by "
-                              f"another kind of algorithm")
+        raise CheckpointError(
+            f"{path} holds server state {sorted(saved.extra)}; algorithm "
+            f"{algorithm!r} keeps {sorted(fresh.extra)}: it was written by "
+            f"another kind of algorithm"
+        )
 
 
 def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:
@@ -323,8 +384,11 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
     if resources.backend == "serial":
         if resources.gpus_per_worker > 0 and not torch.cuda.is_available():
             raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
-        serial_setup = replace(setup, device="cuda" if resources.gpus_per_worker > 0 else "cpu",
-                               num_threads=max(1, int(resources.cpus_per_worker)))
+        serial_setup = replace(
+            setup,
+            device="cuda" if resources.gpus_per_worker > 0 else "cpu",
+            num_threads=max(1, int(resources.cpus_per_worker)),
+        )
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
     from raysim.runtime.ray_backend import RayBackend
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from raysim.types import Metrics
 
-_CURVES = {"accuracy": ("eval/central/accuracy", "eval/clients/accuracy", "train/accuracy"),
-           "loss": ("eval/central/loss", "eval/clients/loss", "train/loss")}
+_CURVES = {
+    "accuracy": ("eval/central/accuracy", "eval/clients/accuracy", "train/accuracy"),
+    "loss": ("eval/central/loss", "eval/clients/loss", "train/loss"),
+}
 
 
 def learning_curve(history: list[tuple[int, Metrics]], title: str, path: str | Path) -> Path:

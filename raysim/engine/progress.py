@@ -15,9 +15,15 @@ class RoundProgress:
 
     def __init__(self, name: str, num_rounds: int, start_round: int = 0, enabled: bool = True) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-            console=Console(stderr=True), disable=not enabled, transient=False)
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            disable=not enabled,
+            transient=False,
+        )
         self.task = self.progress.add_task(name, total=num_rounds, completed=start_round, status="")
         self.last: dict[str, float] = {}
 

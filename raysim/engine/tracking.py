@@ -31,8 +31,13 @@ class Tracker(Protocol):
 
 
 def run_tags(job: JobConfig) -> dict[str, str]:
-    return {"algorithm": job.algorithm.name, "dataset": job.dataset.name,
-            "model": job.model.name, "job": job.name, **job.tracking.tags}
+    return {
+        "algorithm": job.algorithm.name,
+        "dataset": job.dataset.name,
+        "model": job.model.name,
+        "job": job.name,
+        **job.tracking.tags,
+    }
 
 
 class MemoryTracker:
@@ -61,8 +66,11 @@ class MemoryTracker:
 
 def tracking_uri(config: TrackingConfig) -> str:
     """The job's URI, else MLFLOW_TRACKING_URI, else SQLite in the working directory."""
-    return (config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-            or f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    return (
+        config.tracking_uri
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    )
 
 
 def artifact_root(uri: str) -> str | None:
@@ -87,18 +95,18 @@ class MlflowTracker:
         found = self.client.get_experiment_by_name(self.experiment)
         if found is not None:
             return found.experiment_id
-        return self.client.create_experiment(self.experiment,
-                                             artifact_location=artifact_root(self.uri))
+        return self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
 
     def start(self, job: JobConfig) -> None:
         from mlflow.entities import Param
 
-        run = self.client.create_run(self._experiment_id(), run_name=job.tracking.run_name or job.name,
-                                     tags=run_tags(job))
+        run = self.client.create_run(
+            self._experiment_id(), run_name=job.tracking.run_name or job.name, tags=run_tags(job)
+        )
         self.run_id = run.info.run_id
         params = [Param(k, str(v)) for k, v in flatten(job.to_dict()).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
         self.client.log_dict(self.run_id, job.to_dict(), "config/job.yaml")
 
     def log_metrics(self, metrics: Metrics, step: int) -> None:

@@ -113,10 +113,12 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
         targets = DEFAULT_TARGETS.get(model_type)
         targets = targets or TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
         if not targets:
-            raise ConfigError([
-                f"model.lora.target_modules: no default for architecture {model_type!r}; "
-                f"name some of {available}"
-            ])
+            raise ConfigError(
+                [
+                    f"model.lora.target_modules: no default for architecture {model_type!r}; "
+                    f"name some of {available}"
+                ]
+            )
         return list(targets)
     bad = []
     for target in targets:
@@ -125,8 +127,10 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
             bad.append(target)
     if bad:
         trained_whole = f" (the head {head} trains whole, as train_head asks)" if head else ""
-        raise ConfigError([
-            f"model.lora.target_modules: {bad} name no Linear, Conv1D or Embedding layer of "
-            f"this {model_type!r} model; choose from {available}{trained_whole}"
-        ])
+        raise ConfigError(
+            [
+                f"model.lora.target_modules: {bad} name no Linear, Conv1D or Embedding layer of "
+                f"this {model_type!r} model; choose from {available}{trained_whole}"
+            ]
+        )
     return list(targets)

@@ -69,9 +69,7 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet of BasicBlocks: images (B, C, H, W) -> logits (B, num_classes)."""
 
-    def __init__(
-        self, blocks: Sequence[int], config: ResNetConfig, spec: DataSpec, model: str
-    ) -> None:
+    def __init__(self, blocks: Sequence[int], config: ResNetConfig, spec: DataSpec, model: str) -> None:
         super().__init__()
         channels, _, _ = image_shape(spec, model)
         norm = make_norm(config, model)
@@ -111,9 +109,7 @@ def make_norm(config: ResNetConfig, model: str) -> Norm:
     if config.norm == "batch":
         return nn.BatchNorm2d
     if config.width % config.num_groups:
-        raise ValueError(
-            f"model {model!r}: num_groups {config.num_groups} must divide width {config.width}"
-        )
+        raise ValueError(f"model {model!r}: num_groups {config.num_groups} must divide width {config.width}")
     return lambda channels: nn.GroupNorm(config.num_groups, channels)
 
 

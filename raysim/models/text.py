@@ -172,9 +172,7 @@ def classifier_hf_config(config: HFClassifierConfig, spec: DataSpec) -> Pretrain
     needed += positions_offset(config.arch, pad)
     positions = config.max_position_embeddings or needed
     if positions < needed:
-        raise ValueError(
-            f"model 'hf_classifier': max_position_embeddings {positions} < {needed} needed"
-        )
+        raise ValueError(f"model 'hf_classifier': max_position_embeddings {positions} < {needed} needed")
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "max_position_embeddings": positions,
@@ -255,17 +253,13 @@ def token_length(spec: DataSpec, model: str, task: Task) -> int:
     if spec.task != task:
         raise ValueError(f"model {model!r} serves task {task!r}, not {spec.task!r}")
     if len(spec.input_shape) != 1:
-        raise ValueError(
-            f"model {model!r} expects token ids with input_shape (T,), got {spec.input_shape}"
-        )
+        raise ValueError(f"model {model!r} expects token ids with input_shape (T,), got {spec.input_shape}")
     if spec.num_classes < 1:
         raise ValueError(f"model {model!r} needs num_classes >= 1, got {spec.num_classes}")
     return spec.input_shape[0]
 
 
-def resolve_sizes(
-    preset: Sizes, config: HFClassifierConfig | HFCausalLMConfig, model: str
-) -> Sizes:
+def resolve_sizes(preset: Sizes, config: HFClassifierConfig | HFCausalLMConfig, model: str) -> Sizes:
     """The preset's sizes with the config's overrides applied.
 
     Raises:
@@ -291,8 +285,7 @@ def check_pad(pad_token_id: int | None, vocab_size: int, model: str) -> None:
     """Raises ValueError when the pad id is not a token of the vocabulary."""
     if pad_token_id is not None and not 0 <= pad_token_id < vocab_size:
         raise ValueError(
-            f"model {model!r}: pad_token_id {pad_token_id} is outside the vocabulary "
-            f"of {vocab_size} tokens"
+            f"model {model!r}: pad_token_id {pad_token_id} is outside the vocabulary of {vocab_size} tokens"
         )
 
 
@@ -326,6 +319,4 @@ def load_pretrained(auto_class: type, path: str, **kwargs: Any) -> PreTrainedMod
             "save_pretrained directories only, never from the hub"
         )
     # dtype: transformers 5 defaults to "auto", which would keep a bf16 checkpoint in bf16.
-    return auto_class.from_pretrained(
-        directory, local_files_only=True, dtype=torch.float32, **kwargs
-    )
+    return auto_class.from_pretrained(directory, local_files_only=True, dtype=torch.float32, **kwargs)

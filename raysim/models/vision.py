@@ -79,9 +79,7 @@ def flat_size(features: list[nn.Module], shape: tuple[int, ...], model: str) -> 
         raise ValueError(f"model {model!r}: input_shape {shape} is too small: {err}") from err
 
 
-def classifier(
-    features: list[nn.Module], hidden: list[int], spec: DataSpec, model: str
-) -> nn.Sequential:
+def classifier(features: list[nn.Module], hidden: list[int], spec: DataSpec, model: str) -> nn.Sequential:
     """Joins ``features``, a flatten, ReLU dense layers of widths ``hidden``, and the logits."""
     widths = [flat_size(features, spec.input_shape, model), *hidden]
     layers = [*features, nn.Flatten()]
@@ -102,8 +100,12 @@ def build_cnn_mnist(config: CNNMnistConfig, spec: DataSpec) -> nn.Sequential:
     """FedAvg's CNN (McMahan et al., arXiv:1602.05629): 1,663,370 params on 1x28x28, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_mnist")
     features = [
-        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
     ]
     return classifier(features, [512], spec, "cnn_mnist")
 
@@ -113,8 +115,12 @@ def build_cnn_fmnist(config: CNNFmnistConfig, spec: DataSpec) -> nn.Sequential:
     """IMA's FMNIST CNN (Zhou et al., arXiv:2305.07845): 274,026 params on 1x28x28, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_fmnist")
     features = [
-        nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
     ]
     return classifier(features, [384, 128], spec, "cnn_fmnist")
 
@@ -124,8 +130,12 @@ def build_cnn_cifar(config: CNNCifarConfig, spec: DataSpec) -> nn.Sequential:
     """IMA's CIFAR CNN (Zhou et al., arXiv:2305.07845): 772,682 params on 3x32x32, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_cifar")
     features = [
-        nn.Conv2d(channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
     ]
     return classifier(features, [384, 128], spec, "cnn_cifar")
 
@@ -138,13 +148,19 @@ def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> nn.Sequential:
     """
     channels, _, _ = image_shape(spec, "cnn_pfl")
     features = [
-        nn.Conv2d(channels, 32, 3), nn.ReLU(),
-        nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
     ]
     head = [
-        nn.Dropout(config.conv_dropout), nn.Flatten(),
-        nn.Linear(flat_size(features, spec.input_shape, "cnn_pfl"), 128), nn.ReLU(),
-        nn.Dropout(config.fc_dropout), nn.Linear(128, spec.num_classes),
+        nn.Dropout(config.conv_dropout),
+        nn.Flatten(),
+        nn.Linear(flat_size(features, spec.input_shape, "cnn_pfl"), 128),
+        nn.ReLU(),
+        nn.Dropout(config.fc_dropout),
+        nn.Linear(128, spec.num_classes),
     ]
     model = nn.Sequential(*features, *head)
     # pfl initialises weights Glorot-uniform to match its TF2 twin; biases keep torch's default.

@@ -34,22 +34,36 @@ class RoundOutput:
 class Backend(Protocol):
     num_workers: int
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
-                     measure_barrier: bool = False) -> RoundOutput: ...
+    def train_cohort(
+        self,
+        algorithm: Any,
+        payload: Payload,
+        cohort: np.ndarray,
+        round_num: int,
+        measure_barrier: bool = False,
+    ) -> RoundOutput: ...
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None, store: str = "") -> list[Metrics]: ...
+    def evaluate_clients(
+        self,
+        params: NumpyParams,
+        client_ids: np.ndarray,
+        split: str = "test",
+        round_num: int | None = None,
+        store: str = "",
+    ) -> list[Metrics]: ...
 
-    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
-                    round_num: int, store: str = "") -> list[Metrics]: ...
+    def personalize(
+        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
+    ) -> list[Metrics]: ...
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None: ...
 
     def shutdown(self) -> None: ...
 
 
-def shard_cohort(cohort: np.ndarray, num_examples: np.ndarray,
-                 num_workers: int) -> list[list[tuple[int, int]]]:
+def shard_cohort(
+    cohort: np.ndarray, num_examples: np.ndarray, num_workers: int
+) -> list[list[tuple[int, int]]]:
     """Assigns clients to workers, largest first to the least-loaded worker (LPT).
 
     Ties break by worker index, so the assignment is a pure function of its inputs. Each shard
@@ -93,20 +107,32 @@ class SerialBackend:
         self.num_workers = num_workers
         self.trainer = ClientTrainer(setup)
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
-                     measure_barrier: bool = False) -> RoundOutput:
+    def train_cohort(
+        self,
+        algorithm: Any,
+        payload: Payload,
+        cohort: np.ndarray,
+        round_num: int,
+        measure_barrier: bool = False,
+    ) -> RoundOutput:
         sizes = self.trainer.store.num_examples("train")[cohort]
         shards = shard_cohort(cohort, sizes, self.num_workers)
         reports = [self.trainer.train(payload, shard, round_num, measure_barrier) for shard in shards]
         return merge_reports(algorithm, reports)
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None, store: str = "") -> list[Metrics]:
-        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split,
-                                             round_num, store)
+    def evaluate_clients(
+        self,
+        params: NumpyParams,
+        client_ids: np.ndarray,
+        split: str = "test",
+        round_num: int | None = None,
+        store: str = "",
+    ) -> list[Metrics]:
+        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split, round_num, store)
 
-    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
-                    round_num: int, store: str = "") -> list[Metrics]:
+    def personalize(
+        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
+    ) -> list[Metrics]:
         return self.trainer.personalize(params, [int(c) for c in client_ids], config, round_num, store)
 
     def evaluate_central(self, params: NumpyParams) -> Metrics | None:

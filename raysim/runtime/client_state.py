@@ -41,8 +41,11 @@ class ClientStateStore:
         if not folder.is_dir():
             return {}
         prefix = f"{client_id}."
-        return {int(p.name.split(".")[1]): p for p in folder.glob(f"{client_id}.*.pt")
-                if p.name.startswith(prefix) and p.name.split(".")[1].isdigit()}
+        return {
+            int(p.name.split(".")[1]): p
+            for p in folder.glob(f"{client_id}.*.pt")
+            if p.name.startswith(prefix) and p.name.split(".")[1].isdigit()
+        }
 
     def get(self, client_id: int, before_round: int) -> Any | None:
         """The state this client wrote in its newest round before ``before_round``, or None."""

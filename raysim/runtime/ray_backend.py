@@ -38,8 +38,11 @@ def init_ray(resources: ResourcesConfig) -> None:
     if ray.is_initialized():
         return
     address = resources.address or os.environ.get("RAY_ADDRESS")
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                               "logging_level": logging.WARNING}
+    options: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
     ray.init(address=address, **options) if address else ray.init(**options)
 
 
@@ -54,29 +57,34 @@ def resolve_num_workers(resources: ResourcesConfig) -> int:
             raise ResourceError(
                 f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
                 f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
-                f"resources.num_workers or the per-worker shares")
+                f"resources.num_workers or the per-worker shares"
+            )
         return wanted
     by_cpu = int(cpus // resources.cpus_per_worker)
     by_gpu = int(gpus // resources.gpus_per_worker) if resources.gpus_per_worker > 0 else by_cpu
     if min(by_cpu, by_gpu) < 1:
-        raise ResourceError(f"one worker needs {resources.cpus_per_worker} CPU and "
-                            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU")
+        raise ResourceError(
+            f"one worker needs {resources.cpus_per_worker} CPU and "
+            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU"
+        )
     return min(by_cpu, by_gpu)
 
 
 def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
     """Device, threads and GPU memory share of one worker."""
     gpus = resources.gpus_per_worker
-    return replace(setup, device="cuda" if gpus > 0 else "cpu",
-                   num_threads=max(1, int(resources.cpus_per_worker)),
-                   gpu_memory_fraction=gpus if 0 < gpus < 1 else None)
+    return replace(
+        setup,
+        device="cuda" if gpus > 0 else "cpu",
+        num_threads=max(1, int(resources.cpus_per_worker)),
+        gpu_memory_fraction=gpus if 0 < gpus < 1 else None,
+    )
 
 
 class RayBackend:
     """Trains each round's cohort on a pool of ``ClientTrainer`` actors."""
 
-    def __init__(self, setup: WorkerSetup, resources: ResourcesConfig,
-                 num_examples: np.ndarray) -> None:
+    def __init__(self, setup: WorkerSetup, resources: ResourcesConfig, num_examples: np.ndarray) -> None:
         init_ray(resources)
         self.num_examples = num_examples
         self.num_workers = resolve_num_workers(resources)
@@ -88,37 +96,53 @@ class RayBackend:
             ray.get(self.placement.ready(), timeout=_PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
             remove_placement_group(self.placement)
-            raise ResourceError(f"could not reserve {self.num_workers} x {bundle} within "
-                                f"{_PLACEMENT_TIMEOUT_S} s: {ray.available_resources()} available") from None
+            raise ResourceError(
+                f"could not reserve {self.num_workers} x {bundle} within "
+                f"{_PLACEMENT_TIMEOUT_S} s: {ray.available_resources()} available"
+            ) from None
         actor = ray.remote(ClientTrainer)
         one = worker_setup_for(setup, resources)
         self.workers = [
-            actor.options(num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker,
-                          max_restarts=resources.max_worker_restarts,
-                          max_task_retries=resources.max_worker_restarts,
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              placement_group=self.placement, placement_group_bundle_index=i),
-                          ).remote(one)
-            for i in range(self.num_workers)]
+            actor.options(
+                num_cpus=resources.cpus_per_worker,
+                num_gpus=resources.gpus_per_worker,
+                max_restarts=resources.max_worker_restarts,
+                max_task_retries=resources.max_worker_restarts,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.placement, placement_group_bundle_index=i
+                ),
+            ).remote(one)
+            for i in range(self.num_workers)
+        ]
         self.dead_workers = 0
         _get([w.ping.remote() for w in self.workers])  # surface construction errors now
 
-    def train_cohort(self, algorithm: Any, payload: Payload, cohort: np.ndarray, round_num: int,
-                     measure_barrier: bool = False) -> RoundOutput:
+    def train_cohort(
+        self,
+        algorithm: Any,
+        payload: Payload,
+        cohort: np.ndarray,
+        round_num: int,
+        measure_barrier: bool = False,
+    ) -> RoundOutput:
         payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
         reports = self._run_shards(payload_ref, shards, round_num, measure_barrier)
         del payload_ref
         return merge_reports(algorithm, reports)
 
-    def _run_shards(self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int,
-                    measure_barrier: bool) -> list[WorkerReport]:
+    def _run_shards(
+        self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int, measure_barrier: bool
+    ) -> list[WorkerReport]:
         """Runs the shards; clients of workers that died for good are re-sharded over the rest."""
         reports: list[WorkerReport] = []
         pending = list(zip(self.workers, shards))
         while pending:
-            refs = [(w, shard, w.train.remote(payload_ref, shard, round_num, measure_barrier))
-                    for w, shard in pending if shard]
+            refs = [
+                (w, shard, w.train.remote(payload_ref, shard, round_num, measure_barrier))
+                for w, shard in pending
+                if shard
+            ]
             orphans: list[tuple[int, int]] = []
             for worker, shard, ref in refs:
                 try:
@@ -134,8 +158,9 @@ class RayBackend:
         if dead in self.workers:
             self.workers.remove(dead)
             self.dead_workers += 1
-        log.warning("round %d: a worker died for good (%d left); re-running its clients",
-                    round_num, len(self.workers))
+        log.warning(
+            "round %d: a worker died for good (%d left); re-running its clients", round_num, len(self.workers)
+        )
         if not self.workers:
             raise ResourceError("every worker died; see the Ray logs (ray/session_latest/logs)")
 
@@ -145,21 +170,30 @@ class RayBackend:
         shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: np.ndarray, split: str = "test",
-                         round_num: int | None = None, store: str = "") -> list[Metrics]:
+    def evaluate_clients(
+        self,
+        params: NumpyParams,
+        client_ids: np.ndarray,
+        split: str = "test",
+        round_num: int | None = None,
+        store: str = "",
+    ) -> list[Metrics]:
         return self._per_client("evaluate_clients", params, client_ids, split, round_num, store)
 
-    def personalize(self, params: NumpyParams, client_ids: np.ndarray, config: Any,
-                    round_num: int, store: str = "") -> list[Metrics]:
+    def personalize(
+        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
+    ) -> list[Metrics]:
         return self._per_client("personalize", params, client_ids, config, round_num, store)
 
-    def _per_client(self, method: str, params: NumpyParams, client_ids: np.ndarray,
-                    *args: Any) -> list[Metrics]:
+    def _per_client(
+        self, method: str, params: NumpyParams, client_ids: np.ndarray, *args: Any
+    ) -> list[Metrics]:
         """Spreads per-client evaluation work over the workers; results sorted by client."""
         params_ref = ray.put(params)
         parts = split_evenly(client_ids, len(self.workers))
-        refs = [getattr(w, method).remote(params_ref, part, *args)
-                for w, part in zip(self.workers, parts) if part]
+        refs = [
+            getattr(w, method).remote(params_ref, part, *args) for w, part in zip(self.workers, parts) if part
+        ]
         results = _get(refs)
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])
 

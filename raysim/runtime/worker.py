@@ -76,9 +76,13 @@ def build_job_model(job: JobConfig, spec: Any) -> torch.nn.Module:
     try:
         return build_model(job.model.name, job.model.config, spec)
     except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError([f"model: {job.model.name!r} cannot be built for dataset "
-                           f"{job.dataset.name!r} ({spec.task}, input {spec.input_shape}, "
-                           f"{spec.num_classes} classes): {exc}"]) from exc
+        raise ConfigError(
+            [
+                f"model: {job.model.name!r} cannot be built for dataset "
+                f"{job.dataset.name!r} ({spec.task}, input {spec.input_shape}, "
+                f"{spec.num_classes} classes): {exc}"
+            ]
+        ) from exc
 
 
 class ClientTrainer:
@@ -92,8 +96,9 @@ class ClientTrainer:
         self.job = JobConfig.from_dict(setup.job)
         self.device = torch.device(setup.device)
         self.store = ClientStore.open(setup.store_path)
-        self.stores = {"": self.store} | {name: ClientStore.open(path)
-                                          for name, path in setup.transfer_stores.items()}
+        self.stores = {"": self.store} | {
+            name: ClientStore.open(path) for name, path in setup.transfer_stores.items()
+        }
         self.states = ClientStateStore(setup.state_dir)
         self.algorithm = build_algorithm(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
@@ -101,8 +106,9 @@ class ClientTrainer:
     def ping(self) -> str:
         return "ok"
 
-    def train(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
-              measure_barrier: bool = False) -> WorkerReport:
+    def train(
+        self, payload: Payload, tasks: list[tuple[int, int]], round_num: int, measure_barrier: bool = False
+    ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
         With ``measure_barrier`` each client's round data is also evaluated under the broadcast
@@ -116,8 +122,9 @@ class ClientTrainer:
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:
-                result, barrier = self._train_one(payload, global_params, client_id, round_num,
-                                                  measure_barrier)
+                result, barrier = self._train_one(
+                    payload, global_params, client_id, round_num, measure_barrier
+                )
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
@@ -127,9 +134,14 @@ class ClientTrainer:
             if barrier is not None:
                 report.barrier.append(barrier)
             report.bytes_up += P.num_bytes(result.update)
-            report.client_metrics.append({**result.metrics, "client_id": float(client_id),
-                                          "weight": result.weight,
-                                          "seconds": time.perf_counter() - t0})
+            report.client_metrics.append(
+                {
+                    **result.metrics,
+                    "client_id": float(client_id),
+                    "weight": result.weight,
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
         report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
         report.seconds = time.perf_counter() - start
         return report
@@ -137,11 +149,18 @@ class ClientTrainer:
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
         seed = client_seed(self.job.seed, round_num, client_id)
-        return cap_examples(self.store.client_data(client_id, "train"),
-                            self.job.engine.max_client_examples, seed)
+        return cap_examples(
+            self.store.client_data(client_id, "train"), self.job.engine.max_client_examples, seed
+        )
 
-    def _train_one(self, payload: Payload, global_params: dict[str, torch.Tensor], client_id: int,
-                   round_num: int, measure_barrier: bool) -> tuple[Any, Metrics | None]:
+    def _train_one(
+        self,
+        payload: Payload,
+        global_params: dict[str, torch.Tensor],
+        client_id: int,
+        round_num: int,
+        measure_barrier: bool,
+    ) -> tuple[Any, Metrics | None]:
         seed = client_seed(self.job.seed, round_num, client_id)
         P.load_into(self.model, global_params)  # in place: the model is never rebuilt
         self.model.train()  # whatever ran before (evaluation, another plugin's loop)
@@ -150,24 +169,41 @@ class ClientTrainer:
         start = self._evaluate(data) if measure_barrier else None
         self.model.train()  # the evaluation above switched to eval mode
         ctx = ClientContext(
-            client_id=client_id, round_num=round_num, model=self.model, payload=payload,
-            global_params=global_params, data=data,
-            state=self.states.get(client_id, before_round=round_num), seed=seed,
-            device=self.device, spec=self.store.spec)
+            client_id=client_id,
+            round_num=round_num,
+            model=self.model,
+            payload=payload,
+            global_params=global_params,
+            data=data,
+            state=self.states.get(client_id, before_round=round_num),
+            seed=seed,
+            device=self.device,
+            spec=self.store.spec,
+        )
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
         if start is None:
             return result, None
         local = self._evaluate(data)  # the model the client ended with
-        return result, {"client_id": float(client_id), "start_loss": start["loss"],
-                        "start_accuracy": start["accuracy"], "local_loss": local["loss"],
-                        "local_accuracy": local["accuracy"]}
+        return result, {
+            "client_id": float(client_id),
+            "start_loss": start["loss"],
+            "start_accuracy": start["accuracy"],
+            "local_loss": local["loss"],
+            "local_accuracy": local["accuracy"],
+        }
 
     def _evaluate(self, data: ClientData) -> Metrics:
         return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
 
-    def personalize(self, params: NumpyParams, client_ids: list[int], config: PersonalizationConfig,
-                    round_num: int, store: str = "") -> list[Metrics]:
+    def personalize(
+        self,
+        params: NumpyParams,
+        client_ids: list[int],
+        config: PersonalizationConfig,
+        round_num: int,
+        store: str = "",
+    ) -> list[Metrics]:
         """Each client's test split under the global model and after few-shot fine-tuning.
 
         A client fine-tunes a fresh copy of ``params`` on the first ``fraction`` of its data
@@ -192,16 +228,28 @@ class ClientTrainer:
                 self.model.zero_grad(set_to_none=True)
                 torch.manual_seed(seed)  # dropout: the same whichever worker runs the client
                 if shots:
-                    train_local(self.model, ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
-                                local, seed=seed, spec=source.spec, device=self.device)
+                    train_local(
+                        self.model,
+                        ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
+                        local,
+                        seed=seed,
+                        spec=source.spec,
+                        device=self.device,
+                    )
                 tuned = self._evaluate(test)
                 tag = f"personalized_{round(fraction * 100)}"
                 row |= {f"{tag}/accuracy": tuned["accuracy"], f"{tag}/loss": tuned["loss"]}
             out.append(row)
         return out
 
-    def evaluate_clients(self, params: NumpyParams, client_ids: list[int], split: str = "test",
-                         round_num: int | None = None, store: str = "") -> list[Metrics]:
+    def evaluate_clients(
+        self,
+        params: NumpyParams,
+        client_ids: list[int],
+        split: str = "test",
+        round_num: int | None = None,
+        store: str = "",
+    ) -> list[Metrics]:
         """``params`` on each client's split (clients with no examples are skipped).
 
         ``split="round"`` is the client's training data of ``round_num`` (after the cap);
@@ -224,8 +272,7 @@ class ClientTrainer:
         if data is None or not len(data):
             return None
         P.load_into(self.model, params)
-        return evaluate(self.model, data, self.store.spec, self.device,
-                        self.job.engine.eval_batch_size)
+        return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
 
 
 def _shippable(exc: Exception) -> Exception:

@@ -19,14 +19,16 @@ def test_barrier_is_logged_and_matches_an_independent_evaluation(tmp_path, algor
     for _, metrics in result.history:
         assert metrics["barrier/local_loss"] < metrics["barrier/start_loss"]  # local training helped
         assert metrics["barrier/loss"] == pytest.approx(
-            metrics["barrier/global_loss"] - metrics["barrier/local_loss"])
+            metrics["barrier/global_loss"] - metrics["barrier/local_loss"]
+        )
     # the last round's global term, recomputed from the final model on the same round data
     last = json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"][-1]
     trainer = ClientTrainer(WorkerSetup(job.to_dict(), str(store_path(job)), str(tmp_path / "s")))
     again = trainer.evaluate_clients(P.to_numpy(result.state.params), last, "round", round_num=2)
     assert all(len(trainer.round_data(c, 2)) == 10 for c in last)
     assert result.history[-1][1]["barrier/global_loss"] == pytest.approx(
-        np.mean([m["loss"] for m in again]), rel=1e-6)
+        np.mean([m["loss"] for m in again]), rel=1e-6
+    )
 
 
 def test_measuring_the_barrier_does_not_change_training(tmp_path):

@@ -55,8 +55,19 @@ def test_cohort_larger_than_population_is_a_clear_error(tmp_path, capsys):
 def test_ls_lists_every_registered_kind(capsys):
     assert main(["ls"]) == 0
     out = capsys.readouterr().out
-    for name in ("fedavg", "fedadam", "fedyogi", "fedavgm", "fedprox", "scaffold", "mnist", "digits",
-                 "cnn_pfl", "resnet18", "hf_causal_lm"):
+    for name in (
+        "fedavg",
+        "fedadam",
+        "fedyogi",
+        "fedavgm",
+        "fedprox",
+        "scaffold",
+        "mnist",
+        "digits",
+        "cnn_pfl",
+        "resnet18",
+        "hf_causal_lm",
+    ):
         assert name in out
 
 
@@ -67,7 +78,17 @@ def test_ui_serves_the_same_store_on_localhost(tracking_uri, capsys):
 
 
 def test_overrides_may_follow_options(tmp_path, capsys):
-    code = main(["run", write(tmp_path, GOOD), "--variant", "avg", "engine.num_rounds=1",
-                 "tracking.enabled=false", "--output-dir", str(tmp_path / "out")])
+    code = main(
+        [
+            "run",
+            write(tmp_path, GOOD),
+            "--variant",
+            "avg",
+            "engine.num_rounds=1",
+            "tracking.enabled=false",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "avg" in out and "prox" not in out

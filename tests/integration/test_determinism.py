@@ -12,8 +12,7 @@ from raysim.engine.loop import run
 
 
 def final_params(tmp_path, backend, num_workers, algorithm="fedavg"):
-    job = tiny_job(resources={"backend": backend, "num_workers": num_workers},
-                   algorithm={"name": algorithm})
+    job = tiny_job(resources={"backend": backend, "num_workers": num_workers}, algorithm={"name": algorithm})
     return run(job, output_dir=tmp_path / f"{backend}{num_workers}{algorithm}").state.params
 
 
@@ -58,8 +57,11 @@ def test_batchnorm_buffers_are_averaged_and_agree_across_backends(tmp_path, ray_
     from raysim.config import JobConfig
 
     def final(backend):
-        raw = tiny_job(algorithm={"name": "fedadam"}, resources={"backend": backend, "num_workers": 2},
-                       engine={"num_rounds": 2}).to_dict()
+        raw = tiny_job(
+            algorithm={"name": "fedadam"},
+            resources={"backend": backend, "num_workers": 2},
+            engine={"num_rounds": 2},
+        ).to_dict()
         raw["model"] = {"name": "resnet10", "width": 4}
         return run(JobConfig.from_dict(raw), output_dir=tmp_path / backend).state
 

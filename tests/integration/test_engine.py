@@ -13,9 +13,11 @@ from raysim.errors import CheckpointError, ClientError
 
 
 def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_uri, ray_local):
-    job = tiny_job(resources={"backend": "ray", "num_workers": 2},
-                   algorithm={"name": "fedavg", "local": {"epochs": 3}},
-                   tracking={"enabled": True, "experiment": "it"})
+    job = tiny_job(
+        resources={"backend": "ray", "num_workers": 2},
+        algorithm={"name": "fedavg", "local": {"epochs": 3}},
+        tracking={"enabled": True, "experiment": "it"},
+    )
     result = run(job, output_dir=tmp_path)
     client = MlflowClient(tracking_uri)
     data = client.get_run(result.run_id).data
@@ -36,13 +38,17 @@ def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_u
 
 
 def test_resume_equals_uninterrupted(tmp_path):
-    whole = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
-                output_dir=tmp_path / "whole")
-    first = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}),
-                output_dir=tmp_path / "first")
-    resumed = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
-                  resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
-                  output_dir=tmp_path / "second")
+    whole = run(
+        tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}), output_dir=tmp_path / "whole"
+    )
+    first = run(
+        tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}), output_dir=tmp_path / "first"
+    )
+    resumed = run(
+        tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
+        resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+        output_dir=tmp_path / "second",
+    )
     assert [step for step, _ in resumed.history] == [2, 3]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
@@ -52,8 +58,11 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_resume_from_a_checkpoint_of_another_model_is_refused(tmp_path):
     first = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
     with pytest.raises(CheckpointError, match="does not fit"):
-        run(tiny_job(model={"name": "mlp", "hidden": [8]}),
-            resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
+        run(
+            tiny_job(model={"name": "mlp", "hidden": [8]}),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+            output_dir=tmp_path / "b",
+        )
     with pytest.raises(CheckpointError, match="no checkpoint"):
         run(tiny_job(), resume_from=str(tmp_path / "nope.pt"), output_dir=tmp_path / "c")
 
@@ -119,9 +128,10 @@ def test_client_failures_follow_the_policy(tmp_path):
     with pytest.raises(ClientError, match="boom") as info:
         run(job, output_dir=tmp_path / "strict")
     assert info.value.client_id % 7 == 0 and isinstance(info.value.__cause__, ValueError)
-    tolerant = run(tiny_job(algorithm={"name": "failing_fedavg"},
-                            engine={"num_rounds": 6, "max_failed_clients": 6}),
-                   output_dir=tmp_path / "tolerant")
+    tolerant = run(
+        tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6, "max_failed_clients": 6}),
+        output_dir=tmp_path / "tolerant",
+    )
     failed = [m["sys/failed_clients"] for _, m in tolerant.history]
     assert sum(failed) > 0 and len(failed) == 6
 
@@ -142,8 +152,10 @@ def test_a_fixed_schedule_replays_the_cohorts_of_another_run(tmp_path):
     schedule = first.run_dir / "cohorts.json"
     recorded = json.loads(schedule.read_text())["cohorts"]
     assert len(recorded) == 3 and all(len(c) == 6 for c in recorded)
-    replay = run(tiny_job(seed=11, algorithm={"name": "fedprox"}, engine={"schedule": str(schedule)}),
-                 output_dir=tmp_path / "b")
+    replay = run(
+        tiny_job(seed=11, algorithm={"name": "fedprox"}, engine={"schedule": str(schedule)}),
+        output_dir=tmp_path / "b",
+    )
     assert json.loads((replay.run_dir / "cohorts.json").read_text())["cohorts"] == recorded
     other = run(tiny_job(seed=11), output_dir=tmp_path / "c")
     assert json.loads((other.run_dir / "cohorts.json").read_text())["cohorts"] != recorded
@@ -171,19 +183,22 @@ class OneShotAverage:
 def test_a_protocol_override_replaces_the_round_loop(tmp_path):
     fedavg_config = registry.get("algorithm", "fedavg").config
     registry.register("algorithm", "oneshot_test", config=fedavg_config)(OneShotAverage)
-    result = run(tiny_job(algorithm={"name": "oneshot_test"}, engine={"num_rounds": 50}),
-                 output_dir=tmp_path)
+    result = run(tiny_job(algorithm={"name": "oneshot_test"}, engine={"num_rounds": 50}), output_dir=tmp_path)
     assert [step for step, _ in result.history] == [0]
     assert result.final["oneshot/clients"] == 20 and "eval/clients/accuracy" in result.final
     assert (result.run_dir / "checkpoints" / "final.pt").exists()
 
 
 def test_a_branch_copies_client_state_instead_of_sharing_it(tmp_path):
-    parent = run(tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}),
-                 output_dir=tmp_path / "p")
+    parent = run(
+        tiny_job(engine={"num_rounds": 2}, algorithm={"name": "scaffold"}), output_dir=tmp_path / "p"
+    )
     before = sorted(p.name for p in (parent.run_dir / "client_state").rglob("*.pt"))
-    branch = run(tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
-                 resume_from=str(parent.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
+    branch = run(
+        tiny_job(engine={"num_rounds": 4}, algorithm={"name": "scaffold"}),
+        resume_from=str(parent.run_dir / "checkpoints" / "final.pt"),
+        output_dir=tmp_path / "b",
+    )
     assert sorted(p.name for p in (parent.run_dir / "client_state").rglob("*.pt")) == before
     assert len(list((branch.run_dir / "client_state").rglob("*.pt"))) >= len(before)
     import json
@@ -194,19 +209,24 @@ def test_a_branch_copies_client_state_instead_of_sharing_it(tmp_path):
 
 def test_resume_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_path):
     """SCAFFOLD keeps client state: the resumed run must see it as of the checkpoint's round."""
-    job = tiny_job(engine={"num_rounds": 6, "checkpoint_every": 2, "cohort_size": 10},
-                   algorithm={"name": "scaffold"})
+    job = tiny_job(
+        engine={"num_rounds": 6, "checkpoint_every": 2, "cohort_size": 10}, algorithm={"name": "scaffold"}
+    )
     whole = run(job, output_dir=tmp_path / "whole")
-    resumed = run(job, resume_from=str(whole.run_dir / "checkpoints" / "round_00003.pt"),
-                  output_dir=tmp_path / "resumed")
+    resumed = run(
+        job,
+        resume_from=str(whole.run_dir / "checkpoints" / "round_00003.pt"),
+        output_dir=tmp_path / "resumed",
+    )
     assert [step for step, _ in resumed.history] == [4, 5]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
 
 
 def test_two_workers_dying_in_one_round_leave_one_to_finish(tmp_path, ray_local):
-    job = tiny_job(resources={"backend": "ray", "num_workers": 3, "cpus_per_worker": 0.5,
-                              "max_worker_restarts": 0})
+    job = tiny_job(
+        resources={"backend": "ray", "num_workers": 3, "cpus_per_worker": 0.5, "max_worker_restarts": 0}
+    )
     expected, _ = run_rounds(job, tmp_path / "a")
 
     def kill_two(services):
@@ -222,14 +242,19 @@ def test_two_workers_dying_in_one_round_leave_one_to_finish(tmp_path, ray_local)
 def test_resuming_another_kind_of_algorithm_is_refused(tmp_path):
     first = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
     with pytest.raises(CheckpointError, match="another kind of algorithm"):
-        run(tiny_job(algorithm={"name": "scaffold"}),
-            resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "b")
-    branch = run(tiny_job(algorithm={"name": "fedadam"}, engine={"num_rounds": 2}),  # same family
-                 resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "c")
+        run(
+            tiny_job(algorithm={"name": "scaffold"}),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+            output_dir=tmp_path / "b",
+        )
+    branch = run(
+        tiny_job(algorithm={"name": "fedadam"}, engine={"num_rounds": 2}),  # same family
+        resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+        output_dir=tmp_path / "c",
+    )
     assert [step for step, _ in branch.history] == [1]
 
 
 def test_the_final_checkpoint_is_written_even_when_not_uploaded(tmp_path):
-    result = run(tiny_job(engine={"num_rounds": 1}, tracking={"log_checkpoint": False}),
-                 output_dir=tmp_path)
+    result = run(tiny_job(engine={"num_rounds": 1}, tracking={"log_checkpoint": False}), output_dir=tmp_path)
     assert (result.run_dir / "checkpoints" / "final.pt").exists()

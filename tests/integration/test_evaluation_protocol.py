@@ -48,8 +48,13 @@ def test_personalization_matches_a_hand_composed_fine_tune(tmp_path):
         P.load_into(trainer.model, weights)
         seed = client_seed(job.seed, 2, int(client)) ^ _PERSONALIZE
         torch.manual_seed(seed)
-        train_local(trainer.model, ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
-                    LocalTrainConfig(epochs=2, lr=0.1, batch_size=4), seed=seed, spec=store.spec)
+        train_local(
+            trainer.model,
+            ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
+            LocalTrainConfig(epochs=2, lr=0.1, batch_size=4),
+            seed=seed,
+            spec=store.spec,
+        )
         expected.append(evaluate(trainer.model, test, store.spec)["accuracy"])
     assert last["eval/heldout/personalized_50/accuracy_mean"] == pytest.approx(np.mean(expected))
     assert last["eval/heldout/personalized_50/accuracy_mean"] != last["eval/heldout/accuracy_mean"]
@@ -57,8 +62,9 @@ def test_personalization_matches_a_hand_composed_fine_tune(tmp_path):
 
 def test_transfer_evaluation_on_another_dataset(tmp_path):
     other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 8}, "test_fraction": 0.5}
-    job = tiny_job(evaluation={"personalization": PERSONALIZE,
-                               "transfer": [{"name": "digits_iid", "dataset": other}]})
+    job = tiny_job(
+        evaluation={"personalization": PERSONALIZE, "transfer": [{"name": "digits_iid", "dataset": other}]}
+    )
     final = run(job, output_dir=tmp_path).final
     assert final["eval/transfer/digits_iid/num_clients"] == 8
     scope = "eval/transfer/digits_iid"
@@ -70,21 +76,29 @@ def test_a_transfer_dataset_the_model_cannot_read_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"evaluation.transfer\[0\]: 'mnist' holds"):
         run(tiny_job(evaluation={"transfer": [{"name": "mnist", "dataset": mnist}]}), output_dir=tmp_path)
     typo = {"name": "digits", "partition": {"kind": "iid", "num_clients": 5}, "test_fraktion": 0.5}
-    with pytest.raises(ConfigError, match=r"evaluation.transfer\[0\].dataset.test_fraktion: unknown key; "
-                                          r"did you mean 'test_fraction'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluation.transfer\[0\].dataset.test_fraktion: unknown key; "
+        r"did you mean 'test_fraction'",
+    ):
         run(tiny_job(evaluation={"transfer": [{"name": "t", "dataset": typo}]}), output_dir=tmp_path)
 
 
 def test_ray_and_serial_agree_on_heldout_personalization_and_transfer(tmp_path, ray_local):
     other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 6}, "test_fraction": 0.5}
-    sections = {"engine": {"heldout_fraction": 0.25},
-                "evaluation": {"personalization": PERSONALIZE,
-                               "transfer": [{"name": "t", "dataset": other}]}}
+    sections = {
+        "engine": {"heldout_fraction": 0.25},
+        "evaluation": {"personalization": PERSONALIZE, "transfer": [{"name": "t", "dataset": other}]},
+    }
     serial = run(tiny_job(**sections), output_dir=tmp_path / "s").final
-    on_ray = run(tiny_job(resources={"backend": "ray", "num_workers": 2}, **sections),
-                 output_dir=tmp_path / "r").final
-    for key in ("eval/heldout/personalized_25/accuracy_mean", "eval/transfer/t/personalized_50/loss",
-                "eval/heldout/accuracy"):
+    on_ray = run(
+        tiny_job(resources={"backend": "ray", "num_workers": 2}, **sections), output_dir=tmp_path / "r"
+    ).final
+    for key in (
+        "eval/heldout/personalized_25/accuracy_mean",
+        "eval/transfer/t/personalized_50/loss",
+        "eval/heldout/accuracy",
+    ):
         assert on_ray[key] == pytest.approx(serial[key], rel=1e-5), key
 
 
@@ -98,6 +112,7 @@ def test_a_schedule_cannot_train_heldout_clients(tmp_path):
 
 
 def test_heldout_evaluation_can_be_capped(tmp_path):
-    final = run(tiny_job(engine={"heldout_fraction": 0.5, "heldout_eval_clients": 3}),
-                output_dir=tmp_path).final
+    final = run(
+        tiny_job(engine={"heldout_fraction": 0.5, "heldout_eval_clients": 3}), output_dir=tmp_path
+    ).final
     assert final["eval/heldout/num_clients"] == 3

@@ -37,15 +37,28 @@ def mlp(seed):
 def barriers(supports, seed):
     """Mean over the two clients of the barrier under FedAvg and under FedFish."""
     entry = registry.get("algorithm", "fedfish")
-    fish = entry.factory(entry.config.model_validate(
-        {"local": {"lr": 0.05, "epochs": 60, "batch_size": 10}, "server": {"kind": "sgd", "lr": 1.0}}))
+    fish = entry.factory(
+        entry.config.model_validate(
+            {"local": {"lr": 0.05, "epochs": 60, "batch_size": 10}, "server": {"kind": "sgd", "lr": 1.0}}
+        )
+    )
     init = P.clone(P.model_params(mlp(seed)))
     clients = [client_data(low, high, seed + i) for i, (low, high) in enumerate(supports)]
     results, local_mse = [], []
     for i, data in enumerate(clients):
         model = mlp(seed)
-        ctx = ClientContext(i, 0, model, Payload(P.to_numpy(init)), P.clone(init), data, None,
-                            100 * seed + i, torch.device("cpu"), SPEC)
+        ctx = ClientContext(
+            i,
+            0,
+            model,
+            Payload(P.to_numpy(init)),
+            P.clone(init),
+            data,
+            None,
+            100 * seed + i,
+            torch.device("cpu"),
+            SPEC,
+        )
         results.append(fish.client_update(ctx))
         local_mse.append(evaluate(model, data, SPEC)["loss"])
     means = {}
@@ -64,8 +77,9 @@ def barriers(supports, seed):
 
 @pytest.fixture(scope="module")
 def measured():
-    return {setting: [barriers(supports, seed) for seed in (1, 2, 3)]
-            for setting, supports in SETTINGS.items()}
+    return {
+        setting: [barriers(supports, seed) for seed in (1, 2, 3)] for setting, supports in SETTINGS.items()
+    }
 
 
 def test_with_full_overlap_the_two_aggregates_are_alike(measured):

@@ -7,12 +7,17 @@ from raysim.engine.loop import run
 
 BASE = {
     "name": "lm",
-    "dataset": {"name": "pydoc_topics", "seq_len": 32, "tokenizer": {"kind": "bytes"},
-                "test_fraction": 0.5},
+    "dataset": {"name": "pydoc_topics", "seq_len": 32, "tokenizer": {"kind": "bytes"}, "test_fraction": 0.5},
     "model": {"name": "hf_causal_lm", "arch": "gpt2", "preset": "tiny"},
     "algorithm": {"name": "fedfish", "local": {"epochs": 1, "batch_size": 4, "lr": 0.05}},
-    "engine": {"num_rounds": 2, "cohort_size": 4, "max_client_examples": 8, "eval_every": 1,
-               "eval_clients": 6, "barrier_every": 1},
+    "engine": {
+        "num_rounds": 2,
+        "cohort_size": 4,
+        "max_client_examples": 8,
+        "eval_every": 1,
+        "eval_clients": 6,
+        "barrier_every": 1,
+    },
     "resources": {"backend": "serial"},
     "tracking": {"enabled": False, "progress": False},
 }
@@ -33,8 +38,11 @@ def test_fedfish_trains_a_causal_lm_and_reports_next_token_metrics(tmp_path):
 
 
 def test_lora_sends_adapter_weights_only(tmp_path):
-    lora = {**BASE, "model": {**BASE["model"], "lora": {"r": 4}},
-            "algorithm": {"name": "fedavg", "local": {"epochs": 1, "batch_size": 4, "lr": 0.05}}}
+    lora = {
+        **BASE,
+        "model": {**BASE["model"], "lora": {"r": 4}},
+        "algorithm": {"name": "fedavg", "local": {"epochs": 1, "batch_size": 4, "lr": 0.05}},
+    }
     result = run(JobConfig.from_dict(lora), output_dir=tmp_path)
     sent = result.state.params
     assert sent and all("lora_" in name for name in sent)  # the frozen base never travels
@@ -50,14 +58,21 @@ def test_a_transfer_dataset_tokenized_differently_is_refused(tmp_path):
     from raysim.errors import ConfigError
 
     def text(min_frequency):
-        return {"name": "pydoc_topics", "seq_len": 32, "test_fraction": 0.5,
-                "tokenizer": {"kind": "bpe", "vocab_size": 600, "min_frequency": min_frequency}}
+        return {
+            "name": "pydoc_topics",
+            "seq_len": 32,
+            "test_fraction": 0.5,
+            "tokenizer": {"kind": "bpe", "vocab_size": 600, "min_frequency": min_frequency},
+        }
 
     job = {**BASE, "dataset": text(2), "evaluation": {"transfer": [{"name": "other", "dataset": text(3)}]}}
     with pytest.raises(ConfigError, match="'other' is tokenized differently"):
         run(JobConfig.from_dict(job), output_dir=tmp_path)
-    same = {**job, "evaluation": {"transfer": [{"name": "same", "dataset": text(2)}]},
-            "engine": {**BASE["engine"], "num_rounds": 1}}
+    same = {
+        **job,
+        "evaluation": {"transfer": [{"name": "same", "dataset": text(2)}]},
+        "engine": {**BASE["engine"], "num_rounds": 1},
+    }
     assert "eval/transfer/same/accuracy" in run(JobConfig.from_dict(same), output_dir=tmp_path).final
 
 
@@ -68,8 +83,16 @@ def test_prepare_builds_a_jobs_transfer_datasets(tmp_path, capsys):
 
     other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 7}}
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({**BASE, "dataset": {"name": "digits"}, "model": {"name": "mlp"},
-                                    "evaluation": {"transfer": [{"name": "t", "dataset": other}]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                **BASE,
+                "dataset": {"name": "digits"},
+                "model": {"name": "mlp"},
+                "evaluation": {"transfer": [{"name": "t", "dataset": other}]},
+            }
+        )
+    )
     assert main(["prepare", str(path)]) == 0
     out = capsys.readouterr().out
     assert "7 clients" in out and "100 clients" in out
@@ -84,16 +107,31 @@ def test_a_document_split_keeps_each_document_on_one_side(tmp_path):
     from raysim.data.prepare import open_dataset
     from raysim.registry import get
 
-    lines = [{"url": f"https://host{d % 4}.org/{d}", "timestamp": "2019",
-              "text": f"DOC{d:04d} lorem ipsum dolor " * 8} for d in range(80)]  # marker in every block
+    lines = [
+        {
+            "url": f"https://host{d % 4}.org/{d}",
+            "timestamp": "2019",
+            "text": f"DOC{d:04d} lorem ipsum dolor " * 8,
+        }
+        for d in range(80)
+    ]  # marker in every block
     corpus = tmp_path / "c4.jsonl"
     corpus.write_text("\n".join(json.dumps(line) for line in lines))
     config = get("dataset", "c4").config.model_validate(
-        {"data_files": str(corpus), "seq_len": 32, "tokenizer": {"kind": "bytes"}, "test_fraction": 0.5,
-         "split_by": "document", "cache_dir": str(tmp_path / "cache")})
+        {
+            "data_files": str(corpus),
+            "seq_len": 32,
+            "tokenizer": {"kind": "bytes"},
+            "test_fraction": 0.5,
+            "split_by": "document",
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     store = open_dataset("c4", config)
     decode = lambda rows: bytes(int(t) for t in rows.reshape(-1) if t < 256).decode()  # noqa: E731
     for client in range(store.num_clients):
-        train, test = (set(re.findall(r"DOC\d{4}", decode(store.client_data(client, s).arrays["x"])))
-                       for s in ("train", "test"))
+        train, test = (
+            set(re.findall(r"DOC\d{4}", decode(store.client_data(client, s).arrays["x"])))
+            for s in ("train", "test")
+        )
         assert train and test and not train & test, client

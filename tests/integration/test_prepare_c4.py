@@ -21,8 +21,10 @@ from raysim.data.prepare import prepare_store, store_path
 from raysim.data.store import ClientStore
 from raysim.data.text.tokenizer import BYTES_EOS, TokenizerConfig, pack, store_tokenizer
 
-WORDS = ("the of and to in is that for it as with was on be by this are from at or an have "
-         "federated learning client server model round data web page news host").split()
+WORDS = (
+    "the of and to in is that for it as with was on be by this are from at or an have "
+    "federated learning client server model round data web page news host"
+).split()
 BAD_URLS = ["not a url", "", "mailto:someone@example.com", "http://[::1"]
 
 
@@ -57,8 +59,14 @@ def write_c4(directory, records) -> str:
 
 
 def c4_config(data_files, cache_dir, **options):
-    base = dict(data_files=data_files, cache_dir=str(cache_dir), seq_len=32, min_sequences=2,
-                tokenizer=TokenizerConfig(kind="bytes"), num_buckets=4)
+    base = dict(
+        data_files=data_files,
+        cache_dir=str(cache_dir),
+        seq_len=32,
+        min_sequences=2,
+        tokenizer=TokenizerConfig(kind="bytes"),
+        num_buckets=4,
+    )
     return registry.get("dataset", "c4").config(**{**base, **options})
 
 
@@ -74,8 +82,9 @@ def expected_clients(records, seq_len: int, min_sequences: int) -> dict[str, np.
 
 
 def content(store: ClientStore):
-    rows = np.concatenate([store.client_data(c, s).arrays["x"] for c in range(store.num_clients)
-                           for s in ("train", "test")])
+    rows = np.concatenate(
+        [store.client_data(c, s).arrays["x"] for c in range(store.num_clients) for s in ("train", "test")]
+    )
     return rows, pq.read_table(store.path / "clients.parquet")
 
 
@@ -113,8 +122,9 @@ def test_c4_clients_are_hosts_with_all_their_documents(c4_files, c4_store):
 
 def test_c4_store_does_not_depend_on_buffers_or_buckets(c4_files, c4_store, tmp_path):
     _, files = c4_files
-    small = ClientStore.open(prepare_store("c4", c4_config(files, tmp_path, buffer_docs=5,
-                                                           num_buckets=16, checkpoint_docs=37)))
+    small = ClientStore.open(
+        prepare_store("c4", c4_config(files, tmp_path, buffer_docs=5, num_buckets=16, checkpoint_docs=37))
+    )
     rows, index = content(small)
     ref_rows, ref_index = content(c4_store)
     assert np.array_equal(rows, ref_rows) and index.equals(ref_index)
@@ -161,8 +171,11 @@ def test_tiny_causal_lm_runs_on_pydoc_topics(tmp_path):
     assert data.arrays["x"].shape[1:] == (64,) and data.arrays["x"].max() < store.spec.num_classes
     decode = store_tokenizer(store.path).decode
     eos = store.meta["tokenizer"]["eos_id"]
-    pieces = [decode([int(t) for t in piece]) for row in data.arrays["x"]
-              for piece in np.split(row, np.flatnonzero(row == eos))]  # paragraphs end with EOS
+    pieces = [
+        decode([int(t) for t in piece])
+        for row in data.arrays["x"]
+        for piece in np.split(row, np.flatnonzero(row == eos))
+    ]  # paragraphs end with EOS
     assert all(p.strip() in topics["assert"] for p in pieces if p.strip())
     torch.manual_seed(0)
     model = build_model("hf_causal_lm", {"preset": "tiny"}, store.spec)
@@ -181,13 +194,15 @@ def test_stackoverflow_clients_are_users(tmp_path):
     files = tmp_path / "so.jsonl"
     files.write_text("".join(json.dumps(p) + "\n" for p in posts))
     config = registry.get("dataset", "stackoverflow").config(
-        data_files=str(files), cache_dir=str(tmp_path / "cache"), seq_len=16,
-        tokenizer=TokenizerConfig(kind="bytes"))
+        data_files=str(files),
+        cache_dir=str(tmp_path / "cache"),
+        seq_len=16,
+        tokenizer=TokenizerConfig(kind="bytes"),
+    )
     store = ClientStore.open(prepare_store("stackoverflow", config))
     assert [store.client_key(c) for c in range(store.num_clients)] == [str(u) for u in range(6)]
     assert store.meta["num_skipped_documents"] == 4
-    user0 = [f"question {i}\n" + " ".join(p["tokens"]) for i, p in enumerate(posts)
-             if p["user_id"] == 0]
+    user0 = [f"question {i}\n" + " ".join(p["tokens"]) for i, p in enumerate(posts) if p["user_id"] == 0]
     rows = np.concatenate([store.client_data(0, s).arrays["x"] for s in ("train", "test")])
     expected = pack([list(t.encode()) for t in user0], 16, BYTES_EOS)
     assert sorted(map(tuple, rows)) == sorted(map(tuple, expected))
@@ -195,15 +210,31 @@ def test_stackoverflow_clients_are_users(tmp_path):
 
 def test_raysim_prepare_prints_a_summary(c4_files, tmp_path, capsys):
     _, files = c4_files
-    args = ["prepare", "c4", f"data_files={files}", "seq_len=32", "tokenizer.kind=bytes",
-            f"cache_dir={tmp_path}", "num_buckets=2"]
+    args = [
+        "prepare",
+        "c4",
+        f"data_files={files}",
+        "seq_len=32",
+        "tokenizer.kind=bytes",
+        f"cache_dir={tmp_path}",
+        "num_buckets=2",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert str(tmp_path) in out and "c4:" in out and "clients" in out
     assert "tokens (seq_len 32, tokenizer bytes, vocab 258)" in out and "300 documents" in out
-    job = {"dataset": {"name": "c4", "data_files": files, "seq_len": 32, "cache_dir": str(tmp_path),
-                       "tokenizer": {"kind": "bytes"}, "num_buckets": 2},
-           "model": {"name": "hf_causal_lm"}, "algorithm": {"name": "fedavg"}}
+    job = {
+        "dataset": {
+            "name": "c4",
+            "data_files": files,
+            "seq_len": 32,
+            "cache_dir": str(tmp_path),
+            "tokenizer": {"kind": "bytes"},
+            "num_buckets": 2,
+        },
+        "model": {"name": "hf_causal_lm"},
+        "algorithm": {"name": "fedavg"},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert main(["prepare", str(tmp_path / "job.yaml")]) == 0
     assert out.splitlines()[0] == capsys.readouterr().out.splitlines()[0]  # the same store

@@ -12,8 +12,11 @@ from raysim.runtime.worker import WorkerSetup
 
 
 def test_more_workers_than_cpus_is_refused(tmp_path, ray_local):
-    with pytest.raises(ResourceError, match=r"5 workers x \(1.0 CPU, 0.0 GPU\) requested, the Ray "
-                                            r"cluster has 2 CPU and 0 GPU"):
+    with pytest.raises(
+        ResourceError,
+        match=r"5 workers x \(1.0 CPU, 0.0 GPU\) requested, the Ray "
+        r"cluster has 2 CPU and 0 GPU",
+    ):
         run(tiny_job(resources={"backend": "ray", "num_workers": 5}), output_dir=tmp_path)
 
 
@@ -40,11 +43,16 @@ def test_a_gpu_worker_gets_cuda_threads_and_its_memory_share():
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() == 0, reason="needs a CUDA device")
 def test_two_workers_share_one_gpu(tmp_path, ray_local):
-    job = tiny_job(resources={"backend": "ray", "num_workers": 2, "gpus_per_worker": 0.5},
-                   algorithm={"name": "fedavg", "local": {"epochs": 3}}, engine={"num_rounds": 5})
+    job = tiny_job(
+        resources={"backend": "ray", "num_workers": 2, "gpus_per_worker": 0.5},
+        algorithm={"name": "fedavg", "local": {"epochs": 3}},
+        engine={"num_rounds": 5},
+    )
     result = run(job, output_dir=tmp_path)
     assert result.final["eval/clients/accuracy"] > 0.5
-    serial = run(tiny_job(algorithm={"name": "fedavg", "local": {"epochs": 3}}, engine={"num_rounds": 5}),
-                 output_dir=tmp_path / "cpu")
+    serial = run(
+        tiny_job(algorithm={"name": "fedavg", "local": {"epochs": 3}}, engine={"num_rounds": 5}),
+        output_dir=tmp_path / "cpu",
+    )
     for k, v in serial.state.params.items():  # GPU kernels round differently: close, not equal
         assert torch.allclose(v, result.state.params[k], atol=1e-3), k

@@ -8,8 +8,9 @@ from raysim.types import ClientResult
 
 
 def result(value, weight):
-    return ClientResult(update={"w": torch.tensor([value, 2 * value]), "nested": {"b": torch.tensor(value)}},
-                        weight=weight)
+    return ClientResult(
+        update={"w": torch.tensor([value, 2 * value]), "nested": {"b": torch.tensor(value)}}, weight=weight
+    )
 
 
 def fold(agg, results, start=0):

@@ -70,8 +70,15 @@ def test_round_trip_through_to_dict():
 
 
 def test_overrides_parse_values_as_yaml():
-    raw = apply_overrides(BASE, ["engine.num_rounds=7", "algorithm.local.lr=0.5",
-                                 "tracking.enabled=false", "engine.eval_clients=null"])
+    raw = apply_overrides(
+        BASE,
+        [
+            "engine.num_rounds=7",
+            "algorithm.local.lr=0.5",
+            "tracking.enabled=false",
+            "engine.eval_clients=null",
+        ],
+    )
     job = JobConfig.from_dict(raw)
     assert job.engine.num_rounds == 7 and job.algorithm.config.local.lr == 0.5
     assert job.tracking.enabled is False and job.engine.eval_clients is None
@@ -82,8 +89,9 @@ def test_overrides_parse_values_as_yaml():
 def test_variants_merge_over_the_base_and_overrides_win(tmp_path):
     path = tmp_path / "job.yaml"
     variants = [{"name": "a"}, {"name": "b", "algorithm": {"name": "fedprox", "mu": 1.0}}]
-    path.write_text(yaml.safe_dump({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": 0.2}},
-                                    "variants": variants}))
+    path.write_text(
+        yaml.safe_dump({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": 0.2}}, "variants": variants})
+    )
     a, b = load_jobs(path, ["engine.num_rounds=2"])
     assert (a.name, a.algorithm.name, b.name, b.algorithm.name) == ("a", "fedavg", "b", "fedprox")
     assert b.algorithm.config.local.lr == 0.2 and b.engine.num_rounds == 2

@@ -21,8 +21,9 @@ SPEC = DataSpec("classification", (3,), 2)
 
 def data(n=12):
     rng = np.random.default_rng(0)
-    return ClientData({"x": rng.normal(size=(n, 3)).astype(np.float32),
-                       "y": (np.arange(n) % 2).astype(np.int64)})
+    return ClientData(
+        {"x": rng.normal(size=(n, 3)).astype(np.float32), "y": (np.arange(n) % 2).astype(np.int64)}
+    )
 
 
 def model():
@@ -58,8 +59,9 @@ def test_loss_fn_replaces_the_task_loss():
 
 
 def test_max_steps_and_batches():
-    metrics = train_local(model(), data(12), LocalTrainConfig(batch_size=5, epochs=3, max_steps=4),
-                          seed=0, spec=SPEC)
+    metrics = train_local(
+        model(), data(12), LocalTrainConfig(batch_size=5, epochs=3, max_steps=4), seed=0, spec=SPEC
+    )
     assert metrics["train/steps"] == 4
     sizes = [len(b["y"]) for b in iterate_batches({"y": torch.arange(12)}, 5)]
     assert sizes == [5, 5, 2]

@@ -12,8 +12,9 @@ def step(kind, grads, **kw):
     params = {"w": torch.tensor([1.0])}
     state = {}
     for g in grads:
-        params, state = server_step(params, {"w": torch.tensor([g])}, state,
-                                    ServerOptimizerConfig(kind=kind, **kw))
+        params, state = server_step(
+            params, {"w": torch.tensor([g])}, state, ServerOptimizerConfig(kind=kind, **kw)
+        )
     return params["w"].item(), state
 
 
@@ -77,7 +78,12 @@ def test_plain_sgd_keeps_no_momentum_buffer():
 def test_buffers_are_averaged_not_optimised():
     params = {"w": torch.tensor([1.0]), "bn.running_mean": torch.tensor([4.0])}
     grads = {"w": torch.tensor([0.5]), "bn.running_mean": torch.tensor([1.0])}
-    new, state = server_step(params, grads, {}, ServerOptimizerConfig(kind="adam", lr=0.01),
-                             buffer_keys=frozenset({"bn.running_mean"}))
+    new, state = server_step(
+        params,
+        grads,
+        {},
+        ServerOptimizerConfig(kind="adam", lr=0.01),
+        buffer_keys=frozenset({"bn.running_mean"}),
+    )
     assert new["bn.running_mean"].item() == pytest.approx(3.0)
     assert "bn.running_mean" not in state["m"]

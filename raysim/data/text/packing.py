@@ -23,8 +23,9 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def pack_clients(table: pa.Table, tokenizer: Tokenizer,
-                 config: TextDatasetConfig) -> tuple[np.ndarray, dict[str, Any], dict[str, int]]:
+def pack_clients(
+    table: pa.Table, tokenizer: Tokenizer, config: TextDatasetConfig
+) -> tuple[np.ndarray, dict[str, Any], dict[str, int]]:
     """One bucket's documents -> (rows (n, seq_len) int32, index columns, drop counts)."""
     table = table.sort_by([("key", "ascending"), ("seq", "ascending")])
     keys = table.column("key").combine_chunks()
@@ -43,15 +44,20 @@ def pack_clients(table: pa.Table, tokenizer: Tokenizer,
         train, test, capped = cap_client(train, test, config)
         stats["capped_sequences"] += capped
         rows.append(np.concatenate([train[shuffle.permutation(len(train))], test]))
-        for name, value in (("key", key), ("num_train", len(train)), ("num_test", len(test)),
-                            ("num_documents", int(end - start))):
+        for name, value in (
+            ("key", key),
+            ("num_train", len(train)),
+            ("num_test", len(test)),
+            ("num_documents", int(end - start)),
+        ):
             index[name].append(value)
     packed_rows = np.concatenate(rows) if rows else np.empty((0, config.seq_len), np.int32)
     return packed_rows, index, stats
 
 
-def split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
-                 shuffle: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def split_client(
+    docs: list, tokenizer: Tokenizer, config: TextDatasetConfig, shuffle: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) packed sequences of one client.
 
     ``split_by: document`` sends whole documents to one side before packing, so no
@@ -62,16 +68,19 @@ def split_client(docs: list, tokenizer: Tokenizer, config: TextDatasetConfig,
         packed = pack(docs, config.seq_len, tokenizer.eos_id)
         num_train, _ = split_sizes(np.array([len(packed)]), config.test_fraction)
         packed = packed[shuffle.permutation(len(packed))]
-        return packed[: int(num_train[0])], packed[int(num_train[0]):]
+        return packed[: int(num_train[0])], packed[int(num_train[0]) :]
     order = shuffle.permutation(len(docs))
     num_train, _ = split_sizes(np.array([len(docs)]), config.test_fraction)
-    train_docs, test_docs = np.sort(order[: int(num_train[0])]), np.sort(order[int(num_train[0]):])
-    return (pack([docs[i] for i in train_docs], config.seq_len, tokenizer.eos_id),
-            pack([docs[i] for i in test_docs], config.seq_len, tokenizer.eos_id))
+    train_docs, test_docs = np.sort(order[: int(num_train[0])]), np.sort(order[int(num_train[0]) :])
+    return (
+        pack([docs[i] for i in train_docs], config.seq_len, tokenizer.eos_id),
+        pack([docs[i] for i in test_docs], config.seq_len, tokenizer.eos_id),
+    )
 
 
-def cap_client(train: np.ndarray, test: np.ndarray,
-               config: TextDatasetConfig) -> tuple[np.ndarray, np.ndarray, int]:
+def cap_client(
+    train: np.ndarray, test: np.ndarray, config: TextDatasetConfig
+) -> tuple[np.ndarray, np.ndarray, int]:
     """At most ``max_sequences`` per client, keeping the test share."""
     total = len(train) + len(test)
     if config.max_sequences is None or total <= config.max_sequences:

@@ -304,9 +304,16 @@ def _from_auto(tokenizer: Any, name: str) -> Tokenizer:
     return Tokenizer(name, len(tokenizer), int(eos), pad, encode_batch, decode)
 
 
-def hf_records(path: str, name: str | None = None, *, split: str = "train",
-               data_files: str | list[str] | dict[str, Any] | None = None, streaming: bool = True,
-               columns: tuple[str, ...] = (), max_records: int | None = None) -> Iterator[dict]:
+def hf_records(
+    path: str,
+    name: str | None = None,
+    *,
+    split: str = "train",
+    data_files: str | list[str] | dict[str, Any] | None = None,
+    streaming: bool = True,
+    columns: tuple[str, ...] = (),
+    max_records: int | None = None,
+) -> Iterator[dict]:
     """Records of a HuggingFace dataset split, read lazily (``load_dataset`` runs on first use).
 
     Args:
@@ -320,22 +327,27 @@ def hf_records(path: str, name: str | None = None, *, split: str = "train",
     import datasets  # imported here: ~2 s, and only building a store needs it
 
     try:
-        dataset = datasets.load_dataset(path, name, split=split, data_files=data_files,
-                                        streaming=streaming)
+        dataset = datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming)
         records = iter(dataset)
         first = next(records, None)
     except (OSError, ValueError) as e:
-        raise DataError(f"cannot load split {split!r} of {path!r} (data_files={data_files!r}): "
-                        f"{type(e).__name__}: {e}. Without the hub, point data_files at local "
-                        "files") from e
+        raise DataError(
+            f"cannot load split {split!r} of {path!r} (data_files={data_files!r}): "
+            f"{type(e).__name__}: {e}. Without the hub, point data_files at local "
+            "files"
+        ) from e
     if first is None:
         return
     missing = [c for c in columns if c not in first]
     if missing:
-        raise DataError(f"{path} split {split!r} has no column {', '.join(map(repr, missing))} "
-                        f"(columns: {', '.join(first)})")
+        raise DataError(
+            f"{path} split {split!r} has no column {', '.join(map(repr, missing))} "
+            f"(columns: {', '.join(first)})"
+        )
     try:
         yield from itertools.islice(itertools.chain([first], records), max_records)
     except (OSError, ValueError) as e:  # a malformed line or a dropped connection, mid-stream
-        raise DataError(f"reading {path!r} split {split!r} failed part-way: {type(e).__name__}: {e}. "
-                        "The build keeps what it has; run the same command again to resume") from e
+        raise DataError(
+            f"reading {path!r} split {split!r} failed part-way: {type(e).__name__}: {e}. "
+            "The build keeps what it has; run the same command again to resume"
+        ) from e

@@ -1,10 +1,11 @@
 """Streaming writer of text client stores, for corpora that never fit in memory (C4 by host).
 
 Input: documents ``(client_key, text)`` in any order (C4 is not grouped by host). Output: the
-store layout of ``raysim.data.store``, read by ``ClientStore.open``: column ``x`` of ``rows.arrow`` is
-``fixed_size_list<int32>[seq_len]``, one packed sequence per row (``raysim.data.text.tokenizer.pack``); clients
-are sorted by key, their rows contiguous, train rows then test rows, split by
-``raysim.data.format.split_sizes`` after a shuffle seeded by ``(seed, key)``. No central test set.
+store layout of ``raysim.data.format``, read by ``ClientStore.open``: column ``x`` of
+``rows.arrow`` is ``fixed_size_list<int32>[seq_len]``, one packed sequence per row
+(``raysim.data.text.tokenizer.pack``); clients are sorted by key, their rows contiguous, train
+rows then test rows, split by ``raysim.data.format.split_sizes`` after a shuffle seeded by
+``(seed, key)``. No central test set.
 
 The build runs in a directory that survives a failure, in four resumable stages:
 
@@ -66,8 +67,9 @@ _SPILL_SCHEMA = pa.schema([("seq", pa.int64()), ("key", pa.string()), ("text", p
 # zstd: spill files are read once, whole; text shrinks about 3x
 _SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 _BATCH_BYTES = 64 << 20  # record batches of rows.arrow: at most ~64 MiB of tokens
-_BUCKET_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("num_train", pa.int64()),
-                                  ("num_test", pa.int64()), ("num_documents", pa.int64())])
+_BUCKET_INDEX_SCHEMA = pa.schema(
+    [("key", pa.string()), ("num_train", pa.int64()), ("num_test", pa.int64()), ("num_documents", pa.int64())]
+)
 
 
 @dataclass
@@ -158,8 +160,9 @@ def _locked(build: Path) -> Iterator[None]:
 
 def _load_state(build: Path, config: TextDatasetConfig, source: dict[str, Any] | None) -> BuildState:
     """The saved state of this build, or a fresh one (and a clean directory) for another config."""
-    text = json.dumps([FORMAT_VERSION, source, config.model_dump(mode="json", exclude={"cache_dir"})],
-                      sort_keys=True)
+    text = json.dumps(
+        [FORMAT_VERSION, source, config.model_dump(mode="json", exclude={"cache_dir"})], sort_keys=True
+    )
     fingerprint = hashlib.sha256(text.encode()).hexdigest()
     if (build / STATE_FILE).is_file():
         saved = json.loads((build / STATE_FILE).read_text())
@@ -169,8 +172,7 @@ def _load_state(build: Path, config: TextDatasetConfig, source: dict[str, Any] |
             if child.name != LOCK_FILE:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     elif any(child.name != LOCK_FILE for child in build.iterdir()):
-        raise DataError(f"{build} is not empty and holds no build state: build into an empty "
-                        "directory")
+        raise DataError(f"{build} is not empty and holds no build state: build into an empty directory")
     state = BuildState(fingerprint)
     state.save(build)
     return state
@@ -196,12 +198,15 @@ class _Spill:
         if not rows:
             return
         seqs, keys, texts = zip(*rows)
-        table = pa.table([pa.array(seqs, pa.int64()), pa.array(keys, pa.string()),
-                          pa.array(texts, pa.large_string())], schema=_SPILL_SCHEMA)
+        table = pa.table(
+            [pa.array(seqs, pa.int64()), pa.array(keys, pa.string()), pa.array(texts, pa.large_string())],
+            schema=_SPILL_SCHEMA,
+        )
         folder = self.directory / f"{bucket:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        with pa.ipc.new_file(folder / f"{self.next_part:09d}.arrow", _SPILL_SCHEMA,
-                             options=_SPILL_OPTIONS) as writer:
+        with pa.ipc.new_file(
+            folder / f"{self.next_part:09d}.arrow", _SPILL_SCHEMA, options=_SPILL_OPTIONS
+        ) as writer:
             writer.write_table(table)
         self.next_part += 1
         self.buffers[bucket] = []
@@ -211,8 +216,9 @@ class _Spill:
             self.flush(bucket)
 
 
-def _spill_documents(documents: Iterator[Document], config: TextDatasetConfig, build: Path,
-                     state: BuildState, progress: bool) -> None:
+def _spill_documents(
+    documents: Iterator[Document], config: TextDatasetConfig, build: Path, state: BuildState, progress: bool
+) -> None:
     """Stage 1: streams the documents into bucket part files, checkpointing as it goes."""
     spill_dir = build / SPILL_DIR
     for part in spill_dir.glob("*/*.arrow"):  # written after the last checkpoint: redone below
@@ -244,10 +250,16 @@ def _spill_documents(documents: Iterator[Document], config: TextDatasetConfig, b
 
 
 def _check_document(document: Any, seq: int) -> Document:
-    if (not isinstance(document, tuple) or len(document) != 2 or not isinstance(document[1], str)
-            or not (document[0] is None or isinstance(document[0], str))):
-        raise DataError(f"document {seq} must be a (client key: str | None, text: str) pair, "
-                        f"got {type(document).__name__} {str(document)[:80]!r}")
+    if (
+        not isinstance(document, tuple)
+        or len(document) != 2
+        or not isinstance(document[1], str)
+        or not (document[0] is None or isinstance(document[0], str))
+    ):
+        raise DataError(
+            f"document {seq} must be a (client key: str | None, text: str) pair, "
+            f"got {type(document).__name__} {str(document)[:80]!r}"
+        )
     return document
 
 
@@ -277,14 +289,16 @@ def _sample_texts(build: Path, num_buckets: int, limit: int) -> Iterator[str]:
         yield from pa.concat_tables(tables).sort_by("seq").column("text").to_pylist()
 
 
-def _pack_buckets(config: TextDatasetConfig, build: Path, state: BuildState, tokenizer: Tokenizer,
-                  progress: bool) -> None:
+def _pack_buckets(
+    config: TextDatasetConfig, build: Path, state: BuildState, tokenizer: Tokenizer, progress: bool
+) -> None:
     """Stage 3: packs the clients of every bucket not done yet; each bucket is a checkpoint."""
     (build / BUCKET_DIR).mkdir(exist_ok=True)
-    num_clients = sum(pq.read_metadata(build / BUCKET_DIR / f"{b:05d}.parquet").num_rows
-                      for b in range(state.num_buckets_done))
-    with _bar(progress, "pack", "bucket", total=config.num_buckets,
-              initial=state.num_buckets_done) as bar:
+    num_clients = sum(
+        pq.read_metadata(build / BUCKET_DIR / f"{b:05d}.parquet").num_rows
+        for b in range(state.num_buckets_done)
+    )
+    with _bar(progress, "pack", "bucket", total=config.num_buckets, initial=state.num_buckets_done) as bar:
         for bucket in range(state.num_buckets_done, config.num_buckets):
             parts = [_read_part(p) for p in _bucket_parts(build, bucket)]
             table = pa.concat_tables(parts) if parts else _SPILL_SCHEMA.empty_table()
@@ -300,15 +314,16 @@ def _pack_buckets(config: TextDatasetConfig, build: Path, state: BuildState, tok
             bar.set_postfix(clients=num_clients)
 
 
-def _write_bucket(build: Path, bucket: int, rows: np.ndarray, index: dict[str, Any],
-                  seq_len: int) -> None:
+def _write_bucket(build: Path, bucket: int, rows: np.ndarray, index: dict[str, Any], seq_len: int) -> None:
     """A bucket's packed rows (Arrow IPC, memory-mappable) and its clients (parquet)."""
     stem = build / BUCKET_DIR / f"{bucket:05d}"
     table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), seq_len)})
     with pa.ipc.new_file(f"{stem}.arrow.tmp", table.schema) as writer:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
-    pq.write_table(pa.table({**index, "key": pa.array(index["key"], pa.string())},
-                            schema=_BUCKET_INDEX_SCHEMA), f"{stem}.parquet.tmp")
+    pq.write_table(
+        pa.table({**index, "key": pa.array(index["key"], pa.string())}, schema=_BUCKET_INDEX_SCHEMA),
+        f"{stem}.parquet.tmp",
+    )
     # renamed only when both are complete: a bucket is done exactly when state.json says so
     os.replace(f"{stem}.arrow.tmp", f"{stem}.arrow")
     os.replace(f"{stem}.parquet.tmp", f"{stem}.parquet")
@@ -325,23 +340,30 @@ def _merge_buckets(build: Path, config: TextDatasetConfig) -> pa.Table:
         table = pq.read_table(build / BUCKET_DIR / f"{bucket:05d}.parquet")
         sizes = (pc.add(table.column("num_train"), table.column("num_test"))).to_numpy()
         local = (np.cumsum(sizes) - sizes).astype(np.int64)  # each client's first row
-        tables.append(table.append_column("bucket", pa.array(np.full(len(sizes), bucket, np.int64)))
-                      .append_column("local_offset", pa.array(local)))
+        tables.append(
+            table.append_column("bucket", pa.array(np.full(len(sizes), bucket, np.int64))).append_column(
+                "local_offset", pa.array(local)
+            )
+        )
     index = pa.concat_tables(tables).sort_by("key")
     if index.num_rows == 0:
-        raise DataError(f"no client has min_sequences={config.min_sequences} sequences of "
-                        f"{config.seq_len} tokens; lower seq_len or min_sequences, or add documents")
+        raise DataError(
+            f"no client has min_sequences={config.min_sequences} sequences of "
+            f"{config.seq_len} tokens; lower seq_len or min_sequences, or add documents"
+        )
     sizes = pc.add(index.column("num_train"), index.column("num_test")).to_numpy()
     _write_rows(build, index, sizes, config.seq_len)
     offsets = (np.cumsum(sizes) - sizes).astype(np.int64)
-    clients = pa.table({
-        "client_id": pa.array(np.arange(index.num_rows, dtype=np.int64)),
-        "key": index.column("key"),
-        "offset": pa.array(offsets),
-        "num_train": index.column("num_train"),
-        "num_test": index.column("num_test"),
-        "num_documents": index.column("num_documents"),
-    })
+    clients = pa.table(
+        {
+            "client_id": pa.array(np.arange(index.num_rows, dtype=np.int64)),
+            "key": index.column("key"),
+            "offset": pa.array(offsets),
+            "num_train": index.column("num_train"),
+            "num_test": index.column("num_test"),
+            "num_documents": index.column("num_documents"),
+        }
+    )
     pq.write_table(clients, build / INDEX_FILE, row_group_size=BATCH_ROWS)
     return clients
 
@@ -354,8 +376,9 @@ def _write_rows(build: Path, index: pa.Table, sizes: np.ndarray, seq_len: int) -
     schema = pa.schema([("x", pa.list_(pa.int32(), seq_len))])
     with pa.ipc.new_file(build / ROWS_FILE, schema) as writer:  # uncompressed: memory-mapped
         pending, num_pending = [], 0
-        for bucket, local, size in zip(index.column("bucket").to_numpy(),
-                                       index.column("local_offset").to_numpy(), sizes):
+        for bucket, local, size in zip(
+            index.column("bucket").to_numpy(), index.column("local_offset").to_numpy(), sizes
+        ):
             if bucket not in buckets:
                 buckets[bucket] = map_arrow(build / BUCKET_DIR / f"{bucket:05d}.arrow")
             pending.append(buckets[bucket].slice(int(local), int(size)))
@@ -374,41 +397,60 @@ def _allow_open_files(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed + 256, hard), hard))
 
 
-def _write_meta(build: Path, config: TextDatasetConfig, state: BuildState, tokenizer: Tokenizer,
-                index: pa.Table, source: dict[str, Any] | None) -> None:
+def _write_meta(
+    build: Path,
+    config: TextDatasetConfig,
+    state: BuildState,
+    tokenizer: Tokenizer,
+    index: pa.Table,
+    source: dict[str, Any] | None,
+) -> None:
     """meta.json, last: its presence marks the store complete."""
     num_rows = int(pc.sum(index.column("num_train")).as_py() + pc.sum(index.column("num_test")).as_py())
     # Packed rows hold no padding: pad_token_id None leaves every token in the loss and keeps HF
     # models on their unmasked (fast) attention path. The tokenizer's pad id is in "tokenizer".
     spec = DataSpec("causal_lm", (config.seq_len,), tokenizer.vocab_size, None)
     files = {"bpe": BPE_FILE, "hf": HF_DIR, "bytes": None}
-    write_meta(build, {
-        **(source or {}),
-        "spec": asdict(spec),
-        "num_clients": index.num_rows,
-        "num_rows": num_rows,
-        "test_fraction": config.test_fraction,
-        "seed": config.seed,
-        "mean": None,
-        "std": None,
-        "has_central_test": False,
-        "has_label_hist": False,
-        "seq_len": config.seq_len,
-        "num_tokens": num_rows * config.seq_len,
-        "num_documents": state.num_documents,
-        "num_skipped_documents": state.num_skipped,
-        "num_dropped_clients": state.num_dropped_clients,
-        "num_capped_sequences": state.num_capped_sequences,
-        "tokenizer": {"config": config.tokenizer.model_dump(mode="json"), "name": tokenizer.name,
-                      "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
-                      "pad_id": tokenizer.pad_id, "file": files[config.tokenizer.kind]},
-    })
+    write_meta(
+        build,
+        {
+            **(source or {}),
+            "spec": asdict(spec),
+            "num_clients": index.num_rows,
+            "num_rows": num_rows,
+            "test_fraction": config.test_fraction,
+            "seed": config.seed,
+            "mean": None,
+            "std": None,
+            "has_central_test": False,
+            "has_label_hist": False,
+            "seq_len": config.seq_len,
+            "num_tokens": num_rows * config.seq_len,
+            "num_documents": state.num_documents,
+            "num_skipped_documents": state.num_skipped,
+            "num_dropped_clients": state.num_dropped_clients,
+            "num_capped_sequences": state.num_capped_sequences,
+            "tokenizer": {
+                "config": config.tokenizer.model_dump(mode="json"),
+                "name": tokenizer.name,
+                "vocab_size": tokenizer.vocab_size,
+                "eos_id": tokenizer.eos_id,
+                "pad_id": tokenizer.pad_id,
+                "file": files[config.tokenizer.kind],
+            },
+        },
+    )
 
 
 def _bar(progress: bool, description: str, unit: str, **kwargs: Any) -> Any:
     """A tqdm bar on stderr (rate per second shown); silent when not on a terminal."""
     from tqdm.auto import tqdm
 
-    return tqdm(desc=description, unit=unit, unit_scale=True, disable=None if progress else True,
-                mininterval=1.0, **kwargs)
-
+    return tqdm(
+        desc=description,
+        unit=unit,
+        unit_scale=True,
+        disable=None if progress else True,
+        mininterval=1.0,
+        **kwargs,
+    )

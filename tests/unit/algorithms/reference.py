@@ -34,7 +34,15 @@ def payload(w=W0, b=B0, **extra):
 
 def context(x, y, payload_, state=None, client_id=0):
     global_params = {k: torch.from_numpy(v) for k, v in payload_.params.items()}
-    return ClientContext(client_id=client_id, round_num=0, model=linear_model(), payload=payload_,
-                         global_params=global_params,
-                         data=ClientData({"x": np.asarray(x, np.float32), "y": np.asarray(y, np.int64)}),
-                         state=state, seed=0, device=torch.device("cpu"), spec=SPEC)
+    return ClientContext(
+        client_id=client_id,
+        round_num=0,
+        model=linear_model(),
+        payload=payload_,
+        global_params=global_params,
+        data=ClientData({"x": np.asarray(x, np.float32), "y": np.asarray(y, np.int64)}),
+        state=state,
+        seed=0,
+        device=torch.device("cpu"),
+        spec=SPEC,
+    )

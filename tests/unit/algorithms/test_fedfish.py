@@ -51,8 +51,8 @@ def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
     gw, gb = grad(W0, B0, X, Y)
     w1, b1 = W0 - LR * gw, B0 - LR * gb
     fw, fb = grad(w1, b1, X, Y)
-    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw ** 2, atol=1e-7)
-    assert np.allclose(result.update["fisher"]["bias"].numpy(), fb ** 2, atol=1e-7)
+    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw**2, atol=1e-7)
+    assert np.allclose(result.update["fisher"]["bias"].numpy(), fb**2, atol=1e-7)
     assert np.allclose(result.update["delta"]["weight"].numpy(), LR * gw, atol=1e-6)
     assert result.weight == 3.0
 
@@ -62,7 +62,7 @@ def test_batches_of_one_sum_per_example_squares_and_mean_divides_by_batches():
     plugin(local={"lr": LR, "batch_size": 3, "epochs": 1}).client_update(ctx)  # model now at w1
     gw, gb = grad(W0, B0, X, Y)
     w1, b1 = W0 - LR * gw, B0 - LR * gb
-    expected = sum(grad(w1, b1, X[i:i + 1], Y[i:i + 1])[0] ** 2 for i in range(3))
+    expected = sum(grad(w1, b1, X[i : i + 1], Y[i : i + 1])[0] ** 2 for i in range(3))
     fisher_pass = __import__(fish_module(), fromlist=["fisher_pass"]).fisher_pass
     summed = fisher_pass(ctx.model, ctx.data, 1, SPEC, ctx.device, seed=0)
     assert np.allclose(summed["weight"].numpy(), expected, atol=1e-7)
@@ -72,18 +72,22 @@ def test_batches_of_one_sum_per_example_squares_and_mean_divides_by_batches():
 
 def test_last_epoch_ablation_squares_the_last_epochs_training_gradients():
     """Two full-batch epochs: the last epoch's only step has gradient g(w1) at its pre-update weights."""
-    result = plugin(fisher_source="last_epoch", local={"lr": LR, "batch_size": 3, "epochs": 2}) \
-        .client_update(context(X, Y, payload()))
+    result = plugin(fisher_source="last_epoch", local={"lr": LR, "batch_size": 3, "epochs": 2}).client_update(
+        context(X, Y, payload())
+    )
     gw, gb = grad(W0, B0, X, Y)
     fw, _ = grad(W0 - LR * gw, B0 - LR * gb, X, Y)
-    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw ** 2, atol=1e-7)
+    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw**2, atol=1e-7)
 
 
 def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
     """Every F_i = 0.25 (a power of two keeps products exact): FedFish's mean is FedAvg's."""
     module = __import__(fish_module(), fromlist=["fisher_pass"])
-    monkeypatch.setattr(module, "fisher_pass", lambda model, *a, **k: {
-        n: torch.full_like(p, 0.25) for n, p in model.named_parameters()})
+    monkeypatch.setattr(
+        module,
+        "fisher_pass",
+        lambda model, *a, **k: {n: torch.full_like(p, 0.25) for n, p in model.named_parameters()},
+    )
     server = {"kind": "sgd", "lr": 1.0}
     local = {"lr": LR, "batch_size": 2, "epochs": 2}
     outcomes = []
@@ -106,8 +110,10 @@ def test_unequal_fishers_differ_from_fedavg():
     results = {}
     for name in ("fedfish", "fedavg"):
         algo = plugin(name, local=local, server={"kind": "sgd", "lr": 1.0})
-        state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
-                          RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
+        state = algo.init(
+            {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
+            RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0),
+        )
         agg = algo.aggregator()
         acc = agg.zero()
         for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
@@ -128,8 +134,9 @@ def test_the_fisher_pass_leaves_batchnorm_statistics_as_training_left_them(monke
     from raysim import params as P
 
     start = P.clone(P.model_params(model))
-    data = ClientData({"x": np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32),
-                       "y": np.array([0, 1] * 4)})
+    data = ClientData(
+        {"x": np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32), "y": np.array([0, 1] * 4)}
+    )
     captured = {}
     module = __import__(fish_module(), fromlist=["fisher_pass"])
     original = module.fisher_pass
@@ -139,8 +146,9 @@ def test_the_fisher_pass_leaves_batchnorm_statistics_as_training_left_them(monke
         return original(model, *args, **kwargs)
 
     monkeypatch.setattr(module, "fisher_pass", spy)
-    ctx = ClientContext(0, 0, model, Payload(P.to_numpy(start)), start, data, None, 0,
-                        torch.device("cpu"), spec)
+    ctx = ClientContext(
+        0, 0, model, Payload(P.to_numpy(start)), start, data, None, 0, torch.device("cpu"), spec
+    )
     plugin(local={"lr": 0.1, "batch_size": 4}).client_update(ctx)
     assert torch.equal(model[1].running_mean, captured["before"])
 
@@ -150,7 +158,8 @@ def test_last_epoch_fisher_refuses_max_steps():
 
     with pytest.raises(ValidationError, match="needs whole epochs"):
         registry.get("algorithm", "fedfish").config.model_validate(
-            {"fisher_source": "last_epoch", "local": {"max_steps": 3}})
+            {"fisher_source": "last_epoch", "local": {"max_steps": 3}}
+        )
 
 
 def test_float32_accumulation_matches_float64_and_leaves_client_tensors_alone():

@@ -19,8 +19,9 @@ LR = 0.1
 
 def build(name, **options):
     entry = registry.get("algorithm", name)
-    return entry.factory(entry.config.model_validate(
-        {"local": {"lr": LR, "batch_size": 8, "epochs": 1}, **options}))
+    return entry.factory(
+        entry.config.model_validate({"local": {"lr": LR, "batch_size": 8, "epochs": 1}, **options})
+    )
 
 
 def run_round(algo):
@@ -62,8 +63,10 @@ def test_fedavgm_defaults_are_the_papers():
 
 def test_client_reports_loss_and_example_weight():
     algo = build("fedavg")
-    state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
-                      RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
+    state = algo.init(
+        {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
+        RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0),
+    )
     result = algo.client_update(context(X1, Y1, algo.broadcast(state, 0)))
     z = X1 @ W0.T + B0
     ce = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(3), Y1])

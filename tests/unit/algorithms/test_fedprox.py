@@ -15,8 +15,9 @@ X, Y, LR, MU = np.array([[1.0, -2.0]]), np.array([1]), 0.2, 0.5
 
 def test_two_local_steps_include_the_proximal_gradient():
     entry = registry.get("algorithm", "fedprox")
-    algo = entry.factory(entry.config.model_validate(
-        {"mu": MU, "local": {"lr": LR, "batch_size": 1, "epochs": 2}}))
+    algo = entry.factory(
+        entry.config.model_validate({"mu": MU, "local": {"lr": LR, "batch_size": 1, "epochs": 2}})
+    )
     result = algo.client_update(context(X, Y, payload()))
     gw, gb = grad(W0, B0, X, Y)
     w1, b1 = W0 - LR * gw, B0 - LR * gb

@@ -143,9 +143,7 @@ def test_store_pickles_as_its_path(small_store):
     blob = pickle.dumps(store)
     assert len(blob) < 500  # the path and a reference to ClientStore.open, no rows
     clone = pickle.loads(blob)
-    assert np.array_equal(
-        clone.client_data(3, "test").arrays["x"], store.client_data(3, "test").arrays["x"]
-    )
+    assert np.array_equal(clone.client_data(3, "test").arrays["x"], store.client_data(3, "test").arrays["x"])
 
 
 def test_out_of_range_client_and_bad_split(small_store):
@@ -229,9 +227,7 @@ def test_prepare_store_is_cached(counting):
 def test_config_change_builds_a_new_store_and_cache_dir_does_not(counting, tmp_path):
     base = prepare_store("test_counting", counting)
     other = prepare_store("test_counting", counting.model_copy(update={"num_rows": 31}))
-    moved = prepare_store(
-        "test_counting", counting.model_copy(update={"cache_dir": str(tmp_path / "b")})
-    )
+    moved = prepare_store("test_counting", counting.model_copy(update={"cache_dir": str(tmp_path / "b")}))
     assert other != base and moved.name == base.name and moved != base
     assert CountingRecipe.loads == 3
 

@@ -10,8 +10,12 @@ from raysim.types import ServerState
 
 
 def test_round_trip(tmp_path):
-    state = ServerState({"w": torch.arange(3.0)}, {"step": 2, "m": {"w": torch.ones(3)}},
-                        {"window": [torch.zeros(1)]}, frozenset({"bn"}))
+    state = ServerState(
+        {"w": torch.arange(3.0)},
+        {"step": 2, "m": {"w": torch.ones(3)}},
+        {"window": [torch.zeros(1)]},
+        frozenset({"bn"}),
+    )
     path = save_checkpoint(tmp_path / "c.pt", state, 4, {"name": "x"}, "/state")
     loaded, round_num, job, state_dir = load_checkpoint(path)
     assert round_num == 4 and job == {"name": "x"} and state_dir == "/state"

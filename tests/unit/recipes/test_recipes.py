@@ -85,9 +85,7 @@ def test_digits_store(tmp_path, only_loaded_recipes):
 
 def test_synthetic_images_are_seeded():
     synthetic = recipe("synthetic_images")
-    config = synthetic.SyntheticImagesConfig(
-        num_examples=300, shape=(3, 8, 8), central_test_size=50
-    )
+    config = synthetic.SyntheticImagesConfig(num_examples=300, shape=(3, 8, 8), central_test_size=50)
     first, again = (synthetic.SyntheticImages(config).load_examples() for _ in range(2))
     other = synthetic.SyntheticImages(config.model_copy(update={"seed": 1})).load_examples()
     assert first.table.equals(again.table) and first.central_test.equals(again.central_test)
@@ -153,9 +151,7 @@ def test_hf_images_on_local_parquet(tmp_path, hf_offline):
 def test_hf_images_domain_store_and_grayscale(tmp_path, hf_offline, only_loaded_recipes):
     gray = np.arange(8 * 5 * 5, dtype=np.uint8).reshape(8, 5, 5)
     files = {
-        "train": write_parquet(
-            hf_offline, tmp_path / "g.parquet", gray, [0, 1] * 4, ["x"] * 3 + ["y"] * 5
-        )
+        "train": write_parquet(hf_offline, tmp_path / "g.parquet", gray, [0, 1] * 4, ["x"] * 3 + ["y"] * 5)
     }
     hf = recipe("hf_images")
     config = hf.HfImagesConfig(

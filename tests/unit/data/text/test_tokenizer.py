@@ -31,8 +31,7 @@ def test_pack_concatenates_documents_with_eos_and_drops_the_remainder():
     rows = pack([[1, 2, 3], [4, 5], [6]], seq_len=4, eos_id=9)
     assert rows.dtype == np.int32
     assert rows.tolist() == [[1, 2, 3, 9], [4, 5, 9, 6]]
-    assert pack([[1, 2, 3], [4, 5], [6]], seq_len=3, eos_id=9).tolist() == [[1, 2, 3], [9, 4, 5],
-                                                                             [9, 6, 9]]
+    assert pack([[1, 2, 3], [4, 5], [6]], seq_len=3, eos_id=9).tolist() == [[1, 2, 3], [9, 4, 5], [9, 6, 9]]
     assert pack([[1, 2]], seq_len=4, eos_id=0).shape == (0, 4)  # too short: no sequence
     assert pack([], seq_len=4, eos_id=0).shape == (0, 4)
 
@@ -72,8 +71,9 @@ def test_hf_tokenizer_loads_from_a_local_directory(tmp_path):
 
     rust = train_bpe(iter(CORPUS), TokenizerConfig(kind="bpe", vocab_size=280))
     saved = tmp_path / "hf-tok"
-    PreTrainedTokenizerFast(tokenizer_object=rust, eos_token="<|endoftext|>",
-                            pad_token="<pad>").save_pretrained(str(saved))
+    PreTrainedTokenizerFast(
+        tokenizer_object=rust, eos_token="<|endoftext|>", pad_token="<pad>"
+    ).save_pretrained(str(saved))
     config = TokenizerConfig(kind="hf", name_or_path=str(saved))
     tokenizer = load_tokenizer(config)
     assert (tokenizer.vocab_size, tokenizer.eos_id, tokenizer.pad_id) == (280, 0, 1)

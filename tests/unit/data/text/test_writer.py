@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.data.text import writer
 from raysim.data.format import split_sizes
 from raysim.data.store import ClientStore
+from raysim.data.text import writer
 from raysim.data.text.tokenizer import (
     BYTES_EOS,
     TextDatasetConfig,
@@ -42,14 +42,19 @@ def corpus(num_docs: int = 120, seed: int = 0) -> list[tuple[str | None, str]]:
 
 
 def config(**options) -> TextDatasetConfig:
-    base = dict(seq_len=16, tokenizer=TokenizerConfig(kind="bytes"), min_sequences=3,
-                num_buckets=3, buffer_docs=1000, test_fraction=0.25)
+    base = dict(
+        seq_len=16,
+        tokenizer=TokenizerConfig(kind="bytes"),
+        min_sequences=3,
+        num_buckets=3,
+        buffer_docs=1000,
+        test_fraction=0.25,
+    )
     return TextDatasetConfig(**{**base, **options})
 
 
 def build(tmp_path, name, docs, **options):
-    return ClientStore.open(write_text_store(iter(docs), config(**options), tmp_path / name,
-                                             progress=False))
+    return ClientStore.open(write_text_store(iter(docs), config(**options), tmp_path / name, progress=False))
 
 
 def store_content(store: ClientStore) -> tuple:
@@ -80,11 +85,14 @@ def test_store_groups_packs_and_splits_every_client(tmp_path):
     meta = store.meta
     assert meta["num_skipped_documents"] == 2 and meta["num_documents"] == len(docs)
     assert meta["num_dropped_clients"] == len(expected) - len(kept)
-    assert meta["spec"] == {"task": "causal_lm", "input_shape": [16], "num_classes": 258,
-                            "pad_token_id": None}
+    assert meta["spec"] == {
+        "task": "causal_lm",
+        "input_shape": [16],
+        "num_classes": 258,
+        "pad_token_id": None,
+    }
     assert meta["num_tokens"] == 16 * sum(len(expected[k]) for k in kept)
-    assert sorted(p.name for p in store.path.iterdir()) == ["clients.parquet", "meta.json",
-                                                            "rows.arrow"]
+    assert sorted(p.name for p in store.path.iterdir()) == ["clients.parquet", "meta.json", "rows.arrow"]
 
 
 def test_split_shuffle_is_seeded(tmp_path):
@@ -94,8 +102,7 @@ def test_split_shuffle_is_seeded(tmp_path):
     assert test_a.shape == test_b.shape and not np.array_equal(test_a, test_b)
 
 
-def test_result_is_independent_of_buckets_and_buffers_and_memory_stays_bounded(tmp_path,
-                                                                                monkeypatch):
+def test_result_is_independent_of_buckets_and_buffers_and_memory_stays_bounded(tmp_path, monkeypatch):
     docs = corpus()
     reference = store_content(build(tmp_path, "ref", docs, num_buckets=1, buffer_docs=10_000))
     largest = []
@@ -182,7 +189,8 @@ def test_store_keeps_a_copy_of_its_hf_tokenizer(tmp_path):
     docs = corpus()
     rust = train_bpe((text for _, text in docs), TokenizerConfig(kind="bpe", vocab_size=300))
     PreTrainedTokenizerFast(tokenizer_object=rust, eos_token="<|endoftext|>").save_pretrained(
-        str(tmp_path / "tok"))
+        str(tmp_path / "tok")
+    )
     tokenizer = TokenizerConfig(kind="hf", name_or_path=str(tmp_path / "tok"))
     store = build(tmp_path, "s", docs, tokenizer=tokenizer, seq_len=8)
     shutil.rmtree(tmp_path / "tok")  # the store's own copy is enough from now on

@@ -221,12 +221,15 @@ class FedFish:
     def aggregator(self) -> FisherWeightedMean:
         return FisherWeightedMean(getattr(torch, self.config.accumulate))
 
+    def pseudo_gradient(self, aggregate: dict) -> Params:
+        return aggregate["pseudo_grad"]
+
     def server_update(
         self, state: ServerState, aggregate: dict | None, round_num: int
     ) -> tuple[ServerState, Metrics]:
         if aggregate is None:
             return state, {}
-        pseudo_grad = aggregate["pseudo_grad"]
+        pseudo_grad = self.pseudo_gradient(aggregate)
         params, opt_state = server_step(
             state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
         )

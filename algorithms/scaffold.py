@@ -109,12 +109,15 @@ class Scaffold:
     def aggregator(self) -> Sum:
         return Sum()
 
+    def pseudo_gradient(self, sums: dict) -> Params:
+        return {k: v / sums["weight"] for k, v in sums["delta"].items()}
+
     def server_update(
         self, state: ServerState, sums: dict | None, round_num: int
     ) -> tuple[ServerState, Metrics]:
         if sums is None:
             return state, {}
-        mean_delta = {k: v / sums["weight"] for k, v in sums["delta"].items()}
+        mean_delta = self.pseudo_gradient(sums)
         state, metrics = apply_server_step(state, mean_delta, self.config.server)
         n = state.extra["num_clients"]
         c = {k: v + sums["dc"][k] / n for k, v in state.extra["c"].items()}

@@ -9,10 +9,11 @@ from raysim.aggregate import Aggregator, Gather, Sum, WeightedMean
 from raysim.algorithm import Algorithm
 from raysim.config import JobConfig, load_jobs
 from raysim.data.store import ClientStore, DatasetConfig, Examples
-from raysim.engine.loop import EngineServices, RunResult, run
+from raysim.engine.loop import RunResult, run
 from raysim.errors import CheckpointError, ClientError, ConfigError, DataError, RaysimError, ResourceError
 from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
 from raysim.registry import register
+from raysim.services import Services
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -38,7 +39,7 @@ __all__ = [
     "DataError",
     "DataSpec",
     "DatasetConfig",
-    "EngineServices",
+    "Services",
     "Examples",
     "Gather",
     "JobConfig",

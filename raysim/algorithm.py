@@ -24,16 +24,28 @@ Rules every plugin follows:
 - Every numeric entry of ``ClientResult.metrics`` is averaged over the cohort (weighted by
   ``ClientResult.weight``) and logged under its own key.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
-  defines ``protocol(services, state)`` and drives the engine's services itself.
+  defines ``protocol(services, state)`` and drives the engine through ``raysim.services``.
+- ``broadcast`` may send no params at all (``Payload({})``): then the worker leaves the resident
+  model's weights as the plugin set them, and the plugin owns them (a staged protocol).
+
+Optional hooks, each used when present:
+- ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
+  itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
+  aggregate ``global - pseudo_gradient`` with it.
+- ``resume_state(saved, fresh) -> ServerState``: completes a checkpoint's state written by an
+  older plugin or another of its family (IMA branching from a FedAvg checkpoint fills its
+  window); without it a checkpoint must hold exactly the plugin state this plugin keeps.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import torch
 from pydantic import BaseModel
 
 from raysim.aggregate import Aggregator
+from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -69,11 +81,34 @@ class Algorithm(Protocol):
 class StagedAlgorithm(Algorithm, Protocol):
     """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot)."""
 
-    def protocol(self, services: Any, state: ServerState) -> ServerState:
-        """Runs the whole method with ``services`` (an ``engine.EngineServices``)."""
+    def protocol(self, services: Services, state: ServerState) -> ServerState:
+        """Runs the whole method with the engine's verbs."""
         ...
 
 
 def has_protocol(algorithm: Any) -> bool:
     """Whether the plugin overrides the default round loop."""
     return callable(getattr(algorithm, "protocol", None))
+
+
+def pseudo_gradient(algorithm: Any, aggregate: Any, params: Params) -> Params | None:
+    """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook,
+    else the aggregate itself when it is a mean delta (tensors keyed like ``params``), else None."""
+    if aggregate is None:
+        return None
+    hook = getattr(algorithm, "pseudo_gradient", None)
+    if callable(hook):
+        return hook(aggregate)
+    if (
+        isinstance(aggregate, dict)
+        and aggregate
+        and set(aggregate) <= set(params)
+        and all(isinstance(v, torch.Tensor) for v in aggregate.values())
+    ):
+        return aggregate
+    return None
+
+
+def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
+    """``params - pseudo_grad`` where the pseudo-gradient has an entry: server SGD with lr 1."""
+    return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}

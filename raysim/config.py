@@ -26,6 +26,15 @@ from raysim import registry
 from raysim.errors import ConfigError
 
 PLUGIN_SECTIONS: tuple[registry.Kind, ...] = ("dataset", "model", "algorithm")
+# Keys that moved to another section: the error says where they went.
+MOVED_KEYS = {
+    "engine.eval_every": "evaluation.every",
+    "engine.eval_clients": "evaluation.clients",
+    "engine.eval_batch_size": "evaluation.batch_size",
+    "engine.heldout_fraction": "evaluation.heldout_fraction",
+    "engine.heldout_eval_clients": "evaluation.heldout_clients",
+    "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
+}
 
 
 class EngineConfig(BaseModel, frozen=True, extra="forbid"):
@@ -33,14 +42,8 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
 
     num_rounds: int = Field(10, ge=1)
     cohort_size: int = Field(10, ge=1)
-    eval_every: int = Field(10, ge=0)  # 0: evaluate only after the last round
-    eval_clients: int | None = Field(None, ge=1)  # clients whose test split is evaluated; None: all
-    eval_batch_size: int = Field(512, ge=1)
     max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
-    barrier_every: int = Field(0, ge=0)  # client-server barrier every k rounds; 0: never
-    heldout_fraction: float = Field(0.0, ge=0, lt=1)  # clients kept out of training, for evaluation
-    heldout_eval_clients: int | None = Field(None, ge=1)  # a seeded subset of them is evaluated
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
 
@@ -108,19 +111,36 @@ class TransferConfig(BaseModel, frozen=True, extra="forbid"):
     personalize: bool = True
 
 
-class EvaluationConfig(BaseModel, frozen=True, extra="forbid"):
-    """Evaluation beyond the global model on clients' test splits (``engine.eval_*``)."""
-
-    personalization: PersonalizationConfig | None = None
-    transfer: list[TransferConfig] = Field(default_factory=list)
-
-
 class PluginSection(BaseModel, frozen=True):
     """A registered plugin's name and its validated options."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     name: str
     config: SerializeAsAny[BaseModel]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as a job file writes it: ``{name: ..., **options}``."""
+        return {"name": self.name, **self.config.model_dump(mode="json")}
+
+
+class EvaluationConfig(BaseModel, frozen=True, extra="forbid"):
+    """When and on what the model is evaluated, and the probes that ride along with rounds.
+
+    The global model is evaluated after every ``every``-th round and after the last (and before
+    round 0 with ``at_start``): on the central test set, on the test splits of ``clients``
+    training clients, and on ``heldout_clients`` of the held-out clients (``heldout_fraction`` of
+    the population, never trained). Probes (``raysim.probes``) measure rounds as they happen.
+    """
+
+    every: int = Field(10, ge=0)  # 0: evaluate only after the last round
+    at_start: bool = False  # also evaluate the initial model (logged at step -1)
+    clients: int | None = Field(None, ge=1)  # training clients whose test split is evaluated; None: all
+    batch_size: int = Field(512, ge=1)
+    heldout_fraction: float = Field(0.0, ge=0, lt=1)  # clients kept out of training, for evaluation
+    heldout_clients: int | None = Field(None, ge=1)  # a seeded subset of them is evaluated
+    personalization: PersonalizationConfig | None = None
+    transfer: list[TransferConfig] = Field(default_factory=list)
+    probes: list[PluginSection] = Field(default_factory=list)  # {name: <probe>, every: k, ...options}
 
 
 class JobConfig(BaseModel, frozen=True, extra="forbid"):
@@ -140,8 +160,8 @@ class JobConfig(BaseModel, frozen=True, extra="forbid"):
         """The resolved config in the shape of a job file (defaults filled in)."""
         out = self.model_dump(mode="json", exclude=set(PLUGIN_SECTIONS))
         for kind in PLUGIN_SECTIONS:
-            section: PluginSection = getattr(self, kind)
-            out[kind] = {"name": section.name, **section.config.model_dump(mode="json")}
+            out[kind] = getattr(self, kind).to_dict()
+        out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
         return out
 
     @classmethod
@@ -165,26 +185,55 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     """Turns a mapping into a JobConfig, collecting all problems before raising."""
     if not isinstance(raw, dict):
         raise ConfigError([f"a job must be a mapping of sections, got {type(raw).__name__}"], source)
-    problems: list[str] = []
+    problems = _moved_keys(raw)
     sections = {kind: _validate_plugin(kind, raw.get(kind), problems) for kind in PLUGIN_SECTIONS}
     core_raw = {k: v for k, v in raw.items() if k not in PLUGIN_SECTIONS}
+    evaluation = core_raw.get("evaluation")
+    probes: list[PluginSection | None] = []
+    if isinstance(evaluation, dict) and "probes" in evaluation:
+        core_raw["evaluation"] = {k: v for k, v in evaluation.items() if k != "probes"}
+        probes = _validate_probes(evaluation["probes"], problems)
     try:
         core = _CoreJob.model_validate(core_raw)
     except ValidationError as exc:
         problems += explain(exc, _CoreJob)
         core = None
     if problems:
-        raise ConfigError(problems, source)
-    return JobConfig(**dict(core), **sections)
+        raise ConfigError(list(dict.fromkeys(problems)), source)
+    fields = dict(core)
+    fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
+    return JobConfig(**fields, **sections)
 
 
-def _validate_plugin(kind: registry.Kind, raw: Any, problems: list[str]) -> PluginSection | None:
+def _moved_keys(raw: dict[str, Any]) -> list[str]:
+    """One problem per key a job still sets in the section it moved out of."""
+    problems = []
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            problems.append(f"{old}: moved to {new}")
+    return problems
+
+
+def _validate_probes(raw: Any, problems: list[str]) -> list[PluginSection | None]:
+    if not isinstance(raw, list):
+        problems.append("evaluation.probes: must be a list of {name: <probe>, ...options}")
+        return []
+    return [
+        _validate_plugin("probe", item, problems, f"evaluation.probes[{i}]") for i, item in enumerate(raw)
+    ]
+
+
+def _validate_plugin(
+    kind: registry.Kind, raw: Any, problems: list[str], where: str | None = None
+) -> PluginSection | None:
+    where = where or kind
     available = ", ".join(registry.names(kind))
     if raw is None:
-        problems.append(f"{kind}: required section missing (a mapping with name: one of {available})")
+        problems.append(f"{where}: required section missing (a mapping with name: one of {available})")
         return None
     if not isinstance(raw, dict) or "name" not in raw:
-        problems.append(f"{kind}.name: required (one of {available})")
+        problems.append(f"{where}.name: required (one of {available})")
         return None
     options = {k: v for k, v in raw.items() if k != "name"}
     try:
@@ -194,7 +243,7 @@ def _validate_plugin(kind: registry.Kind, raw: Any, problems: list[str]) -> Plug
         problems += exc.problems
     except ValidationError as exc:
         entry = registry.get(kind, str(raw["name"]))
-        problems += explain(exc, entry.config, prefix=f"{kind}.")
+        problems += explain(exc, entry.config, prefix=f"{where}.")
     return None
 
 

@@ -43,9 +43,9 @@ def clone(params: Params, dtype: torch.dtype | None = None) -> Params:
     return {k: v.detach().to("cpu", dtype=dtype or v.dtype, copy=True) for k, v in params.items()}
 
 
-def to_numpy(params: Params) -> NumpyParams:
+def to_numpy(params: Params | NumpyParams) -> NumpyParams:
     """CPU numpy arrays for the object store (numpy is zero-copy in Ray; tensors are not)."""
-    return {k: v.detach().cpu().numpy() for k, v in params.items()}
+    return {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
 
 
 def from_numpy(params: NumpyParams) -> Params:

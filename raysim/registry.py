@@ -1,10 +1,11 @@
-"""Finds algorithms, dataset recipes and models by name.
+"""Finds algorithms, dataset recipes, models and probes by name.
 
-Models live in ``raysim.models`` (an ordinary package). Algorithm plugins and dataset recipes are
-files in the repo's ``algorithms/`` and ``datasets/`` folders, which must never become importable
-packages (a ``datasets`` package would shadow HuggingFace ``datasets``). They are loaded by path
-under the private module names ``raysim_plugins.<folder>.<stem>``, from the repo root and from any
-folder listed in ``RAYSIM_PLUGIN_PATH`` (``os.pathsep``-separated roots holding those folders).
+Models live in ``raysim.models`` (an ordinary package), probes in ``raysim.probes``. Algorithm
+plugins and dataset recipes are files in the repo's ``algorithms/`` and ``datasets/`` folders,
+which must never become importable packages (a ``datasets`` package would shadow HuggingFace
+``datasets``). They are loaded by path under the private module names
+``raysim_plugins.<folder>.<stem>``, from the repo root and from any folder listed in
+``RAYSIM_PLUGIN_PATH`` (``os.pathsep``-separated roots holding those folders).
 
 Usage:
     @register("algorithm", "fedavg")
@@ -29,8 +30,8 @@ from pydantic import BaseModel
 
 from raysim.errors import ConfigError, RaysimError
 
-Kind = Literal["algorithm", "dataset", "model"]
-KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model")
+Kind = Literal["algorithm", "dataset", "model", "probe"]
+KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,12 +106,13 @@ def plugin_roots() -> list[Path]:
 
 
 def load_builtins() -> None:
-    """Imports the model zoo and loads every plugin file once per process."""
+    """Imports the model zoo and the probes, and loads every plugin file once per process."""
     global _loaded
     if _loaded:
         return
     _loaded = True
     importlib.import_module("raysim.models")
+    importlib.import_module("raysim.probes")
     for root in plugin_roots():
         for folder in _PLUGIN_FOLDERS.values():
             for path in sorted((root / folder).glob("*.py")):

@@ -36,7 +36,7 @@ def split_population(num_clients: int, heldout_fraction: float, seed: int) -> tu
     if heldout_fraction > 0 and not 0 < num_heldout < num_clients:
         raise ConfigError(
             [
-                f"engine.heldout_fraction: {heldout_fraction} of {num_clients} clients "
+                f"evaluation.heldout_fraction: {heldout_fraction} of {num_clients} clients "
                 f"leaves no held-out or no training client"
             ]
         )

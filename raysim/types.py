@@ -18,6 +18,7 @@ Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by sta
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
 Metrics = dict[str, float]
 Split = Literal["train", "test"]
+MapTask = Literal["evaluate", "logits", "features"]  # what ``map_clients`` computes per client
 Task = Literal["classification", "causal_lm", "regression"]
 
 
@@ -135,3 +136,35 @@ class RunInfo:
     spec: DataSpec
     seed: int
     buffer_keys: frozenset[str] = frozenset()  # float buffers among the params (BN statistics)
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    """A client whose work raised (or produced a non-finite update); the driver applies the policy."""
+
+    client_id: int
+    position: int  # in the round's cohort
+    error: BaseException
+
+
+@dataclass
+class RoundOutput:
+    """A trained cohort: the merged aggregate plus what the engine reports about the round.
+
+    Attributes:
+        aggregate: the aggregator's ``result`` of the merged partials (None: nobody reported).
+        client_metrics: per client, the plugin's metrics plus ``client_id``, ``weight``, ``seconds``.
+        failures: clients dropped this round.
+        probe_rows: per probe name, one row per client of what its worker hooks measured.
+        local_models: client id -> the client's model after training, when asked to keep them.
+        bytes_up: what the clients' updates weigh.
+        worker_seconds: each worker's busy time.
+    """
+
+    aggregate: Any
+    client_metrics: list[Metrics] = field(default_factory=list)
+    failures: list[ClientFailure] = field(default_factory=list)
+    probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
+    local_models: dict[int, NumpyParams] = field(default_factory=dict)
+    bytes_up: int = 0
+    worker_seconds: list[float] = field(default_factory=list)

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data.store import ClientStore
-from raysim.engine.loop import build, run_round
+from raysim.engine.build import build
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
 from raysim.local import cap_examples
@@ -74,7 +74,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
-            state, metrics = run_round(services, state, round_num)
+            state, metrics = services.run_round(state, round_num)
             raysim_round = time.perf_counter() - t0
             plain_round = plain.round(round_num)
             if round_num >= bench.warmup_rounds:

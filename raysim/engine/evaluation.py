@@ -1,5 +1,5 @@
-"""Evaluation of the global model: on clients' held-out splits and on a central test set, and
-the client-server barrier.
+"""Evaluation of the global model: on a central test set, on clients' test splits, on held-out
+clients, with few-shot personalization and on transfer datasets; all spread over the workers.
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from raysim import params as P
 from raysim.config import PersonalizationConfig
-from raysim.types import Metrics, Params
+from raysim.runtime.backend import Backend
+from raysim.runtime.worker import MapRequest
+from raysim.types import Metrics, NumpyParams, Params
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class EvaluationPlan:
 
 
 def evaluate_global(
-    backend: Any,
+    backend: Backend,
     params: Params,
     plan: EvaluationPlan,
     round_num: int | None = None,
@@ -43,17 +44,17 @@ def evaluate_global(
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
     metrics: Metrics = {}
-    central = backend.evaluate_central(weights)
+    [[central]] = backend.map_clients(MapRequest("evaluate", None), [weights])
     if central is not None:
         metrics |= {f"eval/central/{k}": v for k, v in central.items() if k != "num_examples"}
     if len(plan.clients):
-        metrics |= summarize_clients(backend.evaluate_clients(weights, plan.clients, "test"))
+        metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
     config = plan.personalization if personalize else None
     if len(plan.heldout):
         rows = (
             backend.personalize(weights, plan.heldout, config, round_num)
             if config
-            else backend.evaluate_clients(weights, plan.heldout, "test")
+            else evaluate_clients(backend, weights, plan.heldout)
         )
         metrics |= summarize_clients(rows, "eval/heldout")
     elif config is not None:  # nobody held out: personalize the evaluated training clients
@@ -65,11 +66,20 @@ def evaluate_global(
             rows = (
                 backend.personalize(weights, clients, plan.personalization, round_num, name)
                 if plan.personalization and name in plan.personalize_transfer
-                else backend.evaluate_clients(weights, clients, "test", round_num, name)
+                else evaluate_clients(backend, weights, clients, store=name)
             )
             metrics |= summarize_clients(rows, f"eval/transfer/{name}")
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
+
+
+def evaluate_clients(
+    backend: Backend, weights: NumpyParams, clients: np.ndarray, store: str = ""
+) -> list[Metrics]:
+    """``weights`` on each client's test split, as rows with ``client_id`` (empty clients skipped)."""
+    request = MapRequest("evaluate", tuple(int(c) for c in clients), "test", store=store)
+    [rows] = backend.map_clients(request, [weights])
+    return [{**row, "client_id": float(c)} for c, row in zip(request.clients, rows) if row is not None]
 
 
 _SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported
@@ -98,27 +108,3 @@ def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") ->
                 f"{scope}/{key}_p90": float(np.percentile(values, 90)),
             }
     return out
-
-
-def summarize_barrier(before: list[Metrics], after: list[Metrics]) -> Metrics:
-    """Client-server barrier (FedFish, eq. 5), unweighted over the round's cohort.
-
-    ``before`` holds each client's loss and accuracy on its round data under the broadcast model
-    (``start_*``) and under its local model (``local_*``); ``after`` the same data under the new
-    global model. ``barrier/loss = mean(L_i(global) - L_i(local))`` and ``barrier/error =
-    mean(acc_i(local) - acc_i(global))``: lower is better, 0 means aggregation lost nothing.
-    """
-    new = {int(m["client_id"]): m for m in after}
-    pairs = [(b, new[int(b["client_id"])]) for b in before if int(b["client_id"]) in new]
-    if not pairs:
-        return {}
-    mean = lambda values: float(np.mean(list(values)))  # noqa: E731
-    return {
-        "barrier/loss": mean(g["loss"] - b["local_loss"] for b, g in pairs),
-        "barrier/error": mean(b["local_accuracy"] - g["accuracy"] for b, g in pairs),
-        "barrier/start_loss": mean(b["start_loss"] for b, _ in pairs),
-        "barrier/local_loss": mean(b["local_loss"] for b, _ in pairs),
-        "barrier/global_loss": mean(g["loss"] for _, g in pairs),
-        "barrier/local_accuracy": mean(b["local_accuracy"] for b, _ in pairs),
-        "barrier/global_accuracy": mean(g["accuracy"] for _, g in pairs),
-    }

@@ -10,53 +10,44 @@ Usage:
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from raysim.runtime.worker import ClientFailure, ClientTrainer, WorkerReport, WorkerSetup
-from raysim.types import Metrics, NumpyParams, Payload
-
-
-@dataclass
-class RoundOutput:
-    """A round's merged partial plus what the engine reports about it."""
-
-    aggregate: Any  # the aggregator's result(merged partials)
-    client_metrics: list[Metrics] = field(default_factory=list)
-    failures: list[ClientFailure] = field(default_factory=list)
-    barrier: list[Metrics] = field(default_factory=list)
-    bytes_up: int = 0
-    worker_seconds: list[float] = field(default_factory=list)
+from raysim.algorithm import Algorithm
+from raysim.config import PersonalizationConfig
+from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
 
 class Backend(Protocol):
+    """Who runs a round's clients, and any per-client evaluation, on the workers."""
+
     num_workers: int
 
     def train_cohort(
         self,
-        algorithm: Any,
+        algorithm: Algorithm,
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
-        measure_barrier: bool = False,
+        options: RoundOptions,
     ) -> RoundOutput: ...
 
-    def evaluate_clients(
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+        """``results[point][client position]`` (one "client" for the central set), spread over
+        every worker."""
+        ...
+
+    def personalize(
         self,
         params: NumpyParams,
         client_ids: np.ndarray,
-        split: str = "test",
-        round_num: int | None = None,
+        config: PersonalizationConfig,
+        round_num: int,
         store: str = "",
     ) -> list[Metrics]: ...
-
-    def personalize(
-        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
-    ) -> list[Metrics]: ...
-
-    def evaluate_central(self, params: NumpyParams) -> Metrics | None: ...
 
     def shutdown(self) -> None: ...
 
@@ -79,25 +70,47 @@ def shard_cohort(
     return [sorted(shard) for shard in shards]
 
 
-def merge_reports(algorithm: Any, reports: list[WorkerReport]) -> RoundOutput:
+def merge_reports(algorithm: Algorithm, reports: list[WorkerReport], options: RoundOptions) -> RoundOutput:
     """Merges worker partials in worker order (canonical), then takes the aggregate."""
     aggregator = algorithm.aggregator()
     merged = aggregator.zero()
-    output = RoundOutput(aggregate=None)
+    output = RoundOutput(aggregate=None, probe_rows={name: [] for name in options.probes})
     for report in reports:
         merged = aggregator.merge(merged, report.partial)
         output.client_metrics += report.client_metrics
         output.failures += report.failures
-        output.barrier += report.barrier
+        for name, rows in report.probe_rows.items():
+            output.probe_rows[name] += rows
+        output.local_models |= report.local_models
         output.bytes_up += report.bytes_up
         output.worker_seconds.append(report.seconds)
+    for rows in output.probe_rows.values():
+        rows.sort(key=lambda row: row["client_id"])  # independent of the sharding
     output.aggregate = aggregator.result(merged)
     return output
 
 
 def split_evenly(items: np.ndarray, num_parts: int) -> list[list[int]]:
-    """Round-robin split (evaluation work)."""
+    """Round-robin split (personalization work)."""
     return [[int(x) for x in items[i::num_parts]] for i in range(num_parts)]
+
+
+def map_units(request: MapRequest, num_points: int) -> list[tuple[int, int]]:
+    """Every (point, client position) pair, grouped by point."""
+    num_clients = 1 if request.clients is None else len(request.clients)
+    return [(p, c) for p in range(num_points) for c in range(num_clients)]
+
+
+def chunk(units: list[tuple[int, int]], num_parts: int) -> list[list[tuple[int, int]]]:
+    """Contiguous, near-equal chunks (a worker loads each point of its chunk once)."""
+    bounds = np.linspace(0, len(units), num_parts + 1).round().astype(int)
+    return [units[bounds[i] : bounds[i + 1]] for i in range(num_parts)]
+
+
+def by_point(request: MapRequest, num_points: int, flat: list[Any]) -> list[list[Any]]:
+    """The flat results of ``map_units`` order as ``results[point][client position]``."""
+    num_clients = 1 if request.clients is None else len(request.clients)
+    return [flat[p * num_clients : (p + 1) * num_clients] for p in range(num_points)]
 
 
 class SerialBackend:
@@ -109,34 +122,30 @@ class SerialBackend:
 
     def train_cohort(
         self,
-        algorithm: Any,
+        algorithm: Algorithm,
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
-        measure_barrier: bool = False,
+        options: RoundOptions,
     ) -> RoundOutput:
         sizes = self.trainer.store.num_examples("train")[cohort]
         shards = shard_cohort(cohort, sizes, self.num_workers)
-        reports = [self.trainer.train(payload, shard, round_num, measure_barrier) for shard in shards]
-        return merge_reports(algorithm, reports)
+        reports = [self.trainer.train(payload, shard, round_num, options) for shard in shards]
+        return merge_reports(algorithm, reports, options)
 
-    def evaluate_clients(
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+        flat = self.trainer.map_units(request, list(points), map_units(request, len(points)))
+        return by_point(request, len(points), flat)
+
+    def personalize(
         self,
         params: NumpyParams,
         client_ids: np.ndarray,
-        split: str = "test",
-        round_num: int | None = None,
+        config: PersonalizationConfig,
+        round_num: int,
         store: str = "",
     ) -> list[Metrics]:
-        return self.trainer.evaluate_clients(params, [int(c) for c in client_ids], split, round_num, store)
-
-    def personalize(
-        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
-    ) -> list[Metrics]:
         return self.trainer.personalize(params, [int(c) for c in client_ids], config, round_num, store)
-
-    def evaluate_central(self, params: NumpyParams) -> Metrics | None:
-        return self.trainer.evaluate_central(params)
 
     def shutdown(self) -> None:
         pass

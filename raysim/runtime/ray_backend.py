@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,11 +24,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raysim.config import ResourcesConfig
+from raysim.algorithm import Algorithm
+from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
-from raysim.runtime.backend import RoundOutput, merge_reports, shard_cohort, split_evenly
-from raysim.runtime.worker import ClientTrainer, WorkerReport, WorkerSetup
-from raysim.types import Metrics, NumpyParams, Payload
+from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
+from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
@@ -119,27 +121,27 @@ class RayBackend:
 
     def train_cohort(
         self,
-        algorithm: Any,
+        algorithm: Algorithm,
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
-        measure_barrier: bool = False,
+        options: RoundOptions,
     ) -> RoundOutput:
         payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
-        reports = self._run_shards(payload_ref, shards, round_num, measure_barrier)
+        reports = self._run_shards(payload_ref, shards, round_num, options)
         del payload_ref
-        return merge_reports(algorithm, reports)
+        return merge_reports(algorithm, reports, options)
 
     def _run_shards(
-        self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int, measure_barrier: bool
+        self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int, options: RoundOptions
     ) -> list[WorkerReport]:
         """Runs the shards; clients of workers that died for good are re-sharded over the rest."""
         reports: list[WorkerReport] = []
         pending = list(zip(self.workers, shards))
         while pending:
             refs = [
-                (w, shard, w.train.remote(payload_ref, shard, round_num, measure_barrier))
+                (w, shard, w.train.remote(payload_ref, shard, round_num, options))
                 for w, shard in pending
                 if shard
             ]
@@ -170,18 +172,21 @@ class RayBackend:
         shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
-    def evaluate_clients(
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+        points_ref = ray.put(list(points))  # one copy of every point for all workers
+        units = map_units(request, len(points))
+        parts = [part for part in chunk(units, len(self.workers)) if part]
+        refs = [w.map_units.remote(request, points_ref, part) for w, part in zip(self.workers, parts)]
+        flat = [result for part in _get(refs) for result in part]
+        return by_point(request, len(points), flat)
+
+    def personalize(
         self,
         params: NumpyParams,
         client_ids: np.ndarray,
-        split: str = "test",
-        round_num: int | None = None,
+        config: PersonalizationConfig,
+        round_num: int,
         store: str = "",
-    ) -> list[Metrics]:
-        return self._per_client("evaluate_clients", params, client_ids, split, round_num, store)
-
-    def personalize(
-        self, params: NumpyParams, client_ids: np.ndarray, config: Any, round_num: int, store: str = ""
     ) -> list[Metrics]:
         return self._per_client("personalize", params, client_ids, config, round_num, store)
 
@@ -196,9 +201,6 @@ class RayBackend:
         ]
         results = _get(refs)
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])
-
-    def evaluate_central(self, params: NumpyParams) -> Metrics | None:
-        return _get(self.workers[0].evaluate_central.remote(params))
 
     def shutdown(self) -> None:
         for worker in self.workers:

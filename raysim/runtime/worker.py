@@ -12,16 +12,30 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
 
 from raysim import params as P
-from raysim.config import JobConfig, PersonalizationConfig
+from raysim import registry
+from raysim.config import JobConfig, PersonalizationConfig, PluginSection
 from raysim.data.store import ClientStore
 from raysim.errors import ClientError, ConfigError
-from raysim.local import LocalTrainConfig, cap_examples, evaluate, train_local
+from raysim.local import LocalTrainConfig, cap_examples, evaluate, iterate_batches, to_tensors, train_local
+from raysim.probes import ClientView, Probe
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import client_seed
-from raysim.types import ClientContext, ClientData, Metrics, NumpyParams, Payload
+from raysim.types import (
+    ClientContext,
+    ClientData,
+    ClientFailure,
+    ClientResult,
+    DataSpec,
+    MapTask,
+    Metrics,
+    NumpyParams,
+    Payload,
+)
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 
@@ -40,10 +54,27 @@ class WorkerSetup:
 
 
 @dataclass(frozen=True)
-class ClientFailure:
-    client_id: int
-    position: int
-    error: BaseException
+class RoundOptions:
+    """What a round measures besides training: the probes due, and whether local models are kept."""
+
+    probes: tuple[str, ...] = ()
+    keep_local_models: bool = False
+
+
+@dataclass(frozen=True)
+class MapRequest:
+    """What ``map_clients`` computes: ``task`` for each parameter point on each client.
+
+    ``clients`` None means the dataset's central test set; ``model`` another model section to
+    build (and keep) for the points; ``store`` a transfer dataset's name ("" the training data).
+    """
+
+    task: MapTask
+    clients: tuple[int, ...] | None
+    split: str = "test"
+    round_num: int | None = None
+    store: str = ""
+    model: dict[str, Any] | None = None
 
 
 @dataclass
@@ -53,15 +84,23 @@ class WorkerReport:
     partial: Any
     client_metrics: list[Metrics] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
-    barrier: list[Metrics] = field(default_factory=list)  # per client, when measured
+    probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
+    local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
     seconds: float = 0.0
 
 
 def build_algorithm(job: JobConfig) -> Any:
-    from raysim import registry
-
     return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
+
+
+def build_probes(job: JobConfig) -> dict[str, Probe]:
+    """The job's probes by name (``evaluation.probes``)."""
+    return {section.name: _build(section, "probe") for section in job.evaluation.probes}
+
+
+def _build(section: PluginSection, kind: registry.Kind) -> Any:
+    return registry.get(kind, section.name).factory(section.config)
 
 
 def build_job_model(job: JobConfig, spec: Any) -> torch.nn.Module:
@@ -101,38 +140,41 @@ class ClientTrainer:
         }
         self.states = ClientStateStore(setup.state_dir)
         self.algorithm = build_algorithm(self.job)
+        self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
+        self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
 
     def ping(self) -> str:
         return "ok"
 
     def train(
-        self, payload: Payload, tasks: list[tuple[int, int]], round_num: int, measure_barrier: bool = False
+        self, payload: Payload, tasks: list[tuple[int, int]], round_num: int, options: RoundOptions
     ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
-        With ``measure_barrier`` each client's round data is also evaluated under the broadcast
-        model and under its local model (the first two terms of the client-server barrier).
+        The probes named in ``options`` measure each client before and after its training.
         """
         start = time.perf_counter()
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
+        probes = {name: self.probes[name] for name in options.probes}
+        report.probe_rows = {name: [] for name in probes}
         # Once per round, not per client: the broadcast on this worker's device.
         global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:
-                result, barrier = self._train_one(
-                    payload, global_params, client_id, round_num, measure_barrier
-                )
+                result, rows = self._train_one(payload, global_params, client_id, round_num, probes)
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
             except Exception as exc:  # the driver applies the failure policy
                 report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
                 continue
             report.partial = aggregator.add(report.partial, position, result)
-            if barrier is not None:
-                report.barrier.append(barrier)
+            for name, row in rows.items():
+                report.probe_rows[name].append(row)
+            if options.keep_local_models:
+                report.local_models[client_id] = P.to_numpy(P.model_params(self.model))
             report.bytes_up += P.num_bytes(result.update)
             report.client_metrics.append(
                 {
@@ -159,15 +201,19 @@ class ClientTrainer:
         global_params: dict[str, torch.Tensor],
         client_id: int,
         round_num: int,
-        measure_barrier: bool,
-    ) -> tuple[Any, Metrics | None]:
+        probes: dict[str, Probe],
+    ) -> tuple[ClientResult, dict[str, Metrics]]:
         seed = client_seed(self.job.seed, round_num, client_id)
-        P.load_into(self.model, global_params)  # in place: the model is never rebuilt
-        self.model.train()  # whatever ran before (evaluation, another plugin's loop)
+        if global_params:  # an empty broadcast: the plugin owns the model's weights
+            P.load_into(self.model, global_params)  # in place: the model is never rebuilt
         self.model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
-        start = self._evaluate(data) if measure_barrier else None
-        self.model.train()  # the evaluation above switched to eval mode
+        view = ClientView(
+            client_id, round_num, self.model, data, self._evaluate,
+            lambda: self.store.client_data(client_id, "test"),
+        )  # fmt: skip
+        before = {name: probe.before_training(view) for name, probe in probes.items()}
+        self.model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = ClientContext(
             client_id=client_id,
             round_num=round_num,
@@ -182,19 +228,14 @@ class ClientTrainer:
         )
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
-        if start is None:
-            return result, None
-        local = self._evaluate(data)  # the model the client ended with
-        return result, {
-            "client_id": float(client_id),
-            "start_loss": start["loss"],
-            "start_accuracy": start["accuracy"],
-            "local_loss": local["loss"],
-            "local_accuracy": local["accuracy"],
+        rows = {
+            name: {"client_id": float(client_id), **before[name], **probe.after_training(view)}
+            for name, probe in probes.items()
         }
+        return result, rows
 
     def _evaluate(self, data: ClientData) -> Metrics:
-        return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
+        return evaluate(self.model, data, self.store.spec, self.device, self.job.evaluation.batch_size)
 
     def personalize(
         self,
@@ -242,37 +283,68 @@ class ClientTrainer:
             out.append(row)
         return out
 
-    def evaluate_clients(
-        self,
-        params: NumpyParams,
-        client_ids: list[int],
-        split: str = "test",
-        round_num: int | None = None,
-        store: str = "",
-    ) -> list[Metrics]:
-        """``params`` on each client's split (clients with no examples are skipped).
+    def map_units(
+        self, request: MapRequest, points: list[NumpyParams], units: list[tuple[int, int]]
+    ) -> list[Any]:
+        """``request.task`` for each (point index, client position) unit, in order.
 
-        ``split="round"`` is the client's training data of ``round_num`` (after the cap);
-        ``store`` names a transfer dataset ("" is the training dataset).
+        Units arrive grouped by point, so each point is loaded into the model once.
         """
-        P.load_into(self.model, params)
-        out = []
-        for client_id in client_ids:
-            if split == "round":
-                data = self.round_data(client_id, round_num)
-            else:
-                data = self.stores[store].client_data(client_id, split)
-            if len(data):
-                out.append({**self._evaluate(data), "client_id": float(client_id)})
+        model = self._model_for(request.model)
+        source = self.stores[request.store]
+        out, loaded = [], None
+        for point, position in units:
+            if point != loaded:
+                P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in points[point].items()})
+                loaded = point
+            data = self._unit_data(request, source, position)
+            out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
+                       if data is not None and len(data) else None)  # fmt: skip
         return out
 
-    def evaluate_central(self, params: NumpyParams) -> Metrics | None:
-        """The global model on the dataset's central test set, if it has one."""
-        data = self.store.central_test()
-        if data is None or not len(data):
-            return None
-        P.load_into(self.model, params)
-        return evaluate(self.model, data, self.store.spec, self.device, self.job.engine.eval_batch_size)
+    @property
+    def _batch_size(self) -> int:
+        return self.job.evaluation.batch_size
+
+    def _unit_data(self, request: MapRequest, source: ClientStore, position: int) -> ClientData | None:
+        if request.clients is None:
+            return source.central_test()
+        client_id = request.clients[position]
+        if request.split == "round":
+            if request.round_num is None:
+                raise ValueError("split='round' needs the round_num whose data it means")
+            return self.round_data(client_id, request.round_num)
+        return source.client_data(client_id, request.split)  # type: ignore[arg-type]
+
+    def _model_for(self, section: dict[str, Any] | None) -> nn.Module:
+        """The resident model, or (built once, then kept) a model of another architecture."""
+        if section is None:
+            return self.model
+        key = repr(sorted(section.items()))
+        if key not in self.composed:
+            from raysim.models import build_model
+
+            options = {k: v for k, v in section.items() if k != "name"}
+            entry = registry.get("model", str(section["name"]))
+            config = entry.config.model_validate(options)
+            torch.manual_seed(self.job.seed)
+            self.composed[key] = build_model(entry.name, config, self.store.spec).to(self.device)
+        return self.composed[key]
+
+
+@torch.no_grad()
+def _compute(
+    task: MapTask, model: nn.Module, data: ClientData, spec: DataSpec, device: torch.device, batch_size: int
+) -> Metrics | np.ndarray:
+    """Loss and accuracy, or the model's outputs / ``features`` for every example, in order."""
+    if task == "evaluate":
+        return evaluate(model, data, spec, device, batch_size)
+    model.eval()
+    forward = model.features if task == "features" else model  # features: models/ anatomy
+    outputs = [
+        forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
+    ]
+    return torch.cat(outputs).numpy()
 
 
 def _shippable(exc: Exception) -> Exception:

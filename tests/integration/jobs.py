@@ -13,7 +13,8 @@ def tiny_job(**sections) -> JobConfig:
         },
         "model": {"name": "mlp", "hidden": [16]},
         "algorithm": {"name": "fedavg", "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}},
-        "engine": {"num_rounds": 3, "cohort_size": 6, "eval_every": 1},
+        "engine": {"num_rounds": 3, "cohort_size": 6},
+        "evaluation": {"every": 1},
         "resources": {"backend": "serial", "num_workers": 1},
         "tracking": {"enabled": False, "progress": False},
     }

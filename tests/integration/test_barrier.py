@@ -9,12 +9,16 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.loop import run
-from raysim.runtime.worker import ClientTrainer, WorkerSetup
+from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerSetup
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedfish"])
 def test_barrier_is_logged_and_matches_an_independent_evaluation(tmp_path, algorithm):
-    job = tiny_job(algorithm={"name": algorithm}, engine={"barrier_every": 1, "max_client_examples": 10})
+    job = tiny_job(
+        algorithm={"name": algorithm},
+        engine={"max_client_examples": 10},
+        evaluation={"probes": [{"name": "client_server_barrier"}]},
+    )
     result = run(job, output_dir=tmp_path)
     for _, metrics in result.history:
         assert metrics["barrier/local_loss"] < metrics["barrier/start_loss"]  # local training helped
@@ -24,7 +28,8 @@ def test_barrier_is_logged_and_matches_an_independent_evaluation(tmp_path, algor
     # the last round's global term, recomputed from the final model on the same round data
     last = json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"][-1]
     trainer = ClientTrainer(WorkerSetup(job.to_dict(), str(store_path(job)), str(tmp_path / "s")))
-    again = trainer.evaluate_clients(P.to_numpy(result.state.params), last, "round", round_num=2)
+    request = MapRequest("evaluate", tuple(last), "round", round_num=2)
+    again = trainer.map_units(request, [P.to_numpy(result.state.params)], [(0, i) for i in range(len(last))])
     assert all(len(trainer.round_data(c, 2)) == 10 for c in last)
     assert result.history[-1][1]["barrier/global_loss"] == pytest.approx(
         np.mean([m["loss"] for m in again]), rel=1e-6
@@ -33,7 +38,9 @@ def test_barrier_is_logged_and_matches_an_independent_evaluation(tmp_path, algor
 
 def test_measuring_the_barrier_does_not_change_training(tmp_path):
     plain = run(tiny_job(), output_dir=tmp_path / "a").state.params
-    measured = run(tiny_job(engine={"barrier_every": 1}), output_dir=tmp_path / "b").state.params
+    measured = run(
+        tiny_job(evaluation={"probes": [{"name": "client_server_barrier"}]}), output_dir=tmp_path / "b"
+    ).state.params
     assert all(torch.equal(plain[k], measured[k]) for k in plain)
 
 
@@ -43,7 +50,7 @@ def test_the_cap_sets_each_clients_examples_and_weight(tmp_path):
     payload_params = P.to_numpy(P.model_params(trainer.model))
     from raysim.types import Payload
 
-    report = trainer.train(Payload(payload_params), [(0, 3), (1, 4)], round_num=0)
+    report = trainer.train(Payload(payload_params), [(0, 3), (1, 4)], round_num=0, options=RoundOptions())
     assert [m["weight"] for m in report.client_metrics] == [7.0, 7.0]
     a, b = trainer.round_data(3, 0), trainer.round_data(3, 1)
     assert len(a) == 7 and not np.array_equal(a.arrays["x"], b.arrays["x"])  # a new subset each round

@@ -7,7 +7,8 @@ from mlflow.tracking import MlflowClient
 
 from jobs import tiny_job
 from raysim import registry
-from raysim.engine.loop import build, run, run_round
+from raysim.engine.build import build
+from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import CheckpointError, ClientError
 
@@ -73,7 +74,7 @@ def run_rounds(job, tmp_path, between=None):
         for round_num in range(job.engine.num_rounds):
             if between is not None and round_num == 1:
                 between(services)
-            state, _ = run_round(services, state, round_num)
+            state, _ = services.run_round(state, round_num)
         return state, services.backend
     finally:
         services.backend.shutdown()

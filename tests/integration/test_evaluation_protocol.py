@@ -20,7 +20,7 @@ PERSONALIZE = {"fractions": [0.25, 0.5], "epochs": 2, "lr": 0.1, "batch_size": 4
 
 
 def test_heldout_clients_never_train_and_are_evaluated(tmp_path):
-    job = tiny_job(engine={"heldout_fraction": 0.25, "num_rounds": 8})
+    job = tiny_job(engine={"num_rounds": 8}, evaluation={"heldout_fraction": 0.25})
     result = run(job, output_dir=tmp_path)
     _, heldout = split_population(20, 0.25, job.seed)
     cohorts = json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"]
@@ -31,7 +31,7 @@ def test_heldout_clients_never_train_and_are_evaluated(tmp_path):
 
 
 def test_personalization_matches_a_hand_composed_fine_tune(tmp_path):
-    job = tiny_job(engine={"heldout_fraction": 0.25}, evaluation={"personalization": PERSONALIZE})
+    job = tiny_job(evaluation={"heldout_fraction": 0.25, "personalization": PERSONALIZE})
     result = run(job, output_dir=tmp_path / "run")
     last = result.history[-1][1]
     assert "eval/heldout/personalized_50/accuracy" in last
@@ -87,8 +87,11 @@ def test_a_transfer_dataset_the_model_cannot_read_is_a_config_error(tmp_path):
 def test_ray_and_serial_agree_on_heldout_personalization_and_transfer(tmp_path, ray_local):
     other = {"name": "digits", "partition": {"kind": "iid", "num_clients": 6}, "test_fraction": 0.5}
     sections = {
-        "engine": {"heldout_fraction": 0.25},
-        "evaluation": {"personalization": PERSONALIZE, "transfer": [{"name": "t", "dataset": other}]},
+        "evaluation": {
+            "heldout_fraction": 0.25,
+            "personalization": PERSONALIZE,
+            "transfer": [{"name": "t", "dataset": other}],
+        },
     }
     serial = run(tiny_job(**sections), output_dir=tmp_path / "s").final
     on_ray = run(
@@ -106,13 +109,13 @@ def test_a_schedule_cannot_train_heldout_clients(tmp_path):
     _, heldout = split_population(20, 0.25, 3)
     schedule = tmp_path / "cohorts.json"
     schedule.write_text(json.dumps({"num_clients": 20, "cohorts": [[int(heldout[0]), 1, 2, 3, 4, 5]] * 3}))
-    job = tiny_job(engine={"heldout_fraction": 0.25, "schedule": str(schedule)})
+    job = tiny_job(engine={"schedule": str(schedule)}, evaluation={"heldout_fraction": 0.25})
     with pytest.raises(ConfigError, match="trains held-out clients"):
         run(job, output_dir=tmp_path / "run")
 
 
 def test_heldout_evaluation_can_be_capped(tmp_path):
     final = run(
-        tiny_job(engine={"heldout_fraction": 0.5, "heldout_eval_clients": 3}), output_dir=tmp_path
+        tiny_job(evaluation={"heldout_fraction": 0.5, "heldout_clients": 3}), output_dir=tmp_path
     ).final
     assert final["eval/heldout/num_clients"] == 3

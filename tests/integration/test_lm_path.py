@@ -14,10 +14,8 @@ BASE = {
         "num_rounds": 2,
         "cohort_size": 4,
         "max_client_examples": 8,
-        "eval_every": 1,
-        "eval_clients": 6,
-        "barrier_every": 1,
     },
+    "evaluation": {"every": 1, "clients": 6, "probes": [{"name": "client_server_barrier"}]},
     "resources": {"backend": "serial"},
     "tracking": {"enabled": False, "progress": False},
 }

@@ -76,12 +76,12 @@ def test_overrides_parse_values_as_yaml():
             "engine.num_rounds=7",
             "algorithm.local.lr=0.5",
             "tracking.enabled=false",
-            "engine.eval_clients=null",
+            "evaluation.clients=null",
         ],
     )
     job = JobConfig.from_dict(raw)
     assert job.engine.num_rounds == 7 and job.algorithm.config.local.lr == 0.5
-    assert job.tracking.enabled is False and job.engine.eval_clients is None
+    assert job.tracking.enabled is False and job.evaluation.clients is None
     with pytest.raises(ConfigError, match="expected key.sub=value"):
         apply_overrides(BASE, ["engine.num_rounds"])
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from raysim.engine.evaluation import summarize_barrier, summarize_clients
+from raysim.engine.evaluation import summarize_clients
+from raysim.probes import summarize_barrier
 
 
 def test_client_summary_weights_by_examples_and_spreads_over_clients():
@@ -21,13 +22,10 @@ def test_barrier_is_the_mean_gap_between_global_and_local_on_each_clients_data()
     Error form: accuracies local 0.9 / 0.8, global 0.6 / 0.7 -> mean(0.3, 0.1) = 0.2."""
     keys = ("client_id", "start_loss", "start_accuracy", "local_loss", "local_accuracy")
     before = [dict(zip(keys, (1.0, 1.0, 0.5, 0.4, 0.9))), dict(zip(keys, (2.0, 0.8, 0.6, 0.2, 0.8)))]
-    after = [
-        {"client_id": 2.0, "loss": 0.3, "accuracy": 0.7},
-        {"client_id": 1.0, "loss": 0.9, "accuracy": 0.6},
-    ]
-    out = summarize_barrier(before, after)
+    after = [{"loss": 0.9, "accuracy": 0.6}, {"loss": 0.3, "accuracy": 0.7}]  # aligned with before
+    out = summarize_barrier(before, after, "barrier")
     assert out["barrier/loss"] == pytest.approx(0.3)
     assert out["barrier/error"] == pytest.approx(0.2)
     assert out["barrier/start_loss"] == pytest.approx(0.9)
     assert out["barrier/global_loss"] == pytest.approx(0.6)
-    assert summarize_barrier(before, []) == {}
+    assert summarize_barrier(before, [None, None], "barrier") == {}

@@ -1,0 +1,208 @@
+"""``build(job)``: every object of a run is made here, and checked before Ray or MLflow start."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+
+from raysim import params as P
+from raysim import registry
+from raysim.algorithm import Algorithm
+from raysim.config import JobConfig, explain
+from raysim.data.prepare import open_dataset
+from raysim.data.store import ClientStore
+from raysim.engine.checkpoint import check_compatible, load_checkpoint
+from raysim.engine.evaluation import EvaluationPlan
+from raysim.engine.services import Engine
+from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
+from raysim.errors import CheckpointError, ConfigError, ResourceError
+from raysim.runtime.backend import Backend, SerialBackend
+from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, build_probes
+from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
+from raysim.types import RunInfo, ServerState
+
+
+def build(
+    job: JobConfig, tracker: Tracker | None, resume_from: str | None, output_dir: Path
+) -> tuple[Engine, ServerState]:
+    """Builds every object of a run (here and nowhere else) and the starting server state.
+
+    Everything that can be checked is checked before Ray workers or an MLflow run exist.
+    """
+    store = open_dataset(job.dataset.name, job.dataset.config)
+    train_pool, heldout = split_population(store.num_clients, job.evaluation.heldout_fraction, job.seed)
+    schedule = load_schedule(job, store, train_pool, heldout)
+    transfer = open_transfer_stores(job, store)
+    algorithm = build_algorithm(job)
+    probes = build_probes(job)
+    model = build_job_model(job, store.spec)
+    params = P.clone(P.model_params(model))
+    buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
+    del model
+    info = RunInfo(
+        len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys
+    )
+    state, start_round, parent_state_dir = initial_state(algorithm, params, info, job, resume_from)
+    run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    state_dir = run_dir / "client_state"
+    if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
+        ClientStateStore(state_dir).restore(parent_state_dir)
+    setup = WorkerSetup(
+        job=job.to_dict(),
+        store_path=str(store.path),
+        state_dir=str(state_dir),
+        transfer_stores={name: str(s.path) for name, s in transfer.items()},
+    )
+    plan = evaluation_plan(job, train_pool, heldout, transfer)
+    backend = make_backend(job, setup, store)
+    try:
+        tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
+        tracker.start(job)
+    except BaseException:
+        backend.shutdown()  # no orphaned workers when the tracking store is unreachable
+        raise
+    engine = Engine(job, algorithm, store, backend, tracker, info, run_dir, state_dir, plan, train_pool,
+                    probes, schedule, start_round)  # fmt: skip
+    return engine, state
+
+
+def load_schedule(
+    job: JobConfig, store: ClientStore, train_pool: np.ndarray, heldout: np.ndarray
+) -> CohortSchedule | None:
+    """The fixed participation schedule, if any; checks the cohort size against the pool."""
+    schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
+    if schedule is None and job.engine.cohort_size > len(train_pool):
+        raise ConfigError([f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
+                           f"training clients), got {job.engine.cohort_size}"])  # fmt: skip
+    if schedule is not None and len(heldout):
+        trained = {c for cohort in schedule.cohorts for c in cohort} & set(heldout.tolist())
+        if trained:
+            raise ConfigError([f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
+                               f"clients never train (evaluation.heldout_fraction)"])  # fmt: skip
+    return schedule
+
+
+def initial_state(
+    algorithm: Algorithm, params: P.Params, info: RunInfo, job: JobConfig, resume_from: str | None
+) -> tuple[ServerState, int, str | None]:
+    """The plugin's fresh state, or a checkpoint's (completed by the plugin's ``resume_state``).
+
+    Returns:
+        The state, the first round to run and the checkpoint's client-state snapshot (or None).
+    """
+    fresh = algorithm.init(params, info)
+    if resume_from is None:
+        return fresh, 0, None
+    saved, last_round, _, state_dir = load_checkpoint(resume_from)
+    check_compatible(saved, params, resume_from)
+    resume = getattr(algorithm, "resume_state", None)
+    state = resume(saved, fresh) if callable(resume) else saved
+    check_same_shape(fresh, state, job.algorithm.name, resume_from)
+    return state, last_round + 1, state_dir
+
+
+def evaluation_plan(
+    job: JobConfig, train_pool: np.ndarray, heldout: np.ndarray, transfer: dict[str, ClientStore]
+) -> EvaluationPlan:
+    """Which clients each evaluation looks at, drawn once from the run seed."""
+    evaluation = job.evaluation
+    return EvaluationPlan(
+        clients=train_pool[sample_eval_clients(len(train_pool), evaluation.clients, job.seed)],
+        heldout=heldout[sample_eval_clients(len(heldout), evaluation.heldout_clients, job.seed)],
+        personalization=evaluation.personalization,
+        transfer={
+            t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
+            for t in evaluation.transfer
+        },
+        personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
+    )
+
+
+def tokenizer_identity(store: ClientStore) -> str | None:
+    """What a text store's token ids mean: a digest of its saved tokenizer (None: not text)."""
+    saved = store.meta.get("tokenizer")
+    if not saved:
+        return None
+    digest = hashlib.sha256(json.dumps(saved["config"], sort_keys=True).encode())
+    files = (
+        [p for p in sorted((store.path / saved["file"]).rglob("*")) if p.is_file()]
+        if saved.get("file") and (store.path / saved["file"]).is_dir()
+        else [store.path / saved["file"]]
+        if saved.get("file")
+        else []
+    )
+    for path in files:  # a BPE trained per corpus differs in its merges, not its config
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, ClientStore]:
+    """The evaluation-only datasets; each must look like the training data to the model."""
+    stores = {}
+    for i, transfer in enumerate(job.evaluation.transfer):
+        options = {k: v for k, v in transfer.dataset.items() if k != "name"}
+        entry = registry.get("dataset", str(transfer.dataset.get("name", "")))
+        try:
+            config = entry.config.model_validate(options)
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
+        other = open_dataset(transfer.dataset["name"], config)
+        if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != (
+            store.spec.task,
+            store.spec.input_shape,
+            store.spec.num_classes,
+        ):
+            raise ConfigError(
+                [
+                    f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
+                    f"model is built for {store.spec}"
+                ]
+            )
+        if tokenizer_identity(other) != tokenizer_identity(store):
+            raise ConfigError(
+                [
+                    f"evaluation.transfer[{i}]: {transfer.name!r} is tokenized differently "
+                    f"from the training data (the same ids would mean other words); give "
+                    f"both the same tokenizer, e.g. tokenizer: {{kind: hf, name_or_path: ...}}"
+                ]
+            )
+        stores[transfer.name] = other
+    return stores
+
+
+def check_same_shape(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> None:
+    """A checkpoint must hold the plugin state this job's algorithm keeps (branching between
+    algorithms of one family, FedAvg to FedAdam say, is fine; a plugin's ``resume_state`` hook
+    completes state that an older plugin or another of its family did not write)."""
+    if set(fresh.extra) != set(saved.extra):
+        raise CheckpointError(
+            f"{path} holds server state {sorted(saved.extra)}; algorithm "
+            f"{algorithm!r} keeps {sorted(fresh.extra)}: it was written by "
+            f"another kind of algorithm"
+        )
+
+
+def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:
+    """The serial backend in-process, or Ray worker actors (Ray is imported only then)."""
+    resources = job.resources
+    if resources.backend == "serial":
+        if resources.gpus_per_worker > 0 and not torch.cuda.is_available():
+            raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
+        serial_setup = replace(
+            setup,
+            device="cuda" if resources.gpus_per_worker > 0 else "cpu",
+            num_threads=max(1, int(resources.cpus_per_worker)),
+        )
+        return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
+    from raysim.runtime.ray_backend import RayBackend
+
+    return RayBackend(setup, resources, store.num_examples("train"))

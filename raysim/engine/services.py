@@ -1,0 +1,178 @@
+"""A run's pieces and the verbs the round loop, staged plugins and probes use.
+
+``Engine`` holds what ``build`` made (algorithm, store, backend, tracker, evaluation plan,
+probes) and implements the verbs of ``raysim.services.Services``. Plugins and probes receive
+``PluginServices``, which exposes those verbs and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim import params as P
+from raysim.algorithm import Algorithm
+from raysim.config import JobConfig
+from raysim.data.store import ClientStore
+from raysim.engine.checkpoint import save_checkpoint
+from raysim.engine.evaluation import EvaluationPlan, evaluate_global
+from raysim.engine.tracking import Tracker
+from raysim.probes import Probe, is_due
+from raysim.runtime.backend import Backend
+from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.worker import MapRequest, RoundOptions, raise_client_failure
+from raysim.sampling import CohortSchedule, sample_cohort
+from raysim.types import MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+
+log = logging.getLogger("raysim")
+
+
+@dataclass
+class Engine:
+    """Everything one run is made of, built once by ``engine.build``."""
+
+    job: JobConfig
+    algorithm: Algorithm
+    store: ClientStore
+    backend: Backend
+    tracker: Tracker
+    info: RunInfo
+    run_dir: Path
+    state_dir: Path
+    plan: EvaluationPlan
+    train_pool: np.ndarray
+    probes: dict[str, Probe] = field(default_factory=dict)
+    schedule: CohortSchedule | None = None
+    start_round: int = 0
+    cohorts: list[list[int]] = field(default_factory=list)
+    history: list[tuple[int, Metrics]] = field(default_factory=list)
+
+    # --- the verbs (raysim.services.Services) ---------------------------------------------
+
+    def cohort(self, round_num: int) -> np.ndarray:
+        """This round's cohort: from the fixed schedule, else a pure function of (seed, round)."""
+        if self.schedule is not None:
+            cohort = self.schedule.cohort(round_num)
+        else:  # held-out clients are not in the pool
+            pool = self.train_pool
+            cohort = pool[sample_cohort(len(pool), self.job.engine.cohort_size, self.job.seed, round_num)]
+        self.cohorts.append([int(c) for c in cohort])
+        return cohort
+
+    def train_cohort(
+        self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
+    ) -> RoundOutput:
+        """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
+        output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
+        if len(output.failures) > self.job.engine.max_failed_clients:
+            raise_client_failure(output.failures[0], round_num)
+        for failure in output.failures:
+            log.warning(
+                "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
+            )
+        return output
+
+    def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
+        from raysim.engine.round import run_round  # the round's steps, kept beside the loop
+
+        return run_round(self, state, round_num)
+
+    def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
+        """The global model evaluated; personalization and transfer too when due."""
+        personalize = round_num is not None and round_num >= 0 and self.is_personalization_round(round_num)
+        return evaluate_global(self.backend, state.params, self.plan, round_num, personalize=personalize)
+
+    def map_clients(
+        self,
+        task: MapTask,
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, Any] | None = None,
+    ) -> list[list[Any]]:
+        ids = None if clients is None else tuple(int(c) for c in clients)
+        request = MapRequest(task, ids, split, round_num, model=model)
+        return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
+
+    def log(self, metrics: Metrics, round_num: int) -> None:
+        self.history.append((round_num, metrics))
+        self.tracker.log_metrics(metrics, step=round_num)
+
+    def checkpoint(self, state: ServerState, round_num: int, name: str | None = None) -> Path:
+        """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
+        path = self.run_dir / "checkpoints" / (name or f"round_{round_num:05d}.pt")
+        frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
+        return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
+
+    # --- cadence ------------------------------------------------------------------------------
+
+    def is_eval_round(self, round_num: int) -> bool:
+        return _every(self.job.evaluation.every, round_num) or round_num == self.job.engine.num_rounds - 1
+
+    def is_personalization_round(self, round_num: int) -> bool:
+        config = self.job.evaluation.personalization
+        last = round_num == self.job.engine.num_rounds - 1
+        return last or (config is not None and _every(config.every, round_num))
+
+    def due_probes(self, round_num: int) -> dict[str, Probe]:
+        return {name: probe for name, probe in self.probes.items() if is_due(probe, round_num)}
+
+    def maybe_checkpoint(self, state: ServerState, round_num: int) -> None:
+        if _every(self.job.engine.checkpoint_every, round_num):
+            self.checkpoint(state, round_num)
+
+
+def _every(every: int, round_num: int) -> bool:
+    """Due after every ``every``-th round (0: never)."""
+    return every > 0 and (round_num + 1) % every == 0
+
+
+class PluginServices:
+    """The engine's verbs and nothing else: what a staged plugin or a probe is handed."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def info(self) -> RunInfo:
+        return self._engine.info
+
+    def cohort(self, round_num: int) -> np.ndarray:
+        return self._engine.cohort(round_num)
+
+    def train_cohort(
+        self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
+    ) -> RoundOutput:
+        options = RoundOptions(keep_local_models=keep_local_models)
+        return self._engine.train_cohort(payload, cohort, round_num, options)
+
+    def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
+        return self._engine.run_round(state, round_num)
+
+    def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
+        return self._engine.evaluate(state, round_num)
+
+    def map_clients(
+        self,
+        task: MapTask,
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, Any] | None = None,
+    ) -> list[list[Any]]:
+        return self._engine.map_clients(task, points, clients, split=split, round_num=round_num, model=model)
+
+    def log(self, metrics: Metrics, round_num: int) -> None:
+        self._engine.log(metrics, round_num)
+
+    def checkpoint(self, state: ServerState, round_num: int) -> Path:
+        return self._engine.checkpoint(state, round_num)

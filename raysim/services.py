@@ -1,0 +1,88 @@
+"""The engine's verbs, as a staged plugin (``protocol``) or a probe sees them.
+
+A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods, LSS's
+regimes) and a probe's driver-side summary drive the run through this narrow set of verbs, never
+through the engine's internals. Every verb spreads its work over all workers.
+
+Usage:
+    def protocol(self, services: Services, state: ServerState) -> ServerState:
+        for round_num in range(services.info.num_rounds):
+            state, metrics = services.run_round(state, round_num)
+            services.log(metrics, round_num)
+        return state
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from raysim.types import MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+
+
+class Services(Protocol):
+    """What a staged plugin or a probe may ask of the engine."""
+
+    @property
+    def info(self) -> RunInfo:
+        """Facts about the run (clients, cohort size, rounds, data spec, seed)."""
+        ...
+
+    def cohort(self, round_num: int) -> np.ndarray:
+        """This round's client ids: the fixed schedule's, else a pure function of (seed, round)."""
+        ...
+
+    def train_cohort(
+        self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
+    ) -> RoundOutput:
+        """Runs ``client_update`` for each client and folds the results with the plugin's aggregator;
+        applies the client failure policy. ``keep_local_models`` also returns every client's model."""
+        ...
+
+    def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
+        """One standard round (sample, broadcast, train, server update, probes when due)."""
+        ...
+
+    def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
+        """The global model's evaluation (``eval/...``), personalization and transfer when due."""
+        ...
+
+    def map_clients(
+        self,
+        task: MapTask,
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, Any] | None = None,
+    ) -> list[list[Any]]:
+        """Each parameter point on each client, spread over all workers.
+
+        Args:
+            task: "evaluate" (a Metrics row per client: loss, accuracy, num_examples), "logits" or
+                "features" (an array per client: (n, ...) model outputs, or the model's
+                ``features(x)``).
+            points: parameter sets (numpy), e.g. the round's local models or a grid of mixtures.
+            clients: client ids, or None for the dataset's central test set (one result).
+            split: "test", "train" or "round" (the client's capped training data of
+                ``round_num``).
+            model: another model section (``{name: ..., **options}``) to load the points into,
+                for a network the plugin composed itself (FuseFL's fused model); None: the job's.
+
+        Returns:
+            ``results[p][c]`` for point ``p`` and client position ``c``; None where the client has
+            no examples in ``split``.
+        """
+        ...
+
+    def log(self, metrics: Metrics, round_num: int) -> None:
+        """Logs metrics at step ``round_num`` (MLflow, the run's history, the progress bar)."""
+        ...
+
+    def checkpoint(self, state: ServerState, round_num: int) -> Path:
+        """Saves the server state and a snapshot of the client state; returns the file."""
+        ...

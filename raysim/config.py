@@ -239,8 +239,8 @@ def _validate_plugin(
     try:
         entry = registry.get(kind, str(raw["name"]))
         return PluginSection(name=entry.name, config=entry.config.model_validate(options))
-    except ConfigError as exc:
-        problems += exc.problems
+    except ConfigError as exc:  # an unknown name: say where it was
+        problems += [problem.replace(f"{kind}.name", f"{where}.name", 1) for problem in exc.problems]
     except ValidationError as exc:
         entry = registry.get(kind, str(raw["name"]))
         problems += explain(exc, entry.config, prefix=f"{where}.")

@@ -174,7 +174,8 @@ class ClientTrainer:
             for name, row in rows.items():
                 report.probe_rows[name].append(row)
             if options.keep_local_models:
-                report.local_models[client_id] = P.to_numpy(P.model_params(self.model))
+                # a copy: on the CPU the arrays would alias the resident model, which trains on
+                report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model)))
             report.bytes_up += P.num_bytes(result.update)
             report.client_metrics.append(
                 {

@@ -1,0 +1,207 @@
+"""Probes and the engine's verbs end to end: map_clients, kept local models, the pure-aggregate
+barrier, evaluation at the start, empty broadcasts, resume_state, per-key bytes down.
+
+Expected values come from plain torch on the same weights and data, not from the code under test.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from mlflow.tracking import MlflowClient
+
+from jobs import tiny_job
+from raysim import params as P
+from raysim import registry
+from raysim.engine.build import build
+from raysim.engine.loop import START_STEP, run
+from raysim.engine.services import PluginServices
+from raysim.engine.tracking import MemoryTracker
+from raysim.errors import CheckpointError
+from raysim.runtime.worker import build_job_model
+from raysim.types import Payload
+
+BARRIER = {"probes": [{"name": "client_server_barrier"}]}
+
+
+def built(job, tmp_path):
+    engine, state = build(job, MemoryTracker(), None, tmp_path)
+    return engine, state
+
+
+def direct(job, store, params, client_id, model_section=None):
+    """Loss, accuracy and logits of ``params`` on a client's test split, in plain torch."""
+    model = build_job_model(job, store.spec) if model_section is None else _model(model_section, store)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()}, strict=False)
+    model.eval()
+    data = store.client_data(client_id, "test").arrays
+    x, y = torch.as_tensor(data["x"]), torch.as_tensor(data["y"])
+    with torch.no_grad():
+        logits = model(x)
+    return F.cross_entropy(logits, y).item(), (logits.argmax(-1) == y).float().mean().item(), logits.numpy()
+
+
+def _model(section, store):
+    from raysim.models import build_model
+
+    entry = registry.get("model", section["name"])
+    return build_model(entry.name, entry.config.model_validate({"hidden": section["hidden"]}), store.spec)
+
+
+@pytest.mark.parametrize("backend", ["serial", "ray"])
+def test_map_clients_evaluates_every_point_on_every_client(tmp_path, backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_local")
+    job = tiny_job(resources={"backend": backend, "num_workers": 2})
+    engine, state = built(job, tmp_path)
+    try:
+        start = P.to_numpy(state.params)
+        halved = {k: v * 0.5 for k, v in start.items()}
+        clients = [0, 3, 7]
+        metrics = engine.map_clients("evaluate", [start, halved], clients)
+        logits = engine.map_clients("logits", [halved], clients)
+    finally:
+        engine.backend.shutdown()
+    assert len(metrics) == 2 and all(len(row) == 3 for row in metrics)
+    for p, point in enumerate([start, halved]):
+        for c, client in enumerate(clients):
+            loss, accuracy, out = direct(job, engine.store, point, client)
+            assert metrics[p][c]["loss"] == pytest.approx(loss, rel=1e-5)
+            assert metrics[p][c]["accuracy"] == pytest.approx(accuracy)
+            if p == 1:
+                np.testing.assert_allclose(logits[0][c], out, rtol=1e-5, atol=1e-6)
+
+
+def test_map_clients_loads_points_into_another_architecture(tmp_path):
+    """A plugin that composes its own network (FuseFL) evaluates it through the same verb."""
+    job = tiny_job()
+    engine, _ = built(job, tmp_path)
+    section = {"name": "mlp", "hidden": [8]}
+    torch.manual_seed(11)
+    other = P.to_numpy(P.model_params(_model(section, engine.store)))
+    [[row]] = engine.map_clients("evaluate", [other], [5], model=section)
+    loss, _, _ = direct(job, engine.store, other, 5, section)
+    assert row["loss"] == pytest.approx(loss, rel=1e-5)
+    [[central]] = engine.map_clients("evaluate", [other], None, model=section)
+    assert central is None or central["num_examples"] > 0  # digits has no central set: None
+
+
+def test_kept_local_models_average_to_the_fedavg_model(tmp_path):
+    """FedAvg (server SGD, lr 1): new global = sum_i w_i local_i / sum_i w_i over the cohort."""
+    engine, state = built(tiny_job(), tmp_path)
+    services = PluginServices(engine)
+    cohort = services.cohort(0)
+    output = services.train_cohort(engine.algorithm.broadcast(state, 0), cohort, 0, keep_local_models=True)
+    new, _ = engine.algorithm.server_update(state, output.aggregate, 0)
+    weights = {int(m["client_id"]): m["weight"] for m in output.client_metrics}
+    assert sorted(output.local_models) == sorted(int(c) for c in cohort)
+    for key, value in new.params.items():
+        mean = sum(weights[c] * output.local_models[c][key] for c in weights) / sum(weights.values())
+        np.testing.assert_allclose(value.numpy(), mean, rtol=1e-5, atol=1e-6)
+
+
+def test_the_pure_aggregate_barrier_is_the_barrier_without_the_server_optimizer(tmp_path):
+    fedavg = run(tiny_job(evaluation=BARRIER), output_dir=tmp_path / "a").final
+    assert fedavg["barrier/pure/loss"] == pytest.approx(fedavg["barrier/loss"], abs=1e-6)  # server lr 1
+    adam = run(tiny_job(algorithm={"name": "fedadam"}, evaluation=BARRIER), output_dir=tmp_path / "b").final
+    assert adam["barrier/pure/local_loss"] == adam["barrier/local_loss"]  # same clients, same data
+    assert adam["barrier/pure/global_loss"] != pytest.approx(adam["barrier/global_loss"], abs=1e-4)
+
+
+def test_local_accuracy_probe_reports_local_models_on_their_test_splits(tmp_path):
+    job = tiny_job(evaluation={"probes": [{"name": "local_accuracy", "every": 2}]}, engine={"num_rounds": 4})
+    history = run(job, output_dir=tmp_path).history
+    assert [step for step, m in history if "local/test_accuracy" in m] == [1, 3]
+    assert 0.1 < history[-1][1]["local/test_accuracy"] <= 1  # 10 classes: chance is 0.1
+
+
+def test_evaluation_at_start_logs_the_initial_model_at_step_minus_one(tmp_path, tracking_uri):
+    job = tiny_job(evaluation={"every": 1, "at_start": True}, tracking={"enabled": True, "experiment": "s"})
+    engine, state = built(job, tmp_path / "x")
+    expected = engine.evaluate(state)["eval/clients/accuracy"]
+    engine.backend.shutdown()
+    result = run(job, output_dir=tmp_path / "y")
+    assert result.history[0][0] == START_STEP
+    assert result.history[0][1]["eval/clients/accuracy"] == pytest.approx(expected)
+    steps = [
+        m.step for m in MlflowClient(tracking_uri).get_metric_history(result.run_id, "eval/clients/accuracy")
+    ]
+    assert steps == [START_STEP, 0, 1, 2]
+
+
+class SendsNoParams:
+    """FedAvg whose weights travel in ``payload.extra``: the broadcast itself is empty (a test plugin)."""
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def broadcast(self, state, round_num):
+        return Payload({}, extra={"weights": P.to_numpy(state.params)})
+
+    def client_update(self, ctx):
+        P.load_into(ctx.model, ctx.payload.extra["weights"])  # the plugin owns the model's weights
+        inner = Payload(ctx.payload.extra["weights"])
+        return self.inner.client_update(_with_payload(ctx, inner))
+
+
+def _with_payload(ctx, payload):
+    from dataclasses import replace
+
+    return replace(ctx, payload=payload, global_params=P.from_numpy(payload.params))
+
+
+def test_an_empty_broadcast_leaves_the_weights_to_the_plugin(tmp_path):
+    registry.register("algorithm", "sends_no_params_test", config=registry.get("algorithm", "fedavg").config)(
+        SendsNoParams
+    )
+    plain = run(tiny_job(), output_dir=tmp_path / "a")
+    empty = run(tiny_job(algorithm={"name": "sends_no_params_test"}), output_dir=tmp_path / "b")
+    for key, value in plain.state.params.items():
+        assert torch.allclose(value, empty.state.params[key], atol=1e-6), key
+    assert empty.final["sys/bytes_down/params"] == 0
+    assert empty.final["sys/bytes_down/weights"] == empty.final["sys/bytes_down"] > 0
+
+
+class WithWindow:
+    """FedAvg plus plugin state an older checkpoint lacks (IMA's window), filled on resume."""
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def init(self, params, info):
+        from dataclasses import replace
+
+        return replace(self.inner.init(params, info), extra={"window": []})
+
+    def resume_state(self, saved, fresh):
+        from dataclasses import replace
+
+        return replace(saved, extra={**fresh.extra, **saved.extra})
+
+
+def test_resume_state_completes_what_an_older_checkpoint_lacks(tmp_path):
+    config = registry.get("algorithm", "fedavg").config
+    registry.register("algorithm", "with_window_test", config=config)(WithWindow)
+    fedavg = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
+    checkpoint = str(fedavg.run_dir / "checkpoints" / "final.pt")
+    branch = run(
+        tiny_job(algorithm={"name": "with_window_test"}), resume_from=checkpoint, output_dir=tmp_path / "b"
+    )
+    assert branch.state.extra == {"window": []} and [s for s, _ in branch.history] == [1, 2]
+    with pytest.raises(CheckpointError, match="another kind of algorithm"):
+        run(tiny_job(algorithm={"name": "scaffold"}), resume_from=checkpoint, output_dir=tmp_path / "c")
+
+
+def test_bytes_down_are_counted_per_payload_part(tmp_path):
+    result = run(tiny_job(algorithm={"name": "scaffold"}, engine={"num_rounds": 1}), output_dir=tmp_path)
+    params_bytes = sum(v.numel() * 4 for v in result.state.params.values())
+    final = result.final
+    assert final["sys/bytes_down/params"] == 6 * params_bytes  # cohort of 6
+    assert final["sys/bytes_down/c"] == 6 * params_bytes  # SCAFFOLD's server variate, same shapes
+    assert final["sys/bytes_down"] == final["sys/bytes_down/params"] + final["sys/bytes_down/c"]

@@ -31,7 +31,8 @@ def test_probes_are_validated_with_their_own_options():
     ]
     with pytest.raises(ConfigError, match=r"evaluation.probes\[0\].evry: unknown key; did you mean 'every'"):
         job(evaluation={"probes": [{"name": "local_accuracy", "evry": 2}]})
-    with pytest.raises(ConfigError, match=r"evaluation.probes\[0\].name: unknown probe 'barier'.*client_server_barrier"):
+    unknown = r"evaluation.probes\[0\].name: unknown probe 'barier'.*client_server_barrier"
+    with pytest.raises(ConfigError, match=unknown):
         job(evaluation={"probes": [{"name": "barier"}]})
 
 

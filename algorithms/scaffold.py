@@ -77,7 +77,7 @@ class Scaffold:
         return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        c = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.extra["c"]).items()}
+        c = ctx.payload.extra["c"]  # on ctx.device already
         c_i = (
             {k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()}
             if ctx.state

@@ -77,7 +77,7 @@ class Scaffold:
         return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        c = {k: v.to(ctx.device) for k, v in P.from_numpy(ctx.payload.extra["c"]).items()}
+        c = ctx.payload.extra["c"]  # on ctx.device already
         c_i = (
             {k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()}
             if ctx.state
@@ -98,10 +98,11 @@ class Scaffold:
         steps = max(metrics["train/steps"], 1.0)
         new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
         dc = {k: new_c_i[k] - c_i[k] for k in c}
-        w = float(len(ctx.data)) if self.config.weighted else 1.0
+        num_examples = metrics["train/num_examples"]  # fewer than len(ctx.data) if max_steps cut in
+        w = num_examples if self.config.weighted else 1.0
         return ClientResult(
             update={"delta": {k: v * w for k, v in delta.items()}, "weight": torch.tensor(w), "dc": dc},
-            weight=float(len(ctx.data)),
+            weight=num_examples,
             metrics=metrics,
             state={"c_i": P.clone(new_c_i)},
         )

@@ -1,10 +1,13 @@
 """The shared local trainer and evaluator that every plugin builds on.
 
-Plugins vary local training through hooks rather than subclassing: ``extra_loss(model, batch)``
-adds a term to the task loss (FedGuCci's connectivity loss), ``after_backward(model)`` edits
-gradients before the step (SCAFFOLD's control-variate correction, FedProx's proximal gradient)
-and ``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration). A plugin that
-needs its own step (SAM) writes its loop from ``iterate_batches`` and ``task_loss``.
+Plugins vary local training through hooks rather than subclassing. Three shape the objective:
+``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration), ``extra_loss(model,
+batch)`` adds a term to it (FedGuCci's connectivity loss) and ``after_backward(model)`` edits the
+gradients (SCAFFOLD's control-variate correction, FedProx's proximal gradient). The fourth,
+``step``, says what one batch does with that objective: one backward pass and one optimizer step
+(``gradient_step``, the default), two passes (SAM, ``raysim.sharpness.sam_step``) or several
+optimizer steps (FedGuCci's step per anchor). Batching, the lr, ``max_steps`` and the metrics
+stay in ``train_local`` whatever the step.
 
 Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
@@ -13,8 +16,10 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,9 +31,44 @@ from raysim import params as P
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
 
 Batch = dict[str, torch.Tensor]
+# A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
+BatchLoss = tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | int]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
 AfterBackward = Callable[[nn.Module], None]
-LossFn = Callable[[nn.Module, Batch, DataSpec], tuple[torch.Tensor, int, int]]
+LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
+
+
+class Backward(Protocol):
+    """Leaves the gradient of the local objective on ``batch``, at the current weights, in ``.grad``.
+
+    Zeroes the gradients, computes ``loss_fn`` (the trainer's task loss when None) plus
+    ``extra_loss``, back-propagates, then applies ``after_backward`` and ``grad_clip``. Returns the
+    loss without ``extra_loss``, for the metrics.
+    """
+
+    def __call__(self, batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss: ...
+
+
+class LocalStep(Protocol):
+    """What one batch does in ``train_local``: the gradients it takes and the optimizer steps.
+
+    It replaces "zero_grad, forward, loss, backward, step": it calls ``backward`` once or more
+    and ``optimizer.step()`` once or more, and returns the loss its metrics should count (the
+    first pass's, at the weights the batch started from). ``max_steps`` counts batches.
+    """
+
+    def __call__(
+        self, model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+    ) -> BatchLoss: ...
+
+
+def gradient_step(
+    model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+) -> BatchLoss:
+    """The default step: one backward pass, one optimizer step."""
+    loss = backward(batch)
+    optimizer.step()
+    return loss
 
 
 class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
@@ -41,7 +81,7 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
-    max_steps: int | None = Field(None, ge=1)  # stop after this many local steps
+    max_steps: int | None = Field(None, ge=1)  # stop after this many batches (local steps)
     grad_clip: float | None = Field(None, gt=0)  # max global grad norm
 
 
@@ -126,45 +166,90 @@ def train_local(
     extra_loss: ExtraLoss | None = None,
     after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
+    step: LocalStep | None = None,
 ) -> Metrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
     worker runs it or what ran before.
+
+    Args:
+        model: the resident model, trained in place.
+        data: the client's examples this round.
+        config: epochs, batch size, optimizer, lr, ``max_steps`` (batches) and clipping.
+        seed: seeds the shuffling.
+        spec: what the task loss needs to know about the data.
+        device: where the data goes (the model is already there).
+        round_num: selects the lr (``lr * lr_decay**round_num``).
+        extra_loss: a term added to the loss before every backward pass.
+        after_backward: edits the gradients after every backward pass, before clipping.
+        loss_fn: replaces ``task_loss``.
+        step: what one batch does (``gradient_step`` when None).
+
+    Returns:
+        ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
+        each batch), ``train/steps`` (batches) and ``train/num_examples``: the distinct examples
+        trained on. Each epoch visits every example once, so that is all of them after a full
+        first epoch however many epochs follow (FedAvg's n_k), and fewer only when
+        ``max_steps`` stops the first epoch early.
     """
     model.train()
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
-    compute_loss = loss_fn or task_loss
-    loss_sum, correct, seen, steps = 0.0, 0, 0, 0
-    for _ in range(config.epochs):
-        for batch in iterate_batches(tensors, config.batch_size, generator):
-            loss, num_correct, num_items = compute_loss(model, batch, spec)
-            total = loss + extra_loss(model, batch) if extra_loss is not None else loss
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            if after_backward is not None:
-                after_backward(model)
-            if config.grad_clip is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            loss_sum = loss_sum + loss.detach() * num_items
-            correct, seen, steps = correct + num_correct, seen + num_items, steps + 1
-            if config.max_steps is not None and steps >= config.max_steps:
-                return _train_metrics(loss_sum, correct, seen, steps)
-    return _train_metrics(loss_sum, correct, seen, steps)
+    backward = _objective_backward(
+        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward
+    )
+    take_step = step or gradient_step
+    epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(config.epochs))
+    loss_sum, correct, seen, num_batches, num_used = 0.0, 0, 0, 0, 0
+    for batch in itertools.islice(itertools.chain.from_iterable(epochs), config.max_steps):
+        loss, num_correct, num_items = take_step(model, batch, optimizer, backward)
+        loss_sum = loss_sum + loss.detach() * num_items
+        correct, seen = correct + num_correct, seen + num_items
+        num_batches, num_used = num_batches + 1, num_used + len(next(iter(batch.values())))
+    return _train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data)))
+
+
+def _objective_backward(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    spec: DataSpec,
+    config: LocalTrainConfig,
+    task: LossFn,
+    extra_loss: ExtraLoss | None,
+    after_backward: AfterBackward | None,
+) -> Backward:
+    """The ``Backward`` of one client's training: its loss, its hooks and gradient clipping."""
+
+    def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
+        loss, num_correct, num_items = (loss_fn or task)(model, batch, spec)
+        total = loss + extra_loss(model, batch) if extra_loss is not None else loss
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if after_backward is not None:
+            after_backward(model)
+        if config.grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        return loss, num_correct, num_items
+
+    return backward
 
 
 def _train_metrics(
-    loss_sum: torch.Tensor | float, correct: torch.Tensor | int, seen: torch.Tensor | int, steps: int
+    loss_sum: torch.Tensor | float,
+    correct: torch.Tensor | int,
+    seen: torch.Tensor | int,
+    num_batches: int,
+    num_examples: int,
 ) -> Metrics:
     """Reads the device counters once, at the end of the client."""
     seen = max(float(seen), 1.0)
     return {
         "train/loss": float(loss_sum) / seen,
         "train/accuracy": float(correct) / seen,
-        "train/steps": float(steps),
+        "train/steps": float(num_batches),
+        "train/num_examples": float(num_examples),
     }
 
 
@@ -199,8 +284,15 @@ def local_delta_update(
     *,
     extra_loss: ExtraLoss | None = None,
     after_backward: AfterBackward | None = None,
+    loss_fn: LossFn | None = None,
+    step: LocalStep | None = None,
 ) -> ClientResult:
-    """The FedAvg-family client: train locally, send ``global - local`` weighted by #examples."""
+    """The FedAvg-family client: train locally, send ``global - local``.
+
+    The weight is the number of examples trained on (``train/num_examples``): the client's
+    examples this round, or fewer when ``config.max_steps`` ends the first epoch early. The hooks
+    are ``train_local``'s.
+    """
     metrics = train_local(
         ctx.model,
         ctx.data,
@@ -211,6 +303,8 @@ def local_delta_update(
         round_num=ctx.round_num,
         extra_loss=extra_loss,
         after_backward=after_backward,
+        loss_fn=loss_fn,
+        step=step,
     )
     update = P.delta(ctx.global_params, P.model_params(ctx.model))
-    return ClientResult(update, float(len(ctx.data)), metrics)
+    return ClientResult(update, metrics["train/num_examples"], metrics)

@@ -71,6 +71,21 @@ def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
         own[name].copy_(torch.as_tensor(value))
 
 
+def to_device(tree: Any, device: torch.device | str) -> Any:
+    """``tree`` with every tensor and numpy array leaf as a tensor on ``device``.
+
+    Dicts, lists and tuples are walked; other leaves (numbers, strings) are kept. Arrays on the
+    CPU device share memory with the array: read them, never write them.
+    """
+    if isinstance(tree, (torch.Tensor, np.ndarray)):
+        return torch.as_tensor(tree).to(device)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_device(v, device) for v in tree)
+    return tree
+
+
 def delta(global_params: Params, local_params: Params) -> Params:
     """``global - local`` (the project's sign convention), in float32."""
     return {

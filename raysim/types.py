@@ -61,7 +61,8 @@ class Payload:
     """What every sampled client receives in a round: global params plus plugin extras.
 
     ``extra`` holds plugin data such as SCAFFOLD's server control variate or FedGuCci's anchor
-    models, as numpy arrays or plain values.
+    models, as numpy arrays or plain values in dicts, lists and tuples; a client reads its arrays
+    as tensors on its device (see ``ClientContext``).
     """
 
     params: NumpyParams
@@ -76,7 +77,8 @@ class ClientContext:
     gradients); the plugin may change trainable values and float buffers freely because the
     worker restores them before the next client (see ``algorithm.py`` for the full contract).
     ``global_params`` is the broadcast on ``device``, moved there once per round for every client
-    of the worker: read it, never write it.
+    of the worker, and so are the arrays in ``payload.extra``: they arrive as tensors on
+    ``device`` (``payload.params`` stays as sent). Read them, never write them.
     """
 
     client_id: ClientId

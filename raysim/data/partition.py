@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from raysim.errors import DataError
 
@@ -39,12 +39,28 @@ class DirichletPartition(BaseModel, frozen=True, extra="forbid"):
     """Label skew: each class's rows are spread over the clients by proportions ~ Dir(alpha).
 
     Smaller ``alpha`` gives more skew. Draws repeat until every client holds ``min_size`` rows.
+    With ``max_size``, no client holds more: classes are dealt out in label order and a client
+    at the cap gets no share of later classes. That is the balance rule of the "hetero-dir"
+    partitioners FuseFL and IMA use (Yurochkin et al.'s, with a threshold of rows / clients and
+    min_size 10; shared/papers/notes/fusefl.md section 4, ima.md section 5.1). There the class
+    that crosses the threshold may overshoot it, so sizes stay unequal; here the cap is hard:
+    rows that would take a client past it go to the clients with room, in proportion to their
+    draw. (max_size = rows / clients therefore gives every client the same size.)
     """
 
     kind: Literal["dirichlet"] = "dirichlet"
     num_clients: PositiveInt = 100
     alpha: PositiveFloat = 0.5
     min_size: NonNegativeInt = 10
+    # Left out of dumps when unset: the store cache path hashes the dump, and stores prepared
+    # before max_size existed must keep theirs.
+    max_size: PositiveInt | None = Field(None, exclude_if=lambda value: value is None)
+
+    @model_validator(mode="after")
+    def _max_size_not_below_min_size(self) -> "DirichletPartition":
+        if self.max_size is not None and self.max_size < self.min_size:
+            raise ValueError(f"max_size ({self.max_size}) must be at least min_size ({self.min_size})")
+        return self
 
 
 class ShardsPartition(BaseModel, frozen=True, extra="forbid"):
@@ -198,11 +214,20 @@ def _dirichlet(config: DirichletPartition, labels: np.ndarray, rng: np.random.Ge
             f"{k * config.min_size} rows but the data has {num_rows}; lower partition.min_size "
             "or partition.num_clients"
         )
+    if config.max_size is not None and k * config.max_size < num_rows:
+        raise DataError(
+            f"dirichlet partition: {k} clients x max_size {config.max_size} hold at most "
+            f"{k * config.max_size} rows but the data has {num_rows}; raise partition.max_size "
+            "or partition.num_clients"
+        )
     _, inverse, class_counts = np.unique(labels, return_inverse=True, return_counts=True)
     grouped = _group_shuffled(inverse, rng)  # rows by class, shuffled within each class
     for _ in range(MAX_DIRICHLET_TRIES):
         proportions = rng.dirichlet(np.full(k, config.alpha), size=len(class_counts))
-        counts = _split_counts(proportions, class_counts)  # (classes, clients)
+        if config.max_size is None:
+            counts = _split_counts(proportions, class_counts)  # (classes, clients)
+        else:
+            counts = _capped_counts(proportions, class_counts, config.max_size)
         if counts.sum(axis=0).min() >= config.min_size:
             client_of_row = np.repeat(np.tile(np.arange(k), len(class_counts)), counts.ravel())
             return Partition(grouped[np.argsort(client_of_row, kind="stable")], counts.sum(axis=0))
@@ -211,6 +236,34 @@ def _dirichlet(config: DirichletPartition, labels: np.ndarray, rng: np.random.Ge
         f"least {config.min_size} rows (alpha={config.alpha}, {num_rows} rows); lower "
         "partition.min_size, raise partition.alpha or use fewer partition.num_clients"
     )
+
+
+def _capped_counts(proportions: np.ndarray, class_counts: np.ndarray, max_size: int) -> np.ndarray:
+    """(classes, clients) rows per client as ``_split_counts`` gives them, but dealt class by
+    class so that no client passes ``max_size`` (needs clients x max_size >= all rows)."""
+    counts = np.zeros(proportions.shape, dtype=np.int64)
+    room = np.full(proportions.shape[1], max_size, dtype=np.int64)
+    for c, (shares, num_rows) in enumerate(zip(proportions, class_counts, strict=True)):
+        counts[c] = _fill(shares, int(num_rows), room)
+        room -= counts[c]
+    return counts
+
+
+def _fill(shares: np.ndarray, num_rows: int, room: np.ndarray) -> np.ndarray:
+    """``num_rows`` split by ``shares`` over the clients with room, none given more than its room.
+
+    What a client cannot take is split again over the others with room, by their shares (by
+    their room where those shares are all zero). Each pass places every row or fills a client,
+    so with ``room.sum() >= num_rows`` it ends within one pass per client.
+    """
+    given = np.zeros(len(shares), dtype=np.int64)
+    while (left := num_rows - int(given.sum())) > 0:
+        has_room = np.flatnonzero(given < room)
+        free = (room - given)[has_room]
+        weights = shares[has_room] if shares[has_room].sum() > 0 else free.astype(np.float64)
+        split = _split_counts((weights / weights.sum())[None], np.array([left]))[0]
+        given[has_room] += np.minimum(split, free)
+    return given
 
 
 def _shards(config: ShardsPartition, labels: np.ndarray, rng: np.random.Generator) -> Partition:

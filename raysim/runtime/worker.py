@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -159,8 +159,9 @@ class ClientTrainer:
         report = WorkerReport(partial=aggregator.zero())
         probes = {name: self.probes[name] for name in options.probes}
         report.probe_rows = {name: [] for name in probes}
-        # Once per round, not per client: the broadcast on this worker's device.
+        # Once per round, not per client: the broadcast and the extras' arrays on this worker's device.
         global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
+        payload = replace(payload, extra=P.to_device(payload.extra, self.device))
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:

@@ -1,20 +1,22 @@
-"""The shared local trainer: capped subsets, lr schedule, hooks, evaluation."""
+"""The shared local trainer: capped subsets, lr schedule, hooks, steps, evaluation."""
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from raysim import params as P
 from raysim.local import (
     LocalTrainConfig,
     cap_examples,
     evaluate,
     iterate_batches,
+    local_delta_update,
     round_lr,
     task_loss,
     train_local,
 )
-from raysim.types import ClientData, DataSpec
+from raysim.types import ClientContext, ClientData, DataSpec, Payload
 
 SPEC = DataSpec("classification", (3,), 2)
 
@@ -88,3 +90,136 @@ def test_causal_lm_loss_ignores_padding_and_shifts():
     loss, correct, count = task_loss(Echo(), batch, spec)
     # targets: [2, 3, 0(pad)] and [3, 4, 4]: 5 real targets, the echo gets 2,3 and 3,4 right (4)
     assert count == 5 and correct == 4
+
+
+def test_default_step_matches_a_hand_written_loop():
+    """The default step is "forward, zero_grad, backward, after_backward, clip, step" per batch.
+
+    The reference loop below is that sequence written out with torch alone (same shuffling:
+    one randperm per epoch from a generator seeded with the client seed); the results must be
+    equal bit for bit, with momentum, weight decay, both hooks and clipping in play.
+    """
+    config = LocalTrainConfig(epochs=2, batch_size=5, lr=0.1, momentum=0.9, weight_decay=0.01, grad_clip=0.3)
+    extra = lambda m, batch: 0.1 * (m.weight**2).sum()  # noqa: E731
+
+    def shift(m):
+        m.bias.grad.add_(0.05)
+
+    trained, reference = model(), model()
+    train_local(trained, data(), config, seed=4, spec=SPEC, extra_loss=extra, after_backward=shift)
+
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    x, y = torch.from_numpy(data().arrays["x"]), torch.from_numpy(data().arrays["y"])
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        order = torch.randperm(12, generator=generator)
+        for start in range(0, 12, 5):
+            idx = order[start : start + 5]
+            loss = nn.functional.cross_entropy(reference(x[idx]), y[idx]) + extra(reference, None)
+            opt.zero_grad()
+            loss.backward()
+            shift(reference)
+            nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+            opt.step()
+    assert torch.equal(trained.weight, reference.weight) and torch.equal(trained.bias, reference.bias)
+
+
+REGRESSION = DataSpec("regression", (3,), 2)
+
+
+def regression_data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 3))
+    return ClientData(
+        {"x": x.astype(np.float32), "y": (x @ [[1.0, 0.5], [-1.0, 0.0], [0.2, 2.0]]).astype(np.float32)}
+    )
+
+
+def mse_grad(w, b, x, y):
+    """Gradient of mean((x w^T + b - y)^2) over the B x C entries: 2 r^T x / (BC), 2 sum_B r / (BC)."""
+    r = x @ w.T + b - y
+    return 2 * r.T @ x / r.size, 2 * r.sum(0) / r.size
+
+
+def test_a_step_may_take_several_optimizer_steps_per_batch():
+    """FedGuCci's sequential mode: a task step, then a step on another loss, on the same batch.
+
+    One batch of all 6 examples, SGD with momentum m = 0.9 (applied at every optimizer step):
+        g1 = grad L(w0);           buf1 = g1;              w1 = w0 - lr buf1
+        g2 = 0.5 grad L(w1);       buf2 = m buf1 + g2;     w2 = w1 - lr buf2
+    The metrics count one batch and the loss of its first pass, L(w0).
+    """
+
+    def half(net, batch, spec):
+        loss, num_correct, num_items = task_loss(net, batch, spec)
+        return 0.5 * loss, num_correct, num_items
+
+    def task_then_half(net, batch, optimizer, backward):
+        loss = backward(batch)
+        optimizer.step()
+        backward(batch, loss_fn=half)
+        optimizer.step()
+        return loss
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    w0, b0 = net.weight.detach().double().numpy().copy(), net.bias.detach().double().numpy().copy()
+    d = regression_data()
+    config = LocalTrainConfig(batch_size=6, lr=0.1, momentum=0.9)
+    metrics = train_local(net, d, config, seed=0, spec=REGRESSION, step=task_then_half)
+
+    x, y, lr = d.arrays["x"].astype(np.float64), d.arrays["y"].astype(np.float64), 0.1
+    gw1, gb1 = mse_grad(w0, b0, x, y)
+    w1, b1 = w0 - lr * gw1, b0 - lr * gb1
+    gw2, gb2 = mse_grad(w1, b1, x, y)
+    w2, b2 = w1 - lr * (0.9 * gw1 + 0.5 * gw2), b1 - lr * (0.9 * gb1 + 0.5 * gb2)
+    assert np.allclose(net.weight.detach().numpy(), w2, atol=1e-6)
+    assert np.allclose(net.bias.detach().numpy(), b2, atol=1e-6)
+    assert metrics["train/steps"] == 1
+    assert metrics["train/loss"] == pytest.approx(np.mean((x @ w0.T + b0 - y) ** 2), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "max_steps", "expected"),
+    [(1, 1, 5), (1, 2, 10), (1, 3, 12), (3, 4, 12), (3, None, 12)],
+)
+def test_num_examples_counts_the_distinct_examples_trained_on(epochs, max_steps, expected):
+    """12 examples in batches of 5, 5, 2 per epoch; a second epoch revisits the same 12."""
+    config = LocalTrainConfig(batch_size=5, epochs=epochs, max_steps=max_steps)
+    metrics = train_local(model(), data(12), config, seed=0, spec=SPEC)
+    assert metrics["train/num_examples"] == expected
+
+
+def client_context(client_data):
+    net = model()
+    return ClientContext(
+        client_id=0,
+        round_num=0,
+        model=net,
+        payload=Payload({}),
+        global_params=P.clone(P.model_params(net)),
+        data=client_data,
+        state=None,
+        seed=0,
+        device=torch.device("cpu"),
+        spec=SPEC,
+    )
+
+
+def test_delta_update_weighs_a_client_by_the_examples_it_trained_on():
+    """max_steps = 2 batches of 5 out of 12 examples: the client's weight is 10, not 12."""
+    result = local_delta_update(client_context(data(12)), LocalTrainConfig(batch_size=5, max_steps=2))
+    assert result.weight == 10.0
+    assert local_delta_update(client_context(data(12)), LocalTrainConfig(batch_size=5)).weight == 12.0
+
+
+def test_delta_update_passes_loss_fn_and_step_on():
+    zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
+    result = local_delta_update(client_context(data()), LocalTrainConfig(), loss_fn=zero)
+    assert all(torch.count_nonzero(v) == 0 for v in result.update.values())
+
+    def no_update(net, batch, optimizer, backward):
+        return backward(batch)
+
+    result = local_delta_update(client_context(data()), LocalTrainConfig(), step=no_update)
+    assert all(torch.count_nonzero(v) == 0 for v in result.update.values())

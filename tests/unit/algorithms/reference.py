@@ -1,9 +1,12 @@
 """An independent numpy reference for a linear softmax classifier (tests only)."""
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import nn
 
+from raysim import params as P
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
 
 SPEC = DataSpec(task="classification", input_shape=(2,), num_classes=2)
@@ -38,7 +41,7 @@ def context(x, y, payload_, state=None, client_id=0):
         client_id=client_id,
         round_num=0,
         model=linear_model(),
-        payload=payload_,
+        payload=replace(payload_, extra=P.to_device(payload_.extra, "cpu")),  # as the worker does
         global_params=global_params,
         data=ClientData({"x": np.asarray(x, np.float32), "y": np.asarray(y, np.int64)}),
         state=state,

@@ -74,3 +74,14 @@ def test_local_optimizers_other_than_plain_sgd_are_refused():
     with pytest.raises(ValidationError, match="assume plain local SGD"):
         config.model_validate({"local": {"momentum": 0.9}})
     config.model_validate({"local": {"momentum": 0.0}})  # fine
+
+
+def test_weight_counts_the_examples_trained_on():
+    """Two examples, batch 1, max_steps 1: one example trained on, so weight and delta scale 1."""
+    entry = registry.get("algorithm", "scaffold")
+    config = {"local": {"lr": LR, "batch_size": 1, "max_steps": 1}, "weighted": True}
+    plugin = entry.factory(entry.config.model_validate(config))
+    state = init_state(plugin)
+    x, y = np.array([[1.0, 2.0], [-0.5, 1.0]]), np.array([0, 1])
+    result = plugin.client_update(context(x, y, plugin.broadcast(state, 0)))
+    assert result.weight == 1.0 and float(result.update["weight"]) == 1.0

@@ -14,6 +14,7 @@ from raysim.data.partition import (
     Partition,
     PartitionConfig,
     ShardsPartition,
+    _fill,
     partition,
     stratified_holdout,
 )
@@ -163,6 +164,65 @@ def test_dirichlet_gives_up_after_many_draws():
     config = DirichletPartition(num_clients=10, alpha=0.001, min_size=90)
     with pytest.raises(DataError, match="partition.alpha"):
         partition(config, LABELS, None, seed=0)
+
+
+def test_dirichlet_max_size_caps_every_client():
+    """Dir(0.1) over 10 clients gives some client far more than 120 of the 1,000 rows uncapped;
+    with max_size 120 every client holds 20..120 rows, the cap binds, and labels stay skewed."""
+    uncapped = partition(DirichletPartition(num_clients=10, alpha=0.1, min_size=20), LABELS, None, 0)
+    assert uncapped.sizes.max() > 120
+    config = DirichletPartition(num_clients=10, alpha=0.1, min_size=20, max_size=120)
+    part, again = (partition(config, LABELS, None, seed=0) for _ in range(2))
+    assert_every_row_once(part, len(LABELS))
+    assert part.sizes.min() >= 20 and part.sizes.max() == 120
+    assert np.array_equal(part.order, again.order)
+    assert label_entropy(part, LABELS) < 1.5  # uniform labels would give log(10) = 2.30
+
+
+def test_dirichlet_cap_at_the_mean_makes_equal_clients():
+    """10 clients x max_size 100 = the 1,000 rows: every client must hold exactly 100."""
+    config = DirichletPartition(num_clients=10, alpha=0.3, max_size=100)
+    assert partition(config, LABELS, None, seed=1).sizes.tolist() == [100] * 10
+
+
+def test_dirichlet_cap_that_no_client_reaches_changes_nothing():
+    """The capped path draws the same proportions and cuts them the same way."""
+    plain = partition(DirichletPartition(num_clients=10, alpha=0.5), LABELS, None, seed=3)
+    capped = partition(DirichletPartition(num_clients=10, alpha=0.5, max_size=1000), LABELS, None, seed=3)
+    assert np.array_equal(plain.order, capped.order) and np.array_equal(plain.sizes, capped.sizes)
+
+
+def test_capped_fill_redistributes_by_share():
+    """10 rows by shares (0.5, 0.3, 0.2): cuts at floor(10 x (0.5, 0.8)) give 5, 3, 2.
+
+    - room (3, 10, 10): client 0 keeps 3; its 2 spare rows are split 0.6 : 0.4 over clients 1
+      and 2, cut at floor(2 x 0.6) = 1: (1, 1), so (3, 4, 3).
+    - room (0, 10, 10), 5 rows: client 0 is full, shares 0.6 : 0.4, cut at floor(5 x 0.6) = 3:
+      (0, 3, 2).
+    - shares (1, 0, 0), 6 rows, room (2, 3, 5): client 0 takes 2; the other shares are zero, so
+      the 4 left go by room 3 : 5, cut at floor(4 x 3/8) = 1: (2, 1, 3).
+    """
+    shares = np.array([0.5, 0.3, 0.2])
+    assert _fill(shares, 10, np.array([3, 10, 10])).tolist() == [3, 4, 3]
+    assert _fill(shares, 5, np.array([0, 10, 10])).tolist() == [0, 3, 2]
+    assert _fill(np.array([1.0, 0.0, 0.0]), 6, np.array([2, 3, 5])).tolist() == [2, 1, 3]
+
+
+def test_dirichlet_max_size_too_small_for_the_data_is_a_clear_error():
+    config = DirichletPartition(num_clients=10, alpha=0.5, min_size=0, max_size=99)  # 990 < 1,000
+    with pytest.raises(DataError, match="max_size 99 hold at most 990 rows"):
+        partition(config, LABELS, None, seed=0)
+
+
+def test_dirichlet_max_size_below_min_size_is_refused():
+    with pytest.raises(ValidationError, match="max_size"):
+        DirichletPartition(min_size=20, max_size=10)
+
+
+def test_unset_max_size_leaves_the_config_dump_as_before():
+    """Store cache paths hash the dump: an unset max_size must not appear in it."""
+    assert "max_size" not in DirichletPartition().model_dump_json()
+    assert DirichletPartition(max_size=50).model_dump()["max_size"] == 50
 
 
 @pytest.mark.parametrize(

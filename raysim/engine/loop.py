@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from raysim import params as P
 from raysim.algorithm import has_protocol
-from raysim.config import JobConfig, explain
+from raysim.config import JobConfig, explain, plugin_config
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.checkpoint import check_compatible, load_checkpoint, save_checkpoint
@@ -340,7 +340,7 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
         options = {k: v for k, v in transfer.dataset.items() if k != "name"}
         entry = registry.get("dataset", str(transfer.dataset.get("name", "")))
         try:
-            config = entry.config.model_validate(options)
+            config = plugin_config(entry.config, options)
         except ValidationError as exc:
             raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
         other = open_dataset(transfer.dataset["name"], config)

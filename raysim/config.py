@@ -88,7 +88,9 @@ class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(10, ge=1)
     every: int = Field(0, ge=0)  # rounds between personalizations; 0: after the last round only
-    min_examples: int = Field(4, ge=1)  # smaller clients are skipped (the paper filters C4 at 4)
+    # smaller clients are skipped (the paper filters C4 at 4), on every evaluation of the clients
+    # that are personalized, so that their eval/... metrics always average the same clients
+    min_examples: int = Field(4, ge=1)
 
     @field_validator("fractions")
     @classmethod
@@ -96,6 +98,11 @@ class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
         if any(not 0 < f < 1 for f in fractions):
             raise ValueError("each fraction must be in (0, 1)")
         return fractions
+
+    def admits(self, num_train: Any, num_test: Any) -> Any:
+        """Whether a client with these split sizes is personalized (and so evaluated at all):
+        it needs a test split and ``min_examples`` examples. Takes ints or numpy arrays."""
+        return (num_test > 0) & (num_train + num_test >= self.min_examples)
 
 
 class TransferConfig(BaseModel, frozen=True, extra="forbid"):

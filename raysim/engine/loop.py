@@ -25,7 +25,7 @@ from raysim.config import JobConfig, explain, plugin_config
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.checkpoint import check_compatible, load_checkpoint, save_checkpoint
-from raysim.engine.evaluation import EvaluationPlan, evaluate_global, summarize_barrier
+from raysim.engine.evaluation import EvaluationPlan, evaluate_global, keep_personalizable, summarize_barrier
 from raysim.engine.plots import learning_curve
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
@@ -287,6 +287,7 @@ def build(
         },
         personalize_transfer=frozenset(t.name for t in job.evaluation.transfer if t.personalize),
     )
+    plan = keep_personalizable(plan, store.num_examples("train"), store.num_examples("test"))
     backend = make_backend(job, setup, store)
     try:
         tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())

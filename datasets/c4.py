@@ -86,6 +86,7 @@ class C4:
             streaming=cfg.streaming,
             columns=("text", "url"),
             max_records=cfg.max_documents,
+            local_hint="give data_files: local JSON-lines files in C4's schema {text, timestamp, url}",
         )
         for record in records:
             yield url_host(record["url"]), record["text"] or ""

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from raysim.data.hub import load_split
 from raysim.data.store import DatasetConfig, Examples, channel_stats, image_table
 from raysim.errors import DataError
 from raysim.registry import register
@@ -99,10 +100,13 @@ class HfImages:
         import datasets  # imported here: ~2 s, and only building a store needs it
 
         cfg = self.config
-        try:
-            ds = datasets.load_dataset(cfg.path, cfg.subset, data_files=cfg.data_files, split=split)
-        except (FileNotFoundError, ValueError) as e:
-            raise DataError(f"cannot load split {split!r} of {cfg.path!r}: {e}") from e
+        ds = load_split(
+            cfg.path,
+            cfg.subset,
+            split=split,
+            data_files=cfg.data_files,
+            local_hint="give local files (path: parquet or imagefolder, data_files: {train: ...})",
+        )
         for column in (cfg.image_column, cfg.label_column, cfg.domain_column):
             if column is not None and column not in ds.column_names:
                 raise DataError(

@@ -91,7 +91,9 @@ class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(10, ge=1)
     every: int = Field(0, ge=0)  # rounds between personalizations; 0: after the last round only
-    min_examples: int = Field(4, ge=1)  # smaller clients are skipped (the paper filters C4 at 4)
+    # smaller clients are skipped (the paper filters C4 at 4), on every evaluation of the clients
+    # that are personalized, so that their eval/... metrics always average the same clients
+    min_examples: int = Field(4, ge=1)
 
     @field_validator("fractions")
     @classmethod
@@ -99,6 +101,11 @@ class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
         if any(not 0 < f < 1 for f in fractions):
             raise ValueError("each fraction must be in (0, 1)")
         return fractions
+
+    def admits(self, num_train: Any, num_test: Any) -> Any:
+        """Whether a client with these split sizes is personalized (and so evaluated at all):
+        it needs a test split and ``min_examples`` examples. Takes ints or numpy arrays."""
+        return (num_test > 0) & (num_train + num_test >= self.min_examples)
 
 
 class TransferConfig(BaseModel, frozen=True, extra="forbid"):
@@ -238,13 +245,51 @@ def _validate_plugin(
     options = {k: v for k, v in raw.items() if k != "name"}
     try:
         entry = registry.get(kind, str(raw["name"]))
-        return PluginSection(name=entry.name, config=entry.config.model_validate(options))
+        return PluginSection(name=entry.name, config=plugin_config(entry.config, options))
     except ConfigError as exc:  # an unknown name: say where it was
         problems += [problem.replace(f"{kind}.name", f"{where}.name", 1) for problem in exc.problems]
     except ValidationError as exc:
         entry = registry.get(kind, str(raw["name"]))
         problems += explain(exc, entry.config, prefix=f"{where}.")
     return None
+
+
+def plugin_config(config_type: type[BaseModel], options: dict[str, Any]) -> BaseModel:
+    """Validates a plugin's options, a partial nested section keeping the plugin's own defaults.
+
+    FedAdam's ``server:`` defaults to Adam at lr 0.01; ``server: {lr: 0.03}`` must mean "that
+    Adam, at lr 0.03", not a generic ``ServerOptimizerConfig`` (SGD) at lr 0.03. So every nested
+    section the user sets is merged over the Config's default for it, at any depth.
+
+    Raises:
+        ValidationError: the merged options are invalid (``explain`` words it).
+    """
+    defaults = {
+        name: field.get_default(call_default_factory=True)
+        for name, field in config_type.model_fields.items()
+        if not field.is_required()
+    }
+    return config_type.model_validate(_merge_over_defaults(config_type, defaults, options))
+
+
+def _merge_over_defaults(
+    config_type: type[BaseModel], defaults: dict[str, Any], options: dict[str, Any]
+) -> dict[str, Any]:
+    """``options`` with each nested section given as a mapping completed from ``defaults``."""
+    merged = dict(options)
+    for key, value in options.items():
+        default, field = defaults.get(key), config_type.model_fields.get(key)
+        if isinstance(default, BaseModel) and isinstance(value, dict) and _same_member(field, default, value):
+            inner = _merge_over_defaults(type(default), dict(default), value)
+            merged[key] = {**default.model_dump(), **inner}
+    return merged
+
+
+def _same_member(field: Any, default: BaseModel, value: dict[str, Any]) -> bool:
+    """False when ``value`` picks another member of a tagged union (a partition of another
+    ``kind``): its options then start from that member's own defaults."""
+    tag = getattr(field, "discriminator", None)
+    return not isinstance(tag, str) or value.get(tag, getattr(default, tag)) == getattr(default, tag)
 
 
 def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -1,9 +1,11 @@
 """Server optimizers that step on the mean client delta (the pseudo-gradient).
 
 FedAvg is SGD with lr 1; FedAvgM adds momentum (Hsu et al. 2019, arXiv:1909.06335); FedAdam,
-FedYogi and FedAdagrad follow Reddi et al. 2021 (arXiv:2003.00295): moments start at zero, no bias
-correction, ``eps`` is their adaptivity ``tau``. ``bias_correction=True`` gives torch-style Adam
-(FedFish's server, betas (0.9, 0.999), eps 1e-7).
+FedYogi and FedAdagrad follow Reddi et al. 2021 (arXiv:2003.00295), Algorithm 2: no bias
+correction, ``eps`` is their adaptivity ``tau``, the first moment starts at zero and the second
+at ``v_{-1} >= tau^2`` (``initial_second_moment: tau_squared``) or at zero. ``bias_correction=True``
+gives torch-style Adam (FedFish's server, betas (0.9, 0.999), eps 1e-7), whose moments start at
+zero.
 
 Float buffers (BatchNorm running statistics) are not optimised: they take the clients' average.
 """
@@ -14,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from raysim.types import Metrics, Params, ServerState
 
@@ -30,6 +32,19 @@ class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
     beta2: float = Field(0.99, ge=0, lt=1)
     eps: float = Field(1e-3, gt=0)  # Reddi et al.'s tau
     bias_correction: bool = False
+    # where the second moment v starts (adam, yogi, adagrad). Reddi et al.'s Algorithm 2 starts at
+    # v_{-1} = tau^2 (FedAdam, FedYogi and FedAdagrad set that); the generic default is zero, the
+    # torch convention that bias correction assumes (FedFish's server, hand-built optimizers).
+    initial_second_moment: Literal["zero", "tau_squared"] = "zero"
+
+    @model_validator(mode="after")
+    def _bias_correction_needs_zero_start(self) -> "ServerOptimizerConfig":
+        if self.bias_correction and self.initial_second_moment != "zero":
+            raise ValueError(
+                "bias_correction divides by (1 - beta^t), which is right only for moments that "
+                "start at zero: set initial_second_moment: zero, or bias_correction: false"
+            )
+        return self
 
 
 def server_step(
@@ -57,7 +72,7 @@ def server_step(
             new_params[key] = w - g
             continue
         m = m_old[key] if key in m_old else torch.zeros_like(w)
-        v = v_old[key] if key in v_old else torch.zeros_like(w)
+        v = v_old[key] if key in v_old else _initial_second_moment(w, config)
         new_params[key], m_new[key], v_new[key] = _update(w, g, m, v, step, config)
     new_state: dict[str, Any] = {"step": step}
     if config.kind != "sgd" or config.momentum > 0:  # plain SGD keeps no model-sized buffer
@@ -65,6 +80,12 @@ def server_step(
     if config.kind != "sgd":
         new_state["v"] = v_new
     return new_params, new_state
+
+
+def _initial_second_moment(w: torch.Tensor, config: ServerOptimizerConfig) -> torch.Tensor:
+    if config.initial_second_moment == "tau_squared":
+        return torch.full_like(w, config.eps**2)
+    return torch.zeros_like(w)
 
 
 def _update(

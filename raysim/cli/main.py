@@ -159,7 +159,7 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
     from pydantic import ValidationError
 
     from raysim import registry
-    from raysim.config import apply_overrides, explain, load_jobs
+    from raysim.config import apply_overrides, explain, load_jobs, plugin_config
     from raysim.errors import ConfigError
 
     if target.endswith((".yaml", ".yml")) or os.path.isfile(target):
@@ -170,7 +170,7 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
                 options = {k: v for k, v in transfer.dataset.items() if k != "name"}
                 recipe = registry.get("dataset", str(transfer.dataset.get("name", "")))
                 try:
-                    sections.append((recipe.name, recipe.config.model_validate(options)))
+                    sections.append((recipe.name, plugin_config(recipe.config, options)))
                 except ValidationError as exc:
                     raise ConfigError(
                         explain(exc, recipe.config, prefix="evaluation.transfer.dataset."), target
@@ -178,7 +178,7 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
         return list({(n, c.model_dump_json()): (n, c) for n, c in sections}.values())
     entry = registry.get("dataset", target)
     try:
-        return [(target, entry.config.model_validate(apply_overrides({}, overrides)))]
+        return [(target, plugin_config(entry.config, apply_overrides({}, overrides)))]
     except ValidationError as exc:
         raise ConfigError(explain(exc, entry.config, prefix="dataset."), target) from None
 

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from raysim import params as P
 from raysim import registry
 from raysim.algorithm import Algorithm
-from raysim.config import JobConfig, explain
+from raysim.config import JobConfig, explain, plugin_config
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.checkpoint import check_compatible, load_checkpoint
-from raysim.engine.evaluation import EvaluationPlan
+from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
 from raysim.engine.services import Engine
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
@@ -62,7 +62,11 @@ def build(
         state_dir=str(state_dir),
         transfer_stores={name: str(s.path) for name, s in transfer.items()},
     )
-    plan = evaluation_plan(job, train_pool, heldout, transfer)
+    plan = keep_personalizable(
+        evaluation_plan(job, train_pool, heldout, transfer),
+        store.num_examples("train"),
+        store.num_examples("test"),
+    )
     backend = make_backend(job, setup, store)
     try:
         tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
@@ -152,7 +156,7 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
         options = {k: v for k, v in transfer.dataset.items() if k != "name"}
         entry = registry.get("dataset", str(transfer.dataset.get("name", "")))
         try:
-            config = entry.config.model_validate(options)
+            config = plugin_config(entry.config, options)
         except ValidationError as exc:
             raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
         other = open_dataset(transfer.dataset["name"], config)

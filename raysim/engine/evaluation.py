@@ -8,7 +8,7 @@ unweighted mean over clients and the distribution over clients (std, 10th/50th/9
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,23 @@ class EvaluationPlan:
     transfer: dict[str, np.ndarray] = field(default_factory=dict)  # transfer dataset -> clients
     personalization: PersonalizationConfig | None = None
     personalize_transfer: frozenset[str] = frozenset()
+    num_skipped: dict[str, int] = field(default_factory=dict)  # scope -> clients left out
+
+
+def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: np.ndarray) -> EvaluationPlan:
+    """The plan with the personalized clients narrowed to those personalization admits.
+
+    Personalization skips clients below ``min_examples`` (FedFish filters C4 at 4); the plain
+    evaluations of the same scope on other rounds must skip them too, or ``eval/heldout/*``
+    would average two sets of clients. ``num_train``/``num_test``: examples per client id.
+    """
+    config = plan.personalization
+    if config is None:
+        return plan
+    name, scope = ("heldout", "eval/heldout") if len(plan.heldout) else ("clients", "eval/clients")
+    clients = getattr(plan, name)
+    admitted = config.admits(num_train[clients], num_test[clients])
+    return replace(plan, **{name: clients[admitted]}, num_skipped={scope: int((~admitted).sum())})
 
 
 def evaluate_global(
@@ -61,6 +78,7 @@ def evaluate_global(
         metrics |= summarize_clients(
             backend.personalize(weights, plan.clients, config, round_num), "eval/clients"
         )
+    metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
     if personalize:
         for name, clients in plan.transfer.items():
             rows = (

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from raysim import registry
+from raysim.config import plugin_config
 from raysim.errors import ConfigError
 from raysim.models import resnet, text, vision  # noqa: F401  (imported to run their @register)
 from raysim.types import DataSpec
@@ -58,7 +59,7 @@ def validate_options(config: type[BaseModel], options: Mapping[str, Any]) -> Bas
         ConfigError: each invalid or unknown option, with its dotted key under ``model.``.
     """
     try:
-        return config.model_validate({k: v for k, v in options.items() if k != "name"})
+        return plugin_config(config, {k: v for k, v in options.items() if k != "name"})
     except ValidationError as err:
         problems = [
             f"model.{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"

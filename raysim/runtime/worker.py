@@ -259,7 +259,7 @@ class ClientTrainer:
         out = []
         for client_id in client_ids:
             test, pool = source.client_data(client_id, "test"), source.client_data(client_id, "train")
-            if not len(test) or len(test) + len(pool) < config.min_examples:
+            if not config.admits(len(pool), len(test)):
                 continue
             P.load_into(self.model, on_device)
             row = {**self._evaluate(test), "client_id": float(client_id)}

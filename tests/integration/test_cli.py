@@ -1,8 +1,12 @@
 """The raysim command: runs end to end, lists plugins, and turns user errors into one message."""
 
+from pathlib import Path
+
 import yaml
 
 from raysim.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 GOOD = {
     "name": "cli",
@@ -93,3 +97,37 @@ def test_overrides_may_follow_options(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == 0 and "avg" in out and "prox" not in out
+
+
+def one_line_error(capsys):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_prepare_with_missing_files_is_one_message(tmp_path, capsys):
+    pattern = str(tmp_path / "c4-train.*.json.gz")
+    assert main(["prepare", "c4", f"data_files={pattern}"]) == 2
+    assert f"no file matches data_files '{pattern}'" in one_line_error(capsys)
+    missing = str(tmp_path / "c4.json")
+    assert main(["prepare", "c4", f"data_files={missing}"]) == 2
+    assert f"no file matches data_files '{missing}'" in one_line_error(capsys)
+    (tmp_path / "empty.json").touch()
+    assert main(["prepare", "c4", f"data_files={tmp_path / 'empty.json'}"]) == 2
+    assert "the files hold no records" in one_line_error(capsys)
+
+
+def test_prepare_c4_from_the_hub_offline_says_what_to_do(capsys):
+    assert main(["prepare", "c4"]) == 2  # tests run with HF_HUB_OFFLINE=1
+    err = one_line_error(capsys)
+    assert "'allenai/c4' (en) split 'train': the HuggingFace hub cannot be reached" in err
+    assert "HF_HUB_OFFLINE is set" in err and "give data_files" in err
+
+
+def test_image_jobs_whose_data_cannot_be_fetched_offline_are_one_message(tmp_path, capsys):
+    for job, dataset in (("emnist", "flwrlabs/femnist"), ("cifar100", "uoft-cs/cifar100")):
+        path = f"{REPO}/jobs/fedfish/{job}.yaml"
+        assert main(["run", path, "--variant", "fedavg-e4", "--output-dir", str(tmp_path)]) == 2
+        err = one_line_error(capsys)
+        assert f"cannot load '{dataset}' split 'train': the HuggingFace hub cannot be reached" in err
+        assert "path: parquet or imagefolder" in err

@@ -9,7 +9,7 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.data.prepare import open_dataset
-from raysim.engine.loop import run
+from raysim.engine.loop import build, run
 from raysim.errors import ConfigError
 from raysim.local import LocalTrainConfig, evaluate, train_local
 from raysim.runtime.worker import _PERSONALIZE, ClientTrainer, WorkerSetup
@@ -58,6 +58,31 @@ def test_personalization_matches_a_hand_composed_fine_tune(tmp_path):
         expected.append(evaluate(trainer.model, test, store.spec)["accuracy"])
     assert last["eval/heldout/personalized_50/accuracy_mean"] == pytest.approx(np.mean(expected))
     assert last["eval/heldout/personalized_50/accuracy_mean"] != last["eval/heldout/accuracy_mean"]
+
+
+def test_heldout_metrics_cover_the_same_clients_on_personalization_and_plain_rounds(tmp_path):
+    job = tiny_job(evaluation={"heldout_fraction": 0.25, "personalization": PERSONALIZE})
+    store = open_dataset(job.dataset.name, job.dataset.config)
+    _, heldout = split_population(20, 0.25, job.seed)
+    sizes = np.sort(store.num_examples("train")[heldout] + store.num_examples("test")[heldout])
+    assert sizes[1] < sizes[2]  # so a threshold at the third size leaves two held-out clients out
+    options = {**PERSONALIZE, "min_examples": int(sizes[2])}
+    services, state = build(
+        tiny_job(evaluation={"heldout_fraction": 0.25, "personalization": options}),
+        None,
+        None,
+        tmp_path,
+    )
+    try:
+        assert not services.is_personalization_round(0) and services.is_personalization_round(2)
+        plain, tuned = services.evaluate(state, 0), services.evaluate(state, 2)
+    finally:
+        services.backend.shutdown()
+    assert "eval/heldout/personalized_25/accuracy" in tuned and not any("personalized" in k for k in plain)
+    # the same global model on the same clients: every eval/heldout number of the global model agrees
+    for key in ("num_clients", "num_skipped_clients", "accuracy", "accuracy_mean", "loss_p50"):
+        assert plain[f"eval/heldout/{key}"] == pytest.approx(tuned[f"eval/heldout/{key}"], rel=1e-12), key
+    assert (plain["eval/heldout/num_clients"], plain["eval/heldout/num_skipped_clients"]) == (3, 2)
 
 
 def test_transfer_evaluation_on_another_dataset(tmp_path):

@@ -1,11 +1,18 @@
 """Server optimizers against values computed by hand from Reddi et al. (2021) and Hsu et al. (2019)."""
 
 import math
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from raysim.server_opt import ServerOptimizerConfig, server_step
+
+sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there
+from reference import server_steps  # noqa: E402
 
 
 def step(kind, grads, **kw):
@@ -87,3 +94,61 @@ def test_buffers_are_averaged_not_optimised():
     )
     assert new["bn.running_mean"].item() == pytest.approx(3.0)
     assert "bn.running_mean" not in state["m"]
+
+
+# Three rounds of pseudo-gradients over four coordinates: large, near tau (1e-3), tiny, and one
+# that changes sign, so that v crosses g^2 (Yogi's sign flips) and a tau^2 start matters.
+GRADS = np.array(
+    [[0.2, 2e-3, 1e-5, -0.05], [0.1, 1e-3, -2e-5, 0.04], [0.3, -3e-3, 1e-5, 1e-4]], dtype=np.float64
+)
+W0 = np.array([1.0, -0.5, 0.25, 2.0])
+HYPER = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "eps": 1e-3}
+
+
+def run_steps(config):
+    params, state = {"w": torch.tensor(W0)}, {}
+    for g in GRADS:
+        params, state = server_step(params, {"w": torch.tensor(g)}, state, config)
+    return params["w"].numpy(), state
+
+
+@pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
+@pytest.mark.parametrize("start", ["zero", "tau_squared"])
+def test_adaptive_optimizers_match_the_numpy_reference(kind, start):
+    config = ServerOptimizerConfig(kind=kind, initial_second_moment=start, **HYPER)
+    w, state = run_steps(config)
+    v0 = 1e-6 if start == "tau_squared" else 0.0
+    want_w, want_m, want_v = server_steps(kind, GRADS, W0, lr=0.05, beta1=0.9, beta2=0.99, tau=1e-3, v0=v0)
+    assert np.allclose(w, want_w, rtol=1e-12, atol=0)
+    assert np.allclose(state["m"]["w"].numpy(), want_m, rtol=1e-12, atol=0)
+    assert np.allclose(state["v"]["w"].numpy(), want_v, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_and_bias_corrected_adam_match_the_numpy_reference(nesterov):
+    w, _ = run_steps(ServerOptimizerConfig(kind="sgd", lr=0.7, momentum=0.9, nesterov=nesterov))
+    assert np.allclose(w, server_steps("sgd", GRADS, W0, lr=0.7, momentum=0.9, nesterov=nesterov)[0])
+    config = ServerOptimizerConfig(
+        kind="adam", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-7, bias_correction=True
+    )
+    want = server_steps("adam", GRADS, W0, lr=1e-3, beta2=0.999, tau=1e-7, bias_correction=True)[0]
+    assert np.allclose(run_steps(config)[0], want, rtol=1e-12, atol=0)
+
+
+def test_a_tau_squared_start_by_hand():
+    # Adagrad, beta1 0, tau 0.1, g = 0.1: v1 = 0.01 + 0.01 = 0.02; w = 1 - 0.1 / (sqrt(0.02) + 0.1)
+    config = ServerOptimizerConfig(
+        kind="adagrad", lr=1.0, beta1=0.0, eps=0.1, initial_second_moment="tau_squared"
+    )
+    new, state = server_step({"w": torch.tensor([1.0])}, {"w": torch.tensor([0.1])}, {}, config)
+    assert state["v"]["w"].item() == pytest.approx(0.02)
+    assert new["w"].item() == pytest.approx(1 - 0.1 / (math.sqrt(0.02) + 0.1))
+    # Yogi, tau 0.1, g = 0.2: g^2 = 0.04 > v0 = 0.01 -> v1 = 0.01 + 0.01 * 0.04 = 0.0104
+    config = ServerOptimizerConfig(kind="yogi", lr=1.0, eps=0.1, initial_second_moment="tau_squared")
+    _, state = server_step({"w": torch.tensor([1.0])}, {"w": torch.tensor([0.2])}, {}, config)
+    assert state["v"]["w"].item() == pytest.approx(0.0104)
+
+
+def test_bias_correction_refuses_a_tau_squared_start():
+    with pytest.raises(ValidationError, match="initial_second_moment: zero"):
+        ServerOptimizerConfig(kind="adam", bias_correction=True, initial_second_moment="tau_squared")

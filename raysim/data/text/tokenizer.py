@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from raysim.data.format import META_FILE
+from raysim.data.hub import load_split
 from raysim.data.partition import NaturalPartition
 from raysim.data.store import DatasetConfig
 from raysim.errors import DataError
@@ -313,6 +314,7 @@ def hf_records(
     streaming: bool = True,
     columns: tuple[str, ...] = (),
     max_records: int | None = None,
+    local_hint: str = "give local files with data_files",
 ) -> Iterator[dict]:
     """Records of a HuggingFace dataset split, read lazily (``load_dataset`` runs on first use).
 
@@ -320,22 +322,19 @@ def hf_records(
         path, name, split, data_files, streaming: as ``datasets.load_dataset`` takes them.
         columns: columns every record must have (checked on the first record).
         max_records: stop after this many records; None reads all.
+        local_hint: how to use local files instead of the hub, in the recipe's terms.
 
     Raises:
         DataError: the dataset cannot be loaded or lacks one of ``columns``.
     """
-    import datasets  # imported here: ~2 s, and only building a store needs it
-
+    dataset = load_split(
+        path, name, split=split, data_files=data_files, streaming=streaming, local_hint=local_hint
+    )
     try:
-        dataset = datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming)
         records = iter(dataset)
         first = next(records, None)
-    except (OSError, ValueError) as e:
-        raise DataError(
-            f"cannot load split {split!r} of {path!r} (data_files={data_files!r}): "
-            f"{type(e).__name__}: {e}. Without the hub, point data_files at local "
-            "files"
-        ) from e
+    except (OSError, ValueError) as e:  # streaming opens the files only now
+        raise DataError(f"cannot read split {split!r} of {path!r}: {type(e).__name__}: {e}") from e
     if first is None:
         return
     missing = [c for c in columns if c not in first]

@@ -49,3 +49,43 @@ def context(x, y, payload_, state=None, client_id=0):
         device=torch.device("cpu"),
         spec=SPEC,
     )
+
+
+def server_steps(
+    kind,
+    grads,
+    w0,
+    *,
+    lr,
+    momentum=0.0,
+    nesterov=False,
+    beta1=0.9,
+    beta2=0.99,
+    tau=1e-3,
+    v0=0.0,
+    bias_correction=False,
+):
+    """(w, m, v) after one server step per pseudo-gradient (``global - local``) in ``grads``.
+
+    Adam, Yogi and Adagrad as in Reddi et al. 2021, Algorithm 2, with the sign of our deltas:
+    m_t = b1 m + (1 - b1) g; v_t per optimizer; w <- w - lr m_t / (sqrt(v_t) + tau); v starts at
+    ``v0``, m at zero; ``bias_correction`` divides m_t and v_t by 1 - b^t (torch's Adam). SGD
+    keeps m <- momentum m + g and steps on m (or on g + momentum m with Nesterov), as torch's SGD.
+    """
+    w = np.array(w0, dtype=np.float64)
+    m, v = np.zeros_like(w), np.full_like(w, v0)
+    for t, g in enumerate(np.asarray(grads, dtype=np.float64), start=1):
+        if kind == "sgd":
+            m = momentum * m + g
+            w = w - lr * (g + momentum * m if nesterov else m)
+            continue
+        m = beta1 * m + (1 - beta1) * g
+        if kind == "adagrad":
+            v = v + g**2
+        elif kind == "adam":
+            v = beta2 * v + (1 - beta2) * g**2
+        else:  # yogi
+            v = v - (1 - beta2) * g**2 * np.sign(v - g**2)
+        m_hat, v_hat = (m / (1 - beta1**t), v / (1 - beta2**t)) if bias_correction else (m, v)
+        w = w - lr * m_hat / (np.sqrt(v_hat) + tau)
+    return w, m, v

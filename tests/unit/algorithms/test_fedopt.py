@@ -7,7 +7,7 @@ FedAvg's new model is w0 - (n1 * d1 + n2 * d2) / (n1 + n2) with d_i = lr * grad_
 import numpy as np
 import pytest
 import torch
-from reference import B0, SPEC, W0, context, grad
+from reference import B0, SPEC, W0, context, grad, server_steps
 
 from raysim import registry
 from raysim.types import RunInfo
@@ -49,9 +49,27 @@ def test_fedavg_is_the_example_weighted_average_of_local_models():
 def test_fedadam_first_step_follows_reddi_et_al():
     dw1, _, dw2, _ = expected_deltas()
     g = (3 * dw1 + dw2) / 4
-    m, v = 0.1 * g, 0.01 * g * g  # beta1 0.9, beta2 0.99, no bias correction
+    # beta1 0.9, beta2 0.99, no bias correction; v starts at tau^2 (Algorithm 2: v_{-1} >= tau^2)
+    m, v = 0.1 * g, 0.99 * 1e-6 + 0.01 * g * g
     state = run_round(build("fedadam"))
     assert np.allclose(state.params["weight"].numpy(), W0 - 0.01 * m / (np.sqrt(v) + 1e-3), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad", "fedavgm"])
+def test_a_round_of_each_server_optimizer_matches_the_numpy_reference(name):
+    dw1, db1, dw2, db2 = expected_deltas()
+    g = {"weight": (3 * dw1 + dw2) / 4, "bias": (3 * db1 + db2) / 4}
+    paper = {  # Reddi et al. 2021 (Algorithm 2, sec. 5); Hsu et al. 2019 for FedAvgM
+        "fedadam": {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3, "v0": 1e-6},
+        "fedyogi": {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3, "v0": 1e-6},
+        "fedadagrad": {"lr": 0.01, "beta1": 0.0, "tau": 1e-3, "v0": 1e-6},
+        "fedavgm": {"lr": 1.0, "momentum": 0.9},
+    }[name]
+    kind = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad", "fedavgm": "sgd"}[name]
+    state = run_round(build(name))
+    for key, w0 in (("weight", W0), ("bias", B0)):
+        want = server_steps(kind, [g[key]], w0, **paper)[0]
+        assert np.allclose(state.params[key].numpy(), want, atol=1e-6), key
 
 
 def test_fedavgm_defaults_are_the_papers():
@@ -59,6 +77,8 @@ def test_fedavgm_defaults_are_the_papers():
     assert (config.server.kind, config.server.lr, config.server.momentum) == ("sgd", 1.0, 0.9)
     yogi = registry.get("algorithm", "fedyogi").config().server
     assert (yogi.kind, yogi.lr, yogi.beta2, yogi.eps) == ("yogi", 0.01, 0.99, 1e-3)
+    adagrad = registry.get("algorithm", "fedadagrad").config().server
+    assert (adagrad.beta1, adagrad.initial_second_moment) == (0.0, "tau_squared")
 
 
 def test_client_reports_loss_and_example_weight():

@@ -1,5 +1,7 @@
 """Summaries of per-client evaluation and the client-server barrier, against hand values."""
 
+from dataclasses import replace
+
 import pytest
 
 from raysim.engine.evaluation import summarize_clients
@@ -29,3 +31,23 @@ def test_barrier_is_the_mean_gap_between_global_and_local_on_each_clients_data()
     assert out["barrier/start_loss"] == pytest.approx(0.9)
     assert out["barrier/global_loss"] == pytest.approx(0.6)
     assert summarize_barrier(before, [None, None], "barrier") == {}
+
+
+def test_the_personalized_scope_keeps_only_clients_personalization_admits():
+    """min_examples 5: client 0 (10 + 2) stays, 1 (2 + 1) is too small, 2 (4 + 3) stays, 3 has no
+    test split; the clients of another scope are untouched."""
+    import numpy as np
+
+    from raysim.config import PersonalizationConfig
+    from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
+
+    num_train, num_test = np.array([10, 2, 4, 3, 1]), np.array([2, 1, 3, 0, 1])
+    config = PersonalizationConfig(min_examples=5)
+    plan = EvaluationPlan(clients=np.array([4, 1]), heldout=np.array([0, 1, 2, 3]), personalization=config)
+    kept = keep_personalizable(plan, num_train, num_test)
+    assert kept.heldout.tolist() == [0, 2] and kept.clients.tolist() == [4, 1]
+    assert kept.num_skipped == {"eval/heldout": 2}
+    nobody_held_out = EvaluationPlan(clients=np.array([0, 1, 2]), heldout=np.array([], np.int64))
+    kept = keep_personalizable(replace(nobody_held_out, personalization=config), num_train, num_test)
+    assert kept.clients.tolist() == [0, 2] and kept.num_skipped == {"eval/clients": 1}
+    assert keep_personalizable(nobody_held_out, num_train, num_test) is nobody_held_out

@@ -3,6 +3,8 @@
 A model factory is called as ``factory(config, spec) -> nn.Module``. Every model's ``forward(x)``
 takes one tensor: images (B, *input_shape) float32 or token ids (B, T) int64 for classification,
 returning logits (B, num_classes); token ids (B, T) for causal LM, returning logits (B, T, vocab).
+Every built-in model also exposes ``features(x)`` and ``head``, and the CNNs, the MLP and the
+ResNets named ``blocks()`` (see ``anatomy.py``).
 
 Usage:
     spec = DataSpec("classification", (1, 28, 28), 10)
@@ -20,9 +22,16 @@ from torch import nn
 from raysim import registry
 from raysim.errors import ConfigError
 from raysim.models import resnet, text, vision  # noqa: F401  (imported to run their @register)
+from raysim.models.anatomy import BlockModel, FeatureModel, param_groups, split_blocks
 from raysim.types import DataSpec
 
-__all__ = ["build_model"]
+__all__ = [
+    "BlockModel",
+    "FeatureModel",
+    "build_model",
+    "param_groups",
+    "split_blocks",
+]
 
 
 def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpec) -> nn.Module:

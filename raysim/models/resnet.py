@@ -19,18 +19,19 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, PositiveInt
+from pydantic import PositiveInt
 from torch import nn
 
 from raysim.models.anatomy import GlobalAvgPool
 from raysim.models.vision import image_shape
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
 
 Norm = Callable[[int], nn.Module]  # channels -> normalisation layer
 
 
-class ResNetConfig(BaseModel, frozen=True, extra="forbid"):
+class ResNetConfig(ModelConfig, frozen=True, extra="forbid"):
     """CIFAR-style ResNet with BatchNorm or GroupNorm: the options every depth shares."""
 
     norm: Literal["batch", "group"] = "batch"

@@ -30,6 +30,7 @@ from torch import nn
 
 from raysim.errors import ConfigError
 from raysim.models.lora import ClassifierLoraConfig, LoraConfig, apply_lora
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec, Task
 
@@ -62,7 +63,7 @@ CAUSAL_LM_PRESETS = {
 OVERRIDES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
 
 
-class HFClassifierConfig(BaseModel, frozen=True, extra="forbid"):
+class HFClassifierConfig(ModelConfig, frozen=True, extra="forbid"):
     """HuggingFace BERT / RoBERTa / DistilBERT sequence classifier, from a preset or a local dir.
 
     The size fields override the preset's.
@@ -80,7 +81,7 @@ class HFClassifierConfig(BaseModel, frozen=True, extra="forbid"):
     lora: ClassifierLoraConfig | None = None  # train LoRA adapters (and the head) only
 
 
-class HFCausalLMConfig(BaseModel, frozen=True, extra="forbid"):
+class HFCausalLMConfig(ModelConfig, frozen=True, extra="forbid"):
     """HuggingFace decoder-only LM (GPT-2 or Llama), from a preset or a local directory.
 
     The size fields override the preset's.

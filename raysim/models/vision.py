@@ -17,34 +17,35 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import Field, PositiveInt
 from torch import nn
 
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
 
 # The registry shows each Config's first docstring line as its model's summary.
 
 
-class MLPConfig(BaseModel, frozen=True, extra="forbid"):
+class MLPConfig(ModelConfig, frozen=True, extra="forbid"):
     """Multilayer perceptron on the flattened input: ReLU hidden layers, then logits."""
 
     hidden: tuple[PositiveInt, ...] = (200, 200)  # hidden widths; () gives logistic regression
 
 
-class CNNMnistConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNMnistConfig(ModelConfig, frozen=True, extra="forbid"):
     """FedAvg's MNIST CNN (McMahan et al., arXiv:1602.05629): 2 conv 5x5, FC 512; no options."""
 
 
-class CNNFmnistConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNFmnistConfig(ModelConfig, frozen=True, extra="forbid"):
     """IMA's FMNIST CNN (arXiv:2305.07845): 2 conv 5x5 of 32, FC 384 and 128; no options."""
 
 
-class CNNCifarConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNCifarConfig(ModelConfig, frozen=True, extra="forbid"):
     """IMA's CIFAR CNN (arXiv:2305.07845): 2 conv 5x5 of 64, FC 384 and 128; no options."""
 
 
-class PflCNNConfig(BaseModel, frozen=True, extra="forbid"):
+class PflCNNConfig(ModelConfig, frozen=True, extra="forbid"):
     """pfl-research's benchmark CNN (arXiv:2404.06430): 2 conv 3x3, FC 128, with dropout."""
 
     conv_dropout: float = Field(0.25, ge=0.0, lt=1.0)  # after the max-pool

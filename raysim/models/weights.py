@@ -109,6 +109,7 @@ def load_weights(
         CheckpointError: the file is unreadable, or lists in one message every missing,
             unexpected and mis-shaped key, and every ``skip`` pattern that matches no key.
     """
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)  # one pattern, not its characters
     own = model.state_dict()
     weights = {key.removeprefix(strip_prefix): value for key, value in read_weights(path).items()}
     weights = {key: value for key, value in weights.items() if not matches(key, skip)}

@@ -84,6 +84,14 @@ def test_a_prefix_is_stripped_and_a_new_head_skipped(tmp_path, source):
     assert_same_tensors(loaded, build("resnet10", RESNET).state_dict(), keys=["head.weight", "head.bias"])
 
 
+def test_one_skip_pattern_may_be_a_plain_string(tmp_path, source):
+    weights = {k: v for k, v in source.state_dict().items() if not k.startswith("head.")}
+    torch.save(weights, tmp_path / "body.pt")
+    model = build("resnet10", RESNET)
+    load_weights(model, tmp_path / "body.pt", skip="head.*")
+    assert_same_tensors(model, weights)
+
+
 def test_every_mismatch_is_listed_in_one_error_naming_the_file(tmp_path, source):
     weights = dict(source.state_dict())
     del weights["head.bias"]

@@ -64,6 +64,11 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
             raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")
         if "name" in options.model_fields:  # a job's `name:` picks the plugin: unsettable
             raise TypeError(f"{kind} {name!r}: its Config may not have a field called 'name'")
+        if kind == "model":
+            from raysim.models.weights import ModelConfig  # here: raysim.models imports this module
+
+            if not issubclass(options, ModelConfig):  # every model section takes init_from
+                raise TypeError(f"model {name!r}: its Config must subclass raysim.models.ModelConfig")
         # a name registered with its own config is described by that config's docstring
         doc = ((options.__doc__ if config is not None else factory.__doc__) or "").strip()
         module_doc = (sys.modules.get(factory.__module__).__doc__ or "").strip()

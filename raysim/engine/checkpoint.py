@@ -55,6 +55,19 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any],
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         raw = torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
+    return parse_checkpoint(raw, path)
+
+
+def is_checkpoint(raw: Any) -> bool:
+    """Whether a loaded file's content looks like a raysim checkpoint (of any format version)."""
+    return isinstance(raw, dict) and "format" in raw and "state" in raw
+
+
+def parse_checkpoint(raw: Any, path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:
+    """``load_checkpoint`` of content already read from ``path``."""
+    try:
         if raw.get("format") != FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {raw.get('format')!r}, expected {FORMAT}")
         s = raw["state"]

@@ -1,8 +1,11 @@
 """The model zoo: every model registers itself as ``("model", name)`` when its module is imported.
 
-A model factory is called as ``factory(config, spec) -> nn.Module``. Every model's ``forward(x)``
-takes one tensor: images (B, *input_shape) float32 or token ids (B, T) int64 for classification,
+A model factory is called as ``factory(config, spec) -> nn.Module``, its Config subclassing
+``ModelConfig`` (which adds ``init_from``, see ``weights.py``). Every model's ``forward(x)`` takes
+one tensor: images (B, *input_shape) float32 or token ids (B, T) int64 for classification,
 returning logits (B, num_classes); token ids (B, T) for causal LM, returning logits (B, T, vocab).
+Every built-in model also exposes ``features(x)`` and ``head``, and the CNNs, the MLP and the
+ResNets named ``blocks()`` (see ``anatomy.py``).
 
 Usage:
     spec = DataSpec("classification", (1, 28, 28), 10)
@@ -19,11 +22,22 @@ from torch import nn
 
 from raysim import registry
 from raysim.config import plugin_config
-from raysim.errors import ConfigError
+from raysim.errors import CheckpointError, ConfigError
 from raysim.models import resnet, text, vision  # noqa: F401  (imported to run their @register)
+from raysim.models.anatomy import BlockModel, FeatureModel, param_groups, split_blocks
+from raysim.models.weights import InitFromConfig, ModelConfig, load_weights
 from raysim.types import DataSpec
 
-__all__ = ["build_model"]
+__all__ = [
+    "BlockModel",
+    "FeatureModel",
+    "InitFromConfig",
+    "ModelConfig",
+    "build_model",
+    "load_weights",
+    "param_groups",
+    "split_blocks",
+]
 
 
 def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpec) -> nn.Module:
@@ -38,18 +52,28 @@ def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpe
         spec: what the data looks like.
 
     Returns:
-        The model, in training mode, on the CPU.
+        The model, in training mode, on the CPU, with the weights of ``init_from`` if set.
 
     Raises:
-        ConfigError: unknown name or invalid options, each problem with its ``model.`` key.
+        ConfigError: unknown name or invalid options, each problem with its ``model.`` key, or
+            an ``init_from`` file that cannot be read or does not fit the model.
         ValueError: the model cannot handle ``spec``.
     """
     entry = registry.get("model", name)
     if isinstance(options, BaseModel):
         if not isinstance(options, entry.config):
             raise TypeError(f"model {name!r} takes {entry.config.__name__}, got {type(options)}")
-        return entry.factory(options, spec)
-    return entry.factory(validate_options(entry.config, options), spec)
+        config = options
+    else:
+        config = validate_options(entry.config, options)
+    model = entry.factory(config, spec)
+    init = config.init_from
+    if init is not None:
+        try:
+            load_weights(model, init.path, strip_prefix=init.strip_prefix, skip=init.skip)
+        except CheckpointError as exc:
+            raise ConfigError([f"model.init_from: {exc}"]) from exc
+    return model
 
 
 def validate_options(config: type[BaseModel], options: Mapping[str, Any]) -> BaseModel:

@@ -5,6 +5,12 @@ widths w, 2w, 4w, 8w (strides 1, 2, 2, 2), a global average pool and a linear he
 replaces BatchNorm in non-IID FL (Hsieh et al. 2020, arXiv:1910.00189): batch statistics differ
 across clients and cannot be averaged meaningfully. IMA's ResNet-18-GN uses 2 groups and a linear
 projector FC(512, 128) before the classifier.
+
+Anatomy (``anatomy.py``): ``features(x)`` is the pooled (B, 8w) output of the last stage and
+``head`` the linear classifier (with a projector: the projector and the classifier). The blocks
+are "stem" (conv, norm, ReLU), one per BasicBlock named by stage and index ("layer1.0",
+"layer1.1", ..., "layer4.1" for ResNet-18), "pool" (global average, no parameters) and "head".
+Split points may name a stage ("layer2": after its last block), which fits every depth.
 """
 
 from __future__ import annotations
@@ -13,17 +19,19 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, PositiveInt
+from pydantic import PositiveInt
 from torch import nn
 
+from raysim.models.anatomy import GlobalAvgPool
 from raysim.models.vision import image_shape
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
 
 Norm = Callable[[int], nn.Module]  # channels -> normalisation layer
 
 
-class ResNetConfig(BaseModel, frozen=True, extra="forbid"):
+class ResNetConfig(ModelConfig, frozen=True, extra="forbid"):
     """CIFAR-style ResNet with BatchNorm or GroupNorm: the options every depth shares."""
 
     norm: Literal["batch", "group"] = "batch"
@@ -86,9 +94,23 @@ class ResNet(nn.Module):
         init_convs(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The globally average-pooled output of the last stage: (B, 8w)."""
         out = torch.relu(self.norm1(self.conv1(x)))
         out = self.layers(out)  # (B, 8w, H/8, W/8)
-        return self.head(out.mean(dim=(2, 3)))  # global average pool -> (B, num_classes)
+        return out.mean(dim=(2, 3))
+
+    def blocks(self) -> dict[str, nn.Module]:
+        """The blocks in order: "stem", each BasicBlock ("layer1.0", ...), "pool" and "head"."""
+        stem = nn.Sequential(self.conv1, self.norm1, nn.ReLU())
+        stages = {
+            f"layer{stage}.{index}": block
+            for stage, blocks in enumerate(self.layers, start=1)
+            for index, block in enumerate(blocks)
+        }
+        return {"stem": stem, **stages, "pool": GlobalAvgPool(), "head": self.head}
 
 
 def make_stage(

@@ -5,11 +5,21 @@ loaded from ``pretrained_path`` with ``local_files_only=True``. ``transformers``
 the factories because importing it takes about 6 s. Both models wrap the HF model in
 ``HFTokenModel``, whose ``forward(x)`` takes token ids (B, T) and whose ``.hf`` attribute is the
 inner model; with a ``lora`` section it is the ``peft.PeftModel`` around it (see ``lora.py``).
+
+Anatomy (``anatomy.py``), LoRA or not: ``features(x)`` is the final hidden state that the HF
+model's own head reads, and ``head`` that head, so that ``model(x) == model.head(model.features(x))``:
+
+- BERT: the pooler's output (B, D); head = dropout and ``classifier``.
+- RoBERTa, DistilBERT: the first token's last hidden state (B, D); head = the classification
+  head (RoBERTa's dense-tanh-projection, DistilBERT's ``pre_classifier``, ReLU and ``classifier``).
+- GPT-2, Llama: the last hidden state (B, T, D) after the final norm; head = ``lm_head``, which
+  the presets tie to the token embedding.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,7 +28,9 @@ import torch
 from pydantic import BaseModel, PositiveInt
 from torch import nn
 
+from raysim.errors import ConfigError
 from raysim.models.lora import ClassifierLoraConfig, LoraConfig, apply_lora
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec, Task
 
@@ -51,7 +63,7 @@ CAUSAL_LM_PRESETS = {
 OVERRIDES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
 
 
-class HFClassifierConfig(BaseModel, frozen=True, extra="forbid"):
+class HFClassifierConfig(ModelConfig, frozen=True, extra="forbid"):
     """HuggingFace BERT / RoBERTa / DistilBERT sequence classifier, from a preset or a local dir.
 
     The size fields override the preset's.
@@ -69,7 +81,7 @@ class HFClassifierConfig(BaseModel, frozen=True, extra="forbid"):
     lora: ClassifierLoraConfig | None = None  # train LoRA adapters (and the head) only
 
 
-class HFCausalLMConfig(BaseModel, frozen=True, extra="forbid"):
+class HFCausalLMConfig(ModelConfig, frozen=True, extra="forbid"):
     """HuggingFace decoder-only LM (GPT-2 or Llama), from a preset or a local directory.
 
     The size fields override the preset's.
@@ -101,9 +113,83 @@ class HFTokenModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Maps token ids (B, T) to logits, (B, C) for classifiers and (B, T, V) for LMs."""
+        return self.hf(input_ids=x, attention_mask=self.attention_mask(x)).logits
+
+    def attention_mask(self, x: torch.Tensor) -> torch.Tensor | None:
         # No mask at all (rather than all ones) keeps HF on its fast causal-SDPA path.
-        mask = None if self.pad_token_id is None else (x != self.pad_token_id).long()
-        return self.hf(input_ids=x, attention_mask=mask).logits
+        return None if self.pad_token_id is None else (x != self.pad_token_id).long()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The hidden state the head reads: (B, D) for classifiers, (B, T, D) for LMs."""
+        inner = self.unwrapped()
+        anatomy = hf_anatomy(inner)
+        return anatomy.features(inner.base_model(input_ids=x, attention_mask=self.attention_mask(x)))
+
+    @property
+    def head(self) -> nn.Module:
+        """The HF model's head (built on each access; its parameters are the model's own)."""
+        inner = self.unwrapped()
+        return hf_anatomy(inner).head(inner)
+
+    def unwrapped(self) -> nn.Module:
+        """The transformers model: ``hf`` itself, or the model inside peft's wrapper (LoRA
+        layers included, since peft injects them in place)."""
+        return self.hf.get_base_model() if hasattr(self.hf, "get_base_model") else self.hf
+
+
+class FirstToken(nn.Module):
+    """Feeds features (B, D) to a head that reads the first token of hidden states (B, T, D)."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(features.unsqueeze(1))  # the head takes [:, 0] of (B, 1, D): features
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Where one transformers class splits: its base model's output -> features; model -> head."""
+
+    features: Callable[[Any], torch.Tensor]
+    head: Callable[[Any], nn.Module]
+
+
+def first_token(output: Any) -> torch.Tensor:
+    return output.last_hidden_state[:, 0]  # (B, D)
+
+
+# Each mirrors the class's forward in transformers 5 (tests check it is bitwise the same).
+HF_ANATOMY = {
+    "BertForSequenceClassification": Anatomy(
+        lambda output: output.pooler_output, lambda hf: nn.Sequential(hf.dropout, hf.classifier)
+    ),
+    "RobertaForSequenceClassification": Anatomy(first_token, lambda hf: FirstToken(hf.classifier)),
+    "DistilBertForSequenceClassification": Anatomy(
+        first_token,
+        lambda hf: nn.Sequential(hf.pre_classifier, nn.ReLU(), hf.dropout, hf.classifier),
+    ),
+    "GPT2LMHeadModel": Anatomy(lambda output: output.last_hidden_state, lambda hf: hf.lm_head),
+    "LlamaForCausalLM": Anatomy(lambda output: output.last_hidden_state, lambda hf: hf.lm_head),
+}
+
+
+def hf_anatomy(hf: nn.Module) -> Anatomy:
+    """How ``hf`` splits into features and head.
+
+    Raises:
+        ConfigError: a class (loaded from ``pretrained_path``) whose split is not known.
+    """
+    anatomy = HF_ANATOMY.get(type(hf).__name__)
+    if anatomy is None:
+        raise ConfigError(
+            [
+                f"model: {type(hf).__name__} has no known features and head (the algorithm needs "
+                f"them); supported: {', '.join(HF_ANATOMY)}"
+            ]
+        )
+    return anatomy
 
 
 @register("model", "hf_classifier", config=HFClassifierConfig)

@@ -3,39 +3,49 @@
 Every model takes float32 images (B, C, H, W) and returns logits (B, num_classes). Flatten sizes
 come from a dummy forward at build time, so the CNNs accept any image large enough for their convs
 (28x28, 32x32, and for ``cnn_mnist`` even the 8x8 sklearn digits).
+
+Each model is a ``BlockSequential`` (see ``anatomy.py``): an ``nn.Sequential``, so its state-dict
+keys are "0.weight", "3.bias", ..., whose layers are grouped into named blocks: "conv1", "conv2"
+(conv, ReLU, pool), "fc1", "fc2" (the first one flattens; a dense layer and its ReLU, and the
+dropout of ``cnn_pfl``), and "head", the final linear layer. ``features(x)`` is the head's input.
+An MLP without hidden layers has a "flatten" block, so its features are the flattened input.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
+
 import torch
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import Field, PositiveInt
 from torch import nn
 
+from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
 
 # The registry shows each Config's first docstring line as its model's summary.
 
 
-class MLPConfig(BaseModel, frozen=True, extra="forbid"):
+class MLPConfig(ModelConfig, frozen=True, extra="forbid"):
     """Multilayer perceptron on the flattened input: ReLU hidden layers, then logits."""
 
     hidden: tuple[PositiveInt, ...] = (200, 200)  # hidden widths; () gives logistic regression
 
 
-class CNNMnistConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNMnistConfig(ModelConfig, frozen=True, extra="forbid"):
     """FedAvg's MNIST CNN (McMahan et al., arXiv:1602.05629): 2 conv 5x5, FC 512; no options."""
 
 
-class CNNFmnistConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNFmnistConfig(ModelConfig, frozen=True, extra="forbid"):
     """IMA's FMNIST CNN (arXiv:2305.07845): 2 conv 5x5 of 32, FC 384 and 128; no options."""
 
 
-class CNNCifarConfig(BaseModel, frozen=True, extra="forbid"):
+class CNNCifarConfig(ModelConfig, frozen=True, extra="forbid"):
     """IMA's CIFAR CNN (arXiv:2305.07845): 2 conv 5x5 of 64, FC 384 and 128; no options."""
 
 
-class PflCNNConfig(BaseModel, frozen=True, extra="forbid"):
+class PflCNNConfig(ModelConfig, frozen=True, extra="forbid"):
     """pfl-research's benchmark CNN (arXiv:2404.06430): 2 conv 3x3, FC 128, with dropout."""
 
     conv_dropout: float = Field(0.25, ge=0.0, lt=1.0)  # after the max-pool
@@ -66,103 +76,130 @@ def image_shape(spec: DataSpec, model: str) -> tuple[int, int, int]:
     return channels, height, width
 
 
-def flat_size(features: list[nn.Module], shape: tuple[int, ...], model: str) -> int:
-    """Number of features ``features`` produce for one image of ``shape``.
+class BlockSequential(nn.Sequential):
+    """An ``nn.Sequential`` whose layers are grouped into named blocks, the last being the head.
+
+    Its state dict is the plain ``nn.Sequential``'s; ``blocks()`` and ``head`` share its layers.
+    """
+
+    def __init__(self, blocks: dict[str, Sequence[nn.Module]]) -> None:
+        super().__init__(*(layer for layers in blocks.values() for layer in layers))
+        self.block_sizes = tuple((name, len(layers)) for name, layers in blocks.items())
+
+    def __getitem__(self, idx: slice | int) -> nn.Module:
+        if isinstance(idx, slice):  # nn.Sequential would pass the slice to our constructor
+            return nn.Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return super().__getitem__(idx)
+
+    @property
+    def head(self) -> nn.Module:
+        """The last block: the linear layer that maps features to logits."""
+        return self.blocks()["head"]
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's input (B, D): every layer but the head's."""
+        _, head_size = self.block_sizes[-1]
+        for layer in list(self)[:-head_size]:
+            x = layer(x)
+        return x
+
+    def blocks(self) -> dict[str, nn.Module]:
+        """The named blocks in forward order; a block of one layer is that layer."""
+        layers, blocks, start = list(self), {}, 0
+        for name, size in self.block_sizes:
+            blocks[name] = layers[start] if size == 1 else nn.Sequential(*layers[start : start + size])
+            start += size
+        return blocks
+
+
+def flat_size(convs: dict[str, list[nn.Module]], shape: tuple[int, ...], model: str) -> int:
+    """Number of features the conv blocks produce for one image of ``shape``.
 
     Raises:
         ValueError: the image is too small for the conv and pooling layers.
     """
+    layers = [layer for block in convs.values() for layer in block]
     try:
         with torch.no_grad():
-            return nn.Sequential(*features)(torch.zeros(1, *shape)).numel()
+            return nn.Sequential(*layers)(torch.zeros(1, *shape)).numel()
     except RuntimeError as err:
         raise ValueError(f"model {model!r}: input_shape {shape} is too small: {err}") from err
 
 
-def classifier(features: list[nn.Module], hidden: list[int], spec: DataSpec, model: str) -> nn.Sequential:
-    """Joins ``features``, a flatten, ReLU dense layers of widths ``hidden``, and the logits."""
-    widths = [flat_size(features, spec.input_shape, model), *hidden]
-    layers = [*features, nn.Flatten()]
-    for width_in, width_out in zip(widths, widths[1:]):
-        layers += [nn.Linear(width_in, width_out), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(widths[-1], spec.num_classes))
+def classifier(
+    convs: dict[str, list[nn.Module]], hidden: list[int], spec: DataSpec, model: str
+) -> BlockSequential:
+    """Joins the conv blocks, ReLU dense blocks "fc1", "fc2", ... of widths ``hidden`` (the first
+    one flattens), and the linear "head"; without dense blocks a "flatten" block precedes the head."""
+    widths = [flat_size(convs, spec.input_shape, model), *hidden]
+    blocks: dict[str, list[nn.Module]] = dict(convs)
+    flatten: list[nn.Module] = [nn.Flatten()]
+    for index, (width_in, width_out) in enumerate(zip(widths, widths[1:]), start=1):
+        blocks[f"fc{index}"] = [*flatten, nn.Linear(width_in, width_out), nn.ReLU()]
+        flatten = []
+    if flatten:
+        blocks["flatten"] = flatten
+    blocks["head"] = [nn.Linear(widths[-1], spec.num_classes)]
+    return BlockSequential(blocks)
 
 
 @register("model", "mlp", config=MLPConfig)
-def build_mlp(config: MLPConfig, spec: DataSpec) -> nn.Sequential:
+def build_mlp(config: MLPConfig, spec: DataSpec) -> BlockSequential:
     """Multilayer perceptron on the flattened input: hidden ReLU layers, then logits."""
     require_classification(spec, "mlp")
-    return classifier([], list(config.hidden), spec, "mlp")
+    return classifier({}, list(config.hidden), spec, "mlp")
+
+
+def conv_pool(channels_in: int, channels_out: int, padding: int = 0) -> list[nn.Module]:
+    """A 5x5 conv, ReLU and 2x2 max-pool: one conv block of the FedAvg and IMA CNNs."""
+    return [nn.Conv2d(channels_in, channels_out, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2)]
 
 
 @register("model", "cnn_mnist", config=CNNMnistConfig)
-def build_cnn_mnist(config: CNNMnistConfig, spec: DataSpec) -> nn.Sequential:
+def build_cnn_mnist(config: CNNMnistConfig, spec: DataSpec) -> BlockSequential:
     """FedAvg's CNN (McMahan et al., arXiv:1602.05629): 1,663,370 params on 1x28x28, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_mnist")
-    features = [
-        nn.Conv2d(channels, 32, 5, padding=2),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    ]
-    return classifier(features, [512], spec, "cnn_mnist")
+    convs = {"conv1": conv_pool(channels, 32, padding=2), "conv2": conv_pool(32, 64, padding=2)}
+    return classifier(convs, [512], spec, "cnn_mnist")
 
 
 @register("model", "cnn_fmnist", config=CNNFmnistConfig)
-def build_cnn_fmnist(config: CNNFmnistConfig, spec: DataSpec) -> nn.Sequential:
+def build_cnn_fmnist(config: CNNFmnistConfig, spec: DataSpec) -> BlockSequential:
     """IMA's FMNIST CNN (Zhou et al., arXiv:2305.07845): 274,026 params on 1x28x28, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_fmnist")
-    features = [
-        nn.Conv2d(channels, 32, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    ]
-    return classifier(features, [384, 128], spec, "cnn_fmnist")
+    convs = {"conv1": conv_pool(channels, 32), "conv2": conv_pool(32, 32)}
+    return classifier(convs, [384, 128], spec, "cnn_fmnist")
 
 
 @register("model", "cnn_cifar", config=CNNCifarConfig)
-def build_cnn_cifar(config: CNNCifarConfig, spec: DataSpec) -> nn.Sequential:
+def build_cnn_cifar(config: CNNCifarConfig, spec: DataSpec) -> BlockSequential:
     """IMA's CIFAR CNN (Zhou et al., arXiv:2305.07845): 772,682 params on 3x32x32, 10 classes."""
     channels, _, _ = image_shape(spec, "cnn_cifar")
-    features = [
-        nn.Conv2d(channels, 64, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    ]
-    return classifier(features, [384, 128], spec, "cnn_cifar")
+    convs = {"conv1": conv_pool(channels, 64), "conv2": conv_pool(64, 64)}
+    return classifier(convs, [384, 128], spec, "cnn_cifar")
 
 
 @register("model", "cnn_pfl", config=PflCNNConfig)
-def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> nn.Sequential:
+def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> BlockSequential:
     """pfl-research's benchmark CNN (arXiv:2404.06430): 1,626,442 params on 3x32x32, 10 classes.
 
-    Also FedFish's EMNIST "CNN with dropout" when built for 1x28x28 and 62 classes.
+    Also FedFish's EMNIST "CNN with dropout" when built for 1x28x28 and 62 classes. Blocks:
+    "conv1" (conv, ReLU), "conv2" (conv, ReLU, pool), "fc1" (dropout, flatten, dense, ReLU,
+    dropout) and "head".
     """
     channels, _, _ = image_shape(spec, "cnn_pfl")
-    features = [
-        nn.Conv2d(channels, 32, 3),
-        nn.ReLU(),
-        nn.Conv2d(32, 64, 3),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    ]
-    head = [
+    convs: dict[str, list[nn.Module]] = {
+        "conv1": [nn.Conv2d(channels, 32, 3), nn.ReLU()],
+        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)],
+    }
+    dense = [
         nn.Dropout(config.conv_dropout),
         nn.Flatten(),
-        nn.Linear(flat_size(features, spec.input_shape, "cnn_pfl"), 128),
+        nn.Linear(flat_size(convs, spec.input_shape, "cnn_pfl"), 128),
         nn.ReLU(),
         nn.Dropout(config.fc_dropout),
-        nn.Linear(128, spec.num_classes),
     ]
-    model = nn.Sequential(*features, *head)
+    model = BlockSequential({**convs, "fc1": dense, "head": [nn.Linear(128, spec.num_classes)]})
     # pfl initialises weights Glorot-uniform to match its TF2 twin; biases keep torch's default.
     for module in model.modules():
         if isinstance(module, (nn.Conv2d, nn.Linear)):

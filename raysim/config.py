@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from raysim import registry
 from raysim.errors import ConfigError
+from raysim.registry import plugin_config
 
 PLUGIN_SECTIONS: tuple[registry.Kind, ...] = ("dataset", "model", "algorithm")
 # Keys that moved to another section: the error says where they went.
@@ -252,44 +253,6 @@ def _validate_plugin(
         entry = registry.get(kind, str(raw["name"]))
         problems += explain(exc, entry.config, prefix=f"{where}.")
     return None
-
-
-def plugin_config(config_type: type[BaseModel], options: dict[str, Any]) -> BaseModel:
-    """Validates a plugin's options, a partial nested section keeping the plugin's own defaults.
-
-    FedAdam's ``server:`` defaults to Adam at lr 0.01; ``server: {lr: 0.03}`` must mean "that
-    Adam, at lr 0.03", not a generic ``ServerOptimizerConfig`` (SGD) at lr 0.03. So every nested
-    section the user sets is merged over the Config's default for it, at any depth.
-
-    Raises:
-        ValidationError: the merged options are invalid (``explain`` words it).
-    """
-    defaults = {
-        name: field.get_default(call_default_factory=True)
-        for name, field in config_type.model_fields.items()
-        if not field.is_required()
-    }
-    return config_type.model_validate(_merge_over_defaults(config_type, defaults, options))
-
-
-def _merge_over_defaults(
-    config_type: type[BaseModel], defaults: dict[str, Any], options: dict[str, Any]
-) -> dict[str, Any]:
-    """``options`` with each nested section given as a mapping completed from ``defaults``."""
-    merged = dict(options)
-    for key, value in options.items():
-        default, field = defaults.get(key), config_type.model_fields.get(key)
-        if isinstance(default, BaseModel) and isinstance(value, dict) and _same_member(field, default, value):
-            inner = _merge_over_defaults(type(default), dict(default), value)
-            merged[key] = {**default.model_dump(), **inner}
-    return merged
-
-
-def _same_member(field: Any, default: BaseModel, value: dict[str, Any]) -> bool:
-    """False when ``value`` picks another member of a tagged union (a partition of another
-    ``kind``): its options then start from that member's own defaults."""
-    tag = getattr(field, "discriminator", None)
-    return not isinstance(tag, str) or value.get(tag, getattr(default, tag)) == getattr(default, tag)
 
 
 def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -159,8 +159,9 @@ def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, Datase
     from pydantic import ValidationError
 
     from raysim import registry
-    from raysim.config import apply_overrides, explain, load_jobs, plugin_config
+    from raysim.config import apply_overrides, explain, load_jobs
     from raysim.errors import ConfigError
+    from raysim.registry import plugin_config
 
     if target.endswith((".yaml", ".yml")) or os.path.isfile(target):
         sections = []

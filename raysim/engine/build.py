@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from raysim import params as P
 from raysim import registry
 from raysim.algorithm import Algorithm
-from raysim.config import JobConfig, explain, plugin_config
+from raysim.config import JobConfig, explain
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.checkpoint import check_compatible, load_checkpoint
@@ -24,6 +24,7 @@ from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
 from raysim.engine.services import Engine
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
+from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, build_probes

@@ -8,21 +8,23 @@ probes) and implements the verbs of ``raysim.services.Services``. Plugins and pr
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raysim import params as P
-from raysim.algorithm import Algorithm
+from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.engine.checkpoint import save_checkpoint
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
+from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker
-from raysim.probes import Probe, is_due
+from raysim.probes import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import MapRequest, RoundOptions, raise_client_failure
@@ -78,9 +80,22 @@ class Engine:
         return output
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
-        from raysim.engine.round import run_round  # the round's steps, kept beside the loop
-
-        return run_round(self, state, round_num)
+        """One round: sample, broadcast, train and fold on workers, update the server, probe."""
+        t0 = time.perf_counter()
+        # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
+        cohort = self.cohort(round_num)
+        # 2. One payload for every client; each worker folds its clients into one partial.
+        payload = self.algorithm.broadcast(state, round_num)
+        probes = self.due_probes(round_num)
+        options = RoundOptions(tuple(probes), any(p.keeps_local_models for p in probes.values()))
+        output = self.train_cohort(payload, cohort, round_num, options)
+        # 3. Merge happened in the backend; the server updates from the aggregate.
+        new_state, metrics = self.algorithm.server_update(state, output.aggregate, round_num)
+        metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+        # 4. Probes due this round summarize what their worker hooks measured.
+        if probes:
+            metrics |= self.probe_round(probes, state, new_state, payload, output, round_num)
+        return new_state, metrics
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
@@ -110,6 +125,31 @@ class Engine:
         path = self.run_dir / "checkpoints" / (name or f"round_{round_num:05d}.pt")
         frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
         return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
+
+    def probe_round(
+        self,
+        probes: dict[str, Probe],
+        old: ServerState,
+        new: ServerState,
+        payload: Payload,
+        output: RoundOutput,
+        round_num: int,
+    ) -> Metrics:
+        """Each due probe's summary of the round (its rows, the models before and after)."""
+        grad = pseudo_gradient(self.algorithm, output.aggregate, old.params)
+        view = ProbeRound(
+            round_num=round_num,
+            rows=[],
+            broadcast=payload.params,
+            global_params=P.to_numpy(new.params),
+            pure_aggregate=P.to_numpy(pure_aggregate(old.params, grad)) if grad is not None else None,
+            local_models=output.local_models,
+        )
+        services = PluginServices(self)
+        metrics: Metrics = {}
+        for name, probe in probes.items():
+            metrics |= probe.summarize(replace(view, rows=output.probe_rows.get(name, [])), services)
+        return metrics
 
     # --- cadence ------------------------------------------------------------------------------
 

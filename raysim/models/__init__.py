@@ -21,11 +21,11 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from raysim import registry
-from raysim.config import plugin_config
 from raysim.errors import CheckpointError, ConfigError
 from raysim.models import resnet, text, vision  # noqa: F401  (imported to run their @register)
 from raysim.models.anatomy import BlockModel, FeatureModel, param_groups, split_blocks
 from raysim.models.weights import InitFromConfig, ModelConfig, load_weights
+from raysim.registry import plugin_config
 from raysim.types import DataSpec
 
 __all__ = [

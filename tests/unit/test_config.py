@@ -163,7 +163,7 @@ def plugin_sections_with_own_defaults():
 
 
 def test_a_partial_nested_section_keeps_every_other_plugin_default():
-    from raysim.config import plugin_config
+    from raysim.registry import plugin_config
 
     cases = plugin_sections_with_own_defaults()
     covered = {(entry.name, field_name) for _, entry, field_name, _ in cases}
@@ -191,7 +191,7 @@ def test_the_reported_examples_keep_their_plugin_defaults():
 def test_partial_sections_merge_at_any_depth():
     from pydantic import BaseModel
 
-    from raysim.config import plugin_config
+    from raysim.registry import plugin_config
 
     class Inner(BaseModel, frozen=True, extra="forbid"):
         a: int = 1

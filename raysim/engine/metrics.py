@@ -1,0 +1,42 @@
+"""The metrics every round reports: client metrics averaged over the cohort, and system metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim import params as P
+from raysim.types import Metrics, Payload, RoundOutput
+
+_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
+
+
+def round_metrics(output: RoundOutput, payload: Payload, cohort_size: int, seconds: float) -> Metrics:
+    """Every client metric averaged over clients (weighted by their weight), and system metrics."""
+    clients = output.client_metrics
+    total = sum(m["weight"] for m in clients) or 1.0
+    keys = sorted({k for m in clients for k in m} - _BOOKKEEPING)
+    metrics = {key: sum(m[key] * m["weight"] for m in clients if key in m) / total for key in keys}
+    busiest = max(output.worker_seconds, default=0.0)
+    mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
+    return (
+        metrics
+        | bytes_down(payload, cohort_size)
+        | {
+            "sys/round_s": seconds,
+            "sys/clients_per_s": len(clients) / seconds if seconds > 0 else 0.0,
+            "sys/bytes_up": float(output.bytes_up),
+            "sys/failed_clients": float(len(output.failures)),
+            "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
+            "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
+            "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
+            "sys/num_workers": float(len(output.worker_seconds)),
+        }
+    )
+
+
+def bytes_down(payload: Payload, cohort_size: int) -> Metrics:
+    """What the broadcast weighs over the cohort: in total, and per payload part (the params and
+    each ``extra`` key, e.g. FedGuCci's anchors apart from the model)."""
+    parts = {"params": P.num_bytes(payload.params)} | {k: P.num_bytes(v) for k, v in payload.extra.items()}
+    out = {f"sys/bytes_down/{name}": float(size * cohort_size) for name, size in parts.items()}
+    return out | {"sys/bytes_down": float(sum(parts.values()) * cohort_size)}

@@ -29,7 +29,7 @@ from raysim.engine.evaluation import EvaluationPlan, evaluate_global, summarize_
 from raysim.engine.plots import learning_curve
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
-from raysim.errors import CheckpointError, ConfigError, ResourceError
+from raysim.errors import CheckpointError, ConfigError, NonFiniteError, ResourceError
 from raysim.runtime.backend import Backend, RoundOutput, SerialBackend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, raise_client_failure
@@ -93,6 +93,7 @@ class EngineServices:
             log.warning(
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
+        refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         return output
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
@@ -157,8 +158,9 @@ def run(
             state = services.algorithm.protocol(services, state)
         else:
             state = round_loop(services, state)
-        status = "FINISHED"
-        return finish(services, state, time.perf_counter() - start)
+        result = finish(services, state, time.perf_counter() - start)
+        status = "FINISHED"  # only once the final model is checked and saved
+        return result
     finally:
         services.backend.shutdown()
         services.tracker.finish(status)
@@ -189,6 +191,7 @@ def run_round(s: EngineServices, state: ServerState, round_num: int) -> tuple[Se
     output = s.train_cohort(payload, cohort, round_num, measure_barrier)
     # 3. Merge happened in the backend; the server updates from the aggregate.
     state, metrics = s.algorithm.server_update(state, output.aggregate, round_num)
+    refuse_nonfinite(state.params, "the new global model", round_num)
     metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
     # 4. When due, the client-server barrier: the new global model on each client's round data.
     if measure_barrier:
@@ -212,12 +215,25 @@ def round_metrics(output: RoundOutput, payload: Any, cohort_size: int, seconds: 
         "sys/clients_per_s": len(clients) / seconds if seconds > 0 else 0.0,
         "sys/bytes_down": float(P.num_bytes(payload.params) + P.num_bytes(payload.extra)) * cohort_size,
         "sys/bytes_up": float(output.bytes_up),
-        "sys/failed_clients": float(len(output.failures)),
+        "sys/failed_clients": float(len(output.failures)),  # dropped, non-finite ones included
+        "sys/nonfinite_clients": float(sum(isinstance(f.error, NonFiniteError) for f in output.failures)),
         "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
         "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
         "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
         "sys/num_workers": float(len(output.worker_seconds)),
     }
+
+
+def refuse_nonfinite(tree: Any, what: str, round_num: int) -> None:
+    """Stops the run when ``tree`` holds NaN or infinity: it would poison every later round."""
+    if not P.is_finite(tree):
+        bad = P.nonfinite_names(tree)
+        raise NonFiniteError(
+            f"round {round_num}: {what} holds NaN or infinity in {bad[:5]}"
+            f"{' ...' if len(bad) > 5 else ''}; every client's update was finite, so aggregation "
+            f"or the server step made it (an overflow, a division by zero, or too large a "
+            f"server learning rate)"
+        )
 
 
 def build(
@@ -397,8 +413,9 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
 
 def finish(s: EngineServices, state: ServerState, seconds: float) -> RunResult:
     """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
-    s.run_dir.mkdir(parents=True, exist_ok=True)
     last_round = s.history[-1][0] if s.history else s.start_round - 1
+    refuse_nonfinite(state.params, "the final global model", last_round)  # protocols too
+    s.run_dir.mkdir(parents=True, exist_ok=True)
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
     CohortSchedule(s.cohorts, s.store.num_clients, s.start_round).save(s.run_dir / "cohorts.json")

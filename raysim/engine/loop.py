@@ -139,7 +139,9 @@ class EngineServices:
         """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
         path = self.run_dir / "checkpoints" / name
         frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
-        return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
+        return save_checkpoint(
+            path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen)
+        )
 
 
 def run(
@@ -285,7 +287,7 @@ def build(
         start_round = last_round + 1
     run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     state_dir = run_dir / "client_state"
-    if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
+    if parent_state_dir is not None:  # the checkpoint's frozen snapshot (load_checkpoint found it)
         ClientStateStore(state_dir).restore(parent_state_dir)
     setup = WorkerSetup(
         job=job.to_dict(),

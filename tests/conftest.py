@@ -27,10 +27,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole session (2 CPUs, no dashboard)."""
+    """One local Ray for the whole session (2 CPUs, no dashboard, listening on 127.0.0.1 only)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from raysim.runtime.ray_backend import start_local_ray
+
+    start_local_ray(num_cpus=2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -10,7 +10,15 @@ from raysim.algorithm import Algorithm
 from raysim.config import JobConfig, load_jobs
 from raysim.data.store import ClientStore, DatasetConfig, Examples
 from raysim.engine.loop import EngineServices, RunResult, run
-from raysim.errors import CheckpointError, ClientError, ConfigError, DataError, RaysimError, ResourceError
+from raysim.errors import (
+    CheckpointError,
+    ClientError,
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    RaysimError,
+    ResourceError,
+)
 from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
 from raysim.registry import register
 from raysim.types import (
@@ -44,6 +52,7 @@ __all__ = [
     "JobConfig",
     "LocalTrainConfig",
     "Metrics",
+    "NonFiniteError",
     "Params",
     "Payload",
     "RaysimError",

@@ -50,8 +50,21 @@ def test_one_nonfinite_element_anywhere_is_found_and_named(bad, value):
 
 
 def test_huge_but_finite_values_are_finite():
-    big = {"w": torch.full((5,), 3.0e38), "h": torch.full((2,), 6.0e4, dtype=torch.float16)}
-    assert P.is_finite(big)
+    """Their sums overflow in their own precision (float32: 1.5e39; float64: 3e308): the check
+    must not mistake that for an infinity."""
+    big = {
+        "w": torch.full((5,), 3.0e38),
+        "h": torch.full((2,), 6.0e4, dtype=torch.float16),
+        "b": torch.full((3,), 3.0e38, dtype=torch.bfloat16),
+        "d": torch.full((3,), 1.0e308, dtype=torch.float64),
+    }
+    assert P.is_finite(big) and P.nonfinite_names(big) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_plus_and_minus_infinity_together_are_not_finite(dtype):
+    both = torch.tensor([math.inf, 1.0, -math.inf], dtype=dtype)  # their sum is NaN, not inf
+    assert not P.is_finite({"w": both}) and not P.is_finite({"w": both[:1]})
 
 
 def test_tensor_leaves_walks_dicts_lists_and_dataclasses_in_order():

@@ -10,7 +10,15 @@ from raysim.algorithm import Algorithm
 from raysim.config import JobConfig, load_jobs
 from raysim.data.store import ClientStore, DatasetConfig, Examples
 from raysim.engine.loop import RunResult, run
-from raysim.errors import CheckpointError, ClientError, ConfigError, DataError, RaysimError, ResourceError
+from raysim.errors import (
+    CheckpointError,
+    ClientError,
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    RaysimError,
+    ResourceError,
+)
 from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
 from raysim.registry import register
 from raysim.services import Services
@@ -45,6 +53,7 @@ __all__ = [
     "JobConfig",
     "LocalTrainConfig",
     "Metrics",
+    "NonFiniteError",
     "Params",
     "Payload",
     "RaysimError",

@@ -41,6 +41,14 @@ class ClientError(RaysimError):
         return ClientError, (self.client_id, self.round_num, self.stage, self.cause)
 
 
+class NonFiniteError(RaysimError):
+    """NaN or infinity where the run needs finite numbers.
+
+    In a client's update (a diverging client) it is a client failure, handled by
+    ``engine.max_failed_clients``; in the server's aggregate or new global model it stops the run.
+    """
+
+
 class ResourceError(RaysimError):
     """The requested resources (workers, CPUs, GPUs) cannot be had."""
 

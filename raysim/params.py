@@ -7,7 +7,7 @@ function here maps over the leaves.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -111,6 +111,66 @@ def to_cpu(obj: Any) -> Any:
             obj, **{f.name: to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
         )
     return obj
+
+
+def tensor_leaves(obj: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) of every tensor in dicts, lists, tuples and dataclasses, depth first.
+
+    A path reads like ``delta/1.weight`` (dict keys and list indices joined by ``/``).
+    """
+    if isinstance(obj, torch.Tensor):
+        yield name, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from tensor_leaves(value, f"{name}/{key}" if name else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from tensor_leaves(value, f"{name}/{i}" if name else str(i))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from tensor_leaves(getattr(obj, f.name), f"{name}/{f.name}" if name else f.name)
+
+
+def _float_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(k, t) for k, t in tensor_leaves(tree) if t.is_floating_point() or t.is_complex()]
+
+
+_NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _finite_flag(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor on ``t``'s device: whether ``t`` holds no NaN and no infinity.
+
+    For floats of up to 32 bits the float64 sum is finite exactly when every element is (NaN and
+    infinity propagate; n finite elements sum to at most n * 3.4e38, far below float64's 1.8e308),
+    and it reads the tensor once without allocating a mask. Wider types are checked element-wise.
+    """
+    if t.dtype in _NARROW_FLOATS:
+        return torch.isfinite(t.sum(dtype=torch.float64))
+    return torch.isfinite(t).all()
+
+
+@torch.no_grad()
+def is_finite(tree: Any) -> bool:
+    """Whether no floating-point tensor in ``tree`` holds a NaN or an infinity.
+
+    One reduction per tensor, on the tensor's device; the flags are combined there, so the
+    answer costs one device-to-host sync however many tensors the tree holds.
+    """
+    flags = [_finite_flag(t) for _, t in _float_leaves(tree)]
+    if not flags:
+        return True
+    device = flags[0].device
+    return bool(torch.stack([f.to(device) for f in flags]).all())
+
+
+@torch.no_grad()
+def nonfinite_names(tree: Any) -> list[str]:
+    """The paths (``tensor_leaves``) of the tensors that hold a NaN or an infinity.
+
+    One sync per tensor: for error messages, after ``is_finite`` said no.
+    """
+    return [name for name, t in _float_leaves(tree) if not bool(torch.isfinite(t).all())]
 
 
 def num_bytes(tree: Tree) -> int:

@@ -147,6 +147,7 @@ class ClientFailure:
     client_id: int
     position: int  # in the round's cohort
     error: BaseException
+    stage: str = "client_update"  # or "update_check": the update held NaN or infinity
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from pathlib import Path
 
 _TMP = tempfile.mkdtemp(prefix="raysim-tests-")
 # Set before anything imports HF, MLflow or Ray: a failing hub lookup otherwise hangs ~50 s.
@@ -16,6 +17,8 @@ for key, value in {
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "RAYSIM_CACHE": os.path.join(_TMP, "cache"),
+    # test plugins (tests/plugins/algorithms/*.py); set before Ray starts, so workers see them too
+    "RAYSIM_PLUGIN_PATH": str(Path(__file__).parent / "plugins"),
 }.items():
     os.environ[key] = value
 
@@ -24,10 +27,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole session (2 CPUs, no dashboard)."""
+    """One local Ray for the whole session (2 CPUs, no dashboard, listening on 127.0.0.1 only)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from raysim.runtime.ray_backend import start_local_ray
+
+    start_local_ray(num_cpus=2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -55,7 +55,7 @@ def build(
     state, start_round, parent_state_dir = initial_state(algorithm, params, info, job, resume_from)
     run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     state_dir = run_dir / "client_state"
-    if parent_state_dir and Path(parent_state_dir).is_dir():  # the checkpoint's frozen snapshot
+    if parent_state_dir is not None:  # the checkpoint's frozen snapshot (load_checkpoint found it)
         ClientStateStore(state_dir).restore(parent_state_dir)
     setup = WorkerSetup(
         job=job.to_dict(),

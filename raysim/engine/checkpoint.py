@@ -1,8 +1,8 @@
 """Checkpoints: server state + ``round_num`` + the resolved config; resume or branch a run.
 
 Usage:
-    save_checkpoint(path, state, round_num=9, job=job)
-    state, round_num, job_dict = load_checkpoint(path)
+    save_checkpoint(path, state, round_num=9, job_dict=job.to_dict(), state_dir=snapshot)
+    state, round_num, job_dict, state_dir = load_checkpoint(path)
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ def save_checkpoint(
     job_dict: dict[str, Any],
     state_dir: str | None = None,
 ) -> Path:
-    """Writes atomically; ``round_num`` is the last completed round."""
+    """Writes atomically; ``round_num`` is the last completed round.
+
+    ``state_dir`` is the client-state snapshot the checkpoint needs (None: no client has state).
+    Inside the checkpoint's folder it is stored relative to it, so that moving the output folder,
+    or resuming from another working directory, still finds it.
+    """
     check_loadable({"opt_state": state.opt_state, "extra": state.extra}, "ServerState")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,7 +39,7 @@ def save_checkpoint(
         "format": FORMAT,
         "round_num": round_num,
         "job": job_dict,
-        "state_dir": state_dir,
+        "state_dir": None if state_dir is None else _relative_to(path.parent, Path(state_dir)),
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -49,7 +54,12 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:
-    """Returns (state, last completed round, job dict, client-state dir)."""
+    """Returns (state, last completed round, job dict, client-state snapshot or None).
+
+    Raises:
+        CheckpointError: the file is missing or unreadable, or the client-state snapshot it
+            needs is missing (resuming without it would silently reset every client's state).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -77,11 +87,38 @@ def parse_checkpoint(raw: Any, path: str | Path) -> tuple[ServerState, int, dict
             extra=s["extra"],
             buffer_keys=frozenset(s["buffer_keys"]),
         )
-        return state, int(raw["round_num"]), raw["job"], raw.get("state_dir")
+        state_dir = raw.get("state_dir")
     except CheckpointError:
         raise
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
+    return state, int(raw["round_num"]), raw["job"], _find_state_dir(path, state_dir)
+
+
+def _relative_to(folder: Path, target: Path) -> str:
+    """``target`` relative to ``folder`` when it lies inside it, else absolute."""
+    target = target.absolute()
+    try:
+        return str(target.relative_to(folder.absolute()))
+    except ValueError:
+        return str(target)
+
+
+def _find_state_dir(path: Path, stored: str | None) -> str | None:
+    """The snapshot named by a checkpoint, resolved against the checkpoint's folder."""
+    if stored is None:
+        return None
+    found = path.parent / stored  # an absolute ``stored`` stays as it is
+    beside = path.parent / Path(stored).name
+    if not found.is_dir() and beside.is_dir():
+        found = beside  # older checkpoints stored a path relative to the run's working directory
+    if not found.is_dir():
+        raise CheckpointError(
+            f"{path} needs its client-state snapshot {found}, which is missing; copy the folder "
+            f"{Path(stored).name}/ written beside the checkpoint along with it (without it every "
+            f"client's state, SCAFFOLD's control variates say, would silently start from scratch)"
+        )
+    return str(found)
 
 
 def check_compatible(state: ServerState, params: dict[str, torch.Tensor], path: str) -> None:

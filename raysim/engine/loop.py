@@ -16,7 +16,7 @@ from raysim.config import JobConfig
 from raysim.engine.build import build
 from raysim.engine.plots import learning_curve
 from raysim.engine.progress import RoundProgress
-from raysim.engine.services import Engine, PluginServices
+from raysim.engine.services import Engine, PluginServices, refuse_nonfinite
 from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
 from raysim.types import Metrics, ServerState
@@ -55,8 +55,9 @@ def run(
             state = engine.algorithm.protocol(PluginServices(engine), state)  # type: ignore[attr-defined]
         else:
             state = round_loop(engine, state)
-        status = "FINISHED"
-        return finish(engine, state, time.perf_counter() - start)
+        result = finish(engine, state, time.perf_counter() - start)
+        status = "FINISHED"  # only once the final model is checked and saved
+        return result
     finally:
         engine.backend.shutdown()
         engine.tracker.finish(status)
@@ -78,8 +79,9 @@ def round_loop(engine: Engine, state: ServerState) -> ServerState:
 
 def finish(s: Engine, state: ServerState, seconds: float) -> RunResult:
     """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
-    s.run_dir.mkdir(parents=True, exist_ok=True)
     last_round = s.history[-1][0] if s.history else s.start_round - 1
+    refuse_nonfinite(state.params, "the final global model", last_round)  # protocols too
+    s.run_dir.mkdir(parents=True, exist_ok=True)
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
     CohortSchedule(s.cohorts, s.store.num_clients, s.start_round).save(s.run_dir / "cohorts.json")

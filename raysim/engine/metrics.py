@@ -25,7 +25,8 @@ def round_metrics(output: RoundOutput, payload: Payload, cohort_size: int, secon
             "sys/round_s": seconds,
             "sys/clients_per_s": len(clients) / seconds if seconds > 0 else 0.0,
             "sys/bytes_up": float(output.bytes_up),
-            "sys/failed_clients": float(len(output.failures)),
+            "sys/failed_clients": float(len(output.failures)),  # dropped, non-finite ones included
+            "sys/nonfinite_clients": float(sum(f.stage == "update_check" for f in output.failures)),
             "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
             "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
             "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server

@@ -24,6 +24,7 @@ from raysim.engine.checkpoint import save_checkpoint
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker
+from raysim.errors import NonFiniteError
 from raysim.probes import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
@@ -77,6 +78,7 @@ class Engine:
             log.warning(
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
+        refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         return output
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
@@ -91,6 +93,7 @@ class Engine:
         output = self.train_cohort(payload, cohort, round_num, options)
         # 3. Merge happened in the backend; the server updates from the aggregate.
         new_state, metrics = self.algorithm.server_update(state, output.aggregate, round_num)
+        refuse_nonfinite(new_state.params, "the new global model", round_num)
         metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
         # 4. Probes due this round summarize what their worker hooks measured.
         if probes:
@@ -124,7 +127,9 @@ class Engine:
         """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
         path = self.run_dir / "checkpoints" / (name or f"round_{round_num:05d}.pt")
         frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
-        return save_checkpoint(path, state, round_num, self.job.to_dict(), str(frozen))
+        return save_checkpoint(
+            path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen)
+        )
 
     def probe_round(
         self,
@@ -167,6 +172,18 @@ class Engine:
     def maybe_checkpoint(self, state: ServerState, round_num: int) -> None:
         if _every(self.job.engine.checkpoint_every, round_num):
             self.checkpoint(state, round_num)
+
+
+def refuse_nonfinite(tree: Any, what: str, round_num: int) -> None:
+    """Stops the run when ``tree`` holds NaN or infinity: it would poison every later round."""
+    if not P.is_finite(tree):
+        bad = P.nonfinite_names(tree)
+        raise NonFiniteError(
+            f"round {round_num}: {what} holds NaN or infinity in {bad[:5]}"
+            f"{' ...' if len(bad) > 5 else ''}; every client's update was finite, so aggregation "
+            f"or the server step made it (an overflow, a division by zero, or too large a "
+            f"server learning rate)"
+        )
 
 
 def _every(every: int, round_num: int) -> bool:

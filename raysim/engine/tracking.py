@@ -10,12 +10,19 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from filelock import FileLock, Timeout
+
 from raysim.config import JobConfig, TrackingConfig, flatten
+from raysim.errors import ResourceError
 from raysim.types import Metrics
+
+_STORE_LOCK_TIMEOUT_S = 600
 
 
 class Tracker(Protocol):
@@ -73,11 +80,46 @@ def tracking_uri(config: TrackingConfig) -> str:
     )
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a SQLite tracking URI, None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")).resolve() if uri.startswith("sqlite:///") else None
+
+
 def artifact_root(uri: str) -> str | None:
     """For a SQLite store, artifacts go beside the database (not into the working directory)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns").as_uri()
-    return None
+    database = sqlite_path(uri)
+    return (database.parent / "mlruns").as_uri() if database is not None else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Holds an inter-process lock on a SQLite store (no-op for other stores).
+
+    MLflow creates the SQLite schema and the default experiment when a client first opens the
+    database, without any locking: two runs started at once in a new directory collide on
+    ``CREATE TABLE`` / ``ALTER TABLE`` and one of them crashes. The lock file sits beside the
+    database; the OS releases it when its holder dies.
+
+    Raises:
+        ResourceError: another process held the lock for longer than 10 minutes.
+    """
+    database = sqlite_path(uri)
+    if database is None:
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(database.with_name(database.name + ".lock"))
+    try:
+        lock.acquire(timeout=_STORE_LOCK_TIMEOUT_S)
+    except Timeout:
+        raise ResourceError(
+            f"the MLflow store {database} stayed locked ({lock.lock_file}) for "
+            f"{_STORE_LOCK_TIMEOUT_S} s by another process; is one stuck?"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class MlflowTracker:
@@ -87,15 +129,27 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri(config)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        with store_lock(self.uri):  # the first client of a new SQLite store creates its schema
+            self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment = config.experiment
         self.run_id: str | None = None
 
     def _experiment_id(self) -> str:
-        found = self.client.get_experiment_by_name(self.experiment)
-        if found is not None:
-            return found.experiment_id
-        return self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
+        """The experiment's id; created when missing, by whichever process gets there first."""
+        from mlflow.exceptions import MlflowException
+
+        with store_lock(self.uri):
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is not None:
+                return found.experiment_id
+            try:
+                return self.client.create_experiment(
+                    self.experiment, artifact_location=artifact_root(self.uri)
+                )
+            except MlflowException as exc:  # a tracking server: another run created it meanwhile
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            return self.client.get_experiment_by_name(self.experiment).experiment_id
 
     def start(self, job: JobConfig) -> None:
         from mlflow.entities import Param

@@ -79,9 +79,12 @@ class ClientStateStore:
             if r not in keep and r < round_num:
                 old.unlink(missing_ok=True)
 
-    def snapshot(self, target: str | Path, up_to_round: int) -> Path:
-        """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links)."""
-        target = Path(target)
+    def snapshot(self, target: str | Path, up_to_round: int) -> Path | None:
+        """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links).
+
+        Returns ``target``, or None when no client had state (nothing to freeze, no folder).
+        """
+        target, num_frozen = Path(target), 0
         for folder in self.root.iterdir() if self.root.is_dir() else []:
             for path in folder.glob("*.pt"):
                 parts = path.name.split(".")
@@ -89,8 +92,8 @@ class ClientStateStore:
                     dest = target / folder.name / path.name
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     _link_or_copy(path, dest)
-        target.mkdir(parents=True, exist_ok=True)
-        return target
+                    num_frozen += 1
+        return target if num_frozen else None
 
     def restore(self, snapshot: str | Path) -> None:
         """Fills this (empty) store from a snapshot, by hard links."""

@@ -35,17 +35,52 @@ log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def init_ray(resources: ResourcesConfig) -> None:
-    """Connects to a cluster (``address`` / RAY_ADDRESS) or starts a local Ray, once."""
+    """Connects to a cluster (``address`` / RAY_ADDRESS) or starts a local Ray, once.
+
+    A local Ray listens on 127.0.0.1 only (``start_local_ray``).
+    """
     if ray.is_initialized():
         return
     address = resources.address or os.environ.get("RAY_ADDRESS")
-    options: dict[str, Any] = {
-        "include_dashboard": False,
-        "log_to_driver": False,
-        "logging_level": logging.WARNING,
-    }
-    ray.init(address=address, **options) if address else ray.init(**options)
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if address:
+        ray.init(address=address, include_dashboard=False, **options)
+    else:
+        start_local_ray(**options)
+
+
+def local_ray_options(**options: Any) -> dict[str, Any]:
+    """``ray.init`` arguments of a Ray that serves this machine only: no dashboard, the node's
+    address and the dashboard's host on the loopback interface; ``options`` add to them."""
+    return {"include_dashboard": False, "dashboard_host": LOOPBACK, "_node_ip_address": LOOPBACK} | options
+
+
+def start_local_ray(**options: Any) -> None:
+    """Starts a Ray on this machine whose processes listen on 127.0.0.1 only.
+
+    Ray binds its GCS, raylet, worker, agent and metrics servers to the loopback interface
+    exactly when the node's address is loopback, and to every interface otherwise. But
+    ``ray.init`` (Ray 2.60) swaps a loopback ``_node_ip_address`` for the machine's routable
+    address, unless Ray was imported with cluster support switched off
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once into ``ray_constants``). So cluster
+    support is off while this call starts the node, and back on afterwards: a later connection
+    to a real cluster is unaffected.
+
+    Usage:
+        start_local_ray(num_cpus=2, log_to_driver=False)
+    """
+    from ray._private import ray_constants
+
+    supports_clusters = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(**local_ray_options(**options))
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = supports_clusters
 
 
 def resolve_num_workers(resources: ResourcesConfig) -> int:

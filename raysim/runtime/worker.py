@@ -6,6 +6,7 @@ it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one 
 
 from __future__ import annotations
 
+import math
 import pickle
 import time
 import traceback
@@ -20,7 +21,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.config import JobConfig, PersonalizationConfig, PluginSection
 from raysim.data.store import ClientStore
-from raysim.errors import ClientError, ConfigError
+from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.local import LocalTrainConfig, cap_examples, evaluate, iterate_batches, to_tensors, train_local
 from raysim.probes import ClientView, Probe
 from raysim.runtime.client_state import ClientStateStore
@@ -166,8 +167,12 @@ class ClientTrainer:
             t0 = time.perf_counter()
             try:
                 result, rows = self._train_one(payload, global_params, client_id, round_num, probes)
+                check_finite_result(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
+            except NonFiniteError as exc:
+                report.failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
+                continue
             except Exception as exc:  # the driver applies the failure policy
                 report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
                 continue
@@ -349,6 +354,25 @@ def _compute(
     return torch.cat(outputs).numpy()
 
 
+def check_finite_result(result: ClientResult) -> None:
+    """Refuses a client result whose update or weight holds NaN or infinity.
+
+    One diverging client (a huge learning rate) would otherwise turn the whole aggregate, and so
+    the global model, into NaN. The check is one reduction per tensor and one sync per client.
+
+    Raises:
+        NonFiniteError: naming the tensors that are not finite.
+    """
+    weight_is_finite = math.isfinite(float(result.weight))
+    if weight_is_finite and P.is_finite(result.update):
+        return
+    bad = P.nonfinite_names(result.update) + ([] if weight_is_finite else ["weight"])
+    raise NonFiniteError(
+        f"the client's update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
+        f"its local training diverged (lower the learning rate, or set local.grad_clip)"
+    )
+
+
 def _shippable(exc: Exception) -> Exception:
     """The exception itself when it pickles (it crosses to the driver), else one that keeps its
     type name, message and traceback text."""
@@ -361,4 +385,4 @@ def _shippable(exc: Exception) -> Exception:
 
 
 def raise_client_failure(failure: ClientFailure, round_num: int) -> None:
-    raise ClientError(failure.client_id, round_num, "client_update", failure.error) from failure.error
+    raise ClientError(failure.client_id, round_num, failure.stage, failure.error) from failure.error

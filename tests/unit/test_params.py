@@ -1,6 +1,11 @@
-"""State-dict helpers (raysim/params.py)."""
+"""State-dict helpers (raysim/params.py): moving trees to the device; finite checks over update
+trees (every NaN or infinity is found, wherever it sits)."""
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 from raysim import params as P
@@ -13,3 +18,66 @@ def test_to_device_turns_array_leaves_into_tensors_and_keeps_the_rest():
     assert torch.equal(moved["c"]["w"], torch.ones(2, 2))
     assert isinstance(moved["anchors"], list) and torch.equal(moved["anchors"][0], torch.zeros(3))
     assert moved["mu"] == 0.5 and moved["tag"] == "x"
+
+
+@dataclass(frozen=True)
+class Holder:
+    update: dict
+
+
+def tree(bad=None, value=math.nan):
+    """A SCAFFOLD-like update, a list and a dataclass; ``bad`` names the tensor to poison."""
+    leaves = {
+        "delta/1.weight": torch.ones(3, 2),
+        "delta/1.bias": torch.zeros(2),
+        "dc/1.weight": torch.full((3, 2), 0.5, dtype=torch.float64),
+        "window/0": torch.ones(4, dtype=torch.bfloat16),
+        "held/update/steps": torch.tensor([3, 4]),  # an integer tensor is always finite
+    }
+    if bad is not None:
+        leaves[bad] = leaves[bad].clone()
+        leaves[bad].view(-1)[-1] = value
+    return {
+        "delta": {"1.weight": leaves["delta/1.weight"], "1.bias": leaves["delta/1.bias"]},
+        "dc": {"1.weight": leaves["dc/1.weight"]},
+        "window": [leaves["window/0"]],
+        "held": Holder({"steps": leaves["held/update/steps"]}),
+        "note": "not a tensor",
+        "none": None,
+    }
+
+
+def test_a_finite_tree_is_finite():
+    assert P.is_finite(tree()) and P.nonfinite_names(tree()) == []
+    assert P.is_finite({}) and P.is_finite(None)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("bad", ["delta/1.weight", "delta/1.bias", "dc/1.weight", "window/0"])
+def test_one_nonfinite_element_anywhere_is_found_and_named(bad, value):
+    poisoned = tree(bad, value)
+    assert not P.is_finite(poisoned)
+    assert P.nonfinite_names(poisoned) == [bad]
+
+
+def test_huge_but_finite_values_are_finite():
+    """Their sums overflow in their own precision (float32: 1.5e39; float64: 3e308): the check
+    must not mistake that for an infinity."""
+    big = {
+        "w": torch.full((5,), 3.0e38),
+        "h": torch.full((2,), 6.0e4, dtype=torch.float16),
+        "b": torch.full((3,), 3.0e38, dtype=torch.bfloat16),
+        "d": torch.full((3,), 1.0e308, dtype=torch.float64),
+    }
+    assert P.is_finite(big) and P.nonfinite_names(big) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_plus_and_minus_infinity_together_are_not_finite(dtype):
+    both = torch.tensor([math.inf, 1.0, -math.inf], dtype=dtype)  # their sum is NaN, not inf
+    assert not P.is_finite({"w": both}) and not P.is_finite({"w": both[:1]})
+
+
+def test_tensor_leaves_walks_dicts_lists_and_dataclasses_in_order():
+    names = [name for name, _ in P.tensor_leaves(tree())]
+    assert names == ["delta/1.weight", "delta/1.bias", "dc/1.weight", "window/0", "held/update/steps"]

@@ -1,5 +1,7 @@
 """Checkpoints round-trip plain server state and refuse what they could not load back."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -16,9 +18,10 @@ def test_round_trip(tmp_path):
         {"window": [torch.zeros(1)]},
         frozenset({"bn"}),
     )
-    path = save_checkpoint(tmp_path / "c.pt", state, 4, {"name": "x"}, "/state")
+    (tmp_path / "elsewhere" / "state").mkdir(parents=True)
+    path = save_checkpoint(tmp_path / "c.pt", state, 4, {"name": "x"}, str(tmp_path / "elsewhere" / "state"))
     loaded, round_num, job, state_dir = load_checkpoint(path)
-    assert round_num == 4 and job == {"name": "x"} and state_dir == "/state"
+    assert round_num == 4 and job == {"name": "x"} and state_dir == str(tmp_path / "elsewhere" / "state")
     assert torch.equal(loaded.params["w"], state.params["w"]) and loaded.opt_state["step"] == 2
     assert loaded.buffer_keys == frozenset({"bn"})
 
@@ -36,3 +39,43 @@ def test_unreadable_and_incompatible_checkpoints(tmp_path):
         load_checkpoint(tmp_path / "junk.pt")
     with pytest.raises(CheckpointError, match="does not fit"):
         check_compatible(ServerState({"w": torch.zeros(2)}), {"w": torch.zeros(3)}, "c.pt")
+
+
+def test_a_snapshot_beside_the_checkpoint_moves_with_it(tmp_path):
+    snapshot = tmp_path / "run" / "c.client_state"
+    snapshot.mkdir(parents=True)
+    save_checkpoint(tmp_path / "run" / "c.pt", ServerState({"w": torch.zeros(1)}), 0, {}, str(snapshot))
+    raw = torch.load(tmp_path / "run" / "c.pt", weights_only=True)
+    assert raw["state_dir"] == "c.client_state"  # relative to the checkpoint, not to the cwd
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    assert load_checkpoint(tmp_path / "moved" / "c.pt")[3] == str(tmp_path / "moved" / "c.client_state")
+
+
+def test_a_relative_snapshot_path_is_resolved_against_the_checkpoint_not_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "c.client_state").mkdir(parents=True)
+    save_checkpoint("out/c.pt", ServerState({"w": torch.zeros(1)}), 0, {}, "out/c.client_state")
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    assert load_checkpoint(tmp_path / "out" / "c.pt")[3] == str(tmp_path / "out" / "c.client_state")
+
+
+def test_a_checkpoint_of_an_older_version_finds_its_snapshot_beside_it(tmp_path):
+    """Before, the path was stored relative to the directory the run started in."""
+    save_checkpoint(tmp_path / "c.pt", ServerState({"w": torch.zeros(1)}), 0, {}, None)
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)
+    torch.save(raw | {"state_dir": ".raysim/runs/x/checkpoints/c.client_state"}, tmp_path / "c.pt")
+    (tmp_path / "c.client_state").mkdir()
+    assert load_checkpoint(tmp_path / "c.pt")[3] == str(tmp_path / "c.client_state")
+
+
+def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
+    save_checkpoint(
+        tmp_path / "c.pt", ServerState({"w": torch.zeros(1)}), 0, {}, str(tmp_path / "c.client_state")
+    )
+    with pytest.raises(
+        CheckpointError, match=r"c.pt needs its client-state snapshot .*c.client_state, which is missing"
+    ):
+        load_checkpoint(tmp_path / "c.pt")
+    save_checkpoint(tmp_path / "d.pt", ServerState({"w": torch.zeros(1)}), 0, {}, None)
+    assert load_checkpoint(tmp_path / "d.pt")[3] is None

@@ -50,6 +50,14 @@ def test_a_snapshot_freezes_the_state_as_of_its_round(tmp_path):
     assert value(store, 1, 99) == 7.0
 
 
+def test_a_snapshot_of_a_store_without_state_is_none(tmp_path):
+    store = ClientStateStore(tmp_path / "live")
+    assert store.snapshot(tmp_path / "snap", up_to_round=5) is None
+    store.put(1, 6, {"v": torch.tensor(6.0)})
+    assert store.snapshot(tmp_path / "snap", up_to_round=5) is None  # written after the round
+    assert not (tmp_path / "snap").exists()
+
+
 def test_state_a_weights_only_load_cannot_read_is_refused_at_once(tmp_path):
     store = ClientStateStore(tmp_path)
     with pytest.raises(TypeError, match=r"client 3's state\['c'\]\[1\] is a numpy.ndarray"):

@@ -1,0 +1,139 @@
+"""A NaN or infinity never reaches the global model: diverging clients are dropped or stop the
+run (``engine.max_failed_clients``), and a non-finite aggregate or server step stops the run."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from jobs import tiny_job
+from raysim import params as P
+from raysim import registry
+from raysim.aggregate import Sum
+from raysim.engine.loop import run
+from raysim.engine.tracking import MemoryTracker
+from raysim.errors import ClientError, NonFiniteError
+from raysim.runtime.client_state import ClientStateStore
+from raysim.types import ClientResult
+
+BACKENDS = ["serial", "ray"]
+
+
+def diverging_job(backend, failure="diverge", inner="fedavg", **engine):
+    """Clients 0, 7 and 14 of 20 go wrong; 4 rounds of 6 clients sample some of them."""
+    return tiny_job(
+        algorithm={"name": "diverging_test", "inner": inner, "failure": failure},
+        engine={"num_rounds": 4, **engine},
+        resources={"backend": backend, "num_workers": 2},
+    )
+
+
+def use_backend(request, backend):
+    if backend == "ray":
+        request.getfixturevalue("ray_local")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_diverging_client_stops_the_run_by_default(tmp_path, request, backend):
+    use_backend(request, backend)
+    tracker = MemoryTracker()
+    with pytest.raises(ClientError, match="during update_check: NonFiniteError") as info:
+        run(diverging_job(backend), tracker=tracker, output_dir=tmp_path)
+    assert info.value.client_id % 7 == 0 and info.value.stage == "update_check"
+    assert isinstance(info.value.__cause__, NonFiniteError)
+    assert "1.weight" in str(info.value)  # names the tensors that are not finite
+    assert tracker.status == "FAILED"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_diverging_clients_are_dropped_and_counted_like_failing_ones(tmp_path, request, backend):
+    """Dropping a NaN client must give exactly the run in which that client raised instead,
+    client state included (SCAFFOLD keeps none for a dropped client)."""
+    use_backend(request, backend)
+    diverged = run(
+        diverging_job(backend, inner="scaffold", max_failed_clients=6), output_dir=tmp_path / "nan"
+    )
+    raised = run(
+        diverging_job(backend, "raise", inner="scaffold", max_failed_clients=6), output_dir=tmp_path / "raise"
+    )
+    nonfinite = [m["sys/nonfinite_clients"] for _, m in diverged.history]
+    failed = [m["sys/failed_clients"] for _, m in diverged.history]
+    assert sum(nonfinite) > 0 and nonfinite == failed
+    assert [m["sys/failed_clients"] for _, m in raised.history] == failed
+    assert all(m["sys/nonfinite_clients"] == 0 for _, m in raised.history)
+    assert P.is_finite(diverged.state.params) and P.is_finite(diverged.state.extra)
+    for k, v in raised.state.params.items():
+        assert torch.equal(v, diverged.state.params[k]), k
+    states = ClientStateStore(diverged.run_dir / "client_state")
+    wild = [c for c in range(20) if c % 7 == 0 and states.get(c, before_round=99) is not None]
+    assert wild == []  # a dropped client's new state is not kept
+
+
+class OverflowingSum:
+    """Every client sends finite 3e38s; their float32 sum overflows (a test plugin)."""
+
+    Config = registry.get("algorithm", "fedavg").config
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def client_update(self, ctx):
+        return ClientResult({k: torch.full_like(v, 3e38) for k, v in ctx.global_params.items()}, 1.0)
+
+    def aggregator(self):
+        return Sum()
+
+
+def test_a_nonfinite_aggregate_stops_the_run_naming_the_round(tmp_path):
+    registry.register("algorithm", "overflowing_test")(OverflowingSum)
+    tracker = MemoryTracker()
+    with pytest.raises(
+        NonFiniteError, match=r"round 0: the aggregate .* holds NaN or infinity in \['1.weight'"
+    ):
+        run(tiny_job(algorithm={"name": "overflowing_test"}), tracker=tracker, output_dir=tmp_path)
+    assert tracker.status == "FAILED"
+
+
+def test_a_nonfinite_server_step_stops_the_run_and_mlflow_says_failed(tmp_path, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    job = tiny_job(
+        algorithm={"name": "fedavg", "server": {"lr": 1e39}},  # beyond float32: w - inf * delta
+        tracking={"enabled": True, "experiment": "nonfinite"},
+    )
+    with pytest.raises(NonFiniteError, match="round 0: the new global model holds NaN or infinity"):
+        run(job, output_dir=tmp_path)
+    client = MlflowClient(tracking_uri)
+    [found] = client.search_runs([client.get_experiment_by_name("nonfinite").experiment_id])
+    assert found.info.status == "FAILED"
+    assert client.get_metric_history(found.info.run_id, "train/loss") == []  # no round was logged
+
+
+class NanProtocol:
+    """A protocol plugin whose own server step goes NaN (a test plugin)."""
+
+    Config = registry.get("algorithm", "fedavg").config
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def protocol(self, services, state):
+        output = services.train_cohort(self.broadcast(state, 0), np.arange(4), 0)
+        state, metrics = self.server_update(state, output.aggregate, 0)
+        services.log(metrics, 0)
+        return type(state)({k: v * math.nan for k, v in state.params.items()})
+
+
+def test_a_protocol_cannot_finish_with_a_nonfinite_model(tmp_path):
+    registry.register("algorithm", "nan_protocol_test")(NanProtocol)
+    tracker = MemoryTracker()
+    with pytest.raises(NonFiniteError, match="round 0: the final global model"):
+        run(tiny_job(algorithm={"name": "nan_protocol_test"}), tracker=tracker, output_dir=tmp_path)
+    assert tracker.status == "FAILED" and not list(tmp_path.rglob("final.pt"))  # nothing saved

@@ -1,0 +1,47 @@
+"""A test plugin: a built-in algorithm whose clients with ``client_id % every == 0`` go wrong.
+
+``failure: diverge`` trains those clients at a huge learning rate (their updates turn NaN);
+``failure: raise`` makes them raise instead. Both should drop the same clients. The tests put this
+folder on RAYSIM_PLUGIN_PATH (tests/conftest.py) so Ray workers load it too.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from raysim import registry
+from raysim.local import LocalTrainConfig
+from raysim.types import ClientContext, ClientResult
+
+
+class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
+    """Test plugin: some clients of a built-in algorithm diverge or raise."""
+
+    inner: str = "fedavg"
+    every: int = 7
+    failure: Literal["diverge", "raise"] = "diverge"
+    local: LocalTrainConfig = LocalTrainConfig()
+
+
+@registry.register("algorithm", "diverging_test")
+class Diverging:
+    Config = DivergingConfig
+
+    def __init__(self, config: DivergingConfig) -> None:
+        entry = registry.get("algorithm", config.inner)
+        self.config = config
+        self.inner = entry.factory(entry.config(local=config.local))
+        wild = config.local.model_copy(update={"lr": 1e30})
+        self.wild = entry.factory(entry.config(local=wild))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        if ctx.client_id % self.config.every:
+            return self.inner.client_update(ctx)
+        if self.config.failure == "raise":
+            raise ValueError(f"client {ctx.client_id} fails on purpose")
+        return self.wild.client_update(ctx)

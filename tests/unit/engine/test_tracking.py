@@ -1,0 +1,80 @@
+"""MLflow tracking: runs started at once in a new directory do not crash each other."""
+
+import multiprocessing
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim.config import JobConfig, TrackingConfig
+from raysim.engine.tracking import MlflowTracker
+
+NUM_TRIES = 3
+
+JOB = {
+    "name": "race",
+    "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 4}},
+    "model": {"name": "mlp"},
+    "algorithm": {"name": "fedavg"},
+}
+
+
+def start_trackers(uris: list[str], barrier, results) -> None:
+    """One process: for each fresh store, waits for the other process, then starts a run."""
+    job = JobConfig.from_dict(JOB)
+    for uri in uris:
+        barrier.wait(timeout=300)
+        try:
+            tracker = MlflowTracker(TrackingConfig(tracking_uri=uri, experiment="race"))
+            tracker.start(job)
+            tracker.finish()
+            results.put((uri, "ok"))
+        except Exception as exc:  # reported to the test, which names it
+            results.put((uri, f"{type(exc).__name__}: {exc}"[:500]))
+
+
+def test_two_first_runs_started_at_once_both_succeed(tmp_path):
+    """Without a lock, 3 of 3 tries crashed one process (a duplicate CREATE or ALTER TABLE)."""
+    uris = [f"sqlite:///{tmp_path / f'try{i}' / 'mlflow.db'}" for i in range(NUM_TRIES)]
+    context = multiprocessing.get_context("spawn")  # fresh interpreters, like two `raysim run`s
+    barrier, results = context.Barrier(2), context.Queue()
+    processes = [context.Process(target=start_trackers, args=(uris, barrier, results)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=600) for _ in range(2 * NUM_TRIES)]
+    for process in processes:
+        process.join(timeout=60)
+    assert [outcome for outcome in outcomes if outcome[1] != "ok"] == []
+    for uri in uris:
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+        assert len(runs) == 2 and {run.info.status for run in runs} == {"FINISHED"}
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory):
+    """One SQLite store for the tests below (creating its schema takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+def test_an_experiment_created_meanwhile_by_another_run_is_used(store_uri, monkeypatch):
+    """A tracking server has no file to lock: the loser of the creation race uses the winner's."""
+    tracker = MlflowTracker(TrackingConfig(tracking_uri=store_uri, experiment="shared"))
+    existing = tracker.client.create_experiment("shared")  # the other run got there first ...
+    found = tracker.client.get_experiment_by_name
+    answers = iter([None])  # ... after this run had looked and found nothing
+    monkeypatch.setattr(tracker.client, "get_experiment_by_name", lambda name: next(answers, found(name)))
+    assert tracker._experiment_id() == existing
+
+
+def test_other_errors_creating_the_experiment_are_not_swallowed(store_uri, monkeypatch):
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+    tracker = MlflowTracker(TrackingConfig(tracking_uri=store_uri, experiment="refused"))
+
+    def refuse(*args, **kwargs):
+        raise MlflowException("permission denied", error_code=PERMISSION_DENIED)
+
+    monkeypatch.setattr(tracker.client, "create_experiment", refuse)
+    with pytest.raises(MlflowException, match="permission denied"):
+        tracker._experiment_id()

@@ -72,6 +72,20 @@ def test_map_clients_evaluates_every_point_on_every_client(tmp_path, backend, re
                 np.testing.assert_allclose(logits[0][c], out, rtol=1e-5, atol=1e-6)
 
 
+def test_map_clients_returns_the_models_features(tmp_path):
+    """``features`` is the penultimate representation (models/anatomy), example by example."""
+    job = tiny_job()
+    engine, state = built(job, tmp_path)
+    [[features]] = engine.map_clients("features", [P.to_numpy(state.params)], [2])
+    model = build_job_model(job, engine.store.spec)
+    model.load_state_dict(state.params, strict=False)
+    model.eval()
+    with torch.no_grad():
+        expected = model.features(torch.as_tensor(engine.store.client_data(2, "test").arrays["x"]))
+    assert features.shape == (len(engine.store.client_data(2, "test")), 16)  # the MLP's hidden width
+    np.testing.assert_allclose(features, expected.numpy(), rtol=1e-6)
+
+
 def test_map_clients_loads_points_into_another_architecture(tmp_path):
     """A plugin that composes its own network (FuseFL) evaluates it through the same verb."""
     job = tiny_job()

@@ -206,7 +206,7 @@ def store_summary(store: ClientStore) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     from raysim import registry
 
-    kinds = {"algorithms": "algorithm", "datasets": "dataset", "models": "model"}
+    kinds = {"algorithms": "algorithm", "datasets": "dataset", "models": "model", "probes": "probe"}
     for title, kind in kinds.items():
         if args.kind and args.kind != title:
             continue

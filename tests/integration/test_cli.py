@@ -70,6 +70,8 @@ def test_ls_lists_every_registered_kind(capsys):
         "mnist",
         "digits",
         "cnn_pfl",
+        "client_server_barrier",
+        "local_accuracy",
         "resnet18",
         "hf_causal_lm",
     ):

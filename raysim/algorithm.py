@@ -1,32 +1,55 @@
-"""The algorithm plugin contract.
+"""The algorithm plugin contract, stated here and nowhere else.
 
 A plugin is one class in one file under ``algorithms/``, registered with
-``@register("algorithm", name)``, holding both halves of an FL method:
+``@register("algorithm", name)``, holding both halves of an FL method (docs/writing-a-plugin.md
+builds one, ``algorithms/fedavg_clip.py``):
 
 driver   ``init`` -> per round: ``broadcast`` -> [workers: ``client_update`` folded by
          ``aggregator``] -> ``server_update``
 worker   ``client_update(ctx)`` runs once per sampled client, on a resident model into which the
          worker has already loaded ``payload.params``.
 
+Where each part runs:
+- ``Config`` (a frozen pydantic model) is the job's ``algorithm:`` section less its ``name``.
+- Every worker builds its own instance from the job config: nothing the driver sets on ``self``
+  reaches ``client_update``. Round-varying data travels in ``Payload.extra`` or derives from
+  ``ctx.round_num``.
+- ``init(params, info)`` runs once, on the driver; workers never see ``RunInfo`` and derive what
+  they need from ``ctx.model`` and ``ctx.spec``. ``aggregator()`` runs on workers and driver.
+
 Rules every plugin follows:
 - ``client_update`` may change the values of ``ctx.model``'s trainable parameters and float
   buffers freely: before the next client the worker copies ``payload.params`` (which covers
   exactly those) back in, sets train mode and clears gradients. Frozen parameters, integer
   buffers, modules, ``requires_grad`` and hooks it must leave as they were. It must not touch
-  globals, trackers or Ray; its randomness comes from ``ctx.seed``.
-- Aggregators are associative (``raysim.aggregate``); ``Gather`` when results are needed apart.
-- Metrics are returned, never logged by the plugin.
+  globals, trackers or Ray; its randomness comes from ``ctx.seed`` (the worker seeds torch with
+  it first; draw your own from ``torch.Generator().manual_seed(ctx.seed)``).
+- ``broadcast`` sends ``payload.params`` covering every tensor that travels
+  (``params.model_params``: trainable parameters and float buffers), or none at all
+  (``Payload({})``): then the worker loads nothing and the resident model keeps the weights the
+  plugin gave it, which the plugin owns (a staged protocol). ``payload.extra`` holds numpy arrays
+  and plain values in dicts, lists and tuples; its arrays reach ``client_update`` as tensors on
+  ``ctx.device``, moved once per round per worker: read them, never write them.
+- Aggregators are associative (``raysim.aggregate``): ``WeightedMean`` and ``Sum`` fold nested
+  dicts of tensors with one structure for every client; ``Gather`` keeps results apart, as
+  ``[(cohort position, ClientResult), ...]`` in cohort order.
+- Metrics are returned, never logged by the plugin. Every numeric entry of
+  ``ClientResult.metrics`` is averaged over the cohort (weighted by ``ClientResult.weight``) and
+  logged under its own key; ``server_update``'s metrics are logged as returned.
 - ``delta = global - local``; a server steps on the mean delta like a gradient.
-- Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``;
-  it is kept outside the workers, so it survives worker restarts. It, and ``ServerState``'s
-  ``opt_state`` and ``extra``, hold only tensors, numbers, strings and dicts / lists / tuples of
-  them (what a weights-only ``torch.load`` reads back; anything else is refused when saved).
-- Every numeric entry of ``ClientResult.metrics`` is averaged over the cohort (weighted by
-  ``ClientResult.weight``) and logged under its own key.
+- Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``
+  (None the first time); it is kept outside the workers, so it survives worker restarts. It, and
+  ``ServerState``'s ``opt_state`` and ``extra``, hold only tensors, numbers, strings and dicts /
+  lists / tuples of them (what a weights-only ``torch.load`` reads back; anything else is
+  refused when saved).
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
   defines ``protocol(services, state)`` and drives the engine through ``raysim.services``.
-- ``broadcast`` may send no params at all (``Payload({})``): then the worker leaves the resident
-  model's weights as the plugin set them, and the plugin owns them (a staged protocol).
+- ``raysim run --resume`` replaces ``init``'s state by the checkpoint's, which must hold the
+  ``extra`` keys this plugin's ``init`` makes (a checkpoint of another plugin of the same family
+  does; ``resume_state`` below completes any other).
+- ``sys/bytes_down`` counts the tensor and array leaves (inside dicts) of ``payload.params`` and
+  of each ``payload.extra`` key (``sys/bytes_down/<key>``) once per cohort client;
+  ``sys/bytes_up`` those of every ``update``.
 
 Optional hooks, each used when present:
 - ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
@@ -34,7 +57,7 @@ Optional hooks, each used when present:
   aggregate ``global - pseudo_gradient`` with it.
 - ``resume_state(saved, fresh) -> ServerState``: completes a checkpoint's state written by an
   older plugin or another of its family (IMA branching from a FedAvg checkpoint fills its
-  window); without it a checkpoint must hold exactly the plugin state this plugin keeps.
+  window); ``fresh`` is what ``init`` made for this run.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ class Entry:
 
 
 _entries: dict[Kind, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_config_bases: dict[Kind, type[BaseModel]] = {}  # a kind whose every Config must subclass a base
 _loaded = False
 
 
@@ -64,11 +65,9 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
             raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")
         if "name" in options.model_fields:  # a job's `name:` picks the plugin: unsettable
             raise TypeError(f"{kind} {name!r}: its Config may not have a field called 'name'")
-        if kind == "model":
-            from raysim.models.weights import ModelConfig  # here: raysim.models imports this module
-
-            if not issubclass(options, ModelConfig):  # every model section takes init_from
-                raise TypeError(f"model {name!r}: its Config must subclass raysim.models.ModelConfig")
+        base = _config_bases.get(kind)
+        if base is not None and not issubclass(options, base):  # e.g. every model takes init_from
+            raise TypeError(f"{kind} {name!r}: its Config must subclass {base.__module__}.{base.__name__}")
         # a name registered with its own config is described by that config's docstring
         doc = ((options.__doc__ if config is not None else factory.__doc__) or "").strip()
         module_doc = (sys.modules.get(factory.__module__).__doc__ or "").strip()
@@ -77,6 +76,12 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
         return factory
 
     return decorate
+
+
+def require_config_base(kind: Kind, base: type[BaseModel]) -> None:
+    """Every Config registered for ``kind`` from now on must subclass ``base`` (the models'
+    ``ModelConfig``, which gives every model section ``init_from``)."""
+    _config_bases[kind] = base
 
 
 def get(kind: Kind, name: str) -> Entry:

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from raysim import params as P
 from raysim import registry
 from raysim.algorithm import Algorithm
+from raysim.checkpoint import check_compatible, load_checkpoint
 from raysim.config import JobConfig, explain
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
-from raysim.engine.checkpoint import check_compatible, load_checkpoint
 from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
 from raysim.engine.services import Engine
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker

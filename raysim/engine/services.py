@@ -18,9 +18,9 @@ import numpy as np
 
 from raysim import params as P
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
+from raysim.checkpoint import save_checkpoint
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
-from raysim.engine.checkpoint import save_checkpoint
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker

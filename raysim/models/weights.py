@@ -31,7 +31,8 @@ from pydantic import BaseModel, field_validator, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.engine.checkpoint import is_checkpoint, parse_checkpoint
+from raysim import registry
+from raysim.checkpoint import is_checkpoint, parse_checkpoint
 from raysim.errors import CheckpointError
 
 SHOWN = 8  # keys listed per kind of mismatch; the rest are counted
@@ -59,6 +60,9 @@ class ModelConfig(BaseModel, frozen=True, extra="forbid"):
     """The options every model has; each model's own Config subclasses it."""
 
     init_from: InitFromConfig | None = None  # None: the seeded initialisation
+
+
+registry.require_config_base("model", ModelConfig)  # before any model module registers
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:

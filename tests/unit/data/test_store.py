@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from raysim import registry
@@ -176,6 +177,45 @@ def test_missing_rows_file_is_a_clear_error(small_store):
     (store.path / "rows.arrow").unlink()
     with pytest.raises(DataError, match="unreadable"):
         ClientStore.open(store.path)
+
+
+@pytest.fixture
+def grouped_store(tmp_path, monkeypatch) -> tuple[Path, Partition]:
+    """45 rows over 12 clients (0 to 7 rows each), written in row groups of 5 clients."""
+    monkeypatch.setattr("raysim.data.prepare.BATCH_ROWS", 5)
+    sizes = np.array([3, 0, 7, 1, 5, 2, 6, 4, 1, 7, 3, 6])
+    part = Partition(order=np.random.default_rng(1).permutation(45), sizes=sizes)
+    write_store(row_id_examples(45), part, 0.3, seed=0, path=tmp_path / "g")
+    return tmp_path / "g", part
+
+
+def test_index_read_by_row_group_answers_as_a_whole_table_read(grouped_store):
+    path, part = grouped_store
+    assert pq.ParquetFile(path / "clients.parquet").metadata.num_row_groups == 3
+    whole = pq.read_table(path / "clients.parquet")  # the plain read the store avoids
+    store = ClientStore.open(path)
+    num_train, num_test = whole.column("num_train").to_numpy(), whole.column("num_test").to_numpy()
+    assert np.array_equal(store.num_examples("train"), num_train)
+    assert np.array_equal(store.num_examples("test"), num_test)
+    assert store.num_examples("train").dtype == np.int64 and not store.num_examples("train").flags.writeable
+    offsets = whole.column("offset").to_numpy()
+    for cid in range(12):
+        train, test = store.client_data(cid, "train"), store.client_data(cid, "test")
+        assert (len(train), len(test)) == (num_train[cid], num_test[cid])
+        rows = [*row_ids(train.arrays["x"]), *row_ids(test.arrays["x"])]
+        assert sorted(rows) == sorted(part.rows(cid).tolist())
+        assert offsets[cid] == part.sizes[:cid].sum()
+
+
+def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
+    path, _ = grouped_store
+    index = pq.read_table(path / "clients.parquet")
+    offsets = index.column("offset").to_numpy().copy()
+    offsets[11] += 1  # the last client, in the last row group, now ends one row past rows.arrow
+    index = index.set_column(index.column_names.index("offset"), "offset", pa.array(offsets))
+    pq.write_table(index, path / "clients.parquet", row_group_size=5)
+    with pytest.raises(DataError, match="does not match"):
+        ClientStore.open(path)
 
 
 def test_partition_using_a_row_twice_is_rejected(tmp_path):

@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from raysim import params as P
 from raysim import registry
+from raysim.checkpoint import save_checkpoint
 from raysim.config import JobConfig, apply_overrides
-from raysim.engine.checkpoint import save_checkpoint
 from raysim.errors import CheckpointError, ConfigError
 from raysim.models import build_model, load_weights
 from raysim.runtime.worker import build_job_model
@@ -220,6 +220,6 @@ def test_a_model_config_must_take_init_from():
     class Plain(BaseModel, frozen=True, extra="forbid"):
         width: int = 1
 
-    with pytest.raises(TypeError, match="must subclass raysim.models.ModelConfig"):
+    with pytest.raises(TypeError, match="must subclass raysim.models.weights.ModelConfig"):
         registry.register("model", "plain_test_model", config=Plain)(lambda config, spec: None)
     assert "plain_test_model" not in registry.names("model")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.engine.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from raysim.errors import CheckpointError
 from raysim.types import ServerState
 

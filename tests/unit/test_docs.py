@@ -1,0 +1,295 @@
+"""The docs cannot drift: every name, command, file and config they quote must exist.
+
+Scans README.md and docs/*.md. Code means inline code spans and fenced blocks.
+- ``raysim.x.y`` names in code import (the longest module prefix, then attributes), and so do the
+  names of ``from raysim.x import a, b`` lines and ``P.name`` (``raysim.params as P``);
+- ``raysim <command> [--option]`` and ``make <target>`` in code are real subcommands, options and
+  Makefile targets;
+- repository paths in code (``raysim/...``, ``algorithms/...``, ``jobs/...``, ...) exist, and every
+  ``jobs/...yaml`` named anywhere validates;
+- dotted config keys in inline code (``evaluation.heldout_fraction``) are fields of the job config;
+- fenced YAML blocks that hold a job, or some of its sections (completed with a minimal dataset,
+  model and algorithm), validate;
+- a fenced block right after ``<!-- quoted from PATH -->`` appears verbatim in PATH (up to a
+  common indent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.M | re.S)
+_SPAN = re.compile(r"`([^`\n]+)`")
+_NAME = re.compile(r"(?<![\w./-])raysim(?:\.[A-Za-z_]\w*)+")
+_FROM_IMPORT = re.compile(r"^\s*from (raysim(?:\.\w+)*) import ([\w, ]+)$", re.M)
+_P_NAME = re.compile(r"(?<![\w.])P\.([A-Za-z_]\w*)")
+# a command line: `raysim ...` at the start of a span or line (after VAR=value settings and an
+# optional path or `python -m`), or after ` -- ` (ray job submit)
+_COMMAND = re.compile(
+    r"(?:^|(?<= -- ))\s*(?:[A-Z_]+=\S+ +)*(?:\S*python -m |\S*/)?raysim ([a-z][\w-]*)((?: +[^\s`|#]+)*)", re.M
+)
+_SHELL = ("", "bash", "sh", "shell", "console")
+_MAKE = re.compile(r"(?<![\w./-])make ([a-z][\w-]*)")
+_PATH = re.compile(r"(?<![\w./~<-])((?:raysim|algorithms|datasets|jobs|tests|docs)/[\w./{},*-]*\w)")
+_CONFIG_KEY = re.compile(r"^(engine|evaluation|resources|tracking)((?:\.\w+)+)")
+_QUOTED = re.compile(r"<!-- quoted from (\S+) -->\s*\n```[\w-]*\n(.*?)^```", re.M | re.S)
+
+
+def _code(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(language, body) of every fenced block, and every inline code span outside them."""
+    blocks = [(m.group(1), m.group(2)) for m in _FENCE.finditer(text)]
+    prose = _FENCE.sub("", text)
+    return blocks, _SPAN.findall(prose)
+
+
+def _all_code(text: str) -> list[str]:
+    blocks, spans = _code(text)
+    return [body for _, body in blocks] + spans
+
+
+def _braces(path: str) -> list[str]:
+    """``a/{b,c}.yaml`` -> ``a/b.yaml``, ``a/c.yaml`` (nested braces are not used in the docs)."""
+    parts = re.split(r"\{([^{}]*)\}", path)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c).replace(" ", "") for c in itertools.product(*choices)]
+
+
+def _resolve(name: str) -> None:
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)  # AttributeError: the name is stale
+        return
+    raise ModuleNotFoundError(name)
+
+
+# Stale quotes in text another change owns: strict, so the entry must go when the text is fixed.
+OWNED_ELSEWHERE = {
+    ("papers.md", "engine.barrier_every"): "the FedFish section of papers.md (FedFish investigation)",
+    ("papers.md", "engine.heldout_fraction"): "the FedFish section of papers.md (FedFish investigation)",
+}
+
+
+def _doc_items(pattern_of, label: str) -> list:
+    items = []
+    for doc in DOCS:
+        for found in pattern_of(doc.read_text()):
+            owner = OWNED_ELSEWHERE.get((doc.name, found))
+            marks = [pytest.mark.xfail(strict=True, reason=f"stale in {owner}")] if owner else []
+            items.append(pytest.param(doc, found, id=f"{doc.name}:{label}:{found}", marks=marks))
+    return items
+
+
+def _names(text: str) -> list[str]:
+    out = set()
+    for code in _all_code(text):
+        out |= {m.rstrip(".") for m in _NAME.findall(code)}
+        for module, names in _FROM_IMPORT.findall(code):
+            out |= {f"{module}.{n.split(' as ')[0].strip()}" for n in names.split(",") if n.strip()}
+        out |= {f"raysim.params.{n}" for n in _P_NAME.findall(code)}
+    return sorted(out)
+
+
+@pytest.mark.parametrize("doc,name", _doc_items(_names, "name"))
+def test_quoted_raysim_names_resolve(doc, name):
+    try:
+        _resolve(name)
+    except (ImportError, AttributeError) as exc:
+        pytest.fail(f"{doc.name} quotes `{name}`, which does not resolve: {exc}")
+
+
+def _subcommands() -> dict[str, set[str]]:
+    from raysim.cli.main import _parser
+
+    parser = _parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {
+        name: {opt for action in p._actions for opt in action.option_strings}
+        for name, p in sub.choices.items()
+    }
+
+
+def _commands(text: str) -> list[str]:
+    """Commands in inline spans and in shell blocks (no language or a shell's; ```text is output)."""
+    blocks, spans = _code(text)
+    found = set()
+    for code in spans + [body for lang, body in blocks if lang in _SHELL]:
+        for command, rest in _COMMAND.findall(code):
+            options = re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+            found.add(" ".join([command, *options]))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("doc,command", _doc_items(_commands, "command"))
+def test_quoted_cli_commands_exist(doc, command):
+    name, *options = command.split()
+    commands = _subcommands()
+    assert name in commands, f"{doc.name} quotes `raysim {name}`; the CLI has {sorted(commands)}"
+    unknown = [o for o in options if o not in commands[name]]
+    assert not unknown, f"{doc.name}: `raysim {name}` has no option {unknown}"
+
+
+def _make_targets(text: str) -> list[str]:
+    return sorted({t for code in _all_code(text) for t in _MAKE.findall(code)})
+
+
+@pytest.mark.parametrize("doc,target", _doc_items(_make_targets, "make"))
+def test_quoted_make_targets_exist(doc, target):
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
+    assert target in targets, f"{doc.name} quotes `make {target}`; the Makefile has {sorted(targets)}"
+
+
+def _paths(text: str) -> list[str]:
+    found = set()
+    for code in _all_code(text):
+        for path in _PATH.findall(code):
+            found |= set(_braces(path.split(":")[0]))
+    # job files are checked wherever they are named, code or prose
+    found |= {p for m in re.findall(r"jobs/[\w./{},-]*\.yaml", text) for p in _braces(m)}
+    return sorted(found)
+
+
+@pytest.mark.parametrize("doc,path", _doc_items(_paths, "path"))
+def test_quoted_paths_exist_and_job_files_validate(doc, path):
+    from raysim.cli.bench import load_benchmark
+    from raysim.config import load_jobs
+
+    matches = sorted(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []
+    assert matches, f"{doc.name} names {path}, which does not exist"
+    for match in matches:
+        if path.startswith("jobs/") and match.suffix == ".yaml":
+            is_bench = "bench" in match.relative_to(REPO / "jobs").parts
+            assert load_benchmark(match, [])[0] if is_bench else load_jobs(match), match
+
+
+def _fields(model: type[BaseModel], keys: list[str]) -> bool:
+    """Whether ``keys`` is a path of fields through nested config models."""
+    for i, key in enumerate(keys):
+        if key not in model.model_fields:
+            return False
+        nested = [a for a in _models(model.model_fields[key].annotation)]
+        if i + 1 < len(keys):
+            if not nested:
+                return False
+            return any(_fields(m, keys[i + 1 :]) for m in nested)
+    return True
+
+
+def _models(annotation) -> list[type[BaseModel]]:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def _config_keys(text: str) -> list[str]:
+    _, spans = _code(text)
+    return sorted({"".join(m) for span in spans for m in _CONFIG_KEY.findall(span.strip())})
+
+
+@pytest.mark.parametrize("doc,key", _doc_items(_config_keys, "key"))
+def test_quoted_config_keys_exist(doc, key):
+    """A span like `engine.x` is a job config key or a module-relative name (`engine.round.y`)."""
+    from raysim.config import JobConfig
+
+    if _fields(JobConfig, key.split(".")):
+        return
+    try:
+        _resolve(f"raysim.{key}")
+    except (ImportError, AttributeError):
+        pytest.fail(f"{doc.name} quotes `{key}`: neither a job config key nor a name under raysim.")
+
+
+# what a YAML block that shows only some sections of a job is completed with
+_BASE_JOB = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+
+
+def _job_blocks(text: str) -> list[str]:
+    """First lines of the fenced YAML blocks that hold a job, or sections of one."""
+    from raysim.config import JobConfig
+
+    blocks, _ = _code(text)
+    sections = set(JobConfig.model_fields) | {"variants"}
+    out = []
+    for lang, body in blocks:
+        raw = yaml.safe_load(body) if lang == "yaml" else None
+        if isinstance(raw, dict) and raw and set(raw) <= sections:
+            out.append(body.splitlines()[0])
+    return out
+
+
+@pytest.mark.parametrize("doc,first_line", _doc_items(_job_blocks, "job"))
+def test_job_blocks_validate(doc, first_line, tmp_path):
+    from raysim.config import deep_merge, load_jobs
+
+    [body] = [b for lang, b in _code(doc.read_text())[0] if lang == "yaml" and b.startswith(first_line)]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(deep_merge(_BASE_JOB, yaml.safe_load(body))))
+    assert load_jobs(tmp_path / "job.yaml")
+
+
+def _quotes(text: str) -> list[str]:
+    return [f"{path}#{i}" for i, (path, _) in enumerate(_QUOTED.findall(text))]
+
+
+@pytest.mark.parametrize("doc,quote", _doc_items(_quotes, "quote"))
+def test_quoted_code_is_verbatim_in_its_file(doc, quote):
+    path, index = quote.rsplit("#", 1)
+    body = _QUOTED.findall(doc.read_text())[int(index)][1]
+    assert _is_quoted(body, (REPO / path).read_text()), f"{doc.name} quotes {path}, but the file differs"
+
+
+def _is_quoted(block: str, source: str) -> bool:
+    """Whether ``block``'s lines are consecutive lines of ``source``, up to a common indent (a
+    docstring's example may be quoted flush left)."""
+    lines, file_lines = block.rstrip("\n").splitlines(), source.splitlines()
+    want = textwrap.dedent("\n".join(lines))
+    return any(
+        textwrap.dedent("\n".join(file_lines[i : i + len(lines)])) == want
+        for i in range(len(file_lines) - len(lines) + 1)
+    )
+
+
+def test_the_scanner_finds_what_it_should():
+    """The patterns themselves: a stale name, command, target, path and key each fail."""
+    text = (
+        "`raysim.local.no_such_thing` and `raysim run x.yaml --resume c.pt` and `make demo`\n"
+        "```\nraysim submit --now\nfrom raysim.local import train_local, gone as g\n```\n"
+        "```\nfrom raysim import run\n raysim runs (final)\nX=1 .venv/bin/raysim ls\n```\n"
+        "```text\nraysim output\n```\n"
+        "`engine.eval_every` `evaluation.heldout_fraction: 0.2` `jobs/{a,b}.yaml` `P.load_into`\n"
+    )
+    assert "raysim.local.no_such_thing" in _names(text)
+    assert {"raysim.local.train_local", "raysim.local.gone", "raysim.params.load_into"} <= set(_names(text))
+    assert _commands(text) == ["ls", "run --resume", "runs", "submit --now"]
+    assert _make_targets(text) == ["demo"]
+    assert _paths(text) == ["jobs/a.yaml", "jobs/b.yaml"]
+    assert _config_keys(text) == ["engine.eval_every", "evaluation.heldout_fraction"]
+    from raysim.config import JobConfig
+
+    assert not _fields(JobConfig, ["engine", "eval_every"])
+    assert _fields(JobConfig, ["evaluation", "personalization", "epochs"])
+    with pytest.raises(AttributeError):
+        _resolve("raysim.local.no_such_thing")
+    assert _job_blocks("```yaml\nengine: {eval_every: 5}\n```\n```yaml\nx: 1\n```\n") == [
+        "engine: {eval_every: 5}"
+    ]
+    source = "def f():\n    x = 1\n    return x\n"
+    assert _is_quoted("x = 1\nreturn x\n", source) and _is_quoted(source, source)
+    assert not _is_quoted("x = 2\nreturn x\n", source) and not _is_quoted("return x\nx = 1\n", source)

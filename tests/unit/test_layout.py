@@ -1,0 +1,69 @@
+"""The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
+own tier or the tiers before it, and only runtime/ray_backend.py imports Ray.
+
+Imports inside functions count too (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+RAYSIM = Path(__file__).resolve().parents[2] / "raysim"
+TIERS = {"toolkit": 0, "data": 1, "models": 1, "runtime": 2, "engine": 3, "cli": 4}
+FRONT_DOORS = {"__init__.py", "__main__.py"}  # re-export the public API / call the CLI
+
+
+def tier(module: str) -> int:
+    """``raysim.engine.loop`` -> 3; ``raysim.params`` (or ``raysim``) -> the toolkit's 0."""
+    parts = module.split(".")
+    return TIERS.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def imports(path: Path) -> list[str]:
+    """Every module a file imports, with ``from raysim import params`` as ``raysim.params``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [
+                f"{node.module}.{alias.name}" if node.module == "raysim" else node.module
+                for alias in node.names
+            ]
+    return out
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(RAYSIM.rglob("*.py")):
+        rel = path.relative_to(RAYSIM)
+        if len(rel.parts) == 1 and rel.name in FRONT_DOORS:
+            continue
+        found.append(("raysim." + ".".join(rel.with_suffix("").parts), path))
+    return found
+
+
+def test_every_module_imports_only_its_tier_or_earlier_ones():
+    found = modules()
+    assert len(found) > 40  # the scan sees the package
+    wrong = [
+        f"{name} (tier {tier(name)}) imports {target} (tier {tier(target)})"
+        for name, path in found
+        for target in imports(path)
+        if target.split(".")[0] == "raysim" and tier(target) > tier(name)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_ray_backend_imports_ray():
+    importers = sorted(
+        name for name, path in modules() if any(t == "ray" or t.startswith("ray.") for t in imports(path))
+    )
+    assert importers == ["raysim.runtime.ray_backend"]
+
+
+def test_the_tiers_are_the_packages_that_exist():
+    packages = {p.name for p in RAYSIM.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(TIERS) - {"toolkit"}
+    assert tier("raysim.engine.loop") == 3 and tier("raysim.params") == 0 and tier("raysim") == 0

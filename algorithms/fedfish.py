@@ -66,6 +66,7 @@ class _FisherSums:
     den: Params | None  # sum_i w_i F_i
     avg: Params | None  # sum_i w_i delta_i, the fallback where den == 0
     weight: float
+    fisher_keys: frozenset[str] = frozenset()  # parameters; the other keys are float buffers
 
 
 class FisherWeightedMean:
@@ -90,7 +91,7 @@ class FisherWeightedMean:
         num = {k: (fisher[k] * delta[k]).mul_(w) for k in delta}
         den = {k: fisher[k].mul_(w) for k in delta}
         avg = {k: d.mul_(w) for k, d in delta.items()}
-        return self.merge(acc, _FisherSums(num, den, avg, w))
+        return self.merge(acc, _FisherSums(num, den, avg, w, frozenset(given)))
 
     def merge(self, left: _FisherSums, right: _FisherSums) -> _FisherSums:
         if left.num is None:
@@ -103,6 +104,7 @@ class FisherWeightedMean:
             add(left.den, right.den),
             add(left.avg, right.avg),
             left.weight + right.weight,
+            left.fisher_keys | right.fisher_keys,
         )
 
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
@@ -114,7 +116,8 @@ class FisherWeightedMean:
             has_fisher = den > 0
             fisher_mean = num / torch.where(has_fisher, den, torch.ones_like(den))
             pseudo_grad[k] = torch.where(has_fisher, fisher_mean, acc.avg[k] / acc.weight).float()
-            num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
+            if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
+                num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
         return {"pseudo_grad": pseudo_grad, "zero_fisher_fraction": num_zero / max(total, 1)}
 
 

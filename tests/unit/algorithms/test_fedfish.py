@@ -45,6 +45,21 @@ def test_buffers_without_fisher_are_averaged():
     assert out["pseudo_grad"]["bn.mean"].item() == pytest.approx(3.5)
 
 
+def test_zero_fisher_fraction_counts_parameters_only():
+    """Parameter "w" has 2 coordinates, one with F = 0 in both clients: 1/2. The float buffer
+    "bn.mean" (2 coordinates, never a Fisher) is in neither the count nor the total; counting
+    it would give (1 + 2) / 4. Two partials merged keep knowing which keys are parameters."""
+    agg = plugin().aggregator()
+
+    def result(fisher):
+        delta = {"w": torch.tensor([1.0, 2.0]), "bn.mean": torch.tensor([0.5, 0.5])}
+        return ClientResult({"delta": delta, "fisher": {"w": torch.tensor(fisher)}}, 1.0)
+
+    left, right = agg.add(agg.zero(), 0, result([1.0, 0.0])), agg.add(agg.zero(), 1, result([2.0, 0.0]))
+    assert agg.result(agg.merge(left, right))["zero_fisher_fraction"] == 0.5
+    assert agg.result(agg.merge(agg.zero(), right))["zero_fisher_fraction"] == 0.5
+
+
 def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
     """One full-batch step: w1 = w0 - lr g(w0); then one full batch: F = g(w1)^2."""
     result = plugin(local={"lr": LR, "batch_size": 3, "epochs": 1}).client_update(context(X, Y, payload()))

@@ -110,15 +110,20 @@ class FisherWeightedMean:
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
         if acc.num is None or acc.weight == 0:
             return None
-        pseudo_grad, num_zero, total = {}, 0, 0
+        pseudo_grad, num_zero, total, fedavg_sq = {}, 0, 0, 0.0
         for k, num in acc.num.items():
-            den = acc.den[k]
+            den, fedavg = acc.den[k], acc.avg[k] / acc.weight
             has_fisher = den > 0
             fisher_mean = num / torch.where(has_fisher, den, torch.ones_like(den))
-            pseudo_grad[k] = torch.where(has_fisher, fisher_mean, acc.avg[k] / acc.weight).float()
+            pseudo_grad[k] = torch.where(has_fisher, fisher_mean, fedavg).float()
+            fedavg_sq += float((fedavg.double() ** 2).sum())
             if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
                 num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
-        return {"pseudo_grad": pseudo_grad, "zero_fisher_fraction": num_zero / max(total, 1)}
+        return {
+            "pseudo_grad": pseudo_grad,
+            "zero_fisher_fraction": num_zero / max(total, 1),
+            "fedavg_norm": math.sqrt(fedavg_sq),  # what FedAvg would have stepped on this round
+        }
 
 
 def fisher_pass(
@@ -234,7 +239,10 @@ class FedFish:
             state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
         )
         norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in pseudo_grad.values()))
+        fedavg_norm = aggregate["fedavg_norm"]
         return replace(state, params=params, opt_state=opt_state), {
             "server/delta_norm": norm,
             "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"],
+            # > 1: the Fisher weights pick out single clients' deltas instead of averaging them
+            "fedfish/norm_ratio_to_fedavg": norm / fedavg_norm if fedavg_norm > 0 else 1.0,
         }

@@ -37,6 +37,29 @@ def test_aggregate_matches_hand_computation_with_a_zero_fisher_coordinate():
     assert out["zero_fisher_fraction"] == 0.5
 
 
+def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
+    """Same two clients as above: FedFish pg = (11/5, 8/3); FedAvg's mean delta =
+    ((2*1 + 1*3)/3, (2*2 + 1*4)/3) = (5/3, 8/3). Ratio = |(11/5, 8/3)| / |(5/3, 8/3)|."""
+    algo = plugin(server={"kind": "sgd", "lr": 1.0})
+    state = algo.init(
+        {"p": torch.zeros(2)}, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)
+    )
+    agg = algo.aggregator()
+
+    def result(delta, fisher, weight):
+        return ClientResult(
+            {"delta": {"p": torch.tensor(delta)}, "fisher": {"p": torch.tensor(fisher)}}, weight
+        )
+
+    acc = agg.add(
+        agg.add(agg.zero(), 0, result([1.0, 2.0], [1.0, 0.0], 2.0)), 1, result([3.0, 4.0], [3.0, 0.0], 1.0)
+    )
+    _, metrics = algo.server_update(state, agg.result(acc), 0)
+    expected = np.hypot(11 / 5, 8 / 3) / np.hypot(5 / 3, 8 / 3)
+    assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(expected)
+    assert metrics["server/delta_norm"] == pytest.approx(np.hypot(11 / 5, 8 / 3))
+
+
 def test_buffers_without_fisher_are_averaged():
     agg = plugin().aggregator()
     r = ClientResult({"delta": {"bn.mean": torch.tensor([2.0])}, "fisher": {}}, 1.0)

@@ -66,6 +66,7 @@ class _FisherSums:
     den: Params | None  # sum_i w_i F_i
     avg: Params | None  # sum_i w_i delta_i, the fallback where den == 0
     weight: float
+    fisher_keys: frozenset[str] = frozenset()  # parameters; the other keys are float buffers
 
 
 class FisherWeightedMean:
@@ -90,7 +91,7 @@ class FisherWeightedMean:
         num = {k: (fisher[k] * delta[k]).mul_(w) for k in delta}
         den = {k: fisher[k].mul_(w) for k in delta}
         avg = {k: d.mul_(w) for k, d in delta.items()}
-        return self.merge(acc, _FisherSums(num, den, avg, w))
+        return self.merge(acc, _FisherSums(num, den, avg, w, frozenset(given)))
 
     def merge(self, left: _FisherSums, right: _FisherSums) -> _FisherSums:
         if left.num is None:
@@ -103,19 +104,26 @@ class FisherWeightedMean:
             add(left.den, right.den),
             add(left.avg, right.avg),
             left.weight + right.weight,
+            left.fisher_keys | right.fisher_keys,
         )
 
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
         if acc.num is None or acc.weight == 0:
             return None
-        pseudo_grad, num_zero, total = {}, 0, 0
+        pseudo_grad, num_zero, total, fedavg_sq = {}, 0, 0, 0.0
         for k, num in acc.num.items():
-            den = acc.den[k]
+            den, fedavg = acc.den[k], acc.avg[k] / acc.weight
             has_fisher = den > 0
             fisher_mean = num / torch.where(has_fisher, den, torch.ones_like(den))
-            pseudo_grad[k] = torch.where(has_fisher, fisher_mean, acc.avg[k] / acc.weight).float()
-            num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
-        return {"pseudo_grad": pseudo_grad, "zero_fisher_fraction": num_zero / max(total, 1)}
+            pseudo_grad[k] = torch.where(has_fisher, fisher_mean, fedavg).float()
+            fedavg_sq += float((fedavg.double() ** 2).sum())
+            if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
+                num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
+        return {
+            "pseudo_grad": pseudo_grad,
+            "zero_fisher_fraction": num_zero / max(total, 1),
+            "fedavg_norm": math.sqrt(fedavg_sq),  # what FedAvg would have stepped on this round
+        }
 
 
 def fisher_pass(
@@ -216,7 +224,8 @@ class FedFish:
         else:
             scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
             fisher = {k: v * scale for k, v in hook.fisher.items()}
-        return ClientResult({"delta": delta, "fisher": fisher}, float(len(data)), metrics)
+        weight = metrics["train/num_examples"]  # the examples trained on (max_steps may stop early)
+        return ClientResult({"delta": delta, "fisher": fisher}, weight, metrics)
 
     def aggregator(self) -> FisherWeightedMean:
         return FisherWeightedMean(getattr(torch, self.config.accumulate))
@@ -234,7 +243,10 @@ class FedFish:
             state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
         )
         norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in pseudo_grad.values()))
+        fedavg_norm = aggregate["fedavg_norm"]
         return replace(state, params=params, opt_state=opt_state), {
             "server/delta_norm": norm,
             "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"],
+            # > 1: the Fisher weights pick out single clients' deltas instead of averaging them
+            "fedfish/norm_ratio_to_fedavg": norm / fedavg_norm if fedavg_norm > 0 else 1.0,
         }

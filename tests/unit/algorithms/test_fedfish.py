@@ -37,12 +37,50 @@ def test_aggregate_matches_hand_computation_with_a_zero_fisher_coordinate():
     assert out["zero_fisher_fraction"] == 0.5
 
 
+def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
+    """Same two clients as above: FedFish pg = (11/5, 8/3); FedAvg's mean delta =
+    ((2*1 + 1*3)/3, (2*2 + 1*4)/3) = (5/3, 8/3). Ratio = |(11/5, 8/3)| / |(5/3, 8/3)|."""
+    algo = plugin(server={"kind": "sgd", "lr": 1.0})
+    state = algo.init(
+        {"p": torch.zeros(2)}, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)
+    )
+    agg = algo.aggregator()
+
+    def result(delta, fisher, weight):
+        return ClientResult(
+            {"delta": {"p": torch.tensor(delta)}, "fisher": {"p": torch.tensor(fisher)}}, weight
+        )
+
+    acc = agg.add(
+        agg.add(agg.zero(), 0, result([1.0, 2.0], [1.0, 0.0], 2.0)), 1, result([3.0, 4.0], [3.0, 0.0], 1.0)
+    )
+    _, metrics = algo.server_update(state, agg.result(acc), 0)
+    expected = np.hypot(11 / 5, 8 / 3) / np.hypot(5 / 3, 8 / 3)
+    assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(expected)
+    assert metrics["server/delta_norm"] == pytest.approx(np.hypot(11 / 5, 8 / 3))
+
+
 def test_buffers_without_fisher_are_averaged():
     agg = plugin().aggregator()
     r = ClientResult({"delta": {"bn.mean": torch.tensor([2.0])}, "fisher": {}}, 1.0)
     s = ClientResult({"delta": {"bn.mean": torch.tensor([4.0])}, "fisher": {}}, 3.0)
     out = agg.result(agg.add(agg.add(agg.zero(), 0, r), 1, s))
     assert out["pseudo_grad"]["bn.mean"].item() == pytest.approx(3.5)
+
+
+def test_zero_fisher_fraction_counts_parameters_only():
+    """Parameter "w" has 2 coordinates, one with F = 0 in both clients: 1/2. The float buffer
+    "bn.mean" (2 coordinates, never a Fisher) is in neither the count nor the total; counting
+    it would give (1 + 2) / 4. Two partials merged keep knowing which keys are parameters."""
+    agg = plugin().aggregator()
+
+    def result(fisher):
+        delta = {"w": torch.tensor([1.0, 2.0]), "bn.mean": torch.tensor([0.5, 0.5])}
+        return ClientResult({"delta": delta, "fisher": {"w": torch.tensor(fisher)}}, 1.0)
+
+    left, right = agg.add(agg.zero(), 0, result([1.0, 0.0])), agg.add(agg.zero(), 1, result([2.0, 0.0]))
+    assert agg.result(agg.merge(left, right))["zero_fisher_fraction"] == 0.5
+    assert agg.result(agg.merge(agg.zero(), right))["zero_fisher_fraction"] == 0.5
 
 
 def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
@@ -170,3 +208,11 @@ def test_float32_accumulation_matches_float64_and_leaves_client_tensors_alone():
     outs = [agg.result(agg.add(agg.add(agg.zero(), 0, result), 1, other)) for agg in (fish64, fish32)]
     assert torch.allclose(outs[0]["pseudo_grad"]["p"], outs[1]["pseudo_grad"]["p"], atol=1e-6)
     assert delta.tolist() == [1.0, -2.0, 0.5] and fisher.tolist() == [0.5, 0.0, 2.0]
+
+
+def test_a_client_stopped_by_max_steps_weighs_the_examples_it_trained_on():
+    """Three examples, batch 1, max_steps 2: the client saw two of them, so its weight is 2."""
+    result = plugin(local={"lr": LR, "batch_size": 1, "max_steps": 2}).client_update(context(X, Y, payload()))
+    assert result.weight == 2.0
+    whole = plugin(local={"lr": LR, "batch_size": 1}).client_update(context(X, Y, payload()))
+    assert whole.weight == 3.0

@@ -6,7 +6,7 @@ through the engine's internals. Every verb spreads its work over all workers.
 
 Usage:
     def protocol(self, services: Services, state: ServerState) -> ServerState:
-        for round_num in range(services.info.num_rounds):
+        for round_num in range(services.start_round, services.info.num_rounds):
             state, metrics = services.run_round(state, round_num)
             services.log(metrics, round_num)
         return state
@@ -29,6 +29,11 @@ class Services(Protocol):
     @property
     def info(self) -> RunInfo:
         """Facts about the run (clients, cohort size, rounds, data spec, seed)."""
+        ...
+
+    @property
+    def start_round(self) -> int:
+        """The first round this run executes: 0, or the round after a resumed checkpoint's."""
         ...
 
     def cohort(self, round_num: int) -> np.ndarray:

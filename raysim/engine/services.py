@@ -201,6 +201,10 @@ class PluginServices:
     def info(self) -> RunInfo:
         return self._engine.info
 
+    @property
+    def start_round(self) -> int:
+        return self._engine.start_round
+
     def cohort(self, round_num: int) -> np.ndarray:
         return self._engine.cohort(round_num)
 

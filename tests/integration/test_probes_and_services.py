@@ -199,6 +199,37 @@ class WithWindow:
         return replace(saved, extra={**fresh.extra, **saved.extra})
 
 
+class CountsFromStart:
+    """A staged plugin that runs standard rounds from ``services.start_round`` (a test plugin)."""
+
+    def __init__(self, config):
+        self.inner = registry.get("algorithm", "fedavg").factory(config)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def protocol(self, services, state):
+        for round_num in range(services.start_round, services.info.num_rounds):
+            state, metrics = services.run_round(state, round_num)
+            services.log(metrics, round_num)
+            if round_num == 1:
+                services.checkpoint(state, round_num)  # a staged plugin checkpoints where it likes
+        return state
+
+
+def test_a_resumed_staged_plugin_continues_where_its_checkpoint_ended(tmp_path):
+    registry.register("algorithm", "counts_test", config=registry.get("algorithm", "fedavg").config)(
+        CountsFromStart
+    )
+    job = tiny_job(algorithm={"name": "counts_test"}, engine={"num_rounds": 4})
+    whole = run(job, output_dir=tmp_path / "a")
+    checkpoint = str(whole.run_dir / "checkpoints" / "round_00001.pt")
+    resumed = run(job, resume_from=checkpoint, output_dir=tmp_path / "b")
+    assert [s for s, _ in resumed.history] == [2, 3]
+    for key, value in whole.state.params.items():
+        assert torch.equal(value, resumed.state.params[key]), key
+
+
 def test_resume_state_completes_what_an_older_checkpoint_lacks(tmp_path):
     config = registry.get("algorithm", "fedavg").config
     registry.register("algorithm", "with_window_test", config=config)(WithWindow)

@@ -108,6 +108,7 @@ class FisherWeightedMean:
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
         if acc.num is None or acc.weight == 0:
             return None
+        assert acc.den is not None and acc.avg is not None  # set together with num
         pseudo_grad, num_zero, total = {}, 0, 0
         for k, num in acc.num.items():
             den = acc.den[k]

@@ -69,6 +69,11 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
 
             if not issubclass(options, ModelConfig):  # every model section takes init_from
                 raise TypeError(f"model {name!r}: its Config must subclass raysim.models.ModelConfig")
+        if kind == "dataset":
+            from raysim.data.store import DatasetConfig  # here: like ModelConfig above
+
+            if not issubclass(options, DatasetConfig):  # every store is partitioned and cached alike
+                raise TypeError(f"dataset {name!r}: its Config must subclass raysim.data.store.DatasetConfig")
         # a name registered with its own config is described by that config's docstring
         doc = ((options.__doc__ if config is not None else factory.__doc__) or "").strip()
         module_doc = (sys.modules.get(factory.__module__).__doc__ or "").strip()

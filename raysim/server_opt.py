@@ -12,6 +12,7 @@ Float buffers (BatchNorm running statistics) are not optimised: they take the cl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -119,5 +120,5 @@ def apply_server_step(
     if mean_delta is None:  # nobody reported: keep the model
         return state, {}
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
-    norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean_delta.values()))
-    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": float(norm)}
+    norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in mean_delta.values()))
+    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}

@@ -85,7 +85,7 @@ class Engine:
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
         personalize = round_num is not None and round_num >= 0 and self.is_personalization_round(round_num)
-        return evaluate_global(self.backend, state.params, self.plan, round_num, personalize=personalize)
+        return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
 
     def map_clients(
         self,

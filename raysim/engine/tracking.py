@@ -116,6 +116,7 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        assert self.run_id is not None, "log_metrics before start"
         self.client.log_batch(self.run_id, metrics=batch)
 
     def log_artifact(self, path: str | Path, artifact_dir: str | None = None) -> None:

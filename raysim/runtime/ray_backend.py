@@ -33,6 +33,9 @@ from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
+# A ClientTrainer actor. Ray's stubs type only @ray.method methods of an ActorHandle with .remote,
+# and ClientTrainer stays plain Python (Ray at the edges), so its handles are untyped.
+WorkerHandle = Any
 
 
 def init_ray(resources: ResourcesConfig) -> None:
@@ -104,7 +107,7 @@ class RayBackend:
             ) from None
         actor = ray.remote(ClientTrainer)
         one = worker_setup_for(setup, resources)
-        self.workers = [
+        self.workers: list[WorkerHandle] = [
             actor.options(
                 num_cpus=resources.cpus_per_worker,
                 num_gpus=resources.gpus_per_worker,
@@ -155,7 +158,7 @@ class RayBackend:
             pending = list(zip(self.workers, self._reshard(orphans))) if orphans else []
         return reports
 
-    def _drop(self, dead: Any, round_num: int) -> None:
+    def _drop(self, dead: WorkerHandle, round_num: int) -> None:
         """A worker Ray could not restart leaves the pool, and the log says so."""
         if dead in self.workers:
             self.workers.remove(dead)

@@ -10,7 +10,7 @@ import pickle
 import time
 import traceback
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from raysim.types import (
     NumpyParams,
     Payload,
 )
+
+if TYPE_CHECKING:
+    from raysim.models.anatomy import FeatureModel
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 
@@ -342,7 +345,7 @@ def _compute(
     if task == "evaluate":
         return evaluate(model, data, spec, device, batch_size)
     model.eval()
-    forward = model.features if task == "features" else model  # features: models/ anatomy
+    forward = cast("FeatureModel", model).features if task == "features" else model  # models/ anatomy
     outputs = [
         forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
     ]

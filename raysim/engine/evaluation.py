@@ -59,7 +59,7 @@ def evaluate_global(
     weights = P.to_numpy(params)
     metrics: Metrics = {}
     [[central]] = backend.map_clients(MapRequest("evaluate", None), [weights])
-    if central is not None:
+    if isinstance(central, dict):  # "evaluate" gives a Metrics row, or None without test data
         metrics |= {f"eval/central/{k}": v for k, v in central.items() if k != "num_examples"}
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
@@ -106,7 +106,7 @@ def evaluate_clients(
     """``weights`` on each client's test split, as rows with ``client_id`` (empty clients skipped)."""
     ids = tuple(int(c) for c in clients)
     [rows] = backend.map_clients(MapRequest("evaluate", ids, "test", store=store), [weights])
-    return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if row is not None]
+    return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if isinstance(row, dict)]
 
 
 _SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported

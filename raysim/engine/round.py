@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -17,8 +17,10 @@ from raysim.types import Metrics, Payload, RoundOutput, ServerState
 if TYPE_CHECKING:
     from raysim.engine.services import Engine
 
+A = TypeVar("A")  # the algorithm's aggregate type
 
-def run_round(engine: Engine, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
+
+def run_round(engine: Engine[A], state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
     """One round: sample, broadcast, train and fold on workers, update the server, probe."""
     t0 = time.perf_counter()
     # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
@@ -38,11 +40,11 @@ def run_round(engine: Engine, state: ServerState, round_num: int) -> tuple[Serve
 
 
 def probe_round(
-    engine: Engine,
+    engine: Engine[A],
     old: ServerState,
     new: ServerState,
     payload: Payload,
-    output: RoundOutput,
+    output: RoundOutput[A],
     round_num: int,
 ) -> Metrics:
     """Each due probe's summary of the round (its rows, the models before and after)."""
@@ -67,7 +69,7 @@ def probe_round(
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
 
 
-def round_metrics(output: RoundOutput, payload: Payload, cohort_size: int, seconds: float) -> Metrics:
+def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: int, seconds: float) -> Metrics:
     """Every client metric averaged over clients (weighted by their weight), and system metrics."""
     clients = output.client_metrics
     total = sum(m["weight"] for m in clients) or 1.0

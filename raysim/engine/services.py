@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -27,17 +27,18 @@ from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import MapRequest, RoundOptions, raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort
-from raysim.types import MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+from raysim.types import MapResult, MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")
+A = TypeVar("A")  # the algorithm's aggregate type
 
 
 @dataclass
-class Engine:
+class Engine(Generic[A]):
     """Everything one run is made of, built once by ``engine.build``."""
 
     job: JobConfig
-    algorithm: Algorithm
+    algorithm: Algorithm[A]
     store: ClientStore
     backend: Backend
     tracker: Tracker
@@ -66,7 +67,7 @@ class Engine:
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
@@ -95,8 +96,8 @@ class Engine:
         *,
         split: str = "test",
         round_num: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> list[list[Any]]:
+        model: dict[str, object] | None = None,
+    ) -> list[list[MapResult]]:
         ids = None if clients is None else tuple(int(c) for c in clients)
         request = MapRequest(task, ids, split, round_num, model=model)
         return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
@@ -134,10 +135,10 @@ def _every(every: int, round_num: int) -> bool:
     return every > 0 and (round_num + 1) % every == 0
 
 
-class PluginServices:
+class PluginServices(Generic[A]):
     """The engine's verbs and nothing else: what a staged plugin or a probe is handed."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine[A]) -> None:
         self._engine = engine
 
     @property
@@ -149,7 +150,7 @@ class PluginServices:
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         options = RoundOptions(keep_local_models=keep_local_models)
         return self._engine.train_cohort(payload, cohort, round_num, options)
 
@@ -159,6 +160,30 @@ class PluginServices:
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         return self._engine.evaluate(state, round_num)
 
+    @overload
+    def map_clients(
+        self,
+        task: Literal["evaluate"],
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, object] | None = None,
+    ) -> list[list[Metrics | None]]: ...
+
+    @overload
+    def map_clients(
+        self,
+        task: Literal["logits", "features"],
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, object] | None = None,
+    ) -> list[list[np.ndarray | None]]: ...
+
     def map_clients(
         self,
         task: MapTask,
@@ -167,9 +192,15 @@ class PluginServices:
         *,
         split: str = "test",
         round_num: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> list[list[Any]]:
-        return self._engine.map_clients(task, points, clients, split=split, round_num=round_num, model=model)
+        model: dict[str, object] | None = None,
+    ) -> list[list[Metrics | None]] | list[list[np.ndarray | None]]:
+        results = self._engine.map_clients(
+            task, points, clients, split=split, round_num=round_num, model=model
+        )
+        # the worker computes what the task says: Metrics rows for "evaluate", arrays otherwise
+        if task == "evaluate":
+            return cast(list[list[Metrics | None]], results)
+        return cast(list[list[np.ndarray | None]], results)
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self._engine.log(metrics, round_num)

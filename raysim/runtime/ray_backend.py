@@ -27,9 +27,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
-from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
+from raysim.runtime.backend import A, by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
 from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
-from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
+from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
@@ -124,12 +124,12 @@ class RayBackend:
 
     def train_cohort(
         self,
-        algorithm: Algorithm,
+        algorithm: Algorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
         options: RoundOptions,
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
         reports = self._run_shards(payload_ref, shards, round_num, options)
@@ -175,7 +175,7 @@ class RayBackend:
         shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
         points_ref = ray.put(list(points))  # one copy of every point for all workers
         units = map_units(request, len(points))
         parts = [part for part in chunk(units, len(self.workers)) if part]

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
-from raysim.runtime.backend import A, by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
+from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
 from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
 from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
 
@@ -36,6 +36,7 @@ _PLACEMENT_TIMEOUT_S = 120
 # A ClientTrainer actor. Ray's stubs type only @ray.method methods of an ActorHandle with .remote,
 # and ClientTrainer stays plain Python (Ray at the edges), so its handles are untyped.
 WorkerHandle = Any
+A = TypeVar("A")  # the algorithm's aggregate type
 
 
 def init_ray(resources: ResourcesConfig) -> None:

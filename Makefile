@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/raysim run jobs/quickstart.yaml
 
+# lint and type-check first: both are cheaper than the suite (mypy caches in .mypy_cache/)
 test: $(STAMP)
+	$(BIN)/ruff check raysim algorithms datasets tests
+	$(BIN)/mypy raysim algorithms
 	$(BIN)/python -m pytest -q
 
 test-all: $(STAMP)
@@ -25,4 +28,4 @@ bench: $(STAMP)
 	$(BIN)/raysim bench jobs/bench/pfl_cifar10.yaml
 
 clean:
-	rm -rf $(VENV) mlflow.db mlruns .raysim
+	rm -rf $(VENV) mlflow.db mlruns .raysim .mypy_cache

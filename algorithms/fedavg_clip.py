@@ -11,6 +11,8 @@ noise (McMahan et al., ICLR 2018, arXiv:1710.06963). The server steps with
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from pydantic import BaseModel, Field
 
@@ -35,7 +37,8 @@ class FedAvgClipConfig(BaseModel, frozen=True, extra="forbid"):
 def clip(delta: Params, max_norm: float, skip: set[str]) -> tuple[Params, float]:
     """``delta`` scaled to a global L2 norm of at most ``max_norm`` over the keys not in ``skip``;
     also returns the norm before clipping."""
-    norm = float(torch.sqrt(sum((v.double() ** 2).sum() for k, v in delta.items() if k not in skip)))
+    squares = [(v.double() ** 2).sum() for k, v in delta.items() if k not in skip]
+    norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
     scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return {k: v if k in skip else v * scale for k, v in delta.items()}, norm
 
@@ -58,7 +61,7 @@ class FedAvgClip:
     def client_update(self, ctx: ClientContext) -> ClientResult:
         result = local_delta_update(ctx, self.config.local)
         buffers = {name for name, _ in ctx.model.named_buffers()}  # init() ran on the driver only
-        update, norm = clip(result.update, self.config.clip_norm, buffers)
+        update, norm = clip(cast(Params, result.update), self.config.clip_norm, buffers)  # a mean delta
         metrics = {"clip/norm": norm, "clip/clipped": float(norm > self.config.clip_norm)}
         return ClientResult(update, result.weight, result.metrics | metrics)
 

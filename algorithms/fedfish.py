@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import BaseModel, model_validator
@@ -85,8 +85,9 @@ class FisherWeightedMean:
     def add(self, acc: _FisherSums, position: int, result: ClientResult) -> _FisherSums:
         w = float(result.weight)
         copy = lambda t: t.detach().to(self.dtype, copy=True)  # noqa: E731 (folded in place below)
-        delta = {k: copy(v) for k, v in result.update["delta"].items()}
-        given = result.update["fisher"]
+        update = cast(dict[str, Params], result.update)  # FedFish.client_update's {"delta", "fisher"}
+        delta = {k: copy(v) for k, v in update["delta"].items()}
+        given = update["fisher"]
         fisher = {k: copy(given[k]) if k in given else torch.zeros_like(d) for k, d in delta.items()}
         num = {k: (fisher[k] * delta[k]).mul_(w) for k in delta}
         den = {k: fisher[k].mul_(w) for k in delta}
@@ -110,6 +111,7 @@ class FisherWeightedMean:
     def result(self, acc: _FisherSums) -> dict[str, Any] | None:
         if acc.num is None or acc.weight == 0:
             return None
+        assert acc.den is not None and acc.avg is not None  # set together with num
         pseudo_grad, num_zero, total, fedavg_sq = {}, 0, 0, 0.0
         for k, num in acc.num.items():
             den, fedavg = acc.den[k], acc.avg[k] / acc.weight

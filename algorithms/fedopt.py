@@ -89,7 +89,7 @@ class FedOpt:
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(ctx, self.config.local)
 
-    def aggregator(self) -> WeightedMean:
+    def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(

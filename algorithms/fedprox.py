@@ -58,7 +58,7 @@ class FedProx:
             ctx, self.config.local, after_backward=proximal_gradient(self.config.mu, ctx.global_params)
         )
 
-    def aggregator(self) -> WeightedMean:
+    def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(

@@ -12,7 +12,8 @@ local momentum, weight decay and gradient clipping are refused.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from pydantic import BaseModel, model_validator
@@ -20,7 +21,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Sum
-from raysim.local import LocalTrainConfig, round_lr, train_local
+from raysim.local import AfterBackward, LocalTrainConfig, round_lr, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -44,7 +45,16 @@ class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
         return self
 
 
-def drift_correction(c: Params, c_i: Params):
+@dataclass(frozen=True)
+class ScaffoldUpdate:
+    """What a client sends, summed over the cohort by ``Sum`` (so the sum is one too)."""
+
+    delta: Params  # w * (x - y_i)
+    weight: torch.Tensor  # w: 1, or the examples trained on when ``weighted``
+    dc: Params  # c_i+ - c_i, unweighted
+
+
+def drift_correction(c: Params, c_i: Params) -> AfterBackward:
     """``after_backward`` adding ``c - c_i`` to every trainable parameter's gradient."""
     correction = {k: c[k] - c_i[k] for k in c}
 
@@ -74,13 +84,14 @@ class Scaffold:
         )
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(state.extra["c"])})
+        return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(_variate(state))})
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        c = ctx.payload.extra["c"]  # on ctx.device already
+        c = cast(Params, ctx.payload.extra["c"])  # on ctx.device already
+        state = cast(dict[str, Params] | None, ctx.state)  # {"c_i": ...} kept from an earlier round
         c_i = (
-            {k: v.to(ctx.device) for k, v in ctx.state["c_i"].items()}
-            if ctx.state
+            {k: v.to(ctx.device) for k, v in state["c_i"].items()}
+            if state
             else {k: torch.zeros_like(v) for k, v in c.items()}
         )
         local = self.config.local
@@ -101,25 +112,30 @@ class Scaffold:
         num_examples = metrics["train/num_examples"]  # fewer than len(ctx.data) if max_steps cut in
         w = num_examples if self.config.weighted else 1.0
         return ClientResult(
-            update={"delta": {k: v * w for k, v in delta.items()}, "weight": torch.tensor(w), "dc": dc},
+            update=ScaffoldUpdate({k: v * w for k, v in delta.items()}, torch.tensor(w), dc),
             weight=num_examples,
             metrics=metrics,
             state={"c_i": P.clone(new_c_i)},
         )
 
-    def aggregator(self) -> Sum:
+    def aggregator(self) -> Sum[ScaffoldUpdate]:
         return Sum()
 
-    def pseudo_gradient(self, sums: dict) -> Params:
-        return {k: v / sums["weight"] for k, v in sums["delta"].items()}
+    def pseudo_gradient(self, sums: ScaffoldUpdate) -> Params:
+        return {k: v / sums.weight for k, v in sums.delta.items()}
 
     def server_update(
-        self, state: ServerState, sums: dict | None, round_num: int
+        self, state: ServerState, sums: ScaffoldUpdate | None, round_num: int
     ) -> tuple[ServerState, Metrics]:
         if sums is None:
             return state, {}
         mean_delta = self.pseudo_gradient(sums)
         state, metrics = apply_server_step(state, mean_delta, self.config.server)
-        n = state.extra["num_clients"]
-        c = {k: v + sums["dc"][k] / n for k, v in state.extra["c"].items()}
+        n = cast(int, state.extra["num_clients"])
+        c = {k: v + sums.dc[k] / n for k, v in _variate(state).items()}
         return replace(state, extra={**state.extra, "c": c}), metrics
+
+
+def _variate(state: ServerState) -> Params:
+    """The server's control variate ``c``, kept in ``state.extra`` (see ``Scaffold.init``)."""
+    return cast(Params, state.extra["c"])

@@ -16,38 +16,48 @@ Usage:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast
 
 import torch
 
 from raysim.params import tree_map
-from raysim.types import ClientResult
+from raysim.types import A_co, ClientResult, Tree
+
+# A partial aggregate. Only the aggregator that made it reads it (workers fold into it, the driver
+# merges), so its type is the aggregator's own; STYLE's one type parameter per class goes to the
+# aggregate, and the partial is left unchecked at this seam, by name.
+Partial: TypeAlias = Any
+T = TypeVar("T", bound=Tree)  # the structure of the updates an aggregator sums
+Gathered = list[tuple[int, ClientResult]]  # (cohort position, result), by position
 
 
-class Aggregator(Protocol):
-    """zero / add / merge / result; ``position`` is the client's index in the round's cohort."""
+class Aggregator(Protocol[A_co]):
+    """zero / add / merge / result; ``position`` is the client's index in the round's cohort.
 
-    def zero(self) -> Any: ...
+    ``result`` is the aggregate the plugin's ``server_update`` receives (``A_co``).
+    """
 
-    def add(self, acc: Any, position: int, result: ClientResult) -> Any: ...
+    def zero(self) -> Partial: ...
 
-    def merge(self, left: Any, right: Any) -> Any: ...
+    def add(self, acc: Partial, position: int, result: ClientResult) -> Partial: ...
 
-    def result(self, acc: Any) -> Any: ...
+    def merge(self, left: Partial, right: Partial) -> Partial: ...
+
+    def result(self, acc: Partial) -> A_co: ...
 
 
 @dataclass(frozen=True)
-class _Sums:
-    total: Any  # tree of float64 tensors, or None before the first add
+class _Sums(Generic[T]):
+    total: T | None  # tree of float64 tensors, or None before the first add
     weight: float
     count: int
 
 
-def _merge_sums(left: _Sums, right: _Sums) -> _Sums:
+def _merge_sums(left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
     return _Sums(_fold(left.total, right.total, 1.0), left.weight + right.weight, left.count + right.count)
 
 
-def _fold(total: Any, update: Any, scale: float) -> Any:
+def _fold(total: T | None, update: T | None, scale: float) -> T | None:
     """``total + scale * update`` in float64, in place when ``total`` exists.
 
     Partials stay on the updates' device (a GPU worker copies one partial to the host per round,
@@ -60,44 +70,48 @@ def _fold(total: Any, update: Any, scale: float) -> Any:
     return tree_map(lambda acc, t: acc.add_(t.detach().to(acc.device), alpha=scale), total, update)
 
 
-class WeightedMean:
+class WeightedMean(Generic[T]):
     """Mean of ``update`` trees weighted by ``result.weight`` (uniform when ``weighted=False``).
 
+    ``T`` is the updates' structure (``WeightedMean[Params]``); the mean has the same one.
     ``result`` returns ``None`` when no client contributed.
     """
 
     def __init__(self, weighted: bool = True) -> None:
         self.weighted = weighted
 
-    def zero(self) -> _Sums:
+    def zero(self) -> _Sums[T]:
         return _Sums(None, 0.0, 0)
 
-    def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
+    def add(self, acc: _Sums[T], position: int, result: ClientResult) -> _Sums[T]:
         w = float(result.weight) if self.weighted else 1.0
-        return _Sums(_fold(acc.total, result.update, w), acc.weight + w, acc.count + 1)
+        update = cast(T, result.update)  # the plugin's clients send updates of this structure
+        return _Sums(_fold(acc.total, update, w), acc.weight + w, acc.count + 1)
 
-    def merge(self, left: _Sums, right: _Sums) -> _Sums:
+    def merge(self, left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
         return _merge_sums(left, right)
 
-    def result(self, acc: _Sums) -> Any:
+    def result(self, acc: _Sums[T]) -> T | None:
         if acc.total is None or acc.weight == 0:
             return None
         return tree_map(lambda t: (t / acc.weight).to(torch.float32), acc.total)
 
 
-class Sum:
-    """Plain sum of ``update`` trees (FedFish sums w·F·delta and w·F itself); None when empty."""
+class Sum(Generic[T]):
+    """Plain sum of ``update`` trees of structure ``T`` (SCAFFOLD's weighted deltas and variate
+    changes); None when empty."""
 
-    def zero(self) -> _Sums:
+    def zero(self) -> _Sums[T]:
         return _Sums(None, 0.0, 0)
 
-    def add(self, acc: _Sums, position: int, result: ClientResult) -> _Sums:
-        return _Sums(_fold(acc.total, result.update, 1.0), acc.weight + float(result.weight), acc.count + 1)
+    def add(self, acc: _Sums[T], position: int, result: ClientResult) -> _Sums[T]:
+        update = cast(T, result.update)  # the plugin's clients send updates of this structure
+        return _Sums(_fold(acc.total, update, 1.0), acc.weight + float(result.weight), acc.count + 1)
 
-    def merge(self, left: _Sums, right: _Sums) -> _Sums:
+    def merge(self, left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
         return _merge_sums(left, right)
 
-    def result(self, acc: _Sums) -> Any:
+    def result(self, acc: _Sums[T]) -> T | None:
         if acc.total is None:
             return None
         return tree_map(lambda t: t.to(torch.float32), acc.total)
@@ -110,17 +124,17 @@ class Gather:
     so a plugin knows which client sent what even when failed clients were dropped.
     """
 
-    def zero(self) -> list[tuple[int, ClientResult]]:
+    def zero(self) -> Gathered:
         return []
 
-    def add(self, acc: list, position: int, result: ClientResult) -> list:
+    def add(self, acc: Gathered, position: int, result: ClientResult) -> Gathered:
         # copies: an update may be a view of the worker's resident model, which the next
         # client overwrites
         kept = replace(result, update=tree_map(lambda t: t.detach().clone(), result.update))
         return [*acc, (position, kept)]
 
-    def merge(self, left: list, right: list) -> list:
+    def merge(self, left: Gathered, right: Gathered) -> Gathered:
         return sorted([*left, *right], key=lambda item: item[0])
 
-    def result(self, acc: list) -> list[tuple[int, ClientResult]]:
+    def result(self, acc: Gathered) -> Gathered:
         return sorted(acc, key=lambda item: item[0])

@@ -62,7 +62,7 @@ Optional hooks, each used when present:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
@@ -71,12 +71,23 @@ from raysim.aggregate import Aggregator
 from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
+A = TypeVar("A")  # the plugin's aggregate: what its aggregator results in, what server_update takes
+
 
 @runtime_checkable
-class Algorithm(Protocol):
-    """Client and server halves of one FL method (see the module docstring for the contract)."""
+class Algorithm(Protocol[A]):
+    """Client and server halves of one FL method (see the module docstring for the contract).
 
-    Config: ClassVar[type[BaseModel]]
+    ``A`` is the method's aggregate type: FedAvg's ``Algorithm[Params | None]`` declares
+    ``aggregator() -> WeightedMean[Params]`` and ``server_update(state, mean_delta: Params | None, ...)``.
+    """
+
+    # Read-only members are properties here, so that a plugin's class attribute ``Config =
+    # FedOptConfig`` (a subclass) satisfies them; a plain attribute would have to match exactly.
+    @property
+    def Config(self) -> type[BaseModel]:
+        """The plugin's own options: a frozen pydantic model, validated from the job's section."""
+        ...
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         """The server state before round 0, from the initial global params."""
@@ -90,31 +101,30 @@ class Algorithm(Protocol):
         """One client's local work (worker)."""
         ...
 
-    def aggregator(self) -> Aggregator:
+    def aggregator(self) -> Aggregator[A]:
         """How client results reduce; the same object type on every worker and the driver."""
         ...
 
-    def server_update(
-        self, state: ServerState, aggregate: Any, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        """The new server state from the round's merged aggregate (None if no client reported)."""
+    def server_update(self, state: ServerState, aggregate: A, round_num: int) -> tuple[ServerState, Metrics]:
+        """The new server state from the round's merged aggregate (the aggregator's result of
+        no client at all when nobody reported: None for ``WeightedMean`` and ``Sum``)."""
         ...
 
 
-class StagedAlgorithm(Algorithm, Protocol):
+class StagedAlgorithm(Algorithm[A], Protocol[A]):
     """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot)."""
 
-    def protocol(self, services: Services, state: ServerState) -> ServerState:
+    def protocol(self, services: Services[A], state: ServerState) -> ServerState:
         """Runs the whole method with the engine's verbs."""
         ...
 
 
-def has_protocol(algorithm: Any) -> bool:
+def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
     """Whether the plugin overrides the default round loop."""
     return callable(getattr(algorithm, "protocol", None))
 
 
-def pseudo_gradient(algorithm: Any, aggregate: Any, params: Params) -> Params | None:
+def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Params | None:
     """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook,
     else the aggregate itself when it is a mean delta (tensors keyed like ``params``), else None."""
     if aggregate is None:

@@ -92,7 +92,7 @@ def parse_checkpoint(raw: Any, path: str | Path) -> tuple[ServerState, int, dict
         raise
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
-    return state, int(raw["round_num"]), raw["job"], _find_state_dir(path, state_dir)
+    return state, int(raw["round_num"]), raw["job"], _find_state_dir(Path(path), state_dir)
 
 
 def _relative_to(folder: Path, target: Path) -> str:

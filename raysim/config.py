@@ -119,10 +119,10 @@ class TransferConfig(BaseModel, frozen=True, extra="forbid"):
     personalize: bool = True
 
 
-class PluginSection(BaseModel, frozen=True):
+class PluginSection(BaseModel):
     """A registered plugin's name and its validated options."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     name: str
     config: SerializeAsAny[BaseModel]
 
@@ -166,7 +166,7 @@ class JobConfig(BaseModel, frozen=True, extra="forbid"):
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the shape of a job file (defaults filled in)."""
-        out = self.model_dump(mode="json", exclude=set(PLUGIN_SECTIONS))
+        out = self.model_dump(mode="json", exclude=set[str](PLUGIN_SECTIONS))
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
@@ -201,13 +201,14 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     if isinstance(evaluation, dict) and "probes" in evaluation:
         core_raw["evaluation"] = {k: v for k, v in evaluation.items() if k != "probes"}
         probes = _validate_probes(evaluation["probes"], problems)
+    core: _CoreJob | None = None
     try:
         core = _CoreJob.model_validate(core_raw)
     except ValidationError as exc:
         problems += explain(exc, _CoreJob)
-        core = None
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
+    assert core is not None  # it validated, or it added a problem
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections)

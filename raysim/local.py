@@ -202,7 +202,11 @@ def train_local(
     )
     take_step = step or gradient_step
     epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(config.epochs))
-    loss_sum, correct, seen, num_batches, num_used = 0.0, 0, 0, 0, 0
+    # the sums stay on the device until the end (one sync per client, not one per batch)
+    loss_sum: torch.Tensor | float = 0.0
+    correct: torch.Tensor | int = 0
+    seen: torch.Tensor | int = 0
+    num_batches, num_used = 0, 0
     for batch in itertools.islice(itertools.chain.from_iterable(epochs), config.max_steps):
         loss, num_correct, num_items = take_step(model, batch, optimizer, backward)
         loss_sum = loss_sum + loss.detach() * num_items
@@ -244,10 +248,10 @@ def _train_metrics(
     num_examples: int,
 ) -> Metrics:
     """Reads the device counters once, at the end of the client."""
-    seen = max(float(seen), 1.0)
+    denominator = max(float(seen), 1.0)
     return {
-        "train/loss": float(loss_sum) / seen,
-        "train/accuracy": float(correct) / seen,
+        "train/loss": float(loss_sum) / denominator,
+        "train/accuracy": float(correct) / denominator,
         "train/steps": float(num_batches),
         "train/num_examples": float(num_examples),
     }
@@ -263,15 +267,17 @@ def evaluate(
 ) -> Metrics:
     """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM)."""
     model.eval()
-    loss_sum, correct, seen = 0.0, 0, 0
+    loss_sum: torch.Tensor | float = 0.0
+    correct: torch.Tensor | int = 0
+    seen: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), batch_size):
         loss, num_correct, num_items = task_loss(model, batch, spec)
         loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
-    seen = float(seen)
+    num_seen = float(seen)
     metrics = {
-        "loss": float(loss_sum) / max(seen, 1.0),
-        "accuracy": float(correct) / max(seen, 1.0),
-        "num_examples": seen,
+        "loss": float(loss_sum) / max(num_seen, 1.0),
+        "accuracy": float(correct) / max(num_seen, 1.0),
+        "num_examples": num_seen,
     }
     if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))

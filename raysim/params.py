@@ -1,29 +1,67 @@
-"""State-dict arithmetic on (nested) dicts of tensors.
+"""State-dict arithmetic, and maps over trees of tensors.
 
-Updates may nest one dict inside another (SCAFFOLD sends ``{"delta": ..., "dc": ...}``); every
-function here maps over the leaves.
+A tree (``raysim.types.Tree``) nests dicts, lists, tuples and dataclasses around its leaves:
+SCAFFOLD's update is a frozen dataclass of two dicts of tensors. The tree functions here walk all
+four, rebuilding a dataclass with ``dataclasses.replace`` (so a frozen one stays frozen, and fields
+with ``init=False`` are recomputed rather than walked).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
 import torch
 from torch import nn
 
-from raysim.types import NumpyParams, Params
+from raysim.types import NumpyParams, Params, Tree
 
-Tree = Any  # a tensor, or a dict of trees
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from typing_extensions import TypeIs
+
+T = TypeVar("T")
 
 
-def tree_map(fn: Callable[..., torch.Tensor], tree: Tree, *rest: Tree) -> Tree:
-    """Applies ``fn`` leaf-wise over trees of the same structure."""
+def is_dataclass_instance(obj: object) -> TypeIs[DataclassInstance]:
+    """Whether ``obj`` is a dataclass instance (not a dataclass type)."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def tree_map(fn: Callable[..., object], tree: T, *rest: T) -> T:
+    """Applies ``fn`` leaf-wise over trees of the same structure; the result has that structure.
+
+    Dicts, lists, tuples and dataclasses are walked; anything else is a leaf. ``fn`` receives the
+    leaf of ``tree`` and those of ``rest`` at the same place.
+    """
+    others: tuple[Any, ...] = rest  # each of tree's structure, walked alongside it
     if isinstance(tree, dict):
-        return {k: tree_map(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
-    return fn(tree, *rest)
+        return cast(T, {k: tree_map(fn, v, *(r[k] for r in others)) for k, v in tree.items()})
+    if isinstance(tree, (list, tuple)):
+        return cast(T, type(tree)(tree_map(fn, *branch) for branch in zip(tree, *others, strict=True)))
+    if is_dataclass_instance(tree):
+        names = [f.name for f in dataclasses.fields(tree) if f.init]
+        walked = {k: tree_map(fn, getattr(tree, k), *(getattr(r, k) for r in others)) for k in names}
+        return cast(T, dataclasses.replace(tree, **walked))
+    return cast(T, fn(tree, *others))
+
+
+def leaves(tree: Tree) -> Iterator[object]:
+    """Every leaf of ``tree`` in order: what ``tree_map`` would call ``fn`` on."""
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from leaves(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from leaves(value)
+    elif is_dataclass_instance(tree):
+        for f in dataclasses.fields(tree):
+            if f.init:
+                yield from leaves(getattr(tree, f.name))
+    else:
+        yield tree
 
 
 def model_params(model: nn.Module) -> Params:
@@ -71,19 +109,27 @@ def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
         own[name].copy_(torch.as_tensor(value))
 
 
-def to_device(tree: Any, device: torch.device | str) -> Any:
+@overload
+def to_device(tree: dict[str, Tree], device: torch.device | str) -> dict[str, Tree]: ...
+
+
+@overload
+def to_device(tree: Tree, device: torch.device | str) -> Tree: ...
+
+
+def to_device(tree: Tree, device: torch.device | str) -> Tree:
     """``tree`` with every tensor and numpy array leaf as a tensor on ``device``.
 
-    Dicts, lists and tuples are walked; other leaves (numbers, strings) are kept. Arrays on the
-    CPU device share memory with the array: read them, never write them.
+    Other leaves (numbers, strings) are kept. Arrays on the CPU device share memory with the
+    array: read them, never write them.
     """
-    if isinstance(tree, (torch.Tensor, np.ndarray)):
-        return torch.as_tensor(tree).to(device)
-    if isinstance(tree, dict):
-        return {k: to_device(v, device) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(to_device(v, device) for v in tree)
-    return tree
+
+    def move(leaf: object) -> object:
+        if isinstance(leaf, (torch.Tensor, np.ndarray)):
+            return torch.as_tensor(leaf).to(device)
+        return leaf
+
+    return tree_map(move, tree)
 
 
 def delta(global_params: Params, local_params: Params) -> Params:
@@ -98,19 +144,9 @@ def zeros_like(params: Params, dtype: torch.dtype | None = None) -> Params:
     return {k: torch.zeros_like(v, dtype=dtype or v.dtype) for k, v in params.items()}
 
 
-def to_cpu(obj: Any) -> Any:
-    """A copy of ``obj`` with every tensor moved to the CPU: dicts, lists, tuples, dataclasses."""
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(
-            obj, **{f.name: to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
-        )
-    return obj
+def to_cpu(tree: T) -> T:
+    """A copy of ``tree`` with every tensor leaf moved to the CPU; other leaves are kept."""
+    return tree_map(lambda leaf: leaf.cpu() if isinstance(leaf, torch.Tensor) else leaf, tree)
 
 
 def tensor_leaves(obj: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -175,13 +211,13 @@ def nonfinite_names(tree: Any) -> list[str]:
 
 def num_bytes(tree: Tree) -> int:
     """Bytes of all tensor or array leaves."""
-    if isinstance(tree, dict):
-        return sum(num_bytes(v) for v in tree.values())
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, np.ndarray):
-        return int(tree.nbytes)
-    return 0
+    total = 0
+    for leaf in leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel() * leaf.element_size()
+        elif isinstance(leaf, np.ndarray):
+            total += int(leaf.nbytes)
+    return total
 
 
 def num_elements(params: Params) -> int:
@@ -192,7 +228,7 @@ def num_elements(params: Params) -> int:
 _LOADABLE = (torch.Tensor, int, float, bool, str, bytes, complex, type(None))
 
 
-def check_loadable(tree: Any, where: str) -> None:
+def check_loadable(tree: object, where: str) -> None:
     """Raises TypeError naming the first value a weights-only load would refuse.
 
     Plugin state (``ServerState.extra``, client state) must be tensors, numbers, strings and

@@ -21,14 +21,14 @@ Usage (a new probe):
         def __init__(self, config: ProbeConfig) -> None: self.config = config
         def before_training(self, view: ClientView) -> Metrics: return {}
         def after_training(self, view: ClientView) -> Metrics: return view.evaluate(view.data)
-        def summarize(self, round: ProbeRound, services: Services) -> Metrics: ...
+        def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -94,15 +94,19 @@ class ProbeRound:
 class Probe(Protocol):
     """A measurement of rounds; see the module docstring for the contract."""
 
-    Config: ClassVar[type[ProbeConfig]]
-    config: ProbeConfig
     keeps_local_models: bool  # the round's local models are gathered for ``summarize``
+
+    @property  # read-only, so that a probe's own subclass satisfies it (see ``Algorithm.Config``)
+    def Config(self) -> type[ProbeConfig]: ...
+
+    @property
+    def config(self) -> ProbeConfig: ...
 
     def before_training(self, view: ClientView) -> Metrics: ...
 
     def after_training(self, view: ClientView) -> Metrics: ...
 
-    def summarize(self, round: ProbeRound, services: Services) -> Metrics: ...
+    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
 
 
 def is_due(probe: Probe, round_num: int) -> bool:
@@ -140,7 +144,7 @@ class ClientServerBarrier:
         local = view.evaluate(view.data)
         return {"local_loss": local["loss"], "local_accuracy": local["accuracy"]}
 
-    def summarize(self, round: ProbeRound, services: Services) -> Metrics:
+    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
         points = [round.global_params]
         if self.config.pure_aggregate and round.pure_aggregate is not None:
             points.append(round.pure_aggregate)
@@ -196,7 +200,7 @@ class LocalAccuracy:
         test = view.test_data()
         return view.evaluate(test) if len(test) else {}
 
-    def summarize(self, round: ProbeRound, services: Services) -> Metrics:
+    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
         rows = [row for row in round.rows if row.get("num_examples", 0) > 0]
         if not rows:
             return {}

@@ -24,16 +24,25 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel
 
 from raysim.errors import ConfigError, RaysimError
 
+if TYPE_CHECKING:
+    from raysim.algorithm import Algorithm
+    from raysim.probes import Probe
+
 Kind = Literal["algorithm", "dataset", "model", "probe"]
 KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# What register accepts: a type checker holds plugins and probes to their protocols here (any
+# aggregate type: each plugin has its own).
+AlgorithmFactory = TypeVar("AlgorithmFactory", bound="Callable[[Any], Algorithm[Any]]")
+ProbeFactory = TypeVar("ProbeFactory", bound="Callable[[Any], Probe]")
+Factory = TypeVar("Factory", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -52,14 +61,32 @@ _config_bases: dict[Kind, type[BaseModel]] = {}  # a kind whose every Config mus
 _loaded = False
 
 
-def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) -> Callable:
+@overload
+def register(
+    kind: Literal["algorithm"], name: str, *, config: type[BaseModel] | None = None
+) -> Callable[[AlgorithmFactory], AlgorithmFactory]: ...
+
+
+@overload
+def register(
+    kind: Literal["probe"], name: str, *, config: type[BaseModel] | None = None
+) -> Callable[[ProbeFactory], ProbeFactory]: ...
+
+
+@overload
+def register(
+    kind: Literal["dataset", "model"], name: str, *, config: type[BaseModel] | None = None
+) -> Callable[[Factory], Factory]: ...
+
+
+def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) -> Callable[[Factory], Factory]:
     """Registers a class or function under ``(kind, name)``.
 
     ``config`` defaults to the factory's ``Config`` attribute. The same factory may be registered
     under several names with different configs (FedAdam and FedYogi are FedOpt with other defaults).
     """
 
-    def decorate(factory: Callable) -> Callable:
+    def decorate(factory: Factory) -> Factory:
         options = config if config is not None else getattr(factory, "Config", None)
         if options is None:
             raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")

@@ -12,13 +12,14 @@ Float buffers (BatchNorm running statistics) are not optimised: they take the cl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from raysim.types import Metrics, Params, ServerState
+from raysim.types import Metrics, OptState, Params, ServerState
 
 
 class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
@@ -50,10 +51,10 @@ class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
 def server_step(
     params: Params,
     pseudo_grad: Params,
-    opt_state: dict[str, Any],
+    opt_state: OptState,
     config: ServerOptimizerConfig,
     buffer_keys: frozenset[str] = frozenset(),
-) -> tuple[Params, dict[str, Any]]:
+) -> tuple[Params, OptState]:
     """One server step; returns new params and new optimizer state (inputs are not modified).
 
     Args:
@@ -74,7 +75,7 @@ def server_step(
         m = m_old[key] if key in m_old else torch.zeros_like(w)
         v = v_old[key] if key in v_old else _initial_second_moment(w, config)
         new_params[key], m_new[key], v_new[key] = _update(w, g, m, v, step, config)
-    new_state: dict[str, Any] = {"step": step}
+    new_state: OptState = {"step": step}
     if config.kind != "sgd" or config.momentum > 0:  # plain SGD keeps no model-sized buffer
         new_state["m"] = m_new
     if config.kind != "sgd":
@@ -119,5 +120,5 @@ def apply_server_step(
     if mean_delta is None:  # nobody reported: keep the model
         return state, {}
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
-    norm = torch.sqrt(sum((d.double() ** 2).sum() for d in mean_delta.values()))
-    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": float(norm)}
+    norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in mean_delta.values()))
+    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}

@@ -5,7 +5,7 @@ regimes) and a probe's driver-side summary drive the run through this narrow set
 through the engine's internals. Every verb spreads its work over all workers.
 
 Usage:
-    def protocol(self, services: Services, state: ServerState) -> ServerState:
+    def protocol(self, services: Services[Params | None], state: ServerState) -> ServerState:
         for round_num in range(services.start_round, services.info.num_rounds):
             state, metrics = services.run_round(state, round_num)
             services.log(metrics, round_num)
@@ -16,15 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Literal, Protocol, overload
 
 import numpy as np
 
-from raysim.types import MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+from raysim.types import A_co, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 
-class Services(Protocol):
-    """What a staged plugin or a probe may ask of the engine."""
+class Services(Protocol[A_co]):
+    """What a staged plugin or a probe may ask of the engine.
+
+    ``A_co`` is the plugin's aggregate type, the ``aggregate`` of ``train_cohort``'s output; a probe,
+    which never trains, takes ``Services[object]``.
+    """
 
     @property
     def info(self) -> RunInfo:
@@ -42,7 +46,7 @@ class Services(Protocol):
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
-    ) -> RoundOutput:
+    ) -> RoundOutput[A_co]:
         """Runs ``client_update`` for each client and folds the results with the plugin's aggregator;
         applies the client failure policy. ``keep_local_models`` also returns every client's model."""
         ...
@@ -55,16 +59,17 @@ class Services(Protocol):
         """The global model's evaluation (``eval/...``), personalization and transfer when due."""
         ...
 
+    @overload
     def map_clients(
         self,
-        task: MapTask,
+        task: Literal["evaluate"],
         points: Sequence[NumpyParams],
         clients: Sequence[int] | np.ndarray | None,
         *,
         split: str = "test",
         round_num: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> list[list[Any]]:
+        model: dict[str, object] | None = None,
+    ) -> list[list[Metrics | None]]:
         """Each parameter point on each client, spread over all workers.
 
         Args:
@@ -83,6 +88,18 @@ class Services(Protocol):
             no examples in ``split``.
         """
         ...
+
+    @overload
+    def map_clients(
+        self,
+        task: Literal["logits", "features"],
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, object] | None = None,
+    ) -> list[list[np.ndarray | None]]: ...
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         """Logs metrics at step ``round_num`` (MLflow, the run's history, the progress bar)."""

@@ -80,13 +80,12 @@ def sam_perturbation(
     if not params:  # nothing to perturb (no gradient reached the weights)
         yield
         return
+    grads = [g for _, p in params if (g := p.grad) is not None]  # every one: params has a .grad
     saved = [p.detach().clone() for _, p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
     with torch.no_grad():
         scales = [p.abs() + eta if adaptive and "weight" in name else None for name, p in params]
-        scaled = [
-            p.grad if t is None else p.grad * t for (_, p), t in zip(params, scales, strict=True)
-        ]  # T g
+        scaled = [g if t is None else g * t for g, t in zip(grads, scales, strict=True)]  # T g
         norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in scaled])
         )

@@ -6,12 +6,16 @@ mean delta as if it were a gradient: ``global <- global - server_lr * mean_delta
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Generic, Literal, TypeAlias, TypedDict, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ClientId = int
 Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by state-dict name
@@ -19,7 +23,16 @@ NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (
 Metrics = dict[str, float]
 Split = Literal["train", "test"]
 MapTask = Literal["evaluate", "logits", "features"]  # what ``map_clients`` computes per client
+MapResult = Metrics | np.ndarray | None  # one ``map_clients`` result: a row, outputs, or no data
 Task = Literal["classification", "causal_lm", "regression"]
+# What plugins send and keep: leaves (tensors, arrays, numbers, strings) in dicts, lists, tuples
+# and dataclasses, all of which ``raysim.params`` walks. Updates and aggregates are trees of
+# tensors, often a small frozen dataclass; state that is checkpointed holds no arrays or
+# dataclasses (``params.check_loadable``).
+Tree: TypeAlias = (
+    "torch.Tensor | np.ndarray | float | str | None | Mapping[str, Tree] | Sequence[Tree] | DataclassInstance"
+)
+A_co = TypeVar("A_co", covariant=True)  # an aggregate type: what a plugin's aggregator results in
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,7 @@ class Payload:
     """
 
     params: NumpyParams
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Tree] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,7 +100,7 @@ class ClientContext:
     payload: Payload
     global_params: Params
     data: ClientData
-    state: Any | None  # this client's persistent state from earlier rounds, None the first time
+    state: Tree | None  # this client's persistent state from earlier rounds, None the first time
     seed: int  # derived from (run seed, round_num, client_id)
     device: torch.device
     spec: DataSpec
@@ -98,16 +111,25 @@ class ClientResult:
     """What one client sends back.
 
     Attributes:
-        update: what the plugin's aggregator folds, usually a (nested) dict of tensors.
+        update: what the plugin's aggregator folds: a tree of tensors (a dict of them, or a small
+            frozen dataclass of dicts of them).
         weight: aggregation weight, usually the number of training examples.
         metrics: small per-client numbers (loss, steps), averaged by the engine.
         state: new persistent state for this client; None keeps nothing.
     """
 
-    update: Any
+    update: Tree
     weight: float
     metrics: Metrics = field(default_factory=dict)
-    state: Any | None = None
+    state: Tree | None = None
+
+
+class OptState(TypedDict, total=False):
+    """A server optimizer's state (``server_opt.server_step``): its step count and moments."""
+
+    step: int
+    m: Params
+    v: Params
 
 
 @dataclass(frozen=True)
@@ -123,8 +145,8 @@ class ServerState:
     """
 
     params: Params
-    opt_state: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    opt_state: OptState = field(default_factory=OptState)
+    extra: dict[str, Tree] = field(default_factory=dict)
     buffer_keys: frozenset[str] = frozenset()
 
 
@@ -150,12 +172,12 @@ class ClientFailure:
     stage: str = "client_update"  # or "update_check": the update held NaN or infinity
 
 
-@dataclass
-class RoundOutput:
+@dataclass(frozen=True)
+class RoundOutput(Generic[A_co]):
     """A trained cohort: the merged aggregate plus what the engine reports about the round.
 
     Attributes:
-        aggregate: the aggregator's ``result`` of the merged partials (None: nobody reported).
+        aggregate: the aggregator's ``result`` of the merged partials.
         client_metrics: per client, the plugin's metrics plus ``client_id``, ``weight``, ``seconds``.
         failures: clients dropped this round.
         probe_rows: per probe name, one row per client of what its worker hooks measured.
@@ -164,7 +186,7 @@ class RoundOutput:
         worker_seconds: each worker's busy time.
     """
 
-    aggregate: Any
+    aggregate: A_co
     client_metrics: list[Metrics] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)

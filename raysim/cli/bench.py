@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -30,7 +30,8 @@ from raysim.data.store import ClientStore
 from raysim.engine.build import build
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
-from raysim.local import cap_examples
+from raysim.local import LocalTrainConfig, cap_examples
+from raysim.models.text import HFTokenModel
 from raysim.runtime.worker import build_job_model
 from raysim.sampling import client_seed, sample_cohort
 
@@ -46,12 +47,27 @@ def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, B
     raw = apply_overrides(raw, overrides)
     try:
         bench = BenchConfig.model_validate(raw.pop("bench", {}) or {})
-    except Exception as exc:
+    except ValidationError as exc:
         raise ConfigError(explain(exc, BenchConfig, "bench."), str(path)) from None
     job = JobConfig.from_dict(raw, str(path))
     if job.engine.num_rounds <= bench.warmup_rounds:
         raise ConfigError([f"engine.num_rounds must exceed bench.warmup_rounds ({bench.warmup_rounds})"])
+    plain_local(job)  # the plain loop can repeat the plugin's local training
     return job, bench
+
+
+def plain_local(job: JobConfig) -> LocalTrainConfig:
+    """The plugin's local training section, which the plain loop repeats.
+
+    Raises:
+        ConfigError: the plugin has no ``local`` section of local SGD.
+    """
+    local = getattr(job.algorithm.config, "local", None)
+    if not isinstance(local, LocalTrainConfig):
+        raise ConfigError(
+            [f"algorithm: the plain loop repeats local SGD, and {job.algorithm.name!r} has no local section"]
+        )
+    return local
 
 
 def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
@@ -146,13 +162,16 @@ class PlainLoop:
     def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray) -> None:
         self.job, self.store, self.pool = job, store, pool  # pool: the clients that train
         self.model = build_job_model(job, store.spec)
+        self.local = plain_local(job)
         self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.fisher_s: list[float] = []
         self.tokens = 0  # tokens (or examples) trained in the last round
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         if self.store.spec.task == "causal_lm":
+            assert isinstance(self.model, HFTokenModel)  # the one causal-LM model
             return self.model.hf(input_ids=x, labels=x).loss
+        assert y is not None  # classification data has labels
         return F.cross_entropy(self.model(x), y)
 
     def _client_data(self, round_num: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -174,7 +193,7 @@ class PlainLoop:
 
     def round(self, round_num: int) -> float:
         """Trains the round's cohort; returns its seconds (data loading excluded)."""
-        job, local = self.job, self.job.algorithm.config.local
+        job, local = self.job, self.local
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         data = self._client_data(round_num)
@@ -215,7 +234,8 @@ class PlainLoop:
             self.model.zero_grad()
             self._loss(x[batch], None if y is None else y[batch]).backward()
             for f, p in zip(fisher, params):
-                f.add_(p.grad**2)
+                if p.grad is not None:  # a parameter the loss does not reach has none
+                    f.add_(p.grad**2)
         return time.perf_counter() - t0
 
 

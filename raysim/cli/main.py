@@ -20,7 +20,9 @@ from rich.table import Table
 from raysim.errors import RaysimError
 
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
-    from raysim.data.store import ClientStore, DatasetConfig
+    from pydantic import BaseModel
+
+    from raysim.data.store import ClientStore
 
 # Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -153,7 +155,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, DatasetConfig]]:
+def prepare_targets(target: str, overrides: list[str]) -> list[tuple[str, BaseModel]]:
     """(recipe name, validated dataset config) pairs: a job's datasets (each variant's, once) or
     one recipe with ``key=value`` options."""
     from pydantic import ValidationError
@@ -206,7 +208,12 @@ def store_summary(store: ClientStore) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     from raysim import registry
 
-    kinds = {"algorithms": "algorithm", "datasets": "dataset", "models": "model", "probes": "probe"}
+    kinds: dict[str, registry.Kind] = {
+        "algorithms": "algorithm",
+        "datasets": "dataset",
+        "models": "model",
+        "probes": "probe",
+    }
     for title, kind in kinds.items():
         if args.kind and args.kind != title:
             continue

@@ -185,7 +185,7 @@ def store_path(recipe_name: str, config: DatasetConfig) -> Path:
     return Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
+def prepare_store(recipe_name: str, config: BaseModel) -> Path:
     """Builds the store of ``recipe_name`` under ``config`` once and returns its directory.
 
     An existing complete store is reused without loading the recipe's data. A new one is built in
@@ -227,16 +227,17 @@ def prepare_store(recipe_name: str, config: DatasetConfig) -> Path:
     return path
 
 
-def _as_recipe_config(config_type: type[BaseModel], config: DatasetConfig) -> DatasetConfig:
+def _as_recipe_config(config_type: type[BaseModel], config: BaseModel) -> DatasetConfig:
     """Accepts a recipe's own config, or a base one completed with the recipe's defaults."""
-    if isinstance(config, config_type):
-        return config
-    try:
-        return config_type.model_validate(config.model_dump())
-    except ValidationError as e:
-        raise ConfigError(
-            [f"dataset.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
-        ) from None
+    if not isinstance(config, config_type):
+        try:
+            config = config_type.model_validate(config.model_dump())
+        except ValidationError as e:
+            raise ConfigError(
+                [f"dataset.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+            ) from None
+    assert isinstance(config, DatasetConfig)  # registry.register refuses other dataset Configs
+    return config
 
 
 def _publish(tmp: Path, path: Path) -> None:
@@ -248,6 +249,6 @@ def _publish(tmp: Path, path: Path) -> None:
         # Another process published the same store first; theirs is identical, keep it.
 
 
-def open_dataset(recipe_name: str, config: DatasetConfig) -> ClientStore:
+def open_dataset(recipe_name: str, config: BaseModel) -> ClientStore:
     """Prepares the store if needed and opens it: ``ClientStore.open(prepare_store(...))``."""
     return ClientStore.open(prepare_store(recipe_name, config))

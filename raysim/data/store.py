@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
+from raysim import registry
 from raysim.data.format import CENTRAL_FILE, INDEX_FILE, ROWS_FILE, read_meta
 from raysim.data.partition import IidPartition, PartitionConfig
 from raysim.errors import DataError
@@ -45,6 +46,9 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     seed: int = Field(0, ge=0)
     cache_dir: str | None = None
+
+
+registry.require_config_base("dataset", DatasetConfig)  # every store is partitioned and cached alike
 
 
 @dataclass(frozen=True)

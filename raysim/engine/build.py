@@ -8,6 +8,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from raysim.types import RunInfo, ServerState
 
 def build(
     job: JobConfig, tracker: Tracker | None, resume_from: str | None, output_dir: Path
-) -> tuple[Engine, ServerState]:
+) -> tuple[Engine[Any], ServerState]:
     """Builds every object of a run (here and nowhere else) and the starting server state.
 
     Everything that can be checked is checked before Ray workers or an MLflow run exist.
@@ -97,7 +98,7 @@ def load_schedule(
 
 
 def initial_state(
-    algorithm: Algorithm, params: P.Params, info: RunInfo, job: JobConfig, resume_from: str | None
+    algorithm: Algorithm[Any], params: P.Params, info: RunInfo, job: JobConfig, resume_from: str | None
 ) -> tuple[ServerState, int, str | None]:
     """The plugin's fresh state, or a checkpoint's (completed by the plugin's ``resume_state``).
 

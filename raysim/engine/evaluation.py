@@ -48,25 +48,37 @@ def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: n
 
 
 def evaluate_global(
-    backend: Backend,
-    params: Params,
-    plan: EvaluationPlan,
-    round_num: int | None = None,
-    personalize: bool = False,
+    backend: Backend, params: Params, plan: EvaluationPlan, personalize_round: int | None = None
 ) -> Metrics:
     """Central, per-client, held-out, personalized and transfer evaluation, as ``eval/...``.
 
-    Personalization and transfer run only when ``personalize`` (they fine-tune per client).
+    Personalization and transfer run only with a ``personalize_round`` (they fine-tune per client,
+    seeded by that round).
     """
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
     metrics: Metrics = {}
     [[central]] = backend.map_clients(MapRequest("evaluate", None), [weights])
-    if central is not None:
+    if isinstance(central, dict):  # "evaluate" gives a Metrics row, or None without test data
         metrics |= {f"eval/central/{k}": v for k, v in central.items() if k != "num_examples"}
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
-    config = plan.personalization if personalize else None
+    if personalize_round is not None:
+        metrics |= evaluate_personalized(backend, weights, plan, personalize_round)
+    elif len(plan.heldout):
+        metrics |= summarize_clients(evaluate_clients(backend, weights, plan.heldout), "eval/heldout")
+    metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
+    metrics["sys/eval_s"] = time.perf_counter() - t0
+    return metrics
+
+
+def evaluate_personalized(
+    backend: Backend, weights: NumpyParams, plan: EvaluationPlan, round_num: int
+) -> Metrics:
+    """The held-out clients (else the evaluated training clients) fine-tuned, and the transfer
+    datasets, each fine-tuned when the plan says so and only evaluated otherwise."""
+    config = plan.personalization
+    metrics: Metrics = {}
     if len(plan.heldout):
         rows = (
             backend.personalize(weights, plan.heldout, config, round_num)
@@ -78,16 +90,13 @@ def evaluate_global(
         metrics |= summarize_clients(
             backend.personalize(weights, plan.clients, config, round_num), "eval/clients"
         )
-    metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
-    if personalize:
-        for name, clients in plan.transfer.items():
-            rows = (
-                backend.personalize(weights, clients, plan.personalization, round_num, name)
-                if plan.personalization and name in plan.personalize_transfer
-                else evaluate_clients(backend, weights, clients, store=name)
-            )
-            metrics |= summarize_clients(rows, f"eval/transfer/{name}")
-    metrics["sys/eval_s"] = time.perf_counter() - t0
+    for name, clients in plan.transfer.items():
+        rows = (
+            backend.personalize(weights, clients, config, round_num, name)
+            if config and name in plan.personalize_transfer
+            else evaluate_clients(backend, weights, clients, store=name)
+        )
+        metrics |= summarize_clients(rows, f"eval/transfer/{name}")
     return metrics
 
 
@@ -95,9 +104,9 @@ def evaluate_clients(
     backend: Backend, weights: NumpyParams, clients: np.ndarray, store: str = ""
 ) -> list[Metrics]:
     """``weights`` on each client's test split, as rows with ``client_id`` (empty clients skipped)."""
-    request = MapRequest("evaluate", tuple(int(c) for c in clients), "test", store=store)
-    [rows] = backend.map_clients(request, [weights])
-    return [{**row, "client_id": float(c)} for c, row in zip(request.clients, rows) if row is not None]
+    ids = tuple(int(c) for c in clients)
+    [rows] = backend.map_clients(MapRequest("evaluate", ids, "test", store=store), [weights])
+    return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if isinstance(row, dict)]
 
 
 _SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
@@ -21,6 +22,7 @@ from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
 from raysim.types import Metrics, ServerState
 
+A = TypeVar("A")  # the algorithm's aggregate type
 START_STEP = -1  # the step at which ``evaluation.at_start`` logs the initial model
 
 
@@ -52,7 +54,7 @@ def run(
         if job.evaluation.at_start and engine.start_round == 0:
             engine.log(engine.evaluate(state), START_STEP)
         if has_protocol(engine.algorithm):
-            state = engine.algorithm.protocol(PluginServices(engine), state)  # type: ignore[attr-defined]
+            state = engine.algorithm.protocol(PluginServices(engine), state)
         else:
             state = round_loop(engine, state)
         result = finish(engine, state, time.perf_counter() - start)
@@ -63,7 +65,7 @@ def run(
         engine.tracker.finish(status)
 
 
-def round_loop(engine: Engine, state: ServerState) -> ServerState:
+def round_loop(engine: Engine[A], state: ServerState) -> ServerState:
     """The default protocol: ``num_rounds`` identical rounds, evaluated and logged when due."""
     job = engine.job
     with RoundProgress(job.name, job.engine.num_rounds, engine.start_round, job.tracking.progress) as bar:
@@ -77,7 +79,7 @@ def round_loop(engine: Engine, state: ServerState) -> ServerState:
     return state
 
 
-def finish(s: Engine, state: ServerState, seconds: float) -> RunResult:
+def finish(s: Engine[A], state: ServerState, seconds: float) -> RunResult:
     """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
     last_round = s.history[-1][0] if s.history else s.start_round - 1
     refuse_nonfinite(state.params, "the final global model", last_round)  # protocols too

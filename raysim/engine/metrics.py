@@ -10,7 +10,7 @@ from raysim.types import Metrics, Payload, RoundOutput
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
 
 
-def round_metrics(output: RoundOutput, payload: Payload, cohort_size: int, seconds: float) -> Metrics:
+def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: int, seconds: float) -> Metrics:
     """Every client metric averaged over clients (weighted by their weight), and system metrics."""
     clients = output.client_metrics
     total = sum(m["weight"] for m in clients) or 1.0

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -30,17 +30,18 @@ from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import MapRequest, RoundOptions, raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort
-from raysim.types import MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+from raysim.types import MapResult, MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")
+A = TypeVar("A")  # the algorithm's aggregate type
 
 
 @dataclass
-class Engine:
+class Engine(Generic[A]):
     """Everything one run is made of, built once by ``engine.build``."""
 
     job: JobConfig
-    algorithm: Algorithm
+    algorithm: Algorithm[A]
     store: ClientStore
     backend: Backend
     tracker: Tracker
@@ -69,7 +70,7 @@ class Engine:
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
@@ -103,7 +104,7 @@ class Engine:
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
         personalize = round_num is not None and round_num >= 0 and self.is_personalization_round(round_num)
-        return evaluate_global(self.backend, state.params, self.plan, round_num, personalize=personalize)
+        return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
 
     def map_clients(
         self,
@@ -113,8 +114,8 @@ class Engine:
         *,
         split: str = "test",
         round_num: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> list[list[Any]]:
+        model: dict[str, object] | None = None,
+    ) -> list[list[MapResult]]:
         ids = None if clients is None else tuple(int(c) for c in clients)
         request = MapRequest(task, ids, split, round_num, model=model)
         return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
@@ -137,7 +138,7 @@ class Engine:
         old: ServerState,
         new: ServerState,
         payload: Payload,
-        output: RoundOutput,
+        output: RoundOutput[A],
         round_num: int,
     ) -> Metrics:
         """Each due probe's summary of the round (its rows, the models before and after)."""
@@ -174,7 +175,7 @@ class Engine:
             self.checkpoint(state, round_num)
 
 
-def refuse_nonfinite(tree: Any, what: str, round_num: int) -> None:
+def refuse_nonfinite(tree: object, what: str, round_num: int) -> None:
     """Stops the run when ``tree`` holds NaN or infinity: it would poison every later round."""
     if not P.is_finite(tree):
         bad = P.nonfinite_names(tree)
@@ -191,10 +192,10 @@ def _every(every: int, round_num: int) -> bool:
     return every > 0 and (round_num + 1) % every == 0
 
 
-class PluginServices:
+class PluginServices(Generic[A]):
     """The engine's verbs and nothing else: what a staged plugin or a probe is handed."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine[A]) -> None:
         self._engine = engine
 
     @property
@@ -210,7 +211,7 @@ class PluginServices:
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         options = RoundOptions(keep_local_models=keep_local_models)
         return self._engine.train_cohort(payload, cohort, round_num, options)
 
@@ -220,6 +221,30 @@ class PluginServices:
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         return self._engine.evaluate(state, round_num)
 
+    @overload
+    def map_clients(
+        self,
+        task: Literal["evaluate"],
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, object] | None = None,
+    ) -> list[list[Metrics | None]]: ...
+
+    @overload
+    def map_clients(
+        self,
+        task: Literal["logits", "features"],
+        points: Sequence[NumpyParams],
+        clients: Sequence[int] | np.ndarray | None,
+        *,
+        split: str = "test",
+        round_num: int | None = None,
+        model: dict[str, object] | None = None,
+    ) -> list[list[np.ndarray | None]]: ...
+
     def map_clients(
         self,
         task: MapTask,
@@ -228,9 +253,15 @@ class PluginServices:
         *,
         split: str = "test",
         round_num: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> list[list[Any]]:
-        return self._engine.map_clients(task, points, clients, split=split, round_num=round_num, model=model)
+        model: dict[str, object] | None = None,
+    ) -> list[list[Metrics | None]] | list[list[np.ndarray | None]]:
+        results = self._engine.map_clients(
+            task, points, clients, split=split, round_num=round_num, model=model
+        )
+        # the worker computes what the task says: Metrics rows for "evaluate", arrays otherwise
+        if task == "evaluate":
+            return cast(list[list[Metrics | None]], results)
+        return cast(list[list[np.ndarray | None]], results)
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self._engine.log(metrics, round_num)

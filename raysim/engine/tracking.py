@@ -149,7 +149,10 @@ class MlflowTracker:
             except MlflowException as exc:  # a tracking server: another run created it meanwhile
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
-            return self.client.get_experiment_by_name(self.experiment).experiment_id
+            existing = self.client.get_experiment_by_name(self.experiment)
+            if existing is None:  # created and deleted again in between: let MLflow say why
+                raise RuntimeError(f"MLflow experiment {self.experiment!r} could not be created")
+            return existing.experiment_id
 
     def start(self, job: JobConfig) -> None:
         from mlflow.entities import Param
@@ -170,6 +173,7 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        assert self.run_id is not None, "log_metrics before start"
         self.client.log_batch(self.run_id, metrics=batch)
 
     def log_artifact(self, path: str | Path, artifact_dir: str | None = None) -> None:

@@ -66,6 +66,7 @@ def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpe
         config = options
     else:
         config = validate_options(entry.config, options)
+    assert isinstance(config, ModelConfig)  # registry.register refuses other model Configs
     model = entry.factory(config, spec)
     init = config.init_from
     if init is not None:

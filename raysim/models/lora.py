@@ -12,6 +12,7 @@ starts at zero, so a fresh adapter leaves the base model's output unchanged).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, PositiveInt
@@ -110,16 +111,16 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
     ]
     available = sorted({name.rsplit(".", 1)[-1] for name, m in modules if isinstance(m, adaptable)})
     if targets is None:
-        targets = DEFAULT_TARGETS.get(model_type)
-        targets = targets or TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
-        if not targets:
+        defaults: Sequence[str] | None = DEFAULT_TARGETS.get(model_type)
+        defaults = defaults or TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
+        if not defaults:
             raise ConfigError(
                 [
                     f"model.lora.target_modules: no default for architecture {model_type!r}; "
                     f"name some of {available}"
                 ]
             )
-        return list(targets)
+        return list(defaults)
     bad = []
     for target in targets:
         matched = [m for name, m in modules if name == target or name.endswith(f".{target}")]

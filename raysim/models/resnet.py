@@ -108,7 +108,7 @@ class ResNet(nn.Module):
         stages = {
             f"layer{stage}.{index}": block
             for stage, blocks in enumerate(self.layers, start=1)
-            for index, block in enumerate(blocks)
+            for index, block in enumerate(blocks.children())
         }
         return {"stem": stem, **stages, "pool": GlobalAvgPool(), "head": self.head}
 

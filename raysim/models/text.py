@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from pydantic import BaseModel, PositiveInt
@@ -35,7 +35,12 @@ from raysim.registry import register
 from raysim.types import DataSpec, Task
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        PretrainedConfig,
+        PreTrainedModel,
+    )
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,11 @@ class HFTokenModel(nn.Module):
         inner = self.unwrapped()
         return hf_anatomy(inner).head(inner)
 
-    def unwrapped(self) -> nn.Module:
+    def unwrapped(self) -> PreTrainedModel:
         """The transformers model: ``hf`` itself, or the model inside peft's wrapper (LoRA
         layers included, since peft injects them in place)."""
-        return self.hf.get_base_model() if hasattr(self.hf, "get_base_model") else self.hf
+        get_base_model = getattr(self.hf, "get_base_model", None)  # peft's wrapper has it
+        return cast("PreTrainedModel", get_base_model() if get_base_model is not None else self.hf)
 
 
 class FirstToken(nn.Module):
@@ -265,12 +271,13 @@ def classifier_hf_config(config: HFClassifierConfig, spec: DataSpec) -> Pretrain
         "pad_token_id": pad,
         "num_labels": spec.num_classes,
     }
+    intermediate = sizes.intermediate_size or 4 * sizes.hidden_size  # BERT's 4d (every preset sets it)
     if config.arch == "distilbert":
         return DistilBertConfig(
             dim=sizes.hidden_size,
             n_layers=sizes.num_layers,
             n_heads=sizes.num_heads,
-            hidden_dim=sizes.intermediate_size,
+            hidden_dim=intermediate,
             **common,
         )
     config_class = BertConfig if config.arch == "bert" else RobertaConfig
@@ -278,7 +285,7 @@ def classifier_hf_config(config: HFClassifierConfig, spec: DataSpec) -> Pretrain
         hidden_size=sizes.hidden_size,
         num_hidden_layers=sizes.num_layers,
         num_attention_heads=sizes.num_heads,
-        intermediate_size=sizes.intermediate_size,
+        intermediate_size=intermediate,
         **common,
     )
 
@@ -392,7 +399,11 @@ def reject_overrides(config: BaseModel, extra_fields: tuple[str, ...]) -> None:
         )
 
 
-def load_pretrained(auto_class: type, path: str, **kwargs: Any) -> PreTrainedModel:
+def load_pretrained(
+    auto_class: type[AutoModelForCausalLM] | type[AutoModelForSequenceClassification],
+    path: str,
+    **kwargs: Any,
+) -> PreTrainedModel:
     """Loads a model saved with ``save_pretrained`` from a local directory, in float32.
 
     Raises:

@@ -14,7 +14,7 @@ An MLP without hidden layers has a "flatten" block, so its features are the flat
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from pydantic import Field, PositiveInt
@@ -82,7 +82,7 @@ class BlockSequential(nn.Sequential):
     Its state dict is the plain ``nn.Sequential``'s; ``blocks()`` and ``head`` share its layers.
     """
 
-    def __init__(self, blocks: dict[str, Sequence[nn.Module]]) -> None:
+    def __init__(self, blocks: Mapping[str, Sequence[nn.Module]]) -> None:
         super().__init__(*(layer for layers in blocks.values() for layer in layers))
         self.block_sizes = tuple((name, len(layers)) for name, layers in blocks.items())
 

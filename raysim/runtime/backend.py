@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig
 from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
-from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
+from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
+
+A = TypeVar("A")  # the algorithm's aggregate type
 
 
 class Backend(Protocol):
@@ -28,14 +30,14 @@ class Backend(Protocol):
 
     def train_cohort(
         self,
-        algorithm: Algorithm,
+        algorithm: Algorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
         options: RoundOptions,
-    ) -> RoundOutput: ...
+    ) -> RoundOutput[A]: ...
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
         """``results[point][client position]`` (one "client" for the central set), spread over
         every worker."""
         ...
@@ -70,24 +72,28 @@ def shard_cohort(
     return [sorted(shard) for shard in shards]
 
 
-def merge_reports(algorithm: Algorithm, reports: list[WorkerReport], options: RoundOptions) -> RoundOutput:
+def merge_reports(
+    algorithm: Algorithm[A], reports: list[WorkerReport], options: RoundOptions
+) -> RoundOutput[A]:
     """Merges worker partials in worker order (canonical), then takes the aggregate."""
     aggregator = algorithm.aggregator()
     merged = aggregator.zero()
-    output = RoundOutput(aggregate=None, probe_rows={name: [] for name in options.probes})
+    probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:
         merged = aggregator.merge(merged, report.partial)
-        output.client_metrics += report.client_metrics
-        output.failures += report.failures
         for name, rows in report.probe_rows.items():
-            output.probe_rows[name] += rows
-        output.local_models |= report.local_models
-        output.bytes_up += report.bytes_up
-        output.worker_seconds.append(report.seconds)
-    for rows in output.probe_rows.values():
+            probe_rows[name] += rows
+    for rows in probe_rows.values():
         rows.sort(key=lambda row: row["client_id"])  # independent of the sharding
-    output.aggregate = aggregator.result(merged)
-    return output
+    return RoundOutput(
+        aggregate=aggregator.result(merged),
+        client_metrics=[metrics for report in reports for metrics in report.client_metrics],
+        failures=[failure for report in reports for failure in report.failures],
+        probe_rows=probe_rows,
+        local_models={k: v for report in reports for k, v in report.local_models.items()},
+        bytes_up=sum(report.bytes_up for report in reports),
+        worker_seconds=[report.seconds for report in reports],
+    )
 
 
 def split_evenly(items: np.ndarray, num_parts: int) -> list[list[int]]:
@@ -107,7 +113,7 @@ def chunk(units: list[tuple[int, int]], num_parts: int) -> list[list[tuple[int, 
     return [units[bounds[i] : bounds[i + 1]] for i in range(num_parts)]
 
 
-def by_point(request: MapRequest, num_points: int, flat: list[Any]) -> list[list[Any]]:
+def by_point(request: MapRequest, num_points: int, flat: list[MapResult]) -> list[list[MapResult]]:
     """The flat results of ``map_units`` order as ``results[point][client position]``."""
     num_clients = 1 if request.clients is None else len(request.clients)
     return [flat[p * num_clients : (p + 1) * num_clients] for p in range(num_points)]
@@ -122,18 +128,18 @@ class SerialBackend:
 
     def train_cohort(
         self,
-        algorithm: Algorithm,
+        algorithm: Algorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
         options: RoundOptions,
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         sizes = self.trainer.store.num_examples("train")[cohort]
         shards = shard_cohort(cohort, sizes, self.num_workers)
         reports = [self.trainer.train(payload, shard, round_num, options) for shard in shards]
         return merge_reports(algorithm, reports, options)
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
         flat = self.trainer.map_units(request, list(points), map_units(request, len(points)))
         return by_point(request, len(points), flat)
 

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -29,10 +29,14 @@ from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
 from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
-from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
+from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
+# A ClientTrainer actor. Ray's stubs type only @ray.method methods of an ActorHandle with .remote,
+# and ClientTrainer stays plain Python (Ray at the edges), so its handles are untyped.
+WorkerHandle = Any
+A = TypeVar("A")  # the algorithm's aggregate type
 
 
 LOOPBACK = "127.0.0.1"
@@ -139,7 +143,7 @@ class RayBackend:
             ) from None
         actor = ray.remote(ClientTrainer)
         one = worker_setup_for(setup, resources)
-        self.workers = [
+        self.workers: list[WorkerHandle] = [
             actor.options(
                 num_cpus=resources.cpus_per_worker,
                 num_gpus=resources.gpus_per_worker,
@@ -156,12 +160,12 @@ class RayBackend:
 
     def train_cohort(
         self,
-        algorithm: Algorithm,
+        algorithm: Algorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
         options: RoundOptions,
-    ) -> RoundOutput:
+    ) -> RoundOutput[A]:
         payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
         reports = self._run_shards(payload_ref, shards, round_num, options)
@@ -190,7 +194,7 @@ class RayBackend:
             pending = list(zip(self.workers, self._reshard(orphans))) if orphans else []
         return reports
 
-    def _drop(self, dead: Any, round_num: int) -> None:
+    def _drop(self, dead: WorkerHandle, round_num: int) -> None:
         """A worker Ray could not restart leaves the pool, and the log says so."""
         if dead in self.workers:
             self.workers.remove(dead)
@@ -207,7 +211,7 @@ class RayBackend:
         shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[Any]]:
+    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
         points_ref = ray.put(list(points))  # one copy of every point for all workers
         units = map_units(request, len(points))
         parts = [part for part in chunk(units, len(self.workers)) if part]

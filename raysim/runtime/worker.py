@@ -11,7 +11,7 @@ import pickle
 import time
 import traceback
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -32,11 +32,17 @@ from raysim.types import (
     ClientFailure,
     ClientResult,
     DataSpec,
+    MapResult,
     MapTask,
     Metrics,
     NumpyParams,
     Payload,
 )
+
+if TYPE_CHECKING:
+    from raysim.aggregate import Partial
+    from raysim.algorithm import Algorithm
+    from raysim.models.anatomy import FeatureModel
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 
@@ -82,7 +88,7 @@ class MapRequest:
 class WorkerReport:
     """One worker's answer for one round."""
 
-    partial: Any
+    partial: Partial
     client_metrics: list[Metrics] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
@@ -91,7 +97,8 @@ class WorkerReport:
     seconds: float = 0.0
 
 
-def build_algorithm(job: JobConfig) -> Any:
+def build_algorithm(job: JobConfig) -> Algorithm[Any]:
+    """The job's plugin; its aggregate type is known only to the plugin (looked up by name)."""
     return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
 
 
@@ -104,7 +111,7 @@ def _build(section: PluginSection, kind: registry.Kind) -> Any:
     return registry.get(kind, section.name).factory(section.config)
 
 
-def build_job_model(job: JobConfig, spec: Any) -> torch.nn.Module:
+def build_job_model(job: JobConfig, spec: DataSpec) -> torch.nn.Module:
     """The job's model, seeded so every process builds identical frozen weights.
 
     Raises:
@@ -292,7 +299,7 @@ class ClientTrainer:
 
     def map_units(
         self, request: MapRequest, points: list[NumpyParams], units: list[tuple[int, int]]
-    ) -> list[Any]:
+    ) -> list[MapResult]:
         """``request.task`` for each (point index, client position) unit, in order.
 
         Units arrive grouped by point, so each point is loaded into the model once.
@@ -347,7 +354,7 @@ def _compute(
     if task == "evaluate":
         return evaluate(model, data, spec, device, batch_size)
     model.eval()
-    forward = model.features if task == "features" else model  # features: models/ anatomy
+    forward = cast("FeatureModel", model).features if task == "features" else model  # models/ anatomy
     outputs = [
         forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
     ]

@@ -1,5 +1,7 @@
 """Aggregators against hand-computed values, and associativity across groupings."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -72,3 +74,29 @@ def test_gather_keeps_copies_not_views_of_a_reused_tensor():
         shared.fill_(float(i))  # like a resident model the next client overwrites
         acc = agg.add(acc, i, ClientResult({"w": shared}, 1.0))
     assert [r.update["w"][0].item() for _, r in agg.result(acc)] == [0.0, 1.0, 2.0]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An update as a small frozen dataclass (SCAFFOLD's shape): the tree functions walk it."""
+
+    delta: dict[str, torch.Tensor]
+    dc: torch.Tensor
+
+
+def pair(value, weight):
+    return ClientResult(update=Pair({"w": torch.tensor([value])}, torch.tensor(-value)), weight=weight)
+
+
+def test_sum_and_weighted_mean_fold_dataclass_updates_field_by_field():
+    # Sum: 1 + 3 + 5 = 9 (and -9); weighted mean: (1*1 + 3*2 + 5*1) / 4 = 3 (and -3)
+    results = [pair(1.0, 1), pair(3.0, 2), pair(5.0, 1)]
+    total = Sum().result(fold(Sum(), results))
+    assert isinstance(total, Pair) and total.delta["w"].item() == 9.0 and total.dc.item() == -9.0
+    assert total.dc.dtype == torch.float32
+    mean = WeightedMean().result(fold(WeightedMean(), results))
+    assert isinstance(mean, Pair) and mean.delta["w"].item() == pytest.approx(3.0)
+    assert mean.dc.item() == pytest.approx(-3.0)
+    agg = Sum()
+    split = agg.result(agg.merge(fold(agg, results[:1]), fold(agg, results[1:], start=1)))
+    assert torch.equal(split.delta["w"], total.delta["w"]) and torch.equal(split.dc, total.dc)

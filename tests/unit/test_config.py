@@ -132,6 +132,38 @@ def test_a_plugin_option_called_name_is_refused_at_registration():
         registry.register("dataset", "shadowing", config=Shadowing)(object)
 
 
+def test_a_dataset_config_must_be_a_dataset_config():
+    """Stores are partitioned and cached from DatasetConfig's fields, so a recipe's Config is one."""
+    from pydantic import BaseModel
+
+    from raysim import registry
+
+    class Plain(BaseModel):
+        num_clients: int = 10
+
+    with pytest.raises(TypeError, match="must subclass raysim.data.store.DatasetConfig"):
+        registry.register("dataset", "plain_config_test", config=Plain)(object)
+
+
+def test_a_benchmark_needs_a_plugin_with_local_training(tmp_path, monkeypatch):
+    """The plain loop repeats the plugin's local SGD: a plugin without it is refused on load."""
+    from pydantic import BaseModel
+
+    from raysim import registry
+    from raysim.cli.bench import load_benchmark
+
+    class NoLocal(BaseModel, frozen=True, extra="forbid"):
+        stages: int = 2
+
+    entry = registry.Entry("algorithm", "no_local_test", object, NoLocal, "")
+    monkeypatch.setitem(registry._entries["algorithm"], "no_local_test", entry)
+    raw = yaml.safe_load((REPO / "jobs" / "bench" / "pfl_cifar10.yaml").read_text())
+    raw["algorithm"] = {"name": "no_local_test"}
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="'no_local_test' has no local section"):
+        load_benchmark(tmp_path / "bench.yaml", [])
+
+
 # Options a plugin cannot do without, so that its Config validates at all.
 REQUIRED_OPTIONS = {
     ("dataset", "hf_images"): {"path": "x"},

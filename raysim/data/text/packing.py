@@ -33,7 +33,8 @@ def pack_clients(
     ends = np.append(starts[1:], len(keys))
     docs = tokenizer.encode_batch(table.column("text").to_pylist())
     client_keys = keys.take(pa.array(starts)).to_pylist()
-    rows, index = [], {"key": [], "num_train": [], "num_test": [], "num_documents": []}
+    rows: list[np.ndarray] = []
+    index: dict[str, list[Any]] = {"key": [], "num_train": [], "num_test": [], "num_documents": []}
     stats = {"dropped_clients": 0, "capped_sequences": 0}
     for key, start, end in zip(client_keys, starts, ends):
         shuffle = np.random.default_rng([config.seed, SPLIT_STREAM, key_hash(key)])

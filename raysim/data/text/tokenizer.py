@@ -92,7 +92,7 @@ class Tokenizer:
         vocab_size: int,
         eos_id: int,
         pad_id: int | None,
-        encode_batch: Callable[[list[str]], list[Sequence[int]]],
+        encode_batch: Callable[[list[str]], Sequence[Sequence[int] | np.ndarray]],
         decode: Callable[[list[int]], str],
     ) -> None:
         self.name = name
@@ -218,6 +218,7 @@ def prepare_tokenizer(config: TokenizerConfig, texts: Iterable[str], directory: 
     if config.kind == "bpe":
         train_bpe(texts, config).save(str(directory / BPE_FILE))
     elif config.kind == "hf":
+        assert config.name_or_path is not None  # TokenizerConfig requires it for hf
         _load_auto_tokenizer(config.name_or_path).save_pretrained(str(directory / HF_DIR))
     return load_tokenizer(config, directory)
 
@@ -244,6 +245,7 @@ def load_tokenizer(config: TokenizerConfig, directory: str | Path | None = None)
                 "when its store is prepared (raysim prepare)"
             )
         return _from_rust(_read_rust_tokenizer(path), f"bpe-{config.vocab_size}")
+    assert config.name_or_path is not None  # kind hf: TokenizerConfig requires it
     local = Path(directory) / HF_DIR if directory is not None else None
     source = str(local) if local is not None and local.is_dir() else config.name_or_path
     return _from_auto(_load_auto_tokenizer(source), config.name_or_path)

@@ -7,6 +7,7 @@ Server with two clients and N = 4: x <- x - mean(delta); c <- c + (2/4) mean(dc)
 """
 
 import numpy as np
+import pytest
 import torch
 from reference import B0, SPEC, W0, context, grad
 
@@ -46,8 +47,8 @@ def test_client_update_and_persistent_variate():
     x, y = CLIENTS[0]
     result = plugin.client_update(context(x, y, plugin.broadcast(state, 0), state=ci))
     delta, dc, new_ci = reference_client(x, y, np.full((2, 2), 0.02), np.zeros(2))
-    assert np.allclose(result.update["delta"]["weight"].numpy(), delta, atol=1e-6)
-    assert np.allclose(result.update["dc"]["weight"].numpy(), dc, atol=1e-5)
+    assert np.allclose(result.update.delta["weight"].numpy(), delta, atol=1e-6)
+    assert np.allclose(result.update.dc["weight"].numpy(), dc, atol=1e-5)
     assert np.allclose(result.state["c_i"]["weight"].numpy(), new_ci, atol=1e-5)
 
 
@@ -67,7 +68,6 @@ def test_server_moves_model_and_variate():
 
 
 def test_local_optimizers_other_than_plain_sgd_are_refused():
-    import pytest
     from pydantic import ValidationError
 
     config = registry.get("algorithm", "scaffold").config
@@ -84,4 +84,23 @@ def test_weight_counts_the_examples_trained_on():
     state = init_state(plugin)
     x, y = np.array([[1.0, 2.0], [-0.5, 1.0]]), np.array([0, 1])
     result = plugin.client_update(context(x, y, plugin.broadcast(state, 0)))
-    assert result.weight == 1.0 and float(result.update["weight"]) == 1.0
+    assert result.weight == 1.0 and float(result.update.weight) == 1.0
+
+
+def test_the_update_is_a_frozen_dataclass_that_pickles_by_its_plugin_module():
+    """Workers pickle partial sums of these to the driver, which finds the class in the plugin
+    module the registry put in sys.modules (Ray itself: tests/integration/test_determinism.py)."""
+    import dataclasses
+    import pickle
+
+    plugin = algo()
+    state = init_state(plugin)
+    x, y = CLIENTS[0]
+    update = plugin.client_update(context(x, y, plugin.broadcast(state, 0))).update
+    assert (
+        dataclasses.is_dataclass(update) and type(update).__module__ == "raysim_plugins.algorithms.scaffold"
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        update.dc = {}
+    copy = pickle.loads(pickle.dumps(update))
+    assert type(copy) is type(update) and torch.equal(copy.delta["weight"], update.delta["weight"])

@@ -118,9 +118,9 @@ class FisherWeightedMean:
             has_fisher = den > 0
             fisher_mean = num / torch.where(has_fisher, den, torch.ones_like(den))
             pseudo_grad[k] = torch.where(has_fisher, fisher_mean, fedavg).float()
-            fedavg_sq += float((fedavg.double() ** 2).sum())
             if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
                 num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
+                fedavg_sq += float((fedavg.double() ** 2).sum())
         return {
             "pseudo_grad": pseudo_grad,
             "zero_fisher_fraction": num_zero / max(total, 1),
@@ -244,7 +244,10 @@ class FedFish:
         params, opt_state = server_step(
             state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
         )
-        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in pseudo_grad.values()))
+        # parameters only: on buffers both methods average, which would pull the ratio towards 1
+        norm = math.sqrt(
+            sum(float((g.double() ** 2).sum()) for k, g in pseudo_grad.items() if k not in state.buffer_keys)
+        )
         fedavg_norm = aggregate["fedavg_norm"]
         return replace(state, params=params, opt_state=opt_state), {
             "server/delta_norm": norm,

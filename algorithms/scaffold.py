@@ -106,11 +106,14 @@ class Scaffold:
             after_backward=drift_correction(c, c_i),
         )
         delta = P.delta(ctx.global_params, P.model_params(ctx.model))
-        steps = max(metrics["train/steps"], 1.0)
-        new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
+        steps = metrics["train/steps"]
+        if steps > 0:  # option II: c_i+ = c_i - c + delta / (K lr)
+            new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
+        else:  # no data, no steps: K lr is 0, and the client changes nothing (its weight is 0 too)
+            new_c_i = c_i
         dc = {k: new_c_i[k] - c_i[k] for k in c}
         num_examples = metrics["train/num_examples"]  # fewer than len(ctx.data) if max_steps cut in
-        w = num_examples if self.config.weighted else 1.0
+        w = 0.0 if steps == 0 else num_examples if self.config.weighted else 1.0
         return ClientResult(
             update=ScaffoldUpdate({k: v * w for k, v in delta.items()}, torch.tensor(w), dc),
             weight=num_examples,

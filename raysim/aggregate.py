@@ -130,7 +130,7 @@ class Gather:
     def add(self, acc: Gathered, position: int, result: ClientResult) -> Gathered:
         # copies: an update may be a view of the worker's resident model, which the next
         # client overwrites
-        kept = replace(result, update=tree_map(lambda t: t.detach().clone(), result.update))
+        kept = replace(result, update=tree_map(_own_copy, result.update))
         return [*acc, (position, kept)]
 
     def merge(self, left: Gathered, right: Gathered) -> Gathered:
@@ -138,3 +138,8 @@ class Gather:
 
     def result(self, acc: Gathered) -> Gathered:
         return sorted(acc, key=lambda item: item[0])
+
+
+def _own_copy(leaf: Any) -> Any:
+    """A detached copy of a tensor leaf; other leaves (numbers, strings) are immutable already."""
+    return leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf

@@ -26,8 +26,10 @@ Rules every plugin follows:
   it first; draw your own from ``torch.Generator().manual_seed(ctx.seed)``).
 - ``broadcast`` sends ``payload.params`` covering every tensor that travels
   (``params.model_params``: trainable parameters and float buffers), or none at all
-  (``Payload({})``): then the worker loads nothing and the resident model keeps the weights the
-  plugin gave it, which the plugin owns (a staged protocol). ``payload.extra`` holds numpy arrays
+  (``Payload({})``): then the worker loads nothing, and ``client_update`` must load every weight
+  it trains from ``payload.extra`` itself, since the resident model holds whatever ran last on
+  that worker (another client, an evaluation; a restarted worker rebuilds it from the seed).
+  ``payload.extra`` holds numpy arrays
   and plain values in dicts, lists and tuples; its arrays reach ``client_update`` as tensors on
   ``ctx.device``, moved once per round per worker: read them, never write them.
 - Aggregators are associative (``raysim.aggregate``): ``WeightedMean`` and ``Sum`` fold nested
@@ -67,7 +69,7 @@ from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 import torch
 from pydantic import BaseModel
 
-from raysim.aggregate import Aggregator
+from raysim.aggregate import Aggregator, WeightedMean
 from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -125,15 +127,17 @@ def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
 
 
 def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Params | None:
-    """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook,
-    else the aggregate itself when it is a mean delta (tensors keyed like ``params``), else None."""
+    """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook;
+    else, for a ``WeightedMean`` aggregator (a weighted mean of deltas is a mean delta), the
+    aggregate itself when its tensors are keyed like ``params``; else None (no pure aggregate)."""
     if aggregate is None:
         return None
     hook = getattr(algorithm, "pseudo_gradient", None)
     if callable(hook):
         return hook(aggregate)
     if (
-        isinstance(aggregate, dict)
+        isinstance(algorithm.aggregator(), WeightedMean)
+        and isinstance(aggregate, dict)
         and aggregate
         and set(aggregate) <= set(params)
         and all(isinstance(v, torch.Tensor) for v in aggregate.values())

@@ -201,6 +201,8 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     if isinstance(evaluation, dict) and "probes" in evaluation:
         core_raw["evaluation"] = {k: v for k, v in evaluation.items() if k != "probes"}
         probes = _validate_probes(evaluation["probes"], problems)
+    if isinstance(evaluation, dict):  # checked now, not after the training store is built
+        _check_transfer_datasets(evaluation.get("transfer"), problems)
     core: _CoreJob | None = None
     try:
         core = _CoreJob.model_validate(core_raw)
@@ -212,6 +214,13 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections)
+
+
+def _check_transfer_datasets(raw: Any, problems: list[str]) -> None:
+    """Each transfer dataset section validates like the job's own ``dataset``."""
+    for i, transfer in enumerate(raw if isinstance(raw, list) else []):
+        if isinstance(transfer, dict) and "dataset" in transfer:
+            _validate_plugin("dataset", transfer["dataset"], problems, f"evaluation.transfer[{i}].dataset")
 
 
 def _moved_keys(raw: dict[str, Any]) -> list[str]:

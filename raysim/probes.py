@@ -183,8 +183,9 @@ class LocalAccuracy:
     """Pre-aggregation accuracy: each client's local model on its own test split, before the
     server aggregates (the "Local" numbers FedGuCci and IMA report beside the global model's).
 
-    Logs ``local/test_accuracy`` and ``local/test_loss`` (example-weighted over the cohort's
-    clients that have a test split) and their unweighted means (``_mean``).
+    Logs ``local/test_accuracy`` and ``local/test_loss`` (weighted by each client's evaluated
+    examples, tokens for a causal LM, over the cohort's clients that have a test split) and their
+    unweighted means (``_mean``).
     """
 
     Config = ProbeConfig

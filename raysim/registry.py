@@ -220,4 +220,6 @@ def _same_member(field: Any, default: BaseModel, value: dict[str, Any]) -> bool:
     """False when ``value`` picks another member of a tagged union (a partition of another
     ``kind``): its options then start from that member's own defaults."""
     tag = getattr(field, "discriminator", None)
+    if not isinstance(tag, str) and "kind" in type(default).model_fields:
+        tag = "kind"  # e.g. server: {kind: sgd} over FedFish's Adam: SGD's own defaults, not Adam's
     return not isinstance(tag, str) or value.get(tag, getattr(default, tag)) == getattr(default, tag)

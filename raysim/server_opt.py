@@ -40,6 +40,8 @@ class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
 
     @model_validator(mode="after")
     def _bias_correction_needs_zero_start(self) -> "ServerOptimizerConfig":
+        if self.bias_correction and self.kind in ("sgd", "adagrad"):
+            raise ValueError(f"bias_correction applies to adam and yogi only, not {self.kind}")
         if self.bias_correction and self.initial_second_moment != "zero":
             raise ValueError(
                 "bias_correction divides by (1 - beta^t), which is right only for moments that "
@@ -72,7 +74,7 @@ def server_step(
         if key in buffer_keys:
             new_params[key] = w - g
             continue
-        m = m_old[key] if key in m_old else torch.zeros_like(w)
+        m = m_old[key] if key in m_old else _zeros_if_kept(w, config.kind != "sgd" or config.momentum > 0)
         v = v_old[key] if key in v_old else _initial_second_moment(w, config)
         new_params[key], m_new[key], v_new[key] = _update(w, g, m, v, step, config)
     new_state: OptState = {"step": step}
@@ -83,7 +85,14 @@ def server_step(
     return new_params, new_state
 
 
+def _zeros_if_kept(w: torch.Tensor, kept: bool) -> torch.Tensor:
+    """A moment's zero start, or an empty stand-in for one plain SGD never reads."""
+    return torch.zeros_like(w) if kept else w.new_empty(0)
+
+
 def _initial_second_moment(w: torch.Tensor, config: ServerOptimizerConfig) -> torch.Tensor:
+    if config.kind == "sgd":  # never read
+        return w.new_empty(0)
     if config.initial_second_moment == "tau_squared":
         return torch.full_like(w, config.eps**2)
     return torch.zeros_like(w)
@@ -120,5 +129,7 @@ def apply_server_step(
     if mean_delta is None:  # nobody reported: keep the model
         return state, {}
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
-    norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in mean_delta.values()))
-    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}
+    norm = math.sqrt(
+        sum(float((d.double() ** 2).sum()) for k, d in mean_delta.items() if k not in state.buffer_keys)
+    )
+    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}  # parameters only

@@ -87,7 +87,12 @@ def sam_perturbation(
         scales = [p.abs() + eta if adaptive and "weight" in name else None for name, p in params]
         scaled = [g if t is None else g * t for g, t in zip(grads, scales, strict=True)]  # T g
         norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in scaled])
+            torch.stack(
+                [
+                    torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32)).float()
+                    for g in scaled
+                ]
+            )
         )
         factor = rho / (norm + _TINY)  # a tensor: no device sync
         for (_, p), t, g in zip(params, scales, scaled, strict=True):

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare.set_defaults(handler=cmd_prepare)
 
     ls = sub.add_parser("ls", help="list algorithms, datasets and models")
-    ls.add_argument("kind", nargs="?", choices=["algorithms", "datasets", "models"])
+    ls.add_argument("kind", nargs="?", choices=["algorithms", "datasets", "models", "probes"])
     ls.set_defaults(handler=cmd_ls)
 
     ui = sub.add_parser("ui", help="open the MLflow UI on the run store (127.0.0.1)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import time
 import uuid
@@ -40,6 +41,7 @@ def build(
 
     Everything that can be checked is checked before Ray workers or an MLflow run exist.
     """
+    check_installed(job)
     store = open_dataset(job.dataset.name, job.dataset.config)
     train_pool, heldout = split_population(store.num_clients, job.evaluation.heldout_fraction, job.seed)
     schedule = load_schedule(job, store, train_pool, heldout)
@@ -79,6 +81,18 @@ def build(
     engine = Engine(job, algorithm, store, backend, tracker, info, run_dir, state_dir, plan, train_pool,
                     probes, schedule, start_round)  # fmt: skip
     return engine, state
+
+
+def check_installed(job: JobConfig) -> None:
+    """Ray and MLflow are optional at import (GPU machines run without them); a job that needs
+    one says so before any work starts."""
+    needs = {"ray": job.resources.backend == "ray", "mlflow": job.tracking.enabled}
+    missing = [name for name, needed in needs.items() if needed and importlib.util.find_spec(name) is None]
+    if missing:
+        raise ResourceError(
+            f"this job needs {' and '.join(missing)}, which is not installed here: pip install "
+            f"{' '.join(missing)}, or run with resources.backend=serial tracking.enabled=false"
+        )
 
 
 def load_schedule(

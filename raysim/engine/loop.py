@@ -81,7 +81,7 @@ def round_loop(engine: Engine[A], state: ServerState) -> ServerState:
 
 def finish(s: Engine[A], state: ServerState, seconds: float) -> RunResult:
     """Final checkpoint, cohort schedule and learning curve as artifacts; the result."""
-    last_round = s.history[-1][0] if s.history else s.start_round - 1
+    last_round = max((r for r, _ in s.history), default=s.start_round - 1)  # logged in any order
     refuse_nonfinite(state.params, "the final global model", last_round)  # protocols too
     s.run_dir.mkdir(parents=True, exist_ok=True)
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"

@@ -11,11 +11,11 @@ _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
 
 
 def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: int, seconds: float) -> Metrics:
-    """Every client metric averaged over clients (weighted by their weight), and system metrics."""
+    """Every client metric averaged, weighted by client weight, over the clients that report it;
+    and system metrics."""
     clients = output.client_metrics
-    total = sum(m["weight"] for m in clients) or 1.0
     keys = sorted({k for m in clients for k in m} - _BOOKKEEPING)
-    metrics = {key: sum(m[key] * m["weight"] for m in clients if key in m) / total for key in keys}
+    metrics = {key: _weighted_mean([m for m in clients if key in m], key) for key in keys}
     busiest = max(output.worker_seconds, default=0.0)
     mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
     return (
@@ -33,6 +33,11 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
             "sys/num_workers": float(len(output.worker_seconds)),
         }
     )
+
+
+def _weighted_mean(clients: list[Metrics], key: str) -> float:
+    total = sum(m["weight"] for m in clients) or 1.0
+    return sum(m[key] * m["weight"] for m in clients) / total
 
 
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:

@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
+from pydantic import ValidationError
 
 from raysim import params as P
+from raysim import registry
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
 from raysim.checkpoint import save_checkpoint
-from raysim.config import JobConfig
+from raysim.config import JobConfig, explain
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker
-from raysim.errors import NonFiniteError
+from raysim.errors import ConfigError, NonFiniteError
 from raysim.probes import Probe, ProbeRound, is_due
+from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import MapRequest, RoundOptions, raise_client_failure
@@ -116,6 +119,7 @@ class Engine(Generic[A]):
         round_num: int | None = None,
         model: dict[str, object] | None = None,
     ) -> list[list[MapResult]]:
+        check_map_request(split, round_num, model)
         ids = None if clients is None else tuple(int(c) for c in clients)
         request = MapRequest(task, ids, split, round_num, model=model)
         return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
@@ -173,6 +177,20 @@ class Engine(Generic[A]):
     def maybe_checkpoint(self, state: ServerState, round_num: int) -> None:
         if _every(self.job.engine.checkpoint_every, round_num):
             self.checkpoint(state, round_num)
+
+
+def check_map_request(split: str, round_num: int | None, model: dict[str, object] | None) -> None:
+    """A ``map_clients`` request is checked on the driver, not inside every worker."""
+    if split not in ("test", "train", "round") or (split == "round" and round_num is None):
+        raise ConfigError(
+            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {split!r}"]
+        )
+    if model is not None:
+        entry = registry.get("model", str(model.get("name", "")))
+        try:
+            plugin_config(entry.config, {k: v for k, v in model.items() if k != "name"})
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, entry.config, "map_clients model.")) from None
 
 
 def refuse_nonfinite(tree: object, what: str, round_num: int) -> None:

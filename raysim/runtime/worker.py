@@ -10,6 +10,7 @@ import math
 import pickle
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -226,7 +227,7 @@ class ClientTrainer:
             client_id, round_num, self.model, data, self._evaluate,
             lambda: self.store.client_data(client_id, "test"),
         )  # fmt: skip
-        before = {name: probe.before_training(view) for name, probe in probes.items()}
+        before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
         self.model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = ClientContext(
             client_id=client_id,
@@ -243,7 +244,7 @@ class ClientTrainer:
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
         rows = {
-            name: {"client_id": float(client_id), **before[name], **probe.after_training(view)}
+            name: {"client_id": float(client_id), **before[name], **_measure(probe.after_training, view)}
             for name, probe in probes.items()
         }
         return result, rows
@@ -359,6 +360,14 @@ def _compute(
         forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
     ]
     return torch.cat(outputs).numpy()
+
+
+def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:
+    """A probe hook in eval mode without gradients: measuring must not change training (no
+    BatchNorm statistics updated, no gradients left behind)."""
+    view.model.eval()
+    with torch.no_grad():
+        return hook(view)
 
 
 def check_finite_result(result: ClientResult) -> None:

@@ -78,6 +78,12 @@ def test_ls_lists_every_registered_kind(capsys):
         assert name in out
 
 
+def test_ls_shows_one_kind(capsys):
+    assert main(["ls", "probes"]) == 0
+    out = capsys.readouterr().out
+    assert "client_server_barrier" in out and "fedavg" not in out
+
+
 def test_ui_serves_the_same_store_on_localhost(tracking_uri, capsys):
     assert main(["ui", "--dry-run", "--port", "5055"]) == 0
     out = capsys.readouterr().out.replace("\n", "")

@@ -17,7 +17,8 @@ from raysim.engine.build import build
 from raysim.engine.loop import START_STEP, run
 from raysim.engine.services import PluginServices
 from raysim.engine.tracking import MemoryTracker
-from raysim.errors import CheckpointError
+from raysim.errors import CheckpointError, ConfigError
+from raysim.probes import ProbeConfig
 from raysim.runtime.worker import build_job_model
 from raysim.types import Payload
 
@@ -250,3 +251,47 @@ def test_bytes_down_are_counted_per_payload_part(tmp_path):
     assert final["sys/bytes_down/params"] == 6 * params_bytes  # cohort of 6
     assert final["sys/bytes_down/c"] == 6 * params_bytes  # SCAFFOLD's server variate, same shapes
     assert final["sys/bytes_down"] == final["sys/bytes_down/params"] + final["sys/bytes_down/c"]
+
+
+class ModeRecorder:
+    """A probe that records how its hooks see the model (a test probe)."""
+
+    Config = ProbeConfig
+    keeps_local_models = False
+
+    def __init__(self, config):
+        self.config = config
+
+    def _seen(self, view):
+        view.model(torch.as_tensor(view.data.arrays["x"][:2]))  # a forward pass of its own
+        return {"training": float(view.model.training), "grad": float(torch.is_grad_enabled())}
+
+    def before_training(self, view):
+        return {f"before_{k}": v for k, v in self._seen(view).items()}
+
+    def after_training(self, view):
+        return {f"after_{k}": v for k, v in self._seen(view).items()}
+
+    def summarize(self, round, services):
+        keys = ("before_training", "before_grad", "after_training", "after_grad")
+        return {f"mode/{k}": max(row[k] for row in round.rows) for k in keys}
+
+
+def test_probe_hooks_run_in_eval_mode_without_gradients(tmp_path):
+    registry.register("probe", "mode_recorder_test")(ModeRecorder)
+    job = tiny_job(evaluation={"probes": [{"name": "mode_recorder_test"}]}, engine={"num_rounds": 1})
+    final = run(job, output_dir=tmp_path).final
+    assert [
+        final[f"mode/{k}"] for k in ("before_training", "before_grad", "after_training", "after_grad")
+    ] == [0.0] * 4
+
+
+def test_map_clients_refuses_a_bad_split_or_model_on_the_driver(tmp_path):
+    engine, state = built(tiny_job(), tmp_path)
+    point = [P.to_numpy(state.params)]
+    with pytest.raises(ConfigError, match="split must be"):
+        engine.map_clients("evaluate", point, [0], split="round")  # no round_num
+    with pytest.raises(ConfigError, match="split must be"):
+        engine.map_clients("evaluate", point, [0], split="validation")
+    with pytest.raises(ConfigError, match="map_clients model.hiden: unknown key"):
+        engine.map_clients("evaluate", point, [0], model={"name": "mlp", "hiden": [8]})

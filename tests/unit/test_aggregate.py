@@ -100,3 +100,13 @@ def test_sum_and_weighted_mean_fold_dataclass_updates_field_by_field():
     agg = Sum()
     split = agg.result(agg.merge(fold(agg, results[:1]), fold(agg, results[1:], start=1)))
     assert torch.equal(split.delta["w"], total.delta["w"]) and torch.equal(split.dc, total.dc)
+
+
+def test_gather_keeps_numbers_in_updates():
+    from raysim.aggregate import Gather
+    from raysim.types import ClientResult
+
+    agg = Gather()
+    acc = agg.add(agg.zero(), 0, ClientResult({"w": torch.ones(2), "steps": 3, "tag": "a"}, 1.0))
+    [(position, result)] = agg.result(acc)
+    assert position == 0 and result.update["steps"] == 3 and result.update["tag"] == "a"

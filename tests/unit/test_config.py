@@ -260,3 +260,16 @@ def test_the_resolved_config_holds_the_merged_plugin_defaults():
     flat = flatten(job.to_dict())  # what MLflow logs and the checkpoint saves
     assert (flat["algorithm.server.kind"], flat["algorithm.server.lr"]) == ("adam", 0.03)
     assert JobConfig.from_dict(job.to_dict()) == job
+
+
+def test_a_partial_section_of_another_kind_starts_from_that_kinds_defaults():
+    """FedFish's server is bias-corrected Adam; {kind: sgd, lr: 1} is plain SGD, not SGD that
+    inherits Adam's bias_correction (which SGD refuses)."""
+    raw = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}}
+    job = JobConfig.from_dict(raw | {"algorithm": {"name": "fedfish", "server": {"kind": "sgd", "lr": 1.0}}})
+    server = job.algorithm.config.server
+    assert (server.kind, server.lr, server.bias_correction) == ("sgd", 1.0, False)
+    adam = JobConfig.from_dict(
+        raw | {"algorithm": {"name": "fedfish", "server": {"lr": 0.5}}}
+    ).algorithm.config
+    assert (adam.server.kind, adam.server.lr, adam.server.bias_correction) == ("adam", 0.5, True)

@@ -75,3 +75,28 @@ def test_map_work_is_split_into_contiguous_chunks_and_reassembled_by_point():
     central = MapRequest("evaluate", None)
     assert map_units(central, 3) == [(0, 0), (1, 0), (2, 0)]
     assert np.array_equal(np.array(by_point(central, 3, ["a", "b", "c"])), [["a"], ["b"], ["c"]])
+
+
+def test_transfer_datasets_are_validated_with_the_job():
+    """Checked at load, not after the training store is built (hours for C4)."""
+    with pytest.raises(ConfigError, match=r"evaluation.transfer\[0\].dataset.name: unknown dataset 'digitz'"):
+        job(evaluation={"transfer": [{"name": "t", "dataset": {"name": "digitz"}}]})
+
+
+def test_the_pure_aggregate_is_guessed_only_from_a_weighted_mean():
+    """A dict keyed like the params is a mean delta only when a WeightedMean made it."""
+    import torch
+
+    from raysim.aggregate import Sum, WeightedMean
+    from raysim.algorithm import pseudo_gradient
+
+    class Plugin:
+        def __init__(self, aggregator):
+            self._aggregator = aggregator
+
+        def aggregator(self):
+            return self._aggregator
+
+    params, aggregate = {"w": torch.ones(2)}, {"w": torch.full((2,), 0.5)}
+    assert pseudo_gradient(Plugin(WeightedMean()), aggregate, params) is aggregate
+    assert pseudo_gradient(Plugin(Sum()), aggregate, params) is None

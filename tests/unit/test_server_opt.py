@@ -152,3 +152,9 @@ def test_a_tau_squared_start_by_hand():
 def test_bias_correction_refuses_a_tau_squared_start():
     with pytest.raises(ValidationError, match="initial_second_moment: zero"):
         ServerOptimizerConfig(kind="adam", bias_correction=True, initial_second_moment="tau_squared")
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad"])
+def test_bias_correction_is_refused_where_nothing_would_be_corrected(kind):
+    with pytest.raises(ValidationError, match="adam and yogi only"):
+        ServerOptimizerConfig(kind=kind, bias_correction=True)

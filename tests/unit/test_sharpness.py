@@ -103,3 +103,14 @@ def test_the_perturbed_pass_leaves_batchnorm_statistics_alone():
 def test_negative_rho_is_refused():
     with pytest.raises(ValueError, match="rho"):
         sam_step(-0.1)
+
+
+def test_sam_runs_on_a_float64_model_as_on_float32():
+    """The norm of float64 gradients is taken in float64 (a float32 reduction refused them)."""
+    data = regression_data()
+    single, double = linear_model(), linear_model().double()
+    wide = ClientData({k: v.astype(np.float64) for k, v in data.arrays.items()})
+    config = LocalTrainConfig(epochs=1, batch_size=6, lr=LR)
+    train_local(single, data, config, seed=0, spec=SPEC, step=sam_step(RHO))
+    train_local(double, wide, config, seed=0, spec=SPEC, step=sam_step(RHO))
+    assert np.allclose(double.weight.detach().numpy(), single.weight.detach().numpy(), atol=1e-5)

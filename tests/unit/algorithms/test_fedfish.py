@@ -216,3 +216,21 @@ def test_a_client_stopped_by_max_steps_weighs_the_examples_it_trained_on():
     assert result.weight == 2.0
     whole = plugin(local={"lr": LR, "batch_size": 1}).client_update(context(X, Y, payload()))
     assert whole.weight == 3.0
+
+
+def test_norms_count_parameters_not_batchnorm_statistics():
+    """Both methods average buffers, so including them would pull the ratio towards 1: with
+    pg = (3, 4) on the parameter and a buffer moving by 100, |pg| is 5, not |(3, 4, 100)|."""
+    algo = plugin(server={"kind": "sgd", "lr": 1.0})
+    info = RunInfo(
+        num_clients=1, cohort_size=1, num_rounds=1, spec=SPEC, seed=0, buffer_keys=frozenset({"bn"})
+    )
+    state = algo.init({"p": torch.zeros(2), "bn": torch.zeros(1)}, info)
+    aggregate = {
+        "pseudo_grad": {"p": torch.tensor([3.0, 4.0]), "bn": torch.tensor([100.0])},
+        "zero_fisher_fraction": 0.0,
+        "fedavg_norm": 2.5,
+    }
+    _, metrics = algo.server_update(state, aggregate, 0)
+    assert metrics["server/delta_norm"] == pytest.approx(5.0)
+    assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(2.0)

@@ -6,6 +6,8 @@ With corrected gradients g(y) + c - c_i:
 Server with two clients and N = 4: x <- x - mean(delta); c <- c + (2/4) mean(dc).
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -104,3 +106,17 @@ def test_the_update_is_a_frozen_dataclass_that_pickles_by_its_plugin_module():
         update.dc = {}
     copy = pickle.loads(pickle.dumps(update))
     assert type(copy) is type(update) and torch.equal(copy.delta["weight"], update.delta["weight"])
+
+
+def test_a_client_without_data_changes_nothing():
+    """K = 0 steps: c_i+ = c_i - c + delta / (K lr) is undefined; the client keeps c_i, sends
+    dc = 0 and weight 0, so neither the server variate nor the mean delta moves."""
+    plugin = algo()
+    state = init_state(plugin)
+    state = replace(state, extra={"c": {"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}})
+    ci = {"c_i": {"weight": torch.full((2, 2), 0.1), "bias": torch.zeros(2)}}
+    empty = context(np.zeros((0, 2)), np.zeros(0), plugin.broadcast(state, 0), state=ci)
+    result = plugin.client_update(empty)
+    assert all(torch.equal(v, torch.zeros_like(v)) for v in result.update.dc.values())
+    assert float(result.update.weight) == 0.0 and result.weight == 0.0
+    assert torch.equal(result.state["c_i"]["weight"], ci["c_i"]["weight"])

@@ -8,7 +8,7 @@ Usage:
     def protocol(self, services: Services[Params | None], state: ServerState) -> ServerState:
         for round_num in range(services.start_round, services.info.num_rounds):
             state, metrics = services.run_round(state, round_num)
-            services.log(metrics, round_num)
+            services.end_round(state, round_num, metrics)
         return state
 """
 
@@ -100,6 +100,12 @@ class Services(Protocol[A_co]):
         round_num: int | None = None,
         model: dict[str, object] | None = None,
     ) -> list[list[np.ndarray | None]]: ...
+
+    def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
+        """What the round loop does after each round: evaluate when due (``evaluation.every``,
+        personalization), log, checkpoint when due (``engine.checkpoint_every``); returns the
+        metrics as logged. A staged plugin calls it (or ``log`` alone) after each of its rounds."""
+        ...
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         """Logs metrics at step ``round_num`` (MLflow, the run's history, the progress bar)."""

@@ -71,11 +71,8 @@ def round_loop(engine: Engine[A], state: ServerState) -> ServerState:
     with RoundProgress(job.name, job.engine.num_rounds, engine.start_round, job.tracking.progress) as bar:
         for round_num in range(engine.start_round, job.engine.num_rounds):
             state, metrics = engine.run_round(state, round_num)
-            if engine.is_eval_round(round_num) or engine.is_personalization_round(round_num):
-                metrics |= engine.evaluate(state, round_num)
-            engine.log(metrics, round_num)
+            metrics = engine.end_round(state, round_num, metrics)
             bar.update(round_num, metrics)
-            engine.maybe_checkpoint(state, round_num)
     return state
 
 
@@ -86,7 +83,11 @@ def finish(s: Engine[A], state: ServerState, seconds: float) -> RunResult:
     s.run_dir.mkdir(parents=True, exist_ok=True)
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
     artifacts = [learning_curve(s.history, title, s.run_dir / "learning_curve.png")]
-    CohortSchedule(s.cohorts, s.store.num_clients, s.start_round).save(s.run_dir / "cohorts.json")
+    rounds = sorted(s.cohorts)
+    cohorts = [s.cohorts[r] for r in rounds]
+    CohortSchedule(cohorts, s.store.num_clients, rounds[0] if rounds else s.start_round).save(
+        s.run_dir / "cohorts.json"
+    )
     artifacts.append(s.run_dir / "cohorts.json")
     final_checkpoint = s.checkpoint(state, last_round, "final.pt")  # always: a run can resume
     if s.job.tracking.log_checkpoint:

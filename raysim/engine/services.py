@@ -56,7 +56,7 @@ class Engine(Generic[A]):
     probes: dict[str, Probe] = field(default_factory=dict)
     schedule: CohortSchedule | None = None
     start_round: int = 0
-    cohorts: list[list[int]] = field(default_factory=list)
+    cohorts: dict[int, list[int]] = field(default_factory=dict)  # round -> client ids, as drawn
     history: list[tuple[int, Metrics]] = field(default_factory=list)
 
     # --- the verbs (raysim.services.Services) ---------------------------------------------
@@ -68,7 +68,7 @@ class Engine(Generic[A]):
         else:  # held-out clients are not in the pool
             pool = self.train_pool
             cohort = pool[sample_cohort(len(pool), self.job.engine.cohort_size, self.job.seed, round_num)]
-        self.cohorts.append([int(c) for c in cohort])
+        self.cohorts[round_num] = [int(c) for c in cohort]  # drawing a round twice records it once
         return cohort
 
     def train_cohort(
@@ -123,6 +123,14 @@ class Engine(Generic[A]):
         ids = None if clients is None else tuple(int(c) for c in clients)
         request = MapRequest(task, ids, split, round_num, model=model)
         return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
+
+    def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
+        """A round's bookkeeping: evaluate when due, log, checkpoint when due; the logged metrics."""
+        if self.is_eval_round(round_num) or self.is_personalization_round(round_num):
+            metrics = metrics | self.evaluate(state, round_num)
+        self.log(metrics, round_num)
+        self.maybe_checkpoint(state, round_num)
+        return metrics
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self.history.append((round_num, metrics))
@@ -280,6 +288,9 @@ class PluginServices(Generic[A]):
         if task == "evaluate":
             return cast(list[list[Metrics | None]], results)
         return cast(list[list[np.ndarray | None]], results)
+
+    def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
+        return self._engine.end_round(state, round_num, metrics)
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self._engine.log(metrics, round_num)

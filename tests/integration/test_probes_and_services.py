@@ -212,9 +212,7 @@ class CountsFromStart:
     def protocol(self, services, state):
         for round_num in range(services.start_round, services.info.num_rounds):
             state, metrics = services.run_round(state, round_num)
-            services.log(metrics, round_num)
-            if round_num == 1:
-                services.checkpoint(state, round_num)  # a staged plugin checkpoints where it likes
+            services.end_round(state, round_num, metrics)  # evaluate, log, checkpoint when due
         return state
 
 
@@ -222,8 +220,9 @@ def test_a_resumed_staged_plugin_continues_where_its_checkpoint_ended(tmp_path):
     registry.register("algorithm", "counts_test", config=registry.get("algorithm", "fedavg").config)(
         CountsFromStart
     )
-    job = tiny_job(algorithm={"name": "counts_test"}, engine={"num_rounds": 4})
+    job = tiny_job(algorithm={"name": "counts_test"}, engine={"num_rounds": 4, "checkpoint_every": 2})
     whole = run(job, output_dir=tmp_path / "a")
+    assert all("eval/clients/accuracy" in m for _, m in whole.history)  # evaluation.every: 1
     checkpoint = str(whole.run_dir / "checkpoints" / "round_00001.pt")
     resumed = run(job, resume_from=checkpoint, output_dir=tmp_path / "b")
     assert [s for s, _ in resumed.history] == [2, 3]

@@ -12,9 +12,10 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -189,19 +190,17 @@ class RayBackend:
                 try:
                     reports.append(_get(ref))
                 except RayActorError:
-                    self._drop(worker, round_num)
+                    self._drop(worker, f"round {round_num}")
                     orphans += shard
             pending = list(zip(self.workers, self._reshard(orphans))) if orphans else []
         return reports
 
-    def _drop(self, dead: WorkerHandle, round_num: int) -> None:
+    def _drop(self, dead: WorkerHandle, during: str) -> None:
         """A worker Ray could not restart leaves the pool, and the log says so."""
         if dead in self.workers:
             self.workers.remove(dead)
             self.dead_workers += 1
-        log.warning(
-            "round %d: a worker died for good (%d left); re-running its clients", round_num, len(self.workers)
-        )
+        log.warning("%s: a worker died for good (%d left); re-running its work", during, len(self.workers))
         if not self.workers:
             raise ResourceError("every worker died; see the Ray logs (ray/session_latest/logs)")
 
@@ -215,9 +214,10 @@ class RayBackend:
         points_ref = ray.put(list(points))  # one copy of every point for all workers
         units = map_units(request, len(points))
         parts = [part for part in chunk(units, len(self.workers)) if part]
-        refs = [w.map_units.remote(request, points_ref, part) for w, part in zip(self.workers, parts)]
-        flat = [result for part in _get(refs) for result in part]
-        return by_point(request, len(points), flat)
+        results = self._spread(
+            lambda w, part: w.map_units.remote(request, points_ref, part), parts, "map_clients"
+        )
+        return by_point(request, len(points), [result for part in results for result in part])
 
     def personalize(
         self,
@@ -234,12 +234,27 @@ class RayBackend:
     ) -> list[Metrics]:
         """Spreads per-client evaluation work over the workers; results sorted by client."""
         params_ref = ray.put(params)
-        parts = split_evenly(client_ids, len(self.workers))
-        refs = [
-            getattr(w, method).remote(params_ref, part, *args) for w, part in zip(self.workers, parts) if part
-        ]
-        results = _get(refs)
+        parts = [part for part in split_evenly(client_ids, len(self.workers)) if part]
+        results = self._spread(
+            lambda w, part: getattr(w, method).remote(params_ref, part, *args), parts, method
+        )
         return sorted((m for part in results for m in part), key=lambda m: m["client_id"])
+
+    def _spread(self, call: Callable[[WorkerHandle, Any], Any], parts: list[Any], during: str) -> list[Any]:
+        """Runs ``call`` on one part per worker; a part whose worker died for good runs again on a
+        survivor (evaluation, like training, outlives a lost worker). Results in part order."""
+        results: dict[int, Any] = {}
+        pending = list(range(len(parts)))
+        while pending:
+            running = [(i, w, call(w, parts[i])) for i, w in zip(pending, itertools.cycle(self.workers))]
+            pending = []
+            for i, worker, ref in running:
+                try:
+                    results[i] = _get(ref)
+                except RayActorError:
+                    self._drop(worker, during)
+                    pending.append(i)
+        return [results[i] for i in range(len(parts))]
 
     def shutdown(self) -> None:
         for worker in self.workers:

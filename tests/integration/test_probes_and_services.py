@@ -294,3 +294,21 @@ def test_map_clients_refuses_a_bad_split_or_model_on_the_driver(tmp_path):
         engine.map_clients("evaluate", point, [0], split="validation")
     with pytest.raises(ConfigError, match="map_clients model.hiden: unknown key"):
         engine.map_clients("evaluate", point, [0], model={"name": "mlp", "hiden": [8]})
+
+
+def test_map_clients_outlives_a_worker_that_died_for_good(tmp_path, ray_local):
+    import ray
+
+    job = tiny_job(resources={"backend": "ray", "num_workers": 2})
+    engine, state = built(job, tmp_path)
+    try:
+        point = [P.to_numpy(state.params)]
+        before = engine.map_clients("evaluate", point, [0, 1, 2, 3])
+        ray.kill(engine.backend.workers[1], no_restart=True)
+        after = engine.map_clients("evaluate", point, [0, 1, 2, 3])
+        evaluated = engine.evaluate(state, job.engine.num_rounds - 1)  # on the one worker left
+    finally:
+        engine.backend.shutdown()
+    assert engine.backend.dead_workers == 1
+    assert [row["loss"] for row in after[0]] == pytest.approx([row["loss"] for row in before[0]])
+    assert "eval/clients/accuracy" in evaluated

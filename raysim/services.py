@@ -69,6 +69,7 @@ class Services(Protocol[A_co]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[Metrics | None]]:
         """Each parameter point on each client, spread over all workers.
 
@@ -82,10 +83,12 @@ class Services(Protocol[A_co]):
                 ``round_num``).
             model: another model section (``{name: ..., **options}``) to load the points into,
                 for a network the plugin composed itself (FuseFL's fused model); None: the job's.
+            paired: point ``i`` on client ``i`` only (each client's own model on its own data:
+                the "Local" baseline), one point per client, instead of every pair.
 
         Returns:
-            ``results[p][c]`` for point ``p`` and client position ``c``; None where the client has
-            no examples in ``split``.
+            ``results[p][c]`` for point ``p`` and client position ``c`` (``results[0][c]`` when
+            ``paired``); None where the client has no examples in ``split``.
         """
         ...
 
@@ -99,6 +102,7 @@ class Services(Protocol[A_co]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[np.ndarray | None]]: ...
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:

@@ -118,10 +118,13 @@ class Engine(Generic[A]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[MapResult]]:
         check_map_request(split, round_num, model)
         ids = None if clients is None else tuple(int(c) for c in clients)
-        request = MapRequest(task, ids, split, round_num, model=model)
+        if paired and (ids is None or len(ids) != len(points)):
+            raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])
+        request = MapRequest(task, ids, split, round_num, model=model, paired=paired)
         return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
@@ -257,6 +260,7 @@ class PluginServices(Generic[A]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[Metrics | None]]: ...
 
     @overload
@@ -269,6 +273,7 @@ class PluginServices(Generic[A]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[np.ndarray | None]]: ...
 
     def map_clients(
@@ -280,9 +285,10 @@ class PluginServices(Generic[A]):
         split: str = "test",
         round_num: int | None = None,
         model: dict[str, object] | None = None,
+        paired: bool = False,
     ) -> list[list[Metrics | None]] | list[list[np.ndarray | None]]:
         results = self._engine.map_clients(
-            task, points, clients, split=split, round_num=round_num, model=model
+            task, points, clients, split=split, round_num=round_num, model=model, paired=paired
         )
         # the worker computes what the task says: Metrics rows for "evaluate", arrays otherwise
         if task == "evaluate":

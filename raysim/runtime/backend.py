@@ -102,8 +102,10 @@ def split_evenly(items: np.ndarray, num_parts: int) -> list[list[int]]:
 
 
 def map_units(request: MapRequest, num_points: int) -> list[tuple[int, int]]:
-    """Every (point, client position) pair, grouped by point."""
+    """Every (point, client position) pair, grouped by point; (i, i) pairs when ``paired``."""
     num_clients = 1 if request.clients is None else len(request.clients)
+    if request.paired:
+        return [(i, i) for i in range(num_clients)]
     return [(p, c) for p in range(num_points) for c in range(num_clients)]
 
 
@@ -114,7 +116,10 @@ def chunk(units: list[tuple[int, int]], num_parts: int) -> list[list[tuple[int, 
 
 
 def by_point(request: MapRequest, num_points: int, flat: list[MapResult]) -> list[list[MapResult]]:
-    """The flat results of ``map_units`` order as ``results[point][client position]``."""
+    """The flat results of ``map_units`` order as ``results[point][client position]`` (one row,
+    client by client, when ``paired``)."""
+    if request.paired:
+        return [flat]
     num_clients = 1 if request.clients is None else len(request.clients)
     return [flat[p * num_clients : (p + 1) * num_clients] for p in range(num_points)]
 

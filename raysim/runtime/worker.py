@@ -74,7 +74,8 @@ class MapRequest:
     """What ``map_clients`` computes: ``task`` for each parameter point on each client.
 
     ``clients`` None means the dataset's central test set; ``model`` another model section to
-    build (and keep) for the points; ``store`` a transfer dataset's name ("" the training data).
+    build (and keep) for the points; ``store`` a transfer dataset's name ("" the training data);
+    ``paired``: point ``i`` on client ``i`` only (each client's own model), not every pair.
     """
 
     task: MapTask
@@ -83,6 +84,7 @@ class MapRequest:
     round_num: int | None = None
     store: str = ""
     model: dict[str, Any] | None = None
+    paired: bool = False
 
 
 @dataclass

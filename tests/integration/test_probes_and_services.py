@@ -312,3 +312,23 @@ def test_map_clients_outlives_a_worker_that_died_for_good(tmp_path, ray_local):
     assert engine.backend.dead_workers == 1
     assert [row["loss"] for row in after[0]] == pytest.approx([row["loss"] for row in before[0]])
     assert "eval/clients/accuracy" in evaluated
+
+
+@pytest.mark.parametrize("backend", ["serial", "ray"])
+def test_paired_map_clients_evaluates_each_client_on_its_own_point(tmp_path, backend, request):
+    """The "Local" baseline: client i under point i only; the same numbers as the full grid's
+    diagonal, at the cost of len(clients) evaluations instead of its square."""
+    if backend == "ray":
+        request.getfixturevalue("ray_local")
+    engine, state = built(tiny_job(resources={"backend": backend, "num_workers": 2}), tmp_path)
+    try:
+        start = P.to_numpy(state.params)
+        points = [{k: v * scale for k, v in start.items()} for scale in (1.0, 0.5, 0.25)]
+        clients = [4, 9, 13]
+        [paired] = engine.map_clients("evaluate", points, clients, paired=True)
+        grid = engine.map_clients("evaluate", points, clients)
+        with pytest.raises(ConfigError, match="one point per client"):
+            engine.map_clients("evaluate", points[:2], clients, paired=True)
+    finally:
+        engine.backend.shutdown()
+    assert [row["loss"] for row in paired] == pytest.approx([grid[i][i]["loss"] for i in range(3)])

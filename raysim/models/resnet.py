@@ -1,40 +1,43 @@
-"""CIFAR-style ResNets (He et al. 2016, arXiv:1512.03385) with BatchNorm or GroupNorm.
+"""CIFAR-style ResNets (He et al. 2016, arXiv:1512.03385) with BatchNorm, GroupNorm or no norm.
 
-The CIFAR variant has a 3x3 stride-1 stem and no max-pool, then four stages of BasicBlocks with
-widths w, 2w, 4w, 8w (strides 1, 2, 2, 2), a global average pool and a linear head. GroupNorm
-replaces BatchNorm in non-IID FL (Hsieh et al. 2020, arXiv:1910.00189): batch statistics differ
-across clients and cannot be averaged meaningfully. IMA's ResNet-18-GN uses 2 groups and a linear
-projector FC(512, 128) before the classifier.
+The CIFAR variant has a 3x3 stride-1 stem and no max-pool, then stages of BasicBlocks with widths
+w, 2w, 4w, ... (strides 1, 2, 2, ...), a global average pool and a linear head. ResNet-10/18/26
+have four stages from w = 64 and 1x1-conv ("option B") shortcuts where the shape changes; the
+paper's own CIFAR ResNet-20 has three stages from w = 16 and parameter-free "option A" shortcuts
+(subsample, zero-pad the new channels). GroupNorm replaces BatchNorm in non-IID FL (Hsieh et al.
+2020, arXiv:1910.00189): batch statistics differ across clients and cannot be averaged
+meaningfully; FedGuCci (arXiv:2402.18949, App. A.2) removes the norms instead. IMA's ResNet-18-GN
+uses 2 groups and a linear projector FC(512, 128) before the classifier.
 
-Anatomy (``anatomy.py``): ``features(x)`` is the pooled (B, 8w) output of the last stage and
-``head`` the linear classifier (with a projector: the projector and the classifier). The blocks
-are "stem" (conv, norm, ReLU), one per BasicBlock named by stage and index ("layer1.0",
-"layer1.1", ..., "layer4.1" for ResNet-18), "pool" (global average, no parameters) and "head".
-Split points may name a stage ("layer2": after its last block), which fits every depth.
+Anatomy (``anatomy.py``): ``features(x)`` is the pooled output of the last stage and ``head`` the
+linear classifier (with a projector: the projector and the classifier). The blocks are "stem"
+(conv, norm, ReLU), one per BasicBlock named by stage and index ("layer1.0", "layer1.1", ...,
+"layer4.1" for ResNet-18), "pool" (global average, no parameters) and "head". Split points may
+name a stage ("layer2": after its last block), which fits every depth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 import torch
 from pydantic import PositiveInt
 from torch import nn
 
 from raysim.models.anatomy import GlobalAvgPool
-from raysim.models.vision import image_shape
+from raysim.models.vision import Norm, NormKind, image_shape
+from raysim.models.vision import make_norm as norm_factory
 from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
 
-Norm = Callable[[int], nn.Module]  # channels -> normalisation layer
+Shortcut = Callable[[int, int, int, Norm], nn.Module]  # (in, out, stride, norm) -> shortcut
 
 
 class ResNetConfig(ModelConfig, frozen=True, extra="forbid"):
-    """CIFAR-style ResNet with BatchNorm or GroupNorm: the options every depth shares."""
+    """CIFAR-style ResNet with BatchNorm, GroupNorm or no norm: the options every depth shares."""
 
-    norm: Literal["batch", "group"] = "batch"
+    norm: NormKind = "batch"  # "none": FedGuCci's norm-free ResNets
     num_groups: PositiveInt = 2  # GroupNorm groups; must divide every stage width
     width: PositiveInt = 64  # channels of the first stage; later stages use 2x, 4x, 8x
     projector: PositiveInt | None = None  # IMA: FC(8w, projector) then FC(projector, C); no ReLU
@@ -53,10 +56,46 @@ class ResNet26Config(ResNetConfig, frozen=True, extra="forbid"):
     """CIFAR-style ResNet-26: three BasicBlocks per stage, 17.4M params at width 64."""
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convs with a residual connection; a 1x1 conv shortcut when the shape changes."""
+class ResNet20Config(ResNetConfig, frozen=True, extra="forbid"):
+    """He et al.'s CIFAR ResNet-20 (arXiv:1512.03385): 16-32-64 wide, option-A shortcuts, 0.27M params."""
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, norm: Norm) -> None:
+    width: PositiveInt = 16  # channels of the first stage; later stages use 2x, 4x
+
+
+def conv_shortcut(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.Module:
+    """He et al.'s option B: a strided 1x1 conv and a norm."""
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), norm(out_channels))
+
+
+def zero_pad_shortcut(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.Module:
+    """He et al.'s option A, parameter-free (``norm`` is unused)."""
+    return ZeroPadShortcut(in_channels, out_channels, stride)
+
+
+class ZeroPadShortcut(nn.Module):
+    """Keeps every ``stride``-th pixel and zero-pads the channels, half before and half after.
+
+    For the usual doubling (c -> 2c) this is the reference code's ``F.pad(x[:, :, ::2, ::2],
+    (0, 0, 0, 0, 2c // 4, 2c // 4))`` (Idelbayev's pytorch_resnet_cifar10, used by FedGuCci).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        self.before = (out_channels - in_channels) // 2
+        self.after = out_channels - in_channels - self.before
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, :, :: self.stride, :: self.stride]
+        return nn.functional.pad(x, (0, 0, 0, 0, self.before, self.after))
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs with a residual connection; ``shortcut`` builds the path when the shape changes."""
+
+    def __init__(
+        self, in_channels: int, out_channels: int, stride: int, norm: Norm, shortcut: Shortcut
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False)
         self.norm1 = norm(out_channels)
@@ -64,9 +103,7 @@ class BasicBlock(nn.Module):
         self.norm2 = norm(out_channels)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), norm(out_channels)
-            )
+            self.shortcut = shortcut(in_channels, out_channels, stride, norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.norm1(self.conv1(x)))
@@ -74,10 +111,40 @@ class BasicBlock(nn.Module):
         return torch.relu(out + self.shortcut(x))
 
 
-class ResNet(nn.Module):
-    """CIFAR-style ResNet of BasicBlocks: images (B, C, H, W) -> logits (B, num_classes)."""
+def init_convs(model: nn.Module) -> None:
+    """Kaiming-normal conv weights (fan_out, as torchvision); norms start as the identity."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
 
-    def __init__(self, blocks: Sequence[int], config: ResNetConfig, spec: DataSpec, model: str) -> None:
+
+def init_kaiming_fan_in(model: nn.Module) -> None:
+    """Kaiming-normal (fan_in) weights of every conv and linear layer, biases as torch leaves them:
+    the ResNet-20 reference code's ``_weights_init`` (Idelbayev), which FedGuCci uses."""
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(module.weight)
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet of BasicBlocks: images (B, C, H, W) -> logits (B, num_classes).
+
+    ``blocks`` gives the BasicBlocks per stage; ``shortcut`` and ``init`` default to the
+    torchvision-style ResNet-18 (1x1-conv shortcuts, ``init_convs``).
+    """
+
+    def __init__(
+        self,
+        blocks: Sequence[int],
+        config: ResNetConfig,
+        spec: DataSpec,
+        model: str,
+        shortcut: Shortcut = conv_shortcut,
+        init: Callable[[nn.Module], None] = init_convs,
+    ) -> None:
         super().__init__()
         channels, _, _ = image_shape(spec, model)
         norm = make_norm(config, model)
@@ -87,19 +154,19 @@ class ResNet(nn.Module):
         stages, in_channels = [], width
         for index, num_blocks in enumerate(blocks):
             out_channels, stride = width * 2**index, 1 if index == 0 else 2
-            stages.append(make_stage(in_channels, out_channels, num_blocks, stride, norm))
+            stages.append(make_stage(in_channels, out_channels, num_blocks, stride, norm, shortcut))
             in_channels = out_channels
         self.layers = nn.Sequential(*stages)
         self.head = make_head(in_channels, config.projector, spec.num_classes)
-        init_convs(self)
+        init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))  # (B, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The globally average-pooled output of the last stage: (B, 8w)."""
+        """The globally average-pooled output of the last stage: (B, 8w) for four stages."""
         out = torch.relu(self.norm1(self.conv1(x)))
-        out = self.layers(out)  # (B, 8w, H/8, W/8)
+        out = self.layers(out)  # (B, 8w, H/8, W/8) for four stages
         return out.mean(dim=(2, 3))
 
     def blocks(self) -> dict[str, nn.Module]:
@@ -114,25 +181,22 @@ class ResNet(nn.Module):
 
 
 def make_stage(
-    in_channels: int, out_channels: int, num_blocks: int, stride: int, norm: Norm
+    in_channels: int, out_channels: int, num_blocks: int, stride: int, norm: Norm, shortcut: Shortcut
 ) -> nn.Sequential:
     """A stage of ``num_blocks`` BasicBlocks; the first one changes width and resolution."""
-    blocks = [BasicBlock(in_channels, out_channels, stride, norm)]
-    blocks += [BasicBlock(out_channels, out_channels, 1, norm) for _ in range(num_blocks - 1)]
+    blocks = [BasicBlock(in_channels, out_channels, stride, norm, shortcut)]
+    blocks += [BasicBlock(out_channels, out_channels, 1, norm, shortcut) for _ in range(num_blocks - 1)]
     return nn.Sequential(*blocks)
 
 
 def make_norm(config: ResNetConfig, model: str) -> Norm:
-    """Returns the normalisation layer factory ``config`` asks for.
+    """Returns the normalisation layer factory ``config`` asks for ("none": identities).
 
     Raises:
-        ValueError: ``num_groups`` does not divide the width of every stage.
+        ValueError: ``num_groups`` does not divide the first stage's width (nor, therefore, the
+            later ones, which are multiples of it).
     """
-    if config.norm == "batch":
-        return nn.BatchNorm2d
-    if config.width % config.num_groups:
-        raise ValueError(f"model {model!r}: num_groups {config.num_groups} must divide width {config.width}")
-    return lambda channels: nn.GroupNorm(config.num_groups, channels)
+    return norm_factory(config.norm, config.num_groups, [config.width], model)
 
 
 def make_head(features: int, projector: int | None, num_classes: int) -> nn.Module:
@@ -140,16 +204,6 @@ def make_head(features: int, projector: int | None, num_classes: int) -> nn.Modu
     if projector is None:
         return nn.Linear(features, num_classes)
     return nn.Sequential(nn.Linear(features, projector), nn.Linear(projector, num_classes))
-
-
-def init_convs(model: nn.Module) -> None:
-    """Kaiming-normal conv weights (fan_out, as torchvision); norms start as the identity."""
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d):
-            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm)):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
 
 
 @register("model", "resnet10", config=ResNet10Config)
@@ -168,3 +222,14 @@ def build_resnet18(config: ResNet18Config, spec: DataSpec) -> ResNet:
 def build_resnet26(config: ResNet26Config, spec: DataSpec) -> ResNet:
     """CIFAR-style ResNet-26: three BasicBlocks per stage."""
     return ResNet((3, 3, 3, 3), config, spec, "resnet26")
+
+
+@register("model", "resnet20", config=ResNet20Config)
+def build_resnet20(config: ResNet20Config, spec: DataSpec) -> ResNet:
+    """He et al.'s CIFAR ResNet-20 (arXiv:1512.03385, Sec. 4.2): 269,722 params with 10 classes.
+
+    Three stages of three BasicBlocks at widths 16, 32, 64, option-A (zero-padding) shortcuts and
+    Kaiming fan_in init, as the reference code FedGuCci trains on CIFAR-100 (arXiv:2402.18949,
+    notes 6.1). FedGuCci's paper removes the norms (``norm: none``) while its code keeps BatchNorm.
+    """
+    return ResNet((3, 3, 3), config, spec, "resnet20", zero_pad_shortcut, init_kaiming_fan_in)

@@ -1,20 +1,24 @@
-"""Small image classifiers: an MLP and the CNNs of FedAvg, IMA and pfl-research.
+"""Small image classifiers: an MLP and the CNNs of FedAvg, IMA, FedGuCci and pfl-research.
 
 Every model takes float32 images (B, C, H, W) and returns logits (B, num_classes). Flatten sizes
 come from a dummy forward at build time, so the CNNs accept any image large enough for their convs
 (28x28, 32x32, and for ``cnn_mnist`` even the 8x8 sklearn digits).
 
 Each model is a ``BlockSequential`` (see ``anatomy.py``): an ``nn.Sequential``, so its state-dict
-keys are "0.weight", "3.bias", ..., whose layers are grouped into named blocks: "conv1", "conv2"
-(conv, ReLU, pool), "fc1", "fc2" (the first one flattens; a dense layer and its ReLU, and the
-dropout of ``cnn_pfl``), and "head", the final linear layer. ``features(x)`` is the head's input.
-An MLP without hidden layers has a "flatten" block, so its features are the flattened input.
+keys are "0.weight", "3.bias", ..., whose layers are grouped into named blocks: "conv1", "conv2",
+... (conv, its norm if any, ReLU, pool), "fc1", "fc2" (the first one flattens; a dense layer and
+its ReLU, and the dropout of ``cnn_pfl``), and "head": the linear layers after the last
+nonlinearity (the classifier, preceded by IMA's linear projector where a model has one).
+``features(x)`` is the head's input. A model without dense blocks has a "flatten" block, so the
+features of an MLP without hidden layers are the flattened input.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import torch
 from pydantic import Field, PositiveInt
@@ -25,6 +29,9 @@ from raysim.registry import register
 from raysim.types import DataSpec
 
 # The registry shows each Config's first docstring line as its model's summary.
+
+NormKind = Literal["none", "batch", "group"]
+Norm = Callable[[int], nn.Module]  # channels -> normalisation layer
 
 
 class MLPConfig(ModelConfig, frozen=True, extra="forbid"):
@@ -50,6 +57,16 @@ class PflCNNConfig(ModelConfig, frozen=True, extra="forbid"):
 
     conv_dropout: float = Field(0.25, ge=0.0, lt=1.0)  # after the max-pool
     fc_dropout: float = Field(0.5, ge=0.0, lt=1.0)  # after the hidden dense layer
+
+
+class SimpleCNNConfig(ModelConfig, frozen=True, extra="forbid"):
+    """FedGuCci's CIFAR-10 SimpleCNN (arXiv:2402.18949): 3 conv 3x3, FC 64; no options."""
+
+
+class CNNDigit5Config(ModelConfig, frozen=True, extra="forbid"):
+    """IMA's Digit-Five CNN-GN (arXiv:2305.07845): 3 conv 5x5 with GroupNorm, FC 384, 128."""
+
+    num_groups: PositiveInt = 2  # GroupNorm groups; must divide 64 (every conv width)
 
 
 def require_classification(spec: DataSpec, model: str) -> None:
@@ -112,25 +129,55 @@ class BlockSequential(nn.Sequential):
         return blocks
 
 
+def make_norm(kind: NormKind, num_groups: int, widths: Sequence[int], model: str) -> Norm:
+    """Returns the factory of the normalisation layers ``kind`` names; "none" gives identities.
+
+    Raises:
+        ValueError: GroupNorm's ``num_groups`` does not divide one of the layer ``widths``.
+    """
+    if kind == "batch":
+        return nn.BatchNorm2d
+    if kind == "none":
+        return lambda channels: nn.Identity()
+    for width in widths:
+        if width % num_groups:
+            raise ValueError(
+                f"model {model!r}: num_groups {num_groups} must divide width {width}; "
+                f"choose a divisor of {math.gcd(*widths)}"
+            )
+    return lambda channels: nn.GroupNorm(num_groups, channels)
+
+
 def flat_size(convs: dict[str, list[nn.Module]], shape: tuple[int, ...], model: str) -> int:
     """Number of features the conv blocks produce for one image of ``shape``.
 
     Raises:
         ValueError: the image is too small for the conv and pooling layers.
     """
-    layers = [layer for block in convs.values() for layer in block]
+    probe = nn.Sequential(*(layer for block in convs.values() for layer in block))
+    probe.eval()  # BatchNorm must neither learn statistics from the zeros nor need a batch of two
     try:
         with torch.no_grad():
-            return nn.Sequential(*layers)(torch.zeros(1, *shape)).numel()
+            return probe(torch.zeros(1, *shape)).numel()
     except RuntimeError as err:
         raise ValueError(f"model {model!r}: input_shape {shape} is too small: {err}") from err
+    finally:
+        probe.train()
 
 
 def classifier(
-    convs: dict[str, list[nn.Module]], hidden: list[int], spec: DataSpec, model: str
+    convs: dict[str, list[nn.Module]],
+    hidden: list[int],
+    spec: DataSpec,
+    model: str,
+    projector: int | None = None,
 ) -> BlockSequential:
     """Joins the conv blocks, ReLU dense blocks "fc1", "fc2", ... of widths ``hidden`` (the first
-    one flattens), and the linear "head"; without dense blocks a "flatten" block precedes the head."""
+    one flattens), and the "head"; without dense blocks a "flatten" block precedes the head.
+
+    The head is a linear classifier, or with a ``projector`` width IMA's "linear projector" and
+    then the classifier: an ``nn.Sequential`` of two linear layers, no ReLU between them.
+    """
     widths = [flat_size(convs, spec.input_shape, model), *hidden]
     blocks: dict[str, list[nn.Module]] = dict(convs)
     flatten: list[nn.Module] = [nn.Flatten()]
@@ -139,7 +186,11 @@ def classifier(
         flatten = []
     if flatten:
         blocks["flatten"] = flatten
-    blocks["head"] = [nn.Linear(widths[-1], spec.num_classes)]
+    if projector is None:
+        blocks["head"] = [nn.Linear(widths[-1], spec.num_classes)]
+    else:  # one layer, so that ``head`` is the same module every time
+        projection = nn.Linear(widths[-1], projector)
+        blocks["head"] = [nn.Sequential(projection, nn.Linear(projector, spec.num_classes))]
     return BlockSequential(blocks)
 
 
@@ -205,3 +256,45 @@ def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> BlockSequential:
         if isinstance(module, (nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(module.weight)
     return model
+
+
+@register("model", "simple_cnn", config=SimpleCNNConfig)
+def build_simple_cnn(config: SimpleCNNConfig, spec: DataSpec) -> BlockSequential:
+    """FedGuCci's CIFAR-10 SimpleCNN (Li et al., KDD 2025, arXiv:2402.18949, notes 6.1).
+
+    122,570 params on 3x32x32 with 10 classes (32 -> 30 -> 15 -> 13 -> 6 -> 4: flatten 64*4*4).
+    Blocks: "conv1", "conv2" (conv 3x3, ReLU, pool), "conv3" (conv 3x3, ReLU), "fc1" and "head".
+    """
+    channels, _, _ = image_shape(spec, "simple_cnn")
+    convs: dict[str, list[nn.Module]] = {
+        "conv1": [nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2)],
+        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)],
+        "conv3": [nn.Conv2d(64, 64, 3), nn.ReLU()],
+    }
+    return classifier(convs, [64], spec, "simple_cnn")
+
+
+@register("model", "cnn_digit5", config=CNNDigit5Config)
+def build_cnn_digit5(config: CNNDigit5Config, spec: DataSpec) -> BlockSequential:
+    """IMA's Digit-Five CNN-GN (Zhou et al., IEEE TMC 2024, arXiv:2305.07845, notes 5.3).
+
+    The authors' public code: three blocks conv 5x5 (pad 2) - GroupNorm - ReLU - max-pool of 64,
+    64 and 128 channels, FC(flat, 384) - ReLU - FC(384, 128) - FC(128, C); 806,090 params on
+    3x28x28 with 10 classes (28 -> 14 -> 7 -> 3: flatten 1152). The paper describes FedBN's
+    DigitModel instead ("three 5x5 conv layers and five GroupNorm layers", FC(2048, 128) in its
+    Table IV), which the code does not match. FC(384, 128) has no ReLU after it, so it is IMA's
+    linear projector and belongs to the head with the classifier; features are the 384-d ReLU output.
+    """
+    channels, _, _ = image_shape(spec, "cnn_digit5")
+    norm = make_norm("group", config.num_groups, [64, 64, 128], "cnn_digit5")
+
+    def conv_norm_pool(channels_in: int, channels_out: int) -> list[nn.Module]:
+        conv = nn.Conv2d(channels_in, channels_out, 5, padding=2)
+        return [conv, norm(channels_out), nn.ReLU(), nn.MaxPool2d(2)]
+
+    convs = {
+        "conv1": conv_norm_pool(channels, 64),
+        "conv2": conv_norm_pool(64, 64),
+        "conv3": conv_norm_pool(64, 128),
+    }
+    return classifier(convs, [384], spec, "cnn_digit5", projector=128)

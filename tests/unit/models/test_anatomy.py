@@ -9,7 +9,10 @@ Expected groups are read off the layer lists by hand:
 - cnn_pfl is conv(0) relu conv(2) relu pool dropout flatten linear(7) relu dropout linear(10);
 - the MLP without hidden layers is flatten linear(1);
 - ResNet-10 has one BasicBlock per stage; stages 2-4 change width, so their first block has a
-  1x1-conv shortcut with a norm ("shortcut.0", "shortcut.1").
+  1x1-conv shortcut with a norm ("shortcut.0", "shortcut.1");
+- ResNet-20's widening blocks have parameter-free option-A shortcuts: nothing beyond two convs;
+- cnn_digit5 is conv(0) gn(1) relu pool conv(4) gn(5) relu pool conv(8) gn(9) relu pool flatten
+  linear(13) relu (projector linear, classifier linear)(15), its head the last two linear layers.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ CIFAR = DataSpec("classification", (3, 32, 32), 10)
 TEXT = DataSpec("classification", (12,), 3, pad_token_id=0)
 LM = DataSpec("causal_lm", (12,), 50, pad_token_id=0)
 TINY_RESNET = {"width": 4}
+SMALL_IMAGES = DataSpec("classification", (3, 64, 64), 7)  # AlexNet's pools need 63x63
 
 # Every registered model, with the options worth covering; LoRA wraps the HF models in peft.
 CASES: dict[str, list[tuple[dict, DataSpec]]] = {
@@ -38,6 +42,11 @@ CASES: dict[str, list[tuple[dict, DataSpec]]] = {
     "cnn_fmnist": [({}, MNIST)],
     "cnn_cifar": [({}, CIFAR)],
     "cnn_pfl": [({}, CIFAR)],
+    "simple_cnn": [({}, CIFAR), ({}, MNIST)],
+    "cnn_digit5": [({}, CIFAR), ({}, MNIST)],
+    "vgg11": [({"norm": "none"}, CIFAR), ({"norm": "group", "projector": 8}, CIFAR), ({}, CIFAR)],
+    "alexnet_gn": [({}, SMALL_IMAGES)],
+    "resnet20": [({}, CIFAR), ({"norm": "none"}, MNIST), ({"norm": "group", "projector": 8}, CIFAR)],
     "resnet10": [(TINY_RESNET, CIFAR)],
     "resnet18": [(TINY_RESNET, CIFAR), ({**TINY_RESNET, "norm": "group", "projector": 8}, CIFAR)],
     "resnet26": [(TINY_RESNET, CIFAR)],
@@ -136,6 +145,34 @@ def test_cnn_groups_by_hand():
         "flatten": [],
         "head": ["1.weight", "1.bias"],
     }
+
+
+def test_new_cnn_groups_by_hand():
+    assert param_groups(build("cnn_digit5", {}, MNIST)) == {
+        "conv1": ["0.weight", "0.bias", "1.weight", "1.bias"],
+        "conv2": ["4.weight", "4.bias", "5.weight", "5.bias"],
+        "conv3": ["8.weight", "8.bias", "9.weight", "9.bias"],
+        "fc1": ["13.weight", "13.bias"],
+        "head": ["15.0.weight", "15.0.bias", "15.1.weight", "15.1.bias"],
+    }
+    vgg = param_groups(build("vgg11", {"norm": "none"}, CIFAR))
+    assert list(vgg) == [*(f"conv{i}" for i in range(1, 9)), "flatten", "head"]
+    assert vgg["conv1"] == ["0.weight", "0.bias"] and vgg["conv2"] == ["3.weight", "3.bias"]
+    assert vgg["flatten"] == [] and vgg["head"] == ["22.weight", "22.bias"]
+
+
+def test_resnet20_option_a_blocks_hold_only_their_convs_and_norms():
+    groups = param_groups(build("resnet20", {"norm": "group"}, CIFAR))
+    block = "layers.1.0"
+    assert groups["layer2.0"] == [
+        f"{block}.conv1.weight",
+        f"{block}.norm1.weight",
+        f"{block}.norm1.bias",
+        f"{block}.conv2.weight",
+        f"{block}.norm2.weight",
+        f"{block}.norm2.bias",
+    ]
+    assert split_blocks(build("resnet20", {}, CIFAR), "layer2")[0][-1] == "layer2.2"
 
 
 def test_mlp_without_hidden_layers_has_the_flattened_input_as_features():

@@ -14,15 +14,27 @@ Parameter counts are derived by hand, as (weights + biases) per layer:
 - cnn_pfl, 3x32x32: 896 + 18,496 + 12544*128+128 = 1,605,760 + 1,290 = 1,626,442 (pfl-research).
 - cnn_pfl, 1x28x28, 62 classes (FedFish EMNIST): 320 + 18,496 + 9216*128+128 = 1,179,776 +
   128*62+62 = 7,998; total 1,206,590.
+- simple_cnn, 3x32x32 (FedGuCci's CIFAR-10 SimpleCNN): 32 -conv3-> 30 -pool-> 15 -conv3-> 13
+  -pool-> 6 -conv3-> 4, flatten 64*16 = 1024. 3*32*9+32 = 896 + 32*64*9+64 = 18,496 +
+  64*64*9+64 = 36,928 + 1024*64+64 = 65,600 + 64*10+10 = 650; total 122,570.
+- simple_cnn, 1x28x28: 28 -> 26 -> 13 -> 11 -> 5 -> 3, flatten 576. 1*32*9+32 = 320 + 18,496 +
+  36,928 + 576*64+64 = 36,928 + 650; total 93,322.
+- cnn_digit5, 3x28x28 (IMA's code): pad-2 convs keep the size, pools 28 -> 14 -> 7 -> 3, flatten
+  128*9 = 1152. 3*64*25+64 = 4,864 + GN 128 + 64*64*25+64 = 102,464 + GN 128 + 64*128*25+128 =
+  204,928 + GN 256 + 1152*384+384 = 442,752 + 384*128+128 = 49,280 + 128*10+10 = 1,290; total
+  806,090.
+- cnn_digit5, 1x28x28: the first conv has 1*64*25+64 = 1,664 instead of 4,864: 802,890.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import nn
 
+from raysim import params as P
 from raysim.errors import ConfigError
 from raysim.models import build_model
 from raysim.models.vision import MLPConfig
@@ -47,6 +59,10 @@ def num_params(model: nn.Module) -> int:
         ("cnn_cifar", (3, 32, 32), 10, 772_682),
         ("cnn_pfl", (3, 32, 32), 10, 1_626_442),
         ("cnn_pfl", (1, 28, 28), 62, 1_206_590),
+        ("simple_cnn", (3, 32, 32), 10, 122_570),
+        ("simple_cnn", (1, 28, 28), 10, 93_322),
+        ("cnn_digit5", (3, 28, 28), 10, 806_090),
+        ("cnn_digit5", (1, 28, 28), 10, 802_890),
     ],
 )
 def test_parameter_count_and_output_shape(name, shape, num_classes, expected):
@@ -69,7 +85,9 @@ def test_mlp_works_for_any_input_shape_and_without_hidden_layers():
     assert num_params(model) == 35 * 3 + 3  # logistic regression
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn_mnist", "cnn_fmnist", "cnn_cifar", "cnn_pfl"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn_mnist", "cnn_fmnist", "cnn_cifar", "cnn_pfl", "simple_cnn", "cnn_digit5"]
+)
 def test_construction_is_deterministic_under_a_seed(name):
     spec = image_spec((3, 32, 32))
 
@@ -82,7 +100,9 @@ def test_construction_is_deterministic_under_a_seed(name):
     assert not all(torch.equal(first[k], other[k]) for k in first)
 
 
-@pytest.mark.parametrize("name", ["cnn_mnist", "cnn_fmnist", "cnn_cifar", "cnn_pfl"])
+@pytest.mark.parametrize(
+    "name", ["cnn_mnist", "cnn_fmnist", "cnn_cifar", "cnn_pfl", "simple_cnn", "cnn_digit5"]
+)
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -144,3 +164,90 @@ def test_build_model_rejects_another_models_config():
 def test_unknown_model_name_suggests_the_closest():
     with pytest.raises(ConfigError, match="cnn_mnist"):
         build_model("cnn_mnsit", {}, image_spec((1, 28, 28)))
+
+
+def conv(x, module, padding=0):
+    """The conv ``module`` with the padding the paper gives (stride 1), whatever the module's own."""
+    return F.conv2d(x, module.weight, module.bias, padding=padding)
+
+
+def layers_of(model, kind):
+    return [m for m in model.modules() if isinstance(m, kind)]
+
+
+def ima_fmnist_cnn(model, x):
+    """notes/ima.md 5.3: Conv(1->32, 5x5, no pad) - ReLU - MaxPool2, Conv(32->32, 5x5) - ReLU -
+    MaxPool2, FC(512, 384) - ReLU - FC(384, 128) - ReLU - FC(128, 10); the CIFAR CNN alike."""
+    conv1, conv2 = layers_of(model, nn.Conv2d)
+    fc1, fc2, fc3 = layers_of(model, nn.Linear)
+    x = F.max_pool2d(F.relu(conv(x, conv1)), 2)
+    x = F.max_pool2d(F.relu(conv(x, conv2)), 2)
+    return fc3(F.relu(fc2(F.relu(fc1(x.flatten(1))))))
+
+
+def fedgucci_simple_cnn(model, x):
+    """FedGuCci's code (models_dict/cnn.py CNNCifar10): pool(relu(conv1)), pool(relu(conv2)),
+    relu(conv3), relu(fc(1024, 64)), fc(64, C)."""
+    conv1, conv2, conv3 = layers_of(model, nn.Conv2d)
+    fc1, fc2 = layers_of(model, nn.Linear)
+    x = F.max_pool2d(F.relu(conv(x, conv1)), 2)
+    x = F.max_pool2d(F.relu(conv(x, conv2)), 2)
+    x = F.relu(conv(x, conv3))
+    return fc2(F.relu(fc1(x.flatten(1))))
+
+
+def ima_digit_cnn(model, x):
+    """IMA's code (model.py, mixed_digit_gn): pool(relu(gn(conv 5x5 pad 2))) three times, then
+    relu(fc1), fc2 without ReLU, classifier."""
+    convs = layers_of(model, nn.Conv2d)
+    norms = layers_of(model, nn.GroupNorm)
+    fc1, fc2, fc3 = layers_of(model, nn.Linear)
+    for conv_layer, norm in zip(convs, norms):
+        x = F.group_norm(conv(x, conv_layer, padding=2), 2, norm.weight, norm.bias)
+        x = F.max_pool2d(F.relu(x), 2)
+    return fc3(fc2(F.relu(fc1(x.flatten(1)))))
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "reference"),
+    [
+        ("cnn_fmnist", (1, 28, 28), ima_fmnist_cnn),
+        ("cnn_cifar", (3, 32, 32), ima_fmnist_cnn),
+        ("simple_cnn", (3, 32, 32), fedgucci_simple_cnn),
+        ("cnn_digit5", (3, 28, 28), ima_digit_cnn),
+    ],
+)
+def test_cnns_compute_the_papers_layer_sequence(name, shape, reference):
+    """Recomputed with torch.nn.functional in the order the notes (and the authors' code) give."""
+    torch.manual_seed(0)
+    model = build_model(name, {}, image_spec(shape))
+    for norm in layers_of(model, nn.GroupNorm):  # non-trivial affine parameters
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+    x = torch.randn(3, *shape)
+    with torch.no_grad():
+        assert torch.allclose(model(x), reference(model, x), atol=1e-5)
+
+
+def test_cnn_digit5_features_are_the_last_relu_and_its_head_the_projector_and_classifier():
+    model = build_model("cnn_digit5", {}, image_spec((3, 28, 28)))
+    projector, classifier = layers_of(model.head, nn.Linear)
+    x = torch.randn(2, 3, 28, 28)
+    assert (projector.in_features, projector.out_features) == (384, 128)
+    assert (classifier.in_features, classifier.out_features) == (128, 10)
+    assert model.features(x).shape == (2, 384)
+    assert (model.features(x) >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["simple_cnn", "cnn_digit5"])
+def test_new_cnns_have_no_buffers_so_averaging_needs_no_norm_statistics(name):
+    model = build_model(name, {}, image_spec((3, 32, 32)))
+    assert list(model.buffers()) == []
+    assert sorted(P.model_params(model)) == sorted(key for key, _ in model.named_parameters())
+
+
+def test_cnn_digit5_num_groups_must_divide_the_conv_widths():
+    with pytest.raises(ValueError, match="num_groups 3 must divide width 64; choose a divisor of 64"):
+        build_model("cnn_digit5", {"num_groups": 3}, image_spec((3, 28, 28)))
+    with pytest.raises(ConfigError, match="model.num_groups"):
+        build_model("cnn_digit5", {"num_groups": 0}, image_spec((3, 28, 28)))

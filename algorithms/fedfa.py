@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -51,13 +51,28 @@ from raysim.errors import ConfigError
 from raysim.local import Backward, Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+    Tree,
+)
+
+if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
+    from raysim.models.anatomy import FeatureModel
 
 
 class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
     """FedFA: anchor loss on the features, classifier calibration on the anchors, EMA anchors."""
 
-    lambda_anchor: float = Field(0.1, ge=0)  # the code's lambda_anchor; the paper picks from {0.1, 0.01, 0.001}
+    lambda_anchor: float = Field(
+        0.1, ge=0
+    )  # the code's lambda_anchor; the paper picks from {0.1, 0.01, 0.001}
     anchor_momentum: float = Field(0.5, ge=0, lt=1)  # 0.9 for Digit-Five and PACS in the IMA code
     calibration_start_round: int = Field(0, ge=0)  # the IMA setting: floor(num_rounds / 4) + 1
     calibration_lr: float = Field(1e-3, gt=0)  # Adam on the head alone
@@ -73,6 +88,13 @@ class AnchoredDelta:
 
     delta: Params  # global - local
     anchors: torch.Tensor  # (C, D) the client's updated anchors
+
+
+def as_feature_model(model: nn.Module) -> FeatureModel:
+    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
+    if not callable(getattr(model, "features", None)):
+        raise TypeError(f"fedfa needs a model with features(x) and head, not {type(model).__name__}")
+    return cast("FeatureModel", model)
 
 
 def initial_anchors(num_classes: int, dim: int, seed: int) -> torch.Tensor:
@@ -105,13 +127,21 @@ class AnchorStep:
     features, computed once per batch."""
 
     def __init__(
-        self, anchors: torch.Tensor, config: FedFAConfig, head: nn.Module, *, calibrate: bool, batches_per_epoch: int
+        self,
+        anchors: torch.Tensor,
+        config: FedFAConfig,
+        head: nn.Module,
+        *,
+        calibrate: bool,
+        batches_per_epoch: int,
     ) -> None:
         self.anchors = anchors  # the global anchors: fixed during the round
         self.local_anchors = anchors.clone()  # what the EMA moves
         self.config = config
         self.head = head
-        self.calibration = torch.optim.Adam(head.parameters(), lr=config.calibration_lr) if calibrate else None
+        self.calibration = (
+            torch.optim.Adam(head.parameters(), lr=config.calibration_lr) if calibrate else None
+        )
         self.batches_per_epoch = batches_per_epoch
         self._features = torch.empty(0)  # this batch's f(x), with its graph
         self._sums = torch.zeros_like(anchors)  # this epoch's feature sums per class
@@ -119,8 +149,9 @@ class AnchorStep:
         self._num_batches = 0
 
     def task_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
-        self._features = model.features(batch["x"])  # (B, D)
-        logits = model.head(self._features)
+        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        self._features = net.features(batch["x"])  # (B, D)
+        logits = net.head(self._features)
         y = batch["y"]
         return F.cross_entropy(logits, y), (logits.argmax(-1) == y).sum(), len(y)
 
@@ -179,17 +210,17 @@ class FedFA:
         if info.spec.task != "classification":
             raise ConfigError([f"algorithm fedfa: needs a classification task, not {info.spec.task!r}"])
         # D is known to the workers only (from the model): the first cohort builds the anchors
-        extra = {"anchors": torch.zeros(0), "anchor_seed": info.seed}
+        extra: dict[str, Tree] = {"anchors": torch.zeros(0), "anchor_seed": info.seed}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
         anchors = cast(torch.Tensor, state.extra["anchors"]).numpy()
-        return Payload(P.to_numpy(state.params), extra={"anchors": anchors, "anchor_seed": state.extra["anchor_seed"]})
+        return Payload(
+            P.to_numpy(state.params), extra={"anchors": anchors, "anchor_seed": state.extra["anchor_seed"]}
+        )
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        if not callable(getattr(ctx.model, "features", None)):
-            raise TypeError(f"fedfa needs a model with features(x) and head, not {type(ctx.model).__name__}")
-        head = ctx.model.head
+        head = as_feature_model(ctx.model).head
         anchors = cast(torch.Tensor, ctx.payload.extra["anchors"])
         if anchors.numel() == 0:
             seed = cast(int, ctx.payload.extra["anchor_seed"])

@@ -130,7 +130,9 @@ class FedGMA:
         mean = {k: v / sums.weight.clamp_min(1e-12) for k, v in sums.delta.items()}  # 0/0 -> 0
         if self.config.variant == "ima_code":
             step = self.config.ima_code_server_lr / sums.count.clamp_min(1)
-            return {k: v - step * agreeing_sum(sums, k, tau) if k in sums.sign else v for k, v in mean.items()}
+            return {
+                k: v - step * agreeing_sum(sums, k, tau) if k in sums.sign else v for k, v in mean.items()
+            }
         return {
             k: agreement_mask(sums.sign[k], sums.count, tau) * v if k in sums.sign else v
             for k, v in mean.items()

@@ -19,7 +19,7 @@ the client metric ``fedrod/personal_accuracy``.
 from __future__ import annotations
 
 import copy
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from raysim.types import (
     ServerState,
 )
 
+if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
+    from raysim.models.anatomy import FeatureModel
+
 
 class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     """FedRoD: balanced-softmax generic model, averaged; a personal head kept by each client."""
@@ -61,6 +64,13 @@ class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
+
+
+def as_feature_model(model: nn.Module) -> FeatureModel:
+    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
+    if not callable(getattr(model, "features", None)):
+        raise TypeError(f"fedrod needs a model with features(x) and head, not {type(model).__name__}")
+    return cast("FeatureModel", model)
 
 
 def class_counts(data: ClientData, num_classes: int) -> torch.Tensor:
@@ -87,8 +97,9 @@ class PersonalHeadStep:
 
     def generic_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         """The balanced-softmax loss; accuracy counts the generic model's own predictions."""
-        features = model.features(batch["x"])  # (B, D)
-        logits = model.head(features)  # (B, C)
+        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        features = net.features(batch["x"])  # (B, D)
+        logits = net.head(features)  # (B, C)
         self._forward = (features.detach(), logits.detach())
         y = batch["y"]
         return balanced_softmax_loss(logits, y, self.counts), (logits.argmax(-1) == y).sum(), len(y)
@@ -111,10 +122,11 @@ def personal_accuracy(model: nn.Module, head: nn.Module, data: ClientData, devic
     """Accuracy of the personalised predictor ``g(f(x)) + p(f(x))`` on ``data`` (0 when empty)."""
     model.eval()  # the worker sets train mode again before the next client
     head.eval()
+    net = cast("FeatureModel", model)
     correct: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), 512):
-        features = model.features(batch["x"])
-        logits = model.head(features) + head(features)
+        features = net.features(batch["x"])
+        logits = net.head(features) + head(features)
         correct = correct + (logits.argmax(-1) == batch["y"]).sum()
     return float(correct) / max(len(data), 1)
 
@@ -137,9 +149,9 @@ class FedRoD:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        if not callable(getattr(ctx.model, "features", None)):
-            raise TypeError(f"fedrod needs a model with features(x) and head, not {type(ctx.model).__name__}")
-        head = copy.deepcopy(ctx.model.head)  # the global head: the personal head's first value
+        head = copy.deepcopy(
+            as_feature_model(ctx.model).head
+        )  # the global head: the personal head's first value
         state = cast(dict[str, Params] | None, ctx.state)
         if state:
             head.load_state_dict(state["head"])

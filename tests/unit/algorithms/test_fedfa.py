@@ -54,7 +54,9 @@ def test_anchor_ema_per_epoch_over_the_epochs_class_means():
     not over batches) fold in once, and ``finish`` folds the cut epoch's."""
     module = plugin_module()
     start = torch.tensor([[0.0, 0.0], [1.0, 1.0], [9.0, 9.0]])
-    step = module.AnchorStep(start, algo().config, torch.nn.Linear(2, 3), calibrate=False, batches_per_epoch=2)
+    step = module.AnchorStep(
+        start, algo().config, torch.nn.Linear(2, 3), calibrate=False, batches_per_epoch=2
+    )
     batches = [
         (torch.tensor([[2.0, 0.0], [4.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 0, 1])),
         (torch.tensor([[6.0, 6.0]]), torch.tensor([0])),  # epoch 1: class 0 mean (4, 2), class 1 (0, 3)
@@ -107,7 +109,9 @@ def reference_client(*, steps, pull, calibrate):
     ],
 )
 def test_client_matches_the_reference(round_num, options, pull, calibrate):
-    ctx = feature_context(X, Y, {"anchors": ANCHORS.astype(np.float32), "anchor_seed": 0}, round_num=round_num)
+    ctx = feature_context(
+        X, Y, {"anchors": ANCHORS.astype(np.float32), "anchor_seed": 0}, round_num=round_num
+    )
     result = algo(**options).client_update(ctx)
     (v, w, b), anchors = reference_client(steps=2, pull=pull, calibrate=calibrate)
     assert np.allclose(result.update.delta["body.weight"].numpy(), V0 - v, atol=1e-5)
@@ -157,3 +161,10 @@ def test_server_averages_deltas_and_anchors_by_examples():
     assert torch.allclose(new.extra["anchors"], torch.tensor([[0.25, 0.0], [2.25, 1.0]]))
     assert new.extra["anchor_seed"] == 0
     assert plugin.broadcast(new, 1).extra["anchors"].shape == (2, 2)
+
+
+def test_a_model_without_features_is_refused():
+    from reference import context, payload
+
+    with pytest.raises(TypeError, match=r"fedfa needs a model with features\(x\) and head"):
+        algo().client_update(context([[1.0, 2.0]], [0], payload(anchors=np.zeros(0), anchor_seed=0)))

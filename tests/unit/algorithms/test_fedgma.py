@@ -69,7 +69,9 @@ def server_round(plugin):
         update = hand_update(D[i], N[i], BUFFERS[i])
         acc = agg.add(acc, i, ClientResult(update, float(N[i])))
     params = {"w": torch.tensor(W_START).float(), "buf": torch.zeros(())}
-    info = RunInfo(num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0, buffer_keys=frozenset({"buf"}))
+    info = RunInfo(
+        num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0, buffer_keys=frozenset({"buf"})
+    )
     state = plugin.init(params, info)
     return plugin.server_update(state, agg.result(acc), 0)
 

@@ -33,7 +33,9 @@ def plugin_module():
 
 def algo(epochs=2):
     entry = registry.get("algorithm", "fedrod")
-    return entry.factory(entry.config.model_validate({"local": {"lr": LR, "batch_size": 8, "epochs": epochs}}))
+    return entry.factory(
+        entry.config.model_validate({"local": {"lr": LR, "batch_size": 8, "epochs": epochs}})
+    )
 
 
 def nll(logits, y):
@@ -122,3 +124,10 @@ def test_balanced_softmax_gives_no_gradient_to_an_absent_class():
     module.balanced_softmax_loss(logits, torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0])).backward()
     assert torch.all(logits.grad[:, 2] == 0) and torch.isfinite(logits.grad).all()
     assert F.softmax(logits.detach() + torch.tensor([1.0, 1.0, 0.0]).log(), 1)[0, 2] == 0
+
+
+def test_a_model_without_features_is_refused():
+    from reference import context, payload
+
+    with pytest.raises(TypeError, match=r"fedrod needs a model with features\(x\) and head"):
+        algo().client_update(context([[1.0, 2.0]], [0], payload()))

@@ -70,9 +70,7 @@ if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolk
 class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
     """FedFA: anchor loss on the features, classifier calibration on the anchors, EMA anchors."""
 
-    lambda_anchor: float = Field(
-        0.1, ge=0
-    )  # the code's lambda_anchor; the paper picks from {0.1, 0.01, 0.001}
+    lambda_anchor: float = Field(0.1, ge=0)  # the code's; the paper picks from {0.1, 0.01, 0.001}
     anchor_momentum: float = Field(0.5, ge=0, lt=1)  # 0.9 for Digit-Five and PACS in the IMA code
     calibration_start_round: int = Field(0, ge=0)  # the IMA setting: floor(num_rounds / 4) + 1
     calibration_lr: float = Field(1e-3, gt=0)  # Adam on the head alone

@@ -30,7 +30,7 @@ client's term (the intended reading; the order-dependent version cannot be aggre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import BaseModel, Field, model_validator
@@ -106,7 +106,7 @@ class FedGMA:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         result = local_delta_update(ctx, self.config.local)
-        delta: Params = result.update  # type: ignore[assignment]  # local_delta_update sends Params
+        delta = cast(Params, result.update)  # local_delta_update sends global - local
         trained = result.weight > 0
         w = (result.weight if self.config.weighted else 1.0) if trained else 0.0
         trainable = {name for name, p in ctx.model.named_parameters() if p.requires_grad}

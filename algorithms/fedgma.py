@@ -1,0 +1,155 @@
+"""FedGMA: gradient masked averaging (Tenison, Sreeharsha, Rish et al., "Gradient Masked Averaging
+for Federated Learning", TMLR 2023, arXiv:2201.11986).
+
+The server scales each coordinate of the mean client update by how much the cohort agrees on its
+direction. With ``m`` clients that trained and deltas ``delta_i = global - local_i``:
+
+    A    = |sum_i sign(delta_i)| / m                   (per coordinate, in [0, 1])
+    mask = 1 where A >= tau, else A                    (the paper's soft mask)
+    w   <- w - server_lr * mask * mean(delta)          (mean weighted by examples, as FedAvg)
+
+``tau`` is 0.8 (the IMA paper's setting; notes/ima.md section 4). The server step is
+``raysim.server_opt`` on the masked mean delta (plain SGD at lr 1 by default). Float buffers
+(BatchNorm statistics) have no direction to agree on: they take the plain mean.
+
+``variant: ima_code`` is the version the IMA authors ran as their FedGMA baseline
+(github TailinZhou/FedIMA, ``utils/aggregator.py``; notes/ima.md section 4): the FedAvg aggregate
+``w_fma = w - mean(delta)`` plus a hard AND-masked step at server lr 1e-4, where client ``i``
+counts at a coordinate when its sign agrees with the cohort's and ``|sum_i sign(delta_i)| > tau m``
+(strictly):
+
+    w <- w_fma - ima_code_server_lr * (1/m) sum_i and_mask_i * (local_i - global)
+
+That is the code's sign: it descends on ``local - global``, so the masked term moves the model
+back towards the old global by 1e-4 of the agreeing clients' mean update, and the result is
+within float noise of FedAvg (as the IMA paper's FedGMA numbers are). The code's loop resets the
+model to ``w_fma`` before each client's term, so only the last client's survives; we sum every
+client's term (the intended reading; the order-dependent version cannot be aggregated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import torch
+from pydantic import BaseModel, Field, model_validator
+
+from raysim import params as P
+from raysim.aggregate import Sum
+from raysim.local import LocalTrainConfig, local_delta_update
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class FedGMAConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedGMA: the mean client delta, scaled per coordinate by the cohort's sign agreement."""
+
+    tau: float = Field(0.8, gt=0, le=1)  # agreement at or above which a coordinate passes whole
+    variant: Literal["paper", "ima_code"] = "paper"
+    ima_code_server_lr: float = Field(1e-4, gt=0)  # the IMA code's lr on its masked term
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()
+    weighted: bool = True  # mean delta weighted by examples (the sign agreement never is)
+
+    @model_validator(mode="after")
+    def _ima_code_has_no_server_optimizer(self) -> "FedGMAConfig":
+        if self.variant == "ima_code" and self.server != ServerOptimizerConfig():
+            raise ValueError(
+                "variant ima_code is the IMA authors' FedAvg aggregate plus their masked term, "
+                "with no server optimizer: leave server at its default (sgd, lr 1)"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class GMAUpdate:
+    """What a client sends, summed over the cohort by ``Sum`` (so the sum is one too)."""
+
+    delta: Params  # w * (global - local)
+    weight: torch.Tensor  # w: the examples trained on (1 when not ``weighted``; 0 without data)
+    sign: Params  # sign(delta), trainable parameters only
+    count: torch.Tensor  # 1 for a client that trained, 0 without data
+    positive: Params  # delta where > 0, unweighted: the ima_code variant only (else empty)
+    negative: Params  # delta where < 0, unweighted: the ima_code variant only (else empty)
+
+
+def agreement_mask(sign_sum: torch.Tensor, count: torch.Tensor, tau: float) -> torch.Tensor:
+    """The paper's soft mask: 1 where ``A = |sign_sum| / count >= tau``, else ``A``."""
+    agreement = sign_sum.abs() / count.clamp_min(1)  # no client trained: A = 0, and so is the mean
+    return torch.where(agreement >= tau, torch.ones_like(agreement), agreement)
+
+
+def agreeing_sum(sums: GMAUpdate, key: str, tau: float) -> torch.Tensor:
+    """The IMA code's AND-masked sum: the deltas of the clients on the majority's side, where
+    ``|sign_sum| > tau * count``."""
+    sign_sum = sums.sign[key]
+    side = torch.where(sign_sum > 0, sums.positive[key], sums.negative[key])
+    return side * (sign_sum.abs() > tau * sums.count)
+
+
+@register("algorithm", "fedgma")
+class FedGMA:
+    """FedGMA: FedAvg clients; the server masks the mean delta by sign agreement."""
+
+    Config = FedGMAConfig
+
+    def __init__(self, config: FedGMAConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        result = local_delta_update(ctx, self.config.local)
+        delta = cast(Params, result.update)  # local_delta_update sends global - local
+        trained = result.weight > 0
+        w = (result.weight if self.config.weighted else 1.0) if trained else 0.0
+        trainable = {name for name, p in ctx.model.named_parameters() if p.requires_grad}
+        with_parts = self.config.variant == "ima_code"
+        update = GMAUpdate(
+            delta={k: v * w for k, v in delta.items()},
+            weight=torch.tensor(float(w)),
+            sign={k: torch.sign(v) for k, v in delta.items() if k in trainable},
+            count=torch.tensor(float(trained)),
+            positive={k: v.clamp_min(0) for k, v in delta.items() if k in trainable} if with_parts else {},
+            negative={k: v.clamp_max(0) for k, v in delta.items() if k in trainable} if with_parts else {},
+        )
+        return ClientResult(update, result.weight, result.metrics)
+
+    def aggregator(self) -> Sum[GMAUpdate]:
+        return Sum()
+
+    def pseudo_gradient(self, sums: GMAUpdate) -> Params:
+        """The masked mean delta (buffers unmasked); for ima_code, ``w - w_new`` of its rule."""
+        tau = self.config.tau
+        mean = {k: v / sums.weight.clamp_min(1e-12) for k, v in sums.delta.items()}  # 0/0 -> 0
+        if self.config.variant == "ima_code":
+            step = self.config.ima_code_server_lr / sums.count.clamp_min(1)
+            return {
+                k: v - step * agreeing_sum(sums, k, tau) if k in sums.sign else v for k, v in mean.items()
+            }
+        return {
+            k: agreement_mask(sums.sign[k], sums.count, tau) * v if k in sums.sign else v
+            for k, v in mean.items()
+        }
+
+    def server_update(
+        self, state: ServerState, sums: GMAUpdate | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        if sums is None or float(sums.count) == 0:  # nobody trained: keep the model
+            return state, {}
+        state, metrics = apply_server_step(state, self.pseudo_gradient(sums), self.config.server)
+        agreed = [self._agreed(sums.sign[k], sums.count) for k in sums.sign]
+        fraction = sum(float(a.sum()) for a in agreed) / max(sum(a.numel() for a in agreed), 1)
+        return state, {**metrics, "fedgma/agreed_fraction": fraction}
+
+    def _agreed(self, sign_sum: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """Where the cohort agrees enough to pass a coordinate whole (the variant's threshold)."""
+        if self.config.variant == "ima_code":
+            return sign_sum.abs() > self.config.tau * count
+        return sign_sum.abs() / count.clamp_min(1) >= self.config.tau

@@ -1,0 +1,175 @@
+"""FedRoD: a generic model trained for balanced risk plus a personal head per client (Chen & Chao,
+"On Bridging Generic and Personalized Federated Learning for Image Classification", ICLR 2022,
+arXiv:2107.00778).
+
+Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
+1. takes the generic model's step on the balanced-softmax loss
+   ``CE(softmax(g(f(x)) + log n), y)``, ``n_c`` the count of class ``c`` among the client's
+   examples this round (a class it lacks gets ``log 0 = -inf``: probability 0, no gradient);
+2. takes one plain SGD step, at the round's local lr, of its personal head ``p`` on
+   ``CE(g(f(x)) + p(f(x)), y)``, the features ``f(x)`` and generic logits ``g(f(x))`` taken from
+   step 1's forward pass and detached: the personal head learns what the generic one misses.
+``p`` has ``model.head``'s architecture; it starts as a copy of the global head the first time
+the client is sampled and lives in the client's state. The server averages the generic model's
+deltas (FedAvg, ``raysim.server_opt``), and the global evaluation uses the generic model alone.
+The personalised predictor ``g + p`` is measured on the client's round data after its training:
+the client metric ``fedrod/personal_accuracy``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.errors import ConfigError
+from raysim.local import (
+    Backward,
+    Batch,
+    BatchLoss,
+    LocalTrainConfig,
+    iterate_batches,
+    local_delta_update,
+    round_lr,
+    to_tensors,
+)
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
+
+if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
+    from raysim.models.anatomy import FeatureModel
+
+
+class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedRoD: balanced-softmax generic model, averaged; a personal head kept by each client."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()
+    weighted: bool = True
+
+
+def as_feature_model(model: nn.Module) -> FeatureModel:
+    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
+    if not callable(getattr(model, "features", None)):
+        raise TypeError(f"fedrod needs a model with features(x) and head, not {type(model).__name__}")
+    return cast("FeatureModel", model)
+
+
+def class_counts(data: ClientData, num_classes: int) -> torch.Tensor:
+    """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float."""
+    labels = np.asarray(data.arrays["y"], dtype=np.int64) if len(data) else np.zeros(0, np.int64)
+    return torch.from_numpy(np.bincount(labels, minlength=num_classes).astype(np.float32))
+
+
+def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``softmax(logits + log counts)``: the balanced softmax (Ren et al.,
+    NeurIPS 2020), FedRoD's balanced risk for the generic model. logits (B, C), counts (C,)."""
+    return F.cross_entropy(logits + counts.log(), y)
+
+
+class PersonalHeadStep:
+    """A ``LocalStep`` and its ``loss_fn``: the generic step on the balanced softmax, then the
+    personal head's step on the same forward pass (detached)."""
+
+    def __init__(self, head: nn.Module, counts: torch.Tensor, lr: float) -> None:
+        self.head = head
+        self.counts = counts
+        self.optimizer = torch.optim.SGD(head.parameters(), lr=lr)
+        self._forward: tuple[torch.Tensor, torch.Tensor] | None = None  # this batch's f(x), g(f(x))
+
+    def generic_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
+        """The balanced-softmax loss; accuracy counts the generic model's own predictions."""
+        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        features = net.features(batch["x"])  # (B, D)
+        logits = net.head(features)  # (B, C)
+        self._forward = (features.detach(), logits.detach())
+        y = batch["y"]
+        return balanced_softmax_loss(logits, y, self.counts), (logits.argmax(-1) == y).sum(), len(y)
+
+    def __call__(
+        self, model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+    ) -> BatchLoss:
+        loss = backward(batch)  # runs generic_loss, which keeps the forward pass
+        optimizer.step()
+        features, generic_logits = cast(tuple[torch.Tensor, torch.Tensor], self._forward)
+        personal_loss = F.cross_entropy(generic_logits + self.head(features), batch["y"])
+        self.optimizer.zero_grad(set_to_none=True)
+        personal_loss.backward()
+        self.optimizer.step()
+        return loss
+
+
+@torch.no_grad()
+def personal_accuracy(model: nn.Module, head: nn.Module, data: ClientData, device: torch.device) -> float:
+    """Accuracy of the personalised predictor ``g(f(x)) + p(f(x))`` on ``data`` (0 when empty)."""
+    model.eval()  # the worker sets train mode again before the next client
+    head.eval()
+    net = cast("FeatureModel", model)
+    correct: torch.Tensor | int = 0
+    for batch in iterate_batches(to_tensors(data, device), 512):
+        features = net.features(batch["x"])
+        logits = net.head(features) + head(features)
+        correct = correct + (logits.argmax(-1) == batch["y"]).sum()
+    return float(correct) / max(len(data), 1)
+
+
+@register("algorithm", "fedrod")
+class FedRoD:
+    """FedRoD: FedAvg on a balanced-softmax generic model; clients keep personal heads."""
+
+    Config = FedRoDConfig
+
+    def __init__(self, config: FedRoDConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        if info.spec.task != "classification":
+            raise ConfigError([f"algorithm fedrod: needs a classification task, not {info.spec.task!r}"])
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        head = copy.deepcopy(
+            as_feature_model(ctx.model).head
+        )  # the global head: the personal head's first value
+        state = cast(dict[str, Params] | None, ctx.state)
+        if state:
+            head.load_state_dict(state["head"])
+        counts = class_counts(ctx.data, ctx.spec.num_classes).to(ctx.device)
+        step = PersonalHeadStep(head, counts, round_lr(self.config.local, ctx.round_num))
+        result = local_delta_update(ctx, self.config.local, loss_fn=step.generic_loss, step=step)
+        accuracy = personal_accuracy(ctx.model, head, ctx.data, ctx.device)
+        return ClientResult(
+            result.update,
+            result.weight,
+            {**result.metrics, "fedrod/personal_accuracy": accuracy},
+            state={"head": P.clone(head.state_dict())},
+        )
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

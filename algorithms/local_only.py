@@ -161,6 +161,7 @@ def evaluate_local_models(services: Services[Params | None], models: dict[int, N
             metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows]))
     own_rows = [row for row in own if row is not None and row["num_examples"] > 0]
     if own_rows:
+        metrics["eval/local/clients/num_clients"] = float(len(own_rows))
         n = np.array([row["num_examples"] for row in own_rows])
         for key in ("accuracy", "loss"):
             values = np.array([row[key] for row in own_rows])

@@ -102,7 +102,7 @@ class FedNova:
             weight=torch.tensor(n),
             steps=torch.tensor(n * a),
         )
-        return ClientResult(update, metrics["train/num_examples"], metrics | {"fednova/a": a})
+        return ClientResult(update, metrics["train/num_examples"], metrics)
 
     def aggregator(self) -> Sum[FedNovaUpdate]:
         return Sum()

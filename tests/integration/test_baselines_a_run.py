@@ -26,7 +26,7 @@ DIGITS = {"name": "digits", "central_test_size": 200}
 CASES = {
     "moon": ("server/delta_norm",),
     "feddyn": ("feddyn/h_norm", "server/delta_norm"),
-    "fednova": ("fednova/tau_eff", "fednova/a"),
+    "fednova": ("fednova/tau_eff", "server/delta_norm"),
     "local": ("eval/local/accuracy", "eval/local/clients/accuracy", "eval/local/clients/accuracy_mean"),
 }
 LOCAL = {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5}

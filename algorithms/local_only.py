@@ -120,15 +120,15 @@ class LocalOnly:
         trained = cast(torch.Tensor, state.extra["trained"])
         everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
         payload = Payload({}) if everyone_has_one else self.broadcast(state, round_num)
-        output = services.train_cohort(payload, cohort, round_num, keep_local_models=True)
-        now_trained = torch.unique(
-            torch.cat([trained, torch.tensor(sorted(output.local_models), dtype=torch.int64)])
-        )
+        due = services.is_eval_round(round_num)  # the local models come to the driver only then
+        output = services.train_cohort(payload, cohort, round_num, keep_local_models=due)
+        reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
+        now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
         metrics = cohort_means(output.client_metrics) | {
             "sys/bytes_down": float(P.num_bytes(payload.params) * len(cohort)),
             "sys/failed_clients": float(len(output.failures)),
         }
-        if services.is_eval_round(round_num):
+        if due:
             metrics |= evaluate_local_models(services, output.local_models)
         metrics["sys/round_s"] = time.perf_counter() - start
         return replace(state, extra={**state.extra, "trained": now_trained}), metrics

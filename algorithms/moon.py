@@ -10,7 +10,7 @@ The server is FedAvg's.
 The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
 FedGuCci code has no projection head (notes/fedgucci.md section 5). The frozen models'
 representations come from the resident model through ``torch.func.functional_call``, in eval mode
-and without gradients as in the authors' code, so no client holds a second model copy.
+and without gradients, so no client holds a second model copy.
 
 Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
 section 5) uses ``temperature: 1.0`` and a negative that is never updated, i.e. the run's initial
@@ -92,7 +92,7 @@ class FrozenFeatures:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         model = self.module.model
         was_training = model.training
-        model.eval()  # frozen models: running BatchNorm statistics, no dropout (the authors' code)
+        model.eval()  # a frozen model is a fixed function: running BatchNorm statistics, no dropout
         try:
             return torch.func.functional_call(self.module, self.params, (x,))
         finally:
@@ -129,8 +129,7 @@ class MoonObjective:
 
 @register("algorithm", "moon")
 class Moon:
-    """MOON: FedAvg whose clients pull their representation towards the global model's and away
-    from their previous model's."""
+    """MOON: FedAvg whose clients contrast their representation with the global and previous models'."""
 
     Config = MoonConfig
 

@@ -69,9 +69,10 @@ class FakeServices:
         return np.array(self.cohorts[round_num])
 
     def train_cohort(self, payload, cohort, round_num, *, keep_local_models=False):
-        assert keep_local_models
+        assert keep_local_models == self.is_eval_round(round_num)  # only when they are evaluated
         self.payloads.append(payload)
         models = {int(c): {"weight": np.full((2, 2), float(c), np.float32)} for c in cohort}
+        models = models if keep_local_models else {}
         rows = [{"train/loss": 1.0 + c, "weight": 1.0 + c, "client_id": float(c)} for c in cohort]
         return RoundOutput(aggregate={}, client_metrics=rows, local_models=models)
 

@@ -105,6 +105,12 @@ class Services(Protocol[A_co]):
         paired: bool = False,
     ) -> list[list[np.ndarray | None]]: ...
 
+    def is_eval_round(self, round_num: int) -> bool:
+        """Whether evaluation is due after ``round_num`` (``evaluation.every``, and the last round):
+        when ``end_round`` evaluates the global model, and when a plugin with models of its own
+        (the "Local" baseline's per-client models) should evaluate them."""
+        ...
+
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
         """What the round loop does after each round: evaluate when due (``evaluation.every``,
         personalization), log, checkpoint when due (``engine.checkpoint_every``); returns the

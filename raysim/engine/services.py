@@ -295,6 +295,9 @@ class PluginServices(Generic[A]):
             return cast(list[list[Metrics | None]], results)
         return cast(list[list[np.ndarray | None]], results)
 
+    def is_eval_round(self, round_num: int) -> bool:
+        return self._engine.is_eval_round(round_num)
+
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
         return self._engine.end_round(state, round_num, metrics)
 

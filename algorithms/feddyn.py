@@ -1,0 +1,154 @@
+"""FedDyn: federated learning based on dynamic regularization (Acar et al., ICLR 2021,
+arXiv:2111.04263), Algorithm 1.
+
+Client i keeps ``g_i`` (the paper's gradient of its previous local objective; zero at first) and,
+from the global model ``w_g``, minimises
+    L_i(w) - <g_i, w> + (alpha / 2) ||w - w_g||^2,
+so each gradient gets ``- g_i + alpha (w - w_g)`` added; then ``g_i <- g_i - alpha (w_i - w_g)``.
+The server keeps ``h`` (zero at first) and, over the clients S that reported out of a population
+of m,
+    h   <- h - alpha (1 / m) sum_{i in S} (w_i - w_g)
+    w_g <- (1 / |S|) sum_{i in S} w_i - h / alpha.
+Means are unweighted, as in the paper; ``weighted: true`` takes example-weighted ones (the
+FedGuCci code's p_i), replacing (1 / m) sum_i by (|S| / m) sum_i p_i. Float buffers (BatchNorm
+statistics) take the plain mean. ``alpha`` 0.01 as the FedGuCci code (notes/fedgucci.md
+section 5), whose penalty is the norm, not its square: ``penalty: norm`` adds
+``(alpha / 2) ||w - w_g||_2`` instead (its gradient ``(alpha / 2) (w - w_g) / ||w - w_g||``, the
+norm over all trainable parameters together, 0 at ``w = w_g``); the ``g_i`` and server updates
+stay as above.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal, cast
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import Sum
+from raysim.local import AfterBackward, LocalTrainConfig, train_local
+from raysim.registry import register
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class FedDynConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedDyn: a linear term and a proximal term that make local and global optima agree."""
+
+    alpha: float = Field(0.01, gt=0)
+    # "squared": (alpha/2)||w - w_g||^2 (paper); "norm": (alpha/2)||w - w_g||_2 (FedGuCci code)
+    penalty: Literal["squared", "norm"] = "squared"
+    local: LocalTrainConfig = LocalTrainConfig()
+    weighted: bool = False
+
+
+@dataclass(frozen=True)
+class FedDynUpdate:
+    """What a client sends, summed over the cohort by ``Sum`` (so the sum is one too)."""
+
+    delta: Params  # p * (w_g - w_i), p: 1, or the examples trained on when ``weighted``
+    weight: torch.Tensor  # p
+    count: torch.Tensor  # 1: the sum is |S|
+
+
+def dynamic_regularizer(alpha: float, anchor: Params, g: Params, penalty: str) -> AfterBackward:
+    """``after_backward`` adding the gradient of ``penalty(w - anchor) - <g, w>``."""
+
+    def after_backward(model: nn.Module) -> None:
+        diffs = {
+            name: p.detach() - anchor[name] for name, p in model.named_parameters() if p.grad is not None
+        }
+        scale = alpha
+        if penalty == "norm":  # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||
+            norm = float(torch.stack([(d.double() ** 2).sum() for d in diffs.values()]).sum().sqrt())
+            scale = alpha / 2 / norm if norm > 0 else 0.0  # 0 at the anchor, as autograd's norm
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                p.grad.add_(diffs[name], alpha=scale).sub_(g[name])
+
+    return after_backward
+
+
+@register("algorithm", "feddyn")
+class FedDyn:
+    """FedDyn: each client keeps a linear correction ``g_i``; the server keeps ``h``."""
+
+    Config = FedDynConfig
+
+    def __init__(self, config: FedDynConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        h = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
+        return ServerState(
+            params=P.clone(params),
+            buffer_keys=info.buffer_keys,
+            extra={"h": h, "num_clients": info.num_clients},
+        )
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        alpha = self.config.alpha
+        state = cast(dict[str, Params] | None, ctx.state)  # {"g": ...} kept from an earlier round
+        trainable = [name for name, p in ctx.model.named_parameters() if p.requires_grad]
+        g = (
+            {k: v.to(ctx.device) for k, v in state["g"].items()}
+            if state
+            else {k: torch.zeros_like(ctx.global_params[k]) for k in trainable}
+        )
+        regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.penalty)
+        metrics = train_local(
+            ctx.model,
+            ctx.data,
+            self.config.local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=ctx.round_num,
+            after_backward=regularizer,
+        )
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        new_g = {k: g[k] + alpha * delta[k] for k in g}  # g_i - alpha (w_i - w_g)
+        num_examples = metrics["train/num_examples"]
+        p = num_examples if self.config.weighted else 1.0
+        return ClientResult(
+            update=FedDynUpdate({k: v * p for k, v in delta.items()}, torch.tensor(p), torch.tensor(1.0)),
+            weight=num_examples,
+            metrics=metrics,
+            state={"g": P.clone(new_g)},
+        )
+
+    def aggregator(self) -> Sum[FedDynUpdate]:
+        return Sum()
+
+    def pseudo_gradient(self, sums: FedDynUpdate) -> Params:
+        """The mean delta ``w_g - mean(w_i)``: the pure aggregate is the clients' mean model."""
+        return {k: v / sums.weight for k, v in sums.delta.items()}
+
+    def server_update(
+        self, state: ServerState, sums: FedDynUpdate | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        if sums is None or float(sums.weight) == 0:
+            return state, {}
+        alpha = self.config.alpha
+        mean_delta = self.pseudo_gradient(sums)
+        share = float(sums.count) / cast(int, state.extra["num_clients"])  # |S| / m
+        # h - alpha (1/m) sum_i (w_i - w_g) = h + alpha (|S|/m) mean(w_g - w_i)
+        h = {k: v + alpha * share * mean_delta[k] for k, v in _h(state).items()}
+        params = {k: w - mean_delta[k] - (h[k] / alpha if k in h else 0.0) for k, w in state.params.items()}
+        metrics = {"server/delta_norm": _norm(mean_delta, state.buffer_keys), "feddyn/h_norm": _norm(h)}
+        return replace(state, params=params, extra={**state.extra, "h": h}), metrics
+
+
+def _h(state: ServerState) -> Params:
+    """The server's ``h``, kept in ``state.extra`` (see ``FedDyn.init``)."""
+    return cast(Params, state.extra["h"])
+
+
+def _norm(params: Params, skip: frozenset[str] = frozenset()) -> float:
+    return math.sqrt(sum(float((v.double() ** 2).sum()) for k, v in params.items() if k not in skip))

@@ -1,0 +1,122 @@
+"""FedNova: normalized averaging against objective inconsistency (Wang et al., NeurIPS 2020,
+arXiv:2007.07481).
+
+Clients that take more local steps move further; FedAvg's average then leans towards their
+objectives. FedNova divides each client's move by its step count before averaging: with tau_i local
+SGD steps at momentum rho, the client's gradients enter ``w_g - w_i`` with total weight (times the
+lr) ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
+notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size weights
+``p_i`` over the clients that reported,
+    w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
+so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.server_opt``'s on that
+pseudo-gradient (SGD with lr 1 by default; ``server.lr`` scales it). Float buffers (BatchNorm
+statistics) take the plain ``p_i``-weighted mean. ``a_i`` is derived for SGD (torch's momentum,
+no dampening), so local Adam is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, model_validator
+
+from raysim import params as P
+from raysim.aggregate import Sum
+from raysim.local import LocalTrainConfig, train_local
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+
+class FedNovaConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedNova: client moves normalized by their local step counts before averaging."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()
+
+    @model_validator(mode="after")
+    def _sgd(self) -> "FedNovaConfig":
+        if self.local.optimizer != "sgd":
+            raise ValueError(
+                "FedNova normalizes by the weight SGD's steps give the gradients: set local.optimizer to sgd"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class FedNovaUpdate:
+    """What a client sends, summed over the cohort by ``Sum`` (so the sum is one too)."""
+
+    normalized: Params  # n_i d_i over the trainable parameters
+    buffers: Params  # n_i (w_g - w_i) over the float buffers
+    weight: torch.Tensor  # n_i: the examples trained on (0 for a client that took no step)
+    steps: torch.Tensor  # n_i a_i
+
+
+def momentum_steps(tau: int, rho: float) -> float:
+    """``a_i``: the summed weight of tau SGD steps' gradients in ``w_g - w_i`` (in lr units).
+
+    Momentum carries step s's gradient into every later step, with weight
+    ``sum_{j < tau - s} rho^j``; summed over s that is ``[tau - rho (1 - rho^tau)/(1 - rho)]/(1 - rho)``.
+    """
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+
+
+@register("algorithm", "fednova")
+class FedNova:
+    """FedNova: FedAvg whose server averages client moves normalized by their local steps."""
+
+    Config = FedNovaConfig
+
+    def __init__(self, config: FedNovaConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        local = self.config.local
+        metrics = train_local(
+            ctx.model,
+            ctx.data,
+            local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=ctx.round_num,
+        )
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        a = momentum_steps(int(metrics["train/steps"]), local.momentum)
+        # a client without data took no step: a = 0, and it weighs nothing
+        n = metrics["train/num_examples"] if a > 0 else 0.0
+        buffers = {name for name, _ in ctx.model.named_buffers()}  # init() ran on the driver only
+        update = FedNovaUpdate(
+            normalized={k: v * (n / a if a > 0 else 0.0) for k, v in delta.items() if k not in buffers},
+            buffers={k: v * n for k, v in delta.items() if k in buffers},
+            weight=torch.tensor(n),
+            steps=torch.tensor(n * a),
+        )
+        return ClientResult(update, metrics["train/num_examples"], metrics)
+
+    def aggregator(self) -> Sum[FedNovaUpdate]:
+        return Sum()
+
+    def pseudo_gradient(self, sums: FedNovaUpdate) -> Params:
+        """``tau_eff * sum_i p_i d_i`` (buffers: ``sum_i p_i (w_g - w_i)``)."""
+        tau_eff = sums.steps / sums.weight
+        normalized = {k: tau_eff * v / sums.weight for k, v in sums.normalized.items()}
+        return normalized | {k: v / sums.weight for k, v in sums.buffers.items()}
+
+    def server_update(
+        self, state: ServerState, sums: FedNovaUpdate | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        if sums is None or float(sums.weight) == 0:
+            return state, {}
+        state, metrics = apply_server_step(state, self.pseudo_gradient(sums), self.config.server)
+        return state, metrics | {"fednova/tau_eff": float(sums.steps / sums.weight)}

@@ -1,0 +1,170 @@
+"""Local: every client trains its own model alone and nothing is aggregated (the "Local" baseline
+of FedGuCci, Li et al., KDD 2025, arXiv:2402.18949; notes/fedgucci.md section 5).
+
+Each client starts from the shared initial model the first time it is sampled and from its own
+model, kept in its client state, every time after; the global model never changes. The initial
+weights are broadcast only in rounds whose cohort holds a client without a model of its own
+(``trained`` in the server state lists those that have one); otherwise the broadcast is empty.
+
+What the papers report is the mean over clients of their local models' accuracy on the global test
+set. When evaluation is due (``evaluation.every`` and the last round) this plugin evaluates the
+round's cohort's models and logs
+- ``eval/local/accuracy``, ``eval/local/loss``: the mean over those models on the central test set
+  (when the dataset has one);
+- ``eval/local/clients/accuracy``, ``eval/local/clients/loss``: each model on its own client's test
+  split, weighted by test examples as ``eval/clients/*`` is, and unweighted (``_mean``).
+The usual ``eval/...`` metrics describe the unchanging global (initial) model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import cast
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from raysim import params as P
+from raysim.aggregate import Sum
+from raysim.errors import NonFiniteError
+from raysim.local import LocalTrainConfig, train_local
+from raysim.registry import register
+from raysim.services import Services
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    Metrics,
+    NumpyParams,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
+
+_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})  # per-client rows' non-metrics
+
+
+class LocalOnlyConfig(BaseModel, frozen=True, extra="forbid"):
+    """Local: each client trains its own model across rounds; no aggregation."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+
+
+@register("algorithm", "local")
+class LocalOnly:
+    """Local: clients train alone, each keeping its model between rounds; the global model stays."""
+
+    Config = LocalOnlyConfig
+
+    def __init__(self, config: LocalOnlyConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        no_one = torch.zeros(0, dtype=torch.int64)  # ids of the clients with a model of their own
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"trained": no_one})
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        """The shared initial model, from which a client without a model of its own starts."""
+        return Payload(P.to_numpy(state.params))
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        own = cast(dict[str, Params] | None, ctx.state)
+        if own is not None:
+            P.load_into(ctx.model, own["params"])
+        elif not ctx.global_params:
+            raise RuntimeError(
+                f"client {ctx.client_id} has no model of its own yet, and the broadcast is empty: "
+                f"a round with such a client must broadcast the initial model"
+            )
+        metrics = train_local(
+            ctx.model,
+            ctx.data,
+            self.config.local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=ctx.round_num,
+        )
+        params = P.clone(P.model_params(ctx.model))
+        if not P.is_finite(params):  # kept as state, it would poison this client's later rounds
+            raise NonFiniteError(
+                f"client {ctx.client_id}'s model holds NaN or infinity in {P.nonfinite_names(params)[:5]}"
+            )
+        # nothing travels up: the update is empty, the model stays with the client
+        return ClientResult(
+            update={}, weight=metrics["train/num_examples"], metrics=metrics, state={"params": params}
+        )
+
+    def aggregator(self) -> Sum[Params]:
+        return Sum()
+
+    def server_update(
+        self, state: ServerState, aggregate: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        return state, {}  # no aggregation: the global model is the initial one
+
+    def protocol(self, services: Services[Params | None], state: ServerState) -> ServerState:
+        for round_num in range(services.start_round, services.info.num_rounds):
+            state, metrics = self.train_round(services, state, round_num)
+            services.end_round(state, round_num, metrics)
+        return state
+
+    def train_round(
+        self, services: Services[Params | None], state: ServerState, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        """One round: the cohort trains its own models; they are evaluated when evaluation is due."""
+        start = time.perf_counter()
+        cohort = services.cohort(round_num)
+        trained = cast(torch.Tensor, state.extra["trained"])
+        everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
+        payload = Payload({}) if everyone_has_one else self.broadcast(state, round_num)
+        due = services.is_eval_round(round_num)  # the local models come to the driver only then
+        output = services.train_cohort(payload, cohort, round_num, keep_local_models=due)
+        reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
+        now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
+        metrics = cohort_means(output.client_metrics) | {
+            "sys/bytes_down": float(P.num_bytes(payload.params) * len(cohort)),
+            "sys/failed_clients": float(len(output.failures)),
+        }
+        if due:
+            metrics |= evaluate_local_models(services, output.local_models)
+        metrics["sys/round_s"] = time.perf_counter() - start
+        return replace(state, extra={**state.extra, "trained": now_trained}), metrics
+
+
+def cohort_means(client_metrics: list[Metrics]) -> Metrics:
+    """Every client metric averaged over the clients that report it, weighted by client weight
+    (as the round loop averages them)."""
+    keys = sorted({k for m in client_metrics for k in m} - _BOOKKEEPING)
+    out: Metrics = {}
+    for key in keys:
+        rows = [m for m in client_metrics if key in m]
+        total = sum(m["weight"] for m in rows) or 1.0
+        out[key] = sum(m[key] * m["weight"] for m in rows) / total
+    return out
+
+
+def evaluate_local_models(services: Services[Params | None], models: dict[int, NumpyParams]) -> Metrics:
+    """The local models on the central test set and each on its own client's test split."""
+    clients = sorted(models)
+    if not clients:
+        return {}
+    points = [models[c] for c in clients]
+    central = [rows[0] for rows in services.map_clients("evaluate", points, None)]
+    own = services.map_clients("evaluate", points, clients, paired=True)[0]
+    metrics: Metrics = {}
+    central_rows = [row for row in central if row is not None]
+    if central_rows:  # None: the dataset has no central test set
+        for key in ("accuracy", "loss"):
+            metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows]))
+    own_rows = [row for row in own if row is not None and row["num_examples"] > 0]
+    if own_rows:
+        metrics["eval/local/clients/num_clients"] = float(len(own_rows))
+        n = np.array([row["num_examples"] for row in own_rows])
+        for key in ("accuracy", "loss"):
+            values = np.array([row[key] for row in own_rows])
+            metrics[f"eval/local/clients/{key}"] = float((values * n).sum() / n.sum())
+            metrics[f"eval/local/clients/{key}_mean"] = float(values.mean())
+    return metrics

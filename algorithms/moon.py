@@ -1,0 +1,184 @@
+"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021, arXiv:2103.16257).
+
+Each client adds to its cross-entropy ``mu * l_con`` with, per example,
+``l_con = -log(exp(sim(z, z_glob) / T) / (exp(sim(z, z_glob) / T) + exp(sim(z, z_prev) / T)))``:
+``z`` is the representation of the model being trained, ``z_glob`` that of the broadcast global
+model (the positive) and ``z_prev`` that of the client's own previous local model (the negative,
+kept in the client's state; the global model the first time), ``sim`` the cosine similarity.
+The server is FedAvg's.
+
+The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
+FedGuCci code has no projection head (notes/fedgucci.md section 5). The frozen models'
+representations come from the resident model through ``torch.func.functional_call``, in eval mode
+and without gradients, so no client holds a second model copy.
+
+Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
+section 5) uses ``temperature: 1.0`` and a negative that is never updated, i.e. the run's initial
+model: ``negative: initial`` (broadcast beside the global model every round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal, cast
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.errors import ConfigError
+from raysim.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+    Tree,
+)
+
+
+class MoonConfig(BaseModel, frozen=True, extra="forbid"):
+    """MOON: cross-entropy plus a model-contrastive term on the representation (Li et al. 2021)."""
+
+    mu: float = Field(1.0, ge=0)
+    temperature: float = Field(0.5, gt=0)  # the FedGuCci code: 1.0
+    # the contrastive negative: the client's previous local model (paper), or the run's initial
+    # model, which the FedGuCci code's never-updated ``prev_model`` amounts to
+    negative: Literal["previous", "initial"] = "previous"
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()
+    weighted: bool = True
+
+
+def model_contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """MOON's ``l_con`` averaged over the batch: cross-entropy of the cosine logits
+    ``[sim(z, z_glob), sim(z, z_prev)] / T`` with the global model's as the right class."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], -1)
+    return -F.log_softmax(logits / temperature, dim=-1)[..., 0].mean()
+
+
+class _Features(nn.Module):
+    """The resident model's ``features`` as a module's forward, for ``functional_call``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.features(x)  # type: ignore[operator]
+
+
+class FrozenFeatures:
+    """Representations of other weights (the global model, a previous local model) computed by the
+    resident model with those weights swapped in: no copy of the model, and its own weights,
+    gradients and mode are as they were afterwards."""
+
+    def __init__(self, model: nn.Module, params: Params) -> None:
+        self.module = _Features(model)
+        self.params = {f"model.{k}": v for k, v in params.items()}
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        model = self.module.model
+        was_training = model.training
+        model.eval()  # a frozen model is a fixed function: running BatchNorm statistics, no dropout
+        try:
+            return torch.func.functional_call(self.module, self.params, (x,))
+        finally:
+            model.train(was_training)
+
+
+class MoonObjective:
+    """Cross-entropy as the task loss, ``mu * l_con`` as the extra loss, from one forward pass.
+
+    ``loss_fn`` computes the representation and the logits from it and keeps the representation;
+    ``extra_loss``, which ``train_local`` calls next on the same batch, reuses it. So ``train/loss``
+    stays the cross-entropy alone, comparable with FedAvg's.
+    """
+
+    def __init__(self, positive: FrozenFeatures, negative: FrozenFeatures, mu: float, temperature: float):
+        self.positive, self.negative = positive, negative
+        self.mu, self.temperature = mu, temperature
+        self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch x, its representation)
+
+    def loss_fn(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
+        x, y = batch["x"], batch["y"]
+        z = model.features(x)  # type: ignore[operator]
+        logits = model.head(z)  # type: ignore[operator]
+        self._kept = (x, z)
+        return F.cross_entropy(logits, y), (logits.argmax(-1) == y).sum(), len(y)
+
+    def extra_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        x = batch["x"]
+        kept, self._kept = self._kept, None
+        z = kept[1] if kept is not None and kept[0] is x else model.features(x)  # type: ignore[operator]
+        l_con = model_contrastive_loss(z, self.positive(x), self.negative(x), self.temperature)
+        return self.mu * l_con
+
+
+@register("algorithm", "moon")
+class Moon:
+    """MOON: FedAvg whose clients contrast their representation with the global and previous models'."""
+
+    Config = MoonConfig
+
+    def __init__(self, config: MoonConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        if info.spec.task != "classification":
+            task = info.spec.task
+            raise ConfigError([f"moon: its loss is cross-entropy, for classification tasks, not {task!r}"])
+        extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "initial" else {}
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        extra: dict[str, Tree] = {}
+        if "initial" in state.extra:
+            extra["initial"] = P.to_numpy(cast(Params, state.extra["initial"]))
+        return Payload(P.to_numpy(state.params), extra=extra)
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        if not callable(getattr(ctx.model, "features", None)) or not hasattr(ctx.model, "head"):
+            raise TypeError(
+                f"moon needs a model with features(x) and head (raysim/models/anatomy.py); "
+                f"{type(ctx.model).__name__} has not"
+            )
+        objective = MoonObjective(
+            FrozenFeatures(ctx.model, ctx.global_params),
+            FrozenFeatures(ctx.model, self._negative(ctx)),
+            self.config.mu,
+            self.config.temperature,
+        )
+        result = local_delta_update(
+            ctx, self.config.local, loss_fn=objective.loss_fn, extra_loss=objective.extra_loss
+        )
+        if self.config.negative == "initial":
+            return result
+        return replace(result, state={"previous": P.clone(P.model_params(ctx.model))})
+
+    def _negative(self, ctx: ClientContext) -> Params:
+        """The weights whose representation is pushed away: see ``MoonConfig.negative``."""
+        if self.config.negative == "initial":
+            return cast(Params, ctx.payload.extra["initial"])  # on ctx.device already
+        state = cast(dict[str, Params] | None, ctx.state)
+        return cast(Params, P.to_device(state["previous"], ctx.device)) if state else ctx.global_params
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

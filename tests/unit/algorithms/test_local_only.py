@@ -1,0 +1,143 @@
+"""The "Local" baseline: a client trains its own model, kept in its state; nothing is aggregated.
+
+Client: from its kept model (else the broadcast initial one), one full-batch SGD step,
+w1 = w0 - lr * g(w0), checked against the numpy reference. Rounds: a fake ``Services`` records
+what the plugin broadcasts and returns chosen evaluation rows, so the bookkeeping (who has a model,
+when the initial model travels, the reported means) is checked by hand. End to end through the
+engine: tests/integration/test_baselines_a_run.py.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from reference import B0, SPEC, W0, context, grad, payload
+
+from raysim import registry
+from raysim.errors import NonFiniteError
+from raysim.types import Payload, RoundOutput, RunInfo
+
+LR = 0.3
+X, Y = np.array([[1.0, 2.0], [-0.5, 1.0]]), np.array([0, 1])
+OWN_W, OWN_B = np.array([[0.2, 0.1], [-0.3, 0.4]]), np.array([0.0, 0.1])
+
+
+def algo(**local):
+    entry = registry.get("algorithm", "local")
+    return entry.factory(entry.config.model_validate({"local": {"lr": LR, "batch_size": 8} | local}))
+
+
+def own_state():
+    return {"params": {"weight": torch.tensor(OWN_W).float(), "bias": torch.tensor(OWN_B).float()}}
+
+
+def test_a_client_trains_on_from_its_own_model():
+    result = algo().client_update(context(X, Y, payload(), state=own_state()))
+    gw, gb = grad(OWN_W, OWN_B, X, Y)
+    assert np.allclose(result.state["params"]["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
+    assert np.allclose(result.state["params"]["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
+    assert result.update == {} and result.weight == 2.0  # nothing travels up
+
+
+def test_a_new_client_starts_from_the_broadcast_initial_model():
+    result = algo().client_update(context(X, Y, payload()))
+    gw, _ = grad(W0, B0, X, Y)
+    assert np.allclose(result.state["params"]["weight"].numpy(), W0 - LR * gw, atol=1e-6)
+
+
+def test_a_new_client_under_an_empty_broadcast_is_an_error():
+    with pytest.raises(RuntimeError, match="no model of its own"):
+        algo().client_update(context(X, Y, Payload({})))
+
+
+def test_a_diverged_local_model_is_refused_before_it_is_kept():
+    with pytest.raises(NonFiniteError, match="NaN or infinity"):
+        algo(lr=1e38, epochs=50).client_update(context(X * 1e6, Y, payload()))
+
+
+class FakeServices:
+    """What the plugin's rounds ask of the engine, with canned evaluation rows."""
+
+    def __init__(self, cohorts, central, own, eval_rounds=(0, 1)):
+        self.info = RunInfo(num_clients=3, cohort_size=2, num_rounds=len(cohorts), spec=SPEC, seed=0)
+        self.start_round = 0
+        self.cohorts, self.central, self.own, self.eval_rounds = cohorts, central, own, eval_rounds
+        self.payloads, self.logged, self.asked = [], [], []
+
+    def cohort(self, round_num):
+        return np.array(self.cohorts[round_num])
+
+    def train_cohort(self, payload, cohort, round_num, *, keep_local_models=False):
+        assert keep_local_models == self.is_eval_round(round_num)  # only when they are evaluated
+        self.payloads.append(payload)
+        models = {int(c): {"weight": np.full((2, 2), float(c), np.float32)} for c in cohort}
+        models = models if keep_local_models else {}
+        rows = [{"train/loss": 1.0 + c, "weight": 1.0 + c, "client_id": float(c)} for c in cohort]
+        return RoundOutput(aggregate={}, client_metrics=rows, local_models=models)
+
+    def is_eval_round(self, round_num):
+        return round_num in self.eval_rounds
+
+    def map_clients(self, task, points, clients, *, paired=False, **_):
+        ids = [int(p["weight"][0, 0]) for p in points]  # the fake models carry their client id
+        self.asked.append((clients, paired, ids))
+        if clients is None:
+            return [[self.central[i]] for i in ids]
+        return [[self.own[i] for i in ids]]
+
+    def end_round(self, state, round_num, metrics):
+        self.logged.append((round_num, metrics))
+        return metrics
+
+
+def test_the_initial_model_travels_only_while_a_cohort_client_has_none():
+    plugin = algo()
+    services = FakeServices([[0, 1], [1, 0], [1, 2]], central={}, own={}, eval_rounds=())
+    state = plugin.init({"weight": torch.zeros(2, 2)}, services.info)
+    final = plugin.protocol(services, state)
+    assert [bool(p.params) for p in services.payloads] == [True, False, True]
+    assert final.extra["trained"].tolist() == [0, 1, 2]
+    assert torch.equal(final.params["weight"], state.params["weight"])  # the global model stays
+    # client metrics weighted like the round loop's: (1*1 + 2*2) / (1 + 2)
+    assert services.logged[0][1]["train/loss"] == pytest.approx(5 / 3)
+    assert services.logged[1][1]["sys/bytes_down"] == 0.0
+
+
+def test_local_models_are_evaluated_when_due():
+    central = {0: {"accuracy": 0.5, "loss": 1.0, "num_examples": 9.0}, 1: {"accuracy": 0.7, "loss": 0.6}}
+    own = {
+        0: {"accuracy": 1.0, "loss": 0.1, "num_examples": 1.0},
+        1: {"accuracy": 0.4, "loss": 0.9, "num_examples": 3.0},
+    }
+    services = FakeServices([[1, 0], [0, 1]], central, own, eval_rounds=(1,))
+    plugin = algo()
+    plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
+    first, second = (m for _, m in services.logged)
+    assert not any(k.startswith("eval/local") for k in first)
+    assert services.asked == [(None, False, [0, 1]), ([0, 1], True, [0, 1])]  # one point per client
+    assert second["eval/local/accuracy"] == pytest.approx(0.6)
+    assert second["eval/local/loss"] == pytest.approx(0.8)
+    assert second["eval/local/clients/accuracy"] == pytest.approx((1.0 * 1 + 0.4 * 3) / 4)
+    assert second["eval/local/clients/accuracy_mean"] == pytest.approx(0.7)
+    assert second["eval/local/clients/loss_mean"] == pytest.approx(0.5)
+
+
+def test_without_a_central_test_set_only_the_clients_own_splits_are_reported():
+    own = {0: {"accuracy": 1.0, "loss": 0.1, "num_examples": 1.0}, 1: None}  # client 1: no test split
+    services = FakeServices([[0, 1]], {0: None, 1: None}, own)
+    plugin = algo()
+    plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
+    metrics = services.logged[0][1]
+    assert "eval/local/accuracy" not in metrics
+    assert metrics["eval/local/clients/accuracy"] == 1.0 and metrics["eval/local/clients/num_clients"] == 1
+
+
+def test_resumed_state_keeps_who_has_a_model():
+    plugin = algo()
+    services = FakeServices([[0, 1], [1, 0]], central={}, own={}, eval_rounds=())
+    state = plugin.init({"weight": torch.zeros(2, 2)}, services.info)
+    resumed = replace(state, extra={"trained": torch.tensor([0, 1])})
+    services.start_round = 1
+    plugin.protocol(services, resumed)
+    assert [bool(p.params) for p in services.payloads] == [False]

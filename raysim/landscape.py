@@ -106,6 +106,12 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
     return out
 
 
+def distance(a: NumpyParams, b: NumpyParams) -> float:
+    """The L2 distance of the flattened float entries (IMA's locality, notes/ima.md 3.3)."""
+    _check_same_keys([a, b])
+    return float(np.linalg.norm(flatten(a) - flatten(b)))
+
+
 def _simplex(weights: Sequence[float], count: int) -> np.ndarray:
     lam = np.asarray(weights, dtype=np.float64)
     if count == 0:
@@ -149,13 +155,23 @@ def evaluate_points(
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
     pooled = [_pool(rows) for rows in results]
     if any(row is None for row in pooled):
-        where = "the central test set (the dataset has none: pass clients)" if clients is None else (
-            f"split {split!r} of clients {list(clients)[:8]}"
-        )  # fmt: skip
-        raise ValueError(f"no examples to evaluate on in {where}")
+        raise NoExamplesError(clients, split)
     loss = np.array([row["loss"] for row in pooled if row is not None])
     accuracy = np.array([row["accuracy"] for row in pooled if row is not None])
     return loss, accuracy
+
+
+class NoExamplesError(ValueError):
+    """The data a scan was asked to evaluate on is empty (often: no central test set)."""
+
+    def __init__(self, clients: Sequence[int] | np.ndarray | None, split: str) -> None:
+        self.central = clients is None
+        where = (
+            "the central test set (the dataset has none: pass clients)"
+            if clients is None
+            else f"split {split!r} of clients {[int(c) for c in clients][:8]}"
+        )
+        super().__init__(f"no examples to evaluate on in {where}")
 
 
 def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
@@ -255,7 +271,7 @@ def group_barrier(
     *,
     round_num: int | None = None,
     samples: int = 0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
 ) -> dict[str, float]:
     """The group barrier of ``models`` at ``lam`` (FedGuCci Def. 3.6, eq. 9-10):
 
@@ -471,3 +487,59 @@ def _save(fig, plt, path: str | Path, title: str) -> Path:  # type: ignore[no-un
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ---- IMA's loss decomposition: estimators on model outputs (notes/ima.md section 3.3) ---------
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities of (n, C) logits, computed stably in float64."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
+
+
+def squared_error(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per example ``||softmax(f(x)) - onehot(y)||^2``: IMA's MSE loss (Theorem 1), in [0, 2]."""
+    p = softmax(logits)
+    rows = np.arange(len(p))
+    return np.asarray((p**2).sum(axis=-1) - 2 * p[rows, labels] + 1.0)
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per example ``-log softmax(f(x))_y`` (natural log), computed stably."""
+    z = np.asarray(logits, dtype=np.float64)
+    top = z.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(z - top).sum(axis=-1)) + top[:, 0]
+    return np.asarray(log_norm - z[np.arange(len(z)), labels])
+
+
+def output_spread(logits: Sequence[np.ndarray]) -> float:
+    """``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` with ``p_k = softmax`` of model k's outputs and
+    ``p_bar`` their mean: the variance term of IMA's eq. (2) in its finite form over the models
+    (``mean_k ||p_k - y||^2 = ||p_bar - y||^2 + spread``, example by example)."""
+    p = np.stack([softmax(z) for z in logits])  # (K, n, C)
+    return float(((p - p.mean(axis=0)) ** 2).sum(axis=-1).mean())
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Linear CKA of two representations of the same n inputs (Kornblith et al., ICML 2019,
+    arXiv:1905.00414, eq. 5): with column-centred X (n, p) and Y (n, q),
+    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``; 1 for identical (or rotated, or scaled) ones.
+    """
+    a = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    b = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    if len(a) != len(b):
+        raise ValueError(f"linear_cka: the representations cover {len(a)} and {len(b)} inputs")
+    a, b = a - a.mean(axis=0), b - b.mean(axis=0)
+    denominator = np.linalg.norm(a.T @ a) * np.linalg.norm(b.T @ b)
+    return float(np.linalg.norm(b.T @ a) ** 2 / denominator) if denominator > 0 else 0.0
+
+
+def mean_pairwise_cka(logits: Sequence[np.ndarray]) -> float:
+    """The mean linear CKA over the pairs of models: IMA's covariance measure (Fig. 4)."""
+    pairs = [(i, j) for i in range(len(logits)) for j in range(i + 1, len(logits))]
+    if not pairs:
+        raise ValueError("mean_pairwise_cka: needs at least two models")
+    return float(np.mean([linear_cka(logits[i], logits[j]) for i, j in pairs]))

@@ -52,12 +52,10 @@ def is_float(value: np.ndarray) -> bool:
 def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
     """``alpha * a + (1 - alpha) * b`` for every float entry; other entries from ``a``.
 
-    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does).
+    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does). Computed
+    in float64, so ``interpolate(w, w, alpha)`` is ``w`` exactly, whatever the dtype.
     """
-    _check_same_keys([a, b])
-    return {
-        k: (alpha * a[k] + (1.0 - alpha) * b[k]).astype(a[k].dtype) if is_float(a[k]) else a[k] for k in a
-    }
+    return _combine([a, b], [alpha, 1.0 - alpha])
 
 
 def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
@@ -69,24 +67,29 @@ def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
     Raises:
         ValueError: no points, a weight per point missing, a negative weight, or all zero.
     """
-    lam = _simplex(weights, len(points))
+    return _combine(points, _simplex(weights, len(points)))
+
+
+def _combine(points: Sequence[NumpyParams], coefficients: Sequence[float]) -> NumpyParams:
+    """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
+    dtype); other entries from ``points[0]``."""
     _check_same_keys(points)
-    first = points[0]
     out: NumpyParams = {}
-    for key, value in first.items():
+    for key, value in points[0].items():
         if not is_float(value):
             out[key] = value
             continue
         total = np.zeros(value.shape, dtype=np.float64)
-        for weight, point in zip(lam, points):
-            total += weight * point[key]
+        for c, point in zip(coefficients, points):
+            total += c * np.asarray(point[key], dtype=np.float64)
         out[key] = total.astype(value.dtype)
     return out
 
 
 def flatten(params: NumpyParams) -> np.ndarray:
-    """The float entries in the dict's order, as one float64 vector (ints are left out)."""
-    parts = [np.asarray(v, dtype=np.float64).ravel() for v in params.values() if is_float(v)]
+    """The float entries in sorted key order, as one float64 vector (ints are left out); sorted,
+    so two models line up whatever their dicts' order."""
+    parts = [np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params) if is_float(params[k])]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -94,7 +97,8 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
     """``flatten``'s inverse: float entries of ``like`` refilled from ``vector``, others kept."""
     out: NumpyParams = {}
     offset = 0
-    for key, value in like.items():
+    for key in sorted(like):
+        value = like[key]
         if is_float(value):
             size = value.size
             out[key] = vector[offset : offset + size].reshape(value.shape).astype(value.dtype)
@@ -103,7 +107,7 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
             out[key] = value
     if offset != vector.size:
         raise ValueError(f"unflatten: the vector has {vector.size} values, the params {offset}")
-    return out
+    return {key: out[key] for key in like}
 
 
 def distance(a: NumpyParams, b: NumpyParams) -> float:

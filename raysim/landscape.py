@@ -34,12 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from raysim.services import Services
 from raysim.types import Metrics, NumpyParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+Weights = Sequence[float] | np.ndarray  # mixing weights, one per model
 
 # ---- parameter arithmetic --------------------------------------------------------------------
 
@@ -58,7 +64,7 @@ def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
     return _combine([a, b], [alpha, 1.0 - alpha])
 
 
-def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
+def mix(points: Sequence[NumpyParams], weights: Weights) -> NumpyParams:
     """The convex combination ``sum_k lam_k points[k]`` with ``lam = weights / sum(weights)``.
 
     The weights are normalised, so example counts can be passed as they are. Non-float entries
@@ -70,7 +76,7 @@ def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
     return _combine(points, _simplex(weights, len(points)))
 
 
-def _combine(points: Sequence[NumpyParams], coefficients: Sequence[float]) -> NumpyParams:
+def _combine(points: Sequence[NumpyParams], coefficients: Weights) -> NumpyParams:
     """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
     dtype); other entries from ``points[0]``."""
     _check_same_keys(points)
@@ -116,7 +122,7 @@ def distance(a: NumpyParams, b: NumpyParams) -> float:
     return float(np.linalg.norm(flatten(a) - flatten(b)))
 
 
-def _simplex(weights: Sequence[float], count: int) -> np.ndarray:
+def _simplex(weights: Weights, count: int) -> np.ndarray:
     lam = np.asarray(weights, dtype=np.float64)
     if count == 0:
         raise ValueError("mix: no points to combine")
@@ -269,7 +275,7 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
 def group_barrier(
     services: Services[object],
     models: Sequence[NumpyParams],
-    weights: Sequence[float] | None = None,
+    weights: Weights | None = None,
     clients: Sequence[int] | np.ndarray | None = None,
     split: str = "test",
     *,
@@ -473,7 +479,7 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
     return _save(fig, plt, path, title)
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,7 +488,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _save(fig, plt, path: str | Path, title: str) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Figure, plt: ModuleType, path: str | Path, title: str) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -237,9 +237,10 @@ class GroupBarrierConfig(CohortModelsConfig, frozen=True, extra="forbid"):
 
 @register("probe", "group_barrier")
 class GroupBarrier:
-    """FedGuCci's group barrier of the round's local models (Li et al., KDD 2025,
-    arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4), the measure behind "FedGuCci lowers
-    the group barrier of the local models against FedAvg".
+    """FedGuCci's group barrier: what fusing the round's local models loses against their mean.
+
+    Li et al., KDD 2025, arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4: the measure
+    behind "FedGuCci lowers the group barrier of the local models against FedAvg".
 
     With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
     uniform, evaluated on the central test set (``on: central``) or the cohort's pooled round
@@ -270,13 +271,15 @@ class GroupBarrier:
         if len(models) < 2:
             return {}
         clients, split = evaluation_data(self.config.on, ids)
-        where = {"clients": clients, "split": split, "round_num": round.round_num}
         lam = sizes if self.config.weights == "data" else None
         seed = (services.info.seed, round.round_num)
         with central_needed("group_barrier"):
-            out = L.group_barrier(services, models, lam, **where, samples=self.config.samples, seed=seed)
+            out = L.group_barrier(
+                services, models, lam, clients, split, round_num=round.round_num,
+                samples=self.config.samples, seed=seed,
+            )  # fmt: skip
             if self.config.pairwise:
-                pair = L.group_barrier(services, models[:2], None, **where)
+                pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
                 out |= {"pairwise_loss": pair["loss"], "pairwise_accuracy": pair["accuracy"]}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
@@ -288,8 +291,10 @@ class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
 
 @register("probe", "loss_decomposition")
 class LossDecomposition:
-    """IMA's expected-loss factors of the round's local models (Zhou et al., IEEE TMC 2024,
-    arXiv:2305.07845, Theorem 1 and Figs. 2-4; estimators from notes/ima.md section 3.3).
+    """IMA's loss decomposition: bias, locality, variance and covariance of the local models.
+
+    Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Theorem 1 and Figs. 2-4; the estimators are
+    notes/ima.md section 3.3's.
 
     Classification only. Each bias is logged in the paper's form, the squared error of the softmax
     to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local

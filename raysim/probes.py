@@ -225,7 +225,7 @@ class CohortModelsConfig(ProbeConfig, frozen=True, extra="forbid"):
     """Options of the probes that measure the round's local models on common data."""
 
     # "central": the dataset's central test set; "cohort": the cohort's round data
-    on: Literal["central", "cohort"] = "central"
+    data: Literal["central", "cohort"] = "central"
     # the local models' mixing weights: their round data sizes (FedAvg's) or 1/K each
     weights: Literal["data", "uniform"] = "data"
 
@@ -243,8 +243,8 @@ class GroupBarrier:
     behind "FedGuCci lowers the group barrier of the local models against FedAvg".
 
     With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
-    uniform, evaluated on the central test set (``on: central``) or the cohort's pooled round
-    data (``on: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
+    uniform, evaluated on the central test set (``data: central``) or the cohort's pooled round
+    data (``data: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
     ``group_barrier/accuracy = 1 - A(fused) / sum lam_k A(w_k)`` (signed: negative when the
     fusion beats its members), ``group_barrier/fused_accuracy``, ``group_barrier/fused_loss``,
     ``group_barrier/mean_local_accuracy`` and ``group_barrier/mean_local_loss``. ``samples: S``
@@ -270,7 +270,7 @@ class GroupBarrier:
         ids, models, sizes = kept_models(round)
         if len(models) < 2:
             return {}
-        clients, split = evaluation_data(self.config.on, ids)
+        clients, split = evaluation_data(self.config.data, ids)
         lam = sizes if self.config.weights == "data" else None
         seed = (services.info.seed, round.round_num)
         with central_needed("group_barrier"):
@@ -299,13 +299,13 @@ class LossDecomposition:
     Classification only. Each bias is logged in the paper's form, the squared error of the softmax
     to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local
     models w_k, data sizes n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E
-    (``on``: the central test set, or the pooled round data of the cohort), it logs under
+    (``data``: the central test set, or the pooled round data of the cohort), it logs under
     ``decomposition/``:
 
     - ``train_bias/*``: mean over k of w_k's loss on its own round data D_k (the worker hook,
       right after training). f_bar_k is approximated by the single trained model.
     - ``heter_bias/*``: mean over k of w_k's loss on data client k did not train on: E for
-      ``on: central`` (test data stands in for D minus D_k), else the other cohort clients'
+      ``data: central`` (test data stands in for D minus D_k), else the other cohort clients'
       round data (D minus D_k restricted to the cohort).
     - ``locality/max``, ``locality/mean``: ``||w_k - w||_2`` over the flattened float params.
     - ``variance/spread``: ``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` on E (softmax outputs): the
@@ -359,7 +359,7 @@ class LossDecomposition:
             for _ in range(self.config.subsets)
         ]
         averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
-        clients, split = evaluation_data(self.config.on, ids)
+        clients, split = evaluation_data(self.config.data, ids)
         with central_needed("loss_decomposition"):
             outputs = services.map_clients(
                 "logits", [*models, fused, *averages], clients, split=split, round_num=round.round_num
@@ -402,7 +402,9 @@ class LossDecomposition:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Model k's outputs and the labels on data client k did not train on."""
         keep = (
-            range(len(outputs)) if self.config.on == "central" else [c for c in range(len(outputs)) if c != k]
+            range(len(outputs))
+            if self.config.data == "central"
+            else [c for c in range(len(outputs)) if c != k]
         )
         kept = [(outputs[c], labels[c]) for c in keep if outputs[c] is not None]
         return np.concatenate([z for z, _ in kept]), np.concatenate([y for _, y in kept])
@@ -420,9 +422,9 @@ def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[f
     return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
 
 
-def evaluation_data(on: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
-    """``map_clients``' clients and split for ``on``: the central test set or the round data."""
-    return (None, "test") if on == "central" else (list(ids), "round")
+def evaluation_data(data: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
+    """``map_clients``' clients and split for ``data``: the central test set or the round data."""
+    return (None, "test") if data == "central" else (list(ids), "round")
 
 
 @contextmanager
@@ -434,8 +436,8 @@ def central_needed(probe: str) -> Iterator[None]:
         if not exc.central:
             raise
         raise ConfigError(
-            [f"evaluation.probes: {probe} with on: central needs a dataset with a central test set; "
-             f"this one has none: set on: cohort"]
+            [f"evaluation.probes: {probe} with data: central needs a dataset with a central test set; "
+             f"this one has none: set data: cohort"]
         ) from None  # fmt: skip
 
 

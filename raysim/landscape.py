@@ -160,7 +160,8 @@ def evaluate_points(
     point's per-client rows weighted by their ``num_examples``.
 
     Raises:
-        ValueError: the dataset has no central test set, or the clients have no data in ``split``.
+        NoExamplesError: the dataset has no central test set, or the clients have no data in
+            ``split``.
     """
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
     pooled = [_pool(rows) for rows in results]
@@ -190,9 +191,8 @@ def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
     if not kept:
         return None
     n = np.array([row["num_examples"] for row in kept])
-    return {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")} | {
-        "num_examples": float(n.sum())
-    }
+    pooled = {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")}
+    return pooled | {"num_examples": float(n.sum())}
 
 
 # ---- pairwise barriers (FedGuCci Def. 2.1) ----------------------------------------------------
@@ -266,7 +266,7 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
         worst = int(np.argmax(drop))
         return float(drop[worst] / linear[worst]) if linear[worst] > 0 and drop[worst] > 0 else 0.0
     ratio = np.divide(accuracy, linear, out=np.ones_like(linear), where=linear > 0)
-    return float(np.clip(np.max(1 - ratio), 0.0, 1.0))
+    return float(np.max(1 - ratio))  # the endpoints score 0, so the max is in [0, 1]
 
 
 # ---- group barrier (FedGuCci Def. 3.6) ---------------------------------------------------------
@@ -453,6 +453,8 @@ def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
     for ax, name, values in ((axes[0], "loss", curve.loss), (axes[1], "accuracy", curve.accuracy)):
         label = f"barrier {barriers[name]:.4g}" if name in barriers else name
         ax.plot(curve.alphas, values, marker="o", markersize=3, label=label)
+        for end in (0.0, 1.0):  # where the two models are, on a grid that extends past them
+            ax.axvline(end, color="grey", linestyle=":", linewidth=0.8)
         ax.set_xlabel("alpha  (1: model a, 0: model b)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
@@ -471,7 +473,10 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
         fig.colorbar(filled, ax=ax, label=name)
         ax.scatter(scan.coords[:, 0], scan.coords[:, 1], c="red", edgecolors="white", zorder=3)
         for (x, y), label in zip(scan.coords, scan.labels):
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), color="white", fontsize=9)
+            ax.annotate(
+                label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
+            )  # fmt: skip
         centre = scan.coords.mean(axis=0)
         ax.scatter([centre[0]], [centre[1]], marker="x", c="white", zorder=3)
         ax.set_title(name)

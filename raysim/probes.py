@@ -26,10 +26,10 @@ Usage (a new probe):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -287,6 +287,9 @@ class GroupBarrier:
 class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
     cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: the first n evaluation examples
     subsets: int = Field(1, ge=1)  # random subsets per size j for the variance curve
+    mean_of: list[Annotated[int, Field(ge=1)]] | None = (
+        None  # the sizes j of the variance curve (None: 1..K; larger are skipped)
+    )
 
 
 @register("probe", "loss_decomposition")
@@ -349,65 +352,77 @@ class LossDecomposition:
         ids, models, sizes = kept_models(round)
         if len(models) < 2:
             return {}
-        lam = sizes if self.config.weights == "data" else np.ones(len(models))
-        fused = L.mix(models, lam)
-        rng = np.random.default_rng((services.info.seed, round.round_num))
-        count = len(models)
-        subsets = [
-            rng.choice(count, j, replace=False)
-            for j in range(1, count + 1)
-            for _ in range(self.config.subsets)
-        ]
+        fused = L.mix(models, sizes if self.config.weights == "data" else np.ones(len(models)))
+        subsets = self._subsets(len(models), np.random.default_rng((services.info.seed, round.round_num)))
         averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
-        clients, split = evaluation_data(self.config.data, ids)
-        with central_needed("loss_decomposition"):
-            outputs = services.map_clients(
-                "logits", [*models, fused, *averages], clients, split=split, round_num=round.round_num
-            )
-            [labels] = services.map_clients(
-                "labels", [fused], clients, split=split, round_num=round.round_num
-            )
-            parts = [np.zeros(0, np.int64) if y is None else y for y in labels]  # per client (or central)
-            if not sum(len(y) for y in parts):
-                raise L.NoExamplesError(clients, split)
-        pooled_y = np.concatenate(parts)
-
-        def pooled(point: int) -> np.ndarray:
-            return np.concatenate([z for z in outputs[point] if z is not None])
-
+        on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round.round_num)
+        count = len(models)
         out: Metrics = {}
-        local_rows = [row for row in round.rows if "train_mse" in row]
         for form in ("mse", "ce"):
-            out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in local_rows]))
-            out[f"heter_bias/{form}"] = float(np.mean([
-                _loss(form, *self._unseen(outputs[k], parts, k)) for k in range(count)
-            ]))  # fmt: skip
-            out[f"fused/{form}"] = _loss(form, pooled(count), pooled_y)
-        by_size: dict[int, list[int]] = {}
-        for position, subset in enumerate(subsets):
-            by_size.setdefault(len(subset), []).append(count + 1 + position)
-        for size, points in by_size.items():
-            for form in ("mse", "ce"):
-                value = np.mean([_loss(form, pooled(p), pooled_y) for p in points])
-                out[f"variance/mean_of_{size}/{form}"] = float(value)
-        local_logits = [pooled(k) for k in range(count)]
+            train = [row[f"train_{form}"] for row in round.rows if f"train_{form}" in row]
+            out[f"train_bias/{form}"] = float(np.mean(train))
+            out[f"heter_bias/{form}"] = float(np.mean([on.unseen_loss(form, k) for k in range(count)]))
+            out[f"fused/{form}"] = on.loss(form, count)
+            for size in sorted({len(subset) for subset in subsets}):
+                points = [count + 1 + i for i, subset in enumerate(subsets) if len(subset) == size]
+                out[f"variance/mean_of_{size}/{form}"] = float(np.mean([on.loss(form, p) for p in points]))
+        local_logits = [on.pooled(k) for k in range(count)]
         out["variance/spread"] = L.output_spread(local_logits)
         out["covariance/cka"] = L.mean_pairwise_cka([z[: self.config.cka_examples] for z in local_logits])
         distances = [L.distance(model, fused) for model in models]
         out["locality/max"], out["locality/mean"] = float(np.max(distances)), float(np.mean(distances))
         return {f"decomposition/{key}": value for key, value in out.items()}
 
-    def _unseen(
-        self, outputs: list[np.ndarray | None], labels: list[np.ndarray], k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Model k's outputs and the labels on data client k did not train on."""
-        keep = (
-            range(len(outputs))
-            if self.config.data == "central"
-            else [c for c in range(len(outputs)) if c != k]
+    def _subsets(self, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Random subsets of the K local models for the variance curve, ``subsets`` per size j."""
+        wanted = (
+            range(1, count + 1)
+            if self.config.mean_of is None
+            else [j for j in self.config.mean_of if j <= count]
         )
-        kept = [(outputs[c], labels[c]) for c in keep if outputs[c] is not None]
-        return np.concatenate([z for z, _ in kept]), np.concatenate([y for _, y in kept])
+        return [rng.choice(count, j, replace=False) for j in wanted for _ in range(self.config.subsets)]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Every point's logits on the evaluation data and its labels, in parts: one per client in
+    cohort order (None where a client has no examples), or one for the central test set."""
+
+    logits: list[list[np.ndarray | None]]  # [point][part]
+    labels: list[np.ndarray | None]  # [part]
+    by_client: bool
+
+    @classmethod
+    def measure(
+        cls, services: Services[object], points: list[NumpyParams], data: str, ids: list[int], round_num: int
+    ) -> Outputs:
+        """One ``map_clients("logits")`` call for all the points, one for the labels."""
+        clients, split = evaluation_data(data, ids)
+        with central_needed("loss_decomposition"):
+            logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
+            [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
+            if all(y is None or not len(y) for y in labels):
+                raise L.NoExamplesError(clients, split)
+        return cls(logits, labels, by_client=clients is not None)
+
+    def pooled(self, point: int) -> np.ndarray:
+        return self._pool(point, range(len(self.labels)))[0]
+
+    def loss(self, form: str, point: int) -> float:
+        return _loss(form, *self._pool(point, range(len(self.labels))))
+
+    def unseen_loss(self, form: str, k: int) -> float:
+        """Model k's loss on the data client k did not train on (all of it on the central set)."""
+        return _loss(
+            form, *self._pool(k, [i for i in range(len(self.labels)) if not (self.by_client and i == k)])
+        )
+
+    def _pool(self, point: int, parts: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        kept = [(self.logits[point][i], self.labels[i]) for i in parts if self.labels[i] is not None]
+        return (
+            np.concatenate([cast(np.ndarray, z) for z, _ in kept]),
+            np.concatenate([cast(np.ndarray, y) for _, y in kept]),
+        )
 
 
 def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:

@@ -449,3 +449,15 @@ def test_the_probes_name_the_fix_for_data_they_cannot_use():
     with pytest.raises(ConfigError, match="needs a classification dataset"):
         LossDecomposition(LossDecompositionConfig()).summarize(probe_round([1.0, 1.0, 1.0]), Regression())
     assert GroupBarrier(GroupBarrierConfig()).summarize(ProbeRound(0, [], {}, {}), ProbeServices()) == {}
+
+
+def test_the_variance_curve_takes_the_sizes_asked_for():
+    from raysim.probes import LossDecomposition, LossDecompositionConfig
+
+    config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
+    out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())
+    assert sorted(k for k in out if "mean_of" in k) == [
+        f"decomposition/variance/mean_of_{j}/{form}" for j in (1, 3) for form in ("ce", "mse")
+    ]
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        LossDecompositionConfig(mean_of=[0])

@@ -222,7 +222,7 @@ def line_scan(
     FedGuCci's notes recommend 11 points in [0, 1] for barriers and 21 for plots; IMA's 1-D
     plots use [-0.5, 1.5] in steps of 0.05 (notes/ima.md section 3.1).
     """
-    grid = np.asarray(alphas, dtype=np.float64)
+    grid = np.array(alphas, dtype=np.float64)  # a copy: the Curve owns it
     loss, accuracy = evaluate_points(
         services, [interpolate(a, b, float(alpha)) for alpha in grid], clients, split, round_num=round_num
     )

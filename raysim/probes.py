@@ -313,14 +313,15 @@ class LossDecomposition:
     - ``locality/max``, ``locality/mean``: ``||w_k - w||_2`` over the flattened float params.
     - ``variance/spread``: ``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` on E (softmax outputs): the
       variance term of IMA's eq. (2) over the cohort's models. ``variance/mean_of_{j}/*``: the
-      loss on E of the uniform average of j random local models, j = 1..K (``subsets`` draws
-      each, averaged; seeded by the run seed and round), Fig. 4's variance curve.
+      loss on E of the uniform average of j random local models, j = 1..K or the sizes in
+      ``mean_of`` (``subsets`` draws each, averaged; seeded by the run seed and round), Fig. 4's
+      variance curve.
     - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on the first
       ``cka_examples`` examples of E (Fig. 4's covariance measure).
     - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
 
     Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
-    w and the averages) plus one for the labels.
+    w and the averages) plus one ``map_clients("labels")`` call.
     """
 
     Config = LossDecompositionConfig

@@ -139,7 +139,7 @@ class FinishedRun:
         if round_num in rounds:
             return rounds[round_num]
         final = self._checkpoint_dir() / FINAL
-        if final.is_file() and self._round_of(final) == round_num:  # the last round is in final.pt
+        if final.is_file() and self.round_of(final) == round_num:  # the last round is in final.pt
             return final
         raise CheckpointError(
             f"run {self.run_id} has no checkpoint of round {round_num} ({self.describe_rounds()}); "
@@ -168,7 +168,8 @@ class FinishedRun:
                 f"logged; give a checkpoint file's path instead (did the run finish?)"
             ) from None
 
-    def _round_of(self, path: Path) -> int:
+    def round_of(self, path: Path) -> int:
+        """The last completed round a checkpoint file holds."""
         return read_checkpoint(path)[1]
 
     def _load(self, path: Path) -> NumpyParams:

@@ -45,7 +45,6 @@ from raysim.landscape import (
     plot_curve,
     plot_plane,
 )
-from raysim.sampling import sample_eval_clients
 from raysim.types import Metrics
 
 BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
@@ -75,7 +74,7 @@ def line(run: FinishedRun, args: argparse.Namespace, console: Console) -> str:
     a, b = run.model(args.a), run.model(args.b)
     alphas = line_alphas(args.points, *args.range)
     with run.services() as services:
-        curve = line_scan(services, a, b, alphas, clients=eval_clients(run, args.clients))
+        curve = line_scan(services, a, b, alphas, clients=run.evaluation_clients(args.clients))
     name = "_".join(label(ref) for ref in refs)
     console.print(f"w(alpha) = alpha {refs[0]} + (1 - alpha) {refs[1]}", highlight=False)
     console.print(curve_table(curve))
@@ -93,7 +92,7 @@ def barrier(run: FinishedRun, args: argparse.Namespace, console: Console) -> str
     a, b = run.model(args.a), run.model(args.b)
     with run.services() as services:
         curve = line_scan(
-            services, a, b, np.linspace(0, 1, BARRIER_POINTS), clients=eval_clients(run, args.clients)
+            services, a, b, np.linspace(0, 1, BARRIER_POINTS), clients=run.evaluation_clients(args.clients)
         )
     key = f"analysis/barrier/{label(args.a)}_{label(args.b)}"
     metrics = barrier_metrics(curve, key)
@@ -121,7 +120,7 @@ def scan_plane(
     """The grid on the plane through three models, and the models and their mean themselves."""
     models = [run.model(ref) for ref in refs]
     labels = (label(refs[0]), label(refs[1]), label(refs[2]))
-    clients = eval_clients(run, args.clients)
+    clients = run.evaluation_clients(args.clients)
     with run.services() as services:
         scan = plane_scan(services, *models, size=args.size, padding=args.padding, clients=clients, labels=labels)
         loss, accuracy = evaluate_points(services, [*models, mix(models, [1, 1, 1])], clients)
@@ -173,15 +172,6 @@ def line_alphas(points: int, low: float, high: float) -> np.ndarray:
         raise RaysimError(f"a line needs --points >= 2 and --range LOW HIGH with LOW < HIGH, got {points}, {low} {high}")
     grid = np.concatenate([np.linspace(low, high, points), [0.0, 1.0]])
     return np.unique(np.round(grid, 9)) + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
-def eval_clients(run: FinishedRun, count: int | None) -> np.ndarray | None:
-    """Where the models are evaluated: ``count`` of the run's evaluated clients (drawn from its
-    seed), else the central test set, else (a dataset without one) all of its evaluated clients."""
-    pool = run.world.plan.clients
-    if count is not None:
-        return pool[sample_eval_clients(len(pool), count, run.job.seed)]
-    return None if run.world.store.meta["has_central_test"] else pool
 
 
 def checkpointed_rounds(run: FinishedRun) -> list[int]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import yaml
 
@@ -35,6 +36,7 @@ from raysim.engine.build import World, engine_of, open_world, start_workers
 from raysim.engine.services import PluginServices
 from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, sqlite_path, tracking_uri
 from raysim.errors import CheckpointError, RaysimError
+from raysim.sampling import sample_eval_clients
 from raysim.types import Metrics, NumpyParams
 
 JOB_ARTIFACT = "config/job.yaml"
@@ -178,6 +180,15 @@ class FinishedRun:
         return P.to_numpy(state.params)
 
     # --- evaluation and logging -----------------------------------------------------------
+
+    def evaluation_clients(self, count: int | None = None) -> np.ndarray | None:
+        """Where to evaluate (``clients`` of ``map_clients``): ``count`` of the run's evaluated
+        clients (drawn from its seed); else None, the central test set; else, for a dataset without
+        one, all of its evaluated clients (their pooled loss is the run's ``eval/clients/loss``)."""
+        pool = self.world.plan.clients
+        if count is not None:
+            return pool[sample_eval_clients(len(pool), count, self.job.seed)]
+        return None if self.world.store.meta["has_central_test"] else pool
 
     @contextlib.contextmanager
     def services(self) -> Iterator[PluginServices[Any]]:

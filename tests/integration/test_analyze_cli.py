@@ -208,7 +208,7 @@ def test_the_ray_backend_scans_like_the_serial_one(finished, ray_local):
         try:
             a, b = analysis.model("init"), analysis.model("final")
             with analysis.services() as services:
-                curves.append(line_scan(services, a, b, np.linspace(0, 1, 5)))
+                curves.append(line_scan(services, a, b, np.linspace(0, 1, 5), clients=[0, 3, 7]))
         finally:
             analysis.close()
     np.testing.assert_allclose(curves[0].loss, curves[1].loss, rtol=1e-6)

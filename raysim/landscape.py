@@ -52,12 +52,10 @@ def is_float(value: np.ndarray) -> bool:
 def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
     """``alpha * a + (1 - alpha) * b`` for every float entry; other entries from ``a``.
 
-    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does).
+    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does). Computed
+    in float64, so ``interpolate(w, w, alpha)`` is ``w`` exactly, whatever the dtype.
     """
-    _check_same_keys([a, b])
-    return {
-        k: (alpha * a[k] + (1.0 - alpha) * b[k]).astype(a[k].dtype) if is_float(a[k]) else a[k] for k in a
-    }
+    return _combine([a, b], [alpha, 1.0 - alpha])
 
 
 def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
@@ -69,24 +67,29 @@ def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
     Raises:
         ValueError: no points, a weight per point missing, a negative weight, or all zero.
     """
-    lam = _simplex(weights, len(points))
+    return _combine(points, _simplex(weights, len(points)))
+
+
+def _combine(points: Sequence[NumpyParams], coefficients: Sequence[float]) -> NumpyParams:
+    """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
+    dtype); other entries from ``points[0]``."""
     _check_same_keys(points)
-    first = points[0]
     out: NumpyParams = {}
-    for key, value in first.items():
+    for key, value in points[0].items():
         if not is_float(value):
             out[key] = value
             continue
         total = np.zeros(value.shape, dtype=np.float64)
-        for weight, point in zip(lam, points):
-            total += weight * point[key]
+        for c, point in zip(coefficients, points):
+            total += c * np.asarray(point[key], dtype=np.float64)
         out[key] = total.astype(value.dtype)
     return out
 
 
 def flatten(params: NumpyParams) -> np.ndarray:
-    """The float entries in the dict's order, as one float64 vector (ints are left out)."""
-    parts = [np.asarray(v, dtype=np.float64).ravel() for v in params.values() if is_float(v)]
+    """The float entries in sorted key order, as one float64 vector (ints are left out); sorted,
+    so two models line up whatever their dicts' order."""
+    parts = [np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params) if is_float(params[k])]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -94,7 +97,8 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
     """``flatten``'s inverse: float entries of ``like`` refilled from ``vector``, others kept."""
     out: NumpyParams = {}
     offset = 0
-    for key, value in like.items():
+    for key in sorted(like):
+        value = like[key]
         if is_float(value):
             size = value.size
             out[key] = vector[offset : offset + size].reshape(value.shape).astype(value.dtype)
@@ -103,7 +107,13 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
             out[key] = value
     if offset != vector.size:
         raise ValueError(f"unflatten: the vector has {vector.size} values, the params {offset}")
-    return out
+    return {key: out[key] for key in like}
+
+
+def distance(a: NumpyParams, b: NumpyParams) -> float:
+    """The L2 distance of the flattened float entries (IMA's locality, notes/ima.md 3.3)."""
+    _check_same_keys([a, b])
+    return float(np.linalg.norm(flatten(a) - flatten(b)))
 
 
 def _simplex(weights: Sequence[float], count: int) -> np.ndarray:
@@ -149,13 +159,23 @@ def evaluate_points(
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
     pooled = [_pool(rows) for rows in results]
     if any(row is None for row in pooled):
-        where = "the central test set (the dataset has none: pass clients)" if clients is None else (
-            f"split {split!r} of clients {list(clients)[:8]}"
-        )  # fmt: skip
-        raise ValueError(f"no examples to evaluate on in {where}")
+        raise NoExamplesError(clients, split)
     loss = np.array([row["loss"] for row in pooled if row is not None])
     accuracy = np.array([row["accuracy"] for row in pooled if row is not None])
     return loss, accuracy
+
+
+class NoExamplesError(ValueError):
+    """The data a scan was asked to evaluate on is empty (often: no central test set)."""
+
+    def __init__(self, clients: Sequence[int] | np.ndarray | None, split: str) -> None:
+        self.central = clients is None
+        where = (
+            "the central test set (the dataset has none: pass clients)"
+            if clients is None
+            else f"split {split!r} of clients {[int(c) for c in clients][:8]}"
+        )
+        super().__init__(f"no examples to evaluate on in {where}")
 
 
 def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
@@ -255,7 +275,7 @@ def group_barrier(
     *,
     round_num: int | None = None,
     samples: int = 0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
 ) -> dict[str, float]:
     """The group barrier of ``models`` at ``lam`` (FedGuCci Def. 3.6, eq. 9-10):
 
@@ -471,3 +491,59 @@ def _save(fig, plt, path: str | Path, title: str) -> Path:  # type: ignore[no-un
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ---- IMA's loss decomposition: estimators on model outputs (notes/ima.md section 3.3) ---------
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities of (n, C) logits, computed stably in float64."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
+
+
+def squared_error(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per example ``||softmax(f(x)) - onehot(y)||^2``: IMA's MSE loss (Theorem 1), in [0, 2]."""
+    p = softmax(logits)
+    rows = np.arange(len(p))
+    return np.asarray((p**2).sum(axis=-1) - 2 * p[rows, labels] + 1.0)
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per example ``-log softmax(f(x))_y`` (natural log), computed stably."""
+    z = np.asarray(logits, dtype=np.float64)
+    top = z.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(z - top).sum(axis=-1)) + top[:, 0]
+    return np.asarray(log_norm - z[np.arange(len(z)), labels])
+
+
+def output_spread(logits: Sequence[np.ndarray]) -> float:
+    """``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` with ``p_k = softmax`` of model k's outputs and
+    ``p_bar`` their mean: the variance term of IMA's eq. (2) in its finite form over the models
+    (``mean_k ||p_k - y||^2 = ||p_bar - y||^2 + spread``, example by example)."""
+    p = np.stack([softmax(z) for z in logits])  # (K, n, C)
+    return float(((p - p.mean(axis=0)) ** 2).sum(axis=-1).mean())
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Linear CKA of two representations of the same n inputs (Kornblith et al., ICML 2019,
+    arXiv:1905.00414, eq. 5): with column-centred X (n, p) and Y (n, q),
+    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``; 1 for identical (or rotated, or scaled) ones.
+    """
+    a = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    b = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    if len(a) != len(b):
+        raise ValueError(f"linear_cka: the representations cover {len(a)} and {len(b)} inputs")
+    a, b = a - a.mean(axis=0), b - b.mean(axis=0)
+    denominator = np.linalg.norm(a.T @ a) * np.linalg.norm(b.T @ b)
+    return float(np.linalg.norm(b.T @ a) ** 2 / denominator) if denominator > 0 else 0.0
+
+
+def mean_pairwise_cka(logits: Sequence[np.ndarray]) -> float:
+    """The mean linear CKA over the pairs of models: IMA's covariance measure (Fig. 4)."""
+    pairs = [(i, j) for i in range(len(logits)) for j in range(i + 1, len(logits))]
+    if not pairs:
+        raise ValueError("mean_pairwise_cka: needs at least two models")
+    return float(np.mean([linear_cka(logits[i], logits[j]) for i, j in pairs]))

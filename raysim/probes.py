@@ -26,14 +26,18 @@ Usage (a new probe):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from raysim import landscape as L
+from raysim.errors import ConfigError
 from raysim.registry import register
 from raysim.services import Services
 from raysim.types import ClientData, Metrics, NumpyParams
@@ -212,3 +216,230 @@ class LocalAccuracy:
             out[f"local/test_{key}"] = float((values * n).sum() / n.sum())
             out[f"local/test_{key}_mean"] = float(values.mean())
         return out
+
+
+# ---- connectivity of the round's local models (FedGuCci) and IMA's loss decomposition -----------
+
+
+class CohortModelsConfig(ProbeConfig, frozen=True, extra="forbid"):
+    """Options of the probes that measure the round's local models on common data."""
+
+    # "central": the dataset's central test set; "cohort": the cohort's round data
+    on: Literal["central", "cohort"] = "central"
+    # the local models' mixing weights: their round data sizes (FedAvg's) or 1/K each
+    weights: Literal["data", "uniform"] = "data"
+
+
+class GroupBarrierConfig(CohortModelsConfig, frozen=True, extra="forbid"):
+    pairwise: bool = False  # also the midpoint barrier of the cohort's first two local models
+    samples: int = Field(0, ge=0)  # Dirichlet(1) draws of lam for a Monte-Carlo max (0: none)
+
+
+@register("probe", "group_barrier")
+class GroupBarrier:
+    """FedGuCci's group barrier of the round's local models (Li et al., KDD 2025,
+    arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4), the measure behind "FedGuCci lowers
+    the group barrier of the local models against FedAvg".
+
+    With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
+    uniform, evaluated on the central test set (``on: central``) or the cohort's pooled round
+    data (``on: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
+    ``group_barrier/accuracy = 1 - A(fused) / sum lam_k A(w_k)`` (signed: negative when the
+    fusion beats its members), ``group_barrier/fused_accuracy``, ``group_barrier/fused_loss``,
+    ``group_barrier/mean_local_accuracy`` and ``group_barrier/mean_local_loss``. ``samples: S``
+    adds ``group_barrier/loss_max`` and ``group_barrier/accuracy_max`` over S Dirichlet(1) draws
+    of lam; ``pairwise: true`` adds ``group_barrier/pairwise_loss`` and
+    ``group_barrier/pairwise_accuracy``, the barrier at the midpoint of the first two clients'
+    models (FedGuCci Table 9 reports the midpoint).
+    """
+
+    Config = GroupBarrierConfig
+    keeps_local_models = True
+
+    def __init__(self, config: GroupBarrierConfig) -> None:
+        self.config = config
+
+    def before_training(self, view: ClientView) -> Metrics:
+        return {}
+
+    def after_training(self, view: ClientView) -> Metrics:
+        return {"num_examples": float(len(view.data))}
+
+    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
+        ids, models, sizes = kept_models(round)
+        if len(models) < 2:
+            return {}
+        clients, split = evaluation_data(self.config.on, ids)
+        where = {"clients": clients, "split": split, "round_num": round.round_num}
+        lam = sizes if self.config.weights == "data" else None
+        seed = (services.info.seed, round.round_num)
+        with central_needed("group_barrier"):
+            out = L.group_barrier(services, models, lam, **where, samples=self.config.samples, seed=seed)
+            if self.config.pairwise:
+                pair = L.group_barrier(services, models[:2], None, **where)
+                out |= {"pairwise_loss": pair["loss"], "pairwise_accuracy": pair["accuracy"]}
+        return {f"group_barrier/{key}": value for key, value in out.items()}
+
+
+class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
+    cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: the first n evaluation examples
+    subsets: int = Field(1, ge=1)  # random subsets per size j for the variance curve
+
+
+@register("probe", "loss_decomposition")
+class LossDecomposition:
+    """IMA's expected-loss factors of the round's local models (Zhou et al., IEEE TMC 2024,
+    arXiv:2305.07845, Theorem 1 and Figs. 2-4; estimators from notes/ima.md section 3.3).
+
+    Classification only. Each bias is logged in the paper's form, the squared error of the softmax
+    to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local
+    models w_k, data sizes n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E
+    (``on``: the central test set, or the pooled round data of the cohort), it logs under
+    ``decomposition/``:
+
+    - ``train_bias/*``: mean over k of w_k's loss on its own round data D_k (the worker hook,
+      right after training). f_bar_k is approximated by the single trained model.
+    - ``heter_bias/*``: mean over k of w_k's loss on data client k did not train on: E for
+      ``on: central`` (test data stands in for D minus D_k), else the other cohort clients'
+      round data (D minus D_k restricted to the cohort).
+    - ``locality/max``, ``locality/mean``: ``||w_k - w||_2`` over the flattened float params.
+    - ``variance/spread``: ``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` on E (softmax outputs): the
+      variance term of IMA's eq. (2) over the cohort's models. ``variance/mean_of_{j}/*``: the
+      loss on E of the uniform average of j random local models, j = 1..K (``subsets`` draws
+      each, averaged; seeded by the run seed and round), Fig. 4's variance curve.
+    - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on the first
+      ``cka_examples`` examples of E (Fig. 4's covariance measure).
+    - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
+
+    Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
+    w and the averages) plus one for the labels.
+    """
+
+    Config = LossDecompositionConfig
+    keeps_local_models = True
+
+    def __init__(self, config: LossDecompositionConfig) -> None:
+        self.config = config
+
+    def before_training(self, view: ClientView) -> Metrics:
+        return {}
+
+    def after_training(self, view: ClientView) -> Metrics:
+        row = {"num_examples": float(len(view.data))}
+        labels = view.data.arrays.get("y")
+        if labels is None or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+            return row  # not classification: summarize says so
+        logits = model_outputs(view.model, view.data.arrays["x"])
+        return row | {
+            "train_mse": float(L.squared_error(logits, labels).mean()),
+            "train_ce": float(L.cross_entropy(logits, labels).mean()),
+        }
+
+    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
+        if services.info.spec.task != "classification":
+            raise ConfigError(
+                [f"evaluation.probes: loss_decomposition needs a classification dataset, "
+                 f"not {services.info.spec.task}; remove the probe from this job"]
+            )  # fmt: skip
+        ids, models, sizes = kept_models(round)
+        if len(models) < 2:
+            return {}
+        lam = sizes if self.config.weights == "data" else np.ones(len(models))
+        fused = L.mix(models, lam)
+        rng = np.random.default_rng((services.info.seed, round.round_num))
+        count = len(models)
+        subsets = [
+            rng.choice(count, j, replace=False)
+            for j in range(1, count + 1)
+            for _ in range(self.config.subsets)
+        ]
+        averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
+        clients, split = evaluation_data(self.config.on, ids)
+        with central_needed("loss_decomposition"):
+            outputs = services.map_clients(
+                "logits", [*models, fused, *averages], clients, split=split, round_num=round.round_num
+            )
+            [labels] = services.map_clients(
+                "labels", [fused], clients, split=split, round_num=round.round_num
+            )
+            parts = [np.zeros(0, np.int64) if y is None else y for y in labels]  # per client (or central)
+            if not sum(len(y) for y in parts):
+                raise L.NoExamplesError(clients, split)
+        pooled_y = np.concatenate(parts)
+
+        def pooled(point: int) -> np.ndarray:
+            return np.concatenate([z for z in outputs[point] if z is not None])
+
+        out: Metrics = {}
+        local_rows = [row for row in round.rows if "train_mse" in row]
+        for form in ("mse", "ce"):
+            out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in local_rows]))
+            out[f"heter_bias/{form}"] = float(np.mean([
+                _loss(form, *self._unseen(outputs[k], parts, k)) for k in range(count)
+            ]))  # fmt: skip
+            out[f"fused/{form}"] = _loss(form, pooled(count), pooled_y)
+        by_size: dict[int, list[int]] = {}
+        for position, subset in enumerate(subsets):
+            by_size.setdefault(len(subset), []).append(count + 1 + position)
+        for size, points in by_size.items():
+            for form in ("mse", "ce"):
+                value = np.mean([_loss(form, pooled(p), pooled_y) for p in points])
+                out[f"variance/mean_of_{size}/{form}"] = float(value)
+        local_logits = [pooled(k) for k in range(count)]
+        out["variance/spread"] = L.output_spread(local_logits)
+        out["covariance/cka"] = L.mean_pairwise_cka([z[: self.config.cka_examples] for z in local_logits])
+        distances = [L.distance(model, fused) for model in models]
+        out["locality/max"], out["locality/mean"] = float(np.max(distances)), float(np.mean(distances))
+        return {f"decomposition/{key}": value for key, value in out.items()}
+
+    def _unseen(
+        self, outputs: list[np.ndarray | None], labels: list[np.ndarray], k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Model k's outputs and the labels on data client k did not train on."""
+        keep = (
+            range(len(outputs)) if self.config.on == "central" else [c for c in range(len(outputs)) if c != k]
+        )
+        kept = [(outputs[c], labels[c]) for c in keep if outputs[c] is not None]
+        return np.concatenate([z for z, _ in kept]), np.concatenate([y for _, y in kept])
+
+
+def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
+    per_example = L.squared_error(logits, labels) if form == "mse" else L.cross_entropy(logits, labels)
+    return float(per_example.mean())
+
+
+def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
+    """The round's clients that returned a local model (cohort order): ids, models, data sizes."""
+    sizes = {int(row["client_id"]): row.get("num_examples", 0.0) for row in round.rows}
+    ids = [c for c in round.client_ids if c in round.local_models]
+    return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
+
+
+def evaluation_data(on: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
+    """``map_clients``' clients and split for ``on``: the central test set or the round data."""
+    return (None, "test") if on == "central" else (list(ids), "round")
+
+
+@contextmanager
+def central_needed(probe: str) -> Iterator[None]:
+    """Words an empty central test set as the config problem it is."""
+    try:
+        yield
+    except L.NoExamplesError as exc:
+        if not exc.central:
+            raise
+        raise ConfigError(
+            [f"evaluation.probes: {probe} with on: central needs a dataset with a central test set; "
+             f"this one has none: set on: cohort"]
+        ) from None  # fmt: skip
+
+
+def model_outputs(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> np.ndarray:
+    """The model's outputs for inputs ``x``, batch by batch on the model's device (a hook's
+    forward pass: the worker has set eval mode and disabled gradients)."""
+    device = next(model.parameters()).device
+    parts = [
+        model(torch.as_tensor(x[start : start + batch_size]).to(device)).float().cpu().numpy()
+        for start in range(0, len(x), batch_size)
+    ]
+    return np.concatenate(parts)

@@ -76,7 +76,8 @@ class Services(Protocol[A_co]):
         Args:
             task: "evaluate" (a Metrics row per client: loss, accuracy, num_examples), "logits" or
                 "features" (an array per client: (n, ...) model outputs, or the model's
-                ``features(x)``).
+                ``features(x)``), or "labels" (the data's ``y``, to score "logits" with a loss
+                of one's own, e.g. IMA's squared error to one-hot).
             points: parameter sets (numpy), e.g. the round's local models or a grid of mixtures.
             clients: client ids, or None for the dataset's central test set (one result).
             split: "test", "train" or "round" (the client's capped training data of
@@ -95,7 +96,7 @@ class Services(Protocol[A_co]):
     @overload
     def map_clients(
         self,
-        task: Literal["logits", "features"],
+        task: Literal["logits", "features", "labels"],
         points: Sequence[NumpyParams],
         clients: Sequence[int] | np.ndarray | None,
         *,

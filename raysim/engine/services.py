@@ -266,7 +266,7 @@ class PluginServices(Generic[A]):
     @overload
     def map_clients(
         self,
-        task: Literal["logits", "features"],
+        task: Literal["logits", "features", "labels"],
         points: Sequence[NumpyParams],
         clients: Sequence[int] | np.ndarray | None,
         *,

@@ -353,9 +353,13 @@ class ClientTrainer:
 def _compute(
     task: MapTask, model: nn.Module, data: ClientData, spec: DataSpec, device: torch.device, batch_size: int
 ) -> Metrics | np.ndarray:
-    """Loss and accuracy, or the model's outputs / ``features`` for every example, in order."""
+    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order."""
     if task == "evaluate":
         return evaluate(model, data, spec, device, batch_size)
+    if task == "labels":
+        if "y" not in data.arrays:
+            raise ValueError("map_clients labels: this dataset's examples have no labels ('y')")
+        return np.asarray(data.arrays["y"])
     model.eval()
     forward = cast("FeatureModel", model).features if task == "features" else model  # models/ anatomy
     outputs = [

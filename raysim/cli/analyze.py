@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from rich.console import Console
@@ -53,15 +54,12 @@ BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
 def run_analysis(args: argparse.Namespace, console: Console) -> int:
     """Opens the run, runs one tool, logs its results back; the workers stop in any case."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
-    run = FinishedRun.open(
-        args.run_id, args.tracking_uri, backend="serial" if args.serial else None, num_workers=args.workers
-    )
-    try:
-        logged = TOOLS[args.tool](run, args, console)
-    except ValueError as exc:  # raysim.landscape's word on unusable input (no test set, no plane)
-        raise RaysimError(str(exc)) from None
-    finally:
-        run.close()
+    backend: Literal["serial"] | None = "serial" if args.serial else None
+    with FinishedRun.open(args.run_id, args.tracking_uri, backend=backend, num_workers=args.workers) as run:
+        try:
+            logged = TOOLS[args.tool](run, args, console)
+        except ValueError as exc:  # raysim.landscape's word on unusable input (no plane, no data)
+            raise RaysimError(str(exc)) from None
     console.print(f"{logged} to MLflow run {run.run_id}", soft_wrap=True, highlight=False)
     return 0
 
@@ -118,11 +116,13 @@ def scan_plane(
     run: FinishedRun, refs: Sequence[str], args: argparse.Namespace, console: Console, tool: str
 ) -> str:
     """The grid on the plane through three models, and the models and their mean themselves."""
-    models = [run.model(ref) for ref in refs]
+    w1, w2, w3 = models = [run.model(ref) for ref in refs]
     labels = (label(refs[0]), label(refs[1]), label(refs[2]))
     clients = run.evaluation_clients(args.clients)
     with run.services() as services:
-        scan = plane_scan(services, *models, size=args.size, padding=args.padding, clients=clients, labels=labels)
+        scan = plane_scan(
+            services, w1, w2, w3, size=args.size, padding=args.padding, clients=clients, labels=labels
+        )
         loss, accuracy = evaluate_points(services, [*models, mix(models, [1, 1, 1])], clients)
     name = "_".join(labels)
     key = f"analysis/{tool}/{name}"
@@ -169,7 +169,9 @@ def line_alphas(points: int, low: float, high: float) -> np.ndarray:
     """``points`` alphas from ``low`` to ``high``, plus 0 and 1 (both models: the barriers need
     them), rounded so that a grid's near-zero float is 0."""
     if points < 2 or not low < high:
-        raise RaysimError(f"a line needs --points >= 2 and --range LOW HIGH with LOW < HIGH, got {points}, {low} {high}")
+        raise RaysimError(
+            f"a line needs --points >= 2 and --range LOW HIGH with LOW < HIGH, got {points}, {low} {high}"
+        )
     grid = np.concatenate([np.linspace(low, high, points), [0.0, 1.0]])
     return np.unique(np.round(grid, 9)) + 0.0  # + 0.0 turns -0.0 into 0.0
 

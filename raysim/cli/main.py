@@ -108,23 +108,33 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     analyze.add_argument("run_id", metavar="RUN_ID", help="the MLflow run id `raysim run` printed")
     tools = analyze.add_subparsers(dest="tool", required=True, metavar="TOOL")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--tracking-uri", help="the run's store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    common.add_argument(
+        "--tracking-uri", help="the run's store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"
+    )
     common.add_argument("--workers", type=int, help="number of workers (default: the job's resources)")
-    common.add_argument("--serial", action="store_true", help="evaluate in this process (resources.backend=serial)")
+    common.add_argument(
+        "--serial", action="store_true", help="evaluate in this process (resources.backend=serial)"
+    )
     common.add_argument(
         "--clients", type=int, metavar="K", help="pool the test splits of K of the run's evaluated clients "
         "(default: the central test set)"
     )  # fmt: skip
-    line = tools.add_parser("line", parents=[common], help="loss and accuracy along the line A-B, both barriers, PNG")
+    line = tools.add_parser(
+        "line", parents=[common], help="loss and accuracy along the line A-B, both barriers, PNG"
+    )
     line.add_argument("a", metavar="A", help=MODEL_HELP + " (alpha 1)")
     line.add_argument("b", metavar="B", help=MODEL_HELP + " (alpha 0)")
     line.add_argument("--points", type=int, default=11, help="alphas in --range (0 and 1 are always added)")
     line.add_argument("--range", type=float, nargs=2, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
                       help="alpha range; e.g. -0.5 1.5 extrapolates past both models")  # fmt: skip
-    barrier = tools.add_parser("barrier", parents=[common], help="the loss and accuracy barriers of A-B (11 points)")
+    barrier = tools.add_parser(
+        "barrier", parents=[common], help="the loss and accuracy barriers of A-B (11 points)"
+    )
     barrier.add_argument("a", metavar="A", help=MODEL_HELP)
     barrier.add_argument("b", metavar="B", help=MODEL_HELP)
-    plane = tools.add_parser("plane", parents=[common], help="loss and error contours on the plane through A, B, C")
+    plane = tools.add_parser(
+        "plane", parents=[common], help="loss and error contours on the plane through A, B, C"
+    )
     for name in ("a", "b", "c"):
         plane.add_argument(name, metavar=name.upper(), help=MODEL_HELP)
     trajectory = tools.add_parser(
@@ -132,7 +142,12 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     )
     for tool in (plane, trajectory):
         tool.add_argument("--size", type=int, default=21, help="grid points per side")
-        tool.add_argument("--padding", type=float, default=0.3, help="margin around the models, as a fraction of their extent")
+        tool.add_argument(
+            "--padding",
+            type=float,
+            default=0.3,
+            help="margin around the models, as a fraction of their extent",
+        )
     analyze.set_defaults(handler=cmd_analyze)
 
 

@@ -7,11 +7,11 @@ lie in the folder its ``run_dir`` tag names (``checkpoints/round_XXXXX.pt`` ever
 ``tracking.log_checkpoint``). Results are logged back into the same run.
 
 Usage:
-    run = FinishedRun.open(run_id, tracking_uri=None, backend="serial")
-    models = {ref: run.model(ref) for ref in ("init", "round:2", "final")}  # checked first
-    with run.services() as services:  # the workers run only inside the block
-        rows = services.map_clients("evaluate", list(models.values()), None)
-    run.log({"analysis/x": 1.0}); run.log_artifact(png, "analysis")
+    with FinishedRun.open(run_id, tracking_uri=None, backend="serial") as run:
+        models = {ref: run.model(ref) for ref in ("init", "round:2", "final")}  # checked first
+        with run.services() as services:  # the workers run only inside the block
+            rows = services.map_clients("evaluate", list(models.values()), run.evaluation_clients())
+        run.log({"analysis/x": 1.0}); run.log_artifact(png, "analysis")
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ from raysim.checkpoint import check_compatible, parse_checkpoint
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.engine.build import World, engine_of, open_world, start_workers
 from raysim.engine.services import PluginServices
-from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, sqlite_path, tracking_uri
+from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, sqlite_path
+from raysim.engine.tracking import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError
 from raysim.sampling import sample_eval_clients
-from raysim.types import Metrics, NumpyParams
+from raysim.types import Metrics, NumpyParams, ServerState
 
 JOB_ARTIFACT = "config/job.yaml"
 FINAL = "final.pt"
@@ -73,7 +74,7 @@ class FinishedRun:
         Raises:
             RaysimError: no such store or run, or the run has no raysim job.
         """
-        uri = tracking_uri or tracking_uri_default()
+        uri = tracking_uri or default_tracking_uri(TrackingConfig())  # MLFLOW_TRACKING_URI, ./mlflow.db
         database = sqlite_path(uri)
         if database is not None and not database.is_file():  # MLflow would create an empty store
             raise RaysimError(
@@ -214,10 +215,18 @@ class FinishedRun:
         return folder
 
     def close(self) -> None:
+        """Removes the scratch folder (downloaded checkpoints; files written when the run's folder
+        is gone). The workers are already stopped: ``services`` stops them."""
         shutil.rmtree(self._scratch, ignore_errors=True)
 
+    def __enter__(self) -> FinishedRun:
+        return self
 
-def read_checkpoint(path: Path) -> tuple[Any, int]:
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_checkpoint(path: Path) -> tuple[ServerState, int]:
     """(server state, round) of a checkpoint; its client-state snapshot is not needed to evaluate."""
     try:
         raw = torch.load(path, weights_only=True)
@@ -227,11 +236,6 @@ def read_checkpoint(path: Path) -> tuple[Any, int]:
         raw = {**raw, "state_dir": None}
     state, round_num, _, _ = parse_checkpoint(raw, path)
     return state, round_num
-
-
-def tracking_uri_default() -> str:
-    """MLFLOW_TRACKING_URI, else ./mlflow.db: the store ``raysim run`` uses by default."""
-    return tracking_uri(TrackingConfig())
 
 
 def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:

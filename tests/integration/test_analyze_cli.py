@@ -187,13 +187,10 @@ def test_without_its_folder_final_comes_from_the_logged_artifact(finished, capsy
     client = MlflowClient(uri)
     client.set_tag(result.run_id, "run_dir", str(result.run_dir.parent / "moved"))
     try:
-        analysis = FinishedRun.open(result.run_id, uri, backend="serial")
-        try:
+        with FinishedRun.open(result.run_id, uri, backend="serial") as analysis:
             final = analysis.model("final")
-            for key, value in weights(result, "final.pt").items():
-                np.testing.assert_array_equal(final[key], value.numpy())
-        finally:
-            analysis.close()
+        for key, value in weights(result, "final.pt").items():
+            np.testing.assert_array_equal(final[key], value.numpy())
         assert analyze(finished, "barrier", "round:1", "final") == 2
         assert "no checkpoint of round 1" in one_line_error(capsys)
     finally:
@@ -204,12 +201,9 @@ def test_the_ray_backend_scans_like_the_serial_one(finished, ray_local):
     result, uri = finished
     curves = []
     for backend in ("serial", "ray"):
-        analysis = FinishedRun.open(result.run_id, uri, backend=backend, num_workers=2)
-        try:
+        with FinishedRun.open(result.run_id, uri, backend=backend, num_workers=2) as analysis:
             a, b = analysis.model("init"), analysis.model("final")
             with analysis.services() as services:
                 curves.append(line_scan(services, a, b, np.linspace(0, 1, 5), clients=[0, 3, 7]))
-        finally:
-            analysis.close()
     np.testing.assert_allclose(curves[0].loss, curves[1].loss, rtol=1e-6)
     np.testing.assert_array_equal(curves[0].accuracy, curves[1].accuracy)

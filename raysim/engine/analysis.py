@@ -123,36 +123,43 @@ class FinishedRun:
 
     def rounds(self) -> dict[int, Path]:
         """Round -> checkpoint file, of every ``round_XXXXX.pt`` in the run's folder."""
-        folder = self._checkpoint_dir()
-        found = (_ROUND_FILE.match(p.name) for p in folder.iterdir()) if folder.is_dir() else ()
+        folder = self.run_dir / "checkpoints" if self.run_dir is not None else None
+        if folder is None or not folder.is_dir():
+            return {}
+        found = (_ROUND_FILE.match(p.name) for p in folder.iterdir())
         return {int(m.group(1)): folder / m.group(0) for m in found if m}
 
     def describe_rounds(self) -> str:
         """The checkpointed rounds in words, for error messages."""
         if self.run_dir is None:
-            return f"run {self.run_id} has no {RUN_DIR_TAG!r} tag, so only final (if logged) and files"
+            return f"run {self.run_id} has no {RUN_DIR_TAG!r} tag: only final, if logged, and files"
         rounds = sorted(self.rounds())
-        return f"rounds with a checkpoint: {rounds}" if rounds else "no round checkpoints"
-
-    def _checkpoint_dir(self) -> Path:
-        return (self.run_dir or self._scratch) / "checkpoints"
+        return f"rounds with a checkpoint: {rounds}" if rounds else f"no round checkpoints in {self.run_dir}"
 
     def _round(self, round_num: int) -> Path:
         rounds = self.rounds()
         if round_num in rounds:
             return rounds[round_num]
-        final = self._checkpoint_dir() / FINAL
-        if final.is_file() and self.round_of(final) == round_num:  # the last round is in final.pt
-            return final
+        with contextlib.suppress(CheckpointError):  # the last round is in final.pt too
+            final = self._final()
+            if self.round_of(final) == round_num:
+                return final
+        fix = (
+            "run the job with engine.checkpoint_every=1 to keep every round"
+            if self.run_dir is not None
+            else "name the checkpoint file by its path (an older raysim did not tag the run's folder)"
+        )
         raise CheckpointError(
-            f"run {self.run_id} has no checkpoint of round {round_num} ({self.describe_rounds()}); "
-            f"run the job with engine.checkpoint_every=1 to keep every round"
+            f"run {self.run_id} has no checkpoint of round {round_num} ({self.describe_rounds()}); {fix}"
         )
 
     def _final(self) -> Path:
-        local = self._checkpoint_dir() / FINAL
-        if local.is_file():
+        local = self.run_dir / "checkpoints" / FINAL if self.run_dir is not None else None
+        if local is not None and local.is_file():
             return local
+        downloaded = self._scratch / FINAL
+        if downloaded.is_file():
+            return downloaded
         try:  # the run's folder is gone or elsewhere: the artifact (tracking.log_checkpoint)
             from mlflow.artifacts import download_artifacts
 
@@ -165,7 +172,7 @@ class FinishedRun:
                 )
             )
         except Exception:  # MLflow raises its own, or OSError, for an artifact that is not there
-            where = f"{local} is missing" if self.run_dir else f"the run has no {RUN_DIR_TAG!r} tag"
+            where = f"{local} is missing" if local is not None else f"the run has no {RUN_DIR_TAG!r} tag"
             raise CheckpointError(
                 f"run {self.run_id} has no final checkpoint: {where} and no {FINAL} artifact was "
                 f"logged; give a checkpoint file's path instead (did the run finish?)"

@@ -188,11 +188,16 @@ def test_without_its_folder_final_comes_from_the_logged_artifact(finished, capsy
     client.set_tag(result.run_id, "run_dir", str(result.run_dir.parent / "moved"))
     try:
         with FinishedRun.open(result.run_id, uri, backend="serial") as analysis:
-            final = analysis.model("final")
+            final, last = analysis.model("final"), analysis.model("round:2")
         for key, value in weights(result, "final.pt").items():
             np.testing.assert_array_equal(final[key], value.numpy())
+            np.testing.assert_array_equal(last[key], value.numpy())
         assert analyze(finished, "barrier", "round:1", "final") == 2
         assert "no checkpoint of round 1" in one_line_error(capsys)
+        client.delete_tag(result.run_id, "run_dir")  # an older raysim's run
+        assert analyze(finished, "barrier", "round:1", "final") == 2
+        err = one_line_error(capsys)
+        assert "no 'run_dir' tag" in err and "by its path" in err
     finally:
         client.set_tag(result.run_id, "run_dir", str(result.run_dir))
 

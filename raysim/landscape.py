@@ -34,12 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from raysim.services import Services
 from raysim.types import Metrics, NumpyParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+Weights = Sequence[float] | np.ndarray  # mixing weights, one per model
 
 # ---- parameter arithmetic --------------------------------------------------------------------
 
@@ -58,7 +64,7 @@ def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
     return _combine([a, b], [alpha, 1.0 - alpha])
 
 
-def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
+def mix(points: Sequence[NumpyParams], weights: Weights) -> NumpyParams:
     """The convex combination ``sum_k lam_k points[k]`` with ``lam = weights / sum(weights)``.
 
     The weights are normalised, so example counts can be passed as they are. Non-float entries
@@ -70,7 +76,7 @@ def mix(points: Sequence[NumpyParams], weights: Sequence[float]) -> NumpyParams:
     return _combine(points, _simplex(weights, len(points)))
 
 
-def _combine(points: Sequence[NumpyParams], coefficients: Sequence[float]) -> NumpyParams:
+def _combine(points: Sequence[NumpyParams], coefficients: Weights) -> NumpyParams:
     """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
     dtype); other entries from ``points[0]``."""
     _check_same_keys(points)
@@ -116,7 +122,7 @@ def distance(a: NumpyParams, b: NumpyParams) -> float:
     return float(np.linalg.norm(flatten(a) - flatten(b)))
 
 
-def _simplex(weights: Sequence[float], count: int) -> np.ndarray:
+def _simplex(weights: Weights, count: int) -> np.ndarray:
     lam = np.asarray(weights, dtype=np.float64)
     if count == 0:
         raise ValueError("mix: no points to combine")
@@ -154,7 +160,8 @@ def evaluate_points(
     point's per-client rows weighted by their ``num_examples``.
 
     Raises:
-        ValueError: the dataset has no central test set, or the clients have no data in ``split``.
+        NoExamplesError: the dataset has no central test set, or the clients have no data in
+            ``split``.
     """
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
     pooled = [_pool(rows) for rows in results]
@@ -184,9 +191,8 @@ def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
     if not kept:
         return None
     n = np.array([row["num_examples"] for row in kept])
-    return {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")} | {
-        "num_examples": float(n.sum())
-    }
+    pooled = {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")}
+    return pooled | {"num_examples": float(n.sum())}
 
 
 # ---- pairwise barriers (FedGuCci Def. 2.1) ----------------------------------------------------
@@ -216,7 +222,7 @@ def line_scan(
     FedGuCci's notes recommend 11 points in [0, 1] for barriers and 21 for plots; IMA's 1-D
     plots use [-0.5, 1.5] in steps of 0.05 (notes/ima.md section 3.1).
     """
-    grid = np.asarray(alphas, dtype=np.float64)
+    grid = np.array(alphas, dtype=np.float64)  # a copy: the Curve owns it
     loss, accuracy = evaluate_points(
         services, [interpolate(a, b, float(alpha)) for alpha in grid], clients, split, round_num=round_num
     )
@@ -260,7 +266,7 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
         worst = int(np.argmax(drop))
         return float(drop[worst] / linear[worst]) if linear[worst] > 0 and drop[worst] > 0 else 0.0
     ratio = np.divide(accuracy, linear, out=np.ones_like(linear), where=linear > 0)
-    return float(np.clip(np.max(1 - ratio), 0.0, 1.0))
+    return float(np.max(1 - ratio))  # the endpoints score 0, so the max is in [0, 1]
 
 
 # ---- group barrier (FedGuCci Def. 3.6) ---------------------------------------------------------
@@ -269,7 +275,7 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
 def group_barrier(
     services: Services[object],
     models: Sequence[NumpyParams],
-    weights: Sequence[float] | None = None,
+    weights: Weights | None = None,
     clients: Sequence[int] | np.ndarray | None = None,
     split: str = "test",
     *,
@@ -447,6 +453,8 @@ def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
     for ax, name, values in ((axes[0], "loss", curve.loss), (axes[1], "accuracy", curve.accuracy)):
         label = f"barrier {barriers[name]:.4g}" if name in barriers else name
         ax.plot(curve.alphas, values, marker="o", markersize=3, label=label)
+        for end in (0.0, 1.0):  # where the two models are, on a grid that extends past them
+            ax.axvline(end, color="grey", linestyle=":", linewidth=0.8)
         ax.set_xlabel("alpha  (1: model a, 0: model b)")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
@@ -465,7 +473,10 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
         fig.colorbar(filled, ax=ax, label=name)
         ax.scatter(scan.coords[:, 0], scan.coords[:, 1], c="red", edgecolors="white", zorder=3)
         for (x, y), label in zip(scan.coords, scan.labels):
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), color="white", fontsize=9)
+            ax.annotate(
+                label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
+            )  # fmt: skip
         centre = scan.coords.mean(axis=0)
         ax.scatter([centre[0]], [centre[1]], marker="x", c="white", zorder=3)
         ax.set_title(name)
@@ -473,7 +484,7 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
     return _save(fig, plt, path, title)
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,7 +493,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _save(fig, plt, path: str | Path, title: str) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Figure, plt: ModuleType, path: str | Path, title: str) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()

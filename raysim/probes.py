@@ -26,10 +26,10 @@ Usage (a new probe):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -225,7 +225,7 @@ class CohortModelsConfig(ProbeConfig, frozen=True, extra="forbid"):
     """Options of the probes that measure the round's local models on common data."""
 
     # "central": the dataset's central test set; "cohort": the cohort's round data
-    on: Literal["central", "cohort"] = "central"
+    data: Literal["central", "cohort"] = "central"
     # the local models' mixing weights: their round data sizes (FedAvg's) or 1/K each
     weights: Literal["data", "uniform"] = "data"
 
@@ -237,13 +237,14 @@ class GroupBarrierConfig(CohortModelsConfig, frozen=True, extra="forbid"):
 
 @register("probe", "group_barrier")
 class GroupBarrier:
-    """FedGuCci's group barrier of the round's local models (Li et al., KDD 2025,
-    arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4), the measure behind "FedGuCci lowers
-    the group barrier of the local models against FedAvg".
+    """FedGuCci's group barrier: what fusing the round's local models loses against their mean.
+
+    Li et al., KDD 2025, arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4: the measure
+    behind "FedGuCci lowers the group barrier of the local models against FedAvg".
 
     With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
-    uniform, evaluated on the central test set (``on: central``) or the cohort's pooled round
-    data (``on: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
+    uniform, evaluated on the central test set (``data: central``) or the cohort's pooled round
+    data (``data: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
     ``group_barrier/accuracy = 1 - A(fused) / sum lam_k A(w_k)`` (signed: negative when the
     fusion beats its members), ``group_barrier/fused_accuracy``, ``group_barrier/fused_loss``,
     ``group_barrier/mean_local_accuracy`` and ``group_barrier/mean_local_loss``. ``samples: S``
@@ -269,14 +270,16 @@ class GroupBarrier:
         ids, models, sizes = kept_models(round)
         if len(models) < 2:
             return {}
-        clients, split = evaluation_data(self.config.on, ids)
-        where = {"clients": clients, "split": split, "round_num": round.round_num}
+        clients, split = evaluation_data(self.config.data, ids)
         lam = sizes if self.config.weights == "data" else None
         seed = (services.info.seed, round.round_num)
         with central_needed("group_barrier"):
-            out = L.group_barrier(services, models, lam, **where, samples=self.config.samples, seed=seed)
+            out = L.group_barrier(
+                services, models, lam, clients, split, round_num=round.round_num,
+                samples=self.config.samples, seed=seed,
+            )  # fmt: skip
             if self.config.pairwise:
-                pair = L.group_barrier(services, models[:2], None, **where)
+                pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
                 out |= {"pairwise_loss": pair["loss"], "pairwise_accuracy": pair["accuracy"]}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
@@ -284,35 +287,41 @@ class GroupBarrier:
 class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
     cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: the first n evaluation examples
     subsets: int = Field(1, ge=1)  # random subsets per size j for the variance curve
+    mean_of: list[Annotated[int, Field(ge=1)]] | None = (
+        None  # the sizes j of the variance curve (None: 1..K; larger are skipped)
+    )
 
 
 @register("probe", "loss_decomposition")
 class LossDecomposition:
-    """IMA's expected-loss factors of the round's local models (Zhou et al., IEEE TMC 2024,
-    arXiv:2305.07845, Theorem 1 and Figs. 2-4; estimators from notes/ima.md section 3.3).
+    """IMA's loss decomposition: bias, locality, variance and covariance of the local models.
+
+    Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Theorem 1 and Figs. 2-4; the estimators are
+    notes/ima.md section 3.3's.
 
     Classification only. Each bias is logged in the paper's form, the squared error of the softmax
     to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local
     models w_k, data sizes n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E
-    (``on``: the central test set, or the pooled round data of the cohort), it logs under
+    (``data``: the central test set, or the pooled round data of the cohort), it logs under
     ``decomposition/``:
 
     - ``train_bias/*``: mean over k of w_k's loss on its own round data D_k (the worker hook,
       right after training). f_bar_k is approximated by the single trained model.
     - ``heter_bias/*``: mean over k of w_k's loss on data client k did not train on: E for
-      ``on: central`` (test data stands in for D minus D_k), else the other cohort clients'
+      ``data: central`` (test data stands in for D minus D_k), else the other cohort clients'
       round data (D minus D_k restricted to the cohort).
     - ``locality/max``, ``locality/mean``: ``||w_k - w||_2`` over the flattened float params.
     - ``variance/spread``: ``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` on E (softmax outputs): the
       variance term of IMA's eq. (2) over the cohort's models. ``variance/mean_of_{j}/*``: the
-      loss on E of the uniform average of j random local models, j = 1..K (``subsets`` draws
-      each, averaged; seeded by the run seed and round), Fig. 4's variance curve.
+      loss on E of the uniform average of j random local models, j = 1..K or the sizes in
+      ``mean_of`` (``subsets`` draws each, averaged; seeded by the run seed and round), Fig. 4's
+      variance curve.
     - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on the first
       ``cka_examples`` examples of E (Fig. 4's covariance measure).
     - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
 
     Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
-    w and the averages) plus one for the labels.
+    w and the averages) plus one ``map_clients("labels")`` call.
     """
 
     Config = LossDecompositionConfig
@@ -344,63 +353,77 @@ class LossDecomposition:
         ids, models, sizes = kept_models(round)
         if len(models) < 2:
             return {}
-        lam = sizes if self.config.weights == "data" else np.ones(len(models))
-        fused = L.mix(models, lam)
-        rng = np.random.default_rng((services.info.seed, round.round_num))
-        count = len(models)
-        subsets = [
-            rng.choice(count, j, replace=False)
-            for j in range(1, count + 1)
-            for _ in range(self.config.subsets)
-        ]
+        fused = L.mix(models, sizes if self.config.weights == "data" else np.ones(len(models)))
+        subsets = self._subsets(len(models), np.random.default_rng((services.info.seed, round.round_num)))
         averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
-        clients, split = evaluation_data(self.config.on, ids)
-        with central_needed("loss_decomposition"):
-            outputs = services.map_clients(
-                "logits", [*models, fused, *averages], clients, split=split, round_num=round.round_num
-            )
-            [labels] = services.map_clients(
-                "labels", [fused], clients, split=split, round_num=round.round_num
-            )
-            parts = [np.zeros(0, np.int64) if y is None else y for y in labels]  # per client (or central)
-            if not sum(len(y) for y in parts):
-                raise L.NoExamplesError(clients, split)
-        pooled_y = np.concatenate(parts)
-
-        def pooled(point: int) -> np.ndarray:
-            return np.concatenate([z for z in outputs[point] if z is not None])
-
+        on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round.round_num)
+        count = len(models)
         out: Metrics = {}
-        local_rows = [row for row in round.rows if "train_mse" in row]
         for form in ("mse", "ce"):
-            out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in local_rows]))
-            out[f"heter_bias/{form}"] = float(np.mean([
-                _loss(form, *self._unseen(outputs[k], parts, k)) for k in range(count)
-            ]))  # fmt: skip
-            out[f"fused/{form}"] = _loss(form, pooled(count), pooled_y)
-        by_size: dict[int, list[int]] = {}
-        for position, subset in enumerate(subsets):
-            by_size.setdefault(len(subset), []).append(count + 1 + position)
-        for size, points in by_size.items():
-            for form in ("mse", "ce"):
-                value = np.mean([_loss(form, pooled(p), pooled_y) for p in points])
-                out[f"variance/mean_of_{size}/{form}"] = float(value)
-        local_logits = [pooled(k) for k in range(count)]
+            train = [row[f"train_{form}"] for row in round.rows if f"train_{form}" in row]
+            out[f"train_bias/{form}"] = float(np.mean(train))
+            out[f"heter_bias/{form}"] = float(np.mean([on.unseen_loss(form, k) for k in range(count)]))
+            out[f"fused/{form}"] = on.loss(form, count)
+            for size in sorted({len(subset) for subset in subsets}):
+                points = [count + 1 + i for i, subset in enumerate(subsets) if len(subset) == size]
+                out[f"variance/mean_of_{size}/{form}"] = float(np.mean([on.loss(form, p) for p in points]))
+        local_logits = [on.pooled(k) for k in range(count)]
         out["variance/spread"] = L.output_spread(local_logits)
         out["covariance/cka"] = L.mean_pairwise_cka([z[: self.config.cka_examples] for z in local_logits])
         distances = [L.distance(model, fused) for model in models]
         out["locality/max"], out["locality/mean"] = float(np.max(distances)), float(np.mean(distances))
         return {f"decomposition/{key}": value for key, value in out.items()}
 
-    def _unseen(
-        self, outputs: list[np.ndarray | None], labels: list[np.ndarray], k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Model k's outputs and the labels on data client k did not train on."""
-        keep = (
-            range(len(outputs)) if self.config.on == "central" else [c for c in range(len(outputs)) if c != k]
+    def _subsets(self, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Random subsets of the K local models for the variance curve, ``subsets`` per size j."""
+        wanted = (
+            range(1, count + 1)
+            if self.config.mean_of is None
+            else [j for j in self.config.mean_of if j <= count]
         )
-        kept = [(outputs[c], labels[c]) for c in keep if outputs[c] is not None]
-        return np.concatenate([z for z, _ in kept]), np.concatenate([y for _, y in kept])
+        return [rng.choice(count, j, replace=False) for j in wanted for _ in range(self.config.subsets)]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Every point's logits on the evaluation data and its labels, in parts: one per client in
+    cohort order (None where a client has no examples), or one for the central test set."""
+
+    logits: list[list[np.ndarray | None]]  # [point][part]
+    labels: list[np.ndarray | None]  # [part]
+    by_client: bool
+
+    @classmethod
+    def measure(
+        cls, services: Services[object], points: list[NumpyParams], data: str, ids: list[int], round_num: int
+    ) -> Outputs:
+        """One ``map_clients("logits")`` call for all the points, one for the labels."""
+        clients, split = evaluation_data(data, ids)
+        with central_needed("loss_decomposition"):
+            logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
+            [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
+            if all(y is None or not len(y) for y in labels):
+                raise L.NoExamplesError(clients, split)
+        return cls(logits, labels, by_client=clients is not None)
+
+    def pooled(self, point: int) -> np.ndarray:
+        return self._pool(point, range(len(self.labels)))[0]
+
+    def loss(self, form: str, point: int) -> float:
+        return _loss(form, *self._pool(point, range(len(self.labels))))
+
+    def unseen_loss(self, form: str, k: int) -> float:
+        """Model k's loss on the data client k did not train on (all of it on the central set)."""
+        return _loss(
+            form, *self._pool(k, [i for i in range(len(self.labels)) if not (self.by_client and i == k)])
+        )
+
+    def _pool(self, point: int, parts: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        kept = [(self.logits[point][i], self.labels[i]) for i in parts if self.labels[i] is not None]
+        return (
+            np.concatenate([cast(np.ndarray, z) for z, _ in kept]),
+            np.concatenate([cast(np.ndarray, y) for _, y in kept]),
+        )
 
 
 def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
@@ -415,9 +438,9 @@ def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[f
     return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
 
 
-def evaluation_data(on: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
-    """``map_clients``' clients and split for ``on``: the central test set or the round data."""
-    return (None, "test") if on == "central" else (list(ids), "round")
+def evaluation_data(data: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
+    """``map_clients``' clients and split for ``data``: the central test set or the round data."""
+    return (None, "test") if data == "central" else (list(ids), "round")
 
 
 @contextmanager
@@ -429,8 +452,8 @@ def central_needed(probe: str) -> Iterator[None]:
         if not exc.central:
             raise
         raise ConfigError(
-            [f"evaluation.probes: {probe} with on: central needs a dataset with a central test set; "
-             f"this one has none: set on: cohort"]
+            [f"evaluation.probes: {probe} with data: central needs a dataset with a central test set; "
+             f"this one has none: set data: cohort"]
         ) from None  # fmt: skip
 
 

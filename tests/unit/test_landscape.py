@@ -355,7 +355,7 @@ def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_dat
 
     services = ProbeServices()
     round_view = probe_round([1.0, 2.0, 5.0])
-    probe = GroupBarrier(GroupBarrierConfig(on="cohort", pairwise=True))
+    probe = GroupBarrier(GroupBarrierConfig(data="cohort", pairwise=True))
     out = probe.summarize(round_view, services)
     models = [round_view.local_models[c] for c in range(3)]
     lam = np.array([1.0, 2.0, 5.0]) / 8
@@ -382,7 +382,7 @@ def test_loss_decomposition_probe_against_direct_numpy():
 
     services = ProbeServices()
     round_view = probe_round([1.0, 1.0, 2.0])
-    out = LossDecomposition(LossDecompositionConfig(on="cohort", cka_examples=10)).summarize(
+    out = LossDecomposition(LossDecompositionConfig(data="cohort", cka_examples=10)).summarize(
         round_view, services
     )
     models = [round_view.local_models[c]["W"].astype(np.float64) for c in range(3)]
@@ -440,7 +440,7 @@ def test_the_probes_name_the_fix_for_data_they_cannot_use():
             )
 
     for probe in (GroupBarrier(GroupBarrierConfig()), LossDecomposition(LossDecompositionConfig())):
-        with pytest.raises(ConfigError, match="central test set.*set on: cohort"):
+        with pytest.raises(ConfigError, match="central test set.*set data: cohort"):
             probe.summarize(probe_round([1.0, 1.0, 1.0]), NoCentral())
 
     class Regression(ProbeServices):
@@ -449,3 +449,15 @@ def test_the_probes_name_the_fix_for_data_they_cannot_use():
     with pytest.raises(ConfigError, match="needs a classification dataset"):
         LossDecomposition(LossDecompositionConfig()).summarize(probe_round([1.0, 1.0, 1.0]), Regression())
     assert GroupBarrier(GroupBarrierConfig()).summarize(ProbeRound(0, [], {}, {}), ProbeServices()) == {}
+
+
+def test_the_variance_curve_takes_the_sizes_asked_for():
+    from raysim.probes import LossDecomposition, LossDecompositionConfig
+
+    config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
+    out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())
+    assert sorted(k for k in out if "mean_of" in k) == [
+        f"decomposition/variance/mean_of_{j}/{form}" for j in (1, 3) for form in ("ce", "mse")
+    ]
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        LossDecompositionConfig(mean_of=[0])

@@ -104,8 +104,8 @@ def test_the_analysis_probes_log_finite_values_that_agree(tmp_path):
     ``weights: uniform``) and the decomposition's mean of K models: the same loss on the same
     data, once from ``evaluate`` rows and once from logits scored with the labels."""
     probes = [
-        {"name": "group_barrier", "on": "cohort", "weights": "uniform", "pairwise": True, "samples": 2},
-        {"name": "loss_decomposition", "on": "cohort"},
+        {"name": "group_barrier", "data": "cohort", "weights": "uniform", "pairwise": True, "samples": 2},
+        {"name": "loss_decomposition", "data": "cohort"},
     ]
     result = run(tiny_job(evaluation={"probes": probes}, engine={"num_rounds": 2}), output_dir=tmp_path)
     for _, metrics in result.history:

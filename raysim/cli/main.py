@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, prepare, ls, ui, bench.
+"""The ``raysim`` command: run, prepare, ls, ui, bench, analyze.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -89,7 +89,66 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("config", help="benchmark YAML, e.g. jobs/bench/pfl_cifar10.yaml")
     bench.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     bench.set_defaults(handler=cmd_bench)
+    _add_analyze(sub)
     return parser
+
+
+MODEL_HELP = "a model of the run: final, init, round:N (its checkpoint of round N) or a checkpoint file"
+
+
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
+    analyze = sub.add_parser(
+        "analyze",
+        help="loss landscape between a finished run's models, logged back to that MLflow run",
+        description="Evaluates the models of a finished run (MLflow RUN_ID) along a line or on a "
+        "plane, on the central test set (or --clients K), over the run's workers; logs the "
+        "metrics (analysis/...) and PNGs back to the same run. A model (A, B, C) is final, init, "
+        "round:N (the run's checkpoint of round N) or a checkpoint file.",
+    )
+    analyze.add_argument("run_id", metavar="RUN_ID", help="the MLflow run id `raysim run` printed")
+    tools = analyze.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--tracking-uri", help="the run's store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"
+    )
+    common.add_argument("--workers", type=int, help="number of workers (default: the job's resources)")
+    common.add_argument(
+        "--serial", action="store_true", help="evaluate in this process (resources.backend=serial)"
+    )
+    common.add_argument(
+        "--clients", type=int, metavar="K", help="pool the test splits of K of the run's evaluated clients "
+        "(default: the central test set)"
+    )  # fmt: skip
+    line = tools.add_parser(
+        "line", parents=[common], help="loss and accuracy along the line A-B, both barriers, PNG"
+    )
+    line.add_argument("a", metavar="A", help=MODEL_HELP + " (alpha 1)")
+    line.add_argument("b", metavar="B", help=MODEL_HELP + " (alpha 0)")
+    line.add_argument("--points", type=int, default=11, help="alphas in --range (0 and 1 are always added)")
+    line.add_argument("--range", type=float, nargs=2, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
+                      help="alpha range; e.g. -0.5 1.5 extrapolates past both models")  # fmt: skip
+    barrier = tools.add_parser(
+        "barrier", parents=[common], help="the loss and accuracy barriers of A-B (11 points)"
+    )
+    barrier.add_argument("a", metavar="A", help=MODEL_HELP)
+    barrier.add_argument("b", metavar="B", help=MODEL_HELP)
+    plane = tools.add_parser(
+        "plane", parents=[common], help="loss and error contours on the plane through A, B, C"
+    )
+    for name in ("a", "b", "c"):
+        plane.add_argument(name, metavar=name.upper(), help=MODEL_HELP)
+    trajectory = tools.add_parser(
+        "trajectory", parents=[common], help="the plane through the last three checkpointed global models"
+    )
+    for tool in (plane, trajectory):
+        tool.add_argument("--size", type=int, default=21, help="grid points per side")
+        tool.add_argument(
+            "--padding",
+            type=float,
+            default=0.3,
+            help="margin around the models, as a fraction of their extent",
+        )
+    analyze.set_defaults(handler=cmd_analyze)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -248,6 +307,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     run_benchmark(args.config, args.overrides, console)
     return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from raysim.cli.analyze import run_analysis
+
+    return run_analysis(args, console)
 
 
 if __name__ == "__main__":

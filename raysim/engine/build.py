@@ -7,7 +7,7 @@ import importlib.util
 import json
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,31 @@ from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
 from raysim.engine.services import Engine
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
+from raysim.probes import Probe
 from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, build_probes
 from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
 from raysim.types import RunInfo, ServerState
+
+
+@dataclass(frozen=True)
+class World:
+    """A job's pieces that exist before any process does: data, plugins, the initial model and the
+    evaluation plan. ``build`` starts a run from it; ``raysim analyze`` evaluates a finished run's
+    checkpoints with it, without training or a new MLflow run."""
+
+    job: JobConfig
+    store: ClientStore
+    transfer: dict[str, ClientStore]
+    algorithm: Algorithm[Any]
+    probes: dict[str, Probe]
+    params: P.Params  # the initial model, rebuilt from the seed
+    info: RunInfo
+    train_pool: np.ndarray
+    schedule: CohortSchedule | None
+    plan: EvaluationPlan
 
 
 def build(
@@ -41,6 +60,27 @@ def build(
 
     Everything that can be checked is checked before Ray workers or an MLflow run exist.
     """
+    world = open_world(job)
+    state, start_round, parent_state_dir = initial_state(
+        world.algorithm, world.params, world.info, job, resume_from
+    )
+    run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    state_dir = run_dir / "client_state"
+    if parent_state_dir is not None:  # the checkpoint's frozen snapshot (load_checkpoint found it)
+        ClientStateStore(state_dir).restore(parent_state_dir)
+    backend = start_workers(world, state_dir)
+    try:
+        tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
+        tracker.start(job, run_dir)
+    except BaseException:
+        backend.shutdown()  # no orphaned workers when the tracking store is unreachable
+        raise
+    return engine_of(world, backend, tracker, run_dir, state_dir, start_round), state
+
+
+def open_world(job: JobConfig) -> World:
+    """Opens the data (preparing it if needed), builds the plugins and the initial model, and
+    draws the evaluation plan: every check that needs no worker and no MLflow run."""
     check_installed(job)
     store = open_dataset(job.dataset.name, job.dataset.config)
     train_pool, heldout = split_population(store.num_clients, job.evaluation.heldout_fraction, job.seed)
@@ -55,32 +95,32 @@ def build(
     info = RunInfo(
         len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys
     )
-    state, start_round, parent_state_dir = initial_state(algorithm, params, info, job, resume_from)
-    run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    state_dir = run_dir / "client_state"
-    if parent_state_dir is not None:  # the checkpoint's frozen snapshot (load_checkpoint found it)
-        ClientStateStore(state_dir).restore(parent_state_dir)
-    setup = WorkerSetup(
-        job=job.to_dict(),
-        store_path=str(store.path),
-        state_dir=str(state_dir),
-        transfer_stores={name: str(s.path) for name, s in transfer.items()},
-    )
     plan = keep_personalizable(
         evaluation_plan(job, train_pool, heldout, transfer),
         store.num_examples("train"),
         store.num_examples("test"),
     )
-    backend = make_backend(job, setup, store)
-    try:
-        tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
-        tracker.start(job)
-    except BaseException:
-        backend.shutdown()  # no orphaned workers when the tracking store is unreachable
-        raise
-    engine = Engine(job, algorithm, store, backend, tracker, info, run_dir, state_dir, plan, train_pool,
-                    probes, schedule, start_round)  # fmt: skip
-    return engine, state
+    return World(job, store, transfer, algorithm, probes, params, info, train_pool, schedule, plan)
+
+
+def start_workers(world: World, state_dir: Path) -> Backend:
+    """The workers (serial or Ray actors), each with the job's data and model loaded."""
+    setup = WorkerSetup(
+        job=world.job.to_dict(),
+        store_path=str(world.store.path),
+        state_dir=str(state_dir),
+        transfer_stores={name: str(s.path) for name, s in world.transfer.items()},
+    )
+    return make_backend(world.job, setup, world.store)
+
+
+def engine_of(
+    world: World, backend: Backend, tracker: Tracker, run_dir: Path, state_dir: Path, start_round: int = 0
+) -> Engine[Any]:
+    """The engine over a world whose workers run: its verbs log to ``tracker``."""
+    return Engine(world.job, world.algorithm, world.store, backend, tracker, world.info, run_dir,
+                  state_dir, world.plan, world.train_pool, world.probes, world.schedule,
+                  start_round)  # fmt: skip
 
 
 def check_installed(job: JobConfig) -> None:

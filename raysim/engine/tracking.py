@@ -28,7 +28,7 @@ _STORE_LOCK_TIMEOUT_S = 600
 class Tracker(Protocol):
     run_id: str | None
 
-    def start(self, job: JobConfig) -> None: ...
+    def start(self, job: JobConfig, run_dir: Path | None = None) -> None: ...
 
     def log_metrics(self, metrics: Metrics, step: int) -> None: ...
 
@@ -37,13 +37,17 @@ class Tracker(Protocol):
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
-def run_tags(job: JobConfig) -> dict[str, str]:
+RUN_DIR_TAG = "run_dir"  # where the run's checkpoints are: ``raysim analyze`` finds them by it
+
+
+def run_tags(job: JobConfig, run_dir: Path | None = None) -> dict[str, str]:
     return {
         "algorithm": job.algorithm.name,
         "dataset": job.dataset.name,
         "model": job.model.name,
         "job": job.name,
         **job.tracking.tags,
+        **({RUN_DIR_TAG: str(run_dir.absolute())} if run_dir is not None else {}),
     }
 
 
@@ -58,8 +62,8 @@ class MemoryTracker:
         self.artifacts: list[Path] = []
         self.status: str | None = None
 
-    def start(self, job: JobConfig) -> None:
-        self.params, self.tags = flatten(job.to_dict()), run_tags(job)
+    def start(self, job: JobConfig, run_dir: Path | None = None) -> None:
+        self.params, self.tags = flatten(job.to_dict()), run_tags(job, run_dir)
 
     def log_metrics(self, metrics: Metrics, step: int) -> None:
         self.history.append((step, dict(metrics)))
@@ -154,17 +158,27 @@ class MlflowTracker:
                 raise RuntimeError(f"MLflow experiment {self.experiment!r} could not be created")
             return existing.experiment_id
 
-    def start(self, job: JobConfig) -> None:
+    def start(self, job: JobConfig, run_dir: Path | None = None) -> None:
         from mlflow.entities import Param
 
         run = self.client.create_run(
-            self._experiment_id(), run_name=job.tracking.run_name or job.name, tags=run_tags(job)
+            self._experiment_id(),
+            run_name=job.tracking.run_name or job.name,
+            tags=run_tags(job, run_dir),
         )
         self.run_id = run.info.run_id
         params = [Param(k, str(v)) for k, v in flatten(job.to_dict()).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[start : start + 100])
         self.client.log_dict(self.run_id, job.to_dict(), "config/job.yaml")
+
+    @classmethod
+    def attach(cls, run_id: str, uri: str) -> MlflowTracker:
+        """A tracker that logs into an existing run (``raysim analyze`` adds its results to the
+        run it analyzes) and never starts or ends one."""
+        tracker = cls(TrackingConfig(tracking_uri=uri))
+        tracker.run_id = run_id
+        return tracker
 
     def log_metrics(self, metrics: Metrics, step: int) -> None:
         import time

@@ -116,10 +116,16 @@ def _subcommands() -> dict[str, set[str]]:
 
     parser = _parser()
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return {
-        name: {opt for action in p._actions for opt in action.option_strings}
-        for name, p in sub.choices.items()
-    }
+    return {name: _options(p) for name, p in sub.choices.items()}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """A command's options, its tools' too (``raysim analyze RUN_ID line --points``)."""
+    found = {opt for action in parser._actions for opt in action.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found |= {opt for tool in action.choices.values() for opt in _options(tool)}
+    return found
 
 
 def _commands(text: str) -> list[str]:

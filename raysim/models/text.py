@@ -223,19 +223,23 @@ def build_hf_classifier(config: HFClassifierConfig, spec: DataSpec) -> HFTokenMo
     (1 for a score) and transformers' regression problem type: (B, num_classes) predictions,
     trained with the mean squared error of ``raysim.local.task_loss``.
     """
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     sequence_length = token_length(spec, "hf_classifier", ("classification", "regression"))
     if config.pretrained_path is None:
         hf = AutoModelForSequenceClassification.from_config(classifier_hf_config(config, spec))
     else:
         reject_overrides(config, ("vocab_size", "max_position_embeddings"))
+        hf_config = AutoConfig.from_pretrained(pretrained_directory(config.pretrained_path))
+        # Set apart, problem type first: passed together, transformers checks the saved problem
+        # type against the new label count (a saved 2-class classifier could not become a regressor).
+        hf_config.problem_type = PROBLEM_TYPES[spec.task]
+        hf_config.num_labels = spec.num_classes
         # A saved classifier with another label count gets a fresh head instead of an error.
         hf = load_pretrained(
             AutoModelForSequenceClassification,
             config.pretrained_path,
-            num_labels=spec.num_classes,
-            problem_type=PROBLEM_TYPES[spec.task],
+            config=hf_config,
             ignore_mismatched_sizes=True,
         )
         offset = positions_offset(hf.config.model_type, hf.config.pad_token_id)
@@ -433,11 +437,21 @@ def load_pretrained(
     Raises:
         FileNotFoundError: ``path`` is not a directory.
     """
+    directory = pretrained_directory(path)
+    # dtype: transformers 5 defaults to "auto", which would keep a bf16 checkpoint in bf16.
+    return auto_class.from_pretrained(directory, local_files_only=True, dtype=torch.float32, **kwargs)
+
+
+def pretrained_directory(path: str) -> Path:
+    """``path`` as a directory.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(
             f"pretrained_path {path!r} is not a directory; models load from local "
             "save_pretrained directories only, never from the hub"
         )
-    # dtype: transformers 5 defaults to "auto", which would keep a bf16 checkpoint in bf16.
-    return auto_class.from_pretrained(directory, local_files_only=True, dtype=torch.float32, **kwargs)
+    return directory

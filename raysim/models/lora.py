@@ -1,8 +1,9 @@
 """LoRA adapters on the HuggingFace text models, through peft (Hu et al., ICLR 2022, arXiv:2106.09685).
 
 With a ``lora`` section, the base model is frozen and only the adapters train (plus, for a
-classifier with ``train_head``, its head, and with ``bias`` "all" or "lora_only", biases). ``raysim.params.model_params`` sends trainable tensors
-only, so clients and server exchange adapter weights and the frozen base never leaves a worker.
+classifier with ``train_head``, its head, and with ``bias`` "all" or "lora_only", biases).
+``raysim.params.model_params`` sends trainable tensors only, so clients and server exchange
+those and the frozen base never leaves a worker.
 
 Every process builds the same adapters: the engine seeds torch before building the model, the
 base is built first, and peft then draws ``lora_A`` from the same global generator (``lora_B``

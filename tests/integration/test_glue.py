@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from jobs import tiny_job
 from scipy.stats import pearsonr
 from sklearn.metrics import matthews_corrcoef
 
+from jobs import tiny_job
 from raysim import params as P
 from raysim.config import JobConfig
 from raysim.data.prepare import open_dataset
@@ -47,8 +47,17 @@ def glue_job(tmp_path, dataset: dict) -> JobConfig:
         "cache_dir": str(tmp_path / "cache"),
         **dataset,
     }
-    raw["model"] = {"name": "hf_classifier", "arch": "roberta", "preset": "tiny", "vocab_size": 258, "lora": LORA}
-    raw["algorithm"] = {"name": "fedavg", "local": {"epochs": 2, "batch_size": 4, "lr": 3e-3, "optimizer": "adam"}}
+    raw["model"] = {
+        "name": "hf_classifier",
+        "arch": "roberta",
+        "preset": "tiny",
+        "vocab_size": 258,
+        "lora": LORA,
+    }
+    raw["algorithm"] = {
+        "name": "fedavg",
+        "local": {"epochs": 2, "batch_size": 4, "lr": 3e-3, "optimizer": "adam"},
+    }
     raw["engine"] = {"num_rounds": 2, "cohort_size": 4}
     return JobConfig.from_dict(raw)
 

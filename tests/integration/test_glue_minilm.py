@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from jobs import tiny_job
 
+from jobs import tiny_job
 from raysim import params as P
 from raysim.config import JobConfig
 from raysim.data.prepare import open_dataset
@@ -56,7 +56,10 @@ def job(tmp_path) -> JobConfig:
     }
     lora = {"r": 8, "alpha": 8, "target_modules": ["query", "value"], "dropout": 0.0, "bias": "all"}
     raw["model"] = {"name": "hf_classifier", "pretrained_path": MODEL_DIR, "lora": lora}
-    raw["algorithm"] = {"name": "fedavg", "local": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "optimizer": "adam"}}
+    raw["algorithm"] = {
+        "name": "fedavg",
+        "local": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "optimizer": "adam"},
+    }
     raw["engine"] = {"num_rounds": 2, "cohort_size": 3}
     return JobConfig.from_dict(raw)
 

@@ -82,7 +82,12 @@ def test_single_sentences_from_json_lines(tmp_path, hf_offline):
     assert examples.table.column("y").type == pa.int64()
     assert rows_of(examples.central_test) == [tokens("great film")]  # the dev split
     spec = examples.spec
-    assert (spec.task, spec.input_shape, spec.num_classes, spec.pad_token_id) == ("classification", (128,), 2, PAD)
+    assert (spec.task, spec.input_shape, spec.num_classes, spec.pad_token_id) == (
+        "classification",
+        (128,),
+        2,
+        PAD,
+    )
     assert spec.metrics == ()
 
 
@@ -97,7 +102,10 @@ def test_pairs_from_csv_are_encoded_as_pairs_and_truncated_longest_first(tmp_pat
 def test_stsb_from_parquet_is_regression_through_the_store(tmp_path, hf_offline):
     scores = [0.0, 1.25, 2.5, 3.75, 5.0, 4.2]
     rows = [{"sentence1": f"{i} a", "sentence2": "b", "label": s, "idx": i} for i, s in enumerate(scores)]
-    files = {"train": write(tmp_path / "t.parquet", rows), "validation": write(tmp_path / "v.parquet", rows[:2])}
+    files = {
+        "train": write(tmp_path / "t.parquet", rows),
+        "validation": write(tmp_path / "v.parquet", rows[:2]),
+    }
     config = glue().GlueConfig(
         task="stsb",
         data_files=files,
@@ -109,7 +117,12 @@ def test_stsb_from_parquet_is_regression_through_the_store(tmp_path, hf_offline)
     )
     store = open_dataset("glue", config)
     spec = store.spec
-    assert (spec.task, spec.input_shape, spec.num_classes, spec.metrics) == ("regression", (8,), 1, ("pearson",))
+    assert (spec.task, spec.input_shape, spec.num_classes, spec.metrics) == (
+        "regression",
+        (8,),
+        1,
+        ("pearson",),
+    )
     train = [store.client_data(c).arrays for c in range(2)]
     assert [len(a["y"]) for a in train] == [3, 3]  # an equal IID split
     y = np.concatenate([a["y"] for a in train])

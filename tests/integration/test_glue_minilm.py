@@ -77,7 +77,7 @@ def test_rows_are_minilms_own_pair_encoding(job):
         assert row.tolist() == ids + [0] * (24 - len(ids))
 
 
-@pytest.mark.slow  # ~30 s: two rounds of a 22.7M-parameter model on 2 CPU cores
+@pytest.mark.slow  # 10-30 s: two rounds of a 22.7M-parameter model on 2 busy CPU cores
 def test_lora_on_pretrained_minilm_keeps_the_frozen_base(job, tmp_path):
     from transformers import AutoModel
 

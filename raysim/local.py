@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim import params as P
+from raysim import scores
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
 
 Batch = dict[str, torch.Tensor]
@@ -129,8 +130,14 @@ def task_loss(
 
     The counts stay tensors on the device: reading them every step would stall a GPU.
     """
+    return outputs_loss(model(batch["x"]), batch, spec)
+
+
+def outputs_loss(
+    logits: torch.Tensor, batch: Batch, spec: DataSpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+    """``task_loss`` of outputs the model already produced on ``batch["x"]``."""
     x = batch["x"]
-    logits = model(x)
     if spec.task == "classification":
         y = batch["y"]
         loss = F.cross_entropy(logits, y)
@@ -265,14 +272,22 @@ def evaluate(
     device: torch.device | str = "cpu",
     batch_size: int = 512,
 ) -> Metrics:
-    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM)."""
+    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM), and the
+    scores ``spec.metrics`` names, each with the additive statistics it was computed from
+    (``sums/...`` keys, which ``raysim.scores.pool`` combines over clients)."""
+    scores.check_metrics(spec)
     model.eval()
     loss_sum: torch.Tensor | float = 0.0
     correct: torch.Tensor | int = 0
     seen: torch.Tensor | int = 0
+    statistics: dict[str, torch.Tensor] = {}
     for batch in iterate_batches(to_tensors(data, device), batch_size):
-        loss, num_correct, num_items = task_loss(model, batch, spec)
+        outputs = model(batch["x"])
+        loss, num_correct, num_items = outputs_loss(outputs, batch, spec)
         loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
+        if spec.metrics:  # causal LM batches have no "y"
+            for name, value in scores.batch_statistics(spec, outputs, batch["y"]).items():
+                statistics[name] = statistics[name] + value if name in statistics else value
     num_seen = float(seen)
     metrics = {
         "loss": float(loss_sum) / max(num_seen, 1.0),
@@ -281,6 +296,9 @@ def evaluate(
     }
     if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+    if spec.metrics:
+        sums = scores.statistics_metrics(statistics)
+        metrics |= scores.finish(spec.metrics, sums) | sums
     return metrics
 
 

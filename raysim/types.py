@@ -47,12 +47,15 @@ class DataSpec:
         num_classes: classes for classification; the vocabulary size for causal LM; the number
             of outputs for regression.
         pad_token_id: token id that marks padding in text inputs, if any.
+        metrics: scores ``evaluate`` adds beside loss and accuracy, by name ("mcc", "f1",
+            "pearson"; ``raysim.scores``), e.g. GLUE's for CoLA and STS-B.
     """
 
     task: Task
     input_shape: tuple[int, ...]
     num_classes: int
     pad_token_id: int | None = None
+    metrics: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class ClientData:
     """One client's examples of one split, as numpy arrays with a shared first dimension.
 
     ``arrays["x"]`` has shape (n, *input_shape) (float32 images, int64 tokens) and
-    ``arrays["y"]`` shape (n,) int64 for classification.
+    ``arrays["y"]`` shape (n,), int64 for classification and float32 for regression.
     """
 
     arrays: dict[str, np.ndarray]

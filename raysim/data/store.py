@@ -112,7 +112,10 @@ class ClientStore:
     ) -> None:
         """Use ``ClientStore.open``."""
         self.path = path
-        self.spec = DataSpec(**{**meta["spec"], "input_shape": tuple(meta["spec"]["input_shape"])})
+        spec = meta["spec"]  # JSON lists back to the tuples DataSpec holds
+        self.spec = DataSpec(
+            **{**spec, "input_shape": tuple(spec["input_shape"]), "metrics": tuple(spec.get("metrics", ()))}
+        )
         self.mean = None if meta["mean"] is None else tuple(meta["mean"])
         self.std = None if meta["std"] is None else tuple(meta["std"])
         self._meta = meta
@@ -209,7 +212,8 @@ class ClientStore:
 
     def _decode(self, rows: pa.Table) -> ClientData:
         """Rows -> numpy: uint8 images to float32/255, floats to float32 (both normalised per
-        channel when the store has mean/std), other integers (tokens) to int64."""
+        channel when the store has mean/std), other integers (tokens) to int64; labels to int64,
+        or float32 for regression targets."""
         x = _column_values(rows.column("x"), self.spec, rows.num_rows)
         if x.dtype == np.uint8:
             x = x.astype(np.float32)
@@ -222,8 +226,9 @@ class ClientStore:
             x /= np.asarray(self.std, np.float32).reshape(shape)
         arrays = {"x": x}
         if "y" in rows.column_names:
-            labels = _concat([c.to_numpy() for c in rows.column("y").chunks], np.int64)
-            arrays["y"] = labels.astype(np.int64, copy=False)
+            y = rows.column("y")
+            dtype = np.float32 if pa.types.is_floating(y.type) else np.int64
+            arrays["y"] = _concat([c.to_numpy() for c in y.chunks], dtype).astype(dtype, copy=False)
         return ClientData(arrays)
 
 

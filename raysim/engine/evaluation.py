@@ -3,6 +3,9 @@ clients, with few-shot personalization and on transfer datasets; all spread over
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
+Scores that are not means over examples (MCC, F1, Pearson: ``raysim.scores``) are pooled instead:
+``eval/clients/mcc`` is the MCC of all the evaluated clients' examples together, computed from the
+clients' summed statistics, and ``eval/clients/mcc_mean`` the mean of the per-client values.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from raysim import params as P
+from raysim import scores
 from raysim.config import PersonalizationConfig
 from raysim.runtime.backend import Backend
 from raysim.runtime.worker import MapRequest
@@ -60,7 +64,8 @@ def evaluate_global(
     metrics: Metrics = {}
     [[central]] = backend.map_clients(MapRequest("evaluate", None), [weights])
     if isinstance(central, dict):  # "evaluate" gives a Metrics row, or None without test data
-        metrics |= {f"eval/central/{k}": v for k, v in central.items() if k != "num_examples"}
+        reported = scores.without_sums(central)
+        metrics |= {f"eval/central/{k}": v for k, v in reported.items() if k != "num_examples"}
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
     if personalize_round is not None:
@@ -114,17 +119,19 @@ _NOT_METRICS = frozenset({"client_id", "num_examples"})
 
 
 def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
-    """Per metric: the example-weighted mean and the unweighted mean over clients (``_mean``);
-    for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
+    """Per metric: the example-weighted mean (a pooled score for ``raysim.scores``' scores) and
+    the unweighted mean over clients (``_mean``); for accuracy and loss also the spread over
+    clients (std, 10th / 50th / 90th percentile)."""
     if not per_client:
         return {}
     n = np.array([m["num_examples"] for m in per_client])
     out: Metrics = {f"{scope}/num_clients": float(len(per_client))}
-    keys = sorted({k for m in per_client for k in m} - _NOT_METRICS)
+    pooled = scores.pool(per_client)
+    keys = sorted({k for m in per_client for k in scores.without_sums(m)} - _NOT_METRICS)
     for key in keys:
         values = np.array([m[key] for m in per_client])
         out |= {
-            f"{scope}/{key}": float((values * n).sum() / n.sum()),
+            f"{scope}/{key}": pooled[key] if key in pooled else float((values * n).sum() / n.sum()),
             f"{scope}/{key}_mean": float(values.mean()),
         }
         if key in _SPREAD:

@@ -1,8 +1,9 @@
 """LoRA adapters on the HuggingFace text models, through peft (Hu et al., ICLR 2022, arXiv:2106.09685).
 
 With a ``lora`` section, the base model is frozen and only the adapters train (plus, for a
-classifier with ``train_head``, its head). ``raysim.params.model_params`` sends trainable tensors
-only, so clients and server exchange adapter weights and the frozen base never leaves a worker.
+classifier with ``train_head``, its head, and with ``bias`` "all" or "lora_only", biases).
+``raysim.params.model_params`` sends trainable tensors only, so clients and server exchange
+those and the frozen base never leaves a worker.
 
 Every process builds the same adapters: the engine seeds torch before building the model, the
 base is built first, and peft then draws ``lora_A`` from the same global generator (``lora_B``
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, PositiveInt
 from torch import nn
@@ -38,13 +39,16 @@ class LoraConfig(BaseModel, frozen=True, extra="forbid"):
 
     ``target_modules`` holds module names matched as peft does (the full name or its last
     parts, e.g. "c_attn" matches "transformer.h.0.attn.c_attn"); None takes the architecture's
-    default (``DEFAULT_TARGETS``, else peft's own table).
+    default (``DEFAULT_TARGETS``, else peft's own table). ``bias`` is peft's: "none" keeps every
+    bias frozen, "all" trains (and sends) every bias of the model, "lora_only" those of the
+    adapted layers. FedGuCci's GLUE runs use ``bias="all"`` (notes fedgucci.md, section 6.1).
     """
 
     r: PositiveInt = 8
     alpha: PositiveInt = 16
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | None = Field(None, min_length=1)
+    bias: Literal["none", "all", "lora_only"] = "none"
 
 
 class ClassifierLoraConfig(LoraConfig, frozen=True, extra="forbid"):
@@ -72,6 +76,7 @@ def apply_lora(hf: PreTrainedModel, config: LoraConfig) -> nn.Module:
         lora_dropout=config.dropout,
         target_modules=targets,
         modules_to_save=head or None,
+        bias=config.bias,
         # GPT-2's Conv1D stores weights as (in, out); peft would guess this with a warning.
         fan_in_fan_out=hf.config.model_type == "gpt2",
     )

@@ -66,6 +66,8 @@ CAUSAL_LM_PRESETS = {
     "1.5b": Sizes(48, 1600, 25),
 }
 OVERRIDES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+# transformers' name of each task a sequence classifier serves (its own loss is never used).
+PROBLEM_TYPES = {"classification": "single_label_classification", "regression": "regression"}
 
 
 class HFClassifierConfig(ModelConfig, frozen=True, extra="forbid"):
@@ -109,25 +111,40 @@ class HFTokenModel(nn.Module):
     Attributes:
         hf: the inner HuggingFace model, or the ``peft.PeftModel`` around it under LoRA.
         pad_token_id: positions holding this id are masked out of attention; None masks nothing.
+        trim_padding: drop the batch's trailing columns of padding before the forward pass
+            (classifiers, whose output is per sequence). Masked positions change no other
+            position's output, so this only saves work: GLUE rows padded to 512 tokens
+            (FedGuCci's truncation length) cost what the batch's longest row costs, as the
+            paper's dynamic padding did.
     """
 
-    def __init__(self, hf: nn.Module, pad_token_id: int | None) -> None:
+    def __init__(self, hf: nn.Module, pad_token_id: int | None, trim_padding: bool = False) -> None:
         super().__init__()
         self.hf = hf
         self.pad_token_id = pad_token_id
+        self.trim_padding = trim_padding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Maps token ids (B, T) to logits, (B, C) for classifiers and (B, T, V) for LMs."""
+        x = self.trimmed(x)
         return self.hf(input_ids=x, attention_mask=self.attention_mask(x)).logits
 
     def attention_mask(self, x: torch.Tensor) -> torch.Tensor | None:
         # No mask at all (rather than all ones) keeps HF on its fast causal-SDPA path.
         return None if self.pad_token_id is None else (x != self.pad_token_id).long()
 
+    def trimmed(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` without its trailing all-padding columns, when ``trim_padding`` is on."""
+        if not self.trim_padding or self.pad_token_id is None:
+            return x
+        used = (x != self.pad_token_id).any(0).nonzero()
+        return x[:, : int(used[-1]) + 1] if len(used) else x[:, :1]
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The hidden state the head reads: (B, D) for classifiers, (B, T, D) for LMs."""
         inner = self.unwrapped()
         anatomy = hf_anatomy(inner)
+        x = self.trimmed(x)
         return anatomy.features(inner.base_model(input_ids=x, attention_mask=self.attention_mask(x)))
 
     @property
@@ -200,26 +217,36 @@ def hf_anatomy(hf: nn.Module) -> Anatomy:
 
 @register("model", "hf_classifier", config=HFClassifierConfig)
 def build_hf_classifier(config: HFClassifierConfig, spec: DataSpec) -> HFTokenModel:
-    """HuggingFace BERT / RoBERTa / DistilBERT sequence classifier on token ids."""
-    from transformers import AutoModelForSequenceClassification
+    """HuggingFace BERT / RoBERTa / DistilBERT sequence classifier on token ids.
 
-    sequence_length = token_length(spec, "hf_classifier", "classification")
+    For a regression spec (GLUE's STS-B) it is the same model with ``spec.num_classes`` outputs
+    (1 for a score) and transformers' regression problem type: (B, num_classes) predictions,
+    trained with the mean squared error of ``raysim.local.task_loss``.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    sequence_length = token_length(spec, "hf_classifier", ("classification", "regression"))
     if config.pretrained_path is None:
         hf = AutoModelForSequenceClassification.from_config(classifier_hf_config(config, spec))
     else:
         reject_overrides(config, ("vocab_size", "max_position_embeddings"))
+        hf_config = AutoConfig.from_pretrained(pretrained_directory(config.pretrained_path))
+        # Set apart, problem type first: passed together, transformers checks the saved problem
+        # type against the new label count (a saved 2-class classifier could not become a regressor).
+        hf_config.problem_type = PROBLEM_TYPES[spec.task]
+        hf_config.num_labels = spec.num_classes
         # A saved classifier with another label count gets a fresh head instead of an error.
         hf = load_pretrained(
             AutoModelForSequenceClassification,
             config.pretrained_path,
-            num_labels=spec.num_classes,
+            config=hf_config,
             ignore_mismatched_sizes=True,
         )
         offset = positions_offset(hf.config.model_type, hf.config.pad_token_id)
         check_positions(hf.config, sequence_length + offset, config.pretrained_path)
     if config.lora is not None:
         hf = apply_lora(hf, config.lora)
-    return HFTokenModel(hf, spec.pad_token_id)
+    return HFTokenModel(hf, spec.pad_token_id, trim_padding=True)
 
 
 @register("model", "hf_causal_lm", config=HFCausalLMConfig)
@@ -227,7 +254,7 @@ def build_hf_causal_lm(config: HFCausalLMConfig, spec: DataSpec) -> HFTokenModel
     """HuggingFace decoder-only LM (GPT-2 or Llama): tokens (B, T) -> logits (B, T, vocab)."""
     from transformers import AutoModelForCausalLM
 
-    sequence_length = token_length(spec, "hf_causal_lm", "causal_lm")
+    sequence_length = token_length(spec, "hf_causal_lm", ("causal_lm",))
     if config.pretrained_path is None:
         hf = AutoModelForCausalLM.from_config(causal_lm_hf_config(config, spec))
     else:
@@ -260,7 +287,7 @@ def classifier_hf_config(config: HFClassifierConfig, spec: DataSpec) -> Pretrain
     # RoBERTa numbers positions from pad_token_id + 1 and needs a pad id even when there is none.
     pad = 1 if config.arch == "roberta" and spec.pad_token_id is None else spec.pad_token_id
     check_pad(pad, vocab_size, "hf_classifier")
-    needed = token_length(spec, "hf_classifier", "classification")
+    needed = token_length(spec, "hf_classifier", ("classification", "regression"))
     needed += positions_offset(config.arch, pad)
     positions = config.max_position_embeddings or needed
     if positions < needed:
@@ -270,6 +297,7 @@ def classifier_hf_config(config: HFClassifierConfig, spec: DataSpec) -> Pretrain
         "max_position_embeddings": positions,
         "pad_token_id": pad,
         "num_labels": spec.num_classes,
+        "problem_type": PROBLEM_TYPES[spec.task],
     }
     intermediate = sizes.intermediate_size or 4 * sizes.hidden_size  # BERT's 4d (every preset sets it)
     if config.arch == "distilbert":
@@ -302,7 +330,7 @@ def causal_lm_hf_config(config: HFCausalLMConfig, spec: DataSpec) -> PretrainedC
     from transformers import GPT2Config, LlamaConfig
 
     sizes = resolve_sizes(CAUSAL_LM_PRESETS[config.preset], config, "hf_causal_lm")
-    sequence_length = token_length(spec, "hf_causal_lm", "causal_lm")
+    sequence_length = token_length(spec, "hf_causal_lm", ("causal_lm",))
     positions = config.max_positions or sequence_length
     if positions < sequence_length:
         raise ValueError(f"model 'hf_causal_lm': max_positions {positions} < {sequence_length}")
@@ -337,14 +365,14 @@ def causal_lm_hf_config(config: HFCausalLMConfig, spec: DataSpec) -> PretrainedC
     )
 
 
-def token_length(spec: DataSpec, model: str, task: Task) -> int:
-    """Returns the sequence length T of a token spec, checking it suits ``task``.
+def token_length(spec: DataSpec, model: str, tasks: tuple[Task, ...]) -> int:
+    """Returns the sequence length T of a token spec, checking it suits one of ``tasks``.
 
     Raises:
         ValueError: another task, or an input that is not a 1-D sequence of token ids.
     """
-    if spec.task != task:
-        raise ValueError(f"model {model!r} serves task {task!r}, not {spec.task!r}")
+    if spec.task not in tasks:
+        raise ValueError(f"model {model!r} serves task {' or '.join(map(repr, tasks))}, not {spec.task!r}")
     if len(spec.input_shape) != 1:
         raise ValueError(f"model {model!r} expects token ids with input_shape (T,), got {spec.input_shape}")
     if spec.num_classes < 1:
@@ -409,11 +437,21 @@ def load_pretrained(
     Raises:
         FileNotFoundError: ``path`` is not a directory.
     """
+    directory = pretrained_directory(path)
+    # dtype: transformers 5 defaults to "auto", which would keep a bf16 checkpoint in bf16.
+    return auto_class.from_pretrained(directory, local_files_only=True, dtype=torch.float32, **kwargs)
+
+
+def pretrained_directory(path: str) -> Path:
+    """``path`` as a directory.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(
             f"pretrained_path {path!r} is not a directory; models load from local "
             "save_pretrained directories only, never from the hub"
         )
-    # dtype: transformers 5 defaults to "auto", which would keep a bf16 checkpoint in bf16.
-    return auto_class.from_pretrained(directory, local_files_only=True, dtype=torch.float32, **kwargs)
+    return directory

@@ -45,6 +45,8 @@ HF_DIR = "tokenizer"  # an hf tokenizer's save_pretrained copy, in the store dir
 BPE_SPECIALS = ("<|endoftext|>", "<pad>")  # ids 0 (EOS) and 1 (PAD) of a trained bpe
 BYTES_EOS, BYTES_PAD = 256, 257
 _ENCODE_BATCH = 1024  # documents per call into the Rust tokenizer
+# Texts (or text pairs) -> token ids with a pretrained tokenizer's special tokens, truncated.
+EncodeInputs = Callable[[list[str], list[str] | None, int], Sequence[Sequence[int]]]
 
 
 class TokenizerConfig(BaseModel, frozen=True, extra="forbid"):
@@ -94,6 +96,7 @@ class Tokenizer:
         pad_id: int | None,
         encode_batch: Callable[[list[str]], Sequence[Sequence[int] | np.ndarray]],
         decode: Callable[[list[int]], str],
+        encode_inputs: EncodeInputs | None = None,
     ) -> None:
         self.name = name
         self.vocab_size = vocab_size
@@ -101,6 +104,7 @@ class Tokenizer:
         self.pad_id = pad_id
         self._encode_batch = encode_batch
         self._decode = decode
+        self._encode_inputs = encode_inputs
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
@@ -120,6 +124,38 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; special tokens are left out."""
         return self._decode([int(i) for i in ids])
+
+    def encode_inputs(
+        self, first: Sequence[str], second: Sequence[str] | None, max_length: int
+    ) -> list[np.ndarray]:
+        """Classifier inputs: each text, or each pair (``first[i]``, ``second[i]``), as int32 ids
+        of at most ``max_length`` tokens, unpadded.
+
+        An hf tokenizer adds its model's special tokens (BERT: [CLS] a [SEP] b [SEP]; RoBERTa:
+        <s> a </s></s> b </s>) and truncates the longer text of a pair first, as transformers
+        does. bpe and bytes have no such tokens: each text ends with EOS (a EOS b EOS), truncated
+        by the same longest-first rule.
+        """
+        if second is not None and len(second) != len(first):
+            raise ValueError(f"{len(first)} first texts but {len(second)} second texts")
+        if self._encode_inputs is not None:
+            out: list[np.ndarray] = []
+            for start in range(0, len(first), _ENCODE_BATCH):
+                end = start + _ENCODE_BATCH
+                pairs = None if second is None else list(second[start:end])
+                out += [np.asarray(ids, np.int32) for ids in self._encode_inputs(
+                    list(first[start:end]), pairs, max_length)]  # fmt: skip
+            return out
+        firsts = self.encode_batch(first)
+        seconds = self.encode_batch(second) if second is not None else [None] * len(firsts)
+        return [self._end_with_eos(a, b, max_length) for a, b in zip(firsts, seconds)]
+
+    def _end_with_eos(self, a: np.ndarray, b: np.ndarray | None, max_length: int) -> np.ndarray:
+        eos = np.array([self.eos_id], np.int32)
+        if b is None:
+            return np.concatenate([a[: max_length - 1], eos])
+        keep_a, keep_b = longest_first(len(a), len(b), max_length - 2)
+        return np.concatenate([a[:keep_a], eos, b[:keep_b], eos])
 
 
 class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
@@ -146,6 +182,20 @@ class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
     num_buckets: int = Field(64, ge=1, le=65_536)
     buffer_docs: int = Field(2_000, ge=1)
     checkpoint_docs: int = Field(500_000, ge=1)
+
+
+def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Lengths a pair keeps under the ``tokenizers`` library's "longest_first" truncation to
+    ``budget`` tokens (what transformers' fast tokenizers run): the shorter text stays whole
+    if the longer one can make room; otherwise both get half, the odd token to the longer one
+    (to the second on a tie)."""
+    swap = len_a > len_b
+    short, long = (len_b, len_a) if swap else (len_a, len_b)
+    keep_short, keep_long = short, max(short, budget - short)
+    if keep_short + keep_long > budget:
+        keep_short, keep_long = budget // 2, budget // 2 + budget % 2
+    kept = min(short, keep_short), min(long, keep_long)
+    return (kept[1], kept[0]) if swap else kept
 
 
 def pack(documents: Iterable[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
@@ -304,7 +354,10 @@ def _from_auto(tokenizer: Any, name: str) -> Tokenizer:
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    return Tokenizer(name, len(tokenizer), int(eos), pad, encode_batch, decode)
+    def encode_inputs(first: list[str], second: list[str] | None, max_length: int) -> list[list[int]]:
+        return tokenizer(first, second, truncation=True, max_length=max_length)["input_ids"]
+
+    return Tokenizer(name, len(tokenizer), int(eos), pad, encode_batch, decode, encode_inputs)
 
 
 def hf_records(

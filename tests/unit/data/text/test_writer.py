@@ -90,6 +90,7 @@ def test_store_groups_packs_and_splits_every_client(tmp_path):
         "input_shape": [16],
         "num_classes": 258,
         "pad_token_id": None,
+        "metrics": [],
     }
     assert meta["num_tokens"] == 16 * sum(len(expected[k]) for k in kept)
     assert sorted(p.name for p in store.path.iterdir()) == ["clients.parquet", "meta.json", "rows.arrow"]

@@ -168,6 +168,7 @@ def test_a_benchmark_needs_a_plugin_with_local_training(tmp_path, monkeypatch):
 REQUIRED_OPTIONS = {
     ("dataset", "hf_images"): {"path": "x"},
     ("dataset", "stackoverflow"): {"data_files": "x"},
+    ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "start_round": 0},
 }
 
 

@@ -61,7 +61,9 @@ def test_a_branch_from_the_fedavg_checkpoint_equals_the_run_from_round_0(runs, t
 
 def test_an_ima_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(runs, tmp_path):
     _, ima = runs
-    resumed = run(job(IMA, 5), resume_from=str(ima.run_dir / "checkpoints" / "round_00003.pt"), output_dir=tmp_path)
+    resumed = run(
+        job(IMA, 5), resume_from=str(ima.run_dir / "checkpoints" / "round_00003.pt"), output_dir=tmp_path
+    )
     assert [step for step, _ in resumed.history] == [4]
     assert_same(resumed.state.params, ima.state.params)
 

@@ -65,8 +65,12 @@ def test_epoch_decay_cuts_one_epoch_per_stage_from_its_start():
 
 def test_schedules_parse_by_kind_and_nest():
     parsed = TypeAdapter(Schedule).validate_python(
-        {"kind": "switch", "start_round": 10, "before": {"kind": "exponential", "decay": 0.99},
-         "after": {"kind": "exponential", "decay": 0.97}}  # fmt: skip
+        {
+            "kind": "switch",
+            "start_round": 10,
+            "before": {"kind": "exponential", "decay": 0.99},
+            "after": {"kind": "exponential", "decay": 0.97},
+        }
     )
     assert parsed == IMA_SWITCH
     with pytest.raises(ValidationError, match="decay"):

@@ -27,7 +27,10 @@ TS, WINDOW, LR, DECAY = 3, 2, 0.1, 0.9
 RNG = np.random.default_rng(0)
 # float32 deltas, as the engine aggregates them; the reference computes in float64 from them
 DELTAS = [
-    {"weight": RNG.normal(0, 0.1, (2, 2)).astype(np.float32), "bias": RNG.normal(0, 0.1, 2).astype(np.float32)}
+    {
+        "weight": RNG.normal(0, 0.1, (2, 2)).astype(np.float32),
+        "bias": RNG.normal(0, 0.1, 2).astype(np.float32),
+    }
     for _ in range(7)
 ]
 ADAM = {"lr": 0.01, "b1": 0.9, "b2": 0.99, "tau": 1e-3}
@@ -50,7 +53,10 @@ def as_torch(params):
 
 
 def start():
-    return {"weight": np.asarray(W0, np.float32).astype(np.float64), "bias": np.asarray(B0, np.float32).astype(np.float64)}
+    return {
+        "weight": np.asarray(W0, np.float32).astype(np.float64),
+        "bias": np.asarray(B0, np.float32).astype(np.float64),
+    }
 
 
 def mean(window):
@@ -163,8 +169,11 @@ def test_other_exploration_schedules_and_epoch_decay():
     fewer = entry.factory(
         plugin_config(
             entry.config,
-            {"inner": {"name": "fedavg", "local": {"epochs": 3, "batch_size": 1}}, "start_round": TS,
-             "epochs_exploration": {"every": 2}},  # fmt: skip
+            {
+                "inner": {"name": "fedavg", "local": {"epochs": 3, "batch_size": 1}},
+                "start_round": TS,
+                "epochs_exploration": {"every": 2},
+            },
         )
     )
     assert [local_lr(fewer, t)[1] for t in (TS - 1, TS + 1, TS + 2, TS + 4, TS + 9)] == [3, 3, 2, 1, 1]
@@ -206,14 +215,17 @@ def test_inner_config_errors_name_the_inner_key():
     assert any(p.startswith("algorithm.window: ") for p in found)  # reported with the inner's
     [unknown] = problems({"inner": {"name": "fedavgg"}})
     assert unknown.startswith("algorithm.inner.name: unknown algorithm 'fedavgg'; did you mean 'fedavg'?")
-    [both] = problems({"inner": {"name": "fedavg", "local": {"lr_decay": 0.9, "lr_schedule": {"kind": "constant"}}}})
+    [both] = problems(
+        {"inner": {"name": "fedavg", "local": {"lr_decay": 0.9, "lr_schedule": {"kind": "constant"}}}}
+    )
     assert both.startswith("algorithm.inner.local: set lr_decay or lr_schedule, not both")
 
 
 def test_what_ima_cannot_wrap_is_refused():
     assert "not itself" in problems({"inner": {"name": "ima"}})[0]
     staged = type("StagedTest", (), {"protocol": lambda self, services, state: state})
-    registry.register("algorithm", "staged_for_ima_test", config=registry.get("algorithm", "fedavg").config)(staged)
+    fedavg_config = registry.get("algorithm", "fedavg").config
+    registry.register("algorithm", "staged_for_ima_test", config=fedavg_config)(staged)
     assert "runs its own protocol" in problems({"inner": {"name": "staged_for_ima_test"}})[0]
     [sums] = problems({"inner": {"name": "scaffold"}, "placement": "before_server_optimizer"})
     assert sums.startswith("algorithm: placement before_server_optimizer") and "after_server_update" in sums

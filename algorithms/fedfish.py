@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel, model_validator
 
 from raysim import params as P
-from raysim.local import LocalTrainConfig, iterate_batches, task_loss, to_tensors, train_local
+from raysim.local import LocalTrainConfig, iterate_batches, round_epochs, task_loss, to_tensors, train_local
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, server_step
 from raysim.types import (
@@ -159,8 +159,11 @@ def fisher_pass(
 class LastEpochFisher:
     """``after_backward`` hook summing squared gradients of the last epoch's steps (ablation)."""
 
-    def __init__(self, model: torch.nn.Module, num_examples: int, config: LocalTrainConfig) -> None:
-        self.first_step = (config.epochs - 1) * math.ceil(num_examples / config.batch_size)
+    def __init__(
+        self, model: torch.nn.Module, num_examples: int, config: LocalTrainConfig, round_num: int
+    ) -> None:
+        epochs = round_epochs(config, round_num)  # an epochs_schedule may change them by round
+        self.first_step = (epochs - 1) * math.ceil(num_examples / config.batch_size)
         self.step = 0
         self.num_batches = 0
         self.fisher = {
@@ -196,7 +199,11 @@ class FedFish:
     def client_update(self, ctx: ClientContext) -> ClientResult:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
-        hook = LastEpochFisher(ctx.model, len(data), local) if c.fisher_source == "last_epoch" else None
+        hook = (
+            LastEpochFisher(ctx.model, len(data), local, ctx.round_num)
+            if c.fisher_source == "last_epoch"
+            else None
+        )
         metrics = train_local(
             ctx.model,
             data,

@@ -57,19 +57,23 @@ Optional hooks, each used when present:
 - ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
   itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
   aggregate ``global - pseudo_gradient`` with it.
-- ``resume_state(saved, fresh) -> ServerState``: completes a checkpoint's state written by an
-  older plugin or another of its family (IMA branching from a FedAvg checkpoint fills its
-  window); ``fresh`` is what ``init`` made for this run.
+- ``resume_state(saved, fresh[, trail]) -> ServerState``: completes a checkpoint's state written
+  by an older plugin or another of its family; ``fresh`` is what ``init`` made for this run. A
+  hook with a third parameter also gets a ``raysim.checkpoint.CheckpointTrail``: the earlier
+  rounds' states beside the checkpoint (IMA branching from a FedAvg checkpoint fills its window
+  with them).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
 
 from raysim.aggregate import Aggregator, WeightedMean
+from raysim.checkpoint import CheckpointTrail
 from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -149,3 +153,16 @@ def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Pa
 def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
     """``params - pseudo_grad`` where the pseudo-gradient has an entry: server SGD with lr 1."""
     return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}
+
+
+def resume_state(
+    algorithm: Algorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
+) -> ServerState:
+    """The state a resumed run starts from: the plugin's ``resume_state`` hook, given the
+    checkpoint trail when it takes a third parameter; else the checkpoint's state as saved."""
+    hook = getattr(algorithm, "resume_state", None)
+    if not callable(hook):
+        return saved
+    if len(inspect.signature(hook).parameters) >= 3:
+        return hook(saved, fresh, trail)
+    return hook(saved, fresh)

@@ -3,10 +3,12 @@
 Usage:
     save_checkpoint(path, state, round_num=9, job_dict=job.to_dict(), state_dir=snapshot)
     state, round_num, job_dict, state_dir = load_checkpoint(path)
+    CheckpointTrail(path, round_num, state).state_after(7)  # round_00007.pt beside it
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,44 @@ from raysim.params import check_loadable
 from raysim.types import ServerState
 
 FORMAT = 1
+
+
+def round_checkpoint_name(round_num: int) -> str:
+    """The file a run's checkpoint after ``round_num`` gets (``engine.checkpoint_every``)."""
+    return f"round_{round_num:05d}.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointTrail:
+    """The checkpoint a run resumes from, and the per-round checkpoints its run left beside it.
+
+    A plugin's ``resume_state`` reads the earlier rounds' server states from it: IMA branching
+    from a FedAvg checkpoint fills its window with the parent's last P models.
+    """
+
+    path: Path
+    last_round: int  # the last round the checkpoint completed
+    state: ServerState  # the checkpoint's own server state
+
+    def state_after(self, round_num: int) -> ServerState:
+        """The server state after ``round_num`` (at most ``last_round``) of the same run.
+
+        Raises:
+            CheckpointError: its checkpoint is not beside this one (the run did not write it).
+        """
+        if round_num == self.last_round:
+            return self.state
+        if not 0 <= round_num < self.last_round:
+            raise CheckpointError(f"{self.path} ends after round {self.last_round}, not {round_num}")
+        sibling = self.path.parent / round_checkpoint_name(round_num)
+        if not sibling.is_file():
+            raise CheckpointError(
+                f"no checkpoint of round {round_num} beside {self.path} (expected {sibling})"
+            )
+        try:
+            return server_state(torch.load(sibling, weights_only=True)["state"])
+        except Exception as exc:
+            raise CheckpointError(f"{sibling} is not a readable raysim checkpoint: {exc}") from exc
 
 
 def save_checkpoint(
@@ -80,19 +120,23 @@ def parse_checkpoint(raw: Any, path: str | Path) -> tuple[ServerState, int, dict
     try:
         if raw.get("format") != FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {raw.get('format')!r}, expected {FORMAT}")
-        s = raw["state"]
-        state = ServerState(
-            params=s["params"],
-            opt_state=s["opt_state"],
-            extra=s["extra"],
-            buffer_keys=frozenset(s["buffer_keys"]),
-        )
+        state = server_state(raw["state"])
         state_dir = raw.get("state_dir")
     except CheckpointError:
         raise
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
     return state, int(raw["round_num"]), raw["job"], _find_state_dir(Path(path), state_dir)
+
+
+def server_state(saved: dict[str, Any]) -> ServerState:
+    """A ``ServerState`` from a checkpoint's ``state`` entry."""
+    return ServerState(
+        params=saved["params"],
+        opt_state=saved["opt_state"],
+        extra=saved["extra"],
+        buffer_keys=frozenset(saved["buffer_keys"]),
+    )
 
 
 def _relative_to(folder: Path, target: Path) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from raysim import registry
 from raysim.errors import ConfigError
@@ -36,6 +37,7 @@ MOVED_KEYS = {
     "engine.heldout_eval_clients": "evaluation.heldout_clients",
     "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
 }
+_WORDED = "raysim_worded"  # the pydantic error type of a message worded already (nested_plugin)
 
 
 class EngineConfig(BaseModel, frozen=True, extra="forbid"):
@@ -271,19 +273,64 @@ def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> l
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
         key = (prefix + ".".join(loc)).rstrip(".") or "job"
-        if err["type"] == "extra_forbidden":
-            valid = _fields_at(model, loc[:-1])
-            close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            lines.append(f"{key}: unknown key; {hint}(valid keys: {', '.join(sorted(valid))})")
-        elif err["type"] == "missing":
-            lines.append(f"{key}: required")
-        elif not loc:  # a check across fields of the section: its message says it all
-            lines.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {message} (got {err.get('input')!r})")
+        lines.append(f"{key}: {_wording(err, loc, model)}")
     return lines
+
+
+def _wording(err: ErrorDetails, loc: list[str], model: type[BaseModel]) -> str:
+    """What is wrong at ``loc``, and what is allowed or meant."""
+    if err["type"] == _WORDED:  # a nested plugin section's error, worded against its own Config
+        return err["msg"]
+    if err["type"] == "extra_forbidden":
+        valid = _fields_at(model, loc[:-1])
+        close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown key; {hint}(valid keys: {', '.join(sorted(valid))})"
+    if err["type"] == "missing":
+        return "required"
+    message = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a check across fields of the section: its message says it all
+        return message
+    return f"{message} (got {err.get('input')!r})"
+
+
+def nested_plugin(kind: registry.Kind, raw: Any) -> PluginSection:
+    """A plugin section inside another plugin's options (IMA's ``inner``), validated like a job's.
+
+    ``raw`` is ``{name: ..., **options}`` (what ``PluginSection.to_dict`` writes) or a section.
+    Use it in a ``mode="before"`` validator of a ``PluginSection`` field, serialized with
+    ``to_dict``: its errors then carry keys inside the field (``algorithm.inner.local.lr``),
+    worded against the nested plugin's own Config.
+
+    Raises:
+        ValueError: ``raw`` is not a mapping with a name.
+        ValidationError: the name is unknown, or the options are invalid for the named plugin.
+    """
+    if isinstance(raw, PluginSection):
+        return raw
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ValueError(f"must be a mapping with name: one of {', '.join(registry.names(kind))}")
+    try:
+        entry = registry.get(kind, str(raw["name"]))
+    except ConfigError as exc:  # "<kind>.name: unknown ...; did you mean ...?"
+        unknown = _worded(("name",), exc.problems[0].split(": ", 1)[-1], raw["name"])
+        raise ValidationError.from_exception_data(kind, [unknown]) from None
+    try:
+        config = plugin_config(entry.config, {k: v for k, v in raw.items() if k != "name"})
+    except ValidationError as exc:
+        errors = [
+            _worded(
+                err["loc"], _wording(err, [str(part) for part in err["loc"]], entry.config), err.get("input")
+            )
+            for err in exc.errors()
+        ]
+        raise ValidationError.from_exception_data(exc.title, errors) from None
+    return PluginSection(name=entry.name, config=config)
+
+
+def _worded(loc: tuple[int | str, ...], text: str, value: Any) -> InitErrorDetails:
+    """A pydantic error at ``loc`` whose message ``explain`` prints as it is."""
+    return InitErrorDetails(type=PydanticCustomError(_WORDED, "{text}", {"text": text}), loc=loc, input=value)
 
 
 def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:

@@ -24,11 +24,12 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
 from raysim import scores
+from raysim.schedules import EpochDecay, Exponential, Schedule
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
 
 Batch = dict[str, torch.Tensor]
@@ -79,11 +80,22 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     lr_decay: float = Field(1.0, gt=0, le=1)  # round r trains at lr * lr_decay**r
+    lr_schedule: Schedule | None = None  # any raysim.schedules lr schedule, instead of lr_decay
+    epochs_schedule: EpochDecay | None = None  # round r trains round_epochs(config, r) epochs
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
     max_steps: int | None = Field(None, ge=1)  # stop after this many batches (local steps)
     grad_clip: float | None = Field(None, gt=0)  # max global grad norm
+
+    @model_validator(mode="after")
+    def _one_lr_schedule(self) -> "LocalTrainConfig":
+        if self.lr_schedule is not None and self.lr_decay != 1.0:
+            raise ValueError(
+                "set lr_decay or lr_schedule, not both (lr_decay: d is lr_schedule: "
+                "{kind: exponential, decay: d})"
+            )
+        return self
 
 
 def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
@@ -118,9 +130,20 @@ def cap_examples(data: ClientData, max_examples: int | None, seed: int) -> Clien
     return ClientData({k: v[keep] for k, v in data.arrays.items()})
 
 
+def lr_schedule(config: LocalTrainConfig) -> Schedule:
+    """The client lr schedule: ``lr_schedule``, else ``lr_decay`` per round (``exponential``)."""
+    return config.lr_schedule if config.lr_schedule is not None else Exponential(decay=config.lr_decay)
+
+
 def round_lr(config: LocalTrainConfig, round_num: int) -> float:
-    """The local learning rate in ``round_num`` (exponential decay per round)."""
-    return config.lr * config.lr_decay**round_num
+    """The local learning rate in ``round_num``: ``lr`` scaled by the schedule."""
+    return lr_schedule(config).value(config.lr, round_num)
+
+
+def round_epochs(config: LocalTrainConfig, round_num: int) -> int:
+    """The local epochs in ``round_num``: ``epochs``, or what ``epochs_schedule`` makes of them."""
+    schedule = config.epochs_schedule
+    return config.epochs if schedule is None else schedule.epochs(config.epochs, round_num)
 
 
 def task_loss(
@@ -187,7 +210,7 @@ def train_local(
         seed: seeds the shuffling.
         spec: what the task loss needs to know about the data.
         device: where the data goes (the model is already there).
-        round_num: selects the lr (``lr * lr_decay**round_num``).
+        round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
         extra_loss: a term added to the loss before every backward pass.
         after_backward: edits the gradients after every backward pass, before clipping.
         loss_fn: replaces ``task_loss``.
@@ -208,7 +231,8 @@ def train_local(
         model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward
     )
     take_step = step or gradient_step
-    epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(config.epochs))
+    num_epochs = round_epochs(config, round_num)
+    epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(num_epochs))
     # the sums stay on the device until the end (one sync per client, not one per batch)
     loss_sum: torch.Tensor | float = 0.0
     correct: torch.Tensor | int = 0

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from raysim import params as P
 from raysim import registry
-from raysim.algorithm import Algorithm
-from raysim.checkpoint import check_compatible, load_checkpoint
+from raysim.algorithm import Algorithm, resume_state
+from raysim.checkpoint import CheckpointTrail, check_compatible, load_checkpoint
 from raysim.config import JobConfig, explain
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
@@ -164,8 +164,7 @@ def initial_state(
         return fresh, 0, None
     saved, last_round, _, state_dir = load_checkpoint(resume_from)
     check_compatible(saved, params, resume_from)
-    resume = getattr(algorithm, "resume_state", None)
-    state = resume(saved, fresh) if callable(resume) else saved
+    state = resume_state(algorithm, saved, fresh, CheckpointTrail(Path(resume_from), last_round, saved))
     check_same_shape(fresh, state, job.algorithm.name, resume_from)
     return state, last_round + 1, state_dir
 

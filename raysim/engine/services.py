@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from raysim import params as P
 from raysim import registry
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
-from raysim.checkpoint import save_checkpoint
+from raysim.checkpoint import round_checkpoint_name, save_checkpoint
 from raysim.config import JobConfig, explain
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
@@ -141,7 +141,7 @@ class Engine(Generic[A]):
 
     def checkpoint(self, state: ServerState, round_num: int, name: str | None = None) -> Path:
         """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
-        path = self.run_dir / "checkpoints" / (name or f"round_{round_num:05d}.pt")
+        path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
         frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
         return save_checkpoint(
             path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen)

@@ -1,0 +1,253 @@
+"""IMA: iterative moving averaging of the global model in the late rounds (Zhou, Lin, Zhang and
+Tsang, "Understanding and Improving Model Averaging in Federated Learning on Heterogeneous Data",
+IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). Notes: shared/papers/notes/ima.md.
+
+A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round
+0, it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates
+(notes 2.2, 2.5 items 1 to 4). From ``start_round`` (t_s) on, the global model, which is
+broadcast and evaluated, is the uniform mean of that window (eq. 5, notes 2.1):
+
+    w_bar^t = (1/P) * sum_{i=t-P+1..t} w^i  for t >= t_s,   w_bar^t = w^t  before.
+
+The window holds the inner's models, never earlier means: a sliding simple moving average of the
+FMA trajectory, fed back to the clients every round.
+
+``placement`` (notes 2.4):
+- ``after_server_update``: IMA averages whatever the inner's own server update makes (FedAvg,
+  FedProx, SCAFFOLD, FedFish; FedNova and FedGMA "average the method's output").
+- ``before_server_optimizer``: the authors' FedAdam/FedYogi order. The window holds the pure
+  aggregates ``global - pseudo_gradient`` and from t_s the server optimizer steps toward their
+  mean (its pseudo-gradient becomes ``global - mean(H)``). It needs an inner whose aggregate is
+  the mean client delta. ``reset_server_opt_state`` zeroes the optimizer's moments at t_s (the
+  author code means to; its reset is lost after one round, notes 2.4).
+
+Mild client exploration (notes 2.3): from t_s the inner's client lr follows ``exploration``,
+starting from the lr it reached; the default x0.97 per round gives
+``lr_t = lr0 * 0.99^t_s * 0.97^(t - t_s)`` over an inner ``lr_decay: 0.99``. ``exploration:
+null`` keeps the inner's schedule (Table III's NAD); ``epochs_exploration`` is Table III's ED.
+
+Before t_s an IMA run is its inner algorithm's run bit for bit, so it may branch from that run's
+checkpoint of round t_s - 1 (notes 7 item 4, Table II): ``resume_state`` fills the window with the
+parent's models of its last P rounds, read from its per-round checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Literal, cast
+
+import torch
+from pydantic import BaseModel, Field, field_serializer, field_validator, model_validator
+
+from raysim import registry
+from raysim.aggregate import Aggregator, WeightedMean
+from raysim.algorithm import pure_aggregate
+from raysim.algorithm import resume_state as completed_state
+from raysim.checkpoint import CheckpointTrail
+from raysim.config import PluginSection, nested_plugin
+from raysim.errors import CheckpointError
+from raysim.local import LocalTrainConfig, lr_schedule
+from raysim.registry import register
+from raysim.schedules import EpochDecay, Exponential, Schedule, Switch
+from raysim.types import ClientContext, ClientResult, Metrics, OptState, Params, Payload, RunInfo, ServerState
+
+WINDOW = "ima_window"  # ServerState.extra key: the last P inner models, oldest first
+
+
+class EpochExploration(BaseModel, frozen=True, extra="forbid"):
+    """From ``start_round`` on, one local epoch fewer every ``every`` rounds (Table III's ED)."""
+
+    every: int = Field(20, ge=1)
+    min_epochs: int = Field(1, ge=1)
+
+
+class IMAConfig(BaseModel, frozen=True, extra="forbid"):
+    """IMA: from start_round on, the global model is the mean of the last window models (Zhou et al. 2024)."""
+
+    inner: PluginSection  # {name: <algorithm>, **its options}, validated by that plugin's Config
+    window: int = Field(5, ge=1)  # P (Table VII)
+    start_round: int = Field(ge=0)  # t_s: the paper takes 3T/4
+    exploration: Schedule | None = Exponential(decay=0.97)  # the client lr from t_s on
+    epochs_exploration: EpochExploration | None = None
+    placement: Literal["after_server_update", "before_server_optimizer"] = "after_server_update"
+    reset_server_opt_state: bool = False  # at t_s
+
+    @field_validator("inner", mode="before")
+    @classmethod
+    def _round_based_algorithm(cls, raw: Any) -> PluginSection:
+        name = raw.get("name") if isinstance(raw, dict) else getattr(raw, "name", None)
+        if name == "ima":
+            raise ValueError("IMA wraps another algorithm, not itself: name one such as fedavg")
+        section = nested_plugin("algorithm", raw)
+        if callable(getattr(registry.get("algorithm", section.name).factory, "protocol", None)):
+            raise ValueError(
+                f"{section.name} runs its own protocol (a staged method); IMA wraps algorithms of "
+                f"identical rounds"
+            )
+        return section
+
+    @field_serializer("inner")
+    def _as_written(self, inner: PluginSection) -> dict[str, Any]:
+        return inner.to_dict()  # {name, **options}: what a worker validates again
+
+    @model_validator(mode="after")
+    def _composable(self) -> IMAConfig:
+        inner = build_inner(self)
+        if self.placement == "before_server_optimizer" and not _aggregates_mean_delta(inner):
+            raise ValueError(
+                f"placement before_server_optimizer replaces the mean client delta, and "
+                f"{self.inner.name}'s aggregate is not one: use placement: after_server_update"
+            )
+        return self
+
+
+def explored(config: IMAConfig) -> BaseModel:
+    """The inner plugin's config, its ``local`` training switched to IMA's client exploration
+    at ``start_round`` (a pure function of the config: every worker builds the same).
+
+    Raises:
+        ValueError: exploration is asked of an inner plugin without ``local`` training options.
+    """
+    inner = config.inner.config
+    if config.exploration is None and config.epochs_exploration is None:
+        return inner
+    local = getattr(inner, "local", None)
+    if not isinstance(local, LocalTrainConfig):
+        raise ValueError(
+            f"exploration changes the inner algorithm's local training, and {config.inner.name} "
+            f"has no local section: set exploration: null and epochs_exploration: null"
+        )
+    update: dict[str, Any] = {}
+    if config.exploration is not None:
+        switch = Switch(start_round=config.start_round, before=lr_schedule(local), after=config.exploration)
+        update |= {"lr_schedule": switch, "lr_decay": 1.0}
+    if config.epochs_exploration is not None:
+        if local.epochs_schedule is not None:
+            raise ValueError("inner.local.epochs_schedule is set already: set epochs_exploration: null")
+        epochs = config.epochs_exploration
+        update["epochs_schedule"] = EpochDecay(
+            start_round=config.start_round, every=epochs.every, min_epochs=epochs.min_epochs
+        )
+    return inner.model_copy(update={"local": local.model_copy(update=update)})
+
+
+def build_inner(config: IMAConfig) -> Any:
+    """The inner plugin, built from its explored config."""
+    return registry.get("algorithm", config.inner.name).factory(explored(config))
+
+
+@register("algorithm", "ima")
+class IMA:
+    """IMA: the global model is the moving average of the inner algorithm's last models."""
+
+    Config = IMAConfig
+
+    def __init__(self, config: IMAConfig) -> None:
+        self.config = config
+        self.inner = build_inner(config)  # round-based: the Config refuses staged plugins
+        if callable(getattr(self.inner, "pseudo_gradient", None)):  # probes read the pure aggregate
+            self.pseudo_gradient = self.inner.pseudo_gradient
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return _with_window(self.inner.init(params, info), [])
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return self.inner.broadcast(state, round_num)
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        return self.inner.client_update(ctx)
+
+    def aggregator(self) -> Aggregator[Any]:
+        return self.inner.aggregator()
+
+    def server_update(
+        self, state: ServerState, aggregate: Any, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        config = self.config
+        active = round_num >= config.start_round
+        if active and round_num == config.start_round and config.reset_server_opt_state:
+            state = replace(state, opt_state=OptState())
+        if aggregate is None:  # nobody reported: the inner keeps its model, the window its models
+            new, metrics = self.inner.server_update(state, aggregate, round_num)
+            return _with_window(new, _window(state)), metrics | {"ima/active": float(active)}
+        if config.placement == "before_server_optimizer":
+            return self._before_server_optimizer(state, aggregate, round_num, active)
+        new, metrics = self.inner.server_update(state, aggregate, round_num)
+        window = [*_window(state), dict(new.params)][-config.window :]
+        params = mean_model(window) if active else new.params
+        metrics |= {"ima/active": float(active), "ima/shift_norm": _distance(new.params, params)}
+        return _with_window(replace(new, params=params), window), metrics
+
+    def _before_server_optimizer(
+        self, state: ServerState, mean_delta: Params, round_num: int, active: bool
+    ) -> tuple[ServerState, Metrics]:
+        """The window of pure aggregates; from t_s the server optimizer's target is their mean."""
+        fma = pure_aggregate(state.params, mean_delta)
+        window = [*_window(state), fma][-self.config.window :]
+        target = mean_model(window) if active else fma
+        if active:
+            mean_delta = {k: state.params[k] - target[k] for k in mean_delta}
+        new, metrics = self.inner.server_update(state, mean_delta, round_num)
+        metrics |= {"ima/active": float(active), "ima/shift_norm": _distance(fma, target)}
+        return _with_window(new, window), metrics
+
+    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
+        """An IMA checkpoint keeps its window; another run's (the inner algorithm's) gets the
+        parent's models of its last P rounds, from the checkpoints beside the given one."""
+        state = completed_state(self.inner, saved, fresh, trail)
+        if WINDOW in saved.extra:
+            return _with_window(state, _window(saved))
+        return _with_window(state, self._parent_window(trail))
+
+    def _parent_window(self, trail: CheckpointTrail) -> list[Params]:
+        config, last = self.config, trail.last_round
+        if config.placement == "before_server_optimizer":
+            raise CheckpointError(
+                f"{trail.path} holds no IMA window, and placement before_server_optimizer averages "
+                f"the pure aggregates, which a checkpoint does not keep: branch from a run of this "
+                f"IMA job (with a start_round past the branch round it equals its inner algorithm's "
+                f"run), or use placement: after_server_update"
+            )
+        if last >= config.start_round:
+            raise CheckpointError(
+                f"{trail.path} ends after round {last}, but IMA starts at round {config.start_round}: "
+                f"its window would hold rounds trained without IMA; branch from the checkpoint of "
+                f"round {config.start_round - 1} or an earlier one"
+            )
+        rounds = range(max(0, last - config.window + 1), last + 1)
+        try:
+            return [dict(trail.state_after(r).params) for r in rounds]
+        except CheckpointError as exc:
+            raise CheckpointError(
+                f"IMA fills its window with the parent's models of rounds {rounds[0]} to {last}: "
+                f"{exc}; run the parent with engine.checkpoint_every: 1 (its checkpoints of the "
+                f"{config.window} rounds before the branch are what IMA needs)"
+            ) from exc
+
+
+def mean_model(window: list[Params]) -> Params:
+    """The uniform mean of the window's models, key by key (eq. 5)."""
+    return {k: torch.stack([model[k] for model in window]).mean(0) for k in window[-1]}
+
+
+def _aggregates_mean_delta(inner: Any) -> bool:
+    """Whether the inner plugin's aggregate is the mean client delta itself."""
+    return isinstance(inner.aggregator(), WeightedMean) and not callable(
+        getattr(inner, "pseudo_gradient", None)
+    )
+
+
+def _window(state: ServerState) -> list[Params]:
+    return cast(list[Params], state.extra[WINDOW])
+
+
+def _with_window(state: ServerState, window: list[Params]) -> ServerState:
+    return replace(state, extra={**state.extra, WINDOW: window})
+
+
+def _distance(a: Params, b: Params) -> float:
+    """``||a - b||``: how far the average moved the model."""
+    if a is b:
+        return 0.0
+    return math.sqrt(sum(float(((a[k] - b[k]).double() ** 2).sum()) for k in a))

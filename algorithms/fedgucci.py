@@ -1,0 +1,342 @@
+"""FedGuCci and FedGuCci+: local models kept linearly connected to recent global models.
+
+Zexi Li, Jie Lin, Zhiqi Li, Didi Zhu, Tao Shen, Tao Lin, Chao Wu, Nicholas D. Lane, "FedGuCci:
+Making Local Models More Connected in Landscape for Federated Learning", KDD 2025,
+arXiv:2402.18949. Readings and sources: shared/papers/notes/fedgucci.md (sections cited as "notes
+3.2"); user guide: docs/fedgucci.md.
+
+Client (notes 3.1-3.2). With anchors a_1..a_n (the n = min(N, t+1) newest global models, newest
+first, the round's own starting model included), each client minimises (Eq. 13, the code's 1/n)
+
+    l(w) + (beta / n) * sum_j l(alpha_j w + (1 - alpha_j) a_j)
+
+on the same mini-batch. The interpolated terms run through ``torch.func.functional_call`` on
+``alpha w + (1 - alpha) a.detach()`` over the trainable parameters, so autograd gives the live
+weights ``alpha * grad l(m_j)`` and the anchors nothing. ``update_mode``:
+- ``sequential`` (default, the authors' code, notes 3.2.1): per batch one optimizer step on the
+  task loss, then one step per anchor (newest first) on that anchor's term at the already
+  updated weights: 1 + n steps, each with momentum and weight decay.
+- ``joint`` (Eq. 13 as written, notes 3.2.2): one loss, one backward pass, one step.
+``alpha_mode``: ``fixed`` (alpha = 0.5, the code) or ``uniform`` (alpha_j ~ U(0, 1) per batch and
+anchor, the cited learning-lines works; notes 3.1).
+
+FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration`` (FedLC's calibrated cross-entropy,
+``raysim.losses``, replaces the task loss in every term) and ``sam`` (SAM with radius rho wraps
+the task step and every connectivity step; in joint mode, the one step).
+
+Server: FedAvg (any ``raysim.server_opt`` optimizer), weighted by the examples trained on; it
+then pushes the new global model onto ``ServerState.extra["anchors"]`` (a list of the newest N
+models' trainable tensors, newest first). The broadcast's params are anchor 1; only the older
+anchors travel in ``payload.extra["anchors"]``, so the engine counts them apart as
+``sys/bytes_down/anchors`` (notes 8.2: "count anchor bytes separately").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal, cast
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field, model_validator
+from torch import nn
+from torch.func import functional_call
+
+from raysim import params as P
+from raysim.aggregate import WeightedMean
+from raysim.errors import ConfigError
+from raysim.local import (
+    Backward,
+    Batch,
+    BatchLoss,
+    LocalStep,
+    LocalTrainConfig,
+    LossFn,
+    local_delta_update,
+    task_loss,
+)
+from raysim.losses import fedlc_loss
+from raysim.registry import register
+from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.sharpness import sam_perturbation
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
+
+
+class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedGuCci: FedAvg whose clients stay linearly connected to recent global models (Li et al. 2025)."""
+
+    num_anchors: int = Field(1, ge=1)  # N, the current global model included (code default 1)
+    beta: float = Field(0.1, ge=0)  # weight of the connectivity loss (code default)
+    alpha: float = Field(0.5, ge=0, le=1)  # interpolation point when alpha_mode is fixed (code)
+    alpha_mode: Literal["fixed", "uniform"] = "fixed"
+    update_mode: Literal["sequential", "joint"] = "sequential"
+    # train: the interpolated pass in train mode with the live model's buffers (BN statistics it
+    # would update are discarded); eval: the code's quirk (notes 3.5 item 4), eval mode with the
+    # round's global buffers (no dropout, BN normalises with the global running statistics).
+    interpolated_mode: Literal["train", "eval"] = "train"
+    logit_calibration: bool = False  # FedLC's calibrated CE as the task loss (FedGuCci+)
+    tau: float = Field(0.1, ge=0)  # FedLC's calibration strength
+    sam: bool = False  # SAM on every step (FedGuCci+)
+    sam_rho: float = Field(0.05, ge=0)
+    # the code's SAM connectivity step applies the clean plus the perturbed gradient (notes 3.3 item 2)
+    replicate_quirks: bool = False
+    local: LocalTrainConfig = LocalTrainConfig()
+    server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
+    weighted: bool = True
+
+    @model_validator(mode="after")
+    def _options_that_apply(self) -> "FedGuCciConfig":
+        if self.alpha_mode == "uniform" and "alpha" in self.model_fields_set:
+            raise ValueError(
+                "alpha is drawn from U(0, 1) when alpha_mode is uniform: drop alpha, or set alpha_mode: fixed"
+            )
+        if self.replicate_quirks and not (self.sam and self.update_mode == "sequential"):
+            raise ValueError(
+                "replicate_quirks reproduces the code's SAM gradient sum in sequential connectivity "
+                "steps: it needs sam: true and update_mode: sequential"
+            )
+        return self
+
+
+class FedGuCciPlusConfig(FedGuCciConfig, frozen=True):
+    """FedGuCci+: FedGuCci with FedLC logit calibration and SAM on every step (Li et al. 2025)."""
+
+    logit_calibration: bool = True
+    sam: bool = True
+
+
+class _AtWeights(nn.Module):
+    """``model`` run at other weights through ``torch.func.functional_call``, so that any
+    ``LossFn`` (which calls ``model(x)``) can be evaluated there without touching the model."""
+
+    def __init__(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.__dict__["model"] = model  # a plain reference: not a submodule of this wrapper
+        self.weights = weights
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.__dict__["model"], self.weights, inputs)
+
+
+class Connectivity:
+    """One client's connectivity terms ``(beta / n) * l(alpha_j w + (1 - alpha_j) a_j)``.
+
+    Args:
+        anchors: the n anchors' trainable tensors, newest first, on the model's device.
+        beta: the weight of the whole connectivity loss (shared by the n terms).
+        alpha: the fixed interpolation coefficient, or None to draw alpha_j ~ U(0, 1) at every
+            ``redraw`` (once per batch).
+        task: the task loss evaluated at the interpolated weights.
+        spec: what ``task`` needs to know about the data.
+        rng: where uniform alphas come from.
+        eval_buffers: None for the interpolated pass in train mode with (copies of) the live
+            model's buffers; else run it in eval mode with these buffers (the code's quirk).
+    """
+
+    def __init__(
+        self,
+        anchors: list[Params],
+        beta: float,
+        alpha: float | None,
+        task: LossFn,
+        spec: DataSpec,
+        rng: np.random.Generator,
+        eval_buffers: Params | None = None,
+    ) -> None:
+        self.anchors, self.beta, self.alpha, self.task, self.spec = anchors, beta, alpha, task, spec
+        self.rng, self.eval_buffers = rng, eval_buffers
+        self.alphas = [alpha if alpha is not None else 0.5] * len(anchors)
+        self.redraw()
+
+    def redraw(self) -> None:
+        """New alphas for the next batch (uniform mode only; fixed ones never change)."""
+        if self.alpha is None:
+            self.alphas = self.rng.uniform(0.0, 1.0, size=len(self.anchors)).tolist()
+
+    def term(self, j: int) -> LossFn:
+        """Anchor ``j``'s term as a ``LossFn``: a connectivity step's objective (sequential)."""
+
+        def loss_fn(model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
+            loss, correct, count = self.interpolated_loss(model, batch, j)
+            return loss * (self.beta / len(self.anchors)), correct, count
+
+        return loss_fn
+
+    def total(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """All terms summed: the ``extra_loss`` of the joint objective."""
+        losses = [self.interpolated_loss(model, batch, j)[0] for j in range(len(self.anchors))]
+        return torch.stack(losses).sum() * (self.beta / len(self.anchors))
+
+    def interpolated_loss(self, model: nn.Module, batch: Batch, j: int) -> BatchLoss:
+        """The task loss at ``alpha_j w + (1 - alpha_j) a_j``; the gradient reaches w only."""
+        alpha, anchor = self.alphas[j], self.anchors[j]
+        weights = {
+            name: alpha * p + (1.0 - alpha) * anchor[name].detach()
+            for name, p in model.named_parameters()
+            if p.requires_grad
+        }
+        if self.eval_buffers is None:  # copies: the statistics this pass would update are dropped
+            buffers = {name: b.clone() for name, b in model.named_buffers()}
+            return self.task(_AtWeights(model, weights | buffers), batch, self.spec)
+        was_training = model.training
+        model.eval()
+        try:
+            return self.task(_AtWeights(model, weights | self.eval_buffers), batch, self.spec)
+        finally:
+            model.train(was_training)
+
+
+def descend(
+    model: nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    backward: Backward,
+    loss_fn: LossFn | None = None,
+    sam_rho: float | None = None,
+    add_clean_gradient: bool = False,
+) -> BatchLoss:
+    """One optimizer step on ``loss_fn`` (the trainer's task loss when None), at SAM's perturbed
+    point when ``sam_rho`` is given; ``add_clean_gradient`` steps on the clean plus the perturbed
+    gradient instead (the code's connectivity-step quirk). Returns the loss at the start."""
+    loss = backward(batch, loss_fn)
+    if sam_rho is None:
+        optimizer.step()
+        return loss
+    clean = (
+        {p: p.grad.clone() for p in model.parameters() if p.grad is not None} if add_clean_gradient else {}
+    )
+    with sam_perturbation(model, sam_rho):
+        backward(batch, loss_fn)
+    for p, g in clean.items():
+        if p.grad is not None:
+            p.grad.add_(g)
+    optimizer.step()
+    return loss
+
+
+def sequential_step(conn: Connectivity, sam_rho: float | None, replicate_quirks: bool = False) -> LocalStep:
+    """The authors' loop (notes 3.2.1): a task step, then one step per anchor, newest first."""
+
+    def step(
+        model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+    ) -> BatchLoss:
+        conn.redraw()
+        loss = descend(model, batch, optimizer, backward, None, sam_rho)
+        for j in range(len(conn.anchors)):
+            descend(model, batch, optimizer, backward, conn.term(j), sam_rho, replicate_quirks)
+        return loss
+
+    return step
+
+
+def joint_step(conn: Connectivity, sam_rho: float | None) -> LocalStep:
+    """Eq. 13 in one step (notes 3.2.2): the connectivity terms ride in ``extra_loss``
+    (``conn.total``); this only draws the batch's alphas first, so both SAM passes share them."""
+
+    def step(
+        model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+    ) -> BatchLoss:
+        conn.redraw()
+        return descend(model, batch, optimizer, backward, None, sam_rho)
+
+    return step
+
+
+@register("algorithm", "fedgucci", config=FedGuCciConfig)
+@register("algorithm", "fedgucci_plus", config=FedGuCciPlusConfig)
+class FedGuCci:
+    """FedGuCci(+): FedAvg plus a connectivity loss towards the N newest global models."""
+
+    Config = FedGuCciConfig
+
+    def __init__(self, config: FedGuCciConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        if self.config.logit_calibration and info.spec.task != "classification":
+            raise ConfigError(
+                [
+                    f"algorithm.logit_calibration: FedLC calibrates class logits, but the dataset's "
+                    f"task is {info.spec.task!r}; set logit_calibration: false (or use fedgucci)"
+                ]
+            )
+        anchor = _trainable(P.clone(params), info.buffer_keys)
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
+
+    def resume_state(self, saved: ServerState, fresh: ServerState) -> ServerState:
+        """Branching from a checkpoint without anchors (FedAvg's) starts them at its model; a
+        smaller ``num_anchors`` than the checkpoint's keeps the newest."""
+        anchors = (
+            _anchors(saved) if "anchors" in saved.extra else [_trainable(saved.params, saved.buffer_keys)]
+        )
+        return replace(saved, extra={**saved.extra, "anchors": anchors[: self.config.num_anchors]})
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        older = [P.to_numpy(anchor) for anchor in _anchors(state)[1:]]  # anchor 1 is the params
+        return Payload(P.to_numpy(state.params), extra={"anchors": older})
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        config = self.config
+        task = fedlc_loss(ctx, config.tau) if config.logit_calibration else task_loss
+        conn = self._connectivity(ctx, task)
+        rho = config.sam_rho if config.sam else None
+        if config.update_mode == "sequential":
+            step = sequential_step(conn, rho, config.replicate_quirks)
+            return local_delta_update(ctx, config.local, loss_fn=task, step=step)
+        return local_delta_update(
+            ctx, config.local, loss_fn=task, extra_loss=conn.total, step=joint_step(conn, rho)
+        )
+
+    def _connectivity(self, ctx: ClientContext, task: LossFn) -> Connectivity:
+        config = self.config
+        trainable = {name: p for name, p in ctx.model.named_parameters() if p.requires_grad}
+        older = cast(list[Params], ctx.payload.extra["anchors"])  # tensors on ctx.device already
+        anchors = [
+            {name: anchor[name].to(p.dtype) for name, p in trainable.items()}
+            for anchor in [ctx.global_params, *older]
+        ]
+        eval_buffers = None
+        if config.interpolated_mode == "eval":
+            floats = {name for name, b in ctx.model.named_buffers() if b.is_floating_point()}
+            eval_buffers = {name: v for name, v in ctx.global_params.items() if name in floats}
+        return Connectivity(
+            anchors,
+            config.beta,
+            config.alpha if config.alpha_mode == "fixed" else None,
+            task,
+            ctx.spec,
+            np.random.default_rng([ctx.seed, 0xA1FA]),  # alphas apart from the shuffling stream
+            eval_buffers,
+        )
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        """FedAvg, then the new global model becomes anchor 1 (also when nobody reported: the
+        code pushes the global model at every round's start)."""
+        state, metrics = apply_server_step(state, mean_delta, self.config.server)
+        newest = _trainable(P.clone(state.params), state.buffer_keys)
+        anchors = [newest, *_anchors(state)][: self.config.num_anchors]
+        return replace(state, extra={**state.extra, "anchors": anchors}), metrics
+
+
+def _trainable(params: Params, buffer_keys: frozenset[str]) -> Params:
+    """The tensors an anchor keeps: the trainable parameters, not the float buffers."""
+    return {k: v for k, v in params.items() if k not in buffer_keys}
+
+
+def _anchors(state: ServerState) -> list[Params]:
+    """The anchors, newest first (see ``FedGuCci.init`` and ``server_update``)."""
+    return cast(list[Params], state.extra["anchors"])

@@ -1,0 +1,95 @@
+"""Task losses that replace ``train_local``'s cross-entropy (its ``loss_fn`` hook).
+
+FedLC logit calibration (Zhang et al., "Federated Learning with Label Distribution Skew via
+Logits Calibration", ICML 2022, arXiv:2209.00189), as FedGuCci+ and the authors' FedLC baseline
+use it (shared/papers/notes/fedgucci.md, sections 3.3 and 5): each logit is lowered by a margin
+that shrinks with how often the client has seen its class,
+
+    z'_c = z_c - tau * n_c^(-1/4),    loss = CE(softmax(z'), y),
+
+with n_c the count of class c in the client's training labels. Rare classes lose more, which
+counters the bias of a label-skewed client towards its frequent classes. A class the client never
+saw (n_c = 0) gets z'_c = -inf: it drops out of the softmax (the code's 0^(-1/4) = inf, written
+as an explicit mask). With equal counts the shift is the same for every class, and CE is unchanged.
+
+Accuracy counts the raw logits' argmax: the calibration is a training device, and evaluation
+(``raysim.local.evaluate``) scores the uncalibrated model, so the train accuracy stays comparable
+with the test accuracy (and with FedAvg's).
+
+Usage:
+    loss_fn = fedlc_loss(ctx, tau=0.1)                         # counts from ctx.data's labels
+    metrics = train_local(model, data, config, seed=s, spec=spec, loss_fn=loss_fn)
+    logits = torch.func.functional_call(model, weights, (x,))  # or at any weights:
+    loss = F.cross_entropy(calibrate_logits(logits, counts, tau=0.1), y)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.local import Batch, BatchLoss, LossFn
+from raysim.types import ClientContext, DataSpec
+
+
+def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> torch.Tensor:
+    """How many examples of each class ``labels`` holds: a float (num_classes,) tensor.
+
+    Raises:
+        ValueError: a label lies outside ``[0, num_classes)``.
+    """
+    labels = torch.as_tensor(labels).long().reshape(-1)
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"label_counts: labels must lie in [0, {num_classes}), got "
+            f"[{int(labels.min())}, {int(labels.max())}]; check the dataset's num_classes"
+        )
+    return torch.bincount(labels, minlength=num_classes).float()
+
+
+def calibrate_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
+    """FedLC's calibrated logits ``z_c - tau * n_c^(-1/4)``; ``-inf`` where ``n_c = 0``.
+
+    Works on any (..., C) logits, e.g. those of ``torch.func.functional_call`` at interpolated
+    weights (FedGuCci+); ``counts`` is (C,) and should already be on the logits' device.
+    """
+    counts = counts.to(logits.dtype)
+    seen = counts > 0
+    margin = tau * torch.where(seen, counts, torch.ones_like(counts)) ** -0.25
+    return torch.where(seen, logits - margin, torch.full_like(logits, -torch.inf))
+
+
+def logit_calibrated_loss(counts: torch.Tensor, tau: float) -> LossFn:
+    """A ``LossFn``: cross-entropy of the calibrated logits; accuracy from the raw logits.
+
+    Args:
+        counts: (num_classes,) class counts of the client's training labels (``label_counts``),
+            on the device the model runs on.
+        tau: the calibration strength (FedLC and FedGuCci+ use 0.1).
+    """
+    if tau < 0:
+        raise ValueError(f"logit calibration: tau must be >= 0, got {tau}")
+
+    def loss_fn(model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
+        if spec.task != "classification":
+            raise ValueError(f"logit calibration needs a classification task, not {spec.task!r}")
+        logits, y = model(batch["x"]), batch["y"]
+        loss = F.cross_entropy(calibrate_logits(logits, counts, tau), y)
+        return loss, (logits.argmax(-1) == y).sum(), len(y)
+
+    return loss_fn
+
+
+def fedlc_loss(ctx: ClientContext, tau: float) -> LossFn:
+    """``logit_calibrated_loss`` with the counts of this client's training labels (``ctx.data``),
+    computed once per client and moved to ``ctx.device``.
+
+    Raises:
+        ValueError: the task is not classification (there are no classes to count).
+    """
+    if ctx.spec.task != "classification":
+        raise ValueError(f"logit calibration (FedLC) needs a classification task, not {ctx.spec.task!r}")
+    labels = ctx.data.arrays.get("y", np.zeros(0, np.int64))
+    return logit_calibrated_loss(label_counts(labels, ctx.spec.num_classes).to(ctx.device), tau)

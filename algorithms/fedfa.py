@@ -3,7 +3,10 @@ Tsang, "FedFA: Federated Learning with Feature Anchors to Align Features and Cla
 Heterogeneous Data", IEEE TMC 2023, arXiv:2211.09299).
 
 The server keeps one feature anchor ``a_c`` per class (C, D), D the width of the head's input
-``model.features(x)``, and broadcasts it with the model. On every batch a client:
+``model.features(x)``, and broadcasts it with the model. On IMA's models with a linear projector
+(``cnn_digit5``, ``vgg11`` and the ResNets with ``projector``) the features are the projector's
+output (D = 128) and ``head`` the final classifier alone, as in the authors' code (TailinZhou/FedIMA,
+``model.py``): the projector trains with the body and calibration leaves it alone. On every batch a client:
 1. takes its optimizer step on ``CE(head(f(x)), y) + lambda * L_A``, the anchor loss pulling
    each feature to its class anchor, normalised as the authors' ``utils/AnchorLoss.py`` does:
    ``L_A = (1/C) sum_{c in batch} mean_{i: y_i = c} ||f(x_i) - a_c||^2``;

@@ -22,9 +22,22 @@ counts at a coordinate when its sign agrees with the cohort's and ``|sum_i sign(
 
 That is the code's sign: it descends on ``local - global``, so the masked term moves the model
 back towards the old global by 1e-4 of the agreeing clients' mean update, and the result is
-within float noise of FedAvg (as the IMA paper's FedGMA numbers are). The code's loop resets the
-model to ``w_fma`` before each client's term, so only the last client's survives; we sum every
-client's term (the intended reading; the order-dependent version cannot be aggregated).
+within float noise of FedAvg (as the IMA paper's FedGMA numbers are).
+
+This rule is our reading of the code, not a literal run of it. The code's loop sets
+``p1.data = p0.data`` (global model's parameter := the ``w_fma`` model's), which aliases the two
+tensors: every client's in-place ``p1.data -= ...`` accumulates into ``w_fma``, and from the second
+client on ``p1`` is the running result, so that client's term and mask use ``local_i - w_running``
+instead of ``local_i - global``, and the result depends on the clients' order. raysim uses
+``local_i - global`` (the old global) for every client: order-independent, so the cohort's terms
+are a sum the aggregator can accumulate. At the default lr 1e-4 both stay within float noise of
+FedAvg; at a large lr they differ visibly.
+
+Traffic: ``sys/bytes_up`` counts every tensor a client's ``GMAUpdate`` holds, so it includes the
+sign tensors (one per trainable parameter: about twice FedAvg's bytes) and, for ``ima_code``, the
+positive and negative parts (about four times). They are there only so that a ``Sum`` can
+aggregate the round; a real server receives each client's delta and takes its signs itself, so
+the protocol sends one delta per client, as FedAvg. Compare traffic with that in mind.
 """
 
 from __future__ import annotations

@@ -5,21 +5,28 @@ arXiv:2107.00778).
 Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
 1. takes the generic model's step on the balanced-softmax loss
    ``CE(softmax(g(f(x)) + log n), y)``, ``n_c`` the count of class ``c`` among the client's
-   examples this round (a class it lacks gets ``log 0 = -inf``: probability 0, no gradient);
+   examples this round. A class it lacks gets ``log 0 = -inf`` (probability 0, no gradient): the
+   literal balanced softmax, as PFLlib. FedGuCci's code counts an absent class as 1 instead
+   (``torch.where(n > 0, n, 1)``: ``log 1 = 0``, so the class keeps its raw logit and a gradient
+   pushing it down); ``absent_class_count: 1`` reproduces that;
 2. takes one plain SGD step, at the round's local lr, of its personal head ``p`` on
    ``CE(g(f(x)) + p(f(x)), y)``, the features ``f(x)`` and generic logits ``g(f(x))`` taken from
    step 1's forward pass and detached: the personal head learns what the generic one misses.
-``p`` has ``model.head``'s architecture; it starts as a copy of the global head the first time
-the client is sampled and lives in the client's state. The server averages the generic model's
-deltas (FedAvg, ``raysim.server_opt``), and the global evaluation uses the generic model alone.
-The personalised predictor ``g + p`` is measured on the client's round data after its training:
-the client metric ``fedrod/personal_accuracy``.
+``p`` has ``model.head``'s architecture; it starts as a copy of the current global head the
+first time the client is sampled and lives in the client's state. FedGuCci's and PFLlib's code
+instead give every client its head at the start of the run (the initial head), which differs
+under partial participation: a client first sampled in a later round starts here from that
+round's trained global head. The server averages the generic model's deltas (FedAvg,
+``raysim.server_opt``), and the global evaluation uses the generic model alone. The personalised
+predictor ``g + p`` is measured on the client's own training data of the round, after its
+training: the client metric ``fedrod/personal_train_accuracy`` (a training accuracy, not a test
+one).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
@@ -61,6 +68,7 @@ if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolk
 class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     """FedRoD: balanced-softmax generic model, averaged; a personal head kept by each client."""
 
+    absent_class_count: Literal[0, 1] = 0  # n_c of a class the client lacks; 1: FedGuCci's code
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -73,10 +81,12 @@ def as_feature_model(model: nn.Module) -> FeatureModel:
     return cast("FeatureModel", model)
 
 
-def class_counts(data: ClientData, num_classes: int) -> torch.Tensor:
-    """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float."""
+def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.Tensor:
+    """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float; a class
+    without examples counts ``absent`` (0: the balanced softmax; 1: FedGuCci's code)."""
     labels = np.asarray(data.arrays["y"], dtype=np.int64) if len(data) else np.zeros(0, np.int64)
-    return torch.from_numpy(np.bincount(labels, minlength=num_classes).astype(np.float32))
+    counts = np.bincount(labels, minlength=num_classes).astype(np.float32)
+    return torch.from_numpy(np.where(counts > 0, counts, np.float32(absent)))
 
 
 def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -118,8 +128,11 @@ class PersonalHeadStep:
 
 
 @torch.no_grad()
-def personal_accuracy(model: nn.Module, head: nn.Module, data: ClientData, device: torch.device) -> float:
-    """Accuracy of the personalised predictor ``g(f(x)) + p(f(x))`` on ``data`` (0 when empty)."""
+def personal_train_accuracy(
+    model: nn.Module, head: nn.Module, data: ClientData, device: torch.device
+) -> float:
+    """Accuracy of the personalised predictor ``g(f(x)) + p(f(x))`` on ``data``, the client's
+    training data (0 when empty)."""
     model.eval()  # the worker sets train mode again before the next client
     head.eval()
     net = cast("FeatureModel", model)
@@ -149,20 +162,20 @@ class FedRoD:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        head = copy.deepcopy(
-            as_feature_model(ctx.model).head
-        )  # the global head: the personal head's first value
+        # the current global head: the personal head's first value when the client has none
+        head = copy.deepcopy(as_feature_model(ctx.model).head)
         state = cast(dict[str, Params] | None, ctx.state)
         if state:
             head.load_state_dict(state["head"])
-        counts = class_counts(ctx.data, ctx.spec.num_classes).to(ctx.device)
+        counts = class_counts(ctx.data, ctx.spec.num_classes, self.config.absent_class_count)
+        counts = counts.to(ctx.device)
         step = PersonalHeadStep(head, counts, round_lr(self.config.local, ctx.round_num))
         result = local_delta_update(ctx, self.config.local, loss_fn=step.generic_loss, step=step)
-        accuracy = personal_accuracy(ctx.model, head, ctx.data, ctx.device)
+        accuracy = personal_train_accuracy(ctx.model, head, ctx.data, ctx.device)
         return ClientResult(
             result.update,
             result.weight,
-            {**result.metrics, "fedrod/personal_accuracy": accuracy},
+            {**result.metrics, "fedrod/personal_train_accuracy": accuracy},
             state={"head": P.clone(head.state_dict())},
         )
 

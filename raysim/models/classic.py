@@ -14,7 +14,8 @@ FC(1024, 512) - ReLU - FC(512, C), without dropout. Its pools need images of at 
 is 224x224).
 
 Both are ``BlockSequential``s (see ``vision.py``): blocks "conv1", ..., then VGG's "flatten" or
-AlexNet's "pool", "fc1", "fc2", and the "head" (with a projector: the projector and the classifier).
+AlexNet's "pool", "fc1", "fc2", then VGG's "projector" if it has one (its output is the features),
+and the "head", the final linear classifier.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def build_vgg11(config: VGG11Config, spec: DataSpec) -> BlockSequential:
     """VGG-11, CIFAR variant: 9,225,610 params on 3x32x32 with 10 classes and no norm.
 
     Blocks "conv1" ... "conv8" (conv, norm, ReLU, and the max-pool that follows it, if any),
-    "flatten" and "head". Needs images of at least 32x32: FedGuCci resizes Fashion-MNIST.
+    "flatten", "projector" (with ``projector``: IMA's linear FC(512, projector), no ReLU, whose
+    output is the features) and "head" (the classifier). Needs images of at least 32x32: FedGuCci
+    resizes Fashion-MNIST.
     """
     channels, _, _ = image_shape(spec, "vgg11")
     widths = [width for width in VGG11_LAYERS if isinstance(width, int)]

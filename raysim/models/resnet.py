@@ -9,11 +9,12 @@ paper's own CIFAR ResNet-20 has three stages from w = 16 and parameter-free "opt
 meaningfully; FedGuCci (arXiv:2402.18949, App. A.2) removes the norms instead. IMA's ResNet-18-GN
 uses 2 groups and a linear projector FC(512, 128) before the classifier.
 
-Anatomy (``anatomy.py``): ``features(x)`` is the pooled output of the last stage and ``head`` the
-linear classifier (with a projector: the projector and the classifier). The blocks are "stem"
-(conv, norm, ReLU), one per BasicBlock named by stage and index ("layer1.0", "layer1.1", ...,
-"layer4.1" for ResNet-18), "pool" (global average, no parameters) and "head". Split points may
-name a stage ("layer2": after its last block), which fits every depth.
+Anatomy (``anatomy.py``): ``features(x)`` is the pooled output of the last stage, or with a
+projector the projector's output (the feature IMA's FedFA anchors), and ``head`` the linear
+classifier. The blocks are "stem" (conv, norm, ReLU), one per BasicBlock named by stage and index
+("layer1.0", "layer1.1", ..., "layer4.1" for ResNet-18), "pool" (global average, no parameters),
+"projector" (only with one) and "head". Split points may name a stage ("layer2": after its last
+block), which fits every depth.
 """
 
 from __future__ import annotations
@@ -157,27 +158,35 @@ class ResNet(nn.Module):
             stages.append(make_stage(in_channels, out_channels, num_blocks, stride, norm, shortcut))
             in_channels = out_channels
         self.layers = nn.Sequential(*stages)
-        self.head = make_head(in_channels, config.projector, spec.num_classes)
+        # IMA's linear projector: no ReLU after it, so it ends the features, not the head
+        self.projector: nn.Linear | None = (
+            None if config.projector is None else nn.Linear(in_channels, config.projector)
+        )
+        self.head = nn.Linear(config.projector or in_channels, spec.num_classes)
         init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))  # (B, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The globally average-pooled output of the last stage: (B, 8w) for four stages."""
+        """The globally average-pooled output of the last stage, (B, 8w) for four stages; with a
+        projector its output, (B, projector)."""
         out = torch.relu(self.norm1(self.conv1(x)))
         out = self.layers(out)  # (B, 8w, H/8, W/8) for four stages
-        return out.mean(dim=(2, 3))
+        pooled = out.mean(dim=(2, 3))
+        return pooled if self.projector is None else self.projector(pooled)
 
     def blocks(self) -> dict[str, nn.Module]:
-        """The blocks in order: "stem", each BasicBlock ("layer1.0", ...), "pool" and "head"."""
+        """The blocks in order: "stem", each BasicBlock ("layer1.0", ...), "pool", "projector"
+        (only with one) and "head"."""
         stem = nn.Sequential(self.conv1, self.norm1, nn.ReLU())
         stages = {
             f"layer{stage}.{index}": block
             for stage, blocks in enumerate(self.layers, start=1)
             for index, block in enumerate(blocks.children())
         }
-        return {"stem": stem, **stages, "pool": GlobalAvgPool(), "head": self.head}
+        projector = {} if self.projector is None else {"projector": self.projector}
+        return {"stem": stem, **stages, "pool": GlobalAvgPool(), **projector, "head": self.head}
 
 
 def make_stage(
@@ -197,13 +206,6 @@ def make_norm(config: ResNetConfig, model: str) -> Norm:
             later ones, which are multiples of it).
     """
     return norm_factory(config.norm, config.num_groups, [config.width], model)
-
-
-def make_head(features: int, projector: int | None, num_classes: int) -> nn.Module:
-    """A linear classifier, or IMA's linear projector followed by one."""
-    if projector is None:
-        return nn.Linear(features, num_classes)
-    return nn.Sequential(nn.Linear(features, projector), nn.Linear(projector, num_classes))
 
 
 @register("model", "resnet10", config=ResNet10Config)
@@ -231,5 +233,7 @@ def build_resnet20(config: ResNet20Config, spec: DataSpec) -> ResNet:
     Three stages of three BasicBlocks at widths 16, 32, 64, option-A (zero-padding) shortcuts and
     Kaiming fan_in init, as the reference code FedGuCci trains on CIFAR-100 (arXiv:2402.18949,
     notes 6.1). FedGuCci's paper removes the norms (``norm: none``) while its code keeps BatchNorm.
+    The convs have no bias (``bias=False``, as the reference code), also under ``norm: none``: the
+    norm-free ResNet-20 has no per-channel offsets, and its only biases are the linear layers'.
     """
     return ResNet((3, 3, 3), config, spec, "resnet20", zero_pad_shortcut, init_kaiming_fan_in)

@@ -7,10 +7,11 @@ come from a dummy forward at build time, so the CNNs accept any image large enou
 Each model is a ``BlockSequential`` (see ``anatomy.py``): an ``nn.Sequential``, so its state-dict
 keys are "0.weight", "3.bias", ..., whose layers are grouped into named blocks: "conv1", "conv2",
 ... (conv, its norm if any, ReLU, pool), "fc1", "fc2" (the first one flattens; a dense layer and
-its ReLU, and the dropout of ``cnn_pfl``), and "head": the linear layers after the last
-nonlinearity (the classifier, preceded by IMA's linear projector where a model has one).
-``features(x)`` is the head's input. A model without dense blocks has a "flatten" block, so the
-features of an MLP without hidden layers are the flattened input.
+its ReLU, and the dropout of ``cnn_pfl``), where a model has one IMA's "projector" (a linear layer
+with no ReLU after it), and "head": the final linear classifier. ``features(x)`` is the head's
+input, so on a model with a projector it is the projector's output, the feature IMA's FedFA
+anchors (TailinZhou/FedIMA, ``model.py``). A model without dense blocks has a "flatten" block, so
+the features of an MLP without hidden layers are the flattened input.
 """
 
 from __future__ import annotations
@@ -173,10 +174,11 @@ def classifier(
     projector: int | None = None,
 ) -> BlockSequential:
     """Joins the conv blocks, ReLU dense blocks "fc1", "fc2", ... of widths ``hidden`` (the first
-    one flattens), and the "head"; without dense blocks a "flatten" block precedes the head.
+    one flattens), and the "head", a linear classifier; without dense blocks a "flatten" block
+    precedes the head.
 
-    The head is a linear classifier, or with a ``projector`` width IMA's "linear projector" and
-    then the classifier: an ``nn.Sequential`` of two linear layers, no ReLU between them.
+    With a ``projector`` width, IMA's "linear projector" (one linear layer, no ReLU) is the last
+    block before the head: the features are its output, as in the authors' code.
     """
     widths = [flat_size(convs, spec.input_shape, model), *hidden]
     blocks: dict[str, list[nn.Module]] = dict(convs)
@@ -186,11 +188,10 @@ def classifier(
         flatten = []
     if flatten:
         blocks["flatten"] = flatten
-    if projector is None:
-        blocks["head"] = [nn.Linear(widths[-1], spec.num_classes)]
-    else:  # one layer, so that ``head`` is the same module every time
-        projection = nn.Linear(widths[-1], projector)
-        blocks["head"] = [nn.Sequential(projection, nn.Linear(projector, spec.num_classes))]
+    if projector is not None:
+        blocks["projector"] = [nn.Linear(widths[-1], projector)]
+        widths.append(projector)
+    blocks["head"] = [nn.Linear(widths[-1], spec.num_classes)]
     return BlockSequential(blocks)
 
 
@@ -282,8 +283,9 @@ def build_cnn_digit5(config: CNNDigit5Config, spec: DataSpec) -> BlockSequential
     64 and 128 channels, FC(flat, 384) - ReLU - FC(384, 128) - FC(128, C); 806,090 params on
     3x28x28 with 10 classes (28 -> 14 -> 7 -> 3: flatten 1152). The paper describes FedBN's
     DigitModel instead ("three 5x5 conv layers and five GroupNorm layers", FC(2048, 128) in its
-    Table IV), which the code does not match. FC(384, 128) has no ReLU after it, so it is IMA's
-    linear projector and belongs to the head with the classifier; features are the 384-d ReLU output.
+    Table IV), which the code does not match. FC(384, 128) has no ReLU after it: it is IMA's
+    linear projector, the "projector" block, and the features are its 128-d output (the code's
+    FedFA anchors them); the "head" is the classifier FC(128, C) alone.
     """
     channels, _, _ = image_shape(spec, "cnn_digit5")
     norm = make_norm("group", config.num_groups, [64, 64, 128], "cnn_digit5")

@@ -16,7 +16,7 @@ from raysim import params as P
 from raysim.engine.loop import run
 
 CASES = {
-    "fedrod": ({"name": "fedrod"}, "fedrod/personal_accuracy"),
+    "fedrod": ({"name": "fedrod"}, "fedrod/personal_train_accuracy"),
     "fedgma": ({"name": "fedgma"}, "fedgma/agreed_fraction"),
     "fedgma_ima_code": ({"name": "fedgma", "variant": "ima_code"}, "fedgma/agreed_fraction"),
     "fedfa": (

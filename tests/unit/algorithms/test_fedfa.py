@@ -168,3 +168,49 @@ def test_a_model_without_features_is_refused():
 
     with pytest.raises(TypeError, match=r"fedfa needs a model with features\(x\) and head"):
         algo().client_update(context([[1.0, 2.0]], [0], payload(anchors=np.zeros(0), anchor_seed=0)))
+
+
+def digit5_context(extra):
+    """A client of IMA's cnn_digit5 on four random 3x28x28 images of Digit-Five's 10 classes."""
+    from raysim import params as P
+    from raysim.models import build_model
+    from raysim.types import ClientContext, ClientData, DataSpec, Payload
+
+    spec = DataSpec(task="classification", input_shape=(3, 28, 28), num_classes=10)
+    torch.manual_seed(0)
+    model = build_model("cnn_digit5", {}, spec)
+    params = P.clone(P.model_params(model))
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(size=(4, 3, 28, 28)).astype(np.float32), "y": np.array([0, 1, 1, 3])}
+    return ClientContext(
+        client_id=0,
+        round_num=0,
+        model=model,
+        payload=Payload(P.to_numpy(params), P.to_device(extra, "cpu")),  # arrays arrive as tensors
+        global_params=params,
+        data=ClientData(data),
+        state=None,
+        seed=0,
+        device=torch.device("cpu"),
+        spec=spec,
+    )
+
+
+def test_ima_projector_models_anchor_the_128_d_projector_output():
+    """IMA's code (TailinZhou/FedIMA, model.py) anchors the projector's 128-d output and its
+    calibration trains the final classifier Linear alone, not the projector."""
+    from raysim.models import param_groups
+
+    ctx = digit5_context({"anchors": np.zeros(0, np.float32), "anchor_seed": 3})
+    assert plugin_module().feature_dim(ctx.model.head) == 128
+    result = algo(local={"lr": LR, "batch_size": 2, "epochs": 1}).client_update(ctx)
+    assert result.update.anchors.shape == (10, 128)
+
+    model = ctx.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    step = plugin_module().AnchorStep(
+        result.update.anchors, algo().config, model.head, calibrate=True, batches_per_epoch=1
+    )
+    step._calibrate()
+    changed = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, before[k]))
+    assert changed == sorted(param_groups(model)["head"]) == ["16.bias", "16.weight"]

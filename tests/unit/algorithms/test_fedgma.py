@@ -62,10 +62,10 @@ def payload_of(plugin):
     return plugin.broadcast(state, 0)
 
 
-def server_round(plugin):
+def server_round(plugin, order=(0, 1, 2)):
     agg = plugin.aggregator()
     acc = agg.zero()
-    for i in range(3):
+    for i in order:
         update = hand_update(D[i], N[i], BUFFERS[i])
         acc = agg.add(acc, i, ClientResult(update, float(N[i])))
     params = {"w": torch.tensor(W_START).float(), "buf": torch.zeros(())}
@@ -91,10 +91,14 @@ def test_a_low_threshold_passes_every_coordinate_with_some_agreement():
 
 
 def ima_code_reference(global_w, deltas, n, tau, lr):
-    """The IMA authors' loop (utils/aggregator.py, agg_mode 'gma'), every client's term summed:
+    """Our reading of the IMA authors' rule (utils/aggregator.py, agg_mode 'gma'), every client's
+    term taken against the old global and summed:
     w_fma = sum_i p_i local_i;  S = sum_i sign(local_i - global)
     mask_i = not xor(local_i - global > 0, S > 0) and |S| > tau m
-    w = w_fma - lr * sum_i (local_i - global) * mask_i / m"""
+    w = w_fma - lr * sum_i (local_i - global) * mask_i / m
+    Not a literal run of their loop: its ``p1.data = p0.data`` aliases the global model to the
+    w_fma model, so from the second client on the term and mask use local_i - (running w), an
+    order-dependent result (see the plugin's docstring)."""
     local = global_w - deltas  # (m, P)
     w_fma = (n[:, None] * local).sum(0) / n.sum()
     s = np.sign(local - global_w).sum(0)
@@ -106,7 +110,7 @@ def ima_code_reference(global_w, deltas, n, tau, lr):
     return new
 
 
-def test_ima_code_variant_matches_the_authors_loop():
+def test_ima_code_variant_matches_our_reading_of_the_authors_rule():
     lr = 0.5  # large enough to see; the authors' 1e-4 is the default
     new, _ = server_round(algo(variant="ima_code", ima_code_server_lr=lr))
     expected = ima_code_reference(W_START, D, N, 0.8, lr)
@@ -114,6 +118,15 @@ def test_ima_code_variant_matches_the_authors_loop():
     # only coordinates 0 (S = 3) and 4 (S = -3) pass |S| > 2.4; they move back towards w
     fma = W_START - (N @ D) / N.sum()
     assert np.allclose(expected - fma, [0.5 * 1.2 / 3, 0, 0, 0, 0.5 * -0.6 / 3])
+
+
+def test_ima_code_variant_does_not_depend_on_the_clients_order():
+    """Every term is taken against the old global, so any order gives the same model (the
+    authors' aliased loop does not: its later clients see the running result)."""
+    plugin = algo(variant="ima_code", ima_code_server_lr=0.5)
+    forward, _ = server_round(plugin)
+    backward, _ = server_round(plugin, order=(2, 1, 0))
+    assert torch.allclose(forward.params["w"], backward.params["w"], atol=1e-6)
 
 
 def test_client_sends_its_delta_weighted_with_signs():

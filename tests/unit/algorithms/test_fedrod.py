@@ -7,7 +7,10 @@ label counts:
     personal: (P, c)    -= lr * grad CE(g' + f' P^T + c, y), f' and g' the generic step's
               forward pass, detached (so they carry no gradient to V, W, b)
 The client sends (V0 - V, W0 - W, b0 - b), keeps (P, c) and reports the accuracy of
-argmax(g + f P^T + c) at the trained weights on its data.
+argmax(g + f P^T + c) at the trained weights on its (training) data.
+
+With ``absent_class_count: 1`` (FedGuCci's code) a class without examples counts n_c = 1, so
+log n_c = 0 instead of -inf.
 """
 
 import importlib
@@ -31,22 +34,21 @@ def plugin_module():
     return importlib.import_module(registry.get("algorithm", "fedrod").factory.__module__)
 
 
-def algo(epochs=2):
+def algo(epochs=2, **options):
     entry = registry.get("algorithm", "fedrod")
-    return entry.factory(
-        entry.config.model_validate({"local": {"lr": LR, "batch_size": 8, "epochs": epochs}})
-    )
+    local = {"lr": LR, "batch_size": 8, "epochs": epochs}
+    return entry.factory(entry.config.model_validate({"local": local, **options}))
 
 
 def nll(logits, y):
     return -logits.log_softmax(dim=1)[torch.arange(len(y)), y].mean()
 
 
-def reference_client(steps, personal_start=(W0, B0)):
+def reference_client(steps, personal_start=(W0, B0), counts=COUNTS):
     x, y = torch.tensor(X), torch.tensor(Y)
     v, w, b = reference_params()
     p, c = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in personal_start]
-    log_n = torch.tensor(COUNTS).log()
+    log_n = torch.tensor(counts).log()
     for _ in range(steps):
         f = x @ v.T
         g = f @ w.T + b
@@ -71,16 +73,39 @@ def test_balanced_softmax_by_hand():
     assert float(loss) == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_generic_and_personal_steps_match_the_reference(epochs):
-    result = algo(epochs).client_update(feature_context(X, Y))
-    (v, w, b, p, c), accuracy = reference_client(epochs)
+def test_balanced_softmax_with_fedguccis_absent_class_count_by_hand():
+    """FedGuCci's code: n_2 = 1 for the absent class, log 1 = 0, so its raw logit stays."""
+    module = plugin_module()
+    data = feature_context(X, Y).data
+    assert torch.equal(module.class_counts(data, 3), torch.tensor([2.0, 1.0, 0.0]))
+    assert torch.equal(module.class_counts(data, 3, absent=1), torch.tensor([2.0, 1.0, 1.0]))
+    logits = torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.5, 0.5]])
+    # row 1: softmax of [1 + log 3, 0, 2] at class 0 = 3e / (3e + 1 + e^2); row 2: 3 / 5
+    expected = -(np.log(3 * np.e / (3 * np.e + 1 + np.e**2)) + np.log(3 / 5)) / 2
+    loss = module.balanced_softmax_loss(logits, torch.tensor([0, 0]), torch.tensor([3.0, 1.0, 1.0]))
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+
+
+def test_absent_class_count_accepts_only_0_or_1():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="absent_class_count"):
+        algo(absent_class_count=2)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "absent", "counts"),
+    [(1, 0, COUNTS), (2, 0, COUNTS), (2, 1, np.array([2.0, 1.0, 1.0]))],
+)
+def test_generic_and_personal_steps_match_the_reference(epochs, absent, counts):
+    result = algo(epochs, absent_class_count=absent).client_update(feature_context(X, Y))
+    (v, w, b, p, c), accuracy = reference_client(epochs, counts=counts)
     assert np.allclose(result.update["body.weight"].numpy(), V0 - v, atol=1e-5)
     assert np.allclose(result.update["head.weight"].numpy(), W0 - w, atol=1e-5)
     assert np.allclose(result.update["head.bias"].numpy(), B0 - b, atol=1e-5)
     assert np.allclose(result.state["head"]["weight"].numpy(), p, atol=1e-5)
     assert np.allclose(result.state["head"]["bias"].numpy(), c, atol=1e-5)
-    assert result.metrics["fedrod/personal_accuracy"] == pytest.approx(accuracy)
+    assert result.metrics["fedrod/personal_train_accuracy"] == pytest.approx(accuracy)
     assert np.isfinite(result.metrics["train/loss"]) and result.weight == 3.0
 
 

@@ -12,7 +12,7 @@ Expected groups are read off the layer lists by hand:
   1x1-conv shortcut with a norm ("shortcut.0", "shortcut.1");
 - ResNet-20's widening blocks have parameter-free option-A shortcuts: nothing beyond two convs;
 - cnn_digit5 is conv(0) gn(1) relu pool conv(4) gn(5) relu pool conv(8) gn(9) relu pool flatten
-  linear(13) relu (projector linear, classifier linear)(15), its head the last two linear layers.
+  linear(13) relu linear(15) linear(16): the projector is linear(15), the head linear(16) alone.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def test_new_cnn_groups_by_hand():
         "conv2": ["4.weight", "4.bias", "5.weight", "5.bias"],
         "conv3": ["8.weight", "8.bias", "9.weight", "9.bias"],
         "fc1": ["13.weight", "13.bias"],
-        "head": ["15.0.weight", "15.0.bias", "15.1.weight", "15.1.bias"],
+        "projector": ["15.weight", "15.bias"],
+        "head": ["16.weight", "16.bias"],
     }
     vgg = param_groups(build("vgg11", {"norm": "none"}, CIFAR))
     assert list(vgg) == [*(f"conv{i}" for i in range(1, 9)), "flatten", "head"]
@@ -210,9 +211,17 @@ def test_resnet_features_are_the_pooled_last_stage():
         assert torch.allclose(model.features(x), pooled, atol=1e-6)
 
 
-def test_projector_resnet_head_holds_the_projector_and_the_classifier():
-    model = build("resnet18", {**TINY_RESNET, "norm": "group", "projector": 8}, CIFAR)
-    assert param_groups(model)["head"] == ["head.0.weight", "head.0.bias", "head.1.weight", "head.1.bias"]
+def test_projector_resnet_features_are_the_projector_output_and_the_head_the_classifier():
+    model = build("resnet18", {**TINY_RESNET, "norm": "group", "projector": 8}, CIFAR).eval()
+    groups = param_groups(model)
+    assert list(groups)[-3:] == ["pool", "projector", "head"]
+    assert groups["projector"] == ["projector.weight", "projector.bias"]
+    assert groups["head"] == ["head.weight", "head.bias"]
+    x = inputs(CIFAR)
+    with torch.no_grad():
+        pooled = model.layers(torch.relu(model.norm1(model.conv1(x)))).mean(dim=(2, 3))
+        assert torch.equal(model.features(x), model.projector(pooled))
+    assert model.features(x).shape == (3, 8)
 
 
 @pytest.mark.parametrize(

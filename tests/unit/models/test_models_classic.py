@@ -60,14 +60,18 @@ def test_parameter_counts_by_hand():
 
 
 @pytest.mark.parametrize(
-    ("options", "spec"),
-    [({"norm": "none"}, FMNIST_32), ({"norm": "group", "projector": 128}, CIFAR100), ({}, CIFAR)],
+    ("options", "spec", "feature_dim"),
+    [
+        ({"norm": "none"}, FMNIST_32, 512),
+        ({"norm": "group", "projector": 128}, CIFAR100, 128),  # the projector's output
+        ({}, CIFAR, 512),
+    ],
 )
-def test_vgg11_output_and_feature_shapes(options, spec):
+def test_vgg11_output_and_feature_shapes(options, spec, feature_dim):
     model = build_model("vgg11", options, spec)
     x = torch.randn(2, *spec.input_shape)
     assert model(x).shape == (2, spec.num_classes)
-    assert model.features(x).shape == (2, 512)
+    assert model.features(x).shape == (2, feature_dim)
 
 
 def test_alexnet_gn_output_and_feature_shapes_at_224():
@@ -191,17 +195,21 @@ def test_batch_norm_statistics_are_untouched_by_the_flatten_size_probe():
     assert all(torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean)) for norm in norms)
 
 
-def test_vgg11_blocks_and_projector_head():
+def test_vgg11_blocks_and_projector_ends_the_features():
     model = build_model("vgg11", {"norm": "group", "projector": 128}, CIFAR100)
     blocks = model.blocks()
-    assert list(blocks) == [*(f"conv{i}" for i in range(1, 9)), "flatten", "head"]
+    assert list(blocks) == [*(f"conv{i}" for i in range(1, 9)), "flatten", "projector", "head"]
     # a pool closes blocks 1, 2, 4, 6 and 8
     pooled = [
         name for name, block in blocks.items() if any(isinstance(m, nn.MaxPool2d) for m in block.modules())
     ]
     assert pooled == ["conv1", "conv2", "conv4", "conv6", "conv8"]
-    projector, classifier = (m for m in model.head.modules() if isinstance(m, nn.Linear))
+    projector, classifier = blocks["projector"], model.head
+    assert isinstance(projector, nn.Linear) and isinstance(classifier, nn.Linear)
     assert (projector.in_features, projector.out_features, classifier.out_features) == (512, 128, 100)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # no ReLU after the projector: the features are its raw output
+        assert torch.equal(model.features(x), projector(model[:-2](x)))
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_parameter_counts_with_batch_norm(name, expected):
     assert num_params(build_model(name, {}, CIFAR)) == expected
 
 
-def test_projector_head_parameter_count():
+def test_projector_parameter_count():
     model = build_model("resnet18", {"norm": "group", "projector": 128}, CIFAR)
     assert num_params(model) == 11_235_786
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

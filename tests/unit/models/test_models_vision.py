@@ -229,14 +229,21 @@ def test_cnns_compute_the_papers_layer_sequence(name, shape, reference):
         assert torch.allclose(model(x), reference(model, x), atol=1e-5)
 
 
-def test_cnn_digit5_features_are_the_last_relu_and_its_head_the_projector_and_classifier():
+def test_cnn_digit5_features_are_the_projector_output_and_its_head_the_classifier():
+    """IMA's code (model.py) anchors FedFA on fc2's 128-d output, which no ReLU follows."""
     model = build_model("cnn_digit5", {}, image_spec((3, 28, 28)))
-    projector, classifier = layers_of(model.head, nn.Linear)
-    x = torch.randn(2, 3, 28, 28)
+    blocks = model.blocks()
+    assert list(blocks) == ["conv1", "conv2", "conv3", "fc1", "projector", "head"]
+    projector, classifier = blocks["projector"], model.head
+    assert isinstance(projector, nn.Linear) and isinstance(classifier, nn.Linear)
     assert (projector.in_features, projector.out_features) == (384, 128)
     assert (classifier.in_features, classifier.out_features) == (128, 10)
-    assert model.features(x).shape == (2, 384)
-    assert (model.features(x) >= 0).all()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        hidden = model[:-2](x)  # fc1's ReLU output
+        assert hidden.shape == (2, 384) and (hidden >= 0).all()
+        assert torch.equal(model.features(x), projector(hidden))
+        assert (model.features(x) < 0).any()  # no ReLU after the projector
 
 
 @pytest.mark.parametrize("name", ["simple_cnn", "cnn_digit5"])

@@ -238,7 +238,7 @@ class ClientTrainer:
             payload=payload,
             global_params=global_params,
             data=data,
-            state=self.states.get(client_id, before_round=round_num),
+            state=self.states.get(client_id, before_round=round_num, device=self.device),
             seed=seed,
             device=self.device,
             spec=self.store.spec,

@@ -408,7 +408,11 @@ def test_loss_decomposition_probe_against_direct_numpy():
     distances = [np.linalg.norm(w - fused) for w in models]
     assert out["decomposition/locality/max"] == pytest.approx(max(distances), rel=1e-5)
     assert out["decomposition/locality/mean"] == pytest.approx(np.mean(distances), rel=1e-5)
-    logits = [x[:10] @ w for w in models]
+    # CKA on 10 of the 16 pooled examples drawn with the probe's documented seed (run seed 7,
+    # round 4), not the first 10
+    rows = np.sort(np.random.default_rng((7, 4, 0xC4A)).choice(16, 10, replace=False))
+    assert not np.array_equal(rows, np.arange(10))
+    logits = [x[rows] @ w for w in models]
     pairs = [hsic_cka(logits[i], logits[j]) for i, j in ((0, 1), (0, 2), (1, 2))]
     assert out["decomposition/covariance/cka"] == pytest.approx(np.mean(pairs))
 
@@ -426,6 +430,34 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
     assert row["num_examples"] == len(y)
     assert row["train_mse"] == pytest.approx(((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5)
     assert row["train_ce"] == pytest.approx(F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5)
+
+
+def test_loss_decomposition_leaves_out_a_client_without_round_examples():
+    """Partitions may leave a client empty (min_size 0): its hook reports only its size, and the
+    summary is that of the clients that trained (its model, the broadcast, takes no part)."""
+    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+
+    empty = ClientData({"x": np.zeros((0, DIM), np.float32), "y": np.zeros(0, np.int64)})
+    view = ClientView(3, 0, torch.nn.Linear(DIM, CLASSES), empty, evaluate=None, test_data=None)
+    with torch.no_grad():
+        assert LossDecomposition(LossDecompositionConfig()).after_training(view) == {"num_examples": 0.0}
+
+    class WithEmptyClient(ProbeServices):
+        def map_clients(self, task, points, clients, **kwargs):
+            if clients is None or 3 not in clients:
+                return super().map_clients(task, points, clients, **kwargs)
+            out = super().map_clients(task, points, [c for c in clients if c != 3], **kwargs)
+            return [[*rows, None] for rows in out]  # the engine's None: no examples
+
+    full = probe_round([1.0, 1.0, 2.0])
+    rows = [*full.rows, {"client_id": 3.0, "num_examples": 0.0}]
+    with_empty = ProbeRound(4, rows, {}, {}, local_models=full.local_models | {3: model(99)})
+    for data in ("cohort", "central"):
+        probe = LossDecomposition(LossDecompositionConfig(data=data, cka_examples=10))
+        expected = probe.summarize(full, ProbeServices())
+        got = probe.summarize(with_empty, WithEmptyClient())
+        assert got.keys() == expected.keys() and all(np.isfinite(v) for v in got.values())
+        assert got == pytest.approx(expected)
 
 
 def test_the_probes_name_the_fix_for_data_they_cannot_use():

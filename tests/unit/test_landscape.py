@@ -335,7 +335,7 @@ def test_plane_scan_buffers_follow_the_barycentric_weights_clamped_to_the_triang
         outside += bool((lam < 0).any())
         clamped = np.clip(lam, 0, None) / np.clip(lam, 0, None).sum()
         assert float(p["b"][0, 0]) == pytest.approx(clamped @ [1.0, 1.0, 3.0])
-        np.testing.assert_allclose(p["a"], sum(l * m["a"] for l, m in zip(lam, models)), atol=1e-5)
+        np.testing.assert_allclose(p["a"], sum(weight * m["a"] for weight, m in zip(lam, models)), atol=1e-5)
     assert outside > 0  # the padded grid leaves the triangle
     np.testing.assert_allclose(L.Plane.through(*models).barycentric(5.0, 1.0), [0.0, 0.5, 0.5], atol=1e-12)
 

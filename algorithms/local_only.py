@@ -1,18 +1,26 @@
 """Local: every client trains its own model alone and nothing is aggregated (the "Local" baseline
 of FedGuCci, Li et al., KDD 2025, arXiv:2402.18949; notes/fedgucci.md section 5).
 
-Each client starts from the shared initial model the first time it is sampled and from its own
-model, kept in its client state, every time after; the global model never changes. The initial
-weights are broadcast only in rounds whose cohort holds a client without a model of its own
-(``trained`` in the server state lists those that have one); otherwise the broadcast is empty.
+Each client starts from an initial model the first time it is sampled and from its own model,
+kept in its client state, every time after; the global model never changes. The initial model is
+by default the run's shared one (``init: shared``), broadcast only in rounds whose cohort holds a
+client without a model of its own (``trained`` in the server state lists those that have one);
+otherwise the broadcast is empty. In the FedGuCci code each client's model starts from its own
+independent random initialisation (each ``Node`` builds a fresh model): ``init: client`` does
+that, the job's model built afresh on the worker under a seed of (run seed, client id)
+(``ClientContext.client_init``), and never broadcasts anything.
 
 What the papers report is the mean over clients of their local models' accuracy on the global test
-set. When evaluation is due (``evaluation.every`` and the last round) this plugin evaluates the
-round's cohort's models and logs
+set. When evaluation is due (``evaluation.every`` and the last round) this plugin evaluates local
+models and logs
 - ``eval/local/accuracy``, ``eval/local/loss``: the mean over those models on the central test set
-  (when the dataset has one);
+  (when the dataset has one), and ``eval/local/num_clients``, how many;
 - ``eval/local/clients/accuracy``, ``eval/local/clients/loss``: each model on its own client's test
   split, weighted by test examples as ``eval/clients/*`` is, and unweighted (``_mean``).
+In an intermediate evaluation round those models are the round's cohort's (only they travel to
+the driver then); after the last round, every client that has a model: the cohort's, then the
+others' read back from their client state, a cohort's worth at a time (a pass through
+``train_cohort`` in which each client loads its kept model and trains nothing).
 The usual ``eval/...`` metrics describe the unchanging global (initial) model.
 """
 
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import cast
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -44,12 +52,18 @@ from raysim.types import (
 )
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})  # per-client rows' non-metrics
+_RECALL = "recall"  # Payload.extra's mode: clients load their kept model and train nothing
+# a local model's evaluation rows: on the central test set, on its own client's test split
+EvalRows = tuple[Metrics | None, Metrics | None]
 
 
 class LocalOnlyConfig(BaseModel, frozen=True, extra="forbid"):
     """Local: each client trains its own model across rounds; no aggregation."""
 
     local: LocalTrainConfig = LocalTrainConfig()
+    # where a client's model starts: the run's shared initial model, or the client's own random
+    # initialisation (the FedGuCci code's)
+    init: Literal["shared", "client"] = "shared"
 
 
 @register("algorithm", "local")
@@ -73,11 +87,19 @@ class LocalOnly:
         own = cast(dict[str, Params] | None, ctx.state)
         if own is not None:
             P.load_into(ctx.model, own["params"])
+        elif ctx.payload.extra.get("mode") == _RECALL:
+            raise RuntimeError(f"client {ctx.client_id} was asked for its kept model and has none")
+        elif self.config.init == "client":
+            if ctx.client_init is None:
+                raise RuntimeError("local init: client needs the worker's ClientContext.client_init")
+            P.load_into(ctx.model, ctx.client_init())
         elif not ctx.global_params:
             raise RuntimeError(
                 f"client {ctx.client_id} has no model of its own yet, and the broadcast is empty: "
                 f"a round with such a client must broadcast the initial model"
             )
+        if ctx.payload.extra.get("mode") == _RECALL:  # the worker keeps the loaded model
+            return ClientResult(update={}, weight=0.0)
         metrics = train_local(
             ctx.model,
             ctx.data,
@@ -119,7 +141,8 @@ class LocalOnly:
         cohort = services.cohort(round_num)
         trained = cast(torch.Tensor, state.extra["trained"])
         everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
-        payload = Payload({}) if everyone_has_one else self.broadcast(state, round_num)
+        starts_shared = self.config.init == "shared" and not everyone_has_one
+        payload = self.broadcast(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, keep_local_models=due)
         reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
@@ -129,9 +152,28 @@ class LocalOnly:
             "sys/failed_clients": float(len(output.failures)),
         }
         if due:
-            metrics |= evaluate_local_models(services, output.local_models)
+            rows = local_model_rows(services, output.local_models)
+            if round_num == services.info.num_rounds - 1:  # the last round: every client's model
+                rest = np.setdiff1d(now_trained.numpy(), list(output.local_models))
+                rows += self.recalled_rows(services, rest, round_num)
+            metrics |= local_model_metrics(rows)
         metrics["sys/round_s"] = time.perf_counter() - start
         return replace(state, extra={**state.extra, "trained": now_trained}), metrics
+
+    def recalled_rows(
+        self, services: Services[Params | None], clients: np.ndarray, round_num: int
+    ) -> list[EvalRows]:
+        """The evaluation rows of the models these clients keep in their state, read back a cohort
+        at a time so the driver never holds more models than a round's."""
+        recall = Payload({}, extra={"mode": _RECALL})
+        step = max(1, services.info.cohort_size)
+        rows: list[EvalRows] = []
+        for start in range(0, len(clients), step):
+            output = services.train_cohort(
+                recall, clients[start : start + step], round_num, keep_local_models=True
+            )
+            rows += local_model_rows(services, output.local_models)
+        return rows
 
 
 def cohort_means(client_metrics: list[Metrics]) -> Metrics:
@@ -146,20 +188,28 @@ def cohort_means(client_metrics: list[Metrics]) -> Metrics:
     return out
 
 
-def evaluate_local_models(services: Services[Params | None], models: dict[int, NumpyParams]) -> Metrics:
-    """The local models on the central test set and each on its own client's test split."""
+def local_model_rows(services: Services[Params | None], models: dict[int, NumpyParams]) -> list[EvalRows]:
+    """Each local model on the central test set and on its own client's test split (None where
+    there is no such data)."""
     clients = sorted(models)
     if not clients:
-        return {}
+        return []
     points = [models[c] for c in clients]
     central = [rows[0] for rows in services.map_clients("evaluate", points, None)]
     own = services.map_clients("evaluate", points, clients, paired=True)[0]
+    return list(zip(central, own))
+
+
+def local_model_metrics(rows: list[EvalRows]) -> Metrics:
+    """``eval/local/*``: the mean over the models on the central test set, and each on its own
+    client's test split, weighted by its examples and unweighted."""
     metrics: Metrics = {}
-    central_rows = [row for row in central if row is not None]
+    central_rows = [row for row, _ in rows if row is not None]
     if central_rows:  # None: the dataset has no central test set
+        metrics["eval/local/num_clients"] = float(len(central_rows))
         for key in ("accuracy", "loss"):
             metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows]))
-    own_rows = [row for row in own if row is not None and row["num_examples"] > 0]
+    own_rows = [row for _, row in rows if row is not None and row["num_examples"] > 0]
     if own_rows:
         metrics["eval/local/clients/num_clients"] = float(len(own_rows))
         n = np.array([row["num_examples"] for row in own_rows])

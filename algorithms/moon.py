@@ -13,8 +13,12 @@ representations come from the resident model through ``torch.func.functional_cal
 and without gradients, so no client holds a second model copy.
 
 Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
-section 5) uses ``temperature: 1.0`` and a negative that is never updated, i.e. the run's initial
-model: ``negative: initial`` (broadcast beside the global model every round).
+section 5) uses ``temperature: 1.0`` and a negative that is never updated: each client's
+``prev_model`` is a copy of that client's own random initialisation (its ``Node`` builds a fresh
+model), which ``negative: client_init`` reproduces: the job's model built afresh on the worker
+under a seed of (run seed, client id) (``ClientContext.client_init``), the same every round, so
+nothing is kept or sent. ``negative: initial`` is our variant, one fixed negative for everyone:
+the run's shared initial model, broadcast beside the global model every round.
 """
 
 from __future__ import annotations
@@ -51,9 +55,10 @@ class MoonConfig(BaseModel, frozen=True, extra="forbid"):
 
     mu: float = Field(1.0, ge=0)
     temperature: float = Field(0.5, gt=0)  # the FedGuCci code: 1.0
-    # the contrastive negative: the client's previous local model (paper), or the run's initial
-    # model, which the FedGuCci code's never-updated ``prev_model`` amounts to
-    negative: Literal["previous", "initial"] = "previous"
+    # the contrastive negative: the client's previous local model (the paper), the client's own
+    # random initialisation (the FedGuCci code's never-updated ``prev_model``), or the run's
+    # shared initial model (a variant)
+    negative: Literal["previous", "client_init", "initial"] = "previous"
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -164,7 +169,7 @@ class Moon:
         result = local_delta_update(
             ctx, self.config.local, loss_fn=objective.loss_fn, extra_loss=objective.extra_loss
         )
-        if self.config.negative == "initial":
+        if self.config.negative != "previous":  # a fixed negative: nothing to keep
             return result
         return replace(result, state={"previous": P.clone(P.model_params(ctx.model))})
 
@@ -172,6 +177,10 @@ class Moon:
         """The weights whose representation is pushed away: see ``MoonConfig.negative``."""
         if self.config.negative == "initial":
             return cast(Params, ctx.payload.extra["initial"])  # on ctx.device already
+        if self.config.negative == "client_init":
+            if ctx.client_init is None:
+                raise RuntimeError("moon negative: client_init needs the worker's ClientContext.client_init")
+            return ctx.client_init()
         state = cast(dict[str, Params] | None, ctx.state)
         return cast(Params, P.to_device(state["previous"], ctx.device)) if state else ctx.global_params
 

@@ -18,8 +18,14 @@ Sources:
   (notes/ima.md section 3.3).
 
 Only floating-point entries are interpolated; integer buffers (BatchNorm's
-``num_batches_tracked``) are taken from the first model. Interpolating BatchNorm networks without
-recomputing their statistics measures the stale statistics too (notes/fedgucci.md section 4).
+``num_batches_tracked``) are taken from the first model. The scans treat the float buffers
+(``RunInfo.buffer_keys``: BatchNorm's running statistics) by their ``buffers`` keyword: by
+default (``"clamp"``) with the point's mixing weights clamped to a convex combination (negatives
+set to 0, renormalised), so they are interpolated between the models and never extrapolated past
+them, where a running variance can turn negative and the loss NaN; ``"interpolate"`` treats them
+as the weights are treated, ``"first"`` takes them from the first model (a, w1) everywhere.
+Interpolating BatchNorm networks without recomputing their statistics measures the stale
+statistics too (notes/fedgucci.md section 4).
 
 Usage:
     curve = line_scan(services, w_a, w_b, alphas=np.linspace(0, 1, 11))
@@ -31,8 +37,9 @@ Usage:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
@@ -46,6 +53,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 Weights = Sequence[float] | np.ndarray  # mixing weights, one per model
+# The float buffers of a scanned point (see the module docstring): mixed as the weights clamped
+# to a convex combination, as the weights, or taken from the first model.
+Buffers = Literal["clamp", "interpolate", "first"]
+# What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
+SCAN_BYTES_PER_CALL = 1 << 30
 
 # ---- parameter arithmetic --------------------------------------------------------------------
 
@@ -90,6 +102,27 @@ def _combine(points: Sequence[NumpyParams], coefficients: Weights) -> NumpyParam
             total += c * np.asarray(point[key], dtype=np.float64)
         out[key] = total.astype(value.dtype)
     return out
+
+
+def with_buffers(
+    point: NumpyParams,
+    models: Sequence[NumpyParams],
+    coefficients: Weights,
+    buffer_keys: frozenset[str],
+    buffers: Buffers = "clamp",
+) -> NumpyParams:
+    """``point`` (the combination ``sum_k c_k models[k]`` with ``sum_k c_k = 1``) with its float
+    buffers recomputed by the rule ``buffers`` (see ``Buffers``); other entries kept."""
+    keys = [k for k in point if k in buffer_keys and is_float(point[k])]
+    if not keys or buffers == "interpolate":
+        return point
+    c = np.asarray(coefficients, dtype=np.float64)
+    if buffers == "first":
+        c = np.eye(len(c))[0]
+    else:  # clamp: at least one coefficient is positive, as they sum to 1
+        c = np.clip(c, 0.0, None) / np.clip(c, 0.0, None).sum()
+    mixed = _combine([{k: model[k] for k in keys} for model in models], c)
+    return point | mixed
 
 
 def flatten(params: NumpyParams) -> np.ndarray:
@@ -172,6 +205,36 @@ def evaluate_points(
     return loss, accuracy
 
 
+def evaluate_in_calls(
+    services: Services[object],
+    make_point: Callable[[int], NumpyParams],
+    count: int,
+    clients: Sequence[int] | np.ndarray | None,
+    split: str,
+    *,
+    round_num: int | None,
+    points_per_call: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``evaluate_points`` of ``make_point(0..count-1)``, built and sent ``points_per_call`` at a
+    time (default: as many as fit in ``SCAN_BYTES_PER_CALL``), so a large grid of a large model
+    never sits in memory all at once."""
+    if count == 0:
+        raise ValueError("a scan needs at least one point to evaluate")
+    first = make_point(0)
+    step = points_per_call or max(1, SCAN_BYTES_PER_CALL // max(1, _num_bytes(first)))
+    loss, accuracy = [], []
+    for start in range(0, count, step):
+        points = [first if i == 0 else make_point(i) for i in range(start, min(start + step, count))]
+        part_loss, part_accuracy = evaluate_points(services, points, clients, split, round_num=round_num)
+        loss.append(part_loss)
+        accuracy.append(part_accuracy)
+    return np.concatenate(loss), np.concatenate(accuracy)
+
+
+def _num_bytes(params: NumpyParams) -> int:
+    return sum(np.asarray(v).nbytes for v in params.values())
+
+
 class NoExamplesError(ValueError):
     """The data a scan was asked to evaluate on is empty (often: no central test set)."""
 
@@ -216,15 +279,27 @@ def line_scan(
     split: str = "test",
     *,
     round_num: int | None = None,
+    buffers: Buffers = "clamp",
+    points_per_call: int | None = None,
 ) -> Curve:
-    """Evaluates ``interpolate(a, b, alpha)`` for every alpha (one ``map_clients`` call).
+    """Evaluates ``interpolate(a, b, alpha)`` for every alpha (one ``map_clients`` call, or
+    several of ``points_per_call`` points; by default as many as fit in ``SCAN_BYTES_PER_CALL``).
 
-    FedGuCci's notes recommend 11 points in [0, 1] for barriers and 21 for plots; IMA's 1-D
-    plots use [-0.5, 1.5] in steps of 0.05 (notes/ima.md section 3.1).
+    The float buffers (``services.info.buffer_keys``) follow ``buffers``: by default
+    ``interpolate(a, b, clip(alpha, 0, 1))``, so each endpoint keeps its own statistics and an
+    extrapolated point those of the nearer model. FedGuCci's notes recommend 11 points in
+    [0, 1] for barriers and 21 for plots; IMA's 1-D plots use [-0.5, 1.5] in steps of 0.05
+    (notes/ima.md section 3.1).
     """
     grid = np.array(alphas, dtype=np.float64)  # a copy: the Curve owns it
-    loss, accuracy = evaluate_points(
-        services, [interpolate(a, b, float(alpha)) for alpha in grid], clients, split, round_num=round_num
+    keys = services.info.buffer_keys
+
+    def point(i: int) -> NumpyParams:
+        alpha = float(grid[i])
+        return with_buffers(interpolate(a, b, alpha), [a, b], [alpha, 1.0 - alpha], keys, buffers)
+
+    loss, accuracy = evaluate_in_calls(
+        services, point, len(grid), clients, split, round_num=round_num, points_per_call=points_per_call
     )
     return Curve(grid, loss, accuracy)
 
@@ -369,9 +444,19 @@ class Plane:
         coords = np.array([[0.0, 0.0], [norm_u, 0.0], [dw @ u, dw @ v]])
         return cls(origin=w1, u=u, v=v, coords=coords)
 
+    @cached_property
+    def _flat_origin(self) -> np.ndarray:  # flattened once, not once per grid point
+        return flatten(self.origin)
+
     def point(self, x: float, y: float) -> NumpyParams:
         """The model at plane coordinates (x, y); non-float entries from w1."""
-        return unflatten(flatten(self.origin) + x * self.u + y * self.v, self.origin)
+        return unflatten(self._flat_origin + x * self.u + y * self.v, self.origin)
+
+    def barycentric(self, x: float, y: float) -> np.ndarray:
+        """``(l1, l2, l3)``, summing to 1, with ``point(x, y) = l1 w1 + l2 w2 + l3 w3``; all in
+        [0, 1] inside the triangle of the three models."""
+        corners = np.vstack([self.coords.T, np.ones(3)])  # (3, 3): x row, y row, ones
+        return np.asarray(np.linalg.solve(corners, np.array([x, y, 1.0])))
 
     def grid(self, size: int = 21, padding: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
         """``size`` evenly spaced x and y values covering the three models' bounding box, widened
@@ -410,29 +495,35 @@ def plane_scan(
     labels: tuple[str, str, str] = ("w1", "w2", "w3"),
     *,
     round_num: int | None = None,
+    buffers: Buffers = "clamp",
     points_per_call: int | None = None,
 ) -> PlaneScan:
     """Loss and accuracy on a ``size`` x ``size`` grid of the plane through w1, w2, w3.
 
-    The whole grid goes to one ``map_clients`` call; ``points_per_call`` splits it into several
-    when ``size**2`` copies of the model would not fit in memory at once.
+    The grid goes to ``map_clients`` ``points_per_call`` points at a time: by default as many
+    as fit in ``SCAN_BYTES_PER_CALL`` (441 copies of an 11M-parameter model would take 19 GB).
+    The float buffers (``services.info.buffer_keys``) follow ``buffers``: by default the point's
+    barycentric weights clamped to the triangle of the three models, so each model keeps its own
+    statistics and no point extrapolates them.
     """
     plane = Plane.through(w1, w2, w3)
     xs, ys = plane.grid(size, padding)
     coords = [(x, y) for y in ys for x in xs]  # row-major: row i is ys[i]
-    step = points_per_call or len(coords)
-    loss, accuracy = [], []
-    for start in range(0, len(coords), step):
-        points = [plane.point(x, y) for x, y in coords[start : start + step]]
-        part_loss, part_accuracy = evaluate_points(services, points, clients, split, round_num=round_num)
-        loss.append(part_loss)
-        accuracy.append(part_accuracy)
+    keys = services.info.buffer_keys
+
+    def point(i: int) -> NumpyParams:
+        x, y = coords[i]
+        return with_buffers(plane.point(x, y), [w1, w2, w3], plane.barycentric(x, y), keys, buffers)
+
+    loss, accuracy = evaluate_in_calls(
+        services, point, len(coords), clients, split, round_num=round_num, points_per_call=points_per_call
+    )
     shape = (len(ys), len(xs))
     return PlaneScan(
         xs=xs,
         ys=ys,
-        loss=np.concatenate(loss).reshape(shape),
-        accuracy=np.concatenate(accuracy).reshape(shape),
+        loss=loss.reshape(shape),
+        accuracy=accuracy.reshape(shape),
         coords=plane.coords,
         labels=labels,
     )

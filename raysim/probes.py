@@ -284,8 +284,11 @@ class GroupBarrier:
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
 
+_CKA_STREAM = 0xC4A  # the CKA rows' random stream, apart from the variance curve's subsets
+
+
 class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
-    cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: the first n evaluation examples
+    cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: n evaluation examples, seeded
     subsets: int = Field(1, ge=1)  # random subsets per size j for the variance curve
     mean_of: list[Annotated[int, Field(ge=1)]] | None = (
         None  # the sizes j of the variance curve (None: 1..K; larger are skipped)
@@ -316,10 +319,12 @@ class LossDecomposition:
       loss on E of the uniform average of j random local models, j = 1..K or the sizes in
       ``mean_of`` (``subsets`` draws each, averaged; seeded by the run seed and round), Fig. 4's
       variance curve.
-    - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on the first
-      ``cka_examples`` examples of E (Fig. 4's covariance measure).
+    - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on
+      ``cka_examples`` examples of E drawn at random (seeded by the run seed and round, so from
+      every client's data), Fig. 4's covariance measure.
     - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
 
+    Clients without round examples did not train and are left out (their model is the broadcast).
     Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
     w and the averages) plus one ``map_clients("labels")`` call.
     """
@@ -336,6 +341,8 @@ class LossDecomposition:
     def after_training(self, view: ClientView) -> Metrics:
         row = {"num_examples": float(len(view.data))}
         labels = view.data.arrays.get("y")
+        if not len(view.data):
+            return row  # no round examples: the client did not train, summarize leaves it out
         if labels is None or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
             return row  # not classification: summarize says so
         logits = model_outputs(view.model, view.data.arrays["x"])
@@ -350,7 +357,7 @@ class LossDecomposition:
                 [f"evaluation.probes: loss_decomposition needs a classification dataset, "
                  f"not {services.info.spec.task}; remove the probe from this job"]
             )  # fmt: skip
-        ids, models, sizes = kept_models(round)
+        ids, models, sizes = trained_models(round)
         if len(models) < 2:
             return {}
         fused = L.mix(models, sizes if self.config.weights == "data" else np.ones(len(models)))
@@ -358,18 +365,22 @@ class LossDecomposition:
         averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
         on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round.round_num)
         count = len(models)
+        rows = [row for row in round.rows if int(row["client_id"]) in ids]
         out: Metrics = {}
         for form in ("mse", "ce"):
-            train = [row[f"train_{form}"] for row in round.rows if f"train_{form}" in row]
-            out[f"train_bias/{form}"] = float(np.mean(train))
-            out[f"heter_bias/{form}"] = float(np.mean([on.unseen_loss(form, k) for k in range(count)]))
+            out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in rows]))
+            unseen = [on.unseen_loss(form, k) for k in range(count)]
+            out[f"heter_bias/{form}"] = float(np.mean([loss for loss in unseen if loss is not None]))
             out[f"fused/{form}"] = on.loss(form, count)
             for size in sorted({len(subset) for subset in subsets}):
                 points = [count + 1 + i for i, subset in enumerate(subsets) if len(subset) == size]
                 out[f"variance/mean_of_{size}/{form}"] = float(np.mean([on.loss(form, p) for p in points]))
         local_logits = [on.pooled(k) for k in range(count)]
         out["variance/spread"] = L.output_spread(local_logits)
-        out["covariance/cka"] = L.mean_pairwise_cka([z[: self.config.cka_examples] for z in local_logits])
+        rows_for_cka = cka_sample(
+            len(local_logits[0]), self.config.cka_examples, services.info.seed, round.round_num
+        )
+        out["covariance/cka"] = L.mean_pairwise_cka([z[rows_for_cka] for z in local_logits])
         distances = [L.distance(model, fused) for model in models]
         out["locality/max"], out["locality/mean"] = float(np.max(distances)), float(np.mean(distances))
         return {f"decomposition/{key}": value for key, value in out.items()}
@@ -412,18 +423,37 @@ class Outputs:
     def loss(self, form: str, point: int) -> float:
         return _loss(form, *self._pool(point, range(len(self.labels))))
 
-    def unseen_loss(self, form: str, k: int) -> float:
-        """Model k's loss on the data client k did not train on (all of it on the central set)."""
-        return _loss(
-            form, *self._pool(k, [i for i in range(len(self.labels)) if not (self.by_client and i == k)])
+    def unseen_loss(self, form: str, k: int) -> float | None:
+        """Model k's loss on the data client k did not train on (all of it on the central set);
+        None when the other clients have no examples."""
+        logits, labels = self._pool(
+            k, [i for i in range(len(self.labels)) if not (self.by_client and i == k)]
         )
+        return _loss(form, logits, labels) if len(labels) else None
 
     def _pool(self, point: int, parts: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        kept = [(self.logits[point][i], self.labels[i]) for i in parts if self.labels[i] is not None]
+        """The point's logits and the labels of the parts with examples (empty arrays if none);
+        ``measure`` made sure some part has examples."""
+        kept = [(self.logits[point][i], self.labels[i]) for i in parts if _has_examples(self.labels[i])]
+        if not kept:
+            return np.zeros((0, 0)), np.zeros(0, dtype=np.int64)
         return (
             np.concatenate([cast(np.ndarray, z) for z, _ in kept]),
             np.concatenate([cast(np.ndarray, y) for _, y in kept]),
         )
+
+
+def _has_examples(labels: np.ndarray | None) -> bool:
+    return labels is not None and len(labels) > 0
+
+
+def cka_sample(total: int, count: int, seed: int, round_num: int) -> np.ndarray:
+    """Which of ``total`` pooled evaluation examples the CKA uses: ``count`` of them drawn at
+    random (seeded by the run seed and round), in order; all when there are no more. A prefix would
+    hold the first cohort client's data alone, the pooled data being in cohort order."""
+    if total <= count:
+        return np.arange(total)
+    return np.sort(np.random.default_rng((seed, round_num, _CKA_STREAM)).choice(total, count, replace=False))
 
 
 def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
@@ -436,6 +466,13 @@ def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[f
     sizes = {int(row["client_id"]): row.get("num_examples", 0.0) for row in round.rows}
     ids = [c for c in round.client_ids if c in round.local_models]
     return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
+
+
+def trained_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
+    """``kept_models`` less the clients without round examples: they did not train, so their
+    model is the broadcast, with no training loss and nothing to be unseen by it."""
+    kept = [(c, m, n) for c, m, n in zip(*kept_models(round)) if n > 0]
+    return [c for c, _, _ in kept], [m for _, m, _ in kept], [n for _, _, n in kept]
 
 
 def evaluation_data(data: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:

@@ -6,7 +6,7 @@ mean delta as if it were a gradient: ``global <- global - server_lr * mean_delta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Literal, TypeAlias, TypedDict, TypeVar
 
@@ -95,6 +95,10 @@ class ClientContext:
     ``global_params`` is the broadcast on ``device``, moved there once per round for every client
     of the worker, and so are the arrays in ``payload.extra``: they arrive as tensors on
     ``device`` (``payload.params`` stays as sent). Read them, never write them.
+    ``client_init()`` gives this client's own random initialisation: the job's model built afresh
+    (its factory, under a seed drawn from the run seed and ``client_id``, so the same in every
+    round and on every worker), as params on ``device``; the resident model and the torch random
+    state are untouched. None where no worker builds the context (a unit test's).
     """
 
     client_id: ClientId
@@ -107,6 +111,7 @@ class ClientContext:
     seed: int  # derived from (run seed, round_num, client_id)
     device: torch.device
     spec: DataSpec
+    client_init: Callable[[], Params] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ write is a new immutable file named by its round, ``<shard>/<client_id>.<round>.
 takes the newest file of an earlier round. So a retried round never sees what a failed attempt
 wrote, and a checkpoint can freeze the directory cheaply with hard links (``snapshot``).
 Each client keeps two versions: the newest before the round being written, and that round's.
+Files hold CPU tensors, whatever device the client trained on, so a run's state reads back on a
+host without that device (``raysim analyze``, a resume elsewhere); ``get`` maps them to the
+device its caller asks for.
 
 Usage:
     store = ClientStateStore(tmp_dir)
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 
 from raysim.errors import DataError
-from raysim.params import check_loadable
+from raysim.params import check_loadable, to_cpu
 
 
 class ClientStateStore:
@@ -47,15 +50,16 @@ class ClientStateStore:
             if p.name.startswith(prefix) and p.name.split(".")[1].isdigit()
         }
 
-    def get(self, client_id: int, before_round: int) -> Any | None:
-        """The state this client wrote in its newest round before ``before_round``, or None."""
+    def get(self, client_id: int, before_round: int, device: torch.device | str = "cpu") -> Any | None:
+        """The state this client wrote in its newest round before ``before_round``, or None; its
+        tensors on ``device``."""
         versions = self._versions(client_id)
         earlier = [r for r in versions if r < before_round]
         if not earlier:
             return None
         path = versions[max(earlier)]
         try:
-            return torch.load(path, weights_only=True)
+            return torch.load(path, map_location=device, weights_only=True)
         except Exception as exc:  # a truncated file: say which client, keep the cause
             raise DataError(f"client state file {path} is unreadable: {exc}") from exc
 
@@ -66,6 +70,7 @@ class ClientStateStore:
             TypeError: the state holds something a weights-only load cannot read back.
         """
         check_loadable(state, f"client {client_id}'s state")
+        state = to_cpu(state)  # device tensors would load only where that device exists
         folder = self._folder(client_id)
         folder.mkdir(exist_ok=True)
         path = folder / f"{client_id}.{round_num}.pt"

@@ -37,6 +37,7 @@ from raysim.types import (
     MapTask,
     Metrics,
     NumpyParams,
+    Params,
     Payload,
 )
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from raysim.models.anatomy import FeatureModel
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
+_CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model: yet another stream
 
 
 @dataclass(frozen=True)
@@ -114,15 +116,16 @@ def _build(section: PluginSection, kind: registry.Kind) -> Any:
     return registry.get(kind, section.name).factory(section.config)
 
 
-def build_job_model(job: JobConfig, spec: DataSpec) -> torch.nn.Module:
-    """The job's model, seeded so every process builds identical frozen weights.
+def build_job_model(job: JobConfig, spec: DataSpec, seed: int | None = None) -> torch.nn.Module:
+    """The job's model, seeded (by ``job.seed`` unless ``seed`` is given) so every process builds
+    identical weights.
 
     Raises:
         ConfigError: the model does not fit the dataset, or its pretrained files are missing.
     """
     from raysim.models import build_model
 
-    torch.manual_seed(job.seed)
+    torch.manual_seed(job.seed if seed is None else seed)
     try:
         return build_model(job.model.name, job.model.config, spec)
     except (ValueError, FileNotFoundError) as exc:
@@ -238,10 +241,11 @@ class ClientTrainer:
             payload=payload,
             global_params=global_params,
             data=data,
-            state=self.states.get(client_id, before_round=round_num),
+            state=self.states.get(client_id, before_round=round_num, device=self.device),
             seed=seed,
             device=self.device,
             spec=self.store.spec,
+            client_init=lambda: self.client_init(client_id),
         )
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
@@ -250,6 +254,14 @@ class ClientTrainer:
             for name, probe in probes.items()
         }
         return result, rows
+
+    def client_init(self, client_id: int) -> Params:
+        """The client's own random initialisation (``ClientContext.client_init``): the job's model
+        built by its factory under a seed of (run seed, client id), on this worker's device."""
+        seed = client_seed(self.job.seed, 0, client_id) ^ _CLIENT_INIT
+        with torch.random.fork_rng(devices=[]):  # the plugin's torch random stream goes on as it was
+            fresh = build_job_model(self.job, self.store.spec, seed)
+        return {k: v.detach().to(self.device) for k, v in P.model_params(fresh).items()}
 
     def _evaluate(self, data: ClientData) -> Metrics:
         return evaluate(self.model, data, self.store.spec, self.device, self.job.evaluation.batch_size)

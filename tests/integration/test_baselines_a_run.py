@@ -32,10 +32,19 @@ CASES = {
 LOCAL = {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_two_rounds_give_finite_metrics(name, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        *((name, {}) for name in sorted(CASES)),
+        ("moon", {"negative": "client_init"}),
+        ("local", {"init": "client"}),
+    ],
+)
+def test_two_rounds_give_finite_metrics(name, options, tmp_path):
     job = tiny_job(
-        dataset=DIGITS, algorithm={"name": name, "local": LOCAL}, engine={"num_rounds": 2, "cohort_size": 4}
+        dataset=DIGITS,
+        algorithm={"name": name, "local": LOCAL, **options},
+        engine={"num_rounds": 2, "cohort_size": 4},
     )
     engine, initial = build(job, MemoryTracker(), None, tmp_path / "init")
     engine.backend.shutdown()
@@ -48,6 +57,9 @@ def test_two_rounds_give_finite_metrics(name, tmp_path):
             assert key in metrics, (step, key)
     moved = any(not torch.equal(v, initial.params[k]) for k, v in result.state.params.items())
     assert moved == (name != "local")
+    if name == "local":  # the last evaluation covers every client with a model, not the cohort
+        trained = len(result.state.extra["trained"])
+        assert trained > 4 and result.history[-1][1]["eval/local/num_clients"] == trained
 
 
 def test_local_clients_train_on_from_where_they_stopped_and_the_global_model_stays(tmp_path):

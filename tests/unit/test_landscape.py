@@ -55,6 +55,8 @@ def pooled(clients):
 class LinearServices:
     """``map_clients`` for a linear softmax model; records every call."""
 
+    info = RunInfo(3, 3, 1, DataSpec("classification", (DIM,), CLASSES), seed=0)  # no buffers
+
     def __init__(self):
         self.calls = []
 
@@ -274,6 +276,70 @@ def test_plane_scan_evaluates_each_grid_point_row_by_row_in_one_call():
     np.testing.assert_allclose(chunked.loss, scan.loss)
 
 
+def test_plane_scan_sends_the_grid_in_calls_that_fit_the_memory_budget(monkeypatch):
+    """16 points of 56 bytes (W: 12 float32, steps: one int64) under a 300-byte budget: calls of
+    five points, the same numbers as one call; the origin is flattened once, not per point."""
+    w1, w2, w3 = model(1), model(2), model(3)
+    whole = L.plane_scan(LinearServices(), w1, w2, w3, size=4, clients=[0, 1], points_per_call=16)
+    monkeypatch.setattr(L, "SCAN_BYTES_PER_CALL", 300)
+    flattened = []
+    monkeypatch.setattr(L, "flatten", lambda params, real=L.flatten: flattened.append(1) or real(params))
+    services = LinearServices()
+    chunked = L.plane_scan(services, w1, w2, w3, size=4, clients=[0, 1])
+    assert [n for _, n, _, _ in services.calls] == [5, 5, 5, 1]
+    np.testing.assert_allclose(chunked.loss, whole.loss)
+    assert len(flattened) == 3 + 1  # Plane.through's three, then the origin once for 16 points
+
+
+class RecordingServices:
+    """Records the points a scan sends; ``b`` is a float buffer (a BatchNorm running variance)."""
+
+    info = RunInfo(3, 3, 1, DataSpec("classification", (3,), 2), seed=0, buffer_keys=frozenset({"b"}))
+
+    def __init__(self):
+        self.points = []
+
+    def map_clients(self, task, points, clients, **_):
+        self.points += points
+        return [[{"loss": 0.0, "accuracy": 0.0, "num_examples": 1.0}] for _ in points]
+
+
+@pytest.mark.parametrize(
+    ("buffers", "expected"),
+    [
+        ("clamp", [4.0, 4.0, 2.5, 1.0, 1.0]),  # b(alpha) = 4 - 3 alpha with alpha clipped to [0, 1]
+        ("interpolate", [5.5, 4.0, 2.5, 1.0, -0.5]),  # negative past a: NaN under BatchNorm
+        ("first", [1.0] * 5),
+    ],
+)
+def test_line_scan_buffers_are_never_extrapolated_by_default(buffers, expected):
+    a, b = split_vector([1, 1, 1]), split_vector([3, 0, 4])
+    services = RecordingServices()
+    L.line_scan(services, a, b, alphas=[-0.5, 0.0, 0.5, 1.0, 1.5], buffers=buffers)
+    assert [float(p["b"][0, 0]) for p in services.points] == pytest.approx(expected)
+    for alpha, p in zip([-0.5, 0.0, 0.5, 1.0, 1.5], services.points):  # the weights extrapolate
+        np.testing.assert_allclose(p["a"], alpha * a["a"] + (1 - alpha) * b["a"], atol=1e-6)
+
+
+def test_plane_scan_buffers_follow_the_barycentric_weights_clamped_to_the_triangle():
+    """w1 = (1, 1, 1), w2 = (4, 5, 1), w3 = (4, 5, 3) sit at (0, 0), (5, 0), (5, 2), so
+    (x, y) = l2 (5, 0) + l3 (5, 2): l3 = y / 2, l2 = x / 5 - y / 2, l1 = 1 - x / 5. The buffer
+    ``b`` (1, 1, 3 at the models) is sum_k l_k b_k with negative l_k set to 0 and l renormalised."""
+    models = [split_vector(w) for w in ([1, 1, 1], [4, 5, 1], [4, 5, 3])]
+    services = RecordingServices()
+    scan = L.plane_scan(services, *models, size=5, padding=0.5)
+    coords = [(x, y) for y in scan.ys for x in scan.xs]
+    outside = 0
+    for (x, y), p in zip(coords, services.points):
+        lam = np.array([1 - x / 5, x / 5 - y / 2, y / 2])
+        outside += bool((lam < 0).any())
+        clamped = np.clip(lam, 0, None) / np.clip(lam, 0, None).sum()
+        assert float(p["b"][0, 0]) == pytest.approx(clamped @ [1.0, 1.0, 3.0])
+        np.testing.assert_allclose(p["a"], sum(weight * m["a"] for weight, m in zip(lam, models)), atol=1e-5)
+    assert outside > 0  # the padded grid leaves the triangle
+    np.testing.assert_allclose(L.Plane.through(*models).barycentric(5.0, 1.0), [0.0, 0.5, 0.5], atol=1e-12)
+
+
 def test_plots_are_written(tmp_path):
     services = LinearServices()
     curve = L.line_scan(services, model(1), model(2), alphas=np.linspace(-0.5, 1.5, 9), clients=[1])
@@ -408,7 +474,11 @@ def test_loss_decomposition_probe_against_direct_numpy():
     distances = [np.linalg.norm(w - fused) for w in models]
     assert out["decomposition/locality/max"] == pytest.approx(max(distances), rel=1e-5)
     assert out["decomposition/locality/mean"] == pytest.approx(np.mean(distances), rel=1e-5)
-    logits = [x[:10] @ w for w in models]
+    # CKA on 10 of the 16 pooled examples drawn with the probe's documented seed (run seed 7,
+    # round 4), not the first 10
+    rows = np.sort(np.random.default_rng((7, 4, 0xC4A)).choice(16, 10, replace=False))
+    assert not np.array_equal(rows, np.arange(10))
+    logits = [x[rows] @ w for w in models]
     pairs = [hsic_cka(logits[i], logits[j]) for i, j in ((0, 1), (0, 2), (1, 2))]
     assert out["decomposition/covariance/cka"] == pytest.approx(np.mean(pairs))
 
@@ -426,6 +496,34 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
     assert row["num_examples"] == len(y)
     assert row["train_mse"] == pytest.approx(((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5)
     assert row["train_ce"] == pytest.approx(F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5)
+
+
+def test_loss_decomposition_leaves_out_a_client_without_round_examples():
+    """Partitions may leave a client empty (min_size 0): its hook reports only its size, and the
+    summary is that of the clients that trained (its model, the broadcast, takes no part)."""
+    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+
+    empty = ClientData({"x": np.zeros((0, DIM), np.float32), "y": np.zeros(0, np.int64)})
+    view = ClientView(3, 0, torch.nn.Linear(DIM, CLASSES), empty, evaluate=None, test_data=None)
+    with torch.no_grad():
+        assert LossDecomposition(LossDecompositionConfig()).after_training(view) == {"num_examples": 0.0}
+
+    class WithEmptyClient(ProbeServices):
+        def map_clients(self, task, points, clients, **kwargs):
+            if clients is None or 3 not in clients:
+                return super().map_clients(task, points, clients, **kwargs)
+            out = super().map_clients(task, points, [c for c in clients if c != 3], **kwargs)
+            return [[*rows, None] for rows in out]  # the engine's None: no examples
+
+    full = probe_round([1.0, 1.0, 2.0])
+    rows = [*full.rows, {"client_id": 3.0, "num_examples": 0.0}]
+    with_empty = ProbeRound(4, rows, {}, {}, local_models=full.local_models | {3: model(99)})
+    for data in ("cohort", "central"):
+        probe = LossDecomposition(LossDecompositionConfig(data=data, cka_examples=10))
+        expected = probe.summarize(full, ProbeServices())
+        got = probe.summarize(with_empty, WithEmptyClient())
+        assert got.keys() == expected.keys() and all(np.isfinite(v) for v in got.values())
+        assert got == pytest.approx(expected)
 
 
 def test_the_probes_name_the_fix_for_data_they_cannot_use():

@@ -11,6 +11,7 @@ With ``penalty: norm`` the proximal gradient is (alpha/2)(y1 - x)/||y1 - x|| (we
 together). The weight and the bias follow the same rules; the reference tracks both.
 """
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -147,3 +148,29 @@ def test_pseudo_gradient_is_the_mean_delta_and_buffers_take_the_plain_mean():
     h = ALPHA * 1.0 * mean_delta["weight"]  # |S|/m = 1
     torch.testing.assert_close(new.params["weight"], 1 - mean_delta["weight"] - h / ALPHA)
     torch.testing.assert_close(new.params["running_mean"], torch.tensor([0.5, -0.5]))
+
+
+def test_a_client_without_examples_takes_no_step_and_weighs_nothing():
+    """No data: no step, so w_i = w_g, delta 0, g_i stays 0 (g - alpha (w_i - w_g)), weight 0.
+    Unweighted, it is one of S with w_i = w_g, as the paper's mean over S has it; weighted
+    (p_i = n_i / n), it adds nothing: the round is client 1's alone."""
+    empty = (np.zeros((0, 2)), np.zeros(0, dtype=np.int64))
+    for weighted in (False, True):
+        plugin = algo(weighted=weighted)
+        state = init_state(plugin)
+        ctx = context(*empty, plugin.broadcast(state, 0), client_id=3)
+        P.load_into(ctx.model, ctx.payload.params)
+        result = plugin.client_update(ctx)
+        assert result.weight == 0.0 and P.is_finite(result.update)
+        assert all(float(v.abs().max()) == 0 for v in result.update.delta.values())
+        assert all(float(v.abs().max()) == 0 for v in result.state["g"].values())
+        _, one = run_client(plugin, state, 1)
+        new, metrics = server_round(plugin, state, [one, result])
+        assert all(math.isfinite(v) for v in metrics.values())
+        w1, b1, _, _ = reference_client(W0, B0, 0.0, 0.0, *CLIENTS[1])
+        p1 = 1.0 if weighted else 0.5  # the empty client's w_i = W0 takes the other half
+        mean_w, mean_b = p1 * w1 + (1 - p1) * W0, p1 * b1 + (1 - p1) * B0
+        share = 2 / M
+        h_w, h_b = -ALPHA * share * p1 * (w1 - W0), -ALPHA * share * p1 * (b1 - B0)
+        assert np.allclose(new.params["weight"].numpy(), mean_w - h_w / ALPHA, atol=1e-5)
+        assert np.allclose(new.params["bias"].numpy(), mean_b - h_b / ALPHA, atol=1e-5)

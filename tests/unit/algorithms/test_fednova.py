@@ -136,3 +136,30 @@ def test_local_adam_is_refused():
     config = registry.get("algorithm", "fednova").config
     with pytest.raises(ValidationError, match="local.optimizer to sgd"):
         config.model_validate({"local": {"optimizer": "adam"}})
+
+
+def test_a_client_without_examples_weighs_nothing():
+    """No data: tau = 0, a = 0, so the client sends zeros with weight 0 (no division by a) and the
+    server's step is the other client's alone."""
+    plugin = algo()
+    state = init_state(plugin)
+    empty = plugin.client_update(context(np.zeros((0, 2)), np.zeros(0, np.int64), plugin.broadcast(state, 0)))
+    assert empty.weight == 0.0 and float(empty.update.weight) == 0 and float(empty.update.steps) == 0
+    assert all(torch.isfinite(v).all() and not v.any() for v in empty.update.normalized.values())
+    example, label, copies = CLIENTS[1]
+    one = plugin.client_update(context(*client_data(example, label, copies), plugin.broadcast(state, 0)))
+
+    def server(results):
+        agg = plugin.aggregator()
+        acc = agg.zero()
+        for position, result in enumerate(results):
+            acc = agg.add(acc, position, result)
+        return plugin.server_update(state, agg.result(acc), 0)
+
+    (with_empty, metrics), (alone, _) = server([one, empty]), server([one])
+    dw, db = reference_client(example, label, copies)  # a single client: FedNova steps by its move
+    assert metrics["fednova/tau_eff"] == pytest.approx(momentum_steps(copies, RHO))
+    assert np.allclose(with_empty.params["weight"].numpy(), W0 - dw, atol=1e-6)
+    assert np.allclose(with_empty.params["bias"].numpy(), B0 - db, atol=1e-6)
+    torch.testing.assert_close(with_empty.params, alone.params)
+    assert server([empty])[0] is state  # nothing at all to step on

@@ -59,18 +59,22 @@ def test_a_diverged_local_model_is_refused_before_it_is_kept():
 class FakeServices:
     """What the plugin's rounds ask of the engine, with canned evaluation rows."""
 
-    def __init__(self, cohorts, central, own, eval_rounds=(0, 1)):
-        self.info = RunInfo(num_clients=3, cohort_size=2, num_rounds=len(cohorts), spec=SPEC, seed=0)
+    def __init__(self, cohorts, central, own, eval_rounds=(0, 1), num_clients=3):
+        self.info = RunInfo(num_clients, cohort_size=2, num_rounds=len(cohorts), spec=SPEC, seed=0)
         self.start_round = 0
         self.cohorts, self.central, self.own, self.eval_rounds = cohorts, central, own, eval_rounds
-        self.payloads, self.logged, self.asked = [], [], []
+        self.payloads, self.logged, self.asked, self.recalled = [], [], [], []
 
     def cohort(self, round_num):
         return np.array(self.cohorts[round_num])
 
     def train_cohort(self, payload, cohort, round_num, *, keep_local_models=False):
         assert keep_local_models == self.is_eval_round(round_num)  # only when they are evaluated
-        self.payloads.append(payload)
+        if payload.extra.get("mode") == "recall":  # kept models read back, nothing trained
+            assert not payload.params and round_num == self.info.num_rounds - 1
+            self.recalled.append([int(c) for c in cohort])
+        else:
+            self.payloads.append(payload)
         models = {int(c): {"weight": np.full((2, 2), float(c), np.float32)} for c in cohort}
         models = models if keep_local_models else {}
         rows = [{"train/loss": 1.0 + c, "weight": 1.0 + c, "client_id": float(c)} for c in cohort]
@@ -121,6 +125,54 @@ def test_local_models_are_evaluated_when_due():
     assert second["eval/local/clients/accuracy"] == pytest.approx((1.0 * 1 + 0.4 * 3) / 4)
     assert second["eval/local/clients/accuracy_mean"] == pytest.approx(0.7)
     assert second["eval/local/clients/loss_mean"] == pytest.approx(0.5)
+
+
+def test_after_the_last_round_every_client_with_a_model_is_evaluated():
+    """Round 0 trains 0 and 1, round 1 (the last) trains 2 and 3; client 4 never trained. The
+    last evaluation covers 0..3: 2 and 3 from the round, 0 and 1 read back from their state in
+    one recall of a cohort's size (2); round 0's covers its cohort only."""
+    central = {c: {"accuracy": 0.1 * c, "loss": 1.0 + c, "num_examples": 5.0} for c in range(4)}
+    own = {c: {"accuracy": 0.2 * c, "loss": 2.0 - 0.5 * c, "num_examples": 1.0 + c} for c in range(4)}
+    services = FakeServices([[0, 1], [3, 2]], central, own, eval_rounds=(0, 1), num_clients=5)
+    plugin = algo()
+    plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
+    (_, first), (_, last) = services.logged
+    assert services.recalled == [[0, 1]]
+    assert first["eval/local/num_clients"] == 2 and first["eval/local/accuracy"] == pytest.approx(0.05)
+    assert last["eval/local/num_clients"] == 4 and last["eval/local/clients/num_clients"] == 4
+    assert last["eval/local/accuracy"] == pytest.approx(np.mean([0.0, 0.1, 0.2, 0.3]))
+    assert last["eval/local/loss"] == pytest.approx(2.5)
+    n = np.array([1.0, 2.0, 3.0, 4.0])
+    assert last["eval/local/clients/accuracy"] == pytest.approx((0.2 * np.arange(4) * n).sum() / n.sum())
+
+
+def test_a_recalled_client_loads_its_kept_model_and_trains_nothing():
+    ctx = context(X, Y, Payload({}, {"mode": "recall"}), state=own_state())
+    result = algo().client_update(ctx)
+    assert result.update == {} and result.weight == 0.0 and result.state is None
+    np.testing.assert_allclose(ctx.model.weight.detach().numpy(), OWN_W, atol=1e-7)
+    with pytest.raises(RuntimeError, match="has none"):
+        algo().client_update(context(X, Y, Payload({}, {"mode": "recall"})))
+
+
+def test_the_authors_code_starts_each_client_from_its_own_random_model():
+    """init: client: a new client loads the worker's ``client_init`` weights (here OWN), never
+    the broadcast, and no round broadcasts anything."""
+    entry = registry.get("algorithm", "local")
+    plugin = entry.factory(
+        entry.config.model_validate({"init": "client", "local": {"lr": LR, "batch_size": 8}})
+    )
+    own = own_state()["params"]
+    ctx = replace(context(X, Y, payload()), client_init=lambda: own)
+    result = plugin.client_update(replace(ctx, global_params={}, payload=Payload({})))
+    gw, gb = grad(OWN_W, OWN_B, X, Y)
+    assert np.allclose(result.state["params"]["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
+    assert np.allclose(result.state["params"]["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
+    services = FakeServices([[0, 1], [1, 2]], central={}, own={}, eval_rounds=())
+    plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
+    assert [p.params for p in services.payloads] == [{}, {}]
+    with pytest.raises(RuntimeError, match="client_init"):
+        plugin.client_update(context(X, Y, Payload({})))
 
 
 def test_without_a_central_test_set_only_the_clients_own_splits_are_reported():

@@ -22,7 +22,7 @@ from torch import nn
 from raysim import params as P
 from raysim import registry
 from raysim.errors import ConfigError
-from raysim.types import ClientContext, ClientData, DataSpec, RunInfo
+from raysim.types import ClientContext, ClientData, DataSpec, Payload, RunInfo
 
 LR, MU, T, STEPS = 0.5, 2.0, 0.5, 2
 X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -1.2], [2.0, 0.1]])
@@ -67,7 +67,7 @@ def init_state(plugin):
     return plugin.init(params, RunInfo(num_clients=4, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
 
 
-def context(payload, state=None, model=None):
+def context(payload, state=None, model=None, client_init=None):
     model = model or TinyFeatureModel()
     P.load_into(model, payload.params)  # as the worker does before client_update
     return ClientContext(
@@ -81,6 +81,7 @@ def context(payload, state=None, model=None):
         seed=0,
         device=torch.device("cpu"),
         spec=SPEC,
+        client_init=client_init,
     )
 
 
@@ -168,6 +169,59 @@ def test_the_authors_quirk_keeps_the_initial_model_as_the_negative():
     result = plugin.client_update(context(swapped, state={"previous": "ignored"}))
     assert_delta(result.update, reference_delta(PREVIOUS))
     assert result.state is None
+
+
+def test_the_authors_code_contrasts_with_the_clients_own_random_initialisation():
+    """negative: client_init (the FedGuCci code's prev_model: the client's own fresh model): the
+    worker's ``client_init`` weights, asked anew each round; nothing is broadcast or kept."""
+    plugin = algo(negative="client_init")
+    payload = plugin.broadcast(init_state(plugin), 3)
+    assert payload.extra == {}
+    own_init = {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}
+    result = plugin.client_update(context(payload, state=None, client_init=lambda: own_init))
+    assert_delta(result.update, reference_delta(PREVIOUS))
+    assert result.state is None
+    with pytest.raises(RuntimeError, match="client_init"):
+        plugin.client_update(context(payload))
+
+
+class TinyBatchNormModel(TinyFeatureModel):
+    """features(x) = tanh(BN(x A^T + a)): a BatchNorm whose running statistics show every
+    forward pass made in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(3)
+
+    def features(self, x):
+        return torch.tanh(self.norm(self.body(x)))
+
+
+def test_with_batchnorm_only_the_live_model_updates_the_running_statistics():
+    """One full-batch step: the live model's forward in train mode moves the running statistics
+    once, to (1 - 0.1) r + 0.1 batch statistic (unbiased variance) of h = x A^T + a at the
+    global weights; the frozen global and negative passes (eval mode) must not move them again,
+    nor touch the broadcast's statistics they run with."""
+    torch.manual_seed(0)
+    start = TinyBatchNormModel()
+    with torch.no_grad():
+        start.norm.running_mean.copy_(torch.tensor([0.5, -0.2, 0.1]))
+        start.norm.running_var.copy_(torch.tensor([2.0, 0.5, 1.5]))
+    broadcast = P.to_numpy(P.clone(P.model_params(start)))
+    negative = {k: torch.as_tensor(v) * 0.5 for k, v in broadcast.items()}
+    plugin = algo(negative="client_init", local={"lr": LR, "batch_size": len(X), "epochs": 1})
+    ctx = context(Payload(broadcast), model=TinyBatchNormModel(), client_init=lambda: negative)
+    plugin.client_update(ctx)
+    h = X @ broadcast["body.weight"].astype(np.float64).T + broadcast["body.bias"]
+    expected_mean = 0.9 * np.array([0.5, -0.2, 0.1]) + 0.1 * h.mean(0)
+    expected_var = 0.9 * np.array([2.0, 0.5, 1.5]) + 0.1 * h.var(0, ddof=1)
+    np.testing.assert_allclose(ctx.model.norm.running_mean.numpy(), expected_mean, rtol=1e-5)
+    np.testing.assert_allclose(ctx.model.norm.running_var.numpy(), expected_var, rtol=1e-5)
+    assert int(ctx.model.norm.num_batches_tracked) == 1
+    np.testing.assert_array_equal(
+        ctx.global_params["norm.running_mean"].numpy(), broadcast["norm.running_mean"]
+    )
+    assert ctx.model.training
 
 
 def test_frozen_features_run_in_eval_mode_and_leave_the_model_as_it_was():

@@ -65,3 +65,26 @@ def test_state_a_weights_only_load_cannot_read_is_refused_at_once(tmp_path):
     store.put(3, 0, {"c": [torch.zeros(1), 2.0, "x", (1, 2), {4}]})  # all plain: fine
     assert store.get(3, before_round=1)["c"][2] == "x"
     assert store.num_clients() == 1
+
+
+def test_state_is_saved_on_the_cpu_and_read_onto_the_callers_device(tmp_path, monkeypatch):
+    """A GPU run's state must load on a CPU-only host: put moves every tensor to the CPU (spied,
+    as no CUDA is here) and get maps the file to the device asked for ('meta' stands in for one)."""
+    import raysim.runtime.client_state as module
+
+    moved, real = [], module.to_cpu
+
+    def spy(tree):
+        moved.append(tree)
+        return real(tree)
+
+    monkeypatch.setattr(module, "to_cpu", spy)
+    store = ClientStateStore(tmp_path)
+    state = {"c": {"w": torch.ones(2)}, "step": 3}
+    store.put(4, 0, state)
+    assert moved == [state]
+    saved = torch.load(next(tmp_path.rglob("4.0.pt")), weights_only=True)
+    assert saved["c"]["w"].device.type == "cpu" and saved["step"] == 3
+    assert store.get(4, before_round=1)["c"]["w"].device.type == "cpu"
+    on_meta = store.get(4, before_round=1, device="meta")
+    assert on_meta["c"]["w"].device.type == "meta" and on_meta["step"] == 3

@@ -86,5 +86,7 @@ def test_ima_wraps_the_methods_of_the_papers_table_i(inner, tmp_path):
     result = run(job(algorithm, 4), output_dir=tmp_path)
     assert [m["ima/active"] for _, m in result.history] == [0.0, 0.0, 1.0, 1.0]
     assert all(m["ima/shift_norm"] > 0 for _, m in result.history[2:])
-    assert all(math.isfinite(m["train/loss"]) and math.isfinite(m["eval/clients/loss"]) for _, m in result.history)
+    assert all(
+        math.isfinite(m["train/loss"]) and math.isfinite(m["eval/clients/loss"]) for _, m in result.history
+    )
     assert all(v.isfinite().all() for v in result.state.params.values())

@@ -65,7 +65,11 @@ def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
     local = {"lr_schedule": {"kind": "switch", "start_round": 2, "before": {"decay": 0.9}}}
     problems = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": local}})
     assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
-    ima = {"name": "ima", "start_round": 1, "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}}}
+    ima = {
+        "name": "ima",
+        "start_round": 1,
+        "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}},
+    }
     assert problems_of({**BASE, "algorithm": ima}) == [
         f"algorithm.inner.local.lr_schedule: needs kind: one of {kinds}"
     ]

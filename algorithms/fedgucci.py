@@ -44,7 +44,8 @@ from torch.func import functional_call
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
+from raysim.checkpoint import CheckpointTrail
+from raysim.errors import CheckpointError, ConfigError
 from raysim.local import (
     Backward,
     Batch,
@@ -76,7 +77,9 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
 
     num_anchors: int = Field(1, ge=1)  # N, the current global model included (code default 1)
     beta: float = Field(0.1, ge=0)  # weight of the connectivity loss (code default)
-    alpha: float = Field(0.5, ge=0, le=1)  # interpolation point when alpha_mode is fixed (code)
+    # the interpolation point when alpha_mode is fixed; None means the code's 0.5. Optional so
+    # that to_dict's full dump (alpha: null) of a uniform config validates again on the workers.
+    alpha: float | None = Field(None, ge=0, le=1)
     alpha_mode: Literal["fixed", "uniform"] = "fixed"
     update_mode: Literal["sequential", "joint"] = "sequential"
     # train: the interpolated pass in train mode with the live model's buffers (BN statistics it
@@ -95,7 +98,7 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
 
     @model_validator(mode="after")
     def _options_that_apply(self) -> "FedGuCciConfig":
-        if self.alpha_mode == "uniform" and "alpha" in self.model_fields_set:
+        if self.alpha_mode == "uniform" and self.alpha is not None:
             raise ValueError(
                 "alpha is drawn from U(0, 1) when alpha_mode is uniform: drop alpha, or set alpha_mode: fixed"
             )
@@ -105,6 +108,13 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
                 "steps: it needs sam: true and update_mode: sequential"
             )
         return self
+
+    @property
+    def fixed_alpha(self) -> float | None:
+        """The interpolation point of every term, or None when alpha_mode draws it per batch."""
+        if self.alpha_mode == "uniform":
+            return None
+        return 0.5 if self.alpha is None else self.alpha
 
 
 class FedGuCciPlusConfig(FedGuCciConfig, frozen=True):
@@ -272,13 +282,34 @@ class FedGuCci:
         anchor = _trainable(P.clone(params), info.buffer_keys)
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
 
-    def resume_state(self, saved: ServerState, fresh: ServerState) -> ServerState:
-        """Branching from a checkpoint without anchors (FedAvg's) starts them at its model; a
-        smaller ``num_anchors`` than the checkpoint's keeps the newest."""
-        anchors = (
-            _anchors(saved) if "anchors" in saved.extra else [_trainable(saved.params, saved.buffer_keys)]
-        )
+    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
+        """A FedGuCci checkpoint keeps its anchors (the newest ``num_anchors`` of them). Another
+        run's (FedAvg's) gets the parent's global models of its last N rounds, newest first, read
+        from the checkpoints beside the given one; a parent younger than N rounds adds this run's
+        initial model, as a run from round 0 would (the parent's own with the same seed)."""
+        if "anchors" in saved.extra:
+            anchors = _anchors(saved)
+        else:
+            anchors = self._parent_anchors(trail, saved.buffer_keys, initial=_anchors(fresh)[-1])
         return replace(saved, extra={**saved.extra, "anchors": anchors[: self.config.num_anchors]})
+
+    def _parent_anchors(
+        self, trail: CheckpointTrail, buffer_keys: frozenset[str], initial: Params
+    ) -> list[Params]:
+        last, n = trail.last_round, self.config.num_anchors
+        rounds = range(last, max(-1, last - n), -1)  # newest first
+        try:
+            anchors = [_trainable(trail.state_after(r).params, buffer_keys) for r in rounds]
+        except CheckpointError as exc:
+            raise CheckpointError(
+                f"FedGuCci with num_anchors: {n} takes the parent's global models of rounds "
+                f"{rounds[-1]} to {last} as its anchors: {exc}; run the parent with "
+                f"engine.checkpoint_every: 1 (its checkpoints of the {n} rounds before the branch "
+                f"are what FedGuCci needs), or set num_anchors: 1"
+            ) from exc
+        if len(anchors) < n:  # the parent ran fewer than N rounds: a run from round 0 keeps its start
+            anchors.append(initial)
+        return anchors
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
         older = [P.to_numpy(anchor) for anchor in _anchors(state)[1:]]  # anchor 1 is the params
@@ -311,7 +342,7 @@ class FedGuCci:
         return Connectivity(
             anchors,
             config.beta,
-            config.alpha if config.alpha_mode == "fixed" else None,
+            config.fixed_alpha,
             task,
             ctx.spec,
             np.random.default_rng([ctx.seed, 0xA1FA]),  # alphas apart from the shuffling stream

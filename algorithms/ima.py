@@ -4,10 +4,14 @@ IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). Notes: shared/p
 
 A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round
 0, it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates
-(notes 2.2, 2.5 items 1 to 4). From ``start_round`` (t_s) on, the global model, which is
-broadcast and evaluated, is the uniform mean of that window (eq. 5, notes 2.1):
+(notes 2.2, 2.5 items 1 to 4). From ``start_round`` (t_s) on, once the window is full (the
+author code never averages fewer than P models; it waits for ``t >= P``, one round more when
+t_s < P), the global model, which is broadcast and evaluated, is the uniform mean of that window
+(eq. 5, notes 2.1):
 
-    w_bar^t = (1/P) * sum_{i=t-P+1..t} w^i  for t >= t_s,   w_bar^t = w^t  before.
+    w_bar^t = (1/P) * sum_{i=t-P+1..t} w^i  for t >= max(t_s, P - 1),   w_bar^t = w^t  before.
+
+An ``init`` whose run would end before that round is refused: it would be its inner algorithm.
 
 The window holds the inner's models, never earlier means: a sliding simple moving average of the
 FMA trajectory, fed back to the clients every round.
@@ -46,7 +50,7 @@ from raysim.algorithm import pure_aggregate
 from raysim.algorithm import resume_state as completed_state
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import PluginSection, nested_plugin
-from raysim.errors import CheckpointError
+from raysim.errors import CheckpointError, ConfigError
 from raysim.local import LocalTrainConfig, lr_schedule
 from raysim.registry import register
 from raysim.schedules import EpochDecay, Exponential, Schedule, Switch
@@ -150,6 +154,25 @@ class IMA:
             self.pseudo_gradient = self.inner.pseudo_gradient
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
+        """The inner's state and an empty window; an IMA that would never average is refused (it
+        would silently be its inner algorithm)."""
+        config, rounds = self.config, info.num_rounds
+        if config.start_round >= rounds:
+            raise ConfigError(
+                [
+                    f"algorithm.start_round: IMA starts at round {config.start_round}, but the run "
+                    f"ends after round {rounds - 1}, so it would only be its inner algorithm; set "
+                    f"start_round below {rounds} (the paper takes 3T/4: {3 * rounds // 4})"
+                ]
+            )
+        if config.window > rounds:
+            raise ConfigError(
+                [
+                    f"algorithm.window: IMA averages once its window of {config.window} models is "
+                    f"full, but the run has {rounds} rounds, so it would only be its inner "
+                    f"algorithm; set window to at most {rounds}"
+                ]
+            )
         return _with_window(self.inner.init(params, info), [])
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
@@ -165,26 +188,33 @@ class IMA:
         self, state: ServerState, aggregate: Any, round_num: int
     ) -> tuple[ServerState, Metrics]:
         config = self.config
-        active = round_num >= config.start_round
-        if active and round_num == config.start_round and config.reset_server_opt_state:
+        if round_num == config.start_round and config.reset_server_opt_state:
             state = replace(state, opt_state=OptState())
         if aggregate is None:  # nobody reported: the inner keeps its model, the window its models
             new, metrics = self.inner.server_update(state, aggregate, round_num)
+            active = self._active(round_num, _window(state))
             return _with_window(new, _window(state)), metrics | {"ima/active": float(active)}
         if config.placement == "before_server_optimizer":
-            return self._before_server_optimizer(state, aggregate, round_num, active)
+            return self._before_server_optimizer(state, aggregate, round_num)
         new, metrics = self.inner.server_update(state, aggregate, round_num)
         window = [*_window(state), dict(new.params)][-config.window :]
+        active = self._active(round_num, window)
         params = mean_model(window) if active else new.params
         metrics |= {"ima/active": float(active), "ima/shift_norm": _distance(new.params, params)}
         return _with_window(replace(new, params=params), window), metrics
 
+    def _active(self, round_num: int, window: list[Params]) -> bool:
+        """Whether this round's global model is the window mean: from t_s on, once the window is
+        full (never a part-filled window, as in the author code; notes 2.5 item 4)."""
+        return round_num >= self.config.start_round and len(window) == self.config.window
+
     def _before_server_optimizer(
-        self, state: ServerState, mean_delta: Params, round_num: int, active: bool
+        self, state: ServerState, mean_delta: Params, round_num: int
     ) -> tuple[ServerState, Metrics]:
         """The window of pure aggregates; from t_s the server optimizer's target is their mean."""
         fma = pure_aggregate(state.params, mean_delta)
         window = [*_window(state), fma][-self.config.window :]
+        active = self._active(round_num, window)
         target = mean_model(window) if active else fma
         if active:
             mean_delta = {k: state.params[k] - target[k] for k in mean_delta}

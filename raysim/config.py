@@ -288,8 +288,12 @@ def _wording(err: ErrorDetails, loc: list[str], model: type[BaseModel]) -> str:
         return f"unknown key; {hint}(valid keys: {', '.join(sorted(valid))})"
     if err["type"] == "missing":
         return "required"
+    if err["type"] == "union_tag_not_found":  # a tagged union's section without its tag
+        tag = str(err.get("ctx", {}).get("discriminator", "kind")).strip("'")
+        tags = _tags_at(model, loc, tag)
+        return f"needs {tag}: one of {', '.join(tags)}" if tags else f"needs {tag}"
     message = err["msg"].removeprefix("Value error, ")
-    if not loc:  # a check across fields of the section: its message says it all
+    if not loc or isinstance(err.get("input"), dict | list):  # a section's check: its message says it
         return message
     return f"{message} (got {err.get('input')!r})"
 
@@ -335,6 +339,22 @@ def _worded(loc: tuple[int | str, ...], text: str, value: Any) -> InitErrorDetai
 
 def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
     """Field names of the (nested) model at ``loc``; unions contribute all their members."""
+    return sorted({name for m in _models_at(model, loc) for name in m.model_fields})
+
+
+def _tags_at(model: type[BaseModel], loc: list[str], tag: str) -> list[str]:
+    """The values of the tag field ``tag`` that the tagged union at ``loc`` accepts, in order."""
+    values = [
+        str(value)
+        for m in _models_at(model, loc)
+        if tag in m.model_fields
+        for value in typing.get_args(m.model_fields[tag].annotation)
+    ]
+    return list(dict.fromkeys(values))
+
+
+def _models_at(model: type[BaseModel], loc: list[str]) -> list[type[BaseModel]]:
+    """The (nested) models at ``loc``: all the members of a union."""
     models = [model]
     for part in loc:
         nested = []
@@ -342,7 +362,7 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
             if part in m.model_fields:
                 nested += _models_in(m.model_fields[part].annotation)
         models = nested or models  # a union tag or list index: stay on the same models
-    return sorted({name for m in models for name in m.model_fields})
+    return models
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:

@@ -65,10 +65,17 @@ def f1(confusion: np.ndarray) -> float:
 
 
 def pearson(moments: np.ndarray) -> float:
-    """Pearson's r from (n, Sx, Sy, Sxx, Syy, Sxy)."""
+    """Pearson's r from (n, Sx, Sy, Sxx, Syy, Sxy); 0 when either side is constant.
+
+    ``n Sxx - Sx^2`` cancels catastrophically for (nearly) constant values: summed in float64 it
+    leaves rounding noise of about ``1e-16 n Sxx``, which would give r ~ 1e-8 instead of 0. A
+    spread below ``1e-12 n Sxx`` (a relative standard deviation under 1e-6) counts as constant.
+    """
     n, sx, sy, sxx, syy, sxy = moments.astype(np.float64)
-    variance = (n * sxx - sx * sx) * (n * syy - sy * sy)
-    return float((n * sxy - sx * sy) / math.sqrt(variance)) if variance > 0 else 0.0
+    spread_x, spread_y = n * sxx - sx * sx, n * syy - sy * sy
+    if spread_x <= 1e-12 * n * sxx or spread_y <= 1e-12 * n * syy:
+        return 0.0
+    return float((n * sxy - sx * sy) / math.sqrt(spread_x * spread_y))
 
 
 @dataclass(frozen=True)

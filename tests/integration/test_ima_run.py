@@ -2,6 +2,7 @@
 checkpoint equals an IMA run from round 0 (notes ima.md 7 item 4, the paper's Table II); an IMA
 run resumed from its own checkpoint equals the uninterrupted run. All bit for bit (same seed)."""
 
+import math
 import shutil
 
 import pytest
@@ -75,3 +76,17 @@ def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(runs, tmp_p
     shutil.copy(fedavg.run_dir / "checkpoints" / "final.pt", alone)
     with pytest.raises(CheckpointError, match=r"no checkpoint of round 1 .*checkpoint_every: 1"):
         run(job(IMA, 5), resume_from=str(alone), output_dir=tmp_path / "out")
+
+
+@pytest.mark.parametrize("inner", ["fednova", "fedgma"])
+def test_ima_wraps_the_methods_of_the_papers_table_i(inner, tmp_path):
+    """FedNova and FedGMA (notes 2.4: IMA averages the method's output) for 4 rounds, IMA from 2."""
+    local = {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5}
+    algorithm = {"name": "ima", "inner": {"name": inner, "local": local}, "start_round": 2, "window": 2}
+    result = run(job(algorithm, 4), output_dir=tmp_path)
+    assert [m["ima/active"] for _, m in result.history] == [0.0, 0.0, 1.0, 1.0]
+    assert all(m["ima/shift_norm"] > 0 for _, m in result.history[2:])
+    assert all(
+        math.isfinite(m["train/loss"]) and math.isfinite(m["eval/clients/loss"]) for _, m in result.history
+    )
+    assert all(v.isfinite().all() for v in result.state.params.values())

@@ -1,5 +1,6 @@
 """Job configs: every problem reported at once, with dotted keys, suggestions and choices."""
 
+import typing
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,33 @@ def test_negative_seed_and_unschedulable_gpu_share():
     problems = problems_of({**BASE, "seed": -1, "resources": {"gpus_per_worker": 1.5}})
     assert any(p.startswith("seed: Input should be greater than or equal to 0") for p in problems)
     assert any(p.startswith("resources.gpus_per_worker: must be at most 1") for p in problems)
+
+
+def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
+    from raysim.schedules import Schedule
+
+    union = typing.get_args(Schedule)[0]  # Annotated[Exponential | ... , Field(discriminator)]
+    kinds = ", ".join(member.model_fields["kind"].default for member in typing.get_args(union))
+    local = {"lr_schedule": {"kind": "switch", "start_round": 2, "before": {"decay": 0.9}}}
+    problems = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": local}})
+    assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
+    ima = {
+        "name": "ima",
+        "start_round": 1,
+        "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}},
+    }
+    assert problems_of({**BASE, "algorithm": ima}) == [
+        f"algorithm.inner.local.lr_schedule: needs kind: one of {kinds}"
+    ]
+
+
+def test_a_sections_own_check_does_not_dump_the_section():
+    both = {"lr_decay": 0.9, "lr_schedule": {"kind": "constant"}}
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": both}})
+    assert problem.startswith("algorithm.local: set lr_decay or lr_schedule, not both")
+    assert "got" not in problem and "epochs" not in problem
+    [value] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": "x"}}})
+    assert value.endswith("(got 'x')")  # a plain value is still quoted
 
 
 def test_missing_section_is_named():

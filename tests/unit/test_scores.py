@@ -112,6 +112,22 @@ def test_degenerate_scores_are_zero_as_sklearn_says():
     assert scores.pearson(np.array([3.0, 6.0, 1.0, 12.0, 1.0, 2.0])) == 0.0  # constant x
 
 
+def test_constant_predictions_score_zero_not_rounding_noise():
+    """A model that predicts 2.7 for everything: n Sxx - Sx^2 is 0 exactly, but the float64 sums
+    of 333 float32 predictions over 11 batches leave a little of it (r was 2.2e-8)."""
+    rng = np.random.default_rng(2)
+    targets = rng.uniform(0, 5, 1000).astype(np.float32)
+    spec = DataSpec("regression", (1,), 1, metrics=("pearson",))
+    constant = np.full((1000, 1), 2.7, np.float32)
+    rows = client_rows(spec, constant, targets, [np.arange(333), np.arange(333, 1000)], batch_size=32)
+    assert [row["pearson"] for row in rows] == [0.0, 0.0]
+    assert summarize_clients(rows)["eval/clients/pearson"] == 0.0
+    # a spread far above the rounding noise (relative std 1e-4) is still scored as scipy does
+    x, y = 2.7 + 3e-4 * rng.normal(size=1000), targets.astype(np.float64)
+    moments = np.array([1000, x.sum(), y.sum(), x @ x, y @ y, x @ y])
+    assert scores.pearson(moments) == pytest.approx(pearsonr(x, y).statistic, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -33,8 +33,9 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.checkpoint import load_checkpoint, save_checkpoint
-from raysim.errors import ConfigError
+from raysim.checkpoint import CheckpointTrail, load_checkpoint, save_checkpoint
+from raysim.config import JobConfig, validate_job
+from raysim.errors import CheckpointError, ConfigError
 from raysim.local import task_loss
 from raysim.types import ClientResult, DataSpec, RunInfo
 
@@ -397,15 +398,49 @@ def test_anchors_hold_the_trainable_tensors_not_the_buffers():
     assert "0.running_mean" in state.params
 
 
-def test_resuming_from_a_checkpoint_without_anchors_starts_them_at_its_model():
+def parent_trail(tmp_path, last, missing=()):
+    """A FedAvg run's per-round checkpoints (no anchors): the model after round r is W0 + r + 1."""
+    states = {
+        r: plugin("fedavg").init(
+            {"weight": torch.tensor(W0).float() + r + 1, "bias": torch.tensor(B0).float() + r + 1}, info()
+        )
+        for r in range(last + 1)
+    }
+    for r, state in states.items():
+        if r not in missing:
+            save_checkpoint(tmp_path / f"round_{r:05d}.pt", state, r, {})
+    return CheckpointTrail(tmp_path / f"round_{last:05d}.pt", last, states[last])
+
+
+def branch_anchors(num_anchors, trail):
+    """The anchors (as offsets from W0: 0 is the initial model) of a branch from ``trail``."""
+    algo = plugin(num_anchors=num_anchors)
+    fresh = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}, info())
+    state = algo.resume_state(trail.state, fresh, trail)
+    assert state.params is trail.state.params
+    return [float(anchor["weight"][0, 0] - W0[0, 0]) for anchor in state.extra["anchors"]]
+
+
+def test_a_branch_from_fedavg_takes_the_parents_last_n_models_as_anchors(tmp_path):
+    assert branch_anchors(3, parent_trail(tmp_path, 3)) == pytest.approx([4, 3, 2])  # newest first
+    assert branch_anchors(1, parent_trail(tmp_path / "alone", 3, missing=(0, 1, 2))) == pytest.approx([4])
+
+
+def test_a_branch_early_in_the_parent_adds_the_initial_model_as_a_run_from_round_0_has(tmp_path):
+    assert branch_anchors(4, parent_trail(tmp_path, 1)) == pytest.approx([2, 1, 0])
+
+
+def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match=r"round 2 .*checkpoint_every: 1.*num_anchors: 1"):
+        branch_anchors(3, parent_trail(tmp_path, 3, missing=(2,)))
+
+
+def test_a_fedgucci_checkpoint_keeps_its_newest_anchors(tmp_path):
     algo = plugin(num_anchors=2)
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
-    fedavg_state = plugin("fedavg").init(params, info())
-    resumed = algo.resume_state(fedavg_state, algo.init(params, info()))
-    assert len(resumed.extra["anchors"]) == 1
-    assert torch.equal(resumed.extra["anchors"][0]["weight"], params["weight"])
-    longer = replace(fedavg_state, extra={"anchors": [params] * 3})
-    assert len(algo.resume_state(longer, resumed).extra["anchors"]) == 2  # the newest N
+    saved = replace(algo.init(params, info()), extra={"anchors": [params] * 3})
+    trail = CheckpointTrail(tmp_path / "round_00007.pt", 7, saved)  # no siblings needed
+    assert len(algo.resume_state(saved, algo.init(params, info()), trail).extra["anchors"]) == 2
 
 
 def test_an_empty_round_keeps_the_model_and_pushes_it_again():
@@ -423,7 +458,7 @@ def test_plus_switches_on_calibration_and_sam():
     plus = registry.get("algorithm", "fedgucci_plus").config()
     base = registry.get("algorithm", "fedgucci").config()
     assert plus.logit_calibration and plus.sam and not (base.logit_calibration or base.sam)
-    assert (base.num_anchors, base.beta, base.alpha, base.update_mode) == (1, 0.1, 0.5, "sequential")
+    assert (base.num_anchors, base.beta, base.fixed_alpha, base.update_mode) == (1, 0.1, 0.5, "sequential")
 
 
 def test_options_that_do_nothing_are_refused():
@@ -433,6 +468,19 @@ def test_options_that_do_nothing_are_refused():
     with pytest.raises(ValidationError, match="drop alpha"):
         config.model_validate({"alpha_mode": "uniform", "alpha": 0.3})
     config.model_validate({"alpha_mode": "uniform"})
+    assert config.model_validate({"alpha": 0.8}).fixed_alpha == 0.8
+
+
+@pytest.mark.parametrize("inside_ima", [False, True])
+def test_a_uniform_alpha_job_validates_again_from_its_dump(inside_ima):
+    """Workers, checkpoints and IMA's inner section validate ``to_dict``'s full dump again."""
+    section = {"name": "fedgucci", "alpha_mode": "uniform"}
+    algorithm = {"name": "ima", "start_round": 1, "inner": section} if inside_ima else section
+    job = validate_job({"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": algorithm})
+    again = JobConfig.from_dict(job.to_dict())
+    assert again == job
+    config = again.algorithm.config.inner.config if inside_ima else again.algorithm.config
+    assert config.alpha_mode == "uniform" and config.fixed_alpha is None
 
 
 def test_logit_calibration_needs_a_classification_task():

@@ -99,6 +99,33 @@ def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_the_start_ro
     assert metrics["ima/shift_norm"] > 0.01  # the average did move the model
 
 
+def test_a_part_filled_window_is_never_averaged():
+    """t_s = 1 < P - 1 = 2: the author code averages only full windows, so round 1 is still FMA."""
+    plugin = make(window=3, start_round=1)
+    state = init_state(plugin)
+    g, window = start(), []
+    for t, delta in enumerate(DELTAS[:4]):
+        state, metrics = plugin.server_update(state, as_torch(delta), t)
+        fma = {k: g[k] - delta[k] for k in g}
+        window = [*window, fma][-3:]
+        g = mean(window) if t >= 2 else fma
+        assert_close(state.params, g)
+        assert metrics["ima/active"] == float(t >= 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"start_round": 7}, r"algorithm.start_round: .*set start_round below 7 \(the paper takes 3T/4: 5\)"),
+        ({"start_round": 2, "window": 8}, "algorithm.window: .*set window to at most 7"),
+    ],
+)
+def test_an_ima_that_would_never_average_is_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        init_state(make(**options))  # 7 rounds: 0 to 6
+    init_state(make(start_round=6, window=7))  # averages in the last round
+
+
 def test_before_the_start_round_ima_is_its_inner_algorithm_bit_for_bit():
     plugin, fedavg = make(), registry.get("algorithm", "fedavg").factory(make().inner.config)
     state = init_state(plugin)

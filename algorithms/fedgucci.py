@@ -45,7 +45,6 @@ from torch.func import functional_call
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import (
     Backward,
     Batch,
@@ -69,6 +68,7 @@ from raysim.types import (
     Payload,
     RunInfo,
     ServerState,
+    require_classification,
 )
 
 
@@ -247,13 +247,9 @@ class FedGuCci:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if self.config.logit_calibration is not None and info.spec.task != "classification":
-            raise ConfigError(
-                [
-                    f"algorithm.logit_calibration: FedLC calibrates class logits, but the dataset's "
-                    f"task is {info.spec.task!r}; set logit_calibration: null (or use fedgucci)"
-                ]
-            )
+        if self.config.logit_calibration is not None:
+            why = "FedLC calibrates class logits; set logit_calibration: null (or use fedgucci)"
+            require_classification(info, "algorithm.logit_calibration", why)
         anchor = _trainable(P.clone(params), info.buffer_keys)
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
 

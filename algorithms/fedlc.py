@@ -13,12 +13,20 @@ from pydantic import BaseModel
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+    require_classification,
+)
 
 
 class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
@@ -40,10 +48,7 @@ class FedLC:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            raise ConfigError(
-                [f"algorithm: fedlc calibrates class logits; the dataset's task is {info.spec.task!r}"]
-            )
+        require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:

@@ -26,7 +26,7 @@ one).
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -36,7 +36,6 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import (
     Backward,
     Batch,
@@ -54,15 +53,15 @@ from raysim.types import (
     ClientData,
     ClientResult,
     DataSpec,
+    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
+    feature_model,
+    require_classification,
 )
-
-if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
-    from raysim.models.anatomy import FeatureModel
 
 
 class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
@@ -72,13 +71,6 @@ class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
-
-
-def as_feature_model(model: nn.Module) -> FeatureModel:
-    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
-    if not callable(getattr(model, "features", None)):
-        raise TypeError(f"fedrod needs a model with features(x) and head, not {type(model).__name__}")
-    return cast("FeatureModel", model)
 
 
 def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.Tensor:
@@ -107,7 +99,7 @@ class PersonalHeadStep:
 
     def generic_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         """The balanced-softmax loss; accuracy counts the generic model's own predictions."""
-        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        net = cast(FeatureModel, model)  # checked once per client by feature_model
         features = net.features(batch["x"])  # (B, D)
         logits = net.head(features)  # (B, C)
         self._forward = (features.detach(), logits.detach())
@@ -135,7 +127,7 @@ def personal_train_accuracy(
     training data (0 when empty)."""
     model.eval()  # the worker sets train mode again before the next client
     head.eval()
-    net = cast("FeatureModel", model)
+    net = cast(FeatureModel, model)
     correct: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), 512):
         features = net.features(batch["x"])
@@ -154,8 +146,9 @@ class FedRoD:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            raise ConfigError([f"algorithm fedrod: needs a classification task, not {info.spec.task!r}"])
+        require_classification(
+            info, "algorithm fedrod", "its balanced softmax and personal heads work on classes"
+        )
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
@@ -163,7 +156,7 @@ class FedRoD:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         # the current global head: the personal head's first value when the client has none
-        head = copy.deepcopy(as_feature_model(ctx.model).head)
+        head = copy.deepcopy(feature_model(ctx.model, "fedrod").head)
         state = cast(dict[str, Params] | None, ctx.state)
         if state:
             head.load_state_dict(state["head"])

@@ -33,7 +33,6 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
@@ -41,12 +40,15 @@ from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
+    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
     Tree,
+    feature_model,
+    require_classification,
 )
 
 
@@ -119,15 +121,16 @@ class MoonObjective:
 
     def loss_fn(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         x, y = batch["x"], batch["y"]
-        z = model.features(x)  # type: ignore[operator]
-        logits = model.head(z)  # type: ignore[operator]
+        net = cast(FeatureModel, model)  # checked once per client by feature_model
+        z = net.features(x)
+        logits = net.head(z)
         self._kept = (x, z)
         return F.cross_entropy(logits, y), (logits.argmax(-1) == y).sum(), len(y)
 
     def extra_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         x = batch["x"]
         kept, self._kept = self._kept, None
-        z = kept[1] if kept is not None and kept[0] is x else model.features(x)  # type: ignore[operator]
+        z = kept[1] if kept is not None and kept[0] is x else cast(FeatureModel, model).features(x)
         l_con = model_contrastive_loss(z, self.positive(x), self.negative(x), self.temperature)
         return self.mu * l_con
 
@@ -142,9 +145,7 @@ class Moon:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            task = info.spec.task
-            raise ConfigError([f"moon: its loss is cross-entropy, for classification tasks, not {task!r}"])
+        require_classification(info, "algorithm moon", "its loss is cross-entropy over class logits")
         extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "initial" else {}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
@@ -155,11 +156,7 @@ class Moon:
         return Payload(P.to_numpy(state.params), extra=extra)
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        if not callable(getattr(ctx.model, "features", None)) or not hasattr(ctx.model, "head"):
-            raise TypeError(
-                f"moon needs a model with features(x) and head (raysim/models/anatomy.py); "
-                f"{type(ctx.model).__name__} has not"
-            )
+        feature_model(ctx.model, "moon")
         objective = MoonObjective(
             FrozenFeatures(ctx.model, ctx.global_params),
             FrozenFeatures(ctx.model, self._negative(ctx)),

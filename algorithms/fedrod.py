@@ -3,8 +3,8 @@
 arXiv:2107.00778).
 
 Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
-1. takes the generic model's step on the balanced-softmax loss
-   ``CE(softmax(g(f(x)) + log n), y)``, ``n_c`` the count of class ``c`` among the client's
+1. takes the generic model's step on the balanced-softmax loss ``CE(softmax(g(f(x)) + log n), y)``
+   (``raysim.losses.balanced_softmax_loss``), ``n_c`` the count of class ``c`` among the client's
    examples this round. A class it lacks gets ``log 0 = -inf`` (probability 0, no gradient): the
    literal balanced softmax, as PFLlib. FedGuCci's code counts an absent class as 1 instead
    (``torch.where(n > 0, n, 1)``: ``log 1 = 0``, so the class keeps its raw logit and a gradient
@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 from typing import Literal, cast
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
@@ -46,6 +45,7 @@ from raysim.local import (
     round_lr,
     to_tensors,
 )
+from raysim.losses import balanced_softmax_loss, client_label_counts
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import (
@@ -76,15 +76,8 @@ class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
 def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.Tensor:
     """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float; a class
     without examples counts ``absent`` (0: the balanced softmax; 1: FedGuCci's code)."""
-    labels = np.asarray(data.arrays["y"], dtype=np.int64) if len(data) else np.zeros(0, np.int64)
-    counts = np.bincount(labels, minlength=num_classes).astype(np.float32)
-    return torch.from_numpy(np.where(counts > 0, counts, np.float32(absent)))
-
-
-def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``softmax(logits + log counts)``: the balanced softmax (Ren et al.,
-    NeurIPS 2020), FedRoD's balanced risk for the generic model. logits (B, C), counts (C,)."""
-    return F.cross_entropy(logits + counts.log(), y)
+    counts = client_label_counts(data, num_classes)
+    return counts.masked_fill(counts == 0, absent)
 
 
 class PersonalHeadStep:

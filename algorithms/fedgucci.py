@@ -41,7 +41,6 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
-from torch.func import functional_call
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
@@ -124,19 +123,6 @@ class FedGuCciPlusConfig(FedGuCciConfig, frozen=True):
     sam: SamConfig | None = SamConfig()
 
 
-class _AtWeights(nn.Module):
-    """``model`` run at other weights through ``torch.func.functional_call``, so that any
-    ``LossFn`` (which calls ``model(x)``) can be evaluated there without touching the model."""
-
-    def __init__(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self.__dict__["model"] = model  # a plain reference: not a submodule of this wrapper
-        self.weights = weights
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.__dict__["model"], self.weights, inputs)
-
-
 class Connectivity:
     """One client's connectivity terms ``(beta / n) * l(alpha_j w + (1 - alpha_j) a_j)``.
 
@@ -196,11 +182,11 @@ class Connectivity:
         }
         if self.eval_buffers is None:  # copies: the statistics this pass would update are dropped
             buffers = {name: b.clone() for name, b in model.named_buffers()}
-            return self.task(_AtWeights(model, weights | buffers), batch, self.spec)
+            return self.task(P.at_weights(model, weights | buffers), batch, self.spec)
         was_training = model.training
         model.eval()
         try:
-            return self.task(_AtWeights(model, weights | self.eval_buffers), batch, self.spec)
+            return self.task(P.at_weights(model, weights | self.eval_buffers), batch, self.spec)
         finally:
             model.train(was_training)
 

@@ -9,8 +9,9 @@ The server is FedAvg's.
 
 The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
 FedGuCci code has no projection head (notes/fedgucci.md section 5). The frozen models'
-representations come from the resident model through ``torch.func.functional_call``, in eval mode
-and without gradients, so no client holds a second model copy.
+representations come from the resident model at their weights (``raysim.params.at_weights``,
+through ``torch.func.functional_call``), in eval mode and without gradients, so no client holds a
+second model copy.
 
 Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
 section 5) uses ``temperature: 1.0`` and a negative that is never updated: each client's
@@ -75,33 +76,21 @@ def model_contrastive_loss(
     return -F.log_softmax(logits / temperature, dim=-1)[..., 0].mean()
 
 
-class _Features(nn.Module):
-    """The resident model's ``features`` as a module's forward, for ``functional_call``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.features(x)  # type: ignore[operator]
-
-
 class FrozenFeatures:
     """Representations of other weights (the global model, a previous local model) computed by the
     resident model with those weights swapped in: no copy of the model, and its own weights,
     gradients and mode are as they were afterwards."""
 
     def __init__(self, model: nn.Module, params: Params) -> None:
-        self.module = _Features(model)
-        self.params = {f"model.{k}": v for k, v in params.items()}
+        self.frozen = P.at_weights(model, params)
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        model = self.module.model
+        model = self.frozen.model
         was_training = model.training
         model.eval()  # a frozen model is a fixed function: running BatchNorm statistics, no dropout
         try:
-            return torch.func.functional_call(self.module, self.params, (x,))
+            return self.frozen.features(x)
         finally:
             model.train(was_training)
 

@@ -164,6 +164,6 @@ def test_a_partial_sam_setting_keeps_the_plugins_other_defaults():
     asam = registry.plugin_config(
         registry.get("algorithm", "fedasam").config, {"sam": {"rho": 0.2, "eta": 0.05}}
     )
-    assert asam.sam == SamConfig(rho=0.2, adaptive=True, eta=0.05)  # type: ignore[attr-defined]
+    assert asam.sam == SamConfig(rho=0.2, adaptive=True, eta=0.05)
     plus = registry.plugin_config(registry.get("algorithm", "fedgucci_plus").config, {"sam": {"rho": 0.3}})
-    assert plus.sam == SamConfig(rho=0.3)  # type: ignore[attr-defined]
+    assert plus.sam == SamConfig(rho=0.3)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import cast
 
-import torch
 from pydantic import BaseModel, Field
 
 from raysim import params as P
@@ -37,8 +36,7 @@ class FedAvgClipConfig(BaseModel, frozen=True, extra="forbid"):
 def clip(delta: Params, max_norm: float, skip: set[str]) -> tuple[Params, float]:
     """``delta`` scaled to a global L2 norm of at most ``max_norm`` over the keys not in ``skip``;
     also returns the norm before clipping."""
-    squares = [(v.double() ** 2).sum() for k, v in delta.items() if k not in skip]
-    norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+    norm = P.global_norm(delta, skip)
     scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return {k: v if k in skip else v * scale for k, v in delta.items()}, norm
 

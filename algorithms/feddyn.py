@@ -20,7 +20,6 @@ stay as above.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
@@ -63,7 +62,7 @@ def dynamic_regularizer(alpha: float, anchor: Params, g: Params, penalty: str) -
         }
         scale = alpha
         if penalty == "norm":  # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||
-            norm = float(torch.stack([(d.double() ** 2).sum() for d in diffs.values()]).sum().sqrt())
+            norm = P.global_norm(diffs)
             scale = alpha / 2 / norm if norm > 0 else 0.0  # 0 at the anchor, as autograd's norm
         for name, p in model.named_parameters():
             if p.grad is not None:
@@ -141,14 +140,13 @@ class FedDyn:
         # h - alpha (1/m) sum_i (w_i - w_g) = h + alpha (|S|/m) mean(w_g - w_i)
         h = {k: v + alpha * share * mean_delta[k] for k, v in _h(state).items()}
         params = {k: w - mean_delta[k] - (h[k] / alpha if k in h else 0.0) for k, w in state.params.items()}
-        metrics = {"server/delta_norm": _norm(mean_delta, state.buffer_keys), "feddyn/h_norm": _norm(h)}
+        metrics = {
+            "server/delta_norm": P.global_norm(mean_delta, skip=state.buffer_keys),  # parameters only
+            "feddyn/h_norm": P.global_norm(h),  # h holds no buffers
+        }
         return replace(state, params=params, extra={**state.extra, "h": h}), metrics
 
 
 def _h(state: ServerState) -> Params:
     """The server's ``h``, kept in ``state.extra`` (see ``FedDyn.init``)."""
     return cast(Params, state.extra["h"])
-
-
-def _norm(params: Params, skip: frozenset[str] = frozenset()) -> float:
-    return math.sqrt(sum(float((v.double() ** 2).sum()) for k, v in params.items() if k not in skip))

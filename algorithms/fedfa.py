@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,6 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import Backward, Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
@@ -58,16 +57,16 @@ from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
+    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
     Tree,
+    feature_model,
+    require_classification,
 )
-
-if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
-    from raysim.models.anatomy import FeatureModel
 
 
 class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
@@ -89,13 +88,6 @@ class AnchoredDelta:
 
     delta: Params  # global - local
     anchors: torch.Tensor  # (C, D) the client's updated anchors
-
-
-def as_feature_model(model: nn.Module) -> FeatureModel:
-    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
-    if not callable(getattr(model, "features", None)):
-        raise TypeError(f"fedfa needs a model with features(x) and head, not {type(model).__name__}")
-    return cast("FeatureModel", model)
 
 
 def initial_anchors(num_classes: int, dim: int, seed: int) -> torch.Tensor:
@@ -150,7 +142,7 @@ class AnchorStep:
         self._num_batches = 0
 
     def task_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
-        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        net = cast(FeatureModel, model)  # checked once per client by feature_model
         self._features = net.features(batch["x"])  # (B, D)
         logits = net.head(self._features)
         y = batch["y"]
@@ -208,8 +200,7 @@ class FedFA:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            raise ConfigError([f"algorithm fedfa: needs a classification task, not {info.spec.task!r}"])
+        require_classification(info, "algorithm fedfa", "it keeps one feature anchor per class")
         # D is known to the workers only (from the model): the first cohort builds the anchors
         extra: dict[str, Tree] = {"anchors": torch.zeros(0), "anchor_seed": info.seed}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
@@ -221,7 +212,7 @@ class FedFA:
         )
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        head = as_feature_model(ctx.model).head
+        head = feature_model(ctx.model, "fedfa").head
         anchors = cast(torch.Tensor, ctx.payload.extra["anchors"])
         if anchors.numel() == 0:
             seed = cast(int, ctx.payload.extra["anchor_seed"])

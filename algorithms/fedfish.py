@@ -112,7 +112,7 @@ class FisherWeightedMean:
         if acc.num is None or acc.weight == 0:
             return None
         assert acc.den is not None and acc.avg is not None  # set together with num
-        pseudo_grad, num_zero, total, fedavg_sq = {}, 0, 0, 0.0
+        pseudo_grad, num_zero, total = {}, 0, 0
         for k, num in acc.num.items():
             den, fedavg = acc.den[k], acc.avg[k] / acc.weight
             has_fisher = den > 0
@@ -120,11 +120,12 @@ class FisherWeightedMean:
             pseudo_grad[k] = torch.where(has_fisher, fisher_mean, fedavg).float()
             if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
                 num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
-                fedavg_sq += float((fedavg.double() ** 2).sum())
+        buffers = acc.avg.keys() - acc.fisher_keys
         return {
             "pseudo_grad": pseudo_grad,
             "zero_fisher_fraction": num_zero / max(total, 1),
-            "fedavg_norm": math.sqrt(fedavg_sq),  # what FedAvg would have stepped on this round
+            # what FedAvg would have stepped on this round, ||sum_i w_i delta_i|| / sum_i w_i (parameters)
+            "fedavg_norm": P.global_norm(acc.avg, skip=buffers) / acc.weight,
         }
 
 
@@ -252,9 +253,7 @@ class FedFish:
             state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
         )
         # parameters only: on buffers both methods average, which would pull the ratio towards 1
-        norm = math.sqrt(
-            sum(float((g.double() ** 2).sum()) for k, g in pseudo_grad.items() if k not in state.buffer_keys)
-        )
+        norm = P.global_norm(pseudo_grad, skip=state.buffer_keys)
         fedavg_norm = aggregate["fedavg_norm"]
         return replace(state, params=params, opt_state=opt_state), {
             "server/delta_norm": norm,

@@ -20,9 +20,10 @@ weights ``alpha * grad l(m_j)`` and the anchors nothing. ``update_mode``:
 ``alpha_mode``: ``fixed`` (alpha = 0.5, the code) or ``uniform`` (alpha_j ~ U(0, 1) per batch and
 anchor, the cited learning-lines works; notes 3.1).
 
-FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration`` (FedLC's calibrated cross-entropy,
-``raysim.losses``, replaces the task loss in every term) and ``sam`` (SAM with radius rho wraps
-the task step and every connectivity step; in joint mode, the one step).
+FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration: {tau: 0.1}`` (FedLC's calibrated
+cross-entropy, ``raysim.losses``, replaces the task loss in every term) and ``sam: {rho: 0.05}``
+(``raysim.sharpness.sam_descend`` takes every step, the task step and each connectivity step; in
+joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches either off.
 
 Server: FedAvg (any ``raysim.server_opt`` optimizer), weighted by the examples trained on; it
 then pushes the new global model onto ``ServerState.extra["anchors"]`` (a list of the newest N
@@ -38,14 +39,13 @@ from typing import Literal, cast
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
-from torch.func import functional_call
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.checkpoint import CheckpointTrail
-from raysim.errors import CheckpointError, ConfigError
+from raysim.errors import CheckpointError
 from raysim.local import (
     Backward,
     Batch,
@@ -56,10 +56,10 @@ from raysim.local import (
     local_delta_update,
     task_loss,
 )
-from raysim.losses import fedlc_loss
+from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.sharpness import sam_perturbation
+from raysim.sharpness import SamConfig, sam_descend
 from raysim.types import (
     ClientContext,
     ClientResult,
@@ -69,6 +69,7 @@ from raysim.types import (
     Payload,
     RunInfo,
     ServerState,
+    require_classification,
 )
 
 
@@ -86,15 +87,24 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
     # would update are discarded); eval: the code's quirk (notes 3.5 item 4), eval mode with the
     # round's global buffers (no dropout, BN normalises with the global running statistics).
     interpolated_mode: Literal["train", "eval"] = "train"
-    logit_calibration: bool = False  # FedLC's calibrated CE as the task loss (FedGuCci+)
-    tau: float = Field(0.1, ge=0)  # FedLC's calibration strength
-    sam: bool = False  # SAM on every step (FedGuCci+)
-    sam_rho: float = Field(0.05, ge=0)
+    logit_calibration: LogitCalibrationConfig | None = None  # FedLC's CE as the task loss (FedGuCci+)
+    sam: SamConfig | None = None  # SAM (or ASAM) on every step (FedGuCci+)
     # the code's SAM connectivity step applies the clean plus the perturbed gradient (notes 3.3 item 2)
     replicate_quirks: bool = False
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
     weighted: bool = True
+
+    @field_validator("logit_calibration", "sam", mode="before")
+    @classmethod
+    def _settings_not_a_switch(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, bool):
+            example = "{tau: 0.1}" if info.field_name == "logit_calibration" else "{rho: 0.05}"
+            raise ValueError(
+                f"{info.field_name} takes its settings, e.g. {info.field_name}: {example}, or null for off; "
+                f"not {str(value).lower()}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _options_that_apply(self) -> "FedGuCciConfig":
@@ -105,7 +115,7 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
         if self.replicate_quirks and not (self.sam and self.update_mode == "sequential"):
             raise ValueError(
                 "replicate_quirks reproduces the code's SAM gradient sum in sequential connectivity "
-                "steps: it needs sam: true and update_mode: sequential"
+                "steps: it needs sam set (e.g. sam: {rho: 0.05}) and update_mode: sequential"
             )
         return self
 
@@ -120,21 +130,8 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
 class FedGuCciPlusConfig(FedGuCciConfig, frozen=True):
     """FedGuCci+: FedGuCci with FedLC logit calibration and SAM on every step (Li et al. 2025)."""
 
-    logit_calibration: bool = True
-    sam: bool = True
-
-
-class _AtWeights(nn.Module):
-    """``model`` run at other weights through ``torch.func.functional_call``, so that any
-    ``LossFn`` (which calls ``model(x)``) can be evaluated there without touching the model."""
-
-    def __init__(self, model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self.__dict__["model"] = model  # a plain reference: not a submodule of this wrapper
-        self.weights = weights
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.__dict__["model"], self.weights, inputs)
+    logit_calibration: LogitCalibrationConfig | None = LogitCalibrationConfig()
+    sam: SamConfig | None = SamConfig()
 
 
 class Connectivity:
@@ -196,59 +193,34 @@ class Connectivity:
         }
         if self.eval_buffers is None:  # copies: the statistics this pass would update are dropped
             buffers = {name: b.clone() for name, b in model.named_buffers()}
-            return self.task(_AtWeights(model, weights | buffers), batch, self.spec)
+            return self.task(P.at_weights(model, weights | buffers), batch, self.spec)
         was_training = model.training
         model.eval()
         try:
-            return self.task(_AtWeights(model, weights | self.eval_buffers), batch, self.spec)
+            return self.task(P.at_weights(model, weights | self.eval_buffers), batch, self.spec)
         finally:
             model.train(was_training)
 
 
-def descend(
-    model: nn.Module,
-    batch: Batch,
-    optimizer: torch.optim.Optimizer,
-    backward: Backward,
-    loss_fn: LossFn | None = None,
-    sam_rho: float | None = None,
-    add_clean_gradient: bool = False,
-) -> BatchLoss:
-    """One optimizer step on ``loss_fn`` (the trainer's task loss when None), at SAM's perturbed
-    point when ``sam_rho`` is given; ``add_clean_gradient`` steps on the clean plus the perturbed
-    gradient instead (the code's connectivity-step quirk). Returns the loss at the start."""
-    loss = backward(batch, loss_fn)
-    if sam_rho is None:
-        optimizer.step()
-        return loss
-    clean = (
-        {p: p.grad.clone() for p in model.parameters() if p.grad is not None} if add_clean_gradient else {}
-    )
-    with sam_perturbation(model, sam_rho):
-        backward(batch, loss_fn)
-    for p, g in clean.items():
-        if p.grad is not None:
-            p.grad.add_(g)
-    optimizer.step()
-    return loss
-
-
-def sequential_step(conn: Connectivity, sam_rho: float | None, replicate_quirks: bool = False) -> LocalStep:
-    """The authors' loop (notes 3.2.1): a task step, then one step per anchor, newest first."""
+def sequential_step(conn: Connectivity, sam: SamConfig | None, replicate_quirks: bool = False) -> LocalStep:
+    """The authors' loop (notes 3.2.1): a task step, then one step per anchor, newest first, each
+    at SAM's perturbed point when ``sam`` is set (``replicate_quirks``: the code's connectivity
+    steps on the clean plus the perturbed gradient)."""
 
     def step(
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
     ) -> BatchLoss:
         conn.redraw()
-        loss = descend(model, batch, optimizer, backward, None, sam_rho)
+        loss = sam_descend(model, batch, optimizer, backward, sam)
         for j in range(len(conn.anchors)):
-            descend(model, batch, optimizer, backward, conn.term(j), sam_rho, replicate_quirks)
+            term = conn.term(j)
+            sam_descend(model, batch, optimizer, backward, sam, term, add_clean_gradient=replicate_quirks)
         return loss
 
     return step
 
 
-def joint_step(conn: Connectivity, sam_rho: float | None) -> LocalStep:
+def joint_step(conn: Connectivity, sam: SamConfig | None) -> LocalStep:
     """Eq. 13 in one step (notes 3.2.2): the connectivity terms ride in ``extra_loss``
     (``conn.total``); this only draws the batch's alphas first, so both SAM passes share them."""
 
@@ -256,7 +228,7 @@ def joint_step(conn: Connectivity, sam_rho: float | None) -> LocalStep:
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
     ) -> BatchLoss:
         conn.redraw()
-        return descend(model, batch, optimizer, backward, None, sam_rho)
+        return sam_descend(model, batch, optimizer, backward, sam)
 
     return step
 
@@ -272,13 +244,9 @@ class FedGuCci:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if self.config.logit_calibration and info.spec.task != "classification":
-            raise ConfigError(
-                [
-                    f"algorithm.logit_calibration: FedLC calibrates class logits, but the dataset's "
-                    f"task is {info.spec.task!r}; set logit_calibration: false (or use fedgucci)"
-                ]
-            )
+        if self.config.logit_calibration is not None:
+            why = "FedLC calibrates class logits; set logit_calibration: null (or use fedgucci)"
+            require_classification(info, "algorithm.logit_calibration", why)
         anchor = _trainable(P.clone(params), info.buffer_keys)
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
 
@@ -317,14 +285,14 @@ class FedGuCci:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         config = self.config
-        task = fedlc_loss(ctx, config.tau) if config.logit_calibration else task_loss
+        calibration = config.logit_calibration
+        task = fedlc_loss(ctx, calibration.tau) if calibration is not None else task_loss
         conn = self._connectivity(ctx, task)
-        rho = config.sam_rho if config.sam else None
         if config.update_mode == "sequential":
-            step = sequential_step(conn, rho, config.replicate_quirks)
+            step = sequential_step(conn, config.sam, config.replicate_quirks)
             return local_delta_update(ctx, config.local, loss_fn=task, step=step)
         return local_delta_update(
-            ctx, config.local, loss_fn=task, extra_loss=conn.total, step=joint_step(conn, rho)
+            ctx, config.local, loss_fn=task, extra_loss=conn.total, step=joint_step(conn, config.sam)
         )
 
     def _connectivity(self, ctx: ClientContext, task: LossFn) -> Connectivity:

@@ -3,27 +3,36 @@
 Zhang et al., "Federated Learning with Label Distribution Skew via Logits Calibration", ICML 2022,
 arXiv:2209.00189. Each client lowers logit c by ``tau * n_c^(-1/4)`` before the cross-entropy,
 with n_c its own count of class c (``raysim.losses``); classes it never saw drop out of its
-softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md, section 5): tau 0.1.
+softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md, section 5):
+``logit_calibration: {tau: 0.1}`` (``raysim.losses.LogitCalibrationConfig``, shared with FedGuCci+).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import LocalTrainConfig, local_delta_update
-from raysim.losses import fedlc_loss
+from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+    require_classification,
+)
 
 
 class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
     """FedLC: FedAvg with logit-calibrated local cross-entropy (Zhang et al. 2022)."""
 
-    tau: float = Field(0.1, ge=0)
+    logit_calibration: LogitCalibrationConfig = LogitCalibrationConfig()
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -39,17 +48,16 @@ class FedLC:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            raise ConfigError(
-                [f"algorithm: fedlc calibrates class logits; the dataset's task is {info.spec.task!r}"]
-            )
+        require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        return local_delta_update(ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.tau))
+        return local_delta_update(
+            ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.logit_calibration.tau)
+        )
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

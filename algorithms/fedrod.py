@@ -3,8 +3,8 @@
 arXiv:2107.00778).
 
 Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
-1. takes the generic model's step on the balanced-softmax loss
-   ``CE(softmax(g(f(x)) + log n), y)``, ``n_c`` the count of class ``c`` among the client's
+1. takes the generic model's step on the balanced-softmax loss ``CE(softmax(g(f(x)) + log n), y)``
+   (``raysim.losses.balanced_softmax_loss``), ``n_c`` the count of class ``c`` among the client's
    examples this round. A class it lacks gets ``log 0 = -inf`` (probability 0, no gradient): the
    literal balanced softmax, as PFLlib. FedGuCci's code counts an absent class as 1 instead
    (``torch.where(n > 0, n, 1)``: ``log 1 = 0``, so the class keeps its raw logit and a gradient
@@ -26,9 +26,8 @@ one).
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
@@ -36,7 +35,6 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import (
     Backward,
     Batch,
@@ -47,6 +45,7 @@ from raysim.local import (
     round_lr,
     to_tensors,
 )
+from raysim.losses import balanced_softmax_loss, client_label_counts
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import (
@@ -54,15 +53,15 @@ from raysim.types import (
     ClientData,
     ClientResult,
     DataSpec,
+    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
+    feature_model,
+    require_classification,
 )
-
-if TYPE_CHECKING:  # the models tier only for the type: plugins import the toolkit
-    from raysim.models.anatomy import FeatureModel
 
 
 class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
@@ -74,25 +73,11 @@ class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     weighted: bool = True
 
 
-def as_feature_model(model: nn.Module) -> FeatureModel:
-    """``model`` seen as ``features(x)`` and ``head`` (every built-in model is one)."""
-    if not callable(getattr(model, "features", None)):
-        raise TypeError(f"fedrod needs a model with features(x) and head, not {type(model).__name__}")
-    return cast("FeatureModel", model)
-
-
 def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.Tensor:
     """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float; a class
     without examples counts ``absent`` (0: the balanced softmax; 1: FedGuCci's code)."""
-    labels = np.asarray(data.arrays["y"], dtype=np.int64) if len(data) else np.zeros(0, np.int64)
-    counts = np.bincount(labels, minlength=num_classes).astype(np.float32)
-    return torch.from_numpy(np.where(counts > 0, counts, np.float32(absent)))
-
-
-def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``softmax(logits + log counts)``: the balanced softmax (Ren et al.,
-    NeurIPS 2020), FedRoD's balanced risk for the generic model. logits (B, C), counts (C,)."""
-    return F.cross_entropy(logits + counts.log(), y)
+    counts = client_label_counts(data, num_classes)
+    return counts.masked_fill(counts == 0, absent)
 
 
 class PersonalHeadStep:
@@ -107,7 +92,7 @@ class PersonalHeadStep:
 
     def generic_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         """The balanced-softmax loss; accuracy counts the generic model's own predictions."""
-        net = cast("FeatureModel", model)  # checked once per client by as_feature_model
+        net = cast(FeatureModel, model)  # checked once per client by feature_model
         features = net.features(batch["x"])  # (B, D)
         logits = net.head(features)  # (B, C)
         self._forward = (features.detach(), logits.detach())
@@ -135,7 +120,7 @@ def personal_train_accuracy(
     training data (0 when empty)."""
     model.eval()  # the worker sets train mode again before the next client
     head.eval()
-    net = cast("FeatureModel", model)
+    net = cast(FeatureModel, model)
     correct: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), 512):
         features = net.features(batch["x"])
@@ -154,8 +139,9 @@ class FedRoD:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            raise ConfigError([f"algorithm fedrod: needs a classification task, not {info.spec.task!r}"])
+        require_classification(
+            info, "algorithm fedrod", "its balanced softmax and personal heads work on classes"
+        )
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
@@ -163,7 +149,7 @@ class FedRoD:
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         # the current global head: the personal head's first value when the client has none
-        head = copy.deepcopy(as_feature_model(ctx.model).head)
+        head = copy.deepcopy(feature_model(ctx.model, "fedrod").head)
         state = cast(dict[str, Params] | None, ctx.state)
         if state:
             head.load_state_dict(state["head"])

@@ -6,28 +6,29 @@
 - FedASAM: local adaptive SAM (Kwon et al., ICML 2021, arXiv:2102.11600; Caldarola et al. 2022).
   Defaults rho 0.7, eta 0.2: the IMA authors' code for their CNNs (shared/papers/notes/ima.md,
   section 4); for ResNet, VGG and AlexNet that code uses rho 0.2, eta 0.05.
-Both steps are ``raysim.sharpness.sam_step`` (two backward passes per batch).
+Both are FedAvg with ``raysim.sharpness.sam_step`` (two backward passes per batch), configured
+by the ``sam`` option (``raysim.sharpness.SamConfig``) as in every plugin with SAM: FedSAM's
+``sam: {rho: 0.05}``, FedASAM's ``sam: {rho: 0.7, adaptive: true, eta: 0.2}``. A partial ``sam``
+keeps the rest of the plugin's default (``sam: {rho: 0.2, eta: 0.05}`` under fedasam stays ASAM).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.sharpness import sam_step
+from raysim.sharpness import SamConfig, sam_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
 class FedSAMConfig(BaseModel, frozen=True, extra="forbid"):
     """FedSAM: FedAvg with SAM local steps (Qu et al. 2022; Caldarola et al. 2022)."""
 
-    rho: float = Field(0.05, ge=0)
-    adaptive: bool = False  # ASAM's scale-invariant neighbourhood
-    eta: float = Field(0.01, ge=0)  # ASAM's T_w = |w| + eta; unused by SAM
+    sam: SamConfig = SamConfig(rho=0.05)
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -36,9 +37,7 @@ class FedSAMConfig(BaseModel, frozen=True, extra="forbid"):
 class FedASAMConfig(FedSAMConfig, frozen=True):
     """FedASAM: FedAvg with adaptive-SAM local steps (Caldarola et al. 2022)."""
 
-    rho: float = Field(0.7, ge=0)  # CNNs; ResNet/VGG/AlexNet: rho 0.2, eta 0.05
-    adaptive: bool = True
-    eta: float = Field(0.2, ge=0)
+    sam: SamConfig = SamConfig(rho=0.7, adaptive=True, eta=0.2)  # CNNs; ResNet/VGG/AlexNet: rho 0.2, eta 0.05
 
 
 @register("algorithm", "fedsam", config=FedSAMConfig)
@@ -58,10 +57,7 @@ class FedSAM:
         return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        config = self.config
-        return local_delta_update(
-            ctx, config.local, step=sam_step(config.rho, config.adaptive, eta=config.eta)
-        )
+        return local_delta_update(ctx, self.config.local, step=sam_step(**self.config.sam.model_dump()))
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

@@ -9,8 +9,9 @@ The server is FedAvg's.
 
 The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
 FedGuCci code has no projection head (notes/fedgucci.md section 5). The frozen models'
-representations come from the resident model through ``torch.func.functional_call``, in eval mode
-and without gradients, so no client holds a second model copy.
+representations come from the resident model at their weights (``raysim.params.at_weights``,
+through ``torch.func.functional_call``), in eval mode and without gradients, so no client holds a
+second model copy.
 
 Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
 section 5) uses ``temperature: 1.0`` and a negative that is never updated: each client's
@@ -33,7 +34,6 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.errors import ConfigError
 from raysim.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
 from raysim.server_opt import ServerOptimizerConfig, apply_server_step
@@ -41,12 +41,15 @@ from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
+    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
     Tree,
+    feature_model,
+    require_classification,
 )
 
 
@@ -73,33 +76,21 @@ def model_contrastive_loss(
     return -F.log_softmax(logits / temperature, dim=-1)[..., 0].mean()
 
 
-class _Features(nn.Module):
-    """The resident model's ``features`` as a module's forward, for ``functional_call``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.features(x)  # type: ignore[operator]
-
-
 class FrozenFeatures:
     """Representations of other weights (the global model, a previous local model) computed by the
     resident model with those weights swapped in: no copy of the model, and its own weights,
     gradients and mode are as they were afterwards."""
 
     def __init__(self, model: nn.Module, params: Params) -> None:
-        self.module = _Features(model)
-        self.params = {f"model.{k}": v for k, v in params.items()}
+        self.frozen = P.at_weights(model, params)
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        model = self.module.model
+        model = self.frozen.model
         was_training = model.training
         model.eval()  # a frozen model is a fixed function: running BatchNorm statistics, no dropout
         try:
-            return torch.func.functional_call(self.module, self.params, (x,))
+            return self.frozen.features(x)
         finally:
             model.train(was_training)
 
@@ -119,15 +110,16 @@ class MoonObjective:
 
     def loss_fn(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         x, y = batch["x"], batch["y"]
-        z = model.features(x)  # type: ignore[operator]
-        logits = model.head(z)  # type: ignore[operator]
+        net = cast(FeatureModel, model)  # checked once per client by feature_model
+        z = net.features(x)
+        logits = net.head(z)
         self._kept = (x, z)
         return F.cross_entropy(logits, y), (logits.argmax(-1) == y).sum(), len(y)
 
     def extra_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         x = batch["x"]
         kept, self._kept = self._kept, None
-        z = kept[1] if kept is not None and kept[0] is x else model.features(x)  # type: ignore[operator]
+        z = kept[1] if kept is not None and kept[0] is x else cast(FeatureModel, model).features(x)
         l_con = model_contrastive_loss(z, self.positive(x), self.negative(x), self.temperature)
         return self.mu * l_con
 
@@ -142,9 +134,7 @@ class Moon:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
-        if info.spec.task != "classification":
-            task = info.spec.task
-            raise ConfigError([f"moon: its loss is cross-entropy, for classification tasks, not {task!r}"])
+        require_classification(info, "algorithm moon", "its loss is cross-entropy over class logits")
         extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "initial" else {}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
@@ -155,11 +145,7 @@ class Moon:
         return Payload(P.to_numpy(state.params), extra=extra)
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
-        if not callable(getattr(ctx.model, "features", None)) or not hasattr(ctx.model, "head"):
-            raise TypeError(
-                f"moon needs a model with features(x) and head (raysim/models/anatomy.py); "
-                f"{type(ctx.model).__name__} has not"
-            )
+        feature_model(ctx.model, "moon")
         objective = MoonObjective(
             FrozenFeatures(ctx.model, ctx.global_params),
             FrozenFeatures(ctx.model, self._negative(ctx)),

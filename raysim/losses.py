@@ -11,6 +11,12 @@ with n_c the count of class c in the client's training labels. Rare classes lose
 counters the bias of a label-skewed client towards its frequent classes. A class the client never
 saw (n_c = 0) gets z'_c = -inf: it drops out of the softmax (the code's 0^(-1/4) = inf, written
 as an explicit mask). With equal counts the shift is the same for every class, and CE is unchanged.
+Plugins take it as one option, ``logit_calibration: {tau: 0.1}`` (``LogitCalibrationConfig``;
+``null`` where it is optional).
+
+The balanced softmax (Ren et al., "Balanced Meta-Softmax for Long-Tailed Visual Recognition",
+NeurIPS 2020, arXiv:2007.10740; FedRoD's balanced risk, Chen & Chao, ICLR 2022,
+arXiv:2107.00778) adds ``log n_c`` to the logits instead: ``loss = CE(softmax(z + log n), y)``.
 
 Accuracy counts the raw logits' argmax: the calibration is a training device, and evaluation
 (``raysim.local.evaluate``) scores the uncalibrated model, so the train accuracy stays comparable
@@ -21,6 +27,7 @@ Usage:
     metrics = train_local(model, data, config, seed=s, spec=spec, loss_fn=loss_fn)
     logits = torch.func.functional_call(model, weights, (x,))  # or at any weights:
     loss = F.cross_entropy(calibrate_logits(logits, counts, tau=0.1), y)
+    loss = balanced_softmax_loss(logits, y, client_label_counts(ctx.data, num_classes))
 """
 
 from __future__ import annotations
@@ -28,10 +35,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim.local import Batch, BatchLoss, LossFn
-from raysim.types import ClientContext, DataSpec
+from raysim.types import ClientContext, ClientData, DataSpec
+
+
+class LogitCalibrationConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedLC's logit calibration, the same in every plugin that offers it (fedlc, fedgucci)."""
+
+    tau: float = Field(0.1, ge=0)  # the strength: z_c - tau * n_c^(-1/4); FedLC and FedGuCci+ use 0.1
 
 
 def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -49,6 +63,11 @@ def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> torch.T
     return torch.bincount(labels, minlength=num_classes).float()
 
 
+def client_label_counts(data: ClientData, num_classes: int) -> torch.Tensor:
+    """``label_counts`` of a client's labels ``data.arrays["y"]`` (zeros when it has no data)."""
+    return label_counts(data.arrays.get("y", np.zeros(0, np.int64)), num_classes)
+
+
 def calibrate_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
     """FedLC's calibrated logits ``z_c - tau * n_c^(-1/4)``; ``-inf`` where ``n_c = 0``.
 
@@ -59,6 +78,15 @@ def calibrate_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> 
     seen = counts > 0
     margin = tau * torch.where(seen, counts, torch.ones_like(counts)) ** -0.25
     return torch.where(seen, logits - margin, torch.full_like(logits, -torch.inf))
+
+
+def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``softmax(logits + log counts)``: the balanced softmax (Ren et al.,
+    NeurIPS 2020), FedRoD's balanced risk for the generic model. logits (B, C), counts (C,).
+
+    A class with count 0 gets ``log 0 = -inf``: probability 0 and no gradient.
+    """
+    return F.cross_entropy(logits + counts.log(), y)
 
 
 def logit_calibrated_loss(counts: torch.Tensor, tau: float) -> LossFn:
@@ -91,5 +119,4 @@ def fedlc_loss(ctx: ClientContext, tau: float) -> LossFn:
     """
     if ctx.spec.task != "classification":
         raise ValueError(f"logit calibration (FedLC) needs a classification task, not {ctx.spec.task!r}")
-    labels = ctx.data.arrays.get("y", np.zeros(0, np.int64))
-    return logit_calibrated_loss(label_counts(labels, ctx.spec.num_classes).to(ctx.device), tau)
+    return logit_calibrated_loss(client_label_counts(ctx.data, ctx.spec.num_classes).to(ctx.device), tau)

@@ -9,7 +9,9 @@ with ``init=False`` are recomputed rather than walked).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+import functools
+import math
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import numpy as np
@@ -76,6 +78,60 @@ def model_params(model: nn.Module) -> Params:
     return params | buffers
 
 
+class AtWeights(nn.Module):
+    """``model`` run at other weights through ``torch.func.functional_call``: see ``at_weights``."""
+
+    model: nn.Module
+
+    def __init__(self, model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.__dict__["model"] = model  # a plain reference: the view owns no parameters or buffers
+        self.weights = dict(weights)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.model, self.weights, inputs)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's ``features(x)`` (a ``raysim.types.FeatureModel``'s) at the weights."""
+        return torch.func.functional_call(self._features, self._prefixed, (x,))
+
+    @functools.cached_property
+    def _features(self) -> nn.Module:
+        return _Method(self.model, "features")
+
+    @functools.cached_property
+    def _prefixed(self) -> dict[str, torch.Tensor]:  # the weights as _Method's state-dict names
+        return {f"model.{k}": v for k, v in self.weights.items()}
+
+
+class _Method(nn.Module):
+    """One method of ``model`` as a module's forward, so ``functional_call`` can run it."""
+
+    def __init__(self, model: nn.Module, name: str) -> None:
+        super().__init__()
+        self.model = model
+        self.name = name
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model, self.name)(*inputs)
+
+
+def at_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> AtWeights:
+    """``model`` evaluated at ``weights`` (tensors by state-dict name) instead of its own, without
+    touching it: a module whose forward (and ``features``) run ``model``'s through
+    ``torch.func.functional_call``, so any ``LossFn`` can be evaluated at those weights and
+    autograd reaches whatever the weights were computed from. Tensors ``weights`` leaves out are
+    the model's own. The model's mode (train or eval) applies; passes that update buffers
+    (BatchNorm statistics in train mode) update the tensors in ``weights`` where it has them.
+
+    Usage:
+        mixed = {k: alpha * p + (1 - alpha) * anchor[k] for k, p in model.named_parameters()}
+        loss, correct, count = task_loss(at_weights(model, mixed), batch, spec)  # FedGuCci
+        z_glob = at_weights(model, ctx.global_params).features(x)  # MOON's positive
+    """
+    return AtWeights(model, weights)
+
+
 def clone(params: Params, dtype: torch.dtype | None = None) -> Params:
     """Detached CPU copies, optionally cast."""
     return {k: v.detach().to("cpu", dtype=dtype or v.dtype, copy=True) for k, v in params.items()}
@@ -138,6 +194,29 @@ def delta(global_params: Params, local_params: Params) -> Params:
         k: global_params[k].to(local_params[k].device, torch.float32) - local_params[k].float()
         for k in global_params
     }
+
+
+def global_norm(params: Mapping[str, torch.Tensor], skip: Collection[str] = ()) -> float:
+    """The L2 norm of every tensor in ``params`` but those named in ``skip``, as one vector.
+
+    Every entry counts, float buffers (BatchNorm statistics) included: pass ``skip=buffer_keys``
+    (``ServerState.buffer_keys``) for a norm over the parameters alone, as ``server/delta_norm``
+    is. Squares are summed in float64 per tensor and the tensors' sums added in order, with one
+    device-to-host transfer for all of them. 0.0 when nothing is left.
+    """
+    squares = [(v.detach().double() ** 2).sum() for k, v in params.items() if k not in skip]
+    if not squares:
+        return 0.0
+    device = squares[0].device
+    return math.sqrt(sum(torch.stack([s.to(device) for s in squares]).tolist()))
+
+
+def distance(
+    a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], skip: Collection[str] = ()
+) -> float:
+    """``||a - b||``, the ``global_norm`` of the difference over ``a``'s keys but ``skip``
+    (buffers included unless skipped); the difference is taken in the tensors' own dtype."""
+    return global_norm({k: a[k] - b[k] for k in a if k not in skip})
 
 
 def zeros_like(params: Params, dtype: torch.dtype | None = None) -> Params:

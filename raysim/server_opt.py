@@ -12,13 +12,13 @@ Float buffers (BatchNorm running statistics) are not optimised: they take the cl
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, Field, model_validator
 
+from raysim import params as P
 from raysim.types import Metrics, OptState, Params, ServerState
 
 
@@ -129,7 +129,5 @@ def apply_server_step(
     if mean_delta is None:  # nobody reported: keep the model
         return state, {}
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
-    norm = math.sqrt(
-        sum(float((d.double() ** 2).sum()) for k, d in mean_delta.items() if k not in state.buffer_keys)
-    )
-    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}  # parameters only
+    norm = P.global_norm(mean_delta, skip=state.buffer_keys)  # parameters only
+    return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}

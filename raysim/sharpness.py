@@ -16,9 +16,14 @@ The norm runs over every parameter with a gradient, as one vector. Because the s
 through ``train_local``'s ``backward``, both passes include ``extra_loss``, ``after_backward`` and
 clipping (a global clip rescales g, which leaves ``e`` unchanged).
 
+Plugins take SAM's settings as one ``sam: SamConfig`` option (``sam: {rho: 0.05}``; ASAM:
+``sam: {rho: 0.5, adaptive: true, eta: 0.01}``), None (``sam: null``) where SAM is optional.
+
 Usage:
     metrics = train_local(model, data, config, seed=s, spec=spec, step=sam_step(rho=0.05))
     result = local_delta_update(ctx, config, step=sam_step(rho=0.5, adaptive=True))  # ASAM
+    result = local_delta_update(ctx, config, step=sam_step(**config.sam.model_dump()))
+    loss = sam_descend(model, batch, optimizer, backward, config.sam, loss_fn)  # inside a LocalStep
 """
 
 from __future__ import annotations
@@ -27,42 +32,92 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
-from raysim.local import Backward, Batch, BatchLoss, LocalStep
+from raysim.local import Backward, Batch, BatchLoss, LocalStep, LossFn
 
 _TINY = 1e-16  # keeps e finite (zero) when the gradient is zero
 
 
-def sam_step(rho: float, adaptive: bool = False, *, eta: float = 0.01) -> LocalStep:
+_SAM_ETA = 0.01  # ASAM's eta by default (the authors' code)
+
+
+class SamConfig(BaseModel, frozen=True, extra="forbid"):
+    """SAM's settings, the same in every plugin that offers SAM: the radius ``rho``, and with
+    ``adaptive`` ASAM's scale-invariant neighbourhood with offset ``eta`` (``T_w = |w| + eta``)."""
+
+    rho: float = Field(0.05, ge=0)  # SAM's usual radius; ASAM's authors use 0.5
+    adaptive: bool = False
+    eta: float = Field(_SAM_ETA, ge=0)  # ASAM only
+
+    @model_validator(mode="after")
+    def _eta_is_asams(self) -> SamConfig:
+        if not self.adaptive and self.eta != _SAM_ETA:
+            raise ValueError("eta is ASAM's offset and does nothing in SAM: set adaptive: true, or drop eta")
+        return self
+
+
+def sam_step(rho: float = 0.05, adaptive: bool = False, *, eta: float = _SAM_ETA) -> LocalStep:
     """A ``LocalStep`` taking SAM's (or, with ``adaptive``, ASAM's) update on every batch.
 
     Args:
         rho: radius of the neighbourhood; 0 gives the plain gradient step at twice the cost.
         adaptive: ASAM's scale-invariant neighbourhood instead of SAM's ball.
-        eta: ASAM's offset in ``T_w = |w| + eta``; unused by SAM.
+        eta: ASAM's offset in ``T_w = |w| + eta``; SAM refuses any other than the default.
 
     Raises:
-        ValueError: ``rho`` or ``eta`` is negative.
+        ValueError: ``rho`` or ``eta`` is negative, or ``eta`` is set without ``adaptive``
+            (``SamConfig``'s checks).
     """
-    if rho < 0 or eta < 0:
-        raise ValueError(f"sam_step: rho and eta must be >= 0, got rho={rho}, eta={eta}")
+    sam = SamConfig(rho=rho, adaptive=adaptive, eta=eta)
 
     def step(
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
     ) -> BatchLoss:
-        loss = backward(batch)  # grad L(w)
-        with sam_perturbation(model, rho, adaptive, eta=eta):
-            backward(batch)  # grad L(w + e), left in .grad after the weights return to w
-        optimizer.step()
-        return loss
+        return sam_descend(model, batch, optimizer, backward, sam)
 
     return step
 
 
+def sam_descend(
+    model: nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    backward: Backward,
+    sam: SamConfig | None,
+    loss_fn: LossFn | None = None,
+    *,
+    add_clean_gradient: bool = False,
+) -> BatchLoss:
+    """One optimizer step on ``loss_fn`` (the trainer's task loss when None) with the gradient
+    taken at SAM's (ASAM's) perturbed point, or a plain gradient step when ``sam`` is None: the
+    body of ``sam_step``, for ``LocalStep``s that take several steps per batch (FedGuCci+'s task
+    step and connectivity steps).
+
+    ``add_clean_gradient`` steps on the clean plus the perturbed gradient instead: the FedGuCci
+    code's SAM connectivity step (shared/papers/notes/fedgucci.md, section 3.3 item 2).
+    Returns the loss at the weights the step started from.
+    """
+    loss = backward(batch, loss_fn)  # grad L(w)
+    if sam is None:
+        optimizer.step()
+        return loss
+    clean = (
+        {p: p.grad.clone() for p in model.parameters() if p.grad is not None} if add_clean_gradient else {}
+    )
+    with sam_perturbation(model, sam.rho, sam.adaptive, eta=sam.eta):
+        backward(batch, loss_fn)  # grad L(w + e), left in .grad after the weights return to w
+    for p, g in clean.items():
+        if p.grad is not None:
+            p.grad.add_(g)
+    optimizer.step()
+    return loss
+
+
 @contextlib.contextmanager
 def sam_perturbation(
-    model: nn.Module, rho: float, adaptive: bool = False, *, eta: float = 0.01
+    model: nn.Module, rho: float, adaptive: bool = False, *, eta: float = _SAM_ETA
 ) -> Iterator[None]:
     """Moves the weights to ``w + e``, SAM's (ASAM's) ascent point, for the ``with`` block.
 

@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Literal, TypeAlias, TypedDict, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Generic,
+    Literal,
+    Protocol,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    cast,
+    runtime_checkable,
+)
 
 import numpy as np
 import torch
 from torch import nn
+
+from raysim.errors import ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -201,3 +213,55 @@ class RoundOutput(Generic[A_co]):
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
     worker_seconds: list[float] = field(default_factory=list)
+
+
+# ---- what plugins require of the model and the data ------------------------------------------
+
+
+@runtime_checkable
+class FeatureModel(Protocol):
+    """A model that splits into features and a head: ``forward(x) == head(features(x))``.
+
+    Every built-in model is one (``raysim.models.anatomy``); MOON, FedRoD and FedFA work on its
+    features. Get one from a plugin's ``ctx.model`` with ``feature_model``.
+    """
+
+    @property
+    def head(self) -> nn.Module:
+        """The module mapping features to logits; its parameters are the model's own."""
+        ...
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's input: (B, D) for classifiers, (B, T, D) for causal LMs."""
+        ...
+
+
+def feature_model(model: nn.Module, who: str) -> FeatureModel:
+    """``model`` seen as a ``FeatureModel``, checked once (the plugin may then ``cast`` freely).
+
+    Raises:
+        TypeError: the model has no ``features(x)`` method or no ``head``; names ``who``.
+    """
+    # Not isinstance(model, FeatureModel): on Python 3.11 that evaluates the ``head`` property.
+    if not callable(getattr(model, "features", None)) or not hasattr(model, "head"):
+        raise TypeError(
+            f"{who} needs a model with features(x) and head (raysim.types.FeatureModel), and "
+            f"{type(model).__name__} has not: use a built-in model, or define both on yours"
+        )
+    return cast(FeatureModel, model)
+
+
+def require_classification(spec_or_info: DataSpec | RunInfo, who: str, why: str) -> None:
+    """Refuses a dataset whose task is not classification, at ``init``, before any training.
+
+    Args:
+        spec_or_info: the data's spec, or the run's facts (``RunInfo.spec``).
+        who: what needs classes, e.g. "algorithm fedrod".
+        why: what it does with them, and the fix if there is one.
+
+    Raises:
+        ConfigError: the task is not classification.
+    """
+    spec = spec_or_info.spec if isinstance(spec_or_info, RunInfo) else spec_or_info
+    if spec.task != "classification":
+        raise ConfigError([f"{who} needs a classification task, not the dataset's {spec.task!r}: {why}"])

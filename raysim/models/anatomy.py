@@ -1,11 +1,12 @@
 """Model anatomy: a feature extractor and a head, and for layered models, named blocks.
 
-Every built-in model is a ``FeatureModel``: ``features(x)`` is the penultimate representation and
-``head`` the module that maps it to logits, with ``model(x) == model.head(model.features(x))``
-bitwise. MOON, FedRoD, FedFA and CCVR work on features; FedRep and FedBABU train or average the
-head apart from the body. The CNNs, the MLP and the ResNets are also ``BlockModel``s: ``blocks()``
-lists named blocks whose composition is the model, the last one being the head, so that FuseFL
-can split at a block and freeze what lies below.
+Every built-in model is a ``FeatureModel`` (defined in ``raysim.types`` for plugins, re-exported
+here): ``features(x)`` is the penultimate representation and ``head`` the module that maps it to
+logits, with ``model(x) == model.head(model.features(x))`` bitwise. MOON, FedRoD, FedFA and CCVR
+work on features; FedRep and FedBABU train or average the head apart from the body. The CNNs, the
+MLP and the ResNets are also ``BlockModel``s: ``blocks()`` lists named blocks whose composition is
+the model, the last one being the head, so that FuseFL can split at a block and freeze what lies
+below.
 
 Only tensors travel between clients and server, so plugins select them by state-dict name:
 ``param_groups`` says which names belong to which block (or to the body and the head).
@@ -24,20 +25,9 @@ import torch
 from torch import nn
 
 from raysim.errors import ConfigError
+from raysim.types import FeatureModel
 
-
-@runtime_checkable
-class FeatureModel(Protocol):
-    """A model that splits into features and a head: ``forward(x) == head(features(x))``."""
-
-    @property
-    def head(self) -> nn.Module:
-        """The module mapping features to logits; its parameters are the model's own."""
-        ...
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The head's input: (B, D) for classifiers, (B, T, D) for causal LMs."""
-        ...
+__all__ = ["BlockModel", "FeatureModel", "GlobalAvgPool", "param_groups", "parts", "split_blocks"]
 
 
 @runtime_checkable

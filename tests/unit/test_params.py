@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from raysim import params as P
 
@@ -139,3 +140,70 @@ def test_to_cpu_and_to_device_walk_dataclasses():
     assert moved["u"].weight.item() == 3.0 and moved["u"].norm == 3.0
     on_cpu = P.to_cpu([update(2.0, 1.0), "tag", 4])
     assert type(on_cpu[0]) is Update and on_cpu[0].delta["b"].item() == 2.0 and on_cpu[1:] == ["tag", 4]
+
+
+# ---- norms ----------------------------------------------------------------------------------------
+# By hand: (3, 4) and (12,) make sqrt(9 + 16 + 144) = 13; without the second, 5.
+
+
+def test_global_norm_is_the_l2_norm_of_all_entries_as_one_vector():
+    tree = {"w": torch.tensor([3.0, 4.0]), "bn.running_mean": torch.tensor([12.0])}
+    assert P.global_norm(tree) == 13.0  # buffers count unless skipped
+    assert P.global_norm(tree, skip={"bn.running_mean"}) == 5.0
+    assert P.global_norm({}) == 0.0 and P.global_norm(tree, skip=tree.keys()) == 0.0
+
+
+def test_global_norm_squares_in_float64():
+    """300^2 + 400^2 overflows float16 (max 65504); the norm is still 500."""
+    assert P.global_norm({"w": torch.tensor([300.0, 400.0], dtype=torch.float16)}) == 500.0
+
+
+def test_distance_is_the_norm_of_the_difference():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    b = {"w": torch.tensor([4.0, 6.0]), "b": torch.tensor([12.0])}
+    assert P.distance(a, b) == 13.0 and P.distance(a, b, skip={"b"}) == 5.0
+    assert P.distance(a, a) == 0.0
+
+
+# ---- at_weights -------------------------------------------------------------------------------
+
+
+class Split(nn.Module):
+    """features(x) = relu(W1 x), head W2, no biases: small enough for hand values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(2, 2, bias=False)
+        self.head = nn.Linear(2, 1, bias=False)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def test_at_weights_runs_forward_and_features_at_the_given_weights():
+    """W1 = [[1, 0], [0, -1]], W2 = [[2, 3]], x = (1, 1): features relu(1, -1) = (1, 0), output 2."""
+    model = Split()
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    weights = {
+        "body.weight": torch.tensor([[1.0, 0.0], [0.0, -1.0]]),
+        "head.weight": torch.tensor([[2.0, 3.0]]),
+    }
+    view = P.at_weights(model, weights)
+    x = torch.ones(1, 2)
+    assert torch.equal(view.features(x), torch.tensor([[1.0, 0.0]]))
+    assert torch.equal(view(x), torch.tensor([[2.0]]))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in own.items())  # the model is untouched
+    assert list(view.parameters()) == [] and list(view.buffers()) == []  # a view, not a copy
+
+
+def test_at_weights_passes_gradients_to_what_the_weights_came_from():
+    """W1 = a I, W2 = a (2, 3), x = (1, 0): features (a, 0), output 2a * a = 2a^2, d/da = 4a = 6."""
+    model = Split()
+    a = torch.tensor(1.5, requires_grad=True)
+    weights = {"body.weight": a * torch.eye(2), "head.weight": a * torch.tensor([[2.0, 3.0]])}
+    P.at_weights(model, weights)(torch.tensor([[1.0, 0.0]])).sum().backward()
+    assert a.grad is not None and float(a.grad) == pytest.approx(4 * 1.5)
+    assert model.body.weight.grad is None  # the model's own weights took no part

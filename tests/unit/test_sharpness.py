@@ -12,10 +12,12 @@ T = |W| + eta for W and T = 1 for b:  e = rho T^2 g / ||T g||.
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from torch import nn
 
+from raysim import registry
 from raysim.local import LocalTrainConfig, train_local
-from raysim.sharpness import sam_step
+from raysim.sharpness import SamConfig, sam_descend, sam_step
 from raysim.types import ClientData, DataSpec
 
 SPEC = DataSpec("regression", (3,), 2)
@@ -114,3 +116,54 @@ def test_sam_runs_on_a_float64_model_as_on_float32():
     train_local(single, data, config, seed=0, spec=SPEC, step=sam_step(RHO))
     train_local(double, wide, config, seed=0, spec=SPEC, step=sam_step(RHO))
     assert np.allclose(double.weight.detach().numpy(), single.weight.detach().numpy(), atol=1e-5)
+
+
+def test_sam_descend_with_the_clean_gradient_added_steps_on_both():
+    """One step of the FedGuCci code's quirk: w1 = w0 - lr (g(w0) + g(w0 + rho g(w0) / ||g(w0)||))."""
+    model, data = linear_model(), regression_data()
+    x, y = data.arrays["x"].astype(np.float64), data.arrays["y"].astype(np.float64)
+    w0, b0 = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+
+    def step(model, batch, optimizer, backward):
+        return sam_descend(model, batch, optimizer, backward, SamConfig(rho=RHO), add_clean_gradient=True)
+
+    train_local(model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, step=step)
+    gw, gb = grad(w0, b0, x, y)
+    norm = np.sqrt((gw**2).sum() + (gb**2).sum())
+    pw, pb = grad(w0 + RHO * gw / norm, b0 + RHO * gb / norm, x, y)
+    assert np.allclose(model.weight.detach().numpy(), w0 - LR * (gw + pw), atol=1e-6)
+    assert np.allclose(model.bias.detach().numpy(), b0 - LR * (gb + pb), atol=1e-6)
+
+
+def test_sam_descend_without_sam_is_one_plain_gradient_step():
+    model, data = linear_model(), regression_data()
+    x, y = data.arrays["x"].astype(np.float64), data.arrays["y"].astype(np.float64)
+    w0, b0 = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+
+    def step(model, batch, optimizer, backward):
+        return sam_descend(model, batch, optimizer, backward, None)
+
+    train_local(model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, step=step)
+    gw, gb = grad(w0, b0, x, y)
+    assert np.allclose(model.weight.detach().numpy(), w0 - LR * gw, atol=1e-6)
+    assert np.allclose(model.bias.detach().numpy(), b0 - LR * gb, atol=1e-6)
+
+
+def test_sam_config_refuses_an_eta_that_sam_would_ignore():
+    assert SamConfig(rho=0.3, adaptive=True, eta=0.2).eta == 0.2
+    assert SamConfig(rho=0.3).eta == 0.01  # the default, unused by SAM, is accepted
+    with pytest.raises(ValidationError, match="set adaptive: true, or drop eta"):
+        SamConfig(rho=0.3, eta=0.2)
+    with pytest.raises(ValueError, match="drop eta"):
+        sam_step(0.3, eta=0.2)
+
+
+def test_a_partial_sam_setting_keeps_the_plugins_other_defaults():
+    """Jobs validate options with registry.plugin_config: fedasam's ``sam: {rho: 0.2, eta: 0.05}``
+    (the IMA code's ResNet setting) stays ASAM; FedGuCci+'s ``sam: {rho: 0.3}`` stays SAM."""
+    asam = registry.plugin_config(
+        registry.get("algorithm", "fedasam").config, {"sam": {"rho": 0.2, "eta": 0.05}}
+    )
+    assert asam.sam == SamConfig(rho=0.2, adaptive=True, eta=0.05)
+    plus = registry.plugin_config(registry.get("algorithm", "fedgucci_plus").config, {"sam": {"rho": 0.3}})
+    assert plus.sam == SamConfig(rho=0.3)

@@ -257,7 +257,7 @@ SHIFT = 0.1 * COUNTS**-0.25
 
 @pytest.mark.parametrize("quirk", [False, True], ids=["clean", "replicate_quirks"])
 def test_fedgucci_plus_is_the_loop_with_calibrated_loss_and_sam_on_every_step(quirk):
-    result = client("fedgucci_plus", older=[A1], **loop_options(sam_rho=0.3, replicate_quirks=quirk))
+    result = client("fedgucci_plus", older=[A1], **loop_options(sam={"rho": 0.3}, replicate_quirks=quirk))
     dw, db = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, rho=0.3, quirk=quirk, **LOOP)
     assert np.allclose(delta(result)[0], dw, atol=1e-6) and np.allclose(delta(result)[1], db, atol=1e-6)
     plain, _ = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, **LOOP)
@@ -269,7 +269,7 @@ def test_fedgucci_plus_joint_is_sam_on_the_whole_objective():
     options = {
         "num_anchors": 2,
         "update_mode": "joint",
-        "sam_rho": 0.3,
+        "sam": {"rho": 0.3},
         "local": {"lr": 0.2, "batch_size": 4},
     }
     result = client("fedgucci_plus", older=[A1], **options)
@@ -290,6 +290,19 @@ def test_fedgucci_plus_joint_is_sam_on_the_whole_objective():
     g0 = g(v0)
     expected = 0.2 * g(v0 + 0.3 * g0 / np.linalg.norm(g0))
     assert np.allclose(np.concatenate([delta(result)[0].ravel(), delta(result)[1]]), expected, atol=1e-6)
+
+
+def test_an_adaptive_sam_makes_fedgucci_plus_take_asam_steps():
+    """Joint mode, beta 0, no calibration: each step is the ASAM step, so the update is FedASAM's
+    (tested against a numpy reference in tests/unit/test_sharpness.py), and differs from SAM's."""
+    local = {"lr": 0.3, "batch_size": 2, "epochs": 2}
+    asam = {"rho": 0.7, "adaptive": True, "eta": 0.2}
+    options = {"beta": 0.0, "update_mode": "joint", "logit_calibration": None, "local": local}
+    gucci = client("fedgucci_plus", sam=asam, **options)
+    fedasam = plugin("fedasam", sam=asam, local=local).client_update(context(X, Y, payload()))
+    assert all(torch.equal(gucci.update[k], fedasam.update[k]) for k in ("weight", "bias"))
+    sam = client("fedgucci_plus", sam={"rho": 0.7}, **options)
+    assert not torch.allclose(sam.update["weight"], gucci.update["weight"], atol=1e-5)
 
 
 def test_uniform_alpha_is_reproducible_and_differs_from_the_midpoint():
@@ -463,7 +476,7 @@ def test_plus_switches_on_calibration_and_sam():
 
 def test_options_that_do_nothing_are_refused():
     config = registry.get("algorithm", "fedgucci").config
-    with pytest.raises(ValidationError, match="needs sam: true"):
+    with pytest.raises(ValidationError, match="needs sam set"):
         config.model_validate({"replicate_quirks": True})
     with pytest.raises(ValidationError, match="drop alpha"):
         config.model_validate({"alpha_mode": "uniform", "alpha": 0.3})
@@ -481,6 +494,21 @@ def test_a_uniform_alpha_job_validates_again_from_its_dump(inside_ima):
     assert again == job
     config = again.algorithm.config.inner.config if inside_ima else again.algorithm.config
     assert config.alpha_mode == "uniform" and config.fixed_alpha is None
+
+
+def test_calibration_and_sam_take_settings_or_null_not_switches():
+    config = registry.get("algorithm", "fedgucci").config
+    with pytest.raises(ValidationError, match=r"sam takes its settings, e.g. sam: \{rho: 0.05\}, or null"):
+        config.model_validate({"sam": True})
+    with pytest.raises(ValidationError, match=r"logit_calibration: \{tau: 0.1\}"):
+        config.model_validate({"logit_calibration": False})
+    for stale in ({"sam_rho": 0.1}, {"tau": 0.2}):  # the settings live inside the options now
+        with pytest.raises(ValidationError, match="Extra inputs"):
+            config.model_validate(stale)
+    plus = registry.get("algorithm", "fedgucci_plus").config.model_validate(
+        {"sam": None, "logit_calibration": {"tau": 0.3}}
+    )
+    assert plus.sam is None and plus.logit_calibration.tau == 0.3
 
 
 def test_logit_calibration_needs_a_classification_task():

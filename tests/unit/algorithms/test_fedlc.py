@@ -100,7 +100,9 @@ LR = 0.3
 def fedlc(tau, **local):
     entry = registry.get("algorithm", "fedlc")
     return entry.factory(
-        entry.config.model_validate({"tau": tau, "local": {"lr": LR, "batch_size": 4} | local})
+        entry.config.model_validate(
+            {"logit_calibration": {"tau": tau}, "local": {"lr": LR, "batch_size": 4} | local}
+        )
     )
 
 

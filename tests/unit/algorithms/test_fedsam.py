@@ -40,11 +40,11 @@ def test_the_client_is_train_local_with_the_sam_step(name, step):
 def test_defaults():
     sam = registry.get("algorithm", "fedsam").config()
     asam = registry.get("algorithm", "fedasam").config()
-    assert (sam.rho, sam.adaptive) == (0.05, False)
-    assert (asam.rho, asam.eta, asam.adaptive) == (0.7, 0.2, True)
+    assert (sam.sam.rho, sam.sam.adaptive) == (0.05, False)
+    assert (asam.sam.rho, asam.sam.eta, asam.sam.adaptive) == (0.7, 0.2, True)
 
 
 def test_rho_zero_is_fedavg():
     assert np.allclose(
-        update("fedsam", rho=0.0)["weight"].numpy(), update("fedavg")["weight"].numpy(), atol=1e-7
+        update("fedsam", sam={"rho": 0.0})["weight"].numpy(), update("fedavg")["weight"].numpy(), atol=1e-7
     )

@@ -37,13 +37,13 @@ parent's models of its last P rounds, read from its per-round checkpoints.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any, Literal, cast
 
 import torch
 from pydantic import BaseModel, Field, field_serializer, field_validator, model_validator
 
+from raysim import params as P
 from raysim import registry
 from raysim.aggregate import Aggregator, WeightedMean
 from raysim.algorithm import pure_aggregate
@@ -200,7 +200,7 @@ class IMA:
         window = [*_window(state), dict(new.params)][-config.window :]
         active = self._active(round_num, window)
         params = mean_model(window) if active else new.params
-        metrics |= {"ima/active": float(active), "ima/shift_norm": _distance(new.params, params)}
+        metrics |= {"ima/active": float(active), "ima/shift_norm": P.distance(new.params, params)}
         return _with_window(replace(new, params=params), window), metrics
 
     def _active(self, round_num: int, window: list[Params]) -> bool:
@@ -219,7 +219,7 @@ class IMA:
         if active:
             mean_delta = {k: state.params[k] - target[k] for k in mean_delta}
         new, metrics = self.inner.server_update(state, mean_delta, round_num)
-        metrics |= {"ima/active": float(active), "ima/shift_norm": _distance(fma, target)}
+        metrics |= {"ima/active": float(active), "ima/shift_norm": P.distance(fma, target)}
         return _with_window(new, window), metrics
 
     def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
@@ -274,10 +274,3 @@ def _window(state: ServerState) -> list[Params]:
 
 def _with_window(state: ServerState, window: list[Params]) -> ServerState:
     return replace(state, extra={**state.extra, WINDOW: window})
-
-
-def _distance(a: Params, b: Params) -> float:
-    """``||a - b||``: how far the average moved the model."""
-    if a is b:
-        return 0.0
-    return math.sqrt(sum(float(((a[k] - b[k]).double() ** 2).sum()) for k in a))

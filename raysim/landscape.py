@@ -1,8 +1,9 @@
-"""Connectivity and loss-landscape analysis: interpolation, barriers, planes, and their plots.
+"""Connectivity and loss-landscape scans: evaluation of many models, barriers, planes.
 
 Every scan turns its parameter points into ONE ``Services.map_clients("evaluate", ...)`` call, so
 the grid is spread over all workers; ``clients=None`` evaluates on the dataset's central test set,
-a list of clients on their data (rows combined weighted by ``num_examples``).
+a list of clients on their data (rows combined weighted by ``num_examples``). The arithmetic on
+the points is ``raysim.weight_space``'s, the plots ``raysim.landscape_plots``'.
 
 Sources:
 - Pairwise barriers: FedGuCci, Li et al., "FedGuCci: Making Local Models More Connected in
@@ -14,25 +15,20 @@ Sources:
 - The plane through three models (Garipov et al., NeurIPS 2018, arXiv:1802.10026) as IMA draws
   it: Zhou et al., "Understanding and Improving Model Averaging in Federated Learning on
   Heterogeneous Data", IEEE TMC 2024, arXiv:2305.07845; notes/ima.md section 3.1.
-- Linear CKA (Kornblith et al., ICML 2019, arXiv:1905.00414), IMA's covariance measure
-  (notes/ima.md section 3.3).
 
-Only floating-point entries are interpolated; integer buffers (BatchNorm's
-``num_batches_tracked``) are taken from the first model. The scans treat the float buffers
-(``RunInfo.buffer_keys``: BatchNorm's running statistics) by their ``buffers`` keyword: by
-default (``"clamp"``) with the point's mixing weights clamped to a convex combination (negatives
-set to 0, renormalised), so they are interpolated between the models and never extrapolated past
-them, where a running variance can turn negative and the loss NaN; ``"interpolate"`` treats them
-as the weights are treated, ``"first"`` takes them from the first model (a, w1) everywhere.
-Interpolating BatchNorm networks without recomputing their statistics measures the stale
-statistics too (notes/fedgucci.md section 4).
+The scans treat the float buffers (``RunInfo.buffer_keys``: BatchNorm's running statistics) by
+their ``buffers`` keyword (``raysim.weight_space.Buffers``): by default (``"clamp"``) with the
+point's mixing weights clamped to a convex combination (negatives set to 0, renormalised), so they
+are interpolated between the models and never extrapolated past them, where a running variance
+can turn negative and the loss NaN; ``"interpolate"`` treats them as the weights are treated,
+``"first"`` takes them from the first model (a, w1) everywhere. Interpolating BatchNorm networks
+without recomputing their statistics measures the stale statistics too (notes/fedgucci.md
+section 4).
 
 Usage:
     curve = line_scan(services, w_a, w_b, alphas=np.linspace(0, 1, 11))
     print(loss_barrier(curve), accuracy_barrier(curve))
-    plot_curve(curve, "interp.png", title="FedAvg: client 3 vs client 7")
     scan = plane_scan(services, w1, w2, w3, size=21, labels=("round 98", "round 99", "round 100"))
-    plot_plane(scan, "plane.png")
 """
 
 from __future__ import annotations
@@ -40,141 +36,26 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from raysim.services import Services
 from raysim.types import Metrics, NumpyParams
+from raysim.weight_space import (
+    Buffers,
+    Weights,
+    check_same_keys,
+    flatten,
+    interpolate,
+    mix,
+    simplex,
+    unflatten,
+    with_buffers,
+)
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-Weights = Sequence[float] | np.ndarray  # mixing weights, one per model
-# The float buffers of a scanned point (see the module docstring): mixed as the weights clamped
-# to a convex combination, as the weights, or taken from the first model.
-Buffers = Literal["clamp", "interpolate", "first"]
 # What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
 SCAN_BYTES_PER_CALL = 1 << 30
-
-# ---- parameter arithmetic --------------------------------------------------------------------
-
-
-def is_float(value: np.ndarray) -> bool:
-    """Whether an entry takes part in interpolation (weights, float buffers), not a counter."""
-    return bool(np.issubdtype(np.asarray(value).dtype, np.floating))
-
-
-def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
-    """``alpha * a + (1 - alpha) * b`` for every float entry; other entries from ``a``.
-
-    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does). Computed
-    in float64, so ``interpolate(w, w, alpha)`` is ``w`` exactly, whatever the dtype.
-    """
-    return _combine([a, b], [alpha, 1.0 - alpha])
-
-
-def mix(points: Sequence[NumpyParams], weights: Weights) -> NumpyParams:
-    """The convex combination ``sum_k lam_k points[k]`` with ``lam = weights / sum(weights)``.
-
-    The weights are normalised, so example counts can be passed as they are. Non-float entries
-    come from ``points[0]``. Accumulates in float64, returns each entry in its own dtype.
-
-    Raises:
-        ValueError: no points, a weight per point missing, a negative weight, or all zero.
-    """
-    return _combine(points, _simplex(weights, len(points)))
-
-
-def _combine(points: Sequence[NumpyParams], coefficients: Weights) -> NumpyParams:
-    """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
-    dtype); other entries from ``points[0]``."""
-    _check_same_keys(points)
-    out: NumpyParams = {}
-    for key, value in points[0].items():
-        if not is_float(value):
-            out[key] = value
-            continue
-        total = np.zeros(value.shape, dtype=np.float64)
-        for c, point in zip(coefficients, points):
-            total += c * np.asarray(point[key], dtype=np.float64)
-        out[key] = total.astype(value.dtype)
-    return out
-
-
-def with_buffers(
-    point: NumpyParams,
-    models: Sequence[NumpyParams],
-    coefficients: Weights,
-    buffer_keys: frozenset[str],
-    buffers: Buffers = "clamp",
-) -> NumpyParams:
-    """``point`` (the combination ``sum_k c_k models[k]`` with ``sum_k c_k = 1``) with its float
-    buffers recomputed by the rule ``buffers`` (see ``Buffers``); other entries kept."""
-    keys = [k for k in point if k in buffer_keys and is_float(point[k])]
-    if not keys or buffers == "interpolate":
-        return point
-    c = np.asarray(coefficients, dtype=np.float64)
-    if buffers == "first":
-        c = np.eye(len(c))[0]
-    else:  # clamp: at least one coefficient is positive, as they sum to 1
-        c = np.clip(c, 0.0, None) / np.clip(c, 0.0, None).sum()
-    mixed = _combine([{k: model[k] for k in keys} for model in models], c)
-    return point | mixed
-
-
-def flatten(params: NumpyParams) -> np.ndarray:
-    """The float entries in sorted key order, as one float64 vector (ints are left out); sorted,
-    so two models line up whatever their dicts' order."""
-    parts = [np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params) if is_float(params[k])]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
-    """``flatten``'s inverse: float entries of ``like`` refilled from ``vector``, others kept."""
-    out: NumpyParams = {}
-    offset = 0
-    for key in sorted(like):
-        value = like[key]
-        if is_float(value):
-            size = value.size
-            out[key] = vector[offset : offset + size].reshape(value.shape).astype(value.dtype)
-            offset += size
-        else:
-            out[key] = value
-    if offset != vector.size:
-        raise ValueError(f"unflatten: the vector has {vector.size} values, the params {offset}")
-    return {key: out[key] for key in like}
-
-
-def distance(a: NumpyParams, b: NumpyParams) -> float:
-    """The L2 distance of the flattened float entries (IMA's locality, notes/ima.md 3.3)."""
-    _check_same_keys([a, b])
-    return float(np.linalg.norm(flatten(a) - flatten(b)))
-
-
-def _simplex(weights: Weights, count: int) -> np.ndarray:
-    lam = np.asarray(weights, dtype=np.float64)
-    if count == 0:
-        raise ValueError("mix: no points to combine")
-    if lam.shape != (count,):
-        raise ValueError(f"mix: {count} points need {count} weights, got shape {lam.shape}")
-    if (lam < 0).any() or lam.sum() <= 0:
-        raise ValueError(f"mix: weights must be >= 0 with a positive sum (a convex combination), got {lam}")
-    return lam / lam.sum()
-
-
-def _check_same_keys(points: Sequence[NumpyParams]) -> None:
-    keys = set(points[0])
-    for i, point in enumerate(points[1:], start=1):
-        if set(point) != keys:
-            diff = sorted(keys ^ set(point))[:5]
-            raise ValueError(
-                f"model {i} has other entries than model 0 (differing: {diff}); same architecture?"
-            )
-
 
 # ---- evaluation through the engine ----------------------------------------------------------
 
@@ -375,7 +256,7 @@ def group_barrier(
         ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair.
     """
     count = len(models)
-    lam = _simplex(np.ones(count) if weights is None else weights, count)
+    lam = simplex(np.ones(count) if weights is None else weights, count)
     draws = np.random.default_rng(seed).dirichlet(np.ones(count), size=samples)
     fusions = [mix(models, lam), *(mix(models, d) for d in draws)]
     loss, accuracy = evaluate_points(services, [*models, *fusions], clients, split, round_num=round_num)
@@ -429,7 +310,7 @@ class Plane:
         Raises:
             ValueError: w1 and w2 coincide, or w3 lies on their line (no plane).
         """
-        _check_same_keys([w1, w2, w3])
+        check_same_keys([w1, w2, w3])
         origin = flatten(w1)
         du, dw = flatten(w2) - origin, flatten(w3) - origin
         norm_u = float(np.linalg.norm(du))
@@ -527,125 +408,3 @@ def plane_scan(
         coords=plane.coords,
         labels=labels,
     )
-
-
-# ---- plots (matplotlib, headless) --------------------------------------------------------------
-
-
-def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
-    """Loss and accuracy against alpha, with both barriers in the legend when the curve spans
-    [0, 1]; returns ``path`` (a PNG)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    try:
-        barriers = {"loss": loss_barrier(curve), "accuracy": accuracy_barrier(curve)}
-    except ValueError:  # a grid without both endpoints has no barrier
-        barriers = {}
-    for ax, name, values in ((axes[0], "loss", curve.loss), (axes[1], "accuracy", curve.accuracy)):
-        label = f"barrier {barriers[name]:.4g}" if name in barriers else name
-        ax.plot(curve.alphas, values, marker="o", markersize=3, label=label)
-        for end in (0.0, 1.0):  # where the two models are, on a grid that extends past them
-            ax.axvline(end, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_xlabel("alpha  (1: model a, 0: model b)")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(fig, plt, path, title)
-
-
-def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
-    """Contours of loss and of error (1 - accuracy) on the plane, the three models marked and
-    labelled, their mean as a white cross (IMA Fig. 1); returns ``path`` (a PNG)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, name, values in ((axes[0], "loss", scan.loss), (axes[1], "error", 1.0 - scan.accuracy)):
-        filled = ax.contourf(scan.xs, scan.ys, values, levels=20, cmap="viridis")
-        ax.contour(scan.xs, scan.ys, values, levels=20, colors="k", linewidths=0.3, alpha=0.5)
-        fig.colorbar(filled, ax=ax, label=name)
-        ax.scatter(scan.coords[:, 0], scan.coords[:, 1], c="red", edgecolors="white", zorder=3)
-        for (x, y), label in zip(scan.coords, scan.labels):
-            ax.annotate(
-                label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
-            )  # fmt: skip
-        centre = scan.coords.mean(axis=0)
-        ax.scatter([centre[0]], [centre[1]], marker="x", c="white", zorder=3)
-        ax.set_title(name)
-        ax.set_aspect("equal", adjustable="box")
-    return _save(fig, plt, path, title)
-
-
-def _pyplot() -> ModuleType:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Figure, plt: ModuleType, path: str | Path, title: str) -> Path:
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-# ---- IMA's loss decomposition: estimators on model outputs (notes/ima.md section 3.3) ---------
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities of (n, C) logits, computed stably in float64."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return np.asarray(e / e.sum(axis=-1, keepdims=True))
-
-
-def squared_error(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per example ``||softmax(f(x)) - onehot(y)||^2``: IMA's MSE loss (Theorem 1), in [0, 2]."""
-    p = softmax(logits)
-    rows = np.arange(len(p))
-    return np.asarray((p**2).sum(axis=-1) - 2 * p[rows, labels] + 1.0)
-
-
-def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per example ``-log softmax(f(x))_y`` (natural log), computed stably."""
-    z = np.asarray(logits, dtype=np.float64)
-    top = z.max(axis=-1, keepdims=True)
-    log_norm = np.log(np.exp(z - top).sum(axis=-1)) + top[:, 0]
-    return np.asarray(log_norm - z[np.arange(len(z)), labels])
-
-
-def output_spread(logits: Sequence[np.ndarray]) -> float:
-    """``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` with ``p_k = softmax`` of model k's outputs and
-    ``p_bar`` their mean: the variance term of IMA's eq. (2) in its finite form over the models
-    (``mean_k ||p_k - y||^2 = ||p_bar - y||^2 + spread``, example by example)."""
-    p = np.stack([softmax(z) for z in logits])  # (K, n, C)
-    return float(((p - p.mean(axis=0)) ** 2).sum(axis=-1).mean())
-
-
-def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
-    """Linear CKA of two representations of the same n inputs (Kornblith et al., ICML 2019,
-    arXiv:1905.00414, eq. 5): with column-centred X (n, p) and Y (n, q),
-    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``; 1 for identical (or rotated, or scaled) ones.
-    """
-    a = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    b = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
-    if len(a) != len(b):
-        raise ValueError(f"linear_cka: the representations cover {len(a)} and {len(b)} inputs")
-    a, b = a - a.mean(axis=0), b - b.mean(axis=0)
-    denominator = np.linalg.norm(a.T @ a) * np.linalg.norm(b.T @ b)
-    return float(np.linalg.norm(b.T @ a) ** 2 / denominator) if denominator > 0 else 0.0
-
-
-def mean_pairwise_cka(logits: Sequence[np.ndarray]) -> float:
-    """The mean linear CKA over the pairs of models: IMA's covariance measure (Fig. 4)."""
-    pairs = [(i, j) for i in range(len(logits)) for j in range(i + 1, len(logits))]
-    if not pairs:
-        raise ValueError("mean_pairwise_cka: needs at least two models")
-    return float(np.mean([linear_cka(logits[i], logits[j]) for i, j in pairs]))

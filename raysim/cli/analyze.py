@@ -35,18 +35,10 @@ from rich.table import Table
 
 from raysim.engine.analysis import FinishedRun
 from raysim.errors import RaysimError
-from raysim.landscape import (
-    Curve,
-    accuracy_barrier,
-    evaluate_points,
-    line_scan,
-    loss_barrier,
-    mix,
-    plane_scan,
-    plot_curve,
-    plot_plane,
-)
+from raysim.landscape import Curve, accuracy_barrier, evaluate_points, line_scan, loss_barrier, plane_scan
+from raysim.landscape_plots import plot_curve, plot_plane
 from raysim.types import Metrics
+from raysim.weight_space import mix
 
 BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
 

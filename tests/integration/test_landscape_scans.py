@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from jobs import tiny_job
 from raysim import landscape as L
+from raysim import landscape_plots
 from raysim import params as P
 from raysim.engine.build import build
 from raysim.engine.loop import run
@@ -89,7 +90,7 @@ def test_plane_scan_matches_plain_torch(engine, tmp_path):
         loss, accuracy = direct(job, eng.store, weights)
         assert scan.loss[i, j] == pytest.approx(loss, rel=1e-5)
         assert scan.accuracy[i, j] == pytest.approx(accuracy)
-    assert L.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 def test_map_clients_returns_the_labels_of_the_data(engine):

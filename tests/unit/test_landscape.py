@@ -1,4 +1,5 @@
-"""raysim.landscape against hand values and independent numpy references.
+"""raysim.landscape, weight_space, estimators and connectivity_probes against hand values and
+independent numpy references.
 
 The scans run on ``LinearServices``, a stand-in for the engine whose "model" is a linear softmax
 classifier ``logits = x @ W`` on fixed per-client data; the expected numbers evaluate the
@@ -21,7 +22,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from raysim import estimators as E
 from raysim import landscape as L
+from raysim import landscape_plots
+from raysim import weight_space as W
 from raysim.errors import ConfigError
 from raysim.probes import ProbeRound
 from raysim.types import ClientData, DataSpec, RunInfo
@@ -74,7 +78,7 @@ class LinearServices:
         if task == "labels":
             return y
         return {
-            "loss": float(L.cross_entropy(logits, y).mean()),
+            "loss": float(E.cross_entropy(logits, y).mean()),
             "accuracy": float((logits.argmax(-1) == y).mean()),
             "num_examples": float(len(y)),
         }
@@ -85,24 +89,24 @@ class LinearServices:
 
 def test_interpolate_and_mix_match_numpy_and_keep_integer_entries_of_the_first_model():
     a, b, c = model(1), model(2), model(3)
-    np.testing.assert_allclose(L.interpolate(a, b, 0.3)["W"], 0.3 * a["W"] + 0.7 * b["W"], rtol=1e-6)
-    np.testing.assert_allclose(L.interpolate(a, b, 1.5)["W"], 1.5 * a["W"] - 0.5 * b["W"], rtol=1e-6)
-    assert L.interpolate(a, b, 0.3)["steps"] == 1 and L.interpolate(a, b, 0.3)["W"].dtype == np.float32
-    mixed = L.mix([a, b, c], [2, 1, 1])  # normalised: 1/2, 1/4, 1/4
+    np.testing.assert_allclose(W.interpolate(a, b, 0.3)["W"], 0.3 * a["W"] + 0.7 * b["W"], rtol=1e-6)
+    np.testing.assert_allclose(W.interpolate(a, b, 1.5)["W"], 1.5 * a["W"] - 0.5 * b["W"], rtol=1e-6)
+    assert W.interpolate(a, b, 0.3)["steps"] == 1 and W.interpolate(a, b, 0.3)["W"].dtype == np.float32
+    mixed = W.mix([a, b, c], [2, 1, 1])  # normalised: 1/2, 1/4, 1/4
     np.testing.assert_allclose(mixed["W"], 0.5 * a["W"] + 0.25 * b["W"] + 0.25 * c["W"], rtol=1e-6)
     assert mixed["steps"] == 1
     with pytest.raises(ValueError, match="weights must be >= 0"):
-        L.mix([a, b], [1, -1])
+        W.mix([a, b], [1, -1])
     with pytest.raises(ValueError, match="2 points need 2 weights"):
-        L.mix([a, b], [1])
+        W.mix([a, b], [1])
     with pytest.raises(ValueError, match="other entries"):
-        L.interpolate(a, {"V": a["W"], "steps": a["steps"]}, 0.5)
+        W.interpolate(a, {"V": a["W"], "steps": a["steps"]}, 0.5)
 
 
 def test_distance_is_the_l2_norm_of_the_flattened_float_entries():
     a = {"x": np.array([1.0, 2.0]), "y": np.array([[2.0]]), "n": np.array(7)}
     b = {"x": np.array([1.0, 0.0]), "y": np.array([[1.0]]), "n": np.array(0)}
-    assert L.distance(a, b) == pytest.approx(np.sqrt(4 + 1))
+    assert W.distance(a, b) == pytest.approx(np.sqrt(4 + 1))
 
 
 # ---- barriers ----------------------------------------------------------------------------------
@@ -174,7 +178,7 @@ def test_line_scan_evaluates_the_interpolated_models_in_one_call_pooling_the_cli
         assert curve.loss[i] == pytest.approx(loss, rel=1e-5)
         assert curve.accuracy[i] == pytest.approx(accuracy)
     central = L.line_scan(services, a, b, alphas=[0.5])
-    assert central.loss[0] == pytest.approx(reference(L.interpolate(a, b, 0.5), CENTRAL)[0], rel=1e-5)
+    assert central.loss[0] == pytest.approx(reference(W.interpolate(a, b, 0.5), CENTRAL)[0], rel=1e-5)
 
 
 def test_group_barrier_against_direct_evaluation_uniform_and_weighted():
@@ -345,8 +349,8 @@ def test_plots_are_written(tmp_path):
     curve = L.line_scan(services, model(1), model(2), alphas=np.linspace(-0.5, 1.5, 9), clients=[1])
     scan = L.plane_scan(services, model(1), model(2), model(3), size=5, clients=[1])
     for path in (
-        L.plot_curve(curve, tmp_path / "curve.png", title="two models"),
-        L.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
+        landscape_plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
+        landscape_plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
     ):
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
@@ -358,11 +362,11 @@ def test_squared_error_and_cross_entropy_match_direct_formulas():
     logits = RNG.normal(size=(6, 4)) * 3
     labels = np.array([0, 1, 2, 3, 0, 1])
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(L.squared_error(logits, labels), ((p - np.eye(4)[labels]) ** 2).sum(axis=1))
+    np.testing.assert_allclose(E.squared_error(logits, labels), ((p - np.eye(4)[labels]) ** 2).sum(axis=1))
     expected = F.cross_entropy(torch.as_tensor(logits), torch.as_tensor(labels), reduction="none").numpy()
-    np.testing.assert_allclose(L.cross_entropy(logits, labels), expected, rtol=1e-10)
+    np.testing.assert_allclose(E.cross_entropy(logits, labels), expected, rtol=1e-10)
     big = np.array([[1000.0, 0.0]])  # stable: no overflow
-    assert L.cross_entropy(big, np.array([1]))[0] == pytest.approx(1000.0)
+    assert E.cross_entropy(big, np.array([1]))[0] == pytest.approx(1000.0)
 
 
 def test_output_spread_is_the_variance_term_of_the_bias_variance_identity():
@@ -372,7 +376,7 @@ def test_output_spread_is_the_variance_term_of_the_bias_variance_identity():
     probs = [np.exp(z) / np.exp(z).sum(axis=1, keepdims=True) for z in logits]
     mean_error = np.mean([((p - onehot) ** 2).sum(axis=1).mean() for p in probs])
     bias = ((np.mean(probs, axis=0) - onehot) ** 2).sum(axis=1).mean()
-    assert L.output_spread(logits) == pytest.approx(mean_error - bias)
+    assert E.output_spread(logits) == pytest.approx(mean_error - bias)
 
 
 def hsic_cka(x, y):
@@ -389,12 +393,12 @@ def hsic_cka(x, y):
 
 def test_linear_cka_matches_the_hsic_formula_and_its_invariances():
     x, y = RNG.normal(size=(20, 5)), RNG.normal(size=(20, 3))
-    assert L.linear_cka(x, y) == pytest.approx(hsic_cka(x, y))
+    assert E.linear_cka(x, y) == pytest.approx(hsic_cka(x, y))
     rotation, _ = np.linalg.qr(RNG.normal(size=(5, 5)))
-    assert L.linear_cka(x, 3 * x @ rotation + 7) == pytest.approx(1.0)
+    assert E.linear_cka(x, 3 * x @ rotation + 7) == pytest.approx(1.0)
     z = RNG.normal(size=(20, 4))
     expected = np.mean([hsic_cka(x[:, :4], y), hsic_cka(x[:, :4], z), hsic_cka(y, z)])
-    assert L.mean_pairwise_cka([x[:, :4], y, z]) == pytest.approx(expected)
+    assert E.mean_pairwise_cka([x[:, :4], y, z]) == pytest.approx(expected)
 
 
 # ---- the probes' driver and worker halves ---------------------------------------------------------
@@ -417,7 +421,7 @@ def probe_round(sizes):
 
 
 def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_data():
-    from raysim.probes import GroupBarrier, GroupBarrierConfig
+    from raysim.connectivity_probes import GroupBarrier, GroupBarrierConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 2.0, 5.0])
@@ -444,7 +448,7 @@ def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_dat
 def test_loss_decomposition_probe_against_direct_numpy():
     """Cohort data: HeterBias of model k on the other clients' data only; the mean of all K
     models is the uniform average whichever subset is drawn."""
-    from raysim.probes import LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 1.0, 2.0])
@@ -484,7 +488,8 @@ def test_loss_decomposition_probe_against_direct_numpy():
 
 
 def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data():
-    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.probes import ClientView
 
     x, y = CLIENT_DATA[1]
     net = torch.nn.Linear(DIM, CLASSES)
@@ -501,7 +506,8 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
 def test_loss_decomposition_leaves_out_a_client_without_round_examples():
     """Partitions may leave a client empty (min_size 0): its hook reports only its size, and the
     summary is that of the clients that trained (its model, the broadcast, takes no part)."""
-    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.probes import ClientView
 
     empty = ClientData({"x": np.zeros((0, DIM), np.float32), "y": np.zeros(0, np.int64)})
     view = ClientView(3, 0, torch.nn.Linear(DIM, CLASSES), empty, evaluate=None, test_data=None)
@@ -527,7 +533,12 @@ def test_loss_decomposition_leaves_out_a_client_without_round_examples():
 
 
 def test_the_probes_name_the_fix_for_data_they_cannot_use():
-    from raysim.probes import GroupBarrier, GroupBarrierConfig, LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import (
+        GroupBarrier,
+        GroupBarrierConfig,
+        LossDecomposition,
+        LossDecompositionConfig,
+    )
 
     class NoCentral(ProbeServices):
         def map_clients(self, task, points, clients, **kwargs):
@@ -550,7 +561,7 @@ def test_the_probes_name_the_fix_for_data_they_cannot_use():
 
 
 def test_the_variance_curve_takes_the_sizes_asked_for():
-    from raysim.probes import LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
 
     config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
     out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())

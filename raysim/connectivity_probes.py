@@ -90,7 +90,7 @@ class GroupBarrier:
             )  # fmt: skip
             if self.config.pairwise:
                 pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
-                out |= {"pairwise_loss": pair["loss"], "pairwise_accuracy": pair["accuracy"]}
+                out |= {f"pairwise_{name}": pair[name] for name in ("loss", "accuracy") if name in pair}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
 

@@ -34,14 +34,16 @@ Usage:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
 import numpy as np
 
+from raysim import scores
+from raysim.pooling import pool_rows
 from raysim.services import Services
-from raysim.types import Metrics, NumpyParams
+from raysim.types import NumpyParams
 from raysim.weight_space import (
     Buffers,
     Weights,
@@ -59,6 +61,10 @@ SCAN_BYTES_PER_CALL = 1 << 30
 
 # ---- evaluation through the engine ----------------------------------------------------------
 
+# Metric name -> its value at each evaluated point: ``loss``, ``accuracy`` (a task with one: not
+# regression), the dataset's scores (``mcc``, ``f1``, ``pearson``), a causal LM's ``perplexity``.
+Values = dict[str, np.ndarray]
+
 
 def evaluate_points(
     services: Services[object],
@@ -67,23 +73,24 @@ def evaluate_points(
     split: str = "test",
     *,
     round_num: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Loss and accuracy of every point, in one ``map_clients`` call spread over the workers.
+) -> Values:
+    """The metrics of every point, in one ``map_clients`` call spread over the workers.
 
-    ``clients`` None: the central test set; else the clients' ``split`` data, pooled: each
-    point's per-client rows weighted by their ``num_examples``.
+    ``clients`` None: the central test set; else the clients' ``split`` data, each point's
+    per-client rows pooled (``raysim.pooling.pool_rows``): means weighted by ``num_examples``,
+    MCC, F1 and Pearson from the summed statistics.
 
     Raises:
         NoExamplesError: the dataset has no central test set, or the clients have no data in
             ``split``.
     """
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
-    pooled = [_pool(rows) for rows in results]
-    if any(row is None for row in pooled):
+    pooled = [pool_rows(rows) for rows in results]
+    rows = [row for row in pooled if row is not None]
+    if len(rows) < len(pooled) or not rows:
         raise NoExamplesError(clients, split)
-    loss = np.array([row["loss"] for row in pooled if row is not None])
-    accuracy = np.array([row["accuracy"] for row in pooled if row is not None])
-    return loss, accuracy
+    names = [name for name in scores.without_sums(rows[0]) if name != "num_examples"]
+    return {name: np.array([row[name] for row in rows]) for name in names}
 
 
 def evaluate_in_calls(
@@ -95,7 +102,7 @@ def evaluate_in_calls(
     *,
     round_num: int | None,
     points_per_call: int | None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Values:
     """``evaluate_points`` of ``make_point(0..count-1)``, built and sent ``points_per_call`` at a
     time (default: as many as fit in ``SCAN_BYTES_PER_CALL``), so a large grid of a large model
     never sits in memory all at once."""
@@ -103,17 +110,20 @@ def evaluate_in_calls(
         raise ValueError("a scan needs at least one point to evaluate")
     first = make_point(0)
     step = points_per_call or max(1, SCAN_BYTES_PER_CALL // max(1, _num_bytes(first)))
-    loss, accuracy = [], []
+    parts = []
     for start in range(0, count, step):
         points = [first if i == 0 else make_point(i) for i in range(start, min(start + step, count))]
-        part_loss, part_accuracy = evaluate_points(services, points, clients, split, round_num=round_num)
-        loss.append(part_loss)
-        accuracy.append(part_accuracy)
-    return np.concatenate(loss), np.concatenate(accuracy)
+        parts.append(evaluate_points(services, points, clients, split, round_num=round_num))
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _num_bytes(params: NumpyParams) -> int:
     return sum(np.asarray(v).nbytes for v in params.values())
+
+
+def _others(values: Values) -> Values:
+    """The metrics besides loss and accuracy (the dataset's scores, perplexity)."""
+    return {name: v for name, v in values.items() if name not in ("loss", "accuracy")}
 
 
 class NoExamplesError(ValueError):
@@ -129,26 +139,21 @@ class NoExamplesError(ValueError):
         super().__init__(f"no examples to evaluate on in {where}")
 
 
-def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
-    """Per-client rows as one row of their pooled examples (None if none has examples)."""
-    kept = [row for row in rows if row is not None and row.get("num_examples", 0) > 0]
-    if not kept:
-        return None
-    n = np.array([row["num_examples"] for row in kept])
-    pooled = {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")}
-    return pooled | {"num_examples": float(n.sum())}
-
-
 # ---- pairwise barriers (FedGuCci Def. 2.1) ----------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Curve:
-    """Loss and accuracy along ``w(alpha) = alpha * a + (1 - alpha) * b``: ``alpha = 1`` is ``a``."""
+    """Loss and accuracy along ``w(alpha) = alpha * a + (1 - alpha) * b``: ``alpha = 1`` is ``a``.
+
+    ``accuracy`` is None for a task without one (regression); ``scores`` holds the other metrics
+    per alpha (the dataset's MCC, F1 or Pearson, a causal LM's perplexity).
+    """
 
     alphas: np.ndarray
     loss: np.ndarray
-    accuracy: np.ndarray
+    accuracy: np.ndarray | None = None
+    scores: Values = field(default_factory=dict)
 
 
 def line_scan(
@@ -179,10 +184,10 @@ def line_scan(
         alpha = float(grid[i])
         return with_buffers(interpolate(a, b, alpha), [a, b], [alpha, 1.0 - alpha], keys, buffers)
 
-    loss, accuracy = evaluate_in_calls(
+    values = evaluate_in_calls(
         services, point, len(grid), clients, split, round_num=round_num, points_per_call=points_per_call
     )
-    return Curve(grid, loss, accuracy)
+    return Curve(grid, values["loss"], values.get("accuracy"), _others(values))
 
 
 def _endpoints(curve: Curve) -> tuple[np.ndarray, int, int]:
@@ -213,7 +218,12 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
     ``code`` (the authors' ``calculate_barrier_and_stats``): the alpha with the largest
     ``d(a) = linear(a) - A(w(a))``, reported as ``d / linear`` there; nearly the same number.
     Where the linear accuracy is 0 there is nothing to lose and the term counts as 0.
+
+    Raises:
+        ValueError: the curve has no accuracy (a regression task) or lacks an endpoint.
     """
+    if curve.accuracy is None:
+        raise ValueError("accuracy_barrier: the curve has no accuracy (a regression task): use loss_barrier")
     inside, one, zero = _endpoints(curve)
     alphas, accuracy = curve.alphas[inside], curve.accuracy[inside]
     linear = alphas * curve.accuracy[one] + (1 - alphas) * curve.accuracy[zero]
@@ -253,37 +263,38 @@ def group_barrier(
 
     Returns:
         ``loss``, ``accuracy`` (the barriers), ``fused_loss``, ``fused_accuracy``,
-        ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair.
+        ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair; no
+        accuracy terms for a task without accuracy (regression); ``fused_<score>`` and
+        ``mean_local_<score>`` for the dataset's scores (MCC, F1, Pearson).
     """
     count = len(models)
     lam = simplex(np.ones(count) if weights is None else weights, count)
     draws = np.random.default_rng(seed).dirichlet(np.ones(count), size=samples)
     fusions = [mix(models, lam), *(mix(models, d) for d in draws)]
-    loss, accuracy = evaluate_points(services, [*models, *fusions], clients, split, round_num=round_num)
-    own_loss, own_accuracy = loss[:count], accuracy[:count]
-    out = _group_terms(lam, own_loss, own_accuracy, loss[count], accuracy[count])
+    values = evaluate_points(services, [*models, *fusions], clients, split, round_num=round_num)
+    own = {name: v[:count] for name, v in values.items()}
+
+    def terms(weights: np.ndarray, point: int) -> dict[str, float]:
+        return _group_terms(weights, own, {name: float(v[point]) for name, v in values.items()})
+
+    out = terms(lam, count)
     if samples:
-        sampled = [
-            _group_terms(d, own_loss, own_accuracy, loss[count + 1 + i], accuracy[count + 1 + i])
-            for i, d in enumerate(draws)
-        ]
-        out["loss_max"] = max(s["loss"] for s in sampled)
-        out["accuracy_max"] = max(s["accuracy"] for s in sampled)
+        sampled = [terms(d, count + 1 + i) for i, d in enumerate(draws)]
+        out |= {f"{name}_max": max(s[name] for s in sampled) for name in ("loss", "accuracy") if name in out}
     return out
 
 
-def _group_terms(
-    lam: np.ndarray, loss: np.ndarray, accuracy: np.ndarray, fused_loss: float, fused_accuracy: float
-) -> dict[str, float]:
-    mean_loss, mean_accuracy = float(lam @ loss), float(lam @ accuracy)
-    return {
-        "loss": float(fused_loss) - mean_loss,
-        "accuracy": 1.0 - float(fused_accuracy) / mean_accuracy if mean_accuracy > 0 else 0.0,
-        "fused_loss": float(fused_loss),
-        "fused_accuracy": float(fused_accuracy),
-        "mean_local_loss": mean_loss,
-        "mean_local_accuracy": mean_accuracy,
-    }
+def _group_terms(lam: np.ndarray, own: Values, fused: dict[str, float]) -> dict[str, float]:
+    """The barriers at ``lam`` from the members' metrics ``own`` and the fusion's ``fused``."""
+    mean = {name: float(lam @ v) for name, v in own.items()}
+    out = {"loss": fused["loss"] - mean["loss"]}
+    if "accuracy" in mean:
+        out["accuracy"] = 1.0 - fused["accuracy"] / mean["accuracy"] if mean["accuracy"] > 0 else 0.0
+    return (
+        out
+        | {f"fused_{name}": value for name, value in fused.items()}
+        | {f"mean_local_{name}": value for name, value in mean.items()}
+    )
 
 
 # ---- the plane through three models (notes/ima.md section 3.1) ---------------------------------
@@ -354,14 +365,17 @@ class Plane:
 @dataclass(frozen=True)
 class PlaneScan:
     """Loss and accuracy on a plane's grid: ``loss[i, j]`` at ``(xs[j], ys[i])`` (matplotlib's
-    ``contour(xs, ys, loss)`` layout); ``coords`` and ``labels`` of the three models."""
+    ``contour(xs, ys, loss)`` layout); ``coords`` and ``labels`` of the three models.
+    ``accuracy`` is None for a task without one (regression); ``scores`` holds the other metrics
+    on the grid (the dataset's MCC, F1 or Pearson, a causal LM's perplexity)."""
 
     xs: np.ndarray
     ys: np.ndarray
     loss: np.ndarray
-    accuracy: np.ndarray
+    accuracy: np.ndarray | None
     coords: np.ndarray
     labels: tuple[str, str, str]
+    scores: Values = field(default_factory=dict)
 
 
 def plane_scan(
@@ -396,15 +410,8 @@ def plane_scan(
         x, y = coords[i]
         return with_buffers(plane.point(x, y), [w1, w2, w3], plane.barycentric(x, y), keys, buffers)
 
-    loss, accuracy = evaluate_in_calls(
+    values = evaluate_in_calls(
         services, point, len(coords), clients, split, round_num=round_num, points_per_call=points_per_call
     )
-    shape = (len(ys), len(xs))
-    return PlaneScan(
-        xs=xs,
-        ys=ys,
-        loss=loss.reshape(shape),
-        accuracy=accuracy.reshape(shape),
-        coords=plane.coords,
-        labels=labels,
-    )
+    grid = {name: v.reshape(len(ys), len(xs)) for name, v in values.items()}
+    return PlaneScan(xs, ys, grid["loss"], grid.get("accuracy"), plane.coords, labels, _others(grid))

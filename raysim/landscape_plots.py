@@ -11,22 +11,28 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from raysim.landscape import Curve, PlaneScan, accuracy_barrier, loss_barrier
+from raysim.landscape import Curve, PlaneScan, Values, accuracy_barrier, loss_barrier
+from raysim.scores import SCORES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
 def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
-    """Loss and accuracy against alpha, with both barriers in the legend when the curve spans
-    [0, 1]; returns ``path`` (a PNG)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    """Loss, accuracy (where the task has one) and the dataset's scores (MCC, F1, Pearson) against
+    alpha, with the barriers in the legend when the curve spans [0, 1]; returns ``path`` (a PNG)."""
+    panels = {"loss": curve.loss}
+    if curve.accuracy is not None:
+        panels["accuracy"] = curve.accuracy
+    panels |= _dataset_scores(curve.scores)
     try:
-        barriers = {"loss": loss_barrier(curve), "accuracy": accuracy_barrier(curve)}
+        barriers = {"loss": loss_barrier(curve)}
+        barriers |= {"accuracy": accuracy_barrier(curve)} if curve.accuracy is not None else {}
     except ValueError:  # a grid without both endpoints has no barrier
         barriers = {}
-    for ax, name, values in ((axes[0], "loss", curve.loss), (axes[1], "accuracy", curve.accuracy)):
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (name, values) in zip(axes[0], panels.items()):
         label = f"barrier {barriers[name]:.4g}" if name in barriers else name
         ax.plot(curve.alphas, values, marker="o", markersize=3, label=label)
         for end in (0.0, 1.0):  # where the two models are, on a grid that extends past them
@@ -39,11 +45,16 @@ def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
 
 
 def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
-    """Contours of loss and of error (1 - accuracy) on the plane, the three models marked and
-    labelled, their mean as a white cross (IMA Fig. 1); returns ``path`` (a PNG)."""
+    """Contours of loss, of error (1 - accuracy, where the task has an accuracy) and of the
+    dataset's scores on the plane, the three models marked and labelled, their mean as a white
+    cross (IMA Fig. 1); returns ``path`` (a PNG)."""
+    panels = {"loss": scan.loss}
+    if scan.accuracy is not None:
+        panels["error"] = 1.0 - scan.accuracy
+    panels |= _dataset_scores(scan.scores)
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, name, values in ((axes[0], "loss", scan.loss), (axes[1], "error", 1.0 - scan.accuracy)):
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), squeeze=False)
+    for ax, (name, values) in zip(axes[0], panels.items()):
         filled = ax.contourf(scan.xs, scan.ys, values, levels=20, cmap="viridis")
         ax.contour(scan.xs, scan.ys, values, levels=20, colors="k", linewidths=0.3, alpha=0.5)
         fig.colorbar(filled, ax=ax, label=name)
@@ -58,6 +69,12 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
         ax.set_title(name)
         ax.set_aspect("equal", adjustable="box")
     return _save(fig, plt, path, title)
+
+
+def _dataset_scores(others: Values) -> Values:
+    """The dataset's MCC, F1 or Pearson among a scan's other metrics (not a causal LM's
+    perplexity: it is the loss again)."""
+    return {name: v for name, v in others.items() if name in SCORES}
 
 
 def _pyplot() -> ModuleType:

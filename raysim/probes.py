@@ -36,6 +36,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 from torch import nn
 
+from raysim import scores
+from raysim.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import Services
 from raysim.types import ClientData, Metrics, NumpyParams
@@ -125,11 +127,12 @@ class ClientServerBarrier:
 
     On a due round each client's round data is evaluated under its local model (worker) and
     under the new global model (driver, spread over the workers):
-    ``barrier/loss = mean_i(L_i(global) - L_i(local_i))``, ``barrier/error = mean_i(acc_i(local_i) -
-    acc_i(global))``, unweighted over the cohort; lower is better, 0 means aggregation lost
-    nothing. The server optimizer moves the model after aggregating (server Adam's steps have a
-    size of their own), so ``barrier/pure/*`` measures the aggregate alone, server SGD with lr 1
-    on the pseudo-gradient, as notes/fedfish.md section 3.4 decides.
+    ``barrier/loss = mean_i(L_i(global) - L_i(local_i))``, ``barrier/error = mean_i(acc_i(local_i)
+    - acc_i(global))`` (absolute differences; no ``error`` for a regression task), unweighted over
+    the cohort; lower is better, 0 means aggregation lost nothing. The server optimizer moves the
+    model after aggregating (server Adam's steps have a size of their own), so ``barrier/pure/*``
+    measures the aggregate alone, server SGD with lr 1 on the pseudo-gradient, as
+    notes/fedfish.md section 3.4 decides.
     """
 
     Config = BarrierConfig
@@ -139,12 +142,10 @@ class ClientServerBarrier:
         self.config = config
 
     def before_training(self, view: ClientView) -> Metrics:
-        start = view.evaluate(view.data)
-        return {"start_loss": start["loss"], "start_accuracy": start["accuracy"]}
+        return _loss_and_accuracy(view.evaluate(view.data), "start_")
 
     def after_training(self, view: ClientView) -> Metrics:
-        local = view.evaluate(view.data)
-        return {"local_loss": local["loss"], "local_accuracy": local["accuracy"]}
+        return _loss_and_accuracy(view.evaluate(view.data), "local_")
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
         points = [round.global_params]
@@ -169,15 +170,24 @@ def summarize_barrier(before: list[Metrics], after: list[Metrics | None], scope:
     def mean(values: list[float]) -> float:
         return float(np.mean(values))
 
-    return {
+    out = {
         f"{scope}/loss": mean([a["loss"] - b["local_loss"] for b, a in pairs]),
-        f"{scope}/error": mean([b["local_accuracy"] - a["accuracy"] for b, a in pairs]),
         f"{scope}/start_loss": mean([b["start_loss"] for b, _ in pairs]),
         f"{scope}/local_loss": mean([b["local_loss"] for b, _ in pairs]),
         f"{scope}/global_loss": mean([a["loss"] for _, a in pairs]),
-        f"{scope}/local_accuracy": mean([b["local_accuracy"] for b, _ in pairs]),
-        f"{scope}/global_accuracy": mean([a["accuracy"] for _, a in pairs]),
     }
+    if all("accuracy" in a for _, a in pairs):  # a regression task has none
+        out |= {
+            f"{scope}/error": mean([b["local_accuracy"] - a["accuracy"] for b, a in pairs]),
+            f"{scope}/local_accuracy": mean([b["local_accuracy"] for b, _ in pairs]),
+            f"{scope}/global_accuracy": mean([a["accuracy"] for _, a in pairs]),
+        }
+    return out
+
+
+def _loss_and_accuracy(row: Metrics, prefix: str) -> Metrics:
+    """An evaluation's loss and accuracy (where the task has one), named with ``prefix``."""
+    return {f"{prefix}{key}": row[key] for key in ("loss", "accuracy") if key in row}
 
 
 @register("probe", "local_accuracy")
@@ -185,9 +195,10 @@ class LocalAccuracy:
     """Pre-aggregation accuracy: each client's local model on its own test split, before the
     server aggregates (the "Local" numbers FedGuCci and IMA report beside the global model's).
 
-    Logs ``local/test_accuracy`` and ``local/test_loss`` (weighted by each client's evaluated
-    examples, tokens for a causal LM, over the cohort's clients that have a test split) and their
-    unweighted means (``_mean``).
+    Logs ``local/test_accuracy`` and ``local/test_loss`` (the examples, tokens for a causal LM, of
+    the cohort's clients that have a test split pooled: ``raysim.pooling.pool_rows``), the
+    dataset's scores so (``local/test_mcc``: MCC, F1, Pearson, from the summed statistics; no
+    accuracy for a regression task), and each one's unweighted mean over clients (``_mean``).
     """
 
     Config = ProbeConfig
@@ -204,13 +215,12 @@ class LocalAccuracy:
         return view.evaluate(test) if len(test) else {}
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        rows = [row for row in round.rows if row.get("num_examples", 0) > 0]
-        if not rows:
+        pooled = pool_rows(round.rows)
+        if pooled is None:
             return {}
-        n = np.array([row["num_examples"] for row in rows])
         out: Metrics = {}
-        for key in ("accuracy", "loss"):
-            values = np.array([row[key] for row in rows])
-            out[f"local/test_{key}"] = float((values * n).sum() / n.sum())
-            out[f"local/test_{key}_mean"] = float(values.mean())
+        for key in sorted(set(scores.without_sums(pooled)) - {"num_examples"}):
+            values = [row[key] for row in round.rows if row.get("num_examples", 0) > 0 and key in row]
+            out[f"local/test_{key}"] = pooled[key]
+            out[f"local/test_{key}_mean"] = float(np.mean(values))
         return out

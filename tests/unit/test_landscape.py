@@ -355,6 +355,53 @@ def test_plots_are_written(tmp_path):
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+class RegressionServices(LinearServices):
+    """A linear regressor ``x @ W[:, 0]`` of the labels, rows as ``evaluate`` gives them: MSE,
+    Pearson's r with its summed moments, no accuracy."""
+
+    info = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1, metrics=("pearson",)), seed=0)
+
+    @staticmethod
+    def _one(task, params, data):
+        x, y = data
+        p, t = x.astype(np.float64) @ params["W"][:, 0].astype(np.float64), y.astype(np.float64)
+        moments = (len(t), p.sum(), t.sum(), p @ p, t @ t, p @ t)
+        r = np.corrcoef(p, t)[0, 1] if t.std() > 0 else 0.0  # one label value: r is 0 by convention
+        return {"loss": float(np.mean((p - t) ** 2)), "pearson": float(r)} | {
+            "num_examples": float(len(t)),
+            **{f"sums/moments/{k}": float(v) for k, v in zip(("n", "x", "y", "xx", "yy", "xy"), moments)},
+        }
+
+
+def test_a_regression_scan_pools_pearson_over_the_clients_and_has_no_accuracy(tmp_path):
+    """Pearson's r of the pooled examples, not the mean of the clients' r (np.corrcoef on the
+    concatenated data); no accuracy, so no accuracy barrier and no error panel."""
+    from raysim.cli.analyze import barrier_metrics
+
+    services, clients = RegressionServices(), [0, 1, 2]
+    a, b, c = model(1), model(2), model(3)
+    x, y = pooled(clients)
+
+    def pearson(w):
+        return np.corrcoef(x.astype(np.float64) @ w[:, 0].astype(np.float64), y)[0, 1]
+
+    curve = L.line_scan(services, a, b, alphas=[0.0, 0.5, 1.0], clients=clients)
+    assert curve.accuracy is None and set(curve.scores) == {"pearson"}
+    for alpha, value in zip(curve.alphas, curve.scores["pearson"]):
+        assert value == pytest.approx(pearson(W.interpolate(a, b, alpha)["W"]), rel=1e-9)
+    with pytest.raises(ValueError, match="no accuracy"):
+        L.accuracy_barrier(curve)
+    assert barrier_metrics(curve, "k") == {"k/loss_barrier": L.loss_barrier(curve)}
+    group = L.group_barrier(services, [a, b], clients=clients)
+    assert not any("accuracy" in key for key in group)
+    assert group["fused_pearson"] == pytest.approx(pearson(W.mix([a, b], [1, 1])["W"]), rel=1e-9)
+    assert group["mean_local_pearson"] == pytest.approx((pearson(a["W"]) + pearson(b["W"])) / 2, rel=1e-9)
+    scan = L.plane_scan(services, a, b, c, size=3, clients=clients)
+    assert scan.accuracy is None and scan.scores["pearson"].shape == (3, 3)
+    assert landscape_plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+
+
 # ---- IMA's output estimators ---------------------------------------------------------------------
 
 

@@ -11,8 +11,7 @@ module with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, cast
 
@@ -27,7 +26,7 @@ from raysim.errors import ConfigError
 from raysim.probes import ClientView, ProbeConfig, ProbeRound
 from raysim.registry import register
 from raysim.services import Services
-from raysim.types import Metrics, NumpyParams
+from raysim.types import Metrics, NumpyParams, RunInfo
 from raysim.weight_space import distance, mix
 
 
@@ -76,6 +75,9 @@ class GroupBarrier:
     def after_training(self, view: ClientView) -> Metrics:
         return {"num_examples": float(len(view.data))}
 
+    def check(self, info: RunInfo) -> None:
+        raise_problems(data_problems("group_barrier", self.config, info))
+
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
         ids, models, sizes = kept_models(round)
         if len(models) < 2:
@@ -83,14 +85,13 @@ class GroupBarrier:
         clients, split = evaluation_data(self.config.data, ids)
         lam = sizes if self.config.weights == "data" else None
         seed = (services.info.seed, round.round_num)
-        with central_needed("group_barrier"):
-            out = L.group_barrier(
-                services, models, lam, clients, split, round_num=round.round_num,
-                samples=self.config.samples, seed=seed,
-            )  # fmt: skip
-            if self.config.pairwise:
-                pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
-                out |= {f"pairwise_{name}": pair[name] for name in ("loss", "accuracy") if name in pair}
+        out = L.group_barrier(
+            services, models, lam, clients, split, round_num=round.round_num,
+            samples=self.config.samples, seed=seed,
+        )  # fmt: skip
+        if self.config.pairwise:
+            pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
+            out |= {f"pairwise_{name}": pair[name] for name in ("loss", "accuracy") if name in pair}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
 
@@ -161,12 +162,16 @@ class LossDecomposition:
             "train_ce": float(E.cross_entropy(logits, labels).mean()),
         }
 
+    def check(self, info: RunInfo) -> None:
+        problems = data_problems("loss_decomposition", self.config, info)
+        if info.spec.task != "classification":
+            problems.append(
+                f"evaluation.probes: loss_decomposition needs a classification dataset, not "
+                f"{info.spec.task}; remove the probe from this job"
+            )
+        raise_problems(problems)
+
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        if services.info.spec.task != "classification":
-            raise ConfigError(
-                [f"evaluation.probes: loss_decomposition needs a classification dataset, "
-                 f"not {services.info.spec.task}; remove the probe from this job"]
-            )  # fmt: skip
         ids, models, sizes = trained_models(round)
         if len(models) < 2:
             return {}
@@ -220,11 +225,10 @@ class Outputs:
     ) -> Outputs:
         """One ``map_clients("logits")`` call for all the points, one for the labels."""
         clients, split = evaluation_data(data, ids)
-        with central_needed("loss_decomposition"):
-            logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
-            [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
-            if all(y is None or not len(y) for y in labels):
-                raise L.NoExamplesError(clients, split)
+        logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
+        [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
+        if all(y is None or not len(y) for y in labels):
+            raise L.NoExamplesError(clients, split)
         return cls(logits, labels, by_client=clients is not None)
 
     def pooled(self, point: int) -> np.ndarray:
@@ -290,18 +294,19 @@ def evaluation_data(data: str, ids: Sequence[int]) -> tuple[list[int] | None, st
     return (None, "test") if data == "central" else (list(ids), "round")
 
 
-@contextmanager
-def central_needed(probe: str) -> Iterator[None]:
-    """Words an empty central test set as the config problem it is."""
-    try:
-        yield
-    except L.NoExamplesError as exc:
-        if not exc.central:
-            raise
-        raise ConfigError(
-            [f"evaluation.probes: {probe} with data: central needs a dataset with a central test set; "
-             f"this one has none: set data: cohort"]
-        ) from None  # fmt: skip
+def data_problems(probe: str, config: CohortModelsConfig, info: RunInfo) -> list[str]:
+    """What keeps the probe's ``data`` from this run: ``central`` needs a central test set."""
+    if config.data == "central" and not info.has_central_test:
+        return [
+            f"evaluation.probes: {probe} with data: central needs a dataset with a central test "
+            f"set; this one has none: set data: cohort"
+        ]
+    return []
+
+
+def raise_problems(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(problems)
 
 
 def model_outputs(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> np.ndarray:

@@ -24,6 +24,7 @@ Usage (a new probe):
         def before_training(self, view: ClientView) -> Metrics: return {}
         def after_training(self, view: ClientView) -> Metrics: return view.evaluate(view.data)
         def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
+        def check(self, info: RunInfo) -> None: ...  # optional: refuse a run it cannot measure
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim import scores
+from raysim.errors import ConfigError
 from raysim.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import Services
-from raysim.types import ClientData, Metrics, NumpyParams
+from raysim.types import ClientData, Metrics, NumpyParams, RunInfo
 
 
 class ProbeConfig(BaseModel, frozen=True, extra="forbid"):
@@ -112,9 +114,31 @@ class Probe(Protocol):
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
 
+    # Optional: ``check(info: RunInfo) -> None`` raises ConfigError when the probe cannot measure
+    # this run (a task or data it needs); ``build`` calls it before any worker starts.
+
 
 def is_due(probe: Probe, round_num: int) -> bool:
     return (round_num + 1) % probe.config.every == 0
+
+
+def check_probes(probes: dict[str, Probe], info: RunInfo) -> None:
+    """Each probe's optional ``check`` hook: a probe that cannot measure this run says so before
+    training, not at its first due round.
+
+    Raises:
+        ConfigError: every problem the probes found.
+    """
+    problems: list[str] = []
+    for probe in probes.values():
+        check = getattr(probe, "check", None)
+        if callable(check):
+            try:
+                check(info)
+            except ConfigError as exc:
+                problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
 
 
 class BarrierConfig(ProbeConfig, frozen=True, extra="forbid"):

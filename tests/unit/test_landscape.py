@@ -579,31 +579,36 @@ def test_loss_decomposition_leaves_out_a_client_without_round_examples():
         assert got == pytest.approx(expected)
 
 
-def test_the_probes_name_the_fix_for_data_they_cannot_use():
+def test_the_probes_refuse_a_run_they_cannot_measure_before_it_trains():
+    """``check`` (called by build): data: central without a central test set, and IMA's
+    decomposition on a regression task, each named with its fix; check_probes gathers them all."""
     from raysim.connectivity_probes import (
         GroupBarrier,
         GroupBarrierConfig,
         LossDecomposition,
         LossDecompositionConfig,
     )
+    from raysim.probes import LocalAccuracy, ProbeConfig, check_probes
 
-    class NoCentral(ProbeServices):
-        def map_clients(self, task, points, clients, **kwargs):
-            return (
-                [[None] for _ in points]
-                if clients is None
-                else super().map_clients(task, points, clients, **kwargs)
-            )
-
+    no_central = RunInfo(3, 3, 1, DataSpec("classification", (DIM,), CLASSES), seed=0, has_central_test=False)
     for probe in (GroupBarrier(GroupBarrierConfig()), LossDecomposition(LossDecompositionConfig())):
         with pytest.raises(ConfigError, match="central test set.*set data: cohort"):
-            probe.summarize(probe_round([1.0, 1.0, 1.0]), NoCentral())
-
-    class Regression(ProbeServices):
-        info = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1), seed=0)
-
-    with pytest.raises(ConfigError, match="needs a classification dataset"):
-        LossDecomposition(LossDecompositionConfig()).summarize(probe_round([1.0, 1.0, 1.0]), Regression())
+            probe.check(no_central)
+        probe.check(ProbeServices.info)  # a central test set: fine
+    GroupBarrier(GroupBarrierConfig(data="cohort")).check(no_central)
+    regression = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1), seed=0, has_central_test=False)
+    with pytest.raises(ConfigError) as refused:
+        check_probes(
+            {
+                "local_accuracy": LocalAccuracy(ProbeConfig()),  # no check hook: nothing to refuse
+                "group_barrier": GroupBarrier(GroupBarrierConfig()),
+                "loss_decomposition": LossDecomposition(LossDecompositionConfig(data="cohort")),
+            },
+            regression,
+        )
+    assert len(refused.value.problems) == 2
+    assert "group_barrier with data: central" in refused.value.problems[0]
+    assert "loss_decomposition needs a classification dataset, not regression" in refused.value.problems[1]
     assert GroupBarrier(GroupBarrierConfig()).summarize(ProbeRound(0, [], {}, {}), ProbeServices()) == {}
 
 

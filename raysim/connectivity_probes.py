@@ -11,7 +11,7 @@ module with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, cast
 
@@ -53,14 +53,15 @@ class GroupBarrier:
 
     With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
     uniform, evaluated on the central test set (``data: central``) or the cohort's pooled round
-    data (``data: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
-    ``group_barrier/accuracy = 1 - A(fused) / sum lam_k A(w_k)`` (signed: negative when the
-    fusion beats its members), ``group_barrier/fused_accuracy``, ``group_barrier/fused_loss``,
-    ``group_barrier/mean_local_accuracy`` and ``group_barrier/mean_local_loss``. ``samples: S``
-    adds ``group_barrier/loss_max`` and ``group_barrier/accuracy_max`` over S Dirichlet(1) draws
-    of lam; ``pairwise: true`` adds ``group_barrier/pairwise_loss`` and
-    ``group_barrier/pairwise_accuracy``, the barrier at the midpoint of the first two clients'
-    models (FedGuCci Table 9 reports the midpoint).
+    data (``data: cohort``), it logs ``group_barrier/loss_barrier = L(sum lam_k w_k) -
+    sum lam_k L(w_k)`` (absolute), ``group_barrier/accuracy_barrier = 1 - A(fused) /
+    sum lam_k A(w_k)`` (relative; both signed: negative when the fusion beats its members),
+    ``group_barrier/fused_*`` and ``group_barrier/mean_local_*`` (loss, accuracy and the
+    dataset's scores). ``samples: S`` adds ``group_barrier/loss_barrier_max`` and
+    ``group_barrier/accuracy_barrier_max`` over S Dirichlet(1) draws of lam; ``pairwise: true``
+    adds ``group_barrier/pairwise_loss_barrier`` and ``group_barrier/pairwise_accuracy_barrier``,
+    the barriers at the midpoint of the first two clients' models (FedGuCci Table 9 reports the
+    midpoint). No accuracy barrier for a regression task.
     """
 
     Config = GroupBarrierConfig
@@ -91,11 +92,16 @@ class GroupBarrier:
         )  # fmt: skip
         if self.config.pairwise:
             pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
-            out |= {f"pairwise_{name}": pair[name] for name in ("loss", "accuracy") if name in pair}
+            out |= {f"pairwise_{name}": pair[name] for name in L.BARRIERS if name in pair}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
 
 _CKA_STREAM = 0xC4A  # the CKA rows' random stream, apart from the variance curve's subsets
+# The per-example losses each decomposition term is logged in: IMA's own and the training loss
+LOSSES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "squared_error": E.squared_error,
+    "cross_entropy": E.cross_entropy,
+}
 
 
 class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
@@ -113,11 +119,11 @@ class LossDecomposition:
     Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Theorem 1 and Figs. 2-4; the estimators are
     notes/ima.md section 3.3's.
 
-    Classification only. Each bias is logged in the paper's form, the squared error of the softmax
-    to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local
-    models w_k, data sizes n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E
-    (``data``: the central test set, or the pooled round data of the cohort), it logs under
-    ``decomposition/``:
+    Classification only. Each loss is logged in the paper's form, the squared error of the
+    softmax to the one-hot label (``/squared_error``, in [0, 2]), and as ``/cross_entropy``
+    (``LOSSES``, named as ``raysim.estimators`` names them). With K local models w_k, data sizes
+    n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E (``data``: the central
+    test set, or the pooled round data of the cohort), it logs under ``decomposition/``:
 
     - ``train_bias/*``: mean over k of w_k's loss on its own round data D_k (the worker hook,
       right after training). f_bar_k is approximated by the single trained model.
@@ -155,12 +161,9 @@ class LossDecomposition:
         if not len(view.data):
             return row  # no round examples: the client did not train, summarize leaves it out
         if labels is None or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            return row  # not classification: summarize says so
+            return row  # not classification: check refused the run
         logits = model_outputs(view.model, view.data.arrays["x"])
-        return row | {
-            "train_mse": float(E.squared_error(logits, labels).mean()),
-            "train_ce": float(E.cross_entropy(logits, labels).mean()),
-        }
+        return row | {f"train_{form}": float(loss(logits, labels).mean()) for form, loss in LOSSES.items()}
 
     def check(self, info: RunInfo) -> None:
         problems = data_problems("loss_decomposition", self.config, info)
@@ -182,7 +185,7 @@ class LossDecomposition:
         count = len(models)
         rows = [row for row in round.rows if int(row["client_id"]) in ids]
         out: Metrics = {}
-        for form in ("mse", "ce"):
+        for form in LOSSES:
             out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in rows]))
             unseen = [on.unseen_loss(form, k) for k in range(count)]
             out[f"heter_bias/{form}"] = float(np.mean([loss for loss in unseen if loss is not None]))
@@ -271,8 +274,7 @@ def cka_sample(total: int, count: int, seed: int, round_num: int) -> np.ndarray:
 
 
 def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
-    per_example = E.squared_error(logits, labels) if form == "mse" else E.cross_entropy(logits, labels)
-    return float(per_example.mean())
+    return float(LOSSES[form](logits, labels).mean())
 
 
 def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:

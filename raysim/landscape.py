@@ -58,6 +58,7 @@ from raysim.weight_space import (
 
 # What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
 SCAN_BYTES_PER_CALL = 1 << 30
+BARRIERS = ("loss_barrier", "accuracy_barrier")  # group_barrier's barrier keys (their _max too)
 
 # ---- evaluation through the engine ----------------------------------------------------------
 
@@ -251,18 +252,18 @@ def group_barrier(
 ) -> dict[str, float]:
     """The group barrier of ``models`` at ``lam`` (FedGuCci Def. 3.6, eq. 9-10):
 
-        loss     = L(sum_k lam_k w_k) - sum_k lam_k L(w_k)
-        accuracy = 1 - A(sum_k lam_k w_k) / sum_k lam_k A(w_k)
+        loss_barrier     = L(sum_k lam_k w_k) - sum_k lam_k L(w_k)            (absolute)
+        accuracy_barrier = 1 - A(sum_k lam_k w_k) / sum_k lam_k A(w_k)        (relative)
 
     ``lam`` is uniform (1/K, the FedAvg fusion point) or ``weights`` normalised (data sizes).
     Unlike a pairwise barrier these are signed: a fused model better than its members gives a
     negative barrier. With ``samples > 0`` also the Monte-Carlo max over that many
     Dirichlet(1) draws of ``lam`` (seeded; the notes' recommendation for the sup reading):
-    ``loss_max``, ``accuracy_max``. Every model, the fusion and the draws are evaluated in one
-    ``map_clients`` call.
+    ``loss_barrier_max``, ``accuracy_barrier_max``. Every model, the fusion and the draws are
+    evaluated in one ``map_clients`` call.
 
     Returns:
-        ``loss``, ``accuracy`` (the barriers), ``fused_loss``, ``fused_accuracy``,
+        ``loss_barrier``, ``accuracy_barrier``, ``fused_loss``, ``fused_accuracy``,
         ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair; no
         accuracy terms for a task without accuracy (regression); ``fused_<score>`` and
         ``mean_local_<score>`` for the dataset's scores (MCC, F1, Pearson).
@@ -280,16 +281,17 @@ def group_barrier(
     out = terms(lam, count)
     if samples:
         sampled = [terms(d, count + 1 + i) for i, d in enumerate(draws)]
-        out |= {f"{name}_max": max(s[name] for s in sampled) for name in ("loss", "accuracy") if name in out}
+        out |= {f"{name}_max": max(s[name] for s in sampled) for name in BARRIERS if name in out}
     return out
 
 
 def _group_terms(lam: np.ndarray, own: Values, fused: dict[str, float]) -> dict[str, float]:
     """The barriers at ``lam`` from the members' metrics ``own`` and the fusion's ``fused``."""
     mean = {name: float(lam @ v) for name, v in own.items()}
-    out = {"loss": fused["loss"] - mean["loss"]}
+    out = {"loss_barrier": fused["loss"] - mean["loss"]}
     if "accuracy" in mean:
-        out["accuracy"] = 1.0 - fused["accuracy"] / mean["accuracy"] if mean["accuracy"] > 0 else 0.0
+        accuracy = mean["accuracy"]
+        out["accuracy_barrier"] = 1.0 - fused["accuracy"] / accuracy if accuracy > 0 else 0.0
     return (
         out
         | {f"fused_{name}": value for name, value in fused.items()}

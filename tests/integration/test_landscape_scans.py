@@ -70,7 +70,9 @@ def test_line_and_group_scans_match_plain_torch(engine):
     own = [direct(job, eng.store, {k: v.float() for k, v in t.items()}) for t in (ta, tb, tc)]
     fused_loss, _ = direct(job, eng.store, fused)
     assert group["fused_loss"] == pytest.approx(fused_loss, rel=1e-5)
-    assert group["loss"] == pytest.approx(fused_loss - (own[0][0] + own[1][0] + 2 * own[2][0]) / 4, rel=1e-4)
+    assert group["loss_barrier"] == pytest.approx(
+        fused_loss - (own[0][0] + own[1][0] + 2 * own[2][0]) / 4, rel=1e-4
+    )
 
 
 def test_plane_scan_matches_plain_torch(engine, tmp_path):
@@ -111,10 +113,10 @@ def test_the_analysis_probes_log_finite_values_that_agree(tmp_path):
     result = run(tiny_job(evaluation={"probes": probes}, engine={"num_rounds": 2}), output_dir=tmp_path)
     for _, metrics in result.history:
         logged = {k: v for k, v in metrics.items() if k.startswith(("group_barrier/", "decomposition/"))}
-        assert len(logged) == 10 + 10 + 2 * 6  # and the cohort of 6: mean_of_1..6, mse and ce each
+        assert len(logged) == 10 + 10 + 2 * 6  # and the cohort of 6: mean_of_1..6, both losses each
         assert all(math.isfinite(v) for v in logged.values())
         assert logged["group_barrier/fused_loss"] == pytest.approx(
-            logged["decomposition/variance/mean_of_6/ce"], rel=1e-5
+            logged["decomposition/variance/mean_of_6/cross_entropy"], rel=1e-5
         )
         assert logged["decomposition/locality/max"] >= logged["decomposition/locality/mean"] > 0
         assert 0 < logged["decomposition/covariance/cka"] <= 1

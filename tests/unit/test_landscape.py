@@ -119,7 +119,7 @@ def test_a_model_has_no_barrier_with_itself():
     assert L.loss_barrier(curve) == pytest.approx(0, abs=1e-12)
     assert L.accuracy_barrier(curve) == pytest.approx(0, abs=1e-12)
     assert L.accuracy_barrier(curve, variant="code") == pytest.approx(0, abs=1e-12)
-    assert L.group_barrier(services, [w, w, w])["loss"] == pytest.approx(0, abs=1e-12)
+    assert L.group_barrier(services, [w, w, w])["loss_barrier"] == pytest.approx(0, abs=1e-12)
 
 
 def test_loss_barrier_of_quadratics_by_hand():
@@ -191,8 +191,8 @@ def test_group_barrier_against_direct_evaluation_uniform_and_weighted():
         fused_loss, fused_accuracy = reference(fused, pooled([0, 2]))
         own = [reference(m, pooled([0, 2])) for m in models]
         mean_loss, mean_accuracy = lam @ [o[0] for o in own], lam @ [o[1] for o in own]
-        assert out["loss"] == pytest.approx(fused_loss - mean_loss, rel=1e-5)
-        assert out["accuracy"] == pytest.approx(1 - fused_accuracy / mean_accuracy)
+        assert out["loss_barrier"] == pytest.approx(fused_loss - mean_loss, rel=1e-5)
+        assert out["accuracy_barrier"] == pytest.approx(1 - fused_accuracy / mean_accuracy)
         assert out["fused_accuracy"] == pytest.approx(fused_accuracy)
         assert out["mean_local_loss"] == pytest.approx(mean_loss, rel=1e-5)
 
@@ -202,8 +202,8 @@ def test_group_barrier_monte_carlo_max_is_at_least_the_barrier_of_each_draw():
     models = [model(s) for s in (1, 2, 3)]
     out = L.group_barrier(services, models, clients=[1], samples=5, seed=(0, 1))
     draws = np.random.default_rng((0, 1)).dirichlet(np.ones(3), size=5)
-    expected = max(L.group_barrier(services, models, d, clients=[1])["loss"] for d in draws)
-    assert out["loss_max"] == pytest.approx(expected)
+    expected = max(L.group_barrier(services, models, d, clients=[1])["loss_barrier"] for d in draws)
+    assert out["loss_barrier_max"] == pytest.approx(expected)
     assert services.calls[0] == ("evaluate", 3 + 1 + 5, [1], "test")  # one call for everything
 
 
@@ -460,7 +460,12 @@ class ProbeServices(LinearServices):
 def probe_round(sizes):
     """Clients 0, 1, 2 with local models and ``num_examples`` rows (any numbers: the weights)."""
     rows = [
-        {"client_id": float(c), "num_examples": n, "train_mse": 0.1 * c, "train_ce": 1.0 + c}
+        {
+            "client_id": float(c),
+            "num_examples": n,
+            "train_squared_error": 0.1 * c,
+            "train_cross_entropy": 1.0 + c,
+        }
         for c, n in enumerate(sizes)
     ]
     models = {c: model(10 + c) for c in range(3)}
@@ -479,17 +484,28 @@ def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_dat
     data = pooled([0, 1, 2])
     fused_loss, fused_accuracy = reference({"W": sum(k * m["W"] for k, m in zip(lam, models))}, data)
     own = [reference(m, data) for m in models]
-    assert out["group_barrier/loss"] == pytest.approx(fused_loss - lam @ [o[0] for o in own], rel=1e-5)
-    assert out["group_barrier/accuracy"] == pytest.approx(1 - fused_accuracy / (lam @ [o[1] for o in own]))
+    assert out["group_barrier/loss_barrier"] == pytest.approx(
+        fused_loss - lam @ [o[0] for o in own], rel=1e-5
+    )
+    assert out["group_barrier/accuracy_barrier"] == pytest.approx(
+        1 - fused_accuracy / (lam @ [o[1] for o in own])
+    )
     assert out["group_barrier/mean_local_accuracy"] == pytest.approx(lam @ [o[1] for o in own])
     mid_loss, mid_accuracy = reference({"W": (models[0]["W"] + models[1]["W"]) / 2}, data)
-    assert out["group_barrier/pairwise_loss"] == pytest.approx(
+    assert out["group_barrier/pairwise_loss_barrier"] == pytest.approx(
         mid_loss - (own[0][0] + own[1][0]) / 2, rel=1e-5
     )
-    assert out["group_barrier/pairwise_accuracy"] == pytest.approx(
+    assert out["group_barrier/pairwise_accuracy_barrier"] == pytest.approx(
         1 - 2 * mid_accuracy / (own[0][1] + own[1][1])
     )
     assert services.calls[0] == ("evaluate", 4, [0, 1, 2], "round")
+    assert sorted(out) == [  # the vocabulary docs/analysis.md lists
+        f"group_barrier/{key}"
+        for key in (
+            "accuracy_barrier", "fused_accuracy", "fused_loss", "loss_barrier", "mean_local_accuracy",
+            "mean_local_loss", "pairwise_accuracy_barrier", "pairwise_loss_barrier",
+        )
+    ]  # fmt: skip
 
 
 def test_loss_decomposition_probe_against_direct_numpy():
@@ -505,21 +521,21 @@ def test_loss_decomposition_probe_against_direct_numpy():
     models = [round_view.local_models[c]["W"].astype(np.float64) for c in range(3)]
     fused = (models[0] + models[1] + 2 * models[2]) / 4
     x, y = pooled([0, 1, 2])
-    assert out["decomposition/train_bias/mse"] == pytest.approx(0.1)  # the rows' mean
-    assert out["decomposition/train_bias/ce"] == pytest.approx(2.0)
+    assert out["decomposition/train_bias/squared_error"] == pytest.approx(0.1)  # the rows' mean
+    assert out["decomposition/train_bias/cross_entropy"] == pytest.approx(2.0)
     heter = []
     for k in range(3):
         xo, yo = pooled([c for c in range(3) if c != k])
         heter.append(reference({"W": models[k]}, (xo, yo))[0])
-    assert out["decomposition/heter_bias/ce"] == pytest.approx(np.mean(heter), rel=1e-6)
+    assert out["decomposition/heter_bias/cross_entropy"] == pytest.approx(np.mean(heter), rel=1e-6)
     probs = [np.exp(x @ w) / np.exp(x @ w).sum(axis=1, keepdims=True) for w in (*models, fused)]
-    assert out["decomposition/fused/mse"] == pytest.approx(
+    assert out["decomposition/fused/squared_error"] == pytest.approx(
         ((probs[3] - np.eye(CLASSES)[y]) ** 2).sum(1).mean()
     )
     average = reference({"W": sum(models) / 3}, (x, y))[0]
-    assert out["decomposition/variance/mean_of_3/ce"] == pytest.approx(average, rel=1e-6)
+    assert out["decomposition/variance/mean_of_3/cross_entropy"] == pytest.approx(average, rel=1e-6)
     singles = [reference({"W": w}, (x, y))[0] for w in models]
-    assert min(abs(out["decomposition/variance/mean_of_1/ce"] - s) for s in singles) < 1e-6
+    assert min(abs(out["decomposition/variance/mean_of_1/cross_entropy"] - s) for s in singles) < 1e-6
     spread = np.mean([((p - np.mean(probs[:3], axis=0)) ** 2).sum(1) for p in probs[:3]])
     assert out["decomposition/variance/spread"] == pytest.approx(spread)
     distances = [np.linalg.norm(w - fused) for w in models]
@@ -546,8 +562,12 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
         logits = net(torch.as_tensor(x))
     probs = logits.softmax(-1).numpy()
     assert row["num_examples"] == len(y)
-    assert row["train_mse"] == pytest.approx(((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5)
-    assert row["train_ce"] == pytest.approx(F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5)
+    assert row["train_squared_error"] == pytest.approx(
+        ((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5
+    )
+    assert row["train_cross_entropy"] == pytest.approx(
+        F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5
+    )
 
 
 def test_loss_decomposition_leaves_out_a_client_without_round_examples():
@@ -618,7 +638,9 @@ def test_the_variance_curve_takes_the_sizes_asked_for():
     config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
     out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())
     assert sorted(k for k in out if "mean_of" in k) == [
-        f"decomposition/variance/mean_of_{j}/{form}" for j in (1, 3) for form in ("ce", "mse")
+        f"decomposition/variance/mean_of_{j}/{form}"
+        for j in (1, 3)
+        for form in ("cross_entropy", "squared_error")
     ]
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         LossDecompositionConfig(mean_of=[0])

@@ -44,6 +44,7 @@ from torch.func import functional_call
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
+from raysim.checkpoint import CheckpointTrail
 from raysim.errors import ConfigError
 from raysim.local import (
     Backward,
@@ -272,7 +273,7 @@ class FedGuCci:
         anchor = _trainable(P.clone(params), info.buffer_keys)
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
 
-    def resume_state(self, saved: ServerState, fresh: ServerState) -> ServerState:
+    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
         """Branching from a checkpoint without anchors (FedAvg's) starts them at its model; a
         smaller ``num_anchors`` than the checkpoint's keeps the newest."""
         anchors = (

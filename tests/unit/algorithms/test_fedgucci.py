@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.checkpoint import load_checkpoint, save_checkpoint
+from raysim.checkpoint import CheckpointTrail, load_checkpoint, save_checkpoint
 from raysim.errors import ConfigError
 from raysim.local import task_loss
 from raysim.types import ClientResult, DataSpec, RunInfo
@@ -401,11 +402,12 @@ def test_resuming_from_a_checkpoint_without_anchors_starts_them_at_its_model():
     algo = plugin(num_anchors=2)
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
     fedavg_state = plugin("fedavg").init(params, info())
-    resumed = algo.resume_state(fedavg_state, algo.init(params, info()))
+    trail = CheckpointTrail(Path("round_00004.pt"), 4, fedavg_state)  # FedGuCci reads no earlier round
+    resumed = algo.resume_state(fedavg_state, algo.init(params, info()), trail)
     assert len(resumed.extra["anchors"]) == 1
     assert torch.equal(resumed.extra["anchors"][0]["weight"], params["weight"])
     longer = replace(fedavg_state, extra={"anchors": [params] * 3})
-    assert len(algo.resume_state(longer, resumed).extra["anchors"]) == 2  # the newest N
+    assert len(algo.resume_state(longer, resumed, trail).extra["anchors"]) == 2  # the newest N
 
 
 def test_an_empty_round_keeps_the_model_and_pushes_it_again():

@@ -6,8 +6,9 @@ in one ``map_clients`` call spread over the workers (``raysim.landscape``), on t
 set (a dataset without one: the pooled test splits of the run's evaluated clients, whose
 example-weighted mean is the run's ``eval/clients/loss``) or, with ``--clients K``, on the pooled
 test splits of K of them.
-Results go back into the analyzed MLflow run: metrics under ``analysis/...`` (step 0) and the
-PNGs (plus the scanned values as JSON) as artifacts under ``analysis/``.
+Results go back into the analyzed MLflow run: metrics under ``analysis/...`` (at the step of the
+run's last round, beside its final evaluation) and the PNGs (plus the scanned values as JSON) as
+artifacts under ``analysis/``.
 
 Tools:
     line A B        loss and accuracy along w(a) = a A + (1 - a) B, both barriers (FedGuCci,
@@ -218,9 +219,10 @@ def write_json(path: Path, content: dict[str, object]) -> Path:
 
 
 def log(run: FinishedRun, key: str, metrics: Metrics, files: list[Path]) -> str:
-    """Metrics (step 0) and files (under ``analysis/``) into the run; what was logged, in words."""
+    """Metrics (at the run's last round) and files (under ``analysis/``) into the run; what was
+    logged, in words."""
     run.log(metrics)
     for path in files:
         run.log_artifact(path, "analysis")
     artifacts = f" and artifacts {', '.join(f'analysis/{p.name}' for p in files)}" if files else ""
-    return f"logged {len(metrics)} metrics under {key}/{artifacts}"
+    return f"logged {len(metrics)} metrics under {key}/ at step {run.last_round}{artifacts}"

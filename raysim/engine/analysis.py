@@ -4,7 +4,8 @@ without training and without a new MLflow run (``raysim analyze``).
 The run is found by its MLflow id: its job is the ``config/job.yaml`` artifact, its checkpoints
 lie in the folder its ``run_dir`` tag names (``checkpoints/round_XXXXX.pt`` every
 ``engine.checkpoint_every`` rounds, ``final.pt`` always; ``final.pt`` is also an artifact when
-``tracking.log_checkpoint``). Results are logged back into the same run.
+``tracking.log_checkpoint``). Results are logged back into the same run, at the step of its last
+round.
 
 Usage:
     with FinishedRun.open(run_id, tracking_uri=None, backend="serial") as run:
@@ -205,9 +206,17 @@ class FinishedRun:
         finally:
             backend.shutdown()
 
-    def log(self, metrics: Metrics, step: int = 0) -> None:
-        """Metrics into the analyzed run."""
-        self.tracker.log_metrics(metrics, step)
+    @property
+    def last_round(self) -> int:
+        """The run's last round (``engine.num_rounds - 1``): the step its final evaluation is
+        logged at, and the analysis's metrics."""
+        return self.job.engine.num_rounds - 1
+
+    def log(self, metrics: Metrics, step: int | None = None) -> None:
+        """Metrics into the analyzed run, by default at the step of its last round
+        (``last_round``), beside its final evaluation. Analysing again logs another value at
+        that step; MLflow shows the latest."""
+        self.tracker.log_metrics(metrics, self.last_round if step is None else step)
 
     def log_artifact(self, path: Path, artifact_dir: str | None = None) -> None:
         self.tracker.log_artifact(path, artifact_dir)

@@ -85,10 +85,12 @@ def evaluate_points(
         NoExamplesError: the dataset has no central test set, or the clients have no data in
             ``split``.
     """
+    if not points:
+        raise ValueError("evaluate_points: no points to evaluate")
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
     pooled = [pool_rows(rows) for rows in results]
     rows = [row for row in pooled if row is not None]
-    if len(rows) < len(pooled) or not rows:
+    if len(rows) < len(pooled):
         raise NoExamplesError(clients, split)
     names = [name for name in scores.without_sums(rows[0]) if name != "num_examples"]
     return {name: np.array([row[name] for row in rows]) for name in names}

@@ -16,7 +16,10 @@ models and logs
 - ``eval/local/accuracy``, ``eval/local/loss``: the mean over those models on the central test set
   (when the dataset has one), and ``eval/local/num_clients``, how many;
 - ``eval/local/clients/accuracy``, ``eval/local/clients/loss``: each model on its own client's test
-  split, weighted by test examples as ``eval/clients/*`` is, and unweighted (``_mean``).
+  split, the clients' examples pooled as ``eval/clients/*`` are (``raysim.pooling.pool_rows``), and
+  the mean over clients (``_mean``);
+and so for the dataset's scores (``eval/local/mcc``, ``eval/local/clients/mcc``: MCC, F1, Pearson)
+and without accuracy for a regression task.
 In an intermediate evaluation round those models are the round's cohort's (only they travel to
 the driver then); after the last round, every client that has a model: the cohort's, then the
 others' read back from their client state, a cohort's worth at a time (a pass through
@@ -35,9 +38,11 @@ import torch
 from pydantic import BaseModel
 
 from raysim import params as P
+from raysim import scores
 from raysim.aggregate import Sum
 from raysim.errors import NonFiniteError
 from raysim.local import LocalTrainConfig, train_local
+from raysim.pooling import pool_rows, weighted_means
 from raysim.registry import register
 from raysim.services import Services
 from raysim.types import (
@@ -147,7 +152,8 @@ class LocalOnly:
         output = services.train_cohort(payload, cohort, round_num, keep_local_models=due)
         reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
         now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
-        metrics = cohort_means(output.client_metrics) | {
+        # the clients' train metrics, averaged by client weight as the round loop averages them
+        metrics = weighted_means(output.client_metrics, "weight", _BOOKKEEPING) | {
             "sys/bytes_down": float(P.num_bytes(payload.params) * len(cohort)),
             "sys/failed_clients": float(len(output.failures)),
         }
@@ -176,18 +182,6 @@ class LocalOnly:
         return rows
 
 
-def cohort_means(client_metrics: list[Metrics]) -> Metrics:
-    """Every client metric averaged over the clients that report it, weighted by client weight
-    (as the round loop averages them)."""
-    keys = sorted({k for m in client_metrics for k in m} - _BOOKKEEPING)
-    out: Metrics = {}
-    for key in keys:
-        rows = [m for m in client_metrics if key in m]
-        total = sum(m["weight"] for m in rows) or 1.0
-        out[key] = sum(m[key] * m["weight"] for m in rows) / total
-    return out
-
-
 def local_model_rows(services: Services[Params | None], models: dict[int, NumpyParams]) -> list[EvalRows]:
     """Each local model on the central test set and on its own client's test split (None where
     there is no such data)."""
@@ -202,19 +196,19 @@ def local_model_rows(services: Services[Params | None], models: dict[int, NumpyP
 
 def local_model_metrics(rows: list[EvalRows]) -> Metrics:
     """``eval/local/*``: the mean over the models on the central test set, and each on its own
-    client's test split, weighted by its examples and unweighted."""
+    client's test split, the clients' examples pooled and the mean over clients (``_mean``)."""
     metrics: Metrics = {}
-    central_rows = [row for row, _ in rows if row is not None]
+    central_rows = [scores.without_sums(row) for row, _ in rows if row is not None]
     if central_rows:  # None: the dataset has no central test set
         metrics["eval/local/num_clients"] = float(len(central_rows))
-        for key in ("accuracy", "loss"):
-            metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows]))
+        for key in sorted({k for row in central_rows for k in row} - {"num_examples"}):
+            metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows if key in row]))
     own_rows = [row for _, row in rows if row is not None and row["num_examples"] > 0]
-    if own_rows:
+    pooled = pool_rows(own_rows)
+    if pooled is not None:
         metrics["eval/local/clients/num_clients"] = float(len(own_rows))
-        n = np.array([row["num_examples"] for row in own_rows])
-        for key in ("accuracy", "loss"):
-            values = np.array([row[key] for row in own_rows])
-            metrics[f"eval/local/clients/{key}"] = float((values * n).sum() / n.sum())
-            metrics[f"eval/local/clients/{key}_mean"] = float(values.mean())
+        for key in sorted(set(scores.without_sums(pooled)) - {"num_examples"}):
+            metrics[f"eval/local/clients/{key}"] = pooled[key]
+            values = [row[key] for row in own_rows if key in row]
+            metrics[f"eval/local/clients/{key}_mean"] = float(np.mean(values))
     return metrics

@@ -57,16 +57,14 @@ Optional hooks, each used when present:
 - ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
   itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
   aggregate ``global - pseudo_gradient`` with it.
-- ``resume_state(saved, fresh[, trail]) -> ServerState``: completes a checkpoint's state written
-  by an older plugin or another of its family; ``fresh`` is what ``init`` made for this run. A
-  hook with a third parameter also gets a ``raysim.checkpoint.CheckpointTrail``: the earlier
-  rounds' states beside the checkpoint (IMA branching from a FedAvg checkpoint fills its window
-  with them).
+- ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
+  by an older plugin or another of its family; ``fresh`` is what ``init`` made for this run,
+  ``trail`` a ``raysim.checkpoint.CheckpointTrail``: the earlier rounds' states beside the
+  checkpoint (IMA branching from a FedAvg checkpoint fills its window with them).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
@@ -158,11 +156,7 @@ def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
 def resume_state(
     algorithm: Algorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
 ) -> ServerState:
-    """The state a resumed run starts from: the plugin's ``resume_state`` hook, given the
-    checkpoint trail when it takes a third parameter; else the checkpoint's state as saved."""
+    """The state a resumed run starts from: the plugin's ``resume_state(saved, fresh, trail)``
+    hook; else the checkpoint's state as saved."""
     hook = getattr(algorithm, "resume_state", None)
-    if not callable(hook):
-        return saved
-    if len(inspect.signature(hook).parameters) >= 3:
-        return hook(saved, fresh, trail)
-    return hook(saved, fresh)
+    return hook(saved, fresh, trail) if callable(hook) else saved

@@ -1,13 +1,20 @@
 """Checkpoints: server state + ``round_num`` + the resolved config; resume or branch a run.
 
+Every reader goes through ``parse_state``, which checks the format: ``load_checkpoint`` (resuming:
+also the job and the client-state snapshot), ``read_state`` (evaluating a checkpoint or reading a
+run's earlier rounds: the server state alone) and ``raysim.models.weights`` (``init_from``).
+
 Usage:
     save_checkpoint(path, state, round_num=9, job_dict=job.to_dict(), state_dir=snapshot)
     state, round_num, job_dict, state_dir = load_checkpoint(path)
+    state, round_num = read_state(path)
     CheckpointTrail(path, round_num, state).state_after(7)  # round_00007.pt beside it
+    round_of_name("round_00007.pt")  # 7; None for final.pt
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +28,19 @@ from raysim.types import ServerState
 FORMAT = 1
 
 
+_ROUND_NAME = re.compile(r"^round_(\d+)\.pt$")
+
+
 def round_checkpoint_name(round_num: int) -> str:
     """The file a run's checkpoint after ``round_num`` gets (``engine.checkpoint_every``)."""
     return f"round_{round_num:05d}.pt"
+
+
+def round_of_name(name: str) -> int | None:
+    """The round a per-round checkpoint file is named after (``round_checkpoint_name``'s
+    inverse); None for any other name (``final.pt``)."""
+    match = _ROUND_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)
@@ -53,10 +70,10 @@ class CheckpointTrail:
             raise CheckpointError(
                 f"no checkpoint of round {round_num} beside {self.path} (expected {sibling})"
             )
-        try:
-            return server_state(torch.load(sibling, weights_only=True)["state"])
-        except Exception as exc:
-            raise CheckpointError(f"{sibling} is not a readable raysim checkpoint: {exc}") from exc
+        state, saved_round = read_state(sibling)
+        if saved_round != round_num:
+            raise CheckpointError(f"{sibling} holds round {saved_round}, not {round_num}")
+        return state
 
 
 def save_checkpoint(
@@ -100,14 +117,19 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any],
         CheckpointError: the file is missing or unreadable, or the client-state snapshot it
             needs is missing (resuming without it would silently reset every client's state).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        raw = torch.load(path, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
-    return parse_checkpoint(raw, path)
+    raw = _load(Path(path))
+    state, round_num = parse_state(raw, path)
+    return state, round_num, raw["job"], _find_state_dir(Path(path), raw.get("state_dir"))
+
+
+def read_state(path: str | Path) -> tuple[ServerState, int]:
+    """(server state, last completed round) of a checkpoint file: what evaluating it or reading a
+    run's earlier rounds needs. Its client-state snapshot is neither needed nor looked for.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable or not a raysim checkpoint of this format.
+    """
+    return parse_state(_load(Path(path)), path)
 
 
 def is_checkpoint(raw: Any) -> bool:
@@ -115,18 +137,30 @@ def is_checkpoint(raw: Any) -> bool:
     return isinstance(raw, dict) and "format" in raw and "state" in raw
 
 
-def parse_checkpoint(raw: Any, path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:
-    """``load_checkpoint`` of content already read from ``path``."""
+def parse_state(raw: Any, path: str | Path) -> tuple[ServerState, int]:
+    """(server state, last completed round) of checkpoint content already read from ``path``.
+
+    Raises:
+        CheckpointError: another format version, or content that is no raysim checkpoint.
+    """
+    if not is_checkpoint(raw) or not {"round_num", "job"} <= set(raw):
+        raise CheckpointError(f"{path} is not a raysim checkpoint (no format, state, round_num and job)")
+    if raw["format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {raw['format']!r}, expected {FORMAT}")
     try:
-        if raw.get("format") != FORMAT:
-            raise CheckpointError(f"{path}: checkpoint format {raw.get('format')!r}, expected {FORMAT}")
-        state = server_state(raw["state"])
-        state_dir = raw.get("state_dir")
-    except CheckpointError:
-        raise
+        return server_state(raw["state"]), int(raw["round_num"])
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
-    return state, int(raw["round_num"]), raw["job"], _find_state_dir(Path(path), state_dir)
+
+
+def _load(path: Path) -> Any:
+    """A checkpoint file's content, as ``torch.load`` gives it (tensors only: weights_only)."""
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
 
 
 def server_state(saved: dict[str, Any]) -> ServerState:

@@ -1,8 +1,9 @@
-"""Connectivity and loss-landscape analysis: interpolation, barriers, planes, and their plots.
+"""Connectivity and loss-landscape scans: evaluation of many models, barriers, planes.
 
 Every scan turns its parameter points into ONE ``Services.map_clients("evaluate", ...)`` call, so
 the grid is spread over all workers; ``clients=None`` evaluates on the dataset's central test set,
-a list of clients on their data (rows combined weighted by ``num_examples``).
+a list of clients on their data (rows combined weighted by ``num_examples``). The arithmetic on
+the points is ``raysim.weight_space``'s, the plots ``raysim.landscape_plots``'.
 
 Sources:
 - Pairwise barriers: FedGuCci, Li et al., "FedGuCci: Making Local Models More Connected in
@@ -14,169 +15,56 @@ Sources:
 - The plane through three models (Garipov et al., NeurIPS 2018, arXiv:1802.10026) as IMA draws
   it: Zhou et al., "Understanding and Improving Model Averaging in Federated Learning on
   Heterogeneous Data", IEEE TMC 2024, arXiv:2305.07845; notes/ima.md section 3.1.
-- Linear CKA (Kornblith et al., ICML 2019, arXiv:1905.00414), IMA's covariance measure
-  (notes/ima.md section 3.3).
 
-Only floating-point entries are interpolated; integer buffers (BatchNorm's
-``num_batches_tracked``) are taken from the first model. The scans treat the float buffers
-(``RunInfo.buffer_keys``: BatchNorm's running statistics) by their ``buffers`` keyword: by
-default (``"clamp"``) with the point's mixing weights clamped to a convex combination (negatives
-set to 0, renormalised), so they are interpolated between the models and never extrapolated past
-them, where a running variance can turn negative and the loss NaN; ``"interpolate"`` treats them
-as the weights are treated, ``"first"`` takes them from the first model (a, w1) everywhere.
-Interpolating BatchNorm networks without recomputing their statistics measures the stale
-statistics too (notes/fedgucci.md section 4).
+The scans treat the float buffers (``RunInfo.buffer_keys``: BatchNorm's running statistics) by
+their ``buffers`` keyword (``raysim.weight_space.Buffers``): by default (``"clamp"``) with the
+point's mixing weights clamped to a convex combination (negatives set to 0, renormalised), so they
+are interpolated between the models and never extrapolated past them, where a running variance
+can turn negative and the loss NaN; ``"interpolate"`` treats them as the weights are treated,
+``"first"`` takes them from the first model (a, w1) everywhere. Interpolating BatchNorm networks
+without recomputing their statistics measures the stale statistics too (notes/fedgucci.md
+section 4).
 
 Usage:
     curve = line_scan(services, w_a, w_b, alphas=np.linspace(0, 1, 11))
     print(loss_barrier(curve), accuracy_barrier(curve))
-    plot_curve(curve, "interp.png", title="FedAvg: client 3 vs client 7")
     scan = plane_scan(services, w1, w2, w3, size=21, labels=("round 98", "round 99", "round 100"))
-    plot_plane(scan, "plane.png")
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
+from raysim import scores
+from raysim.pooling import pool_rows
 from raysim.services import Services
-from raysim.types import Metrics, NumpyParams
+from raysim.types import NumpyParams
+from raysim.weight_space import (
+    Buffers,
+    Weights,
+    check_same_keys,
+    flatten,
+    interpolate,
+    mix,
+    simplex,
+    unflatten,
+    with_buffers,
+)
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-Weights = Sequence[float] | np.ndarray  # mixing weights, one per model
-# The float buffers of a scanned point (see the module docstring): mixed as the weights clamped
-# to a convex combination, as the weights, or taken from the first model.
-Buffers = Literal["clamp", "interpolate", "first"]
 # What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
 SCAN_BYTES_PER_CALL = 1 << 30
-
-# ---- parameter arithmetic --------------------------------------------------------------------
-
-
-def is_float(value: np.ndarray) -> bool:
-    """Whether an entry takes part in interpolation (weights, float buffers), not a counter."""
-    return bool(np.issubdtype(np.asarray(value).dtype, np.floating))
-
-
-def interpolate(a: NumpyParams, b: NumpyParams, alpha: float) -> NumpyParams:
-    """``alpha * a + (1 - alpha) * b`` for every float entry; other entries from ``a``.
-
-    ``alpha`` may leave [0, 1] (extrapolation, as IMA's Fig. 5 grid [-0.5, 1.5] does). Computed
-    in float64, so ``interpolate(w, w, alpha)`` is ``w`` exactly, whatever the dtype.
-    """
-    return _combine([a, b], [alpha, 1.0 - alpha])
-
-
-def mix(points: Sequence[NumpyParams], weights: Weights) -> NumpyParams:
-    """The convex combination ``sum_k lam_k points[k]`` with ``lam = weights / sum(weights)``.
-
-    The weights are normalised, so example counts can be passed as they are. Non-float entries
-    come from ``points[0]``. Accumulates in float64, returns each entry in its own dtype.
-
-    Raises:
-        ValueError: no points, a weight per point missing, a negative weight, or all zero.
-    """
-    return _combine(points, _simplex(weights, len(points)))
-
-
-def _combine(points: Sequence[NumpyParams], coefficients: Weights) -> NumpyParams:
-    """``sum_k c_k points[k]`` for float entries (accumulated in float64, returned in each entry's
-    dtype); other entries from ``points[0]``."""
-    _check_same_keys(points)
-    out: NumpyParams = {}
-    for key, value in points[0].items():
-        if not is_float(value):
-            out[key] = value
-            continue
-        total = np.zeros(value.shape, dtype=np.float64)
-        for c, point in zip(coefficients, points):
-            total += c * np.asarray(point[key], dtype=np.float64)
-        out[key] = total.astype(value.dtype)
-    return out
-
-
-def with_buffers(
-    point: NumpyParams,
-    models: Sequence[NumpyParams],
-    coefficients: Weights,
-    buffer_keys: frozenset[str],
-    buffers: Buffers = "clamp",
-) -> NumpyParams:
-    """``point`` (the combination ``sum_k c_k models[k]`` with ``sum_k c_k = 1``) with its float
-    buffers recomputed by the rule ``buffers`` (see ``Buffers``); other entries kept."""
-    keys = [k for k in point if k in buffer_keys and is_float(point[k])]
-    if not keys or buffers == "interpolate":
-        return point
-    c = np.asarray(coefficients, dtype=np.float64)
-    if buffers == "first":
-        c = np.eye(len(c))[0]
-    else:  # clamp: at least one coefficient is positive, as they sum to 1
-        c = np.clip(c, 0.0, None) / np.clip(c, 0.0, None).sum()
-    mixed = _combine([{k: model[k] for k in keys} for model in models], c)
-    return point | mixed
-
-
-def flatten(params: NumpyParams) -> np.ndarray:
-    """The float entries in sorted key order, as one float64 vector (ints are left out); sorted,
-    so two models line up whatever their dicts' order."""
-    parts = [np.asarray(params[k], dtype=np.float64).ravel() for k in sorted(params) if is_float(params[k])]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
-    """``flatten``'s inverse: float entries of ``like`` refilled from ``vector``, others kept."""
-    out: NumpyParams = {}
-    offset = 0
-    for key in sorted(like):
-        value = like[key]
-        if is_float(value):
-            size = value.size
-            out[key] = vector[offset : offset + size].reshape(value.shape).astype(value.dtype)
-            offset += size
-        else:
-            out[key] = value
-    if offset != vector.size:
-        raise ValueError(f"unflatten: the vector has {vector.size} values, the params {offset}")
-    return {key: out[key] for key in like}
-
-
-def distance(a: NumpyParams, b: NumpyParams) -> float:
-    """The L2 distance of the flattened float entries (IMA's locality, notes/ima.md 3.3)."""
-    _check_same_keys([a, b])
-    return float(np.linalg.norm(flatten(a) - flatten(b)))
-
-
-def _simplex(weights: Weights, count: int) -> np.ndarray:
-    lam = np.asarray(weights, dtype=np.float64)
-    if count == 0:
-        raise ValueError("mix: no points to combine")
-    if lam.shape != (count,):
-        raise ValueError(f"mix: {count} points need {count} weights, got shape {lam.shape}")
-    if (lam < 0).any() or lam.sum() <= 0:
-        raise ValueError(f"mix: weights must be >= 0 with a positive sum (a convex combination), got {lam}")
-    return lam / lam.sum()
-
-
-def _check_same_keys(points: Sequence[NumpyParams]) -> None:
-    keys = set(points[0])
-    for i, point in enumerate(points[1:], start=1):
-        if set(point) != keys:
-            diff = sorted(keys ^ set(point))[:5]
-            raise ValueError(
-                f"model {i} has other entries than model 0 (differing: {diff}); same architecture?"
-            )
-
+BARRIERS = ("loss_barrier", "accuracy_barrier")  # group_barrier's barrier keys (their _max too)
 
 # ---- evaluation through the engine ----------------------------------------------------------
+
+# Metric name -> its value at each evaluated point: ``loss``, ``accuracy`` (a task with one: not
+# regression), the dataset's scores (``mcc``, ``f1``, ``pearson``), a causal LM's ``perplexity``.
+Values = dict[str, np.ndarray]
 
 
 def evaluate_points(
@@ -186,23 +74,26 @@ def evaluate_points(
     split: str = "test",
     *,
     round_num: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Loss and accuracy of every point, in one ``map_clients`` call spread over the workers.
+) -> Values:
+    """The metrics of every point, in one ``map_clients`` call spread over the workers.
 
-    ``clients`` None: the central test set; else the clients' ``split`` data, pooled: each
-    point's per-client rows weighted by their ``num_examples``.
+    ``clients`` None: the central test set; else the clients' ``split`` data, each point's
+    per-client rows pooled (``raysim.pooling.pool_rows``): means weighted by ``num_examples``,
+    MCC, F1 and Pearson from the summed statistics.
 
     Raises:
         NoExamplesError: the dataset has no central test set, or the clients have no data in
             ``split``.
     """
+    if not points:
+        raise ValueError("evaluate_points: no points to evaluate")
     results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
-    pooled = [_pool(rows) for rows in results]
-    if any(row is None for row in pooled):
+    pooled = [pool_rows(rows) for rows in results]
+    rows = [row for row in pooled if row is not None]
+    if len(rows) < len(pooled):
         raise NoExamplesError(clients, split)
-    loss = np.array([row["loss"] for row in pooled if row is not None])
-    accuracy = np.array([row["accuracy"] for row in pooled if row is not None])
-    return loss, accuracy
+    names = [name for name in scores.without_sums(rows[0]) if name != "num_examples"]
+    return {name: np.array([row[name] for row in rows]) for name in names}
 
 
 def evaluate_in_calls(
@@ -214,7 +105,7 @@ def evaluate_in_calls(
     *,
     round_num: int | None,
     points_per_call: int | None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Values:
     """``evaluate_points`` of ``make_point(0..count-1)``, built and sent ``points_per_call`` at a
     time (default: as many as fit in ``SCAN_BYTES_PER_CALL``), so a large grid of a large model
     never sits in memory all at once."""
@@ -222,17 +113,20 @@ def evaluate_in_calls(
         raise ValueError("a scan needs at least one point to evaluate")
     first = make_point(0)
     step = points_per_call or max(1, SCAN_BYTES_PER_CALL // max(1, _num_bytes(first)))
-    loss, accuracy = [], []
+    parts = []
     for start in range(0, count, step):
         points = [first if i == 0 else make_point(i) for i in range(start, min(start + step, count))]
-        part_loss, part_accuracy = evaluate_points(services, points, clients, split, round_num=round_num)
-        loss.append(part_loss)
-        accuracy.append(part_accuracy)
-    return np.concatenate(loss), np.concatenate(accuracy)
+        parts.append(evaluate_points(services, points, clients, split, round_num=round_num))
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _num_bytes(params: NumpyParams) -> int:
     return sum(np.asarray(v).nbytes for v in params.values())
+
+
+def _others(values: Values) -> Values:
+    """The metrics besides loss and accuracy (the dataset's scores, perplexity)."""
+    return {name: v for name, v in values.items() if name not in ("loss", "accuracy")}
 
 
 class NoExamplesError(ValueError):
@@ -248,26 +142,21 @@ class NoExamplesError(ValueError):
         super().__init__(f"no examples to evaluate on in {where}")
 
 
-def _pool(rows: Sequence[Metrics | None]) -> Metrics | None:
-    """Per-client rows as one row of their pooled examples (None if none has examples)."""
-    kept = [row for row in rows if row is not None and row.get("num_examples", 0) > 0]
-    if not kept:
-        return None
-    n = np.array([row["num_examples"] for row in kept])
-    pooled = {key: float(np.dot(n, [row[key] for row in kept]) / n.sum()) for key in ("loss", "accuracy")}
-    return pooled | {"num_examples": float(n.sum())}
-
-
 # ---- pairwise barriers (FedGuCci Def. 2.1) ----------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Curve:
-    """Loss and accuracy along ``w(alpha) = alpha * a + (1 - alpha) * b``: ``alpha = 1`` is ``a``."""
+    """Loss and accuracy along ``w(alpha) = alpha * a + (1 - alpha) * b``: ``alpha = 1`` is ``a``.
+
+    ``accuracy`` is None for a task without one (regression); ``scores`` holds the other metrics
+    per alpha (the dataset's MCC, F1 or Pearson, a causal LM's perplexity).
+    """
 
     alphas: np.ndarray
     loss: np.ndarray
-    accuracy: np.ndarray
+    accuracy: np.ndarray | None = None
+    scores: Values = field(default_factory=dict)
 
 
 def line_scan(
@@ -298,10 +187,10 @@ def line_scan(
         alpha = float(grid[i])
         return with_buffers(interpolate(a, b, alpha), [a, b], [alpha, 1.0 - alpha], keys, buffers)
 
-    loss, accuracy = evaluate_in_calls(
+    values = evaluate_in_calls(
         services, point, len(grid), clients, split, round_num=round_num, points_per_call=points_per_call
     )
-    return Curve(grid, loss, accuracy)
+    return Curve(grid, values["loss"], values.get("accuracy"), _others(values))
 
 
 def _endpoints(curve: Curve) -> tuple[np.ndarray, int, int]:
@@ -332,7 +221,12 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
     ``code`` (the authors' ``calculate_barrier_and_stats``): the alpha with the largest
     ``d(a) = linear(a) - A(w(a))``, reported as ``d / linear`` there; nearly the same number.
     Where the linear accuracy is 0 there is nothing to lose and the term counts as 0.
+
+    Raises:
+        ValueError: the curve has no accuracy (a regression task) or lacks an endpoint.
     """
+    if curve.accuracy is None:
+        raise ValueError("accuracy_barrier: the curve has no accuracy (a regression task): use loss_barrier")
     inside, one, zero = _endpoints(curve)
     alphas, accuracy = curve.alphas[inside], curve.accuracy[inside]
     linear = alphas * curve.accuracy[one] + (1 - alphas) * curve.accuracy[zero]
@@ -360,49 +254,51 @@ def group_barrier(
 ) -> dict[str, float]:
     """The group barrier of ``models`` at ``lam`` (FedGuCci Def. 3.6, eq. 9-10):
 
-        loss     = L(sum_k lam_k w_k) - sum_k lam_k L(w_k)
-        accuracy = 1 - A(sum_k lam_k w_k) / sum_k lam_k A(w_k)
+        loss_barrier     = L(sum_k lam_k w_k) - sum_k lam_k L(w_k)            (absolute)
+        accuracy_barrier = 1 - A(sum_k lam_k w_k) / sum_k lam_k A(w_k)        (relative)
 
     ``lam`` is uniform (1/K, the FedAvg fusion point) or ``weights`` normalised (data sizes).
     Unlike a pairwise barrier these are signed: a fused model better than its members gives a
     negative barrier. With ``samples > 0`` also the Monte-Carlo max over that many
     Dirichlet(1) draws of ``lam`` (seeded; the notes' recommendation for the sup reading):
-    ``loss_max``, ``accuracy_max``. Every model, the fusion and the draws are evaluated in one
-    ``map_clients`` call.
+    ``loss_barrier_max``, ``accuracy_barrier_max``. Every model, the fusion and the draws are
+    evaluated in one ``map_clients`` call.
 
     Returns:
-        ``loss``, ``accuracy`` (the barriers), ``fused_loss``, ``fused_accuracy``,
-        ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair.
+        ``loss_barrier``, ``accuracy_barrier``, ``fused_loss``, ``fused_accuracy``,
+        ``mean_local_loss``, ``mean_local_accuracy`` (lam-weighted), and the ``_max`` pair; no
+        accuracy terms for a task without accuracy (regression); ``fused_<score>`` and
+        ``mean_local_<score>`` for the dataset's scores (MCC, F1, Pearson).
     """
     count = len(models)
-    lam = _simplex(np.ones(count) if weights is None else weights, count)
+    lam = simplex(np.ones(count) if weights is None else weights, count)
     draws = np.random.default_rng(seed).dirichlet(np.ones(count), size=samples)
     fusions = [mix(models, lam), *(mix(models, d) for d in draws)]
-    loss, accuracy = evaluate_points(services, [*models, *fusions], clients, split, round_num=round_num)
-    own_loss, own_accuracy = loss[:count], accuracy[:count]
-    out = _group_terms(lam, own_loss, own_accuracy, loss[count], accuracy[count])
+    values = evaluate_points(services, [*models, *fusions], clients, split, round_num=round_num)
+    own = {name: v[:count] for name, v in values.items()}
+
+    def terms(weights: np.ndarray, point: int) -> dict[str, float]:
+        return _group_terms(weights, own, {name: float(v[point]) for name, v in values.items()})
+
+    out = terms(lam, count)
     if samples:
-        sampled = [
-            _group_terms(d, own_loss, own_accuracy, loss[count + 1 + i], accuracy[count + 1 + i])
-            for i, d in enumerate(draws)
-        ]
-        out["loss_max"] = max(s["loss"] for s in sampled)
-        out["accuracy_max"] = max(s["accuracy"] for s in sampled)
+        sampled = [terms(d, count + 1 + i) for i, d in enumerate(draws)]
+        out |= {f"{name}_max": max(s[name] for s in sampled) for name in BARRIERS if name in out}
     return out
 
 
-def _group_terms(
-    lam: np.ndarray, loss: np.ndarray, accuracy: np.ndarray, fused_loss: float, fused_accuracy: float
-) -> dict[str, float]:
-    mean_loss, mean_accuracy = float(lam @ loss), float(lam @ accuracy)
-    return {
-        "loss": float(fused_loss) - mean_loss,
-        "accuracy": 1.0 - float(fused_accuracy) / mean_accuracy if mean_accuracy > 0 else 0.0,
-        "fused_loss": float(fused_loss),
-        "fused_accuracy": float(fused_accuracy),
-        "mean_local_loss": mean_loss,
-        "mean_local_accuracy": mean_accuracy,
-    }
+def _group_terms(lam: np.ndarray, own: Values, fused: dict[str, float]) -> dict[str, float]:
+    """The barriers at ``lam`` from the members' metrics ``own`` and the fusion's ``fused``."""
+    mean = {name: float(lam @ v) for name, v in own.items()}
+    out = {"loss_barrier": fused["loss"] - mean["loss"]}
+    if "accuracy" in mean:
+        accuracy = mean["accuracy"]
+        out["accuracy_barrier"] = 1.0 - fused["accuracy"] / accuracy if accuracy > 0 else 0.0
+    return (
+        out
+        | {f"fused_{name}": value for name, value in fused.items()}
+        | {f"mean_local_{name}": value for name, value in mean.items()}
+    )
 
 
 # ---- the plane through three models (notes/ima.md section 3.1) ---------------------------------
@@ -429,7 +325,7 @@ class Plane:
         Raises:
             ValueError: w1 and w2 coincide, or w3 lies on their line (no plane).
         """
-        _check_same_keys([w1, w2, w3])
+        check_same_keys([w1, w2, w3])
         origin = flatten(w1)
         du, dw = flatten(w2) - origin, flatten(w3) - origin
         norm_u = float(np.linalg.norm(du))
@@ -473,14 +369,17 @@ class Plane:
 @dataclass(frozen=True)
 class PlaneScan:
     """Loss and accuracy on a plane's grid: ``loss[i, j]`` at ``(xs[j], ys[i])`` (matplotlib's
-    ``contour(xs, ys, loss)`` layout); ``coords`` and ``labels`` of the three models."""
+    ``contour(xs, ys, loss)`` layout); ``coords`` and ``labels`` of the three models.
+    ``accuracy`` is None for a task without one (regression); ``scores`` holds the other metrics
+    on the grid (the dataset's MCC, F1 or Pearson, a causal LM's perplexity)."""
 
     xs: np.ndarray
     ys: np.ndarray
     loss: np.ndarray
-    accuracy: np.ndarray
+    accuracy: np.ndarray | None
     coords: np.ndarray
     labels: tuple[str, str, str]
+    scores: Values = field(default_factory=dict)
 
 
 def plane_scan(
@@ -515,137 +414,8 @@ def plane_scan(
         x, y = coords[i]
         return with_buffers(plane.point(x, y), [w1, w2, w3], plane.barycentric(x, y), keys, buffers)
 
-    loss, accuracy = evaluate_in_calls(
+    values = evaluate_in_calls(
         services, point, len(coords), clients, split, round_num=round_num, points_per_call=points_per_call
     )
-    shape = (len(ys), len(xs))
-    return PlaneScan(
-        xs=xs,
-        ys=ys,
-        loss=loss.reshape(shape),
-        accuracy=accuracy.reshape(shape),
-        coords=plane.coords,
-        labels=labels,
-    )
-
-
-# ---- plots (matplotlib, headless) --------------------------------------------------------------
-
-
-def plot_curve(curve: Curve, path: str | Path, title: str = "") -> Path:
-    """Loss and accuracy against alpha, with both barriers in the legend when the curve spans
-    [0, 1]; returns ``path`` (a PNG)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    try:
-        barriers = {"loss": loss_barrier(curve), "accuracy": accuracy_barrier(curve)}
-    except ValueError:  # a grid without both endpoints has no barrier
-        barriers = {}
-    for ax, name, values in ((axes[0], "loss", curve.loss), (axes[1], "accuracy", curve.accuracy)):
-        label = f"barrier {barriers[name]:.4g}" if name in barriers else name
-        ax.plot(curve.alphas, values, marker="o", markersize=3, label=label)
-        for end in (0.0, 1.0):  # where the two models are, on a grid that extends past them
-            ax.axvline(end, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_xlabel("alpha  (1: model a, 0: model b)")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(fig, plt, path, title)
-
-
-def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
-    """Contours of loss and of error (1 - accuracy) on the plane, the three models marked and
-    labelled, their mean as a white cross (IMA Fig. 1); returns ``path`` (a PNG)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, name, values in ((axes[0], "loss", scan.loss), (axes[1], "error", 1.0 - scan.accuracy)):
-        filled = ax.contourf(scan.xs, scan.ys, values, levels=20, cmap="viridis")
-        ax.contour(scan.xs, scan.ys, values, levels=20, colors="k", linewidths=0.3, alpha=0.5)
-        fig.colorbar(filled, ax=ax, label=name)
-        ax.scatter(scan.coords[:, 0], scan.coords[:, 1], c="red", edgecolors="white", zorder=3)
-        for (x, y), label in zip(scan.coords, scan.labels):
-            ax.annotate(
-                label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
-                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
-            )  # fmt: skip
-        centre = scan.coords.mean(axis=0)
-        ax.scatter([centre[0]], [centre[1]], marker="x", c="white", zorder=3)
-        ax.set_title(name)
-        ax.set_aspect("equal", adjustable="box")
-    return _save(fig, plt, path, title)
-
-
-def _pyplot() -> ModuleType:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Figure, plt: ModuleType, path: str | Path, title: str) -> Path:
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-# ---- IMA's loss decomposition: estimators on model outputs (notes/ima.md section 3.3) ---------
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities of (n, C) logits, computed stably in float64."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return np.asarray(e / e.sum(axis=-1, keepdims=True))
-
-
-def squared_error(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per example ``||softmax(f(x)) - onehot(y)||^2``: IMA's MSE loss (Theorem 1), in [0, 2]."""
-    p = softmax(logits)
-    rows = np.arange(len(p))
-    return np.asarray((p**2).sum(axis=-1) - 2 * p[rows, labels] + 1.0)
-
-
-def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per example ``-log softmax(f(x))_y`` (natural log), computed stably."""
-    z = np.asarray(logits, dtype=np.float64)
-    top = z.max(axis=-1, keepdims=True)
-    log_norm = np.log(np.exp(z - top).sum(axis=-1)) + top[:, 0]
-    return np.asarray(log_norm - z[np.arange(len(z)), labels])
-
-
-def output_spread(logits: Sequence[np.ndarray]) -> float:
-    """``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` with ``p_k = softmax`` of model k's outputs and
-    ``p_bar`` their mean: the variance term of IMA's eq. (2) in its finite form over the models
-    (``mean_k ||p_k - y||^2 = ||p_bar - y||^2 + spread``, example by example)."""
-    p = np.stack([softmax(z) for z in logits])  # (K, n, C)
-    return float(((p - p.mean(axis=0)) ** 2).sum(axis=-1).mean())
-
-
-def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
-    """Linear CKA of two representations of the same n inputs (Kornblith et al., ICML 2019,
-    arXiv:1905.00414, eq. 5): with column-centred X (n, p) and Y (n, q),
-    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``; 1 for identical (or rotated, or scaled) ones.
-    """
-    a = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    b = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
-    if len(a) != len(b):
-        raise ValueError(f"linear_cka: the representations cover {len(a)} and {len(b)} inputs")
-    a, b = a - a.mean(axis=0), b - b.mean(axis=0)
-    denominator = np.linalg.norm(a.T @ a) * np.linalg.norm(b.T @ b)
-    return float(np.linalg.norm(b.T @ a) ** 2 / denominator) if denominator > 0 else 0.0
-
-
-def mean_pairwise_cka(logits: Sequence[np.ndarray]) -> float:
-    """The mean linear CKA over the pairs of models: IMA's covariance measure (Fig. 4)."""
-    pairs = [(i, j) for i in range(len(logits)) for j in range(i + 1, len(logits))]
-    if not pairs:
-        raise ValueError("mean_pairwise_cka: needs at least two models")
-    return float(np.mean([linear_cka(logits[i], logits[j]) for i, j in pairs]))
+    grid = {name: v.reshape(len(ys), len(xs)) for name, v in values.items()}
+    return PlaneScan(xs, ys, grid["loss"], grid.get("accuracy"), plane.coords, labels, _others(grid))

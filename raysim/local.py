@@ -17,7 +17,6 @@ Usage:
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -29,6 +28,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import scores
+from raysim.pooling import perplexity
 from raysim.schedules import EpochDecay, Exponential, Schedule
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
 
@@ -296,9 +296,9 @@ def evaluate(
     device: torch.device | str = "cpu",
     batch_size: int = 512,
 ) -> Metrics:
-    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM), and the
-    scores ``spec.metrics`` names, each with the additive statistics it was computed from
-    (``sums/...`` keys, which ``raysim.scores.pool`` combines over clients)."""
+    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM; none for
+    regression), and the scores ``spec.metrics`` names, each with the additive statistics it was
+    computed from (``sums/...`` keys, which ``raysim.pooling.pool_rows`` combines over clients)."""
     scores.check_metrics(spec)
     model.eval()
     loss_sum: torch.Tensor | float = 0.0
@@ -313,13 +313,11 @@ def evaluate(
             for name, value in scores.batch_statistics(spec, outputs, batch["y"]).items():
                 statistics[name] = statistics[name] + value if name in statistics else value
     num_seen = float(seen)
-    metrics = {
-        "loss": float(loss_sum) / max(num_seen, 1.0),
-        "accuracy": float(correct) / max(num_seen, 1.0),
-        "num_examples": num_seen,
-    }
+    metrics = {"loss": float(loss_sum) / max(num_seen, 1.0), "num_examples": num_seen}
+    if spec.task != "regression":  # a regressor's "accuracy" would be a meaningless 0
+        metrics["accuracy"] = float(correct) / max(num_seen, 1.0)
     if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
-        metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+        metrics["perplexity"] = perplexity(metrics["loss"])
     if spec.metrics:
         sums = scores.statistics_metrics(statistics)
         metrics |= scores.finish(spec.metrics, sums) | sums

@@ -8,6 +8,8 @@ using the engine's verbs (``Services.map_clients``) for any further evaluation. 
 changes training: the hooks run in eval mode without gradients, and the worker restores train
 mode before ``client_update``.
 
+This module holds the contract and the probes of the round's clients; the probes of the round's
+local models (``group_barrier``, ``loss_decomposition``) are ``raysim.connectivity_probes``'.
 Probes are configured under ``evaluation.probes`` in a job, each with its cadence:
 
     evaluation:
@@ -22,25 +24,25 @@ Usage (a new probe):
         def before_training(self, view: ClientView) -> Metrics: return {}
         def after_training(self, view: ClientView) -> Metrics: return view.evaluate(view.data)
         def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
+        def check(self, info: RunInfo) -> None: ...  # optional: refuse a run it cannot measure
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Protocol, cast
+from typing import Protocol
 
 import numpy as np
-import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from raysim import landscape as L
+from raysim import scores
 from raysim.errors import ConfigError
+from raysim.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import Services
-from raysim.types import ClientData, Metrics, NumpyParams
+from raysim.types import ClientData, Metrics, NumpyParams, RunInfo
 
 
 class ProbeConfig(BaseModel, frozen=True, extra="forbid"):
@@ -112,9 +114,31 @@ class Probe(Protocol):
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
 
+    # Optional: ``check(info: RunInfo) -> None`` raises ConfigError when the probe cannot measure
+    # this run (a task or data it needs); ``build`` calls it before any worker starts.
+
 
 def is_due(probe: Probe, round_num: int) -> bool:
     return (round_num + 1) % probe.config.every == 0
+
+
+def check_probes(probes: dict[str, Probe], info: RunInfo) -> None:
+    """Each probe's optional ``check`` hook: a probe that cannot measure this run says so before
+    training, not at its first due round.
+
+    Raises:
+        ConfigError: every problem the probes found.
+    """
+    problems: list[str] = []
+    for probe in probes.values():
+        check = getattr(probe, "check", None)
+        if callable(check):
+            try:
+                check(info)
+            except ConfigError as exc:
+                problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
 
 
 class BarrierConfig(ProbeConfig, frozen=True, extra="forbid"):
@@ -127,11 +151,12 @@ class ClientServerBarrier:
 
     On a due round each client's round data is evaluated under its local model (worker) and
     under the new global model (driver, spread over the workers):
-    ``barrier/loss = mean_i(L_i(global) - L_i(local_i))``, ``barrier/error = mean_i(acc_i(local_i) -
-    acc_i(global))``, unweighted over the cohort; lower is better, 0 means aggregation lost
-    nothing. The server optimizer moves the model after aggregating (server Adam's steps have a
-    size of their own), so ``barrier/pure/*`` measures the aggregate alone, server SGD with lr 1
-    on the pseudo-gradient, as notes/fedfish.md section 3.4 decides.
+    ``barrier/loss = mean_i(L_i(global) - L_i(local_i))``, ``barrier/error = mean_i(acc_i(local_i)
+    - acc_i(global))`` (absolute differences; no ``error`` for a regression task), unweighted over
+    the cohort; lower is better, 0 means aggregation lost nothing. The server optimizer moves the
+    model after aggregating (server Adam's steps have a size of their own), so ``barrier/pure/*``
+    measures the aggregate alone, server SGD with lr 1 on the pseudo-gradient, as
+    notes/fedfish.md section 3.4 decides.
     """
 
     Config = BarrierConfig
@@ -141,12 +166,10 @@ class ClientServerBarrier:
         self.config = config
 
     def before_training(self, view: ClientView) -> Metrics:
-        start = view.evaluate(view.data)
-        return {"start_loss": start["loss"], "start_accuracy": start["accuracy"]}
+        return _loss_and_accuracy(view.evaluate(view.data), "start_")
 
     def after_training(self, view: ClientView) -> Metrics:
-        local = view.evaluate(view.data)
-        return {"local_loss": local["loss"], "local_accuracy": local["accuracy"]}
+        return _loss_and_accuracy(view.evaluate(view.data), "local_")
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
         points = [round.global_params]
@@ -171,15 +194,24 @@ def summarize_barrier(before: list[Metrics], after: list[Metrics | None], scope:
     def mean(values: list[float]) -> float:
         return float(np.mean(values))
 
-    return {
+    out = {
         f"{scope}/loss": mean([a["loss"] - b["local_loss"] for b, a in pairs]),
-        f"{scope}/error": mean([b["local_accuracy"] - a["accuracy"] for b, a in pairs]),
         f"{scope}/start_loss": mean([b["start_loss"] for b, _ in pairs]),
         f"{scope}/local_loss": mean([b["local_loss"] for b, _ in pairs]),
         f"{scope}/global_loss": mean([a["loss"] for _, a in pairs]),
-        f"{scope}/local_accuracy": mean([b["local_accuracy"] for b, _ in pairs]),
-        f"{scope}/global_accuracy": mean([a["accuracy"] for _, a in pairs]),
     }
+    if all("accuracy" in a for _, a in pairs):  # a regression task has none
+        out |= {
+            f"{scope}/error": mean([b["local_accuracy"] - a["accuracy"] for b, a in pairs]),
+            f"{scope}/local_accuracy": mean([b["local_accuracy"] for b, _ in pairs]),
+            f"{scope}/global_accuracy": mean([a["accuracy"] for _, a in pairs]),
+        }
+    return out
+
+
+def _loss_and_accuracy(row: Metrics, prefix: str) -> Metrics:
+    """An evaluation's loss and accuracy (where the task has one), named with ``prefix``."""
+    return {f"{prefix}{key}": row[key] for key in ("loss", "accuracy") if key in row}
 
 
 @register("probe", "local_accuracy")
@@ -187,9 +219,10 @@ class LocalAccuracy:
     """Pre-aggregation accuracy: each client's local model on its own test split, before the
     server aggregates (the "Local" numbers FedGuCci and IMA report beside the global model's).
 
-    Logs ``local/test_accuracy`` and ``local/test_loss`` (weighted by each client's evaluated
-    examples, tokens for a causal LM, over the cohort's clients that have a test split) and their
-    unweighted means (``_mean``).
+    Logs ``local/test_accuracy`` and ``local/test_loss`` (the examples, tokens for a causal LM, of
+    the cohort's clients that have a test split pooled: ``raysim.pooling.pool_rows``), the
+    dataset's scores so (``local/test_mcc``: MCC, F1, Pearson, from the summed statistics; no
+    accuracy for a regression task), and each one's unweighted mean over clients (``_mean``).
     """
 
     Config = ProbeConfig
@@ -206,300 +239,12 @@ class LocalAccuracy:
         return view.evaluate(test) if len(test) else {}
 
     def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        rows = [row for row in round.rows if row.get("num_examples", 0) > 0]
-        if not rows:
+        pooled = pool_rows(round.rows)
+        if pooled is None:
             return {}
-        n = np.array([row["num_examples"] for row in rows])
         out: Metrics = {}
-        for key in ("accuracy", "loss"):
-            values = np.array([row[key] for row in rows])
-            out[f"local/test_{key}"] = float((values * n).sum() / n.sum())
-            out[f"local/test_{key}_mean"] = float(values.mean())
+        for key in sorted(set(scores.without_sums(pooled)) - {"num_examples"}):
+            values = [row[key] for row in round.rows if row.get("num_examples", 0) > 0 and key in row]
+            out[f"local/test_{key}"] = pooled[key]
+            out[f"local/test_{key}_mean"] = float(np.mean(values))
         return out
-
-
-# ---- connectivity of the round's local models (FedGuCci) and IMA's loss decomposition -----------
-
-
-class CohortModelsConfig(ProbeConfig, frozen=True, extra="forbid"):
-    """Options of the probes that measure the round's local models on common data."""
-
-    # "central": the dataset's central test set; "cohort": the cohort's round data
-    data: Literal["central", "cohort"] = "central"
-    # the local models' mixing weights: their round data sizes (FedAvg's) or 1/K each
-    weights: Literal["data", "uniform"] = "data"
-
-
-class GroupBarrierConfig(CohortModelsConfig, frozen=True, extra="forbid"):
-    pairwise: bool = False  # also the midpoint barrier of the cohort's first two local models
-    samples: int = Field(0, ge=0)  # Dirichlet(1) draws of lam for a Monte-Carlo max (0: none)
-
-
-@register("probe", "group_barrier")
-class GroupBarrier:
-    """FedGuCci's group barrier: what fusing the round's local models loses against their mean.
-
-    Li et al., KDD 2025, arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4: the measure
-    behind "FedGuCci lowers the group barrier of the local models against FedAvg".
-
-    With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
-    uniform, evaluated on the central test set (``data: central``) or the cohort's pooled round
-    data (``data: cohort``), it logs ``group_barrier/loss = L(sum lam_k w_k) - sum lam_k L(w_k)``,
-    ``group_barrier/accuracy = 1 - A(fused) / sum lam_k A(w_k)`` (signed: negative when the
-    fusion beats its members), ``group_barrier/fused_accuracy``, ``group_barrier/fused_loss``,
-    ``group_barrier/mean_local_accuracy`` and ``group_barrier/mean_local_loss``. ``samples: S``
-    adds ``group_barrier/loss_max`` and ``group_barrier/accuracy_max`` over S Dirichlet(1) draws
-    of lam; ``pairwise: true`` adds ``group_barrier/pairwise_loss`` and
-    ``group_barrier/pairwise_accuracy``, the barrier at the midpoint of the first two clients'
-    models (FedGuCci Table 9 reports the midpoint).
-    """
-
-    Config = GroupBarrierConfig
-    keeps_local_models = True
-
-    def __init__(self, config: GroupBarrierConfig) -> None:
-        self.config = config
-
-    def before_training(self, view: ClientView) -> Metrics:
-        return {}
-
-    def after_training(self, view: ClientView) -> Metrics:
-        return {"num_examples": float(len(view.data))}
-
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        ids, models, sizes = kept_models(round)
-        if len(models) < 2:
-            return {}
-        clients, split = evaluation_data(self.config.data, ids)
-        lam = sizes if self.config.weights == "data" else None
-        seed = (services.info.seed, round.round_num)
-        with central_needed("group_barrier"):
-            out = L.group_barrier(
-                services, models, lam, clients, split, round_num=round.round_num,
-                samples=self.config.samples, seed=seed,
-            )  # fmt: skip
-            if self.config.pairwise:
-                pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
-                out |= {"pairwise_loss": pair["loss"], "pairwise_accuracy": pair["accuracy"]}
-        return {f"group_barrier/{key}": value for key, value in out.items()}
-
-
-_CKA_STREAM = 0xC4A  # the CKA rows' random stream, apart from the variance curve's subsets
-
-
-class LossDecompositionConfig(CohortModelsConfig, frozen=True, extra="forbid"):
-    cka_examples: int = Field(2000, ge=2)  # the probe batch for CKA: n evaluation examples, seeded
-    subsets: int = Field(1, ge=1)  # random subsets per size j for the variance curve
-    mean_of: list[Annotated[int, Field(ge=1)]] | None = (
-        None  # the sizes j of the variance curve (None: 1..K; larger are skipped)
-    )
-
-
-@register("probe", "loss_decomposition")
-class LossDecomposition:
-    """IMA's loss decomposition: bias, locality, variance and covariance of the local models.
-
-    Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Theorem 1 and Figs. 2-4; the estimators are
-    notes/ima.md section 3.3's.
-
-    Classification only. Each bias is logged in the paper's form, the squared error of the softmax
-    to the one-hot label (``/mse``, in [0, 2]), and as cross-entropy (``/ce``). With K local
-    models w_k, data sizes n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E
-    (``data``: the central test set, or the pooled round data of the cohort), it logs under
-    ``decomposition/``:
-
-    - ``train_bias/*``: mean over k of w_k's loss on its own round data D_k (the worker hook,
-      right after training). f_bar_k is approximated by the single trained model.
-    - ``heter_bias/*``: mean over k of w_k's loss on data client k did not train on: E for
-      ``data: central`` (test data stands in for D minus D_k), else the other cohort clients'
-      round data (D minus D_k restricted to the cohort).
-    - ``locality/max``, ``locality/mean``: ``||w_k - w||_2`` over the flattened float params.
-    - ``variance/spread``: ``mean_x mean_k ||p_k(x) - p_bar(x)||^2`` on E (softmax outputs): the
-      variance term of IMA's eq. (2) over the cohort's models. ``variance/mean_of_{j}/*``: the
-      loss on E of the uniform average of j random local models, j = 1..K or the sizes in
-      ``mean_of`` (``subsets`` draws each, averaged; seeded by the run seed and round), Fig. 4's
-      variance curve.
-    - ``covariance/cka``: the mean pairwise linear CKA of the local models' logits on
-      ``cka_examples`` examples of E drawn at random (seeded by the run seed and round, so from
-      every client's data), Fig. 4's covariance measure.
-    - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
-
-    Clients without round examples did not train and are left out (their model is the broadcast).
-    Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
-    w and the averages) plus one ``map_clients("labels")`` call.
-    """
-
-    Config = LossDecompositionConfig
-    keeps_local_models = True
-
-    def __init__(self, config: LossDecompositionConfig) -> None:
-        self.config = config
-
-    def before_training(self, view: ClientView) -> Metrics:
-        return {}
-
-    def after_training(self, view: ClientView) -> Metrics:
-        row = {"num_examples": float(len(view.data))}
-        labels = view.data.arrays.get("y")
-        if not len(view.data):
-            return row  # no round examples: the client did not train, summarize leaves it out
-        if labels is None or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            return row  # not classification: summarize says so
-        logits = model_outputs(view.model, view.data.arrays["x"])
-        return row | {
-            "train_mse": float(L.squared_error(logits, labels).mean()),
-            "train_ce": float(L.cross_entropy(logits, labels).mean()),
-        }
-
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        if services.info.spec.task != "classification":
-            raise ConfigError(
-                [f"evaluation.probes: loss_decomposition needs a classification dataset, "
-                 f"not {services.info.spec.task}; remove the probe from this job"]
-            )  # fmt: skip
-        ids, models, sizes = trained_models(round)
-        if len(models) < 2:
-            return {}
-        fused = L.mix(models, sizes if self.config.weights == "data" else np.ones(len(models)))
-        subsets = self._subsets(len(models), np.random.default_rng((services.info.seed, round.round_num)))
-        averages = [L.mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
-        on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round.round_num)
-        count = len(models)
-        rows = [row for row in round.rows if int(row["client_id"]) in ids]
-        out: Metrics = {}
-        for form in ("mse", "ce"):
-            out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in rows]))
-            unseen = [on.unseen_loss(form, k) for k in range(count)]
-            out[f"heter_bias/{form}"] = float(np.mean([loss for loss in unseen if loss is not None]))
-            out[f"fused/{form}"] = on.loss(form, count)
-            for size in sorted({len(subset) for subset in subsets}):
-                points = [count + 1 + i for i, subset in enumerate(subsets) if len(subset) == size]
-                out[f"variance/mean_of_{size}/{form}"] = float(np.mean([on.loss(form, p) for p in points]))
-        local_logits = [on.pooled(k) for k in range(count)]
-        out["variance/spread"] = L.output_spread(local_logits)
-        rows_for_cka = cka_sample(
-            len(local_logits[0]), self.config.cka_examples, services.info.seed, round.round_num
-        )
-        out["covariance/cka"] = L.mean_pairwise_cka([z[rows_for_cka] for z in local_logits])
-        distances = [L.distance(model, fused) for model in models]
-        out["locality/max"], out["locality/mean"] = float(np.max(distances)), float(np.mean(distances))
-        return {f"decomposition/{key}": value for key, value in out.items()}
-
-    def _subsets(self, count: int, rng: np.random.Generator) -> list[np.ndarray]:
-        """Random subsets of the K local models for the variance curve, ``subsets`` per size j."""
-        wanted = (
-            range(1, count + 1)
-            if self.config.mean_of is None
-            else [j for j in self.config.mean_of if j <= count]
-        )
-        return [rng.choice(count, j, replace=False) for j in wanted for _ in range(self.config.subsets)]
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """Every point's logits on the evaluation data and its labels, in parts: one per client in
-    cohort order (None where a client has no examples), or one for the central test set."""
-
-    logits: list[list[np.ndarray | None]]  # [point][part]
-    labels: list[np.ndarray | None]  # [part]
-    by_client: bool
-
-    @classmethod
-    def measure(
-        cls, services: Services[object], points: list[NumpyParams], data: str, ids: list[int], round_num: int
-    ) -> Outputs:
-        """One ``map_clients("logits")`` call for all the points, one for the labels."""
-        clients, split = evaluation_data(data, ids)
-        with central_needed("loss_decomposition"):
-            logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
-            [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
-            if all(y is None or not len(y) for y in labels):
-                raise L.NoExamplesError(clients, split)
-        return cls(logits, labels, by_client=clients is not None)
-
-    def pooled(self, point: int) -> np.ndarray:
-        return self._pool(point, range(len(self.labels)))[0]
-
-    def loss(self, form: str, point: int) -> float:
-        return _loss(form, *self._pool(point, range(len(self.labels))))
-
-    def unseen_loss(self, form: str, k: int) -> float | None:
-        """Model k's loss on the data client k did not train on (all of it on the central set);
-        None when the other clients have no examples."""
-        logits, labels = self._pool(
-            k, [i for i in range(len(self.labels)) if not (self.by_client and i == k)]
-        )
-        return _loss(form, logits, labels) if len(labels) else None
-
-    def _pool(self, point: int, parts: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The point's logits and the labels of the parts with examples (empty arrays if none);
-        ``measure`` made sure some part has examples."""
-        kept = [(self.logits[point][i], self.labels[i]) for i in parts if _has_examples(self.labels[i])]
-        if not kept:
-            return np.zeros((0, 0)), np.zeros(0, dtype=np.int64)
-        return (
-            np.concatenate([cast(np.ndarray, z) for z, _ in kept]),
-            np.concatenate([cast(np.ndarray, y) for _, y in kept]),
-        )
-
-
-def _has_examples(labels: np.ndarray | None) -> bool:
-    return labels is not None and len(labels) > 0
-
-
-def cka_sample(total: int, count: int, seed: int, round_num: int) -> np.ndarray:
-    """Which of ``total`` pooled evaluation examples the CKA uses: ``count`` of them drawn at
-    random (seeded by the run seed and round), in order; all when there are no more. A prefix would
-    hold the first cohort client's data alone, the pooled data being in cohort order."""
-    if total <= count:
-        return np.arange(total)
-    return np.sort(np.random.default_rng((seed, round_num, _CKA_STREAM)).choice(total, count, replace=False))
-
-
-def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
-    per_example = L.squared_error(logits, labels) if form == "mse" else L.cross_entropy(logits, labels)
-    return float(per_example.mean())
-
-
-def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
-    """The round's clients that returned a local model (cohort order): ids, models, data sizes."""
-    sizes = {int(row["client_id"]): row.get("num_examples", 0.0) for row in round.rows}
-    ids = [c for c in round.client_ids if c in round.local_models]
-    return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
-
-
-def trained_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
-    """``kept_models`` less the clients without round examples: they did not train, so their
-    model is the broadcast, with no training loss and nothing to be unseen by it."""
-    kept = [(c, m, n) for c, m, n in zip(*kept_models(round)) if n > 0]
-    return [c for c, _, _ in kept], [m for _, m, _ in kept], [n for _, _, n in kept]
-
-
-def evaluation_data(data: str, ids: Sequence[int]) -> tuple[list[int] | None, str]:
-    """``map_clients``' clients and split for ``data``: the central test set or the round data."""
-    return (None, "test") if data == "central" else (list(ids), "round")
-
-
-@contextmanager
-def central_needed(probe: str) -> Iterator[None]:
-    """Words an empty central test set as the config problem it is."""
-    try:
-        yield
-    except L.NoExamplesError as exc:
-        if not exc.central:
-            raise
-        raise ConfigError(
-            [f"evaluation.probes: {probe} with data: central needs a dataset with a central test set; "
-             f"this one has none: set data: cohort"]
-        ) from None  # fmt: skip
-
-
-def model_outputs(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> np.ndarray:
-    """The model's outputs for inputs ``x``, batch by batch on the model's device (a hook's
-    forward pass: the worker has set eval mode and disabled gradients)."""
-    device = next(model.parameters()).device
-    parts = [
-        model(torch.as_tensor(x[start : start + batch_size]).to(device)).float().cpu().numpy()
-        for start in range(0, len(x), batch_size)
-    ]
-    return np.concatenate(parts)

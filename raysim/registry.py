@@ -1,6 +1,7 @@
 """Finds algorithms, dataset recipes, models and probes by name.
 
-Models live in ``raysim.models`` (an ordinary package), probes in ``raysim.probes``. Algorithm
+Models live in ``raysim.models`` (an ordinary package), probes in ``raysim.probes`` and
+``raysim.connectivity_probes`` (``PROBE_MODULES``). Algorithm
 plugins and dataset recipes are files in the repo's ``algorithms/`` and ``datasets/`` folders,
 which must never become importable packages (a ``datasets`` package would shadow HuggingFace
 ``datasets``). They are loaded by path under the private module names
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 Kind = Literal["algorithm", "dataset", "model", "probe"]
 KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
+PROBE_MODULES = ("raysim.probes", "raysim.connectivity_probes")  # the built-in probes' modules
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What register accepts: a type checker holds plugins and probes to their protocols here (any
 # aggregate type: each plugin has its own).
@@ -149,7 +151,8 @@ def load_builtins() -> None:
         return
     _loaded = True
     importlib.import_module("raysim.models")
-    importlib.import_module("raysim.probes")
+    for module in PROBE_MODULES:
+        importlib.import_module(module)
     for root in plugin_roots():
         for folder in _PLUGIN_FOLDERS.values():
             for path in sorted((root / folder).glob("*.py")):

@@ -180,6 +180,7 @@ class RunInfo:
     spec: DataSpec
     seed: int
     buffer_keys: frozenset[str] = frozenset()  # float buffers among the params (BN statistics)
+    has_central_test: bool = True  # the dataset holds a central test set
 
 
 @dataclass(frozen=True)

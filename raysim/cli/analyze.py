@@ -6,8 +6,9 @@ in one ``map_clients`` call spread over the workers (``raysim.landscape``), on t
 set (a dataset without one: the pooled test splits of the run's evaluated clients, whose
 example-weighted mean is the run's ``eval/clients/loss``) or, with ``--clients K``, on the pooled
 test splits of K of them.
-Results go back into the analyzed MLflow run: metrics under ``analysis/...`` (step 0) and the
-PNGs (plus the scanned values as JSON) as artifacts under ``analysis/``.
+Results go back into the analyzed MLflow run: metrics under ``analysis/...`` (at the step of the
+run's last round, beside its final evaluation) and the PNGs (plus the scanned values as JSON) as
+artifacts under ``analysis/``.
 
 Tools:
     line A B        loss and accuracy along w(a) = a A + (1 - a) B, both barriers (FedGuCci,
@@ -27,7 +28,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from rich.console import Console
@@ -35,18 +36,10 @@ from rich.table import Table
 
 from raysim.engine.analysis import FinishedRun
 from raysim.errors import RaysimError
-from raysim.landscape import (
-    Curve,
-    accuracy_barrier,
-    evaluate_points,
-    line_scan,
-    loss_barrier,
-    mix,
-    plane_scan,
-    plot_curve,
-    plot_plane,
-)
+from raysim.landscape import Curve, accuracy_barrier, evaluate_points, line_scan, loss_barrier, plane_scan
+from raysim.landscape_plots import plot_curve, plot_plane
 from raysim.types import Metrics
+from raysim.weight_space import mix
 
 BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
 
@@ -82,7 +75,8 @@ def line(run: FinishedRun, args: argparse.Namespace, console: Console) -> str:
     folder = run.output_dir()
     title = f"{run.job.name}: {refs[0]} (alpha 1) to {refs[1]} (alpha 0)"
     png = plot_curve(curve, folder / f"line_{name}.png", title)
-    data = write_json(folder / f"line_{name}.json", {"models": refs, **curve_dict(curve)})
+    columns = {"alphas": curve.alphas} | scan_columns(curve.loss, curve.accuracy, curve.scores)
+    data = write_json(folder / f"line_{name}.json", {"models": refs, **as_lists(columns)})
     return log(run, key, metrics, [png, data])
 
 
@@ -123,13 +117,14 @@ def scan_plane(
         scan = plane_scan(
             services, w1, w2, w3, size=args.size, padding=args.padding, clients=clients, labels=labels
         )
-        loss, accuracy = evaluate_points(services, [*models, mix(models, [1, 1, 1])], clients)
+        values = evaluate_points(services, [*models, mix(models, [1, 1, 1])], clients)
     name = "_".join(labels)
     key = f"analysis/{tool}/{name}"
     metrics: Metrics = {f"{key}/grid_min_loss": float(scan.loss.min())}
-    metrics[f"{key}/grid_max_accuracy"] = float(scan.accuracy.max())
-    for who, point_loss, point_accuracy in zip([*labels, "mean"], loss, accuracy):
-        metrics |= {f"{key}/{who}/loss": float(point_loss), f"{key}/{who}/accuracy": float(point_accuracy)}
+    if scan.accuracy is not None:  # a regression task has none
+        metrics[f"{key}/grid_max_accuracy"] = float(scan.accuracy.max())
+    for i, who in enumerate([*labels, "mean"]):
+        metrics |= {f"{key}/{who}/{metric}": float(v[i]) for metric, v in values.items()}
     console.print(metrics_text(metrics), highlight=False)
     folder = run.output_dir()
     png = plot_plane(scan, folder / f"{tool}_{name}.png", f"{run.job.name}: {', '.join(refs)}")
@@ -140,8 +135,7 @@ def scan_plane(
             "coords": scan.coords.tolist(),
             "xs": scan.xs.tolist(),
             "ys": scan.ys.tolist(),
-            "loss": scan.loss.tolist(),
-            "accuracy": scan.accuracy.tolist(),
+            **as_lists(scan_columns(scan.loss, scan.accuracy, scan.scores)),
         },
     )
     return log(run, key, metrics, [png, data])
@@ -187,19 +181,31 @@ def checkpointed_rounds(run: FinishedRun) -> list[int]:
 
 
 def barrier_metrics(curve: Curve, key: str) -> Metrics:
-    return {f"{key}/loss_barrier": loss_barrier(curve), f"{key}/accuracy_barrier": accuracy_barrier(curve)}
+    """The loss barrier, and the accuracy barrier where the task has an accuracy (not regression)."""
+    metrics = {f"{key}/loss_barrier": loss_barrier(curve)}
+    if curve.accuracy is not None:
+        metrics[f"{key}/accuracy_barrier"] = accuracy_barrier(curve)
+    return metrics
 
 
-def curve_dict(curve: Curve) -> dict[str, list[float]]:
-    return {"alphas": curve.alphas.tolist(), "loss": curve.loss.tolist(), "accuracy": curve.accuracy.tolist()}
+def scan_columns(
+    loss: np.ndarray, accuracy: np.ndarray | None, scores: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """A scan's metrics by name: loss, accuracy (where the task has one), the other scores."""
+    return {"loss": loss} | ({"accuracy": accuracy} if accuracy is not None else {}) | scores
+
+
+def as_lists(columns: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+    return {name: values.tolist() for name, values in columns.items()}
 
 
 def curve_table(curve: Curve) -> Table:
+    columns = {"alpha": curve.alphas} | scan_columns(curve.loss, curve.accuracy, curve.scores)
     table = Table()
-    for column in ("alpha", "loss", "accuracy"):
+    for column in columns:
         table.add_column(column, justify="right")
-    for alpha, loss, accuracy in zip(curve.alphas, curve.loss, curve.accuracy):
-        table.add_row(f"{alpha:.3f}", f"{loss:.4f}", f"{accuracy:.4f}")
+    for row in zip(*columns.values()):
+        table.add_row(f"{row[0]:.3f}", *(f"{value:.4f}" for value in row[1:]))
     return table
 
 
@@ -213,9 +219,10 @@ def write_json(path: Path, content: dict[str, object]) -> Path:
 
 
 def log(run: FinishedRun, key: str, metrics: Metrics, files: list[Path]) -> str:
-    """Metrics (step 0) and files (under ``analysis/``) into the run; what was logged, in words."""
+    """Metrics (at the run's last round) and files (under ``analysis/``) into the run; what was
+    logged, in words."""
     run.log(metrics)
     for path in files:
         run.log_artifact(path, "analysis")
     artifacts = f" and artifacts {', '.join(f'analysis/{p.name}' for p in files)}" if files else ""
-    return f"logged {len(metrics)} metrics under {key}/{artifacts}"
+    return f"logged {len(metrics)} metrics under {key}/ at step {run.last_round}{artifacts}"

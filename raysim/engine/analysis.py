@@ -4,7 +4,8 @@ without training and without a new MLflow run (``raysim analyze``).
 The run is found by its MLflow id: its job is the ``config/job.yaml`` artifact, its checkpoints
 lie in the folder its ``run_dir`` tag names (``checkpoints/round_XXXXX.pt`` every
 ``engine.checkpoint_every`` rounds, ``final.pt`` always; ``final.pt`` is also an artifact when
-``tracking.log_checkpoint``). Results are logged back into the same run.
+``tracking.log_checkpoint``). Results are logged back into the same run, at the step of its last
+round.
 
 Usage:
     with FinishedRun.open(run_id, tracking_uri=None, backend="serial") as run:
@@ -17,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
 import yaml
 
 from raysim import params as P
-from raysim.checkpoint import check_compatible, parse_checkpoint
+from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.engine.build import World, engine_of, open_world, start_workers
 from raysim.engine.services import PluginServices
@@ -38,11 +37,10 @@ from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, sqlite_path
 from raysim.engine.tracking import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError
 from raysim.sampling import sample_eval_clients
-from raysim.types import Metrics, NumpyParams, ServerState
+from raysim.types import Metrics, NumpyParams
 
 JOB_ARTIFACT = "config/job.yaml"
 FINAL = "final.pt"
-_ROUND_FILE = re.compile(r"^round_(\d+)\.pt$")
 
 
 @dataclass
@@ -126,8 +124,8 @@ class FinishedRun:
         folder = self.run_dir / "checkpoints" if self.run_dir is not None else None
         if folder is None or not folder.is_dir():
             return {}
-        found = (_ROUND_FILE.match(p.name) for p in folder.iterdir())
-        return {int(m.group(1)): folder / m.group(0) for m in found if m}
+        found = ((round_of_name(p.name), p) for p in folder.iterdir())
+        return {round_num: path for round_num, path in found if round_num is not None}
 
     def describe_rounds(self) -> str:
         """The checkpointed rounds in words, for error messages."""
@@ -180,10 +178,10 @@ class FinishedRun:
 
     def round_of(self, path: Path) -> int:
         """The last completed round a checkpoint file holds."""
-        return read_checkpoint(path)[1]
+        return read_state(path)[1]
 
     def _load(self, path: Path) -> NumpyParams:
-        state, _ = read_checkpoint(path)
+        state, _ = read_state(path)
         check_compatible(state, self.world.params, str(path))
         return P.to_numpy(state.params)
 
@@ -208,9 +206,17 @@ class FinishedRun:
         finally:
             backend.shutdown()
 
-    def log(self, metrics: Metrics, step: int = 0) -> None:
-        """Metrics into the analyzed run."""
-        self.tracker.log_metrics(metrics, step)
+    @property
+    def last_round(self) -> int:
+        """The run's last round (``engine.num_rounds - 1``): the step its final evaluation is
+        logged at, and the analysis's metrics."""
+        return self.job.engine.num_rounds - 1
+
+    def log(self, metrics: Metrics, step: int | None = None) -> None:
+        """Metrics into the analyzed run, by default at the step of its last round
+        (``last_round``), beside its final evaluation. Analysing again logs another value at
+        that step; MLflow shows the latest."""
+        self.tracker.log_metrics(metrics, self.last_round if step is None else step)
 
     def log_artifact(self, path: Path, artifact_dir: str | None = None) -> None:
         self.tracker.log_artifact(path, artifact_dir)
@@ -231,18 +237,6 @@ class FinishedRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_checkpoint(path: Path) -> tuple[ServerState, int]:
-    """(server state, round) of a checkpoint; its client-state snapshot is not needed to evaluate."""
-    try:
-        raw = torch.load(path, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from None
-    if isinstance(raw, dict):
-        raw = {**raw, "state_dir": None}
-    state, round_num, _, _ = parse_checkpoint(raw, path)
-    return state, round_num
 
 
 def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:

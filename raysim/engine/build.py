@@ -26,7 +26,7 @@ from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
 from raysim.engine.services import Engine
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
-from raysim.probes import Probe
+from raysim.probes import Probe, check_probes
 from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.client_state import ClientStateStore
@@ -93,8 +93,10 @@ def open_world(job: JobConfig) -> World:
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
     info = RunInfo(
-        len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys
-    )
+        len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys,
+        has_central_test=bool(store.meta["has_central_test"]),
+    )  # fmt: skip
+    check_probes(probes, info)
     plan = keep_personalizable(
         evaluation_plan(job, train_pool, heldout, transfer),
         store.num_examples("train"),

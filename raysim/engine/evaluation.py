@@ -5,7 +5,8 @@ Per-client results are summarised as the example-weighted mean (``eval/clients/a
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
 Scores that are not means over examples (MCC, F1, Pearson: ``raysim.scores``) are pooled instead:
 ``eval/clients/mcc`` is the MCC of all the evaluated clients' examples together, computed from the
-clients' summed statistics, and ``eval/clients/mcc_mean`` the mean of the per-client values.
+clients' summed statistics, and ``eval/clients/mcc_mean`` the mean of the per-client values; a
+causal LM's ``eval/clients/perplexity`` is that of the pooled loss (``raysim.pooling``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from raysim import params as P
 from raysim import scores
 from raysim.config import PersonalizationConfig
+from raysim.pooling import pool_rows
 from raysim.runtime.backend import Backend
 from raysim.runtime.worker import MapRequest
 from raysim.types import Metrics, NumpyParams, Params
@@ -119,21 +121,16 @@ _NOT_METRICS = frozenset({"client_id", "num_examples"})
 
 
 def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
-    """Per metric: the example-weighted mean (a pooled score for ``raysim.scores``' scores) and
-    the unweighted mean over clients (``_mean``); for accuracy and loss also the spread over
-    clients (std, 10th / 50th / 90th percentile)."""
-    if not per_client:
+    """Per metric: the clients' examples pooled (``raysim.pooling.pool_rows``: example-weighted
+    means, scores from the summed statistics) and the unweighted mean over clients (``_mean``);
+    for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
+    pooled = pool_rows(per_client)
+    if pooled is None:
         return {}
-    n = np.array([m["num_examples"] for m in per_client])
     out: Metrics = {f"{scope}/num_clients": float(len(per_client))}
-    pooled = scores.pool(per_client)
-    keys = sorted({k for m in per_client for k in scores.without_sums(m)} - _NOT_METRICS)
-    for key in keys:
-        values = np.array([m[key] for m in per_client])
-        out |= {
-            f"{scope}/{key}": pooled[key] if key in pooled else float((values * n).sum() / n.sum()),
-            f"{scope}/{key}_mean": float(values.mean()),
-        }
+    for key in sorted(set(scores.without_sums(pooled)) - _NOT_METRICS):
+        values = np.array([m[key] for m in per_client if key in m])
+        out |= {f"{scope}/{key}": pooled[key], f"{scope}/{key}_mean": float(values.mean())}
         if key in _SPREAD:
             out |= {
                 f"{scope}/{key}_std": float(values.std()),

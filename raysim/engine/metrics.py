@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim import params as P
+from raysim.pooling import weighted_means
 from raysim.types import Metrics, Payload, RoundOutput
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
@@ -14,8 +15,7 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
     """Every client metric averaged, weighted by client weight, over the clients that report it;
     and system metrics."""
     clients = output.client_metrics
-    keys = sorted({k for m in clients for k in m} - _BOOKKEEPING)
-    metrics = {key: _weighted_mean([m for m in clients if key in m], key) for key in keys}
+    metrics = weighted_means(clients, "weight", _BOOKKEEPING)
     busiest = max(output.worker_seconds, default=0.0)
     mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
     return (
@@ -33,11 +33,6 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
             "sys/num_workers": float(len(output.worker_seconds)),
         }
     )
-
-
-def _weighted_mean(clients: list[Metrics], key: str) -> float:
-    total = sum(m["weight"] for m in clients) or 1.0
-    return sum(m[key] * m["weight"] for m in clients) / total
 
 
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:

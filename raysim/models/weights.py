@@ -32,7 +32,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.checkpoint import is_checkpoint, parse_checkpoint
+from raysim.checkpoint import is_checkpoint, parse_state
 from raysim.errors import CheckpointError
 
 SHOWN = 8  # keys listed per kind of mismatch; the rest are counted
@@ -86,7 +86,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
             f"state dict saved with torch.save): {exc}"
         ) from exc
     if is_checkpoint(raw):
-        return parse_checkpoint(raw, path)[0].params
+        return parse_state(raw, path)[0].params  # no client-state snapshot needed
     if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
         found = {k: type(v).__name__ for k, v in raw.items()} if isinstance(raw, dict) else type(raw).__name__
         raise CheckpointError(

@@ -308,7 +308,8 @@ class ClientTrainer:
                     )
                 tuned = self._evaluate(test)
                 tag = f"personalized_{round(fraction * 100)}"
-                row |= {f"{tag}/accuracy": tuned["accuracy"], f"{tag}/loss": tuned["loss"]}
+                # a regression task has no accuracy
+                row |= {f"{tag}/{k}": tuned[k] for k in ("accuracy", "loss") if k in tuned}
             out.append(row)
         return out
 

@@ -159,6 +159,19 @@ def test_barrier_of_a_model_with_itself_is_zero(finished, capsys):
     assert metrics["analysis/barrier/final_round2/accuracy_barrier"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_analysis_metrics_go_to_the_runs_last_round_and_a_rerun_adds_a_value_there(finished, capsys):
+    """The run has 3 rounds: its final evaluation and the analysis are both at step 2."""
+    result, uri = finished
+    key = "analysis/barrier/round0_final/loss_barrier"
+    assert analyze(finished, "barrier", "round:0", "final") == 0
+    assert "at step 2" in capsys.readouterr().out
+    assert 2 in logged(result, uri, "eval/clients/loss")
+    first = MlflowClient(uri).get_metric_history(result.run_id, key)
+    assert analyze(finished, "barrier", "round:0", "final") == 0
+    history = MlflowClient(uri).get_metric_history(result.run_id, key)
+    assert [m.step for m in first] == [2] and [m.step for m in history] == [2, 2]
+
+
 def one_line_error(capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from jobs import tiny_job
 from raysim import landscape as L
+from raysim import landscape_plots
 from raysim import params as P
 from raysim.engine.build import build
 from raysim.engine.loop import run
@@ -69,7 +70,9 @@ def test_line_and_group_scans_match_plain_torch(engine):
     own = [direct(job, eng.store, {k: v.float() for k, v in t.items()}) for t in (ta, tb, tc)]
     fused_loss, _ = direct(job, eng.store, fused)
     assert group["fused_loss"] == pytest.approx(fused_loss, rel=1e-5)
-    assert group["loss"] == pytest.approx(fused_loss - (own[0][0] + own[1][0] + 2 * own[2][0]) / 4, rel=1e-4)
+    assert group["loss_barrier"] == pytest.approx(
+        fused_loss - (own[0][0] + own[1][0] + 2 * own[2][0]) / 4, rel=1e-4
+    )
 
 
 def test_plane_scan_matches_plain_torch(engine, tmp_path):
@@ -89,7 +92,7 @@ def test_plane_scan_matches_plain_torch(engine, tmp_path):
         loss, accuracy = direct(job, eng.store, weights)
         assert scan.loss[i, j] == pytest.approx(loss, rel=1e-5)
         assert scan.accuracy[i, j] == pytest.approx(accuracy)
-    assert L.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 def test_map_clients_returns_the_labels_of_the_data(engine):
@@ -110,10 +113,20 @@ def test_the_analysis_probes_log_finite_values_that_agree(tmp_path):
     result = run(tiny_job(evaluation={"probes": probes}, engine={"num_rounds": 2}), output_dir=tmp_path)
     for _, metrics in result.history:
         logged = {k: v for k, v in metrics.items() if k.startswith(("group_barrier/", "decomposition/"))}
-        assert len(logged) == 10 + 10 + 2 * 6  # and the cohort of 6: mean_of_1..6, mse and ce each
+        assert len(logged) == 10 + 10 + 2 * 6  # and the cohort of 6: mean_of_1..6, both losses each
         assert all(math.isfinite(v) for v in logged.values())
         assert logged["group_barrier/fused_loss"] == pytest.approx(
-            logged["decomposition/variance/mean_of_6/ce"], rel=1e-5
+            logged["decomposition/variance/mean_of_6/cross_entropy"], rel=1e-5
         )
         assert logged["decomposition/locality/max"] >= logged["decomposition/locality/mean"] > 0
         assert 0 < logged["decomposition/covariance/cka"] <= 1
+
+
+def test_a_probe_that_needs_a_central_test_set_stops_the_build_before_training():
+    """Digits has no central test set: group_barrier's default data: central is refused when the
+    run is built, with its fix, not at the probe's first due round."""
+    from raysim.engine.build import open_world
+    from raysim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="group_barrier with data: central.*set data: cohort"):
+        open_world(tiny_job(evaluation={"probes": [{"name": "group_barrier", "every": 2}]}))

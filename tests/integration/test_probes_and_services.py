@@ -194,7 +194,7 @@ class WithWindow:
 
         return replace(self.inner.init(params, info), extra={"window": []})
 
-    def resume_state(self, saved, fresh):
+    def resume_state(self, saved, fresh, trail):
         from dataclasses import replace
 
         return replace(saved, extra={**fresh.extra, **saved.extra})

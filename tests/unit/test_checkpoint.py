@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from raysim.checkpoint import (
+    CheckpointTrail,
+    check_compatible,
+    load_checkpoint,
+    read_state,
+    round_checkpoint_name,
+    round_of_name,
+    save_checkpoint,
+)
 from raysim.errors import CheckpointError
 from raysim.types import ServerState
 
@@ -79,3 +87,43 @@ def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
         load_checkpoint(tmp_path / "c.pt")
     save_checkpoint(tmp_path / "d.pt", ServerState({"w": torch.zeros(1)}), 0, {}, None)
     assert load_checkpoint(tmp_path / "d.pt")[3] is None
+
+
+def test_read_state_needs_no_snapshot_and_checks_the_format(tmp_path):
+    """Evaluating a checkpoint (raysim analyze, init_from) or reading an earlier round needs the
+    server state alone: a missing snapshot is no error there, another format version is."""
+    state = ServerState({"w": torch.arange(2.0)})
+    save_checkpoint(tmp_path / "c.pt", state, 6, {}, str(tmp_path / "c.client_state"))  # not there
+    read, round_num = read_state(tmp_path / "c.pt")
+    assert round_num == 6 and torch.equal(read.params["w"], state.params["w"])
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)
+    torch.save(raw | {"format": 0}, tmp_path / "old.pt")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "weights.pt")  # a state dict, not a checkpoint
+    with pytest.raises(CheckpointError, match="old.pt: checkpoint format 0, expected 1"):
+        read_state(tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="weights.pt is not a raysim checkpoint"):
+        read_state(tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        read_state(tmp_path / "absent.pt")
+
+
+def test_a_trail_reads_earlier_rounds_through_the_same_checks(tmp_path):
+    for r in (2, 3):
+        save_checkpoint(tmp_path / round_checkpoint_name(r), ServerState({"w": torch.full((1,), r)}), r, {})
+    last = read_state(tmp_path / "round_00003.pt")[0]
+    trail = CheckpointTrail(tmp_path / "round_00003.pt", 3, last)
+    assert trail.state_after(2).params["w"].item() == 2 and trail.state_after(3) is last
+    with pytest.raises(CheckpointError, match="no checkpoint of round 1 beside"):
+        trail.state_after(1)
+    raw = torch.load(tmp_path / "round_00002.pt", weights_only=True)
+    torch.save(raw | {"format": 0}, tmp_path / "round_00002.pt")  # the old reader skipped this check
+    with pytest.raises(CheckpointError, match="checkpoint format 0"):
+        trail.state_after(2)
+    torch.save(raw | {"round_num": 5}, tmp_path / "round_00002.pt")
+    with pytest.raises(CheckpointError, match="holds round 5, not 2"):
+        trail.state_after(2)
+
+
+def test_round_checkpoint_names_parse_back_to_their_round():
+    assert [round_of_name(round_checkpoint_name(r)) for r in (0, 7, 123456)] == [0, 7, 123456]
+    assert round_of_name("final.pt") is None and round_of_name("round_7.pt.tmp") is None

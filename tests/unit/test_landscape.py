@@ -1,4 +1,5 @@
-"""raysim.landscape against hand values and independent numpy references.
+"""raysim.landscape, weight_space, estimators and connectivity_probes against hand values and
+independent numpy references.
 
 The scans run on ``LinearServices``, a stand-in for the engine whose "model" is a linear softmax
 classifier ``logits = x @ W`` on fixed per-client data; the expected numbers evaluate the
@@ -21,7 +22,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from raysim import estimators as E
 from raysim import landscape as L
+from raysim import landscape_plots
+from raysim import weight_space as W
 from raysim.errors import ConfigError
 from raysim.probes import ProbeRound
 from raysim.types import ClientData, DataSpec, RunInfo
@@ -74,7 +78,7 @@ class LinearServices:
         if task == "labels":
             return y
         return {
-            "loss": float(L.cross_entropy(logits, y).mean()),
+            "loss": float(E.cross_entropy(logits, y).mean()),
             "accuracy": float((logits.argmax(-1) == y).mean()),
             "num_examples": float(len(y)),
         }
@@ -85,24 +89,24 @@ class LinearServices:
 
 def test_interpolate_and_mix_match_numpy_and_keep_integer_entries_of_the_first_model():
     a, b, c = model(1), model(2), model(3)
-    np.testing.assert_allclose(L.interpolate(a, b, 0.3)["W"], 0.3 * a["W"] + 0.7 * b["W"], rtol=1e-6)
-    np.testing.assert_allclose(L.interpolate(a, b, 1.5)["W"], 1.5 * a["W"] - 0.5 * b["W"], rtol=1e-6)
-    assert L.interpolate(a, b, 0.3)["steps"] == 1 and L.interpolate(a, b, 0.3)["W"].dtype == np.float32
-    mixed = L.mix([a, b, c], [2, 1, 1])  # normalised: 1/2, 1/4, 1/4
+    np.testing.assert_allclose(W.interpolate(a, b, 0.3)["W"], 0.3 * a["W"] + 0.7 * b["W"], rtol=1e-6)
+    np.testing.assert_allclose(W.interpolate(a, b, 1.5)["W"], 1.5 * a["W"] - 0.5 * b["W"], rtol=1e-6)
+    assert W.interpolate(a, b, 0.3)["steps"] == 1 and W.interpolate(a, b, 0.3)["W"].dtype == np.float32
+    mixed = W.mix([a, b, c], [2, 1, 1])  # normalised: 1/2, 1/4, 1/4
     np.testing.assert_allclose(mixed["W"], 0.5 * a["W"] + 0.25 * b["W"] + 0.25 * c["W"], rtol=1e-6)
     assert mixed["steps"] == 1
     with pytest.raises(ValueError, match="weights must be >= 0"):
-        L.mix([a, b], [1, -1])
+        W.mix([a, b], [1, -1])
     with pytest.raises(ValueError, match="2 points need 2 weights"):
-        L.mix([a, b], [1])
+        W.mix([a, b], [1])
     with pytest.raises(ValueError, match="other entries"):
-        L.interpolate(a, {"V": a["W"], "steps": a["steps"]}, 0.5)
+        W.interpolate(a, {"V": a["W"], "steps": a["steps"]}, 0.5)
 
 
 def test_distance_is_the_l2_norm_of_the_flattened_float_entries():
     a = {"x": np.array([1.0, 2.0]), "y": np.array([[2.0]]), "n": np.array(7)}
     b = {"x": np.array([1.0, 0.0]), "y": np.array([[1.0]]), "n": np.array(0)}
-    assert L.distance(a, b) == pytest.approx(np.sqrt(4 + 1))
+    assert W.distance(a, b) == pytest.approx(np.sqrt(4 + 1))
 
 
 # ---- barriers ----------------------------------------------------------------------------------
@@ -115,7 +119,7 @@ def test_a_model_has_no_barrier_with_itself():
     assert L.loss_barrier(curve) == pytest.approx(0, abs=1e-12)
     assert L.accuracy_barrier(curve) == pytest.approx(0, abs=1e-12)
     assert L.accuracy_barrier(curve, variant="code") == pytest.approx(0, abs=1e-12)
-    assert L.group_barrier(services, [w, w, w])["loss"] == pytest.approx(0, abs=1e-12)
+    assert L.group_barrier(services, [w, w, w])["loss_barrier"] == pytest.approx(0, abs=1e-12)
 
 
 def test_loss_barrier_of_quadratics_by_hand():
@@ -174,7 +178,7 @@ def test_line_scan_evaluates_the_interpolated_models_in_one_call_pooling_the_cli
         assert curve.loss[i] == pytest.approx(loss, rel=1e-5)
         assert curve.accuracy[i] == pytest.approx(accuracy)
     central = L.line_scan(services, a, b, alphas=[0.5])
-    assert central.loss[0] == pytest.approx(reference(L.interpolate(a, b, 0.5), CENTRAL)[0], rel=1e-5)
+    assert central.loss[0] == pytest.approx(reference(W.interpolate(a, b, 0.5), CENTRAL)[0], rel=1e-5)
 
 
 def test_group_barrier_against_direct_evaluation_uniform_and_weighted():
@@ -187,8 +191,8 @@ def test_group_barrier_against_direct_evaluation_uniform_and_weighted():
         fused_loss, fused_accuracy = reference(fused, pooled([0, 2]))
         own = [reference(m, pooled([0, 2])) for m in models]
         mean_loss, mean_accuracy = lam @ [o[0] for o in own], lam @ [o[1] for o in own]
-        assert out["loss"] == pytest.approx(fused_loss - mean_loss, rel=1e-5)
-        assert out["accuracy"] == pytest.approx(1 - fused_accuracy / mean_accuracy)
+        assert out["loss_barrier"] == pytest.approx(fused_loss - mean_loss, rel=1e-5)
+        assert out["accuracy_barrier"] == pytest.approx(1 - fused_accuracy / mean_accuracy)
         assert out["fused_accuracy"] == pytest.approx(fused_accuracy)
         assert out["mean_local_loss"] == pytest.approx(mean_loss, rel=1e-5)
 
@@ -198,8 +202,8 @@ def test_group_barrier_monte_carlo_max_is_at_least_the_barrier_of_each_draw():
     models = [model(s) for s in (1, 2, 3)]
     out = L.group_barrier(services, models, clients=[1], samples=5, seed=(0, 1))
     draws = np.random.default_rng((0, 1)).dirichlet(np.ones(3), size=5)
-    expected = max(L.group_barrier(services, models, d, clients=[1])["loss"] for d in draws)
-    assert out["loss_max"] == pytest.approx(expected)
+    expected = max(L.group_barrier(services, models, d, clients=[1])["loss_barrier"] for d in draws)
+    assert out["loss_barrier_max"] == pytest.approx(expected)
     assert services.calls[0] == ("evaluate", 3 + 1 + 5, [1], "test")  # one call for everything
 
 
@@ -345,10 +349,57 @@ def test_plots_are_written(tmp_path):
     curve = L.line_scan(services, model(1), model(2), alphas=np.linspace(-0.5, 1.5, 9), clients=[1])
     scan = L.plane_scan(services, model(1), model(2), model(3), size=5, clients=[1])
     for path in (
-        L.plot_curve(curve, tmp_path / "curve.png", title="two models"),
-        L.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
+        landscape_plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
+        landscape_plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
     ):
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+class RegressionServices(LinearServices):
+    """A linear regressor ``x @ W[:, 0]`` of the labels, rows as ``evaluate`` gives them: MSE,
+    Pearson's r with its summed moments, no accuracy."""
+
+    info = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1, metrics=("pearson",)), seed=0)
+
+    @staticmethod
+    def _one(task, params, data):
+        x, y = data
+        p, t = x.astype(np.float64) @ params["W"][:, 0].astype(np.float64), y.astype(np.float64)
+        moments = (len(t), p.sum(), t.sum(), p @ p, t @ t, p @ t)
+        r = np.corrcoef(p, t)[0, 1] if t.std() > 0 else 0.0  # one label value: r is 0 by convention
+        return {"loss": float(np.mean((p - t) ** 2)), "pearson": float(r)} | {
+            "num_examples": float(len(t)),
+            **{f"sums/moments/{k}": float(v) for k, v in zip(("n", "x", "y", "xx", "yy", "xy"), moments)},
+        }
+
+
+def test_a_regression_scan_pools_pearson_over_the_clients_and_has_no_accuracy(tmp_path):
+    """Pearson's r of the pooled examples, not the mean of the clients' r (np.corrcoef on the
+    concatenated data); no accuracy, so no accuracy barrier and no error panel."""
+    from raysim.cli.analyze import barrier_metrics
+
+    services, clients = RegressionServices(), [0, 1, 2]
+    a, b, c = model(1), model(2), model(3)
+    x, y = pooled(clients)
+
+    def pearson(w):
+        return np.corrcoef(x.astype(np.float64) @ w[:, 0].astype(np.float64), y)[0, 1]
+
+    curve = L.line_scan(services, a, b, alphas=[0.0, 0.5, 1.0], clients=clients)
+    assert curve.accuracy is None and set(curve.scores) == {"pearson"}
+    for alpha, value in zip(curve.alphas, curve.scores["pearson"]):
+        assert value == pytest.approx(pearson(W.interpolate(a, b, alpha)["W"]), rel=1e-9)
+    with pytest.raises(ValueError, match="no accuracy"):
+        L.accuracy_barrier(curve)
+    assert barrier_metrics(curve, "k") == {"k/loss_barrier": L.loss_barrier(curve)}
+    group = L.group_barrier(services, [a, b], clients=clients)
+    assert not any("accuracy" in key for key in group)
+    assert group["fused_pearson"] == pytest.approx(pearson(W.mix([a, b], [1, 1])["W"]), rel=1e-9)
+    assert group["mean_local_pearson"] == pytest.approx((pearson(a["W"]) + pearson(b["W"])) / 2, rel=1e-9)
+    scan = L.plane_scan(services, a, b, c, size=3, clients=clients)
+    assert scan.accuracy is None and scan.scores["pearson"].shape == (3, 3)
+    assert landscape_plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 # ---- IMA's output estimators ---------------------------------------------------------------------
@@ -358,11 +409,11 @@ def test_squared_error_and_cross_entropy_match_direct_formulas():
     logits = RNG.normal(size=(6, 4)) * 3
     labels = np.array([0, 1, 2, 3, 0, 1])
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(L.squared_error(logits, labels), ((p - np.eye(4)[labels]) ** 2).sum(axis=1))
+    np.testing.assert_allclose(E.squared_error(logits, labels), ((p - np.eye(4)[labels]) ** 2).sum(axis=1))
     expected = F.cross_entropy(torch.as_tensor(logits), torch.as_tensor(labels), reduction="none").numpy()
-    np.testing.assert_allclose(L.cross_entropy(logits, labels), expected, rtol=1e-10)
+    np.testing.assert_allclose(E.cross_entropy(logits, labels), expected, rtol=1e-10)
     big = np.array([[1000.0, 0.0]])  # stable: no overflow
-    assert L.cross_entropy(big, np.array([1]))[0] == pytest.approx(1000.0)
+    assert E.cross_entropy(big, np.array([1]))[0] == pytest.approx(1000.0)
 
 
 def test_output_spread_is_the_variance_term_of_the_bias_variance_identity():
@@ -372,7 +423,7 @@ def test_output_spread_is_the_variance_term_of_the_bias_variance_identity():
     probs = [np.exp(z) / np.exp(z).sum(axis=1, keepdims=True) for z in logits]
     mean_error = np.mean([((p - onehot) ** 2).sum(axis=1).mean() for p in probs])
     bias = ((np.mean(probs, axis=0) - onehot) ** 2).sum(axis=1).mean()
-    assert L.output_spread(logits) == pytest.approx(mean_error - bias)
+    assert E.output_spread(logits) == pytest.approx(mean_error - bias)
 
 
 def hsic_cka(x, y):
@@ -389,12 +440,12 @@ def hsic_cka(x, y):
 
 def test_linear_cka_matches_the_hsic_formula_and_its_invariances():
     x, y = RNG.normal(size=(20, 5)), RNG.normal(size=(20, 3))
-    assert L.linear_cka(x, y) == pytest.approx(hsic_cka(x, y))
+    assert E.linear_cka(x, y) == pytest.approx(hsic_cka(x, y))
     rotation, _ = np.linalg.qr(RNG.normal(size=(5, 5)))
-    assert L.linear_cka(x, 3 * x @ rotation + 7) == pytest.approx(1.0)
+    assert E.linear_cka(x, 3 * x @ rotation + 7) == pytest.approx(1.0)
     z = RNG.normal(size=(20, 4))
     expected = np.mean([hsic_cka(x[:, :4], y), hsic_cka(x[:, :4], z), hsic_cka(y, z)])
-    assert L.mean_pairwise_cka([x[:, :4], y, z]) == pytest.approx(expected)
+    assert E.mean_pairwise_cka([x[:, :4], y, z]) == pytest.approx(expected)
 
 
 # ---- the probes' driver and worker halves ---------------------------------------------------------
@@ -409,7 +460,12 @@ class ProbeServices(LinearServices):
 def probe_round(sizes):
     """Clients 0, 1, 2 with local models and ``num_examples`` rows (any numbers: the weights)."""
     rows = [
-        {"client_id": float(c), "num_examples": n, "train_mse": 0.1 * c, "train_ce": 1.0 + c}
+        {
+            "client_id": float(c),
+            "num_examples": n,
+            "train_squared_error": 0.1 * c,
+            "train_cross_entropy": 1.0 + c,
+        }
         for c, n in enumerate(sizes)
     ]
     models = {c: model(10 + c) for c in range(3)}
@@ -417,7 +473,7 @@ def probe_round(sizes):
 
 
 def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_data():
-    from raysim.probes import GroupBarrier, GroupBarrierConfig
+    from raysim.connectivity_probes import GroupBarrier, GroupBarrierConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 2.0, 5.0])
@@ -428,23 +484,34 @@ def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_dat
     data = pooled([0, 1, 2])
     fused_loss, fused_accuracy = reference({"W": sum(k * m["W"] for k, m in zip(lam, models))}, data)
     own = [reference(m, data) for m in models]
-    assert out["group_barrier/loss"] == pytest.approx(fused_loss - lam @ [o[0] for o in own], rel=1e-5)
-    assert out["group_barrier/accuracy"] == pytest.approx(1 - fused_accuracy / (lam @ [o[1] for o in own]))
+    assert out["group_barrier/loss_barrier"] == pytest.approx(
+        fused_loss - lam @ [o[0] for o in own], rel=1e-5
+    )
+    assert out["group_barrier/accuracy_barrier"] == pytest.approx(
+        1 - fused_accuracy / (lam @ [o[1] for o in own])
+    )
     assert out["group_barrier/mean_local_accuracy"] == pytest.approx(lam @ [o[1] for o in own])
     mid_loss, mid_accuracy = reference({"W": (models[0]["W"] + models[1]["W"]) / 2}, data)
-    assert out["group_barrier/pairwise_loss"] == pytest.approx(
+    assert out["group_barrier/pairwise_loss_barrier"] == pytest.approx(
         mid_loss - (own[0][0] + own[1][0]) / 2, rel=1e-5
     )
-    assert out["group_barrier/pairwise_accuracy"] == pytest.approx(
+    assert out["group_barrier/pairwise_accuracy_barrier"] == pytest.approx(
         1 - 2 * mid_accuracy / (own[0][1] + own[1][1])
     )
     assert services.calls[0] == ("evaluate", 4, [0, 1, 2], "round")
+    assert sorted(out) == [  # the vocabulary docs/analysis.md lists
+        f"group_barrier/{key}"
+        for key in (
+            "accuracy_barrier", "fused_accuracy", "fused_loss", "loss_barrier", "mean_local_accuracy",
+            "mean_local_loss", "pairwise_accuracy_barrier", "pairwise_loss_barrier",
+        )
+    ]  # fmt: skip
 
 
 def test_loss_decomposition_probe_against_direct_numpy():
     """Cohort data: HeterBias of model k on the other clients' data only; the mean of all K
     models is the uniform average whichever subset is drawn."""
-    from raysim.probes import LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 1.0, 2.0])
@@ -454,21 +521,21 @@ def test_loss_decomposition_probe_against_direct_numpy():
     models = [round_view.local_models[c]["W"].astype(np.float64) for c in range(3)]
     fused = (models[0] + models[1] + 2 * models[2]) / 4
     x, y = pooled([0, 1, 2])
-    assert out["decomposition/train_bias/mse"] == pytest.approx(0.1)  # the rows' mean
-    assert out["decomposition/train_bias/ce"] == pytest.approx(2.0)
+    assert out["decomposition/train_bias/squared_error"] == pytest.approx(0.1)  # the rows' mean
+    assert out["decomposition/train_bias/cross_entropy"] == pytest.approx(2.0)
     heter = []
     for k in range(3):
         xo, yo = pooled([c for c in range(3) if c != k])
         heter.append(reference({"W": models[k]}, (xo, yo))[0])
-    assert out["decomposition/heter_bias/ce"] == pytest.approx(np.mean(heter), rel=1e-6)
+    assert out["decomposition/heter_bias/cross_entropy"] == pytest.approx(np.mean(heter), rel=1e-6)
     probs = [np.exp(x @ w) / np.exp(x @ w).sum(axis=1, keepdims=True) for w in (*models, fused)]
-    assert out["decomposition/fused/mse"] == pytest.approx(
+    assert out["decomposition/fused/squared_error"] == pytest.approx(
         ((probs[3] - np.eye(CLASSES)[y]) ** 2).sum(1).mean()
     )
     average = reference({"W": sum(models) / 3}, (x, y))[0]
-    assert out["decomposition/variance/mean_of_3/ce"] == pytest.approx(average, rel=1e-6)
+    assert out["decomposition/variance/mean_of_3/cross_entropy"] == pytest.approx(average, rel=1e-6)
     singles = [reference({"W": w}, (x, y))[0] for w in models]
-    assert min(abs(out["decomposition/variance/mean_of_1/ce"] - s) for s in singles) < 1e-6
+    assert min(abs(out["decomposition/variance/mean_of_1/cross_entropy"] - s) for s in singles) < 1e-6
     spread = np.mean([((p - np.mean(probs[:3], axis=0)) ** 2).sum(1) for p in probs[:3]])
     assert out["decomposition/variance/spread"] == pytest.approx(spread)
     distances = [np.linalg.norm(w - fused) for w in models]
@@ -484,7 +551,8 @@ def test_loss_decomposition_probe_against_direct_numpy():
 
 
 def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data():
-    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.probes import ClientView
 
     x, y = CLIENT_DATA[1]
     net = torch.nn.Linear(DIM, CLASSES)
@@ -494,14 +562,19 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
         logits = net(torch.as_tensor(x))
     probs = logits.softmax(-1).numpy()
     assert row["num_examples"] == len(y)
-    assert row["train_mse"] == pytest.approx(((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5)
-    assert row["train_ce"] == pytest.approx(F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5)
+    assert row["train_squared_error"] == pytest.approx(
+        ((probs - np.eye(CLASSES)[y]) ** 2).sum(1).mean(), rel=1e-5
+    )
+    assert row["train_cross_entropy"] == pytest.approx(
+        F.cross_entropy(logits, torch.as_tensor(y)).item(), rel=1e-5
+    )
 
 
 def test_loss_decomposition_leaves_out_a_client_without_round_examples():
     """Partitions may leave a client empty (min_size 0): its hook reports only its size, and the
     summary is that of the clients that trained (its model, the broadcast, takes no part)."""
-    from raysim.probes import ClientView, LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.probes import ClientView
 
     empty = ClientData({"x": np.zeros((0, DIM), np.float32), "y": np.zeros(0, np.int64)})
     view = ClientView(3, 0, torch.nn.Linear(DIM, CLASSES), empty, evaluate=None, test_data=None)
@@ -526,36 +599,48 @@ def test_loss_decomposition_leaves_out_a_client_without_round_examples():
         assert got == pytest.approx(expected)
 
 
-def test_the_probes_name_the_fix_for_data_they_cannot_use():
-    from raysim.probes import GroupBarrier, GroupBarrierConfig, LossDecomposition, LossDecompositionConfig
+def test_the_probes_refuse_a_run_they_cannot_measure_before_it_trains():
+    """``check`` (called by build): data: central without a central test set, and IMA's
+    decomposition on a regression task, each named with its fix; check_probes gathers them all."""
+    from raysim.connectivity_probes import (
+        GroupBarrier,
+        GroupBarrierConfig,
+        LossDecomposition,
+        LossDecompositionConfig,
+    )
+    from raysim.probes import LocalAccuracy, ProbeConfig, check_probes
 
-    class NoCentral(ProbeServices):
-        def map_clients(self, task, points, clients, **kwargs):
-            return (
-                [[None] for _ in points]
-                if clients is None
-                else super().map_clients(task, points, clients, **kwargs)
-            )
-
+    no_central = RunInfo(3, 3, 1, DataSpec("classification", (DIM,), CLASSES), seed=0, has_central_test=False)
     for probe in (GroupBarrier(GroupBarrierConfig()), LossDecomposition(LossDecompositionConfig())):
         with pytest.raises(ConfigError, match="central test set.*set data: cohort"):
-            probe.summarize(probe_round([1.0, 1.0, 1.0]), NoCentral())
-
-    class Regression(ProbeServices):
-        info = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1), seed=0)
-
-    with pytest.raises(ConfigError, match="needs a classification dataset"):
-        LossDecomposition(LossDecompositionConfig()).summarize(probe_round([1.0, 1.0, 1.0]), Regression())
+            probe.check(no_central)
+        probe.check(ProbeServices.info)  # a central test set: fine
+    GroupBarrier(GroupBarrierConfig(data="cohort")).check(no_central)
+    regression = RunInfo(3, 3, 1, DataSpec("regression", (DIM,), 1), seed=0, has_central_test=False)
+    with pytest.raises(ConfigError) as refused:
+        check_probes(
+            {
+                "local_accuracy": LocalAccuracy(ProbeConfig()),  # no check hook: nothing to refuse
+                "group_barrier": GroupBarrier(GroupBarrierConfig()),
+                "loss_decomposition": LossDecomposition(LossDecompositionConfig(data="cohort")),
+            },
+            regression,
+        )
+    assert len(refused.value.problems) == 2
+    assert "group_barrier with data: central" in refused.value.problems[0]
+    assert "loss_decomposition needs a classification dataset, not regression" in refused.value.problems[1]
     assert GroupBarrier(GroupBarrierConfig()).summarize(ProbeRound(0, [], {}, {}), ProbeServices()) == {}
 
 
 def test_the_variance_curve_takes_the_sizes_asked_for():
-    from raysim.probes import LossDecomposition, LossDecompositionConfig
+    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
 
     config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
     out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())
     assert sorted(k for k in out if "mean_of" in k) == [
-        f"decomposition/variance/mean_of_{j}/{form}" for j in (1, 3) for form in ("ce", "mse")
+        f"decomposition/variance/mean_of_{j}/{form}"
+        for j in (1, 3)
+        for form in ("cross_entropy", "squared_error")
     ]
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         LossDecompositionConfig(mean_of=[0])

@@ -64,6 +64,25 @@ def test_local_accuracy_weights_clients_by_their_test_examples():
     assert out["local/test_loss"] == pytest.approx((3 * 0.2 + 1.0) / 4)
 
 
+def test_local_accuracy_pools_scores_from_the_clients_statistics():
+    """Confusion counts [[2, 0], [0, 1]] (MCC 1) and [[0, 1], [1, 0]] (MCC -1) pool to
+    [[2, 1], [1, 1]]: MCC = (3 * 5 - (3 * 3 + 2 * 2)) / sqrt((25 - 13) * (25 - 13)) = 1/6, the
+    mean of the clients' values 0. Rows without accuracy (regression) log none."""
+    rows = [
+        {"client_id": 1.0, "loss": 0.2, "mcc": 1.0, "num_examples": 3.0}
+        | {"sums/confusion/0_0": 2.0, "sums/confusion/1_1": 1.0},
+        {"client_id": 2.0, "loss": 1.0, "mcc": -1.0, "num_examples": 2.0}
+        | {"sums/confusion/0_1": 1.0, "sums/confusion/1_0": 1.0},
+    ]
+    out = LocalAccuracy(ProbeConfig()).summarize(ProbeRound(0, rows, {}, {}), services=None)
+    assert out == {
+        "local/test_loss": pytest.approx((3 * 0.2 + 2 * 1.0) / 5),
+        "local/test_loss_mean": pytest.approx(0.6),
+        "local/test_mcc": pytest.approx(1 / 6),
+        "local/test_mcc_mean": 0.0,
+    }
+
+
 def test_map_work_is_split_into_contiguous_chunks_and_reassembled_by_point():
     request = MapRequest("evaluate", (10, 11, 12))
     units = map_units(request, num_points=2)

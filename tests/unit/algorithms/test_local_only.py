@@ -185,6 +185,22 @@ def test_without_a_central_test_set_only_the_clients_own_splits_are_reported():
     assert metrics["eval/local/clients/accuracy"] == 1.0 and metrics["eval/local/clients/num_clients"] == 1
 
 
+def test_the_local_models_scores_pool_their_clients_statistics():
+    """MCC from the summed confusion counts, by hand (test_scores.py's): [[3, 1], [0, 0]] and
+    [[0, 0], [1, 3]] pool to MCC 0.5, while each client alone scores 0; rows without accuracy
+    (a regression task's) log none."""
+    a = {"loss": 0.5, "mcc": 0.0, "num_examples": 4.0, "sums/confusion/0_0": 3.0, "sums/confusion/0_1": 1.0}
+    b = {"loss": 0.7, "mcc": 0.0, "num_examples": 4.0, "sums/confusion/1_0": 1.0, "sums/confusion/1_1": 3.0}
+    services = FakeServices([[0, 1]], {0: a, 1: b}, {0: a, 1: b})
+    plugin = algo()
+    plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
+    metrics = services.logged[0][1]
+    assert metrics["eval/local/clients/mcc"] == pytest.approx(0.5)
+    assert metrics["eval/local/clients/mcc_mean"] == 0.0 and metrics["eval/local/mcc"] == 0.0
+    assert metrics["eval/local/clients/loss"] == pytest.approx(0.6)
+    assert not any("accuracy" in key or "sums/" in key for key in metrics)
+
+
 def test_resumed_state_keeps_who_has_a_model():
     plugin = algo()
     services = FakeServices([[0, 1], [1, 0]], central={}, own={}, eval_rounds=())

@@ -33,6 +33,17 @@ def test_barrier_is_the_mean_gap_between_global_and_local_on_each_clients_data()
     assert summarize_barrier(before, [None, None], "barrier") == {}
 
 
+def test_a_regression_barrier_has_no_accuracy_terms():
+    before = [{"client_id": 1.0, "start_loss": 2.0, "local_loss": 0.5}]
+    out = summarize_barrier(before, [{"loss": 1.25, "num_examples": 4.0}], "barrier")
+    assert out == {
+        "barrier/loss": 0.75,
+        "barrier/start_loss": 2.0,
+        "barrier/local_loss": 0.5,
+        "barrier/global_loss": 1.25,
+    }
+
+
 def test_the_personalized_scope_keeps_only_clients_personalization_admits():
     """min_examples 5: client 0 (10 + 2) stays, 1 (2 + 1) is too small, 2 (4 + 3) stays, 3 has no
     test split; the clients of another scope are untouched."""

@@ -78,11 +78,30 @@ def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(runs, tmp_p
         run(job(IMA, 5), resume_from=str(alone), output_dir=tmp_path / "out")
 
 
-@pytest.mark.parametrize("inner", ["fednova", "fedgma"])
+SGD = {"epochs": 1, "batch_size": 16, "lr": 0.1}
+MOMENTUM = {**SGD, "momentum": 0.5}
+# Every inner algorithm the issue and the paper's Table I name, with its placement (notes 2.4:
+# IMA averages FedNova's and FedGMA's outputs; FedAdam/FedYogi step toward the window mean).
+TABLE_I = {
+    "fedavg": ({"local": MOMENTUM}, "after_server_update"),
+    "fedprox": ({"local": MOMENTUM}, "after_server_update"),
+    "fedasam": ({"local": MOMENTUM}, "after_server_update"),
+    "fedfa": ({"local": MOMENTUM}, "after_server_update"),
+    "fednova": ({"local": MOMENTUM}, "after_server_update"),
+    "fedgma": ({"local": MOMENTUM}, "after_server_update"),
+    "scaffold": ({"local": SGD}, "after_server_update"),  # option II needs plain SGD
+    "fedfish": ({"local": MOMENTUM}, "after_server_update"),
+    "fedadam": ({"local": MOMENTUM}, "before_server_optimizer"),
+    "fedyogi": ({"local": MOMENTUM}, "before_server_optimizer"),
+}
+
+
+@pytest.mark.parametrize("inner", sorted(TABLE_I))
 def test_ima_wraps_the_methods_of_the_papers_table_i(inner, tmp_path):
-    """FedNova and FedGMA (notes 2.4: IMA averages the method's output) for 4 rounds, IMA from 2."""
-    local = {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5}
-    algorithm = {"name": "ima", "inner": {"name": inner, "local": local}, "start_round": 2, "window": 2}
+    """Each inner method for 4 rounds, IMA from round 2 with a window of 2."""
+    options, placement = TABLE_I[inner]
+    algorithm = {"name": "ima", "inner": {"name": inner, **options}, "start_round": 2, "window": 2,
+                 "placement": placement}  # fmt: skip
     result = run(job(algorithm, 4), output_dir=tmp_path)
     assert [m["ima/active"] for _, m in result.history] == [0.0, 0.0, 1.0, 1.0]
     assert all(m["ima/shift_norm"] > 0 for _, m in result.history[2:])

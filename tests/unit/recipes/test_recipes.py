@@ -177,3 +177,36 @@ def test_hf_images_of_different_sizes_are_an_error(tmp_path, hf_offline):
     config = hf.HfImagesConfig(path="parquet", data_files=files, test_split=None)
     with pytest.raises(DataError, match="one size"):
         hf.HfImages(config).load_examples()
+
+
+def test_hf_images_mode_resize_and_center_crop(tmp_path, hf_offline):
+    from PIL import Image
+
+    grey = np.arange(2 * 8 * 12, dtype=np.uint8).reshape(2, 8, 12)  # (n, H, W): 8 high, 12 wide
+    test = np.full((1, 6, 9), 7, np.uint8)  # another size: resize brings it to the train's
+    files = {
+        "train": write_parquet(hf_offline, tmp_path / "train.parquet", grey, [0, 1]),
+        "test": write_parquet(hf_offline, tmp_path / "test.parquet", test, [1]),
+    }
+    hf = recipe("hf_images")
+    config = hf.HfImagesConfig(path="parquet", data_files=files, mode="RGB", resize=(4, 6))
+    examples = hf.HfImages(config).load_examples()
+    assert examples.spec.input_shape == (3, 4, 6)  # [height, width], grey replicated to RGB
+    expected = np.stack([np.asarray(Image.fromarray(g).resize((6, 4), Image.BILINEAR)) for g in grey])
+    assert np.array_equal(x_of(examples.table), np.repeat(expected[:, None], 3, axis=1).ravel())
+    assert np.array_equal(x_of(examples.central_test), np.full(3 * 4 * 6, 7, np.uint8))
+
+    # A centre crop alone: torchvision's corner, round((8 - 4) / 2) = 2 down, round((12 - 4) / 2) = 4 right.
+    config = hf.HfImagesConfig(path="parquet", data_files=files, test_split=None, mode="L", center_crop=4)
+    cropped = hf.HfImages(config).load_examples()
+    assert cropped.spec.input_shape == (1, 4, 4)
+    assert np.array_equal(x_of(cropped.table), grey[:, 2:6, 4:8].ravel())
+
+
+def test_hf_images_resize_options_are_checked_and_left_out_of_the_store_hash():
+    hf = recipe("hf_images")
+    with pytest.raises(ValueError, match="center_crop 300 is larger than the resized 256x256"):
+        hf.HfImagesConfig(path="x", resize=(256, 256), center_crop=300)
+    # Unset, the new options stay out of the dump the store cache hashes: old stores keep their path.
+    assert not {"mode", "resize", "center_crop"} & set(hf.HfImagesConfig(path="x").model_dump())
+    assert hf.HfImagesConfig(path="x", resize=[32, 32]).model_dump()["resize"] == (32, 32)

@@ -43,7 +43,6 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
 from raysim.local import (
@@ -58,7 +57,7 @@ from raysim.local import (
 )
 from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.sharpness import SamConfig, sam_descend
 from raysim.types import (
     ClientContext,
@@ -235,13 +234,10 @@ def joint_step(conn: Connectivity, sam: SamConfig | None) -> LocalStep:
 
 @register("algorithm", "fedgucci", config=FedGuCciConfig)
 @register("algorithm", "fedgucci_plus", config=FedGuCciPlusConfig)
-class FedGuCci:
+class FedGuCci(FedAvgServer[FedGuCciConfig]):
     """FedGuCci(+): FedAvg plus a connectivity loss towards the N newest global models."""
 
     Config = FedGuCciConfig
-
-    def __init__(self, config: FedGuCciConfig) -> None:
-        self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         if self.config.logit_calibration is not None:
@@ -317,15 +313,12 @@ class FedGuCci:
             eval_buffers,
         )
 
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
     def server_update(
         self, state: ServerState, mean_delta: Params | None, round_num: int
     ) -> tuple[ServerState, Metrics]:
         """FedAvg, then the new global model becomes anchor 1 (also when nobody reported: the
         code pushes the global model at every round's start)."""
-        state, metrics = apply_server_step(state, mean_delta, self.config.server)
+        state, metrics = super().server_update(state, mean_delta, round_num)
         newest = _trainable(P.clone(state.params), state.buffer_keys)
         anchors = [newest, *_anchors(state)][: self.config.num_anchors]
         return replace(state, extra={**state.extra, "anchors": anchors}), metrics

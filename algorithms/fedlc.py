@@ -11,22 +11,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import (
-    ClientContext,
-    ClientResult,
-    Metrics,
-    Params,
-    Payload,
-    RunInfo,
-    ServerState,
-    require_classification,
-)
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.types import ClientContext, ClientResult, Params, RunInfo, ServerState, require_classification
 
 
 class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
@@ -39,30 +28,16 @@ class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
 
 
 @register("algorithm", "fedlc")
-class FedLC:
+class FedLC(FedAvgServer[FedLCConfig]):
     """FedLC: FedAvg whose clients calibrate their logits by their own label counts."""
 
     Config = FedLCConfig
 
-    def __init__(self, config: FedLCConfig) -> None:
-        self.config = config
-
     def init(self, params: Params, info: RunInfo) -> ServerState:
         require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+        return super().init(params, info)
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(
             ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.logit_calibration.tau)
         )
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

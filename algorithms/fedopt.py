@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.types import ClientContext, ClientResult
 
 
 class FedOptConfig(BaseModel, frozen=True, extra="forbid"):
@@ -72,27 +70,10 @@ class FedAdagradConfig(FedOptConfig, frozen=True):
 @register("algorithm", "fedadam", config=FedAdamConfig)
 @register("algorithm", "fedyogi", config=FedYogiConfig)
 @register("algorithm", "fedadagrad", config=FedAdagradConfig)
-class FedOpt:
+class FedOpt(FedAvgServer[FedOptConfig]):
     """FedAvg with a configurable server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
 
     Config = FedOptConfig
 
-    def __init__(self, config: FedOptConfig) -> None:
-        self.config = config
-
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
-
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(ctx, self.config.local)
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

@@ -10,12 +10,10 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.types import ClientContext, ClientResult
 
 
 class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
@@ -39,29 +37,12 @@ def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]):
 
 
 @register("algorithm", "fedprox")
-class FedProx:
+class FedProx(FedAvgServer[FedProxConfig]):
     """FedProx: FedAvg whose clients add a proximal term to their local loss."""
 
     Config = FedProxConfig
-
-    def __init__(self, config: FedProxConfig) -> None:
-        self.config = config
-
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(
             ctx, self.config.local, after_backward=proximal_gradient(self.config.mu, ctx.global_params)
         )
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

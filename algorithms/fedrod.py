@@ -34,7 +34,6 @@ from pydantic import BaseModel
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import (
     Backward,
     Batch,
@@ -47,16 +46,14 @@ from raysim.local import (
 )
 from raysim.losses import balanced_softmax_loss, client_label_counts
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import (
     ClientContext,
     ClientData,
     ClientResult,
     DataSpec,
     FeatureModel,
-    Metrics,
     Params,
-    Payload,
     RunInfo,
     ServerState,
     feature_model,
@@ -130,22 +127,16 @@ def personal_train_accuracy(
 
 
 @register("algorithm", "fedrod")
-class FedRoD:
+class FedRoD(FedAvgServer[FedRoDConfig]):
     """FedRoD: FedAvg on a balanced-softmax generic model; clients keep personal heads."""
 
     Config = FedRoDConfig
-
-    def __init__(self, config: FedRoDConfig) -> None:
-        self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         require_classification(
             info, "algorithm fedrod", "its balanced softmax and personal heads work on classes"
         )
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+        return super().init(params, info)
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         # the current global head: the personal head's first value when the client has none
@@ -164,11 +155,3 @@ class FedRoD:
             {**result.metrics, "fedrod/personal_train_accuracy": accuracy},
             state={"head": P.clone(head.state_dict())},
         )
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

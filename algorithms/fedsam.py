@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.sharpness import SamConfig, sam_step
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import ClientContext, ClientResult
 
 
 class FedSAMConfig(BaseModel, frozen=True, extra="forbid"):
@@ -42,27 +40,10 @@ class FedASAMConfig(FedSAMConfig, frozen=True):
 
 @register("algorithm", "fedsam", config=FedSAMConfig)
 @register("algorithm", "fedasam", config=FedASAMConfig)
-class FedSAM:
+class FedSAM(FedAvgServer[FedSAMConfig]):
     """FedSAM / FedASAM: FedAvg whose clients take (adaptive) sharpness-aware steps."""
 
     Config = FedSAMConfig
 
-    def __init__(self, config: FedSAMConfig) -> None:
-        self.config = config
-
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
-
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(ctx, self.config.local, step=sam_step(**self.config.sam.model_dump()))
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

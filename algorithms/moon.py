@@ -33,16 +33,14 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
     FeatureModel,
-    Metrics,
     Params,
     Payload,
     RunInfo,
@@ -125,13 +123,10 @@ class MoonObjective:
 
 
 @register("algorithm", "moon")
-class Moon:
+class Moon(FedAvgServer[MoonConfig]):
     """MOON: FedAvg whose clients contrast their representation with the global and previous models'."""
 
     Config = MoonConfig
-
-    def __init__(self, config: MoonConfig) -> None:
-        self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         require_classification(info, "algorithm moon", "its loss is cross-entropy over class logits")
@@ -169,11 +164,3 @@ class Moon:
             return ctx.client_init()
         state = cast(dict[str, Params] | None, ctx.state)
         return cast(Params, P.to_device(state["previous"], ctx.device)) if state else ctx.global_params
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

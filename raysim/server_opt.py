@@ -13,13 +13,14 @@ Float buffers (BatchNorm running statistics) are not optimised: they take the cl
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, Field, model_validator
 
 from raysim import params as P
-from raysim.types import Metrics, OptState, Params, ServerState
+from raysim.aggregate import WeightedMean
+from raysim.types import Metrics, OptState, Params, Payload, RunInfo, ServerState
 
 
 class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
@@ -131,3 +132,44 @@ def apply_server_step(
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
     norm = P.global_norm(mean_delta, skip=state.buffer_keys)  # parameters only
     return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}
+
+
+class FedAvgFamilyConfig(Protocol):
+    """What ``FedAvgServer`` reads from a plugin's config."""
+
+    @property
+    def server(self) -> ServerOptimizerConfig: ...
+
+    @property
+    def weighted(self) -> bool: ...
+
+
+C = TypeVar("C", bound=FedAvgFamilyConfig)
+
+
+class FedAvgServer(Generic[C]):
+    """The server half of every FedAvg-family plugin: the config has ``server:
+    ServerOptimizerConfig`` and ``weighted: bool``.
+
+    The server sends its params, averages the clients' deltas (weighted by examples when
+    ``weighted``) and steps on that mean with ``apply_server_step``. A subclass sets ``Config``
+    and writes ``client_update`` (``local_delta_update`` with its hooks); it overrides a server
+    method only where its method differs (``class FedProx(FedAvgServer[FedProxConfig])``).
+    """
+
+    def __init__(self, config: C) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState:
+        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+
+    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+        return Payload(P.to_numpy(state.params))
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState, mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState, Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

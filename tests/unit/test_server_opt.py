@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from raysim.server_opt import ServerOptimizerConfig, server_step
+from raysim.server_opt import FedAvgServer, ServerOptimizerConfig, server_step
+from raysim.types import ClientResult, DataSpec, RunInfo
 
 sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there
 from reference import server_steps  # noqa: E402
@@ -158,3 +159,56 @@ def test_bias_correction_refuses_a_tau_squared_start():
 def test_bias_correction_is_refused_where_nothing_would_be_corrected(kind):
     with pytest.raises(ValidationError, match="adam and yogi only"):
         ServerOptimizerConfig(kind=kind, bias_correction=True)
+
+
+class _FedAvgConfig(BaseModel, frozen=True, extra="forbid"):
+    server: ServerOptimizerConfig = ServerOptimizerConfig(lr=0.5, momentum=0.9)
+    weighted: bool = True
+
+
+def fedavg_server(**options) -> FedAvgServer[_FedAvgConfig]:
+    return FedAvgServer(_FedAvgConfig(**options))
+
+
+def test_fedavg_server_init_copies_the_params_and_keeps_the_buffer_keys():
+    params = {"w": torch.tensor([1.0, 2.0]), "bn": torch.tensor([4.0])}
+    info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0, buffer_keys=frozenset({"bn"}))
+    state = fedavg_server().init(params, info)
+    params["w"].add_(10.0)  # the state holds its own copy
+    assert state.params["w"].tolist() == [1.0, 2.0] and state.buffer_keys == {"bn"}
+    assert state.opt_state == {} and state.extra == {}
+
+
+def test_fedavg_server_broadcasts_the_params_as_numpy_and_nothing_else():
+    info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0)
+    server = fedavg_server()
+    payload = server.broadcast(server.init({"w": torch.tensor([1.5, -2.0])}, info), round_num=0)
+    assert isinstance(payload.params["w"], np.ndarray) and payload.params["w"].tolist() == [1.5, -2.0]
+    assert payload.extra == {}
+
+
+@pytest.mark.parametrize("weighted, expected", [(True, (1 * 4.0 + 3 * 8.0) / 4), (False, (4.0 + 8.0) / 2)])
+def test_fedavg_server_averages_deltas_by_examples_or_uniformly(weighted, expected):
+    aggregator = fedavg_server(weighted=weighted).aggregator()
+    acc = aggregator.zero()
+    for position, (delta, examples) in enumerate([(4.0, 1), (8.0, 3)]):
+        acc = aggregator.add(acc, position, ClientResult({"w": torch.tensor([delta])}, examples, {}))
+    assert aggregator.result(acc)["w"].item() == pytest.approx(expected)
+    assert aggregator.result(aggregator.zero()) is None  # nobody reported
+
+
+def test_fedavg_server_steps_with_its_optimizer_and_averages_buffers():
+    info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0, buffer_keys=frozenset({"bn"}))
+    server = fedavg_server()
+    state = server.init({"w": torch.tensor([1.0, 2.0]), "bn": torch.tensor([4.0])}, info)
+    mean_delta = {"w": torch.tensor([0.6, -0.8]), "bn": torch.tensor([1.0])}
+    state, metrics = server.server_update(state, mean_delta, round_num=0)
+    # SGD momentum 0.9, lr 0.5: m1 = g; w1 = w - 0.5 g; m2 = 0.9 g + g = 1.9 g; w2 = w1 - 0.95 g
+    assert state.params["w"].tolist() == pytest.approx([1.0 - 0.3, 2.0 + 0.4])
+    assert state.params["bn"].item() == pytest.approx(3.0)  # the clients' average, not stepped
+    assert metrics == {"server/delta_norm": pytest.approx(1.0)}  # ||(0.6, -0.8)||, buffers left out
+    state, _ = server.server_update(state, mean_delta, round_num=1)
+    assert state.params["w"].tolist() == pytest.approx([0.7 - 0.95 * 0.6, 2.4 + 0.95 * 0.8])
+    assert state.opt_state["m"]["w"].tolist() == pytest.approx([1.9 * 0.6, -1.9 * 0.8])
+    kept, metrics = server.server_update(state, None, round_num=2)  # nobody reported
+    assert kept is state and metrics == {}

@@ -165,10 +165,6 @@ def initial_state(
     if resume_from is None:
         return fresh, 0, None
     saved, last_round, _, state_dir = load_checkpoint(resume_from)
-    if last_round + 1 >= job.engine.num_rounds:  # nothing left to run: say so, start nothing
-        raise ConfigError([f"engine.num_rounds: {resume_from} ends round {last_round}, so a run of "
-                           f"{job.engine.num_rounds} rounds has none left; raise engine.num_rounds "
-                           f"above {last_round + 1}"])  # fmt: skip
     check_compatible(saved, params, resume_from)
     state = resume_state(algorithm, saved, fresh, CheckpointTrail(Path(resume_from), last_round, saved))
     check_same_shape(fresh, state, job.algorithm.name, resume_from)

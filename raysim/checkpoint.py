@@ -15,6 +15,7 @@ Usage:
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from raysim.params import check_loadable
 from raysim.types import ServerState
 
 FORMAT = 1
+_KEYS = ("format", "state", "round_num", "job")  # what every checkpoint holds
 
 
 _ROUND_NAME = re.compile(r"^round_(\d+)\.pt$")
@@ -143,8 +145,18 @@ def parse_state(raw: Any, path: str | Path) -> tuple[ServerState, int]:
     Raises:
         CheckpointError: another format version, or content that is no raysim checkpoint.
     """
-    if not is_checkpoint(raw) or not {"round_num", "job"} <= set(raw):
-        raise CheckpointError(f"{path} is not a raysim checkpoint (no format, state, round_num and job)")
+    if not isinstance(raw, dict):
+        raise CheckpointError(
+            f"{path} is a torch file but not a raysim checkpoint: it holds a {type(raw).__name__}, "
+            f"not a dict with {', '.join(map(repr, _KEYS))}"
+        )
+    missing = [key for key in _KEYS if key not in raw]
+    if missing:
+        held = ", ".join(map(repr, list(raw)[:4])) + (", ..." if len(raw) > 4 else "")
+        raise CheckpointError(
+            f"{path} is a torch file but not a raysim checkpoint (no {', '.join(map(repr, missing))}; "
+            f"it holds {held or 'nothing'}): pass a final.pt or round_NNNNN.pt a raysim run wrote"
+        )
     if raw["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {raw['format']!r}, expected {FORMAT}")
     try:
@@ -157,10 +169,17 @@ def _load(path: Path) -> Any:
     """A checkpoint file's content, as ``torch.load`` gives it (tensors only: weights_only)."""
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty, not a raysim checkpoint (an interrupted copy?)")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive: this is something else
+        raise CheckpointError(f"{path} is not a torch file (or a truncated one), so not a raysim checkpoint")
     try:
         return torch.load(path, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
+    except Exception as exc:  # a damaged archive, or objects beyond tensors and plain containers
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]  # torch's are pages long
+        raise CheckpointError(
+            f"{path} is a torch file but not a readable raysim checkpoint: {reason}"
+        ) from exc
 
 
 def server_state(saved: dict[str, Any]) -> ServerState:

@@ -33,6 +33,8 @@ CENTRAL_FILE = "central_test.arrow"
 META_FILE = "meta.json"
 BATCH_ROWS = 65_536  # record batches of rows.arrow and row groups of clients.parquet
 _REQUIRED_META = ("spec", "num_clients", "mean", "std", "has_central_test", "has_label_hist")
+# A damaged store is rebuilt, not repaired: prepare skips a folder that holds a meta.json.
+REBUILD = "delete the folder and prepare it again (raysim prepare JOB.yaml, or run the job)"
 # The train/test shuffle draws from its own stream, independent of the partition's.
 SPLIT_STREAM = 1
 
@@ -71,19 +73,19 @@ def read_meta(path: Path) -> dict[str, Any]:
         raise DataError(f"no client store at {path} (not a directory); prepare it first")
     try:
         meta = json.loads((path / META_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not even text
+        raise DataError(f"client store {path} has no readable {META_FILE} ({e}); {REBUILD}") from e
+    if not isinstance(meta, dict):
         raise DataError(
-            f"client store {path} has no readable {META_FILE} ({e}); delete it and prepare it again"
-        ) from e
-    version = meta.get("format_version") if isinstance(meta, dict) else None
+            f"client store {path}: {META_FILE} holds a {type(meta).__name__}, not an object; {REBUILD}"
+        )
+    version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise DataError(
             f"client store {path} has format version {version!r}, this raysim reads "
-            f"{FORMAT_VERSION}; delete it and prepare it again"
+            f"{FORMAT_VERSION}; {REBUILD}"
         )
     missing = [key for key in _REQUIRED_META if key not in meta]
     if missing:
-        raise DataError(
-            f"client store {path}: {META_FILE} lacks {', '.join(missing)}; delete it and prepare it again"
-        )
+        raise DataError(f"client store {path}: {META_FILE} lacks {', '.join(missing)}; {REBUILD}")
     return meta

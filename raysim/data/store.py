@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from raysim import registry
-from raysim.data.format import CENTRAL_FILE, INDEX_FILE, ROWS_FILE, read_meta
+from raysim.data.format import CENTRAL_FILE, INDEX_FILE, META_FILE, REBUILD, ROWS_FILE, read_meta
 from raysim.data.partition import IidPartition, PartitionConfig
 from raysim.errors import DataError
 from raysim.types import ClientData, DataSpec, Split
@@ -138,14 +138,14 @@ class ClientStore:
         try:
             rows = map_arrow(path / ROWS_FILE)
             counts, end = read_counts(path / INDEX_FILE)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"client store {path} is unreadable ({e}); delete it and prepare it again") from e
+        except (OSError, pa.ArrowException, KeyError) as e:  # KeyError: an index without its columns
+            raise DataError(f"client store {path} is unreadable ({e}); {REBUILD}") from e
         if len(counts["offset"]) != meta["num_clients"] or end > rows.num_rows:
-            raise DataError(
-                f"client store {path}: {INDEX_FILE} does not match {ROWS_FILE}; "
-                "delete it and prepare it again"
-            )
-        return cls(path, meta, rows, counts)
+            raise DataError(f"client store {path}: {INDEX_FILE} does not match {ROWS_FILE}; {REBUILD}")
+        try:
+            return cls(path, meta, rows, counts)
+        except (TypeError, KeyError, ValueError) as e:  # a spec, mean or std of the wrong shape
+            raise DataError(f"client store {path}: {META_FILE} is malformed ({e!r}); {REBUILD}") from e
 
     def __reduce__(self) -> tuple:
         return (type(self).open, (str(self.path),))

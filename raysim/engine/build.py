@@ -165,10 +165,22 @@ def initial_state(
     if resume_from is None:
         return fresh, 0, None
     saved, last_round, _, state_dir = load_checkpoint(resume_from)
+    check_rounds_left(last_round, job.engine.num_rounds, resume_from)
     check_compatible(saved, params, resume_from)
     state = resume_state(algorithm, saved, fresh, CheckpointTrail(Path(resume_from), last_round, saved))
     check_same_shape(fresh, state, job.algorithm.name, resume_from)
     return state, last_round + 1, state_dir
+
+
+def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> None:
+    """A resumed run must have a round left to run: otherwise it would open workers and an MLflow
+    run, train nothing and write a final checkpoint identical to the one it resumed."""
+    if last_round >= num_rounds - 1:
+        raise ConfigError([
+            f"engine.num_rounds: {resume_from} already completed rounds 0..{last_round}, so a run of "
+            f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
+            f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
+        ])  # fmt: skip
 
 
 def evaluation_plan(

@@ -9,7 +9,7 @@ import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
-from raysim.errors import CheckpointError
+from raysim.errors import CheckpointError, ConfigError
 
 
 def scaffold(num_rounds):
@@ -68,3 +68,16 @@ def test_an_algorithm_without_client_state_needs_no_snapshot(tmp_path):
     shutil.copy(first.run_dir / "checkpoints" / "final.pt", alone)
     resumed = run(tiny_job(engine={"num_rounds": 2}), resume_from=str(alone), output_dir=tmp_path / "b")
     assert [step for step, _ in resumed.history] == [1]
+
+
+def test_resuming_a_finished_run_is_refused_before_any_worker_or_run_starts(tmp_path, monkeypatch):
+    first = run(tiny_job(engine={"num_rounds": 2}), output_dir=tmp_path / "a")
+    started = []
+    monkeypatch.setattr("raysim.engine.build.start_workers", lambda *a: started.append(a))
+    with pytest.raises(ConfigError, match=r"completed rounds 0..1.*raise engine.num_rounds above 2"):
+        run(
+            tiny_job(engine={"num_rounds": 2}),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+            output_dir=tmp_path / "b",
+        )
+    assert not started and not (tmp_path / "b").exists()  # no workers, no run folder, no MLflow run

@@ -41,10 +41,38 @@ def test_numpy_in_plugin_state_is_refused_before_writing(tmp_path):
     assert not (tmp_path / "c.pt").exists()
 
 
-def test_unreadable_and_incompatible_checkpoints(tmp_path):
-    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="not a readable raysim checkpoint"):
-        load_checkpoint(tmp_path / "junk.pt")
+@pytest.mark.parametrize("reader", [load_checkpoint, read_state])
+def test_a_file_that_is_no_checkpoint_says_what_it_is_not(tmp_path, reader):
+    checkpoint = save_checkpoint(tmp_path / "good.pt", ServerState({"w": torch.zeros(2)}), 0, {})
+    whole = checkpoint.read_bytes()
+    files = {
+        "empty.pt": (b"", "empty.pt is empty"),
+        "random.pt": (np.random.default_rng(0).bytes(512), "random.pt is not a torch file"),
+        "cut.pt": (whole[: len(whole) // 2], "cut.pt is not a torch file"),  # an interrupted copy
+        "text.pt": (b"not a checkpoint", "text.pt is not a torch file"),
+    }
+    for name, (content, message) in files.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CheckpointError, match=message):
+            reader(tmp_path / name)
+    torch.save({"1.weight": torch.zeros(1)}, tmp_path / "weights.pt")  # a model's state dict
+    with pytest.raises(
+        CheckpointError,
+        match=r"weights.pt is a torch file but not a raysim checkpoint \(no 'format', 'state', "
+        r"'round_num', 'job'; it holds '1.weight'\)",
+    ):
+        reader(tmp_path / "weights.pt")
+    torch.save([torch.zeros(1)], tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="list.pt is a torch file .* holds a list, not a dict"):
+        reader(tmp_path / "list.pt")
+    torch.save({"format": 1, "state": {}}, tmp_path / "partial.pt")
+    with pytest.raises(
+        CheckpointError, match=r"partial.pt .*\(no 'round_num', 'job'; it holds 'format', 'state'\)"
+    ):
+        reader(tmp_path / "partial.pt")
+
+
+def test_incompatible_checkpoints(tmp_path):
     with pytest.raises(CheckpointError, match="does not fit"):
         check_compatible(ServerState({"w": torch.zeros(2)}), {"w": torch.zeros(3)}, "c.pt")
 
@@ -91,18 +119,16 @@ def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
 
 def test_read_state_needs_no_snapshot_and_checks_the_format(tmp_path):
     """Evaluating a checkpoint (raysim analyze, init_from) or reading an earlier round needs the
-    server state alone: a missing snapshot is no error there, another format version is."""
+    server state alone: a missing snapshot is no error there, another format version is (a file
+    that is no checkpoint at all: ``test_a_file_that_is_no_checkpoint_says_what_it_is_not``)."""
     state = ServerState({"w": torch.arange(2.0)})
     save_checkpoint(tmp_path / "c.pt", state, 6, {}, str(tmp_path / "c.client_state"))  # not there
     read, round_num = read_state(tmp_path / "c.pt")
     assert round_num == 6 and torch.equal(read.params["w"], state.params["w"])
     raw = torch.load(tmp_path / "c.pt", weights_only=True)
     torch.save(raw | {"format": 0}, tmp_path / "old.pt")
-    torch.save({"w": torch.zeros(1)}, tmp_path / "weights.pt")  # a state dict, not a checkpoint
     with pytest.raises(CheckpointError, match="old.pt: checkpoint format 0, expected 1"):
         read_state(tmp_path / "old.pt")
-    with pytest.raises(CheckpointError, match="weights.pt is not a raysim checkpoint"):
-        read_state(tmp_path / "weights.pt")
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         read_state(tmp_path / "absent.pt")
 

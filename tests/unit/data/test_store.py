@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import tracemalloc
 from pathlib import Path
 
@@ -162,13 +163,62 @@ def test_missing_store_is_a_clear_error(tmp_path):
         ClientStore.open(tmp_path / "nowhere")
 
 
+REBUILD = r"; delete the folder and prepare it again \(raysim prepare"
+
+
 @pytest.mark.parametrize(
-    "meta", ["{not json", json.dumps({"format_version": 99})], ids=["corrupt", "version"]
+    ("meta", "message"),
+    [
+        ("{not json", "has no readable meta.json"),
+        ("", "has no readable meta.json"),
+        (b"\xff\xfe\x00garbage", "has no readable meta.json"),  # not even text
+        ("[1, 2]", "meta.json holds a list, not an object"),
+        (json.dumps({"format_version": 99}), "has format version 99, this raysim reads 1"),
+        (json.dumps({"format_version": 1}), "meta.json lacks spec, num_clients, mean, std"),
+    ],
+    ids=["not json", "empty", "bytes", "list", "version", "keys"],
 )
-def test_bad_meta_is_a_clear_error(small_store, meta):
+def test_bad_meta_is_a_data_error_naming_the_store_and_the_fix(small_store, meta, message):
     store, _ = small_store
-    (store.path / "meta.json").write_text(meta)
-    with pytest.raises(DataError, match="prepare it again"):
+    write = (
+        (store.path / "meta.json").write_bytes
+        if isinstance(meta, bytes)
+        else (store.path / "meta.json").write_text
+    )
+    write(meta)
+    with pytest.raises(DataError, match=f"client store {re.escape(str(store.path))}.*{message}.*{REBUILD}"):
+        ClientStore.open(store.path)
+
+
+def test_meta_with_a_malformed_spec_is_a_data_error(small_store):
+    store, _ = small_store
+    meta = json.loads((store.path / "meta.json").read_text())
+    (store.path / "meta.json").write_text(json.dumps(meta | {"spec": 5}))
+    with pytest.raises(
+        DataError, match=f"client store {re.escape(str(store.path))}: meta.json is malformed.*{REBUILD}"
+    ):
+        ClientStore.open(store.path)
+
+
+def corrupt_index(path: Path, how: str) -> None:
+    index = path / "clients.parquet"
+    if how == "truncated":
+        index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    elif how == "garbage":
+        index.write_bytes(np.random.default_rng(0).bytes(400))
+    elif how == "empty":
+        index.write_bytes(b"")
+    else:  # a parquet file, but not a client index
+        pq.write_table(pa.table({"client": [0, 1, 2, 3]}), index)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "other table"])
+def test_a_corrupt_client_index_is_a_data_error_naming_the_store_and_the_fix(small_store, how):
+    store, _ = small_store
+    corrupt_index(store.path, how)
+    with pytest.raises(
+        DataError, match=f"client store {re.escape(str(store.path))} is unreadable.*{REBUILD}"
+    ):
         ClientStore.open(store.path)
 
 

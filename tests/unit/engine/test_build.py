@@ -25,3 +25,15 @@ def test_a_job_that_needs_ray_or_mlflow_says_so_before_any_work(monkeypatch):
         job.to_dict() | {"resources": {"backend": "serial"}, "tracking": {"enabled": False}}
     )
     check_installed(serial)  # nothing missing that this job needs
+
+
+@pytest.mark.parametrize("num_rounds", [3, 2], ids=["at the end", "past it"])
+def test_resuming_with_no_round_left_names_the_fix(num_rounds):
+    from raysim.engine.build import check_rounds_left
+    from raysim.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"c.pt already completed rounds 0..2.*raise engine.num_rounds above 3"
+    ):
+        check_rounds_left(2, num_rounds, "c.pt")
+    check_rounds_left(2, 4, "c.pt")  # round 3 is left to run

@@ -382,7 +382,8 @@ def load_jobs(
     variants = raw.pop("variants", None) or [None]
     if not isinstance(variants, list):
         raise ConfigError(["variants: must be a list of mappings"], str(path))
-    jobs, problems = [], []
+    jobs: list[JobConfig] = []
+    problems_by_variant: dict[str, list[str]] = {}
     for index, variant in enumerate(variants):
         merged = _with_variant(raw, variant, index, str(path))
         if only and merged.get("name") not in only:
@@ -391,12 +392,26 @@ def load_jobs(
             jobs.append(validate_job(apply_overrides(merged, overrides or []), str(path)))
         except ConfigError as exc:
             label = f"variant {merged.get('name')!r}: " if variant is not None else ""
-            problems += [label + p for p in exc.problems]
+            problems_by_variant[label] = exc.problems
+    problems = _merge_variant_problems(problems_by_variant, checked=len(jobs) + len(problems_by_variant))
     if problems:
-        raise ConfigError(list(dict.fromkeys(problems)), str(path))
+        raise ConfigError(problems, str(path))
     if only and not jobs:
         raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
     return jobs
+
+
+def _merge_variant_problems(problems_by_variant: dict[str, list[str]], checked: int) -> list[str]:
+    """Each problem once: one every checked variant shares (a typo in a base section) unprefixed,
+    the others prefixed with their variant, so three variants do not print the same line thrice."""
+    lists = list(problems_by_variant.values())
+    shared = (
+        [p for p in lists[0] if all(p in other for other in lists[1:])]
+        if checked > 1 and len(lists) == checked
+        else []
+    )
+    own = [label + p for label, found in problems_by_variant.items() for p in found if p not in shared]
+    return list(dict.fromkeys([*shared, *own]))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

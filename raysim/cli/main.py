@@ -22,6 +22,7 @@ from raysim.errors import RaysimError
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
     from pydantic import BaseModel
 
+    from raysim.config import JobConfig
     from raysim.data.store import ClientStore
 
 # Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
@@ -61,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument("--resume", help="continue from a checkpoint written by an earlier run")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and print each variant's resolved config; start nothing",
+    )
     run.add_argument(
         "--output-dir",
         default=os.environ.get("RAYSIM_HOME", ".raysim"),
@@ -153,9 +159,13 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_jobs
-    from raysim.engine.loop import run
 
     jobs = load_jobs(args.config, args.overrides, args.variant)
+    if args.dry_run:
+        print(resolved_configs(jobs), end="")
+        return 0
+    from raysim.engine.loop import run  # after --dry-run, which imports no Ray nor MLflow
+
     if args.resume and len(jobs) > 1:
         raise RaysimError("--resume continues one run: pick one with --variant NAME")
     results = [run(job, resume_from=args.resume, output_dir=args.output_dir) for job in jobs]
@@ -170,6 +180,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         console.print("Compare them in the MLflow UI: [bold]raysim ui[/] (http://127.0.0.1:5000)")
     return 0
+
+
+def resolved_configs(jobs: list[JobConfig]) -> str:
+    """One YAML document per variant, headed by its name: the config ``raysim run`` would run,
+    every default filled in."""
+    import yaml
+
+    return "".join(
+        f"---\n# variant: {job.name}\n" + yaml.safe_dump(job.to_dict(), sort_keys=False) for job in jobs
+    )
 
 
 def comparison_table(results: list) -> Table:

@@ -139,3 +139,28 @@ def test_image_jobs_whose_data_cannot_be_fetched_offline_are_one_message(tmp_pat
         err = one_line_error(capsys)
         assert f"cannot load '{dataset}' split 'train': the HuggingFace hub cannot be reached" in err
         assert "path: parquet or imagefolder" in err
+
+
+def test_dry_run_prints_every_variant_resolved_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    code = main(["run", write(tmp_path, GOOD), "--dry-run", "engine.num_rounds=7"])
+    assert code == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["name"] for d in docs] == ["avg", "prox"]
+    assert [d["algorithm"]["name"] for d in docs] == ["fedavg", "fedprox"]
+    assert all(d["engine"]["num_rounds"] == 7 for d in docs)
+    assert docs[1]["algorithm"]["mu"] is not None  # defaults are filled in
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no mlflow.db, no .raysim
+    assert ray_before or not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
+
+
+def test_dry_run_of_one_variant_and_of_a_bad_config(tmp_path, capsys):
+    assert main(["run", write(tmp_path, GOOD), "--dry-run", "--variant", "prox"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("---\n# variant: prox\n") and "# variant: avg" not in out
+    assert main(["run", write(tmp_path, GOOD), "--dry-run", "engine.num_round=2"]) == 2
+    assert "engine.num_round: unknown key" in capsys.readouterr().err

@@ -128,6 +128,25 @@ def test_variants_merge_over_the_base_and_overrides_win(tmp_path):
         load_jobs(path, only=["c"])
 
 
+def test_a_problem_every_variant_shares_is_reported_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    variants = [{"name": "a"}, {"name": "b", "algorithm": {"name": "fedprox"}}, {"name": "c"}]
+    path.write_text(yaml.safe_dump({**BASE, "variants": variants}))
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.local.lrr=0.1"])
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("algorithm.local.lrr: unknown key; did you mean 'lr'?")
+    # a problem of some variants only keeps each one's name; the shared one still comes once
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.mu=0.5", "engine.num_round=2"])
+    assert info.value.problems[0].startswith("engine.num_round: unknown key")
+    assert [p.split(":")[0] for p in info.value.problems[1:]] == ["variant 'a'", "variant 'c'"]
+    # one variant picked with --variant: its problems are its own, prefixed
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.local.lrr=0.1"], only=["b"])
+    assert info.value.problems[0].startswith("variant 'b': algorithm.local.lrr")
+
+
 def test_file_errors_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="no such job file"):
         load_jobs(tmp_path / "missing.yaml")

@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 

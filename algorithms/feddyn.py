@@ -29,8 +29,8 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Sum
-from raysim.local import AfterBackward, LocalTrainConfig, train_local
 from raysim.registry import register
+from raysim.train.local import AfterBackward, LocalTrainConfig, train_local
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 

@@ -18,7 +18,7 @@ At the end of each local epoch, for each class ``c`` the client saw in that epoc
 anchor moves to the class mean of that epoch's features: ``a_c <- m a_c + (1 - m) mean_c``,
 ``m = anchor_momentum`` (0.5; the IMA code uses 0.9 on Digit-Five and PACS). Classes it did not
 see keep the global anchor. The server averages the deltas and the local anchors, both weighted by
-examples (notes/ima.md section 2.4: "plain weighted mean"), and steps with ``raysim.server_opt``.
+examples (notes/ima.md section 2.4: "plain weighted mean"), and steps with ``raysim.train.server_opt``.
 
 Readings we chose (the paper text was not available; the code and notes/ima.md sections 2.4 and 4
 decide):
@@ -50,9 +50,9 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
-from raysim.local import Backward, Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import (
     ClientContext,
     ClientResult,

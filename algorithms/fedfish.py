@@ -23,9 +23,16 @@ import torch
 from pydantic import BaseModel, model_validator
 
 from raysim import params as P
-from raysim.local import LocalTrainConfig, iterate_batches, round_epochs, task_loss, to_tensors, train_local
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, server_step
+from raysim.train.local import (
+    LocalTrainConfig,
+    iterate_batches,
+    round_epochs,
+    task_loss,
+    to_tensors,
+    train_local,
+)
+from raysim.train.server_opt import ServerOptimizerConfig, server_step
 from raysim.types import (
     ClientContext,
     ClientData,

@@ -9,7 +9,7 @@ direction. With ``m`` clients that trained and deltas ``delta_i = global - local
     w   <- w - server_lr * mask * mean(delta)          (mean weighted by examples, as FedAvg)
 
 ``tau`` is 0.8 (the IMA paper's setting; notes/ima.md section 4). The server step is
-``raysim.server_opt`` on the masked mean delta (plain SGD at lr 1 by default). Float buffers
+``raysim.train.server_opt`` on the masked mean delta (plain SGD at lr 1 by default). Float buffers
 (BatchNorm statistics) have no direction to agree on: they take the plain mean.
 
 ``variant: ima_code`` is the version the IMA authors ran as their FedGMA baseline
@@ -50,9 +50,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from raysim import params as P
 from raysim.aggregate import Sum
-from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 

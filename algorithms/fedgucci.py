@@ -21,11 +21,11 @@ weights ``alpha * grad l(m_j)`` and the anchors nothing. ``update_mode``:
 anchor, the cited learning-lines works; notes 3.1).
 
 FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration: {tau: 0.1}`` (FedLC's calibrated
-cross-entropy, ``raysim.losses``, replaces the task loss in every term) and ``sam: {rho: 0.05}``
-(``raysim.sharpness.sam_descend`` takes every step, the task step and each connectivity step; in
+cross-entropy, ``raysim.train.losses``, replaces the task loss in every term) and ``sam: {rho: 0.05}``
+(``raysim.train.sharpness.sam_descend`` takes every step, the task step and each connectivity step; in
 joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches either off.
 
-Server: FedAvg (any ``raysim.server_opt`` optimizer), weighted by the examples trained on; it
+Server: FedAvg (any ``raysim.train.server_opt`` optimizer), weighted by the examples trained on; it
 then pushes the new global model onto ``ServerState.extra["anchors"]`` (a list of the newest N
 models' trainable tensors, newest first). The broadcast's params are anchor 1; only the older
 anchors travel in ``payload.extra["anchors"]``, so the engine counts them apart as
@@ -45,7 +45,8 @@ from torch import nn
 from raysim import params as P
 from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
-from raysim.local import (
+from raysim.registry import register
+from raysim.train.local import (
     Backward,
     Batch,
     BatchLoss,
@@ -55,10 +56,9 @@ from raysim.local import (
     local_delta_update,
     task_loss,
 )
-from raysim.losses import LogitCalibrationConfig, fedlc_loss
-from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
-from raysim.sharpness import SamConfig, sam_descend
+from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.sharpness import SamConfig, sam_descend
 from raysim.types import (
     ClientContext,
     ClientResult,

@@ -2,19 +2,19 @@
 
 Zhang et al., "Federated Learning with Label Distribution Skew via Logits Calibration", ICML 2022,
 arXiv:2209.00189. Each client lowers logit c by ``tau * n_c^(-1/4)`` before the cross-entropy,
-with n_c its own count of class c (``raysim.losses``); classes it never saw drop out of its
+with n_c its own count of class c (``raysim.train.losses``); classes it never saw drop out of its
 softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md, section 5):
-``logit_calibration: {tau: 0.1}`` (``raysim.losses.LogitCalibrationConfig``, shared with FedGuCci+).
+``logit_calibration: {tau: 0.1}`` (``raysim.train.losses.LogitCalibrationConfig``, shared with FedGuCci+).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim.local import LocalTrainConfig, local_delta_update
-from raysim.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import ClientContext, ClientResult, Params, RunInfo, ServerState, require_classification
 
 

@@ -8,7 +8,7 @@ lr) ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` f
 notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size weights
 ``p_i`` over the clients that reported,
     w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
-so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.server_opt``'s on that
+so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.train.server_opt``'s on that
 pseudo-gradient (SGD with lr 1 by default; ``server.lr`` scales it). Float buffers (BatchNorm
 statistics) take the plain ``p_i``-weighted mean. ``a_i`` is derived for SGD (torch's momentum,
 no dampening), so local Adam is refused.
@@ -23,9 +23,9 @@ from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.aggregate import Sum
-from raysim.local import LocalTrainConfig, train_local
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 

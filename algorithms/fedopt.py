@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import ClientContext, ClientResult
 
 

@@ -10,9 +10,9 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import ClientContext, ClientResult
 
 

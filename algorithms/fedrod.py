@@ -4,7 +4,7 @@ arXiv:2107.00778).
 
 Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
 1. takes the generic model's step on the balanced-softmax loss ``CE(softmax(g(f(x)) + log n), y)``
-   (``raysim.losses.balanced_softmax_loss``), ``n_c`` the count of class ``c`` among the client's
+   (``raysim.train.losses.balanced_softmax_loss``), ``n_c`` the count of class ``c`` among the client's
    examples this round. A class it lacks gets ``log 0 = -inf`` (probability 0, no gradient): the
    literal balanced softmax, as PFLlib. FedGuCci's code counts an absent class as 1 instead
    (``torch.where(n > 0, n, 1)``: ``log 1 = 0``, so the class keeps its raw logit and a gradient
@@ -17,7 +17,7 @@ first time the client is sampled and lives in the client's state. FedGuCci's and
 instead give every client its head at the start of the run (the initial head), which differs
 under partial participation: a client first sampled in a later round starts here from that
 round's trained global head. The server averages the generic model's deltas (FedAvg,
-``raysim.server_opt``), and the global evaluation uses the generic model alone. The personalised
+``raysim.train.server_opt``), and the global evaluation uses the generic model alone. The personalised
 predictor ``g + p`` is measured on the client's own training data of the round, after its
 training: the client metric ``fedrod/personal_train_accuracy`` (a training accuracy, not a test
 one).
@@ -34,7 +34,8 @@ from pydantic import BaseModel
 from torch import nn
 
 from raysim import params as P
-from raysim.local import (
+from raysim.registry import register
+from raysim.train.local import (
     Backward,
     Batch,
     BatchLoss,
@@ -44,9 +45,8 @@ from raysim.local import (
     round_lr,
     to_tensors,
 )
-from raysim.losses import balanced_softmax_loss, client_label_counts
-from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.losses import balanced_softmax_loss, client_label_counts
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import (
     ClientContext,
     ClientData,

@@ -6,8 +6,8 @@
 - FedASAM: local adaptive SAM (Kwon et al., ICML 2021, arXiv:2102.11600; Caldarola et al. 2022).
   Defaults rho 0.7, eta 0.2: the IMA authors' code for their CNNs (shared/papers/notes/ima.md,
   section 4); for ResNet, VGG and AlexNet that code uses rho 0.2, eta 0.05.
-Both are FedAvg with ``raysim.sharpness.sam_step`` (two backward passes per batch), configured
-by the ``sam`` option (``raysim.sharpness.SamConfig``) as in every plugin with SAM: FedSAM's
+Both are FedAvg with ``raysim.train.sharpness.sam_step`` (two backward passes per batch), configured
+by the ``sam`` option (``raysim.train.sharpness.SamConfig``) as in every plugin with SAM: FedSAM's
 ``sam: {rho: 0.05}``, FedASAM's ``sam: {rho: 0.7, adaptive: true, eta: 0.2}``. A partial ``sam``
 keeps the rest of the plugin's default (``sam: {rho: 0.2, eta: 0.05}`` under fedasam stays ASAM).
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from raysim.local import LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
-from raysim.sharpness import SamConfig, sam_step
+from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.sharpness import SamConfig, sam_step
 from raysim.types import ClientContext, ClientResult
 
 

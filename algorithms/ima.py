@@ -51,9 +51,9 @@ from raysim.algorithm import resume_state as completed_state
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import PluginSection, nested_plugin
 from raysim.errors import CheckpointError, ConfigError
-from raysim.local import LocalTrainConfig, lr_schedule
 from raysim.registry import register
-from raysim.schedules import EpochDecay, Exponential, Schedule, Switch
+from raysim.train.local import LocalTrainConfig, lr_schedule
+from raysim.train.schedules import EpochDecay, Exponential, Schedule, Switch
 from raysim.types import ClientContext, ClientResult, Metrics, OptState, Params, Payload, RunInfo, ServerState
 
 WINDOW = "ima_window"  # ServerState.extra key: the last P inner models, oldest first

@@ -16,7 +16,7 @@ models and logs
 - ``eval/local/accuracy``, ``eval/local/loss``: the mean over those models on the central test set
   (when the dataset has one), and ``eval/local/num_clients``, how many;
 - ``eval/local/clients/accuracy``, ``eval/local/clients/loss``: each model on its own client's test
-  split, the clients' examples pooled as ``eval/clients/*`` are (``raysim.pooling.pool_rows``), and
+  split, the clients' examples pooled as ``eval/clients/*`` are (``raysim.measure.pooling.pool_rows``), and
   the mean over clients (``_mean``);
 and so for the dataset's scores (``eval/local/mcc``, ``eval/local/clients/mcc``: MCC, F1, Pearson)
 and without accuracy for a regression task.
@@ -38,13 +38,13 @@ import torch
 from pydantic import BaseModel
 
 from raysim import params as P
-from raysim import scores
 from raysim.aggregate import Sum
 from raysim.errors import NonFiniteError
-from raysim.local import LocalTrainConfig, train_local
-from raysim.pooling import pool_rows, weighted_means
+from raysim.measure import scores
+from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.registry import register
 from raysim.services import Services
+from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import (
     ClientContext,
     ClientResult,

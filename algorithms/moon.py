@@ -33,9 +33,9 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim import params as P
-from raysim.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
 from raysim.registry import register
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
 from raysim.types import (
     ClientContext,
     ClientResult,

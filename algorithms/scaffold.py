@@ -21,9 +21,9 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Sum
-from raysim.local import AfterBackward, LocalTrainConfig, round_lr, train_local
 from raysim.registry import register
-from raysim.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import AfterBackward, LocalTrainConfig, round_lr, train_local
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 

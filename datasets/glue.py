@@ -21,7 +21,7 @@ set. STS-B's labels are similarity scores in [0, 5]: its spec is
 ``DataSpec("regression", (max_length,), 1)``, labels float32, one model output, mean squared
 error; the others are classification with int64 labels.
 
-Scores beside accuracy (``DataSpec.metrics``, ``raysim.scores``): CoLA the Matthews correlation,
+Scores beside accuracy (``DataSpec.metrics``, ``raysim.measure.scores``): CoLA the Matthews correlation,
 STS-B Pearson's r, MRPC and QQP the F1 of class 1, as GLUE reports them.
 
 Code differences the paper notes list (fedgucci.md 3.5 item 7): the authors' code scored MRPC

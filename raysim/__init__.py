@@ -19,9 +19,10 @@ from raysim.errors import (
     RaysimError,
     ResourceError,
 )
-from raysim.local import LocalTrainConfig, evaluate, local_delta_update, train_local
+from raysim.measure.evaluate import evaluate
 from raysim.registry import register
 from raysim.services import Services
+from raysim.train.local import LocalTrainConfig, local_delta_update, train_local
 from raysim.types import (
     ClientContext,
     ClientData,

@@ -1,7 +1,7 @@
 """Finds algorithms, dataset recipes, models and probes by name.
 
-Models live in ``raysim.models`` (an ordinary package), probes in ``raysim.probes`` and
-``raysim.connectivity_probes`` (``PROBE_MODULES``). Algorithm
+Models live in ``raysim.models`` (an ordinary package), probes in ``raysim.measure.barrier`` and
+``raysim.measure.connectivity`` (``PROBE_MODULES``). Algorithm
 plugins and dataset recipes are files in the repo's ``algorithms/`` and ``datasets/`` folders,
 which must never become importable packages (a ``datasets`` package would shadow HuggingFace
 ``datasets``). They are loaded by path under the private module names
@@ -33,12 +33,12 @@ from raysim.errors import ConfigError, RaysimError
 
 if TYPE_CHECKING:
     from raysim.algorithm import Algorithm
-    from raysim.probes import Probe
+    from raysim.probe import Probe
 
 Kind = Literal["algorithm", "dataset", "model", "probe"]
 KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
-PROBE_MODULES = ("raysim.probes", "raysim.connectivity_probes")  # the built-in probes' modules
+PROBE_MODULES = ("raysim.measure.barrier", "raysim.measure.connectivity")  # the built-in probes' modules
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What register accepts: a type checker holds plugins and probes to their protocols here (any
 # aggregate type: each plugin has its own).

@@ -60,7 +60,7 @@ class DataSpec:
             of outputs for regression.
         pad_token_id: token id that marks padding in text inputs, if any.
         metrics: scores ``evaluate`` adds beside loss and accuracy, by name ("mcc", "f1",
-            "pearson"; ``raysim.scores``), e.g. GLUE's for CoLA and STS-B.
+            "pearson"; ``raysim.measure.scores``), e.g. GLUE's for CoLA and STS-B.
     """
 
     task: Task

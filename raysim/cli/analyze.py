@@ -2,7 +2,7 @@
 
 Models are named on the command line as ``final``, ``round:N`` (the checkpoint of round N),
 ``init`` (the initial model, rebuilt from the seed) or a checkpoint file. Every grid is evaluated
-in one ``map_clients`` call spread over the workers (``raysim.landscape``), on the central test
+in one ``map_clients`` call spread over the workers (``raysim.measure.landscape``), on the central test
 set (a dataset without one: the pooled test splits of the run's evaluated clients, whose
 example-weighted mean is the run's ``eval/clients/loss``) or, with ``--clients K``, on the pooled
 test splits of K of them.
@@ -36,10 +36,17 @@ from rich.table import Table
 
 from raysim.engine.analysis import FinishedRun
 from raysim.errors import RaysimError
-from raysim.landscape import Curve, accuracy_barrier, evaluate_points, line_scan, loss_barrier, plane_scan
-from raysim.landscape_plots import plot_curve, plot_plane
+from raysim.measure.landscape import (
+    Curve,
+    accuracy_barrier,
+    evaluate_points,
+    line_scan,
+    loss_barrier,
+    plane_scan,
+)
+from raysim.measure.plots import plot_curve, plot_plane
+from raysim.measure.weight_space import mix
 from raysim.types import Metrics
-from raysim.weight_space import mix
 
 BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
 
@@ -51,7 +58,7 @@ def run_analysis(args: argparse.Namespace, console: Console) -> int:
     with FinishedRun.open(args.run_id, args.tracking_uri, backend=backend, num_workers=args.workers) as run:
         try:
             logged = TOOLS[args.tool](run, args, console)
-        except ValueError as exc:  # raysim.landscape's word on unusable input (no plane, no data)
+        except ValueError as exc:  # raysim.measure.landscape's word on unusable input (no plane, no data)
             raise RaysimError(str(exc)) from None
     console.print(f"{logged} to MLflow run {run.run_id}", soft_wrap=True, highlight=False)
     return 0

@@ -30,10 +30,10 @@ from raysim.data.store import ClientStore
 from raysim.engine.build import build
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
-from raysim.local import LocalTrainConfig, cap_examples
 from raysim.models.text import HFTokenModel
-from raysim.runtime.worker import build_job_model
+from raysim.runtime.builders import build_job_model
 from raysim.sampling import client_seed, sample_cohort
+from raysim.train.local import LocalTrainConfig, cap_examples
 
 
 class BenchConfig(BaseModel, frozen=True, extra="forbid"):

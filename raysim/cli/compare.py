@@ -53,11 +53,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from raysim.cli.main import console
+    from raysim.cli.console import console
     from raysim.config import TrackingConfig
-    from raysim.engine.compare import curve_panels, describe, markdown, summary_tables, write_csv
-    from raysim.engine.compare_store import RunStore
     from raysim.engine.plots import overlaid_curves
+    from raysim.engine.run_store import RunStore
+    from raysim.engine.tables import curve_panels, describe, markdown, summary_tables, write_csv
     from raysim.engine.tracking import tracking_uri
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors

@@ -73,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from raysim.cli.main import console
+    from raysim.cli.console import console
 
     kind = _kind(args.kind) if args.kind else None
     if args.kind and kind is None and args.name is None:  # `raysim ls fedprox`

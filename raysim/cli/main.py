@@ -13,9 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
 from raysim.cli import compare, ls, submit
+from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.ui import add_server_parser, add_ui_parser, print_run_links
 from raysim.errors import RaysimError
@@ -27,9 +26,6 @@ if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays
     from raysim.data.integrity import StoreCheck
     from raysim.data.store import ClientStore
 
-# Piped output (make demo in a log) gets 120 columns instead of rich's 80, so tables stay whole.
-console = Console(width=None if sys.stdout.isatty() else 120)
-err_console = Console(stderr=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,7 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [
         run(job, resume_from=args.resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
     ]
-    from raysim.engine.compare import comparison_table
+    from raysim.engine.tables import comparison_table
 
     console.print(comparison_table(results))
     from raysim.engine.tracking import tracking_uri

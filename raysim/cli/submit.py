@@ -87,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from raysim.cli.main import console
+    from raysim.cli.console import console
     from raysim.config import load_jobs
     from raysim.runtime import ray_jobs
 
@@ -281,7 +281,7 @@ def check_store_for_cluster(uri: str, address: str, local: bool, explicit: bool)
         ConfigError: the cluster is remote and the store a local file the user did not name
             explicitly (named with --tracking-uri, it is taken to be on shared storage, with a warning).
     """
-    from raysim.cli.main import err_console
+    from raysim.cli.console import err_console
 
     if local:
         return

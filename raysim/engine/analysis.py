@@ -32,7 +32,7 @@ from raysim import params as P
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.engine.build import World, engine_of, open_world, start_workers
-from raysim.engine.services import PluginServices
+from raysim.engine.engine import PluginServices
 from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, download_artifact, sqlite_path
 from raysim.engine.tracking import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError

@@ -24,21 +24,22 @@ from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, rea
 from raysim.config import JobConfig, explain
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
-from raysim.engine.evaluation import EvaluationPlan, keep_personalizable
+from raysim.engine.engine import Engine
+from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
 from raysim.engine.lineage import Lineage, decide
 from raysim.engine.model_check import check_model_fits
 from raysim.engine.preflight import preflight
-from raysim.engine.services import Engine
-from raysim.engine.system import check_time_to_target, open_system
+from raysim.engine.simulation import check_time_to_target, open_system
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
-from raysim.probes import Probe, check_probes
+from raysim.probe import Probe, check_probes
 from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend, SerialBackend
+from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.worker import WorkerSetup, build_algorithm, build_job_model, build_probes
+from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
-from raysim.systems import SimulatedSystem, TimeToTarget
+from raysim.systems.rounds import SimulatedSystem
 from raysim.types import RunInfo, ServerState
 
 

@@ -3,10 +3,10 @@ clients, with few-shot personalization and on transfer datasets; all spread over
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
-Scores that are not means over examples (MCC, F1, Pearson: ``raysim.scores``) are pooled instead:
+Scores that are not means over examples (MCC, F1, Pearson: ``raysim.measure.scores``) are pooled instead:
 ``eval/clients/mcc`` is the MCC of all the evaluated clients' examples together, computed from the
 clients' summed statistics, and ``eval/clients/mcc_mean`` the mean of the per-client values; a
-causal LM's ``eval/clients/perplexity`` is that of the pooled loss (``raysim.pooling``).
+causal LM's ``eval/clients/perplexity`` is that of the pooled loss (``raysim.measure.pooling``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from raysim import params as P
-from raysim import scores
-from raysim.config import PersonalizationConfig
-from raysim.pooling import pool_rows
+from raysim.config import PersonalizationConfig, TimeToTargetConfig
+from raysim.errors import ConfigError
+from raysim.measure import scores
+from raysim.measure.pooling import pool_rows
 from raysim.runtime.backend import Backend
-from raysim.runtime.worker import MapRequest
+from raysim.runtime.wire import MapRequest
 from raysim.types import Metrics, NumpyParams, Params
 
 
@@ -121,7 +122,7 @@ _NOT_METRICS = frozenset({"client_id", "num_examples"})
 
 
 def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
-    """Per metric: the clients' examples pooled (``raysim.pooling.pool_rows``: example-weighted
+    """Per metric: the clients' examples pooled (``raysim.measure.pooling.pool_rows``: example-weighted
     means, scores from the summed statistics) and the unweighted mean over clients (``_mean``);
     for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
     pooled = pool_rows(per_client)
@@ -139,3 +140,33 @@ def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") ->
                 f"{scope}/{key}_p90": float(np.percentile(values, 90)),
             }
     return out
+
+
+class TimeToTarget:
+    """Logs, once, the round and the simulated time at which ``metric`` first reaches each value:
+    ``tta/<metric>_<value>/round`` and ``.../sim_s`` (the clock at the round's end)."""
+
+    def __init__(self, config: TimeToTargetConfig) -> None:
+        self.config = config
+        self.pending = sorted(set(config.values), reverse=config.at_most)
+
+    def reached(self, metrics: Metrics, round_num: int, sim_clock_s: float | None) -> Metrics:
+        """The ``tta/...`` metrics of the values this evaluation (``metrics``) reached first.
+
+        Raises:
+            ConfigError: the evaluation did not produce the metric; names the ones it did.
+        """
+        metric = self.config.metric
+        if metric not in metrics:
+            names = sorted(k for k in metrics if k.startswith("eval/"))
+            raise ConfigError([f"evaluation.time_to_target.metric: {metric!r} is not evaluated in "
+                               f"this job; evaluated: {', '.join(names)}"])  # fmt: skip
+        value = metrics[metric]
+        hit = [v for v in self.pending if (value <= v if self.config.at_most else value >= v)]
+        self.pending = [v for v in self.pending if v not in hit]
+        out: Metrics = {}
+        for target in hit:
+            out[f"tta/{metric}_{target:g}/round"] = float(round_num)
+            if sim_clock_s is not None:
+                out[f"tta/{metric}_{target:g}/sim_s"] = sim_clock_s
+        return out

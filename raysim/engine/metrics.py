@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim import params as P
-from raysim.pooling import weighted_means
+from raysim.measure.pooling import weighted_means
 from raysim.types import Metrics, Payload, RoundOutput
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})

@@ -17,7 +17,8 @@ import numpy as np
 
 from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig
-from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.worker import ClientTrainer
 from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
 
 A = TypeVar("A")  # the algorithm's aggregate type

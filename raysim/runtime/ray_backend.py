@@ -38,7 +38,8 @@ from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
 from raysim.runtime.sentinel import Sentinel
 from raysim.runtime.shipping import DataPlan, NodeView, node_view, stores_to_ship
-from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.worker import ClientTrainer
 from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")

@@ -34,7 +34,7 @@ import numpy as np
 from raysim.data.format import META_FILE
 from raysim.errors import ResourceError
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.worker import WorkerSetup
+from raysim.runtime.wire import WorkerSetup
 
 ShipMode = Literal["auto", "always", "never"]
 STATE_MARK = ".driver"  # in the client-state directory: a token only the driver's directory holds

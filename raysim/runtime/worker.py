@@ -11,7 +11,7 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -20,21 +20,23 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.config import JobConfig, PersonalizationConfig, PluginSection
+from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
-from raysim.errors import ClientError, ConfigError, NonFiniteError
-from raysim.local import (
+from raysim.errors import NonFiniteError
+from raysim.measure.evaluate import evaluate
+from raysim.probe import ClientView, Probe
+from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.sampling import client_seed
+from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
-    evaluate,
     iterate_batches,
     step_budget,
     to_tensors,
     train_local,
 )
-from raysim.probes import ClientView, Probe
-from raysim.runtime.client_state import ClientStateStore
-from raysim.sampling import client_seed
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -50,102 +52,10 @@ from raysim.types import (
 )
 
 if TYPE_CHECKING:
-    from raysim.aggregate import Partial
-    from raysim.algorithm import Algorithm
     from raysim.models.anatomy import FeatureModel
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 _CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model: yet another stream
-
-
-@dataclass(frozen=True)
-class WorkerSetup:
-    """Everything a worker needs to build itself; plain values only (it crosses processes)."""
-
-    job: dict[str, Any]  # JobConfig.to_dict(): the worker re-validates, plugins load locally
-    store_path: str
-    state_dir: str
-    transfer_stores: dict[str, str] = field(default_factory=dict)  # evaluation-only datasets
-    device: str = "cpu"
-    num_threads: int = 1
-    gpu_memory_fraction: float | None = None
-
-
-@dataclass(frozen=True)
-class RoundOptions:
-    """What a round measures besides training (the probes due, whether local models are kept),
-    and the clients doing only part of their local work: client id -> local steps (batches)."""
-
-    probes: tuple[str, ...] = ()
-    keep_local_models: bool = False
-    step_budgets: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MapRequest:
-    """What ``map_clients`` computes: ``task`` for each parameter point on each client.
-
-    ``clients`` None means the dataset's central test set; ``model`` another model section to
-    build (and keep) for the points; ``store`` a transfer dataset's name ("" the training data);
-    ``paired``: point ``i`` on client ``i`` only (each client's own model), not every pair.
-    """
-
-    task: MapTask
-    clients: tuple[int, ...] | None
-    split: str = "test"
-    round_num: int | None = None
-    store: str = ""
-    model: dict[str, Any] | None = None
-    paired: bool = False
-
-
-@dataclass
-class WorkerReport:
-    """One worker's answer for one round."""
-
-    partial: Partial
-    client_metrics: list[Metrics] = field(default_factory=list)
-    failures: list[ClientFailure] = field(default_factory=list)
-    probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
-    local_models: dict[int, NumpyParams] = field(default_factory=dict)
-    bytes_up: int = 0
-    seconds: float = 0.0
-
-
-def build_algorithm(job: JobConfig) -> Algorithm[Any]:
-    """The job's plugin; its aggregate type is known only to the plugin (looked up by name)."""
-    return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
-
-
-def build_probes(job: JobConfig) -> dict[str, Probe]:
-    """The job's probes by name (``evaluation.probes``)."""
-    return {section.name: _build(section, "probe") for section in job.evaluation.probes}
-
-
-def _build(section: PluginSection, kind: registry.Kind) -> Any:
-    return registry.get(kind, section.name).factory(section.config)
-
-
-def build_job_model(job: JobConfig, spec: DataSpec, seed: int | None = None) -> torch.nn.Module:
-    """The job's model, seeded (by ``job.seed`` unless ``seed`` is given) so every process builds
-    identical weights.
-
-    Raises:
-        ConfigError: the model does not fit the dataset, or its pretrained files are missing.
-    """
-    from raysim.models import build_model
-
-    torch.manual_seed(job.seed if seed is None else seed)
-    try:
-        return build_model(job.model.name, job.model.config, spec)
-    except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError(
-            [
-                f"model: {job.model.name!r} cannot be built for dataset "
-                f"{job.dataset.name!r} ({spec.task}, input {spec.input_shape}, "
-                f"{spec.num_classes} classes): {exc}"
-            ]
-        ) from exc
 
 
 class ClientTrainer:
@@ -428,7 +338,3 @@ def _shippable(exc: Exception) -> Exception:
     except Exception:
         trace = "".join(traceback.format_exception(exc))
         return RuntimeError(f"{type(exc).__name__}: {exc} (unpicklable; traceback follows)\n{trace}")
-
-
-def raise_client_failure(failure: ClientFailure, round_num: int) -> None:
-    raise ClientError(failure.client_id, round_num, failure.stage, failure.error) from failure.error

@@ -18,8 +18,8 @@ from raysim.cli.main import main
 from raysim.engine.analysis import FinishedRun
 from raysim.engine.loop import START_STEP, run
 from raysim.engine.tracking import artifact_repository
-from raysim.landscape import line_scan
-from raysim.runtime.worker import build_job_model
+from raysim.measure.landscape import line_scan
+from raysim.runtime.builders import build_job_model
 from raysim.sampling import sample_eval_clients
 
 

@@ -9,7 +9,8 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.loop import run
-from raysim.runtime.worker import ClientTrainer, MapRequest, RoundOptions, WorkerSetup
+from raysim.runtime.wire import MapRequest, RoundOptions, WorkerSetup
+from raysim.runtime.worker import ClientTrainer
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedfish"])

@@ -17,10 +17,10 @@ from raysim.data.prepare import open_dataset
 from raysim.engine.build import build
 from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
-from raysim.local import train_local
+from raysim.runtime.builders import build_job_model
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.worker import build_job_model
 from raysim.sampling import client_seed
+from raysim.train.local import train_local
 
 DIGITS = {"name": "digits", "central_test_size": 200}
 CASES = {

@@ -38,7 +38,7 @@ def test_serial_and_ray_agree(tmp_path, ray_local, algorithm):
 def initial_params():
     from raysim import params as P
     from raysim.data.prepare import open_dataset
-    from raysim.runtime.worker import build_job_model
+    from raysim.runtime.builders import build_job_model
 
     job = tiny_job()
     store = open_dataset(job.dataset.name, job.dataset.config)

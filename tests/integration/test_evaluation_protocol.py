@@ -11,9 +11,11 @@ from raysim import params as P
 from raysim.data.prepare import open_dataset
 from raysim.engine.loop import build, run
 from raysim.errors import ConfigError
-from raysim.local import LocalTrainConfig, evaluate, train_local
-from raysim.runtime.worker import _PERSONALIZE, ClientTrainer, WorkerSetup
+from raysim.measure.evaluate import evaluate
+from raysim.runtime.wire import WorkerSetup
+from raysim.runtime.worker import _PERSONALIZE, ClientTrainer
 from raysim.sampling import client_seed, split_population
+from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData
 
 PERSONALIZE = {"fractions": [0.25, 0.5], "epochs": 2, "lr": 0.1, "batch_size": 4}

@@ -20,7 +20,7 @@ import pytest
 from jobs import tiny_job
 from raysim.data.prepare import open_dataset
 from raysim.engine.loop import run
-from raysim.runtime.worker import build_job_model
+from raysim.runtime.builders import build_job_model
 from raysim.sampling import sample_cohort
 
 LR, DECAY, SERVER_LR = 0.5, 0.5, 1.0

@@ -16,7 +16,7 @@ from torch import nn
 from raysim import params as P
 from raysim import registry
 from raysim.aggregate import WeightedMean
-from raysim.local import evaluate
+from raysim.measure.evaluate import evaluate
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Payload
 
 SPEC = DataSpec("regression", (1,), 1)

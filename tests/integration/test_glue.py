@@ -23,7 +23,7 @@ from raysim import params as P
 from raysim.config import JobConfig
 from raysim.data.prepare import open_dataset
 from raysim.engine.loop import run
-from raysim.runtime.worker import build_job_model
+from raysim.runtime.builders import build_job_model
 
 WORDS = ["good", "bad", "fine", "poor", "nice", "dull", "bright", "dark"]
 LORA = {"r": 8, "alpha": 8, "target_modules": ["query", "value"], "dropout": 0.0, "bias": "all"}

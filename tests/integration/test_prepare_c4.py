@@ -160,7 +160,7 @@ def test_tiny_causal_lm_runs_on_pydoc_topics(tmp_path):
 
     import torch
 
-    from raysim.local import evaluate
+    from raysim.measure.evaluate import evaluate
     from raysim.models import build_model
 
     config = registry.get("dataset", "pydoc_topics").config(cache_dir=str(tmp_path))

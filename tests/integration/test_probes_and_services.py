@@ -14,12 +14,12 @@ from jobs import tiny_job
 from raysim import params as P
 from raysim import registry
 from raysim.engine.build import build
+from raysim.engine.engine import PluginServices
 from raysim.engine.loop import START_STEP, run
-from raysim.engine.services import PluginServices
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import CheckpointError, ConfigError
-from raysim.probes import ProbeConfig
-from raysim.runtime.worker import build_job_model
+from raysim.probe import ProbeConfig
+from raysim.runtime.builders import build_job_model
 from raysim.types import Payload
 
 BARRIER = {"probes": [{"name": "client_server_barrier"}]}

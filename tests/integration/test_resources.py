@@ -8,7 +8,7 @@ from raysim.config import ResourcesConfig
 from raysim.engine.loop import run
 from raysim.errors import ResourceError
 from raysim.runtime.ray_backend import placeable_workers, resolve_num_workers, worker_setup_for
-from raysim.runtime.worker import WorkerSetup
+from raysim.runtime.wire import WorkerSetup
 
 
 def test_more_workers_than_cpus_is_refused(tmp_path, ray_local):

@@ -17,7 +17,7 @@ from jobs import tiny_job
 from raysim.data.prepare import open_dataset
 from raysim.engine.loop import run
 from raysim.sampling import sample_cohort
-from raysim.systems import drops_out, straggler_epochs, straggler_positions
+from raysim.systems.rounds import drops_out, straggler_epochs, straggler_positions
 
 DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
 SEED, POOL, K = 3, 20, 6  # tiny_job: seed 3, 20 clients, cohort 6

@@ -68,7 +68,7 @@ def test_negative_seed_and_unschedulable_gpu_share():
 
 
 def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
-    from raysim.schedules import Schedule
+    from raysim.train.schedules import Schedule
 
     union = typing.get_args(Schedule)[0]  # Annotated[Exponential | ... , Field(discriminator)]
     kinds = ", ".join(member.model_fields["kind"].default for member in typing.get_args(union))

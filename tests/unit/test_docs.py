@@ -272,14 +272,15 @@ def _is_quoted(block: str, source: str) -> bool:
 def test_the_scanner_finds_what_it_should():
     """The patterns themselves: a stale name, command, target, path and key each fail."""
     text = (
-        "`raysim.local.no_such_thing` and `raysim run x.yaml --resume c.pt` and `make demo`\n"
-        "```\nraysim submit --now\nfrom raysim.local import train_local, gone as g\n```\n"
+        "`raysim.train.local.no_such_thing` and `raysim run x.yaml --resume c.pt` and `make demo`\n"
+        "```\nraysim submit --now\nfrom raysim.train.local import train_local, gone as g\n```\n"
         "```\nfrom raysim import run\n raysim runs (final)\nX=1 .venv/bin/raysim ls\n```\n"
         "```text\nraysim output\n```\n"
         "`engine.eval_every` `evaluation.heldout_fraction: 0.2` `jobs/{a,b}.yaml` `P.load_into`\n"
     )
-    assert "raysim.local.no_such_thing" in _names(text)
-    assert {"raysim.local.train_local", "raysim.local.gone", "raysim.params.load_into"} <= set(_names(text))
+    assert "raysim.train.local.no_such_thing" in _names(text)
+    names = set(_names(text))
+    assert {"raysim.train.local.train_local", "raysim.train.local.gone", "raysim.params.load_into"} <= names
     assert _commands(text) == ["ls", "run --resume", "runs", "submit --now"]
     assert _make_targets(text) == ["demo"]
     assert _paths(text) == ["jobs/a.yaml", "jobs/b.yaml"]
@@ -289,7 +290,7 @@ def test_the_scanner_finds_what_it_should():
     assert not _fields(JobConfig, ["engine", "eval_every"])
     assert _fields(JobConfig, ["evaluation", "personalization", "epochs"])
     with pytest.raises(AttributeError):
-        _resolve("raysim.local.no_such_thing")
+        _resolve("raysim.train.local.no_such_thing")
     assert _job_blocks("```yaml\nengine: {eval_every: 5}\n```\n```yaml\nx: 1\n```\n") == [
         "engine: {eval_every: 5}"
     ]

@@ -1,4 +1,4 @@
-"""raysim.landscape, weight_space, estimators and connectivity_probes against hand values and
+"""raysim.measure.landscape, weight_space, estimators and connectivity_probes against hand values and
 independent numpy references.
 
 The scans run on ``LinearServices``, a stand-in for the engine whose "model" is a linear softmax
@@ -22,12 +22,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raysim import estimators as E
-from raysim import landscape as L
-from raysim import landscape_plots
-from raysim import weight_space as W
 from raysim.errors import ConfigError
-from raysim.probes import ProbeRound
+from raysim.measure import estimators as E
+from raysim.measure import landscape as L
+from raysim.measure import plots
+from raysim.measure import weight_space as W
+from raysim.probe import ProbeRound
 from raysim.types import ClientData, DataSpec, RunInfo
 
 RNG = np.random.default_rng(0)
@@ -349,8 +349,8 @@ def test_plots_are_written(tmp_path):
     curve = L.line_scan(services, model(1), model(2), alphas=np.linspace(-0.5, 1.5, 9), clients=[1])
     scan = L.plane_scan(services, model(1), model(2), model(3), size=5, clients=[1])
     for path in (
-        landscape_plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
-        landscape_plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
+        plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
+        plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
     ):
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
@@ -398,8 +398,8 @@ def test_a_regression_scan_pools_pearson_over_the_clients_and_has_no_accuracy(tm
     assert group["mean_local_pearson"] == pytest.approx((pearson(a["W"]) + pearson(b["W"])) / 2, rel=1e-9)
     scan = L.plane_scan(services, a, b, c, size=3, clients=clients)
     assert scan.accuracy is None and scan.scores["pearson"].shape == (3, 3)
-    assert landscape_plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
-    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
+    assert plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 # ---- IMA's output estimators ---------------------------------------------------------------------
@@ -473,7 +473,7 @@ def probe_round(sizes):
 
 
 def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_data():
-    from raysim.connectivity_probes import GroupBarrier, GroupBarrierConfig
+    from raysim.measure.connectivity import GroupBarrier, GroupBarrierConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 2.0, 5.0])
@@ -511,7 +511,7 @@ def test_group_barrier_probe_measures_the_data_weighted_fusion_on_the_cohort_dat
 def test_loss_decomposition_probe_against_direct_numpy():
     """Cohort data: HeterBias of model k on the other clients' data only; the mean of all K
     models is the uniform average whichever subset is drawn."""
-    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.measure.connectivity import LossDecomposition, LossDecompositionConfig
 
     services = ProbeServices()
     round_view = probe_round([1.0, 1.0, 2.0])
@@ -551,8 +551,8 @@ def test_loss_decomposition_probe_against_direct_numpy():
 
 
 def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data():
-    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
-    from raysim.probes import ClientView
+    from raysim.measure.connectivity import LossDecomposition, LossDecompositionConfig
+    from raysim.probe import ClientView
 
     x, y = CLIENT_DATA[1]
     net = torch.nn.Linear(DIM, CLASSES)
@@ -573,8 +573,8 @@ def test_loss_decomposition_worker_hook_scores_the_local_model_on_its_round_data
 def test_loss_decomposition_leaves_out_a_client_without_round_examples():
     """Partitions may leave a client empty (min_size 0): its hook reports only its size, and the
     summary is that of the clients that trained (its model, the broadcast, takes no part)."""
-    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
-    from raysim.probes import ClientView
+    from raysim.measure.connectivity import LossDecomposition, LossDecompositionConfig
+    from raysim.probe import ClientView
 
     empty = ClientData({"x": np.zeros((0, DIM), np.float32), "y": np.zeros(0, np.int64)})
     view = ClientView(3, 0, torch.nn.Linear(DIM, CLASSES), empty, evaluate=None, test_data=None)
@@ -602,13 +602,14 @@ def test_loss_decomposition_leaves_out_a_client_without_round_examples():
 def test_the_probes_refuse_a_run_they_cannot_measure_before_it_trains():
     """``check`` (called by build): data: central without a central test set, and IMA's
     decomposition on a regression task, each named with its fix; check_probes gathers them all."""
-    from raysim.connectivity_probes import (
+    from raysim.measure.barrier import LocalAccuracy
+    from raysim.measure.connectivity import (
         GroupBarrier,
         GroupBarrierConfig,
         LossDecomposition,
         LossDecompositionConfig,
     )
-    from raysim.probes import LocalAccuracy, ProbeConfig, check_probes
+    from raysim.probe import ProbeConfig, check_probes
 
     no_central = RunInfo(3, 3, 1, DataSpec("classification", (DIM,), CLASSES), seed=0, has_central_test=False)
     for probe in (GroupBarrier(GroupBarrierConfig()), LossDecomposition(LossDecompositionConfig())):
@@ -633,7 +634,7 @@ def test_the_probes_refuse_a_run_they_cannot_measure_before_it_trains():
 
 
 def test_the_variance_curve_takes_the_sizes_asked_for():
-    from raysim.connectivity_probes import LossDecomposition, LossDecompositionConfig
+    from raysim.measure.connectivity import LossDecomposition, LossDecompositionConfig
 
     config = LossDecompositionConfig(data="cohort", mean_of=[1, 3, 9], subsets=2)
     out = LossDecomposition(config).summarize(probe_round([1.0, 1.0, 1.0]), ProbeServices())

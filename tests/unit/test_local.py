@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.local import (
+from raysim.measure.evaluate import evaluate
+from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
-    evaluate,
     iterate_batches,
     local_delta_update,
     round_lr,

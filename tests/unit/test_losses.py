@@ -12,7 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from raysim.losses import LogitCalibrationConfig, balanced_softmax_loss, client_label_counts
+from raysim.train.losses import LogitCalibrationConfig, balanced_softmax_loss, client_label_counts
 from raysim.types import ClientData
 
 

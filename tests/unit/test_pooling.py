@@ -1,6 +1,6 @@
-"""raysim/pooling.py: pooled rows are the rows of the concatenated examples.
+"""raysim/measure/pooling.py: pooled rows are the rows of the concatenated examples.
 
-Each client's row comes from ``raysim.local.evaluate`` of a lookup model (example i's output is row
+Each client's row comes from ``raysim.measure.evaluate.evaluate`` of a lookup model (example i's output is row
 i of a fixed table, as in test_scores.py), so the reference knows every prediction: torch's
 cross-entropy and MSE, sklearn's MCC and F1 and scipy's Pearson on all the examples at once.
 """
@@ -17,9 +17,9 @@ from scipy.stats import pearsonr
 from sklearn.metrics import f1_score, matthews_corrcoef
 from torch import nn
 
-from raysim import scores
-from raysim.local import evaluate
-from raysim.pooling import pool_rows, weighted_means
+from raysim.measure import scores
+from raysim.measure.evaluate import evaluate
+from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.types import ClientData, DataSpec
 
 SPLITS = [np.arange(0, 13), np.arange(13, 20), np.arange(20, 41)]  # three clients

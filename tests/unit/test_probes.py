@@ -5,9 +5,10 @@ import pytest
 
 from raysim.config import JobConfig
 from raysim.errors import ConfigError
-from raysim.probes import LocalAccuracy, ProbeConfig, ProbeRound, is_due
+from raysim.measure.barrier import LocalAccuracy
+from raysim.probe import ProbeConfig, ProbeRound, is_due
 from raysim.runtime.backend import by_point, chunk, map_units
-from raysim.runtime.worker import MapRequest
+from raysim.runtime.wire import MapRequest
 
 BASE = {
     "dataset": {"name": "digits"},

@@ -1,4 +1,4 @@
-"""Round-dependent client schedules (``raysim.schedules``) against hand-computed values.
+"""Round-dependent client schedules (``raysim.train.schedules``) against hand-computed values.
 
 IMA's regime switch (Zhou et al., arXiv:2305.07845, notes ima.md 2.3): lr0 0.01, x0.99 per round
 until t_s, then x0.97 from the lr reached: lr_t = 0.01 * 0.99^t_s * 0.97^(t - t_s).
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from raysim.local import LocalTrainConfig, round_epochs, round_lr, train_local
-from raysim.schedules import Constant, Cyclic, EpochDecay, Exponential, Schedule, Step, Switch
+from raysim.train.local import LocalTrainConfig, round_epochs, round_lr, train_local
+from raysim.train.schedules import Constant, Cyclic, EpochDecay, Exponential, Schedule, Step, Switch
 from raysim.types import ClientData, DataSpec
 
 IMA_SWITCH = Switch(start_round=10, before=Exponential(decay=0.99), after=Exponential(decay=0.97))

@@ -1,4 +1,4 @@
-"""GLUE's scores (raysim/scores.py) against sklearn and scipy, computed independently on the same
+"""GLUE's scores (raysim/measure/scores.py) against sklearn and scipy, computed independently on the same
 predictions: per batch, per client, and pooled over clients by the engine's summary.
 
 The model under test is a lookup table: example i's input is its index, and its output is row i
@@ -16,9 +16,9 @@ from scipy.stats import pearsonr
 from sklearn.metrics import f1_score, matthews_corrcoef
 from torch import nn
 
-from raysim import scores
 from raysim.engine.evaluation import summarize_clients
-from raysim.local import evaluate
+from raysim.measure import scores
+from raysim.measure.evaluate import evaluate
 from raysim.types import ClientData, DataSpec
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import BaseModel, ValidationError
 
-from raysim.server_opt import FedAvgServer, ServerOptimizerConfig, server_step
+from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig, server_step
 from raysim.types import ClientResult, DataSpec, RunInfo
 
 sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from raysim import registry
-from raysim.local import LocalTrainConfig, train_local
-from raysim.sharpness import SamConfig, sam_descend, sam_step
+from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.sharpness import SamConfig, sam_descend, sam_step
 from raysim.types import ClientData, DataSpec
 
 SPEC = DataSpec("regression", (3,), 2)

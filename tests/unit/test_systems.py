@@ -13,34 +13,32 @@ import numpy as np
 import pytest
 from torch import nn
 
-from raysim.config import JobConfig
+from raysim.config import JobConfig, TimeToTargetConfig
+from raysim.config.system import (
+    DiurnalAvailability,
+    LognormalDevices,
+    SystemConfig,
+    TraceAvailability,
+    TraceDevices,
+)
+from raysim.engine.evaluation import TimeToTarget
 from raysim.errors import ConfigError
-from raysim.local import LocalTrainConfig, step_budget, train_local
 from raysim.sampling import sample_cohort
-from raysim.systems import (
+from raysim.systems.availability import Diurnal, open_availability
+from raysim.systems.devices import Fleet, device_speeds
+from raysim.systems.rounds import (
     DROPPED_OUT,
     OFFLINE,
     REPORTED,
     STRAGGLER,
-    Diurnal,
-    DiurnalAvailability,
-    Fleet,
-    LocalWork,
-    LognormalDevices,
     SimulatedSystem,
-    SystemConfig,
-    TimeToTarget,
-    TimeToTargetConfig,
-    TraceAvailability,
-    TraceDevices,
     client_outcome,
-    device_speeds,
     drops_out,
-    local_training,
-    open_availability,
     straggler_epochs,
     straggler_positions,
 )
+from raysim.systems.work import LocalWork, local_training
+from raysim.train.local import LocalTrainConfig, step_budget, train_local
 from raysim.types import ClientData, DataSpec
 
 # ---- local work -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from raysim import registry
-from raysim.local import LocalTrainConfig
+from raysim.train.local import LocalTrainConfig
 from raysim.types import ClientContext, ClientResult
 
 

@@ -1,4 +1,4 @@
-"""FedLC's calibrated cross-entropy (raysim/losses.py) and the fedlc plugin, against hand values
+"""FedLC's calibrated cross-entropy (raysim/train/losses.py) and the fedlc plugin, against hand values
 and a numpy reference (Zhang et al., ICML 2022, arXiv:2209.00189; notes/fedgucci.md 3.3, 5).
 
 z'_c = z_c - tau n_c^(-1/4), loss = CE(softmax(z'), y). Hand values for tau = 0.1 and counts
@@ -16,7 +16,7 @@ from torch import nn
 
 from raysim import registry
 from raysim.errors import ConfigError
-from raysim.losses import calibrate_logits, fedlc_loss, label_counts, logit_calibrated_loss
+from raysim.train.losses import calibrate_logits, fedlc_loss, label_counts, logit_calibrated_loss
 from raysim.types import DataSpec, RunInfo
 
 SPEC3 = DataSpec(task="classification", input_shape=(2,), num_classes=3)

@@ -1,5 +1,5 @@
 """FedSAM and FedASAM (algorithms/fedsam.py) are FedAvg whose clients take
-``raysim.sharpness.sam_step`` steps (tested against a numpy reference in tests/unit/test_sharpness.py):
+``raysim.train.sharpness.sam_step`` steps (tested against a numpy reference in tests/unit/test_sharpness.py):
 their updates equal ``train_local`` with that step, and differ from FedAvg's."""
 
 import numpy as np
@@ -8,8 +8,8 @@ import torch
 from reference import B0, SPEC, W0, context, linear_model, payload
 
 from raysim import registry
-from raysim.local import LocalTrainConfig, train_local
-from raysim.sharpness import sam_step
+from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.sharpness import sam_step
 from raysim.types import ClientData
 
 X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -1.2], [2.0, 0.1]])

@@ -1,4 +1,4 @@
-"""``raysim.engine.compare``: the columns each task gets, derived perplexities, the curves' bands.
+"""``raysim.engine.tables``: the columns each task gets, derived perplexities, the curves' bands.
 
 Expected values are written by hand (exp of round losses, the metric dicts below), never taken
 from the code under test.
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from raysim.engine.compare import (
+from raysim.engine.plots import overlaid_curves
+from raysim.engine.tables import (
     RunRecord,
     comparison_table,
     curve_panels,
@@ -20,7 +21,6 @@ from raysim.engine.compare import (
     task_tables,
     write_csv,
 )
-from raysim.engine.plots import overlaid_curves
 
 CLASSIFIER = {
     "eval/central/accuracy": 0.91,

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from raysim.engine.evaluation import summarize_clients
-from raysim.probes import summarize_barrier
+from raysim.measure.barrier import summarize_barrier
 
 
 def test_client_summary_weights_by_examples_and_spreads_over_clients():

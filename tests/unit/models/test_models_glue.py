@@ -25,9 +25,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from raysim import params as P  # noqa: E402
-from raysim.local import LocalTrainConfig, evaluate, train_local  # noqa: E402
+from raysim.measure.evaluate import evaluate
 from raysim.models import build_model  # noqa: E402
 from raysim.models.text import HFTokenModel  # noqa: E402
+from raysim.train.local import LocalTrainConfig, train_local  # noqa: E402
 from raysim.types import ClientData, DataSpec  # noqa: E402
 
 PAD = 1  # RoBERTa's

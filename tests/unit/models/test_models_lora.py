@@ -24,9 +24,9 @@ import torch
 
 from raysim import params as P
 from raysim.errors import ConfigError
-from raysim.local import LocalTrainConfig, train_local
 from raysim.models import build_model
 from raysim.models.text import HFTokenModel
+from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData, DataSpec
 
 PAD = 0

@@ -18,7 +18,7 @@ from raysim.checkpoint import save_checkpoint
 from raysim.config import JobConfig, apply_overrides
 from raysim.errors import CheckpointError, ConfigError
 from raysim.models import build_model, load_weights
-from raysim.runtime.worker import build_job_model
+from raysim.runtime.builders import build_job_model
 from raysim.types import DataSpec, ServerState
 
 CIFAR = DataSpec("classification", (3, 16, 16), 10)

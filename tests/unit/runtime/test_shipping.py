@@ -24,7 +24,7 @@ from raysim.runtime.shipping import (
     stores_to_ship,
     why_unseen,
 )
-from raysim.runtime.worker import WorkerSetup
+from raysim.runtime.wire import WorkerSetup
 
 
 def put(array):

@@ -12,7 +12,10 @@ from raysim.algorithm import Algorithm, has_protocol
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
-from raysim.systems import Fleet, SimulatedSystem, device_speeds, local_training, open_availability
+from raysim.systems.availability import open_availability
+from raysim.systems.devices import Fleet, device_speeds
+from raysim.systems.rounds import SimulatedSystem
+from raysim.systems.work import local_training
 from raysim.types import RunInfo
 
 

@@ -3,7 +3,7 @@
 Models are ``NumpyParams`` dicts. Only floating-point entries take part; integer buffers
 (BatchNorm's ``num_batches_tracked``) come from the first model. The float buffers (BatchNorm's
 running statistics) can be recomputed by a rule of their own (``with_buffers``): the scans of
-``raysim.landscape`` never extrapolate them by default, where a running variance can turn
+``raysim.measure.landscape`` never extrapolate them by default, where a running variance can turn
 negative (notes/fedgucci.md section 4).
 
 Usage:

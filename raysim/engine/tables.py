@@ -13,14 +13,14 @@ The task is read from the metrics a run logged: a causal LM logs ``perplexity``,
 then rounds, wall time and clients per second. A column no run has a value for is left out, so
 a run without held-out clients shows no held-out column.
 
-Perplexity is ``exp(loss)`` of a per-token cross-entropy (``raysim.pooling.perplexity``). Where a
+Perplexity is ``exp(loss)`` of a per-token cross-entropy (``raysim.measure.pooling.perplexity``). Where a
 run logged the loss only (the personalized and p10/p90 entries), the perplexity is derived from
 it: ``exp`` is increasing, so the 10th percentile of the clients' perplexities is ``exp`` of the
 10th percentile of their losses (exact at a sample; numpy's linear interpolation between two
 samples differs slightly).
 
 Usage:
-    records = [RunRecord.of_result(r) for r in results]  # or raysim.engine.compare_store
+    records = [RunRecord.of_result(r) for r in results]  # or raysim.engine.run_store
     console.print(summary_tables(records, "raysim runs"))
     panels = curve_panels(records, metrics=None)          # default: the task's main metric
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from raysim.engine.plots import Panel, Series
-from raysim.pooling import perplexity
+from raysim.measure.pooling import perplexity
 from raysim.types import Metrics
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ MAIN_METRIC: dict[Task, tuple[str, str]] = {
     "causal_lm": ("perplexity", "ppl"),
     "regression": ("loss", "loss"),
 }
-SCORES = ("mcc", "f1", "pearson")  # the dataset scores raysim.scores reports
+SCORES = ("mcc", "f1", "pearson")  # the dataset scores raysim.measure.scores reports
 SCOPES = ("clients", "central", "heldout")  # curve scopes, in drawing order
 _PERSONALIZED = re.compile(r"^eval/(heldout|clients)/personalized_(\d+)/")
 _TRANSFER = re.compile(r"^eval/transfer/([^/]+)/(loss|accuracy|perplexity)$")

@@ -5,7 +5,7 @@ Plugins vary local training through hooks rather than subclassing. Three shape t
 batch)`` adds a term to it (FedGuCci's connectivity loss) and ``after_backward(model)`` edits the
 gradients (SCAFFOLD's control-variate correction, FedProx's proximal gradient). The fourth,
 ``step``, says what one batch does with that objective: one backward pass and one optimizer step
-(``gradient_step``, the default), two passes (SAM, ``raysim.sharpness.sam_step``) or several
+(``gradient_step``, the default), two passes (SAM, ``raysim.train.sharpness.sam_step``) or several
 optimizer steps (FedGuCci's step per anchor). Batching, the lr, ``max_steps`` and the metrics
 stay in ``train_local`` whatever the step.
 
@@ -33,9 +33,7 @@ from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim import scores
-from raysim.pooling import perplexity
-from raysim.schedules import EpochDecay, Exponential, Schedule
+from raysim.train.schedules import EpochDecay, Exponential, Schedule
 from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
 
 Batch = dict[str, torch.Tensor]
@@ -86,7 +84,7 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     lr_decay: float = Field(1.0, gt=0, le=1)  # round r trains at lr * lr_decay**r
-    lr_schedule: Schedule | None = None  # any raysim.schedules lr schedule, instead of lr_decay
+    lr_schedule: Schedule | None = None  # any raysim.train.schedules lr schedule, instead of lr_decay
     epochs_schedule: EpochDecay | None = None  # round r trains round_epochs(config, r) epochs
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
@@ -318,42 +316,6 @@ def _train_metrics(
         "train/steps": float(num_batches),
         "train/num_examples": float(num_examples),
     }
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    data: ClientData,
-    spec: DataSpec,
-    device: torch.device | str = "cpu",
-    batch_size: int = 512,
-) -> Metrics:
-    """Loss and accuracy of ``model`` on ``data`` (accuracy per token for causal LM; none for
-    regression), and the scores ``spec.metrics`` names, each with the additive statistics it was
-    computed from (``sums/...`` keys, which ``raysim.pooling.pool_rows`` combines over clients)."""
-    scores.check_metrics(spec)
-    model.eval()
-    loss_sum: torch.Tensor | float = 0.0
-    correct: torch.Tensor | int = 0
-    seen: torch.Tensor | int = 0
-    statistics: dict[str, torch.Tensor] = {}
-    for batch in iterate_batches(to_tensors(data, device), batch_size):
-        outputs = model(batch["x"])
-        loss, num_correct, num_items = outputs_loss(outputs, batch, spec)
-        loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
-        if spec.metrics:  # causal LM batches have no "y"
-            for name, value in scores.batch_statistics(spec, outputs, batch["y"]).items():
-                statistics[name] = statistics[name] + value if name in statistics else value
-    num_seen = float(seen)
-    metrics = {"loss": float(loss_sum) / max(num_seen, 1.0), "num_examples": num_seen}
-    if spec.task != "regression":  # a regressor's "accuracy" would be a meaningless 0
-        metrics["accuracy"] = float(correct) / max(num_seen, 1.0)
-    if spec.task == "causal_lm":  # per-token cross-entropy is log-perplexity (nats)
-        metrics["perplexity"] = perplexity(metrics["loss"])
-    if spec.metrics:
-        sums = scores.statistics_metrics(statistics)
-        metrics |= scores.finish(spec.metrics, sums) | sums
-    return metrics
 
 
 def local_delta_update(

@@ -3,7 +3,7 @@
 Every scan turns its parameter points into ONE ``Services.map_clients("evaluate", ...)`` call, so
 the grid is spread over all workers; ``clients=None`` evaluates on the dataset's central test set,
 a list of clients on their data (rows combined weighted by ``num_examples``). The arithmetic on
-the points is ``raysim.weight_space``'s, the plots ``raysim.landscape_plots``'.
+the points is ``raysim.measure.weight_space``'s, the plots ``raysim.measure.plots``'.
 
 Sources:
 - Pairwise barriers: FedGuCci, Li et al., "FedGuCci: Making Local Models More Connected in
@@ -17,7 +17,7 @@ Sources:
   Heterogeneous Data", IEEE TMC 2024, arXiv:2305.07845; notes/ima.md section 3.1.
 
 The scans treat the float buffers (``RunInfo.buffer_keys``: BatchNorm's running statistics) by
-their ``buffers`` keyword (``raysim.weight_space.Buffers``): by default (``"clamp"``) with the
+their ``buffers`` keyword (``raysim.measure.weight_space.Buffers``): by default (``"clamp"``) with the
 point's mixing weights clamped to a convex combination (negatives set to 0, renormalised), so they
 are interpolated between the models and never extrapolated past them, where a running variance
 can turn negative and the loss NaN; ``"interpolate"`` treats them as the weights are treated,
@@ -40,11 +40,9 @@ from typing import Literal
 
 import numpy as np
 
-from raysim import scores
-from raysim.pooling import pool_rows
-from raysim.services import Services
-from raysim.types import NumpyParams
-from raysim.weight_space import (
+from raysim.measure import scores
+from raysim.measure.pooling import pool_rows
+from raysim.measure.weight_space import (
     Buffers,
     Weights,
     check_same_keys,
@@ -55,6 +53,8 @@ from raysim.weight_space import (
     unflatten,
     with_buffers,
 )
+from raysim.services import Services
+from raysim.types import NumpyParams
 
 # What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
 SCAN_BYTES_PER_CALL = 1 << 30
@@ -78,7 +78,7 @@ def evaluate_points(
     """The metrics of every point, in one ``map_clients`` call spread over the workers.
 
     ``clients`` None: the central test set; else the clients' ``split`` data, each point's
-    per-client rows pooled (``raysim.pooling.pool_rows``): means weighted by ``num_examples``,
+    per-client rows pooled (``raysim.measure.pooling.pool_rows``): means weighted by ``num_examples``,
     MCC, F1 and Pearson from the summed statistics.
 
     Raises:

@@ -2,7 +2,7 @@
 
 Both keep the round's local models (``keeps_local_models``) and measure them after the server
 update on common data: the dataset's central test set or the cohort's round data
-(``CohortModelsConfig.data``). The probe contract is ``raysim.probes``'; the registry imports this
+(``CohortModelsConfig.data``). The probe contract is ``raysim.measure.barrier``'; the registry imports this
 module with it.
 
     evaluation:
@@ -20,14 +20,14 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from raysim import estimators as E
-from raysim import landscape as L
 from raysim.errors import ConfigError
-from raysim.probes import ClientView, ProbeConfig, ProbeRound
+from raysim.measure import estimators as E
+from raysim.measure import landscape as L
+from raysim.measure.weight_space import distance, mix
+from raysim.probe import ClientView, ProbeConfig, ProbeRound
 from raysim.registry import register
 from raysim.services import Services
 from raysim.types import Metrics, NumpyParams, RunInfo
-from raysim.weight_space import distance, mix
 
 
 class CohortModelsConfig(ProbeConfig, frozen=True, extra="forbid"):
@@ -121,7 +121,7 @@ class LossDecomposition:
 
     Classification only. Each loss is logged in the paper's form, the squared error of the
     softmax to the one-hot label (``/squared_error``, in [0, 2]), and as ``/cross_entropy``
-    (``LOSSES``, named as ``raysim.estimators`` names them). With K local models w_k, data sizes
+    (``LOSSES``, named as ``raysim.measure.estimators`` names them). With K local models w_k, data sizes
     n_k, ``w = sum_k lam_k w_k`` (``weights``) and the evaluation data E (``data``: the central
     test set, or the pooled round data of the cohort), it logs under ``decomposition/``:
 

@@ -1,4 +1,4 @@
-"""Plots of ``raysim.landscape``'s scans (matplotlib, headless, loaded only when a plot is drawn).
+"""Plots of ``raysim.measure.landscape``'s scans (matplotlib, headless, loaded only when a plot is drawn).
 
 Usage:
     plot_curve(line_scan(services, a, b), "interp.png", title="client 3 vs client 7")
@@ -11,8 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from raysim.landscape import Curve, PlaneScan, Values, accuracy_barrier, loss_barrier
-from raysim.scores import SCORES
+from raysim.measure.landscape import Curve, PlaneScan, Values, accuracy_barrier, loss_barrier
+from raysim.measure.scores import SCORES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

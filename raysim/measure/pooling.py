@@ -1,12 +1,12 @@
 """Per-client evaluation rows pooled into one: the row of all their examples together.
 
-An evaluation row (``raysim.local.evaluate``) holds means over its examples (``loss``, and
+An evaluation row (``raysim.measure.evaluate.evaluate``) holds means over its examples (``loss``, and
 ``accuracy`` where the task has one), ``num_examples`` (tokens for a causal LM) and the additive
-statistics of the scores that are no means (``sums/...``: MCC, F1, Pearson, ``raysim.scores``).
+statistics of the scores that are no means (``sums/...``: MCC, F1, Pearson, ``raysim.measure.scores``).
 Pooling weights each mean by its row's examples, sums the statistics and finishes the scores from
 them, and takes the perplexity of the pooled loss: the pooled row is the row the concatenated
 examples would give. Every place that pools rows uses ``pool_rows``: the engine's evaluation of
-clients, the scans of ``raysim.landscape``, the ``local_accuracy`` probe and the Local baseline.
+clients, the scans of ``raysim.measure.landscape``, the ``local_accuracy`` probe and the Local baseline.
 ``weighted_means`` is its arithmetic for any weight: the round loop averages the clients' train
 metrics with it, by client weight.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Sequence
 
-from raysim import scores
+from raysim.measure import scores
 from raysim.types import Metrics
 
 # The row entries that are no means over examples: the identity and size of a row, and the

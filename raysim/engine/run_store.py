@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from raysim.engine.compare import RunRecord, curve_keys, default_metrics, logged_keys, markdown
 from raysim.engine.links import run_link, ui_base
+from raysim.engine.tables import RunRecord, curve_keys, default_metrics, logged_keys, markdown
 from raysim.engine.tracking import artifact_repository, sqlite_path
 from raysim.errors import RaysimError
 from raysim.types import Metrics

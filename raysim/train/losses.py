@@ -19,7 +19,7 @@ NeurIPS 2020, arXiv:2007.10740; FedRoD's balanced risk, Chen & Chao, ICLR 2022,
 arXiv:2107.00778) adds ``log n_c`` to the logits instead: ``loss = CE(softmax(z + log n), y)``.
 
 Accuracy counts the raw logits' argmax: the calibration is a training device, and evaluation
-(``raysim.local.evaluate``) scores the uncalibrated model, so the train accuracy stays comparable
+(``raysim.measure.evaluate.evaluate``) scores the uncalibrated model, so the train accuracy stays comparable
 with the test accuracy (and with FedAvg's).
 
 Usage:
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field
 from torch import nn
 
-from raysim.local import Batch, BatchLoss, LossFn
+from raysim.train.local import Batch, BatchLoss, LossFn
 from raysim.types import ClientContext, ClientData, DataSpec
 
 

@@ -7,7 +7,7 @@ correlation x 100 (shared/papers/notes/fedgucci.md, sections 6.1 and 8.1 item 9)
 asks for them in its spec (``DataSpec.metrics``).
 
 None of them is a mean of per-batch or per-client values, so nothing averages them. Each is a
-function of additive sufficient statistics: ``evaluate`` (``raysim.local``) sums them over
+function of additive sufficient statistics: ``evaluate`` (``raysim.train.local``) sums them over
 batches and returns them beside the score under ``SUMS`` keys, and the engine sums them over
 clients and finishes the score (``pool``): pooled clients score exactly as their concatenated
 examples would. The statistics:

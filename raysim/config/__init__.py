@@ -1,0 +1,50 @@
+"""Job configs: YAML -> typed, frozen values, with every problem reported at once.
+
+A job file holds values only. Its ``dataset``, ``model`` and ``algorithm`` sections each name a
+registered plugin (``name:``) and carry that plugin's own options, validated by the plugin's
+``Config``. An optional top-level ``variants:`` list runs the same job several times, each variant
+deep-merged over the base (``raysim run`` logs one MLflow run per variant and compares them).
+
+Usage:
+    jobs = load_jobs("jobs/quickstart.yaml", ["engine.num_rounds=5"])
+    job = jobs[0]; job.algorithm.name, job.algorithm.config.local.lr
+
+The rooms: ``job`` (``JobConfig``, validated whole), ``sections`` (the job's own sections),
+``system`` (the clients as devices), ``plugins`` (sections that name a plugin, and error wording),
+``files`` (YAML, variants, overrides). The names below are the config's public API.
+"""
+
+from raysim.config.files import apply_overrides, deep_merge, flatten, load_jobs
+from raysim.config.job import JobConfig, JobOrigin, validate_job
+from raysim.config.plugins import PluginSection, explain, nested_plugin
+from raysim.config.sections import (
+    EngineConfig,
+    EvaluationConfig,
+    PersonalizationConfig,
+    ResourcesConfig,
+    TimeToTargetConfig,
+    TrackingConfig,
+    TransferConfig,
+)
+from raysim.config.system import SystemConfig
+
+__all__ = [
+    "EngineConfig",
+    "EvaluationConfig",
+    "JobConfig",
+    "JobOrigin",
+    "PersonalizationConfig",
+    "PluginSection",
+    "ResourcesConfig",
+    "SystemConfig",
+    "TimeToTargetConfig",
+    "TrackingConfig",
+    "TransferConfig",
+    "apply_overrides",
+    "deep_merge",
+    "explain",
+    "flatten",
+    "load_jobs",
+    "nested_plugin",
+    "validate_job",
+]

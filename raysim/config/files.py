@@ -1,0 +1,138 @@
+"""Job files: YAML read, variants merged over the base, ``key=value`` overrides applied, every
+variant validated (one error listing every problem of every variant)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.config.job import JobConfig, JobOrigin, validate_job
+from raysim.errors import ConfigError
+
+
+def load_jobs(
+    path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None
+) -> list[JobConfig]:
+    """Loads a job file: one JobConfig, or one per variant (optionally only those named)."""
+    raw = _read_yaml(Path(path))
+    variants = raw.pop("variants", None) or [None]
+    if not isinstance(variants, list):
+        raise ConfigError(["variants: must be a list of mappings"], str(path))
+    jobs: list[JobConfig] = []
+    problems_by_variant: dict[str, list[str]] = {}
+    for index, variant in enumerate(variants):
+        merged = _with_variant(raw, variant, index, str(path))
+        if only and merged.get("name") not in only:
+            continue
+        try:
+            job = validate_job(apply_overrides(merged, overrides or []), str(path))
+            jobs.append(job.model_copy(update={"origin": _origin(Path(path), raw, job, variant)}))
+        except ConfigError as exc:
+            label = f"variant {merged.get('name')!r}: " if variant is not None else ""
+            problems_by_variant[label] = exc.problems
+    problems = _merge_variant_problems(problems_by_variant, checked=len(jobs) + len(problems_by_variant))
+    if problems:
+        raise ConfigError(problems, str(path))
+    if only and not jobs:
+        raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
+    return jobs
+
+
+def _origin(path: Path, raw: dict, job: JobConfig, variant: Any) -> JobOrigin:
+    base_name = raw.get("name")
+    return JobOrigin(
+        path=str(path.absolute()),
+        job=str(base_name) if base_name else path.stem,
+        variant=job.name if variant is not None else None,
+    )
+
+
+def _merge_variant_problems(problems_by_variant: dict[str, list[str]], checked: int) -> list[str]:
+    """Each problem once: one every checked variant shares (a typo in a base section) unprefixed,
+    the others prefixed with their variant, so three variants do not print the same line thrice."""
+    lists = list(problems_by_variant.values())
+    shared = (
+        [p for p in lists[0] if all(p in other for other in lists[1:])]
+        if checked > 1 and len(lists) == checked
+        else []
+    )
+    own = [label + p for label, found in problems_by_variant.items() for p in found if p not in shared]
+    return list(dict.fromkeys([*shared, *own]))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"no such job file: {path}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(["a job file must hold a mapping of sections"], str(path))
+    return raw
+
+
+def _with_variant(base: dict, variant: Any, index: int, source: str) -> dict:
+    if variant is None:
+        return copy.deepcopy(base)
+    if not isinstance(variant, dict):
+        raise ConfigError([f"variants[{index}]: must be a mapping"], source)
+    variant = dict(variant)
+    name = variant.pop("name", None)
+    merged = deep_merge(base, variant)
+    algorithm = merged.get("algorithm", {})
+    merged["name"] = (
+        name
+        or (algorithm.get("name") if isinstance(algorithm, dict) else None)
+        or f"{base.get('name', 'job')}-{index}"
+    )
+    return merged
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """A copy of ``base`` with ``update`` merged in, recursively for nested mappings."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Applies ``a.b.c=value`` overrides; values are parsed as YAML (``0.1``, ``[1, 2]``, ``null``)."""
+    out = copy.deepcopy(raw)
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"override {item!r}: expected key.sub=value")
+            continue
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        try:
+            node[leaf] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            node[leaf] = text
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (for MLflow params)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,118 @@
+"""One simulation's config: the plugin sections, the job's own sections, and where it came from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from raysim import registry
+from raysim.config.plugins import PluginSection, explain, validate_plugin, validate_probes
+from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
+from raysim.config.system import SystemConfig
+from raysim.errors import ConfigError
+
+PLUGIN_SECTIONS: tuple[registry.Kind, ...] = ("dataset", "model", "algorithm")
+
+
+# Keys that moved to another section: the error says where they went.
+MOVED_KEYS = {
+    "engine.eval_every": "evaluation.every",
+    "engine.eval_clients": "evaluation.clients",
+    "engine.eval_batch_size": "evaluation.batch_size",
+    "engine.heldout_fraction": "evaluation.heldout_fraction",
+    "engine.heldout_eval_clients": "evaluation.heldout_clients",
+    "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
+}
+
+
+class JobOrigin(BaseModel, frozen=True, extra="forbid"):
+    """The job file a config came from: ``raysim run`` names its MLflow run ``job/variant`` and
+    tags it with the commit of the repository holding the file."""
+
+    path: str  # the job file, absolute
+    job: str  # the file's top-level ``name``, else its stem
+    variant: str | None = None  # the variant's name; None for a file without variants
+
+
+class JobCore(BaseModel, frozen=True, extra="forbid"):
+    """The job's own sections: everything but the plugin sections, which each plugin validates."""
+
+    name: str = "job"
+    seed: int = Field(0, ge=0)
+    engine: EngineConfig = EngineConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    system: SystemConfig | None = None
+
+
+class JobConfig(JobCore, frozen=True, extra="forbid"):
+    """One simulation: data, model, algorithm, engine, resources, tracking; optionally the clients
+    as devices on a simulated clock (``system``, ``raysim.systems``)."""
+
+    dataset: PluginSection
+    model: PluginSection
+    algorithm: PluginSection
+    origin: JobOrigin | None = Field(None, exclude=True)  # set by load_jobs; not part of the config
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config in the shape of a job file (defaults filled in)."""
+        out = self.model_dump(mode="json", exclude=set[str](PLUGIN_SECTIONS))
+        for kind in PLUGIN_SECTIONS:
+            out[kind] = getattr(self, kind).to_dict()
+        out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
+        if self.system is None:  # options left unset stay out: the resolved config reads as before
+            del out["system"]
+        if self.evaluation.time_to_target is None:
+            del out["evaluation"]["time_to_target"]
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> JobConfig:
+        """Validates a job mapping; raises one ConfigError listing every problem."""
+        return validate_job(raw, source)
+
+
+def validate_job(raw: Any, source: str | None = None) -> JobConfig:
+    """Turns a mapping into a JobConfig, collecting all problems before raising."""
+    if not isinstance(raw, dict):
+        raise ConfigError([f"a job must be a mapping of sections, got {type(raw).__name__}"], source)
+    problems = _moved_keys(raw)
+    sections = {kind: validate_plugin(kind, raw.get(kind), problems) for kind in PLUGIN_SECTIONS}
+    core_raw = {k: v for k, v in raw.items() if k not in PLUGIN_SECTIONS}
+    evaluation = core_raw.get("evaluation")
+    probes: list[PluginSection | None] = []
+    if isinstance(evaluation, dict) and "probes" in evaluation:
+        core_raw["evaluation"] = {k: v for k, v in evaluation.items() if k != "probes"}
+        probes = validate_probes(evaluation["probes"], problems)
+    if isinstance(evaluation, dict):  # checked now, not after the training store is built
+        _check_transfer_datasets(evaluation.get("transfer"), problems)
+    core: JobCore | None = None
+    try:
+        core = JobCore.model_validate(core_raw)
+    except ValidationError as exc:
+        problems += explain(exc, JobCore)
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)), source)
+    assert core is not None  # it validated, or it added a problem
+    fields = dict(core)
+    fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
+    return JobConfig(**fields, **sections)
+
+
+def _check_transfer_datasets(raw: Any, problems: list[str]) -> None:
+    """Each transfer dataset section validates like the job's own ``dataset``."""
+    for i, transfer in enumerate(raw if isinstance(raw, list) else []):
+        if isinstance(transfer, dict) and "dataset" in transfer:
+            validate_plugin("dataset", transfer["dataset"], problems, f"evaluation.transfer[{i}].dataset")
+
+
+def _moved_keys(raw: dict[str, Any]) -> list[str]:
+    """One problem per key a job still sets in the section it moved out of."""
+    problems = []
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            problems.append(f"{old}: moved to {new}")
+    return problems

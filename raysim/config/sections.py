@@ -1,0 +1,141 @@
+"""The job's own sections: the round loop, resources, tracking and evaluation (``raysim.config.job``
+puts them together)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from raysim.config.plugins import PluginSection
+
+
+class EngineConfig(BaseModel, frozen=True, extra="forbid"):
+    """The round loop."""
+
+    num_rounds: int = Field(10, ge=1)
+    cohort_size: int = Field(10, ge=1)
+    max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
+    max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
+    schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
+    checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+
+
+class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
+    """Where clients train: in-process (``serial``) or on Ray worker actors."""
+
+    backend: Literal["ray", "serial"] = "ray"
+    num_workers: int | None = Field(None, ge=1)  # None: one per CPU (or GPU slot) available
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)  # fractional shares one GPU between workers
+    address: str | None = None  # Ray cluster address; None: RAY_ADDRESS, else a local Ray
+    max_worker_restarts: int = Field(3, ge=0)
+    # A lost worker (its node gone) whose resources no node offers any more leaves the pool after
+    # this long; Ray alone would wait for them forever. Raise it when an autoscaler replaces nodes.
+    restart_timeout_s: float = Field(60.0, gt=0)
+    # How the workers' reservations (a Ray placement group) spread over a cluster's nodes.
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # Stores a worker's node cannot read at the driver's path: sent through Ray's object store
+    # (auto: only those; always: every store, to every worker) or refused (never).
+    ship_data: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _strategy_name(cls, placement: Any) -> Any:
+        return placement.upper() if isinstance(placement, str) else placement  # spread == SPREAD
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _schedulable(cls, gpus: float) -> float:
+        if gpus > 1:  # a worker drives one device; Ray refuses fractions above 1
+            raise ValueError("must be at most 1 (a worker uses one GPU; share one with fractions)")
+        return gpus
+
+
+class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
+    """MLflow logging, from the driver only."""
+
+    enabled: bool = True
+    experiment: str = "raysim"
+    run_name: str | None = None  # default: job name
+    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    log_checkpoint: bool = True
+    progress: bool = True  # console progress bar
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
+    """Few-shot personalization of held-out clients (FedFish, sec. 3.2 of the notes).
+
+    Each evaluated client fine-tunes a copy of the global model on the first ``fraction`` of its
+    data (taken from its train split, which the store shuffled with a seed) and is evaluated on
+    its test split, the same examples as the global evaluation.
+    """
+
+    fractions: list[float] = Field(default_factory=lambda: [0.25, 0.5])
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(10, ge=1)
+    every: int = Field(0, ge=0)  # rounds between personalizations; 0: after the last round only
+    # smaller clients are skipped (the paper filters C4 at 4), on every evaluation of the clients
+    # that are personalized, so that their eval/... metrics always average the same clients
+    min_examples: int = Field(4, ge=1)
+
+    @field_validator("fractions")
+    @classmethod
+    def _in_unit_interval(cls, fractions: list[float]) -> list[float]:
+        if any(not 0 < f < 1 for f in fractions):
+            raise ValueError("each fraction must be in (0, 1)")
+        return fractions
+
+    def admits(self, num_train: Any, num_test: Any) -> Any:
+        """Whether a client with these split sizes is personalized (and so evaluated at all):
+        it needs a test split and ``min_examples`` examples. Takes ints or numpy arrays."""
+        return (num_test > 0) & (num_train + num_test >= self.min_examples)
+
+
+class TransferConfig(BaseModel, frozen=True, extra="forbid"):
+    """Another dataset the global model is evaluated (and personalized) on, e.g. C4 -> Stack
+    Overflow. Its data must look like the training data to the model (same task and shape)."""
+
+    name: str  # metrics go to eval/transfer/<name>/...
+    dataset: dict[str, Any]  # a dataset section: {name: <recipe>, ...options}
+    eval_clients: int | None = Field(None, ge=1)
+    personalize: bool = True
+
+
+class TimeToTargetConfig(BaseModel, frozen=True, extra="forbid"):
+    """Log the round (and the simulated clock) at which an evaluated metric first reaches each of
+    ``values``: it rises to them, or falls to them with ``at_most`` (a loss)."""
+
+    metric: str = "eval/central/accuracy"
+    values: list[float] = Field(min_length=1)
+    at_most: bool = False
+
+    @field_validator("metric")
+    @classmethod
+    def _evaluated(cls, metric: str) -> str:
+        if not metric.startswith("eval/"):
+            raise ValueError("must be an evaluation metric, eval/... (e.g. eval/central/accuracy)")
+        return metric
+
+
+class EvaluationConfig(BaseModel, frozen=True, extra="forbid"):
+    """When and on what the model is evaluated, and the probes that ride along with rounds.
+
+    The global model is evaluated after every ``every``-th round and after the last (and before
+    round 0 with ``at_start``): on the central test set, on the test splits of ``clients``
+    training clients, and on ``heldout_clients`` of the held-out clients (``heldout_fraction`` of
+    the population, never trained). Probes (``raysim.measure.barrier``) measure rounds as they happen.
+    """
+
+    every: int = Field(10, ge=0)  # 0: evaluate only after the last round
+    at_start: bool = False  # also evaluate the initial model (logged at step -1)
+    clients: int | None = Field(None, ge=1)  # training clients whose test split is evaluated; None: all
+    batch_size: int = Field(512, ge=1)
+    heldout_fraction: float = Field(0.0, ge=0, lt=1)  # clients kept out of training, for evaluation
+    heldout_clients: int | None = Field(None, ge=1)  # a seeded subset of them is evaluated
+    personalization: PersonalizationConfig | None = None
+    transfer: list[TransferConfig] = Field(default_factory=list)
+    probes: list[PluginSection] = Field(default_factory=list)  # {name: <probe>, every: k, ...options}
+    time_to_target: TimeToTargetConfig | None = None  # the round (and sim time) a metric reaches values

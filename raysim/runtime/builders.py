@@ -1,0 +1,52 @@
+"""The job's plugins and model, built the same way on the driver and on every worker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from raysim import registry
+from raysim.config import JobConfig, PluginSection
+from raysim.errors import ConfigError
+from raysim.types import DataSpec
+
+if TYPE_CHECKING:
+    from raysim.algorithm import Algorithm
+    from raysim.probe import Probe
+
+
+def build_algorithm(job: JobConfig) -> Algorithm[Any]:
+    """The job's plugin; its aggregate type is known only to the plugin (looked up by name)."""
+    return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
+
+
+def build_probes(job: JobConfig) -> dict[str, Probe]:
+    """The job's probes by name (``evaluation.probes``)."""
+    return {section.name: _build(section, "probe") for section in job.evaluation.probes}
+
+
+def _build(section: PluginSection, kind: registry.Kind) -> Any:
+    return registry.get(kind, section.name).factory(section.config)
+
+
+def build_job_model(job: JobConfig, spec: DataSpec, seed: int | None = None) -> torch.nn.Module:
+    """The job's model, seeded (by ``job.seed`` unless ``seed`` is given) so every process builds
+    identical weights.
+
+    Raises:
+        ConfigError: the model does not fit the dataset, or its pretrained files are missing.
+    """
+    from raysim.models import build_model
+
+    torch.manual_seed(job.seed if seed is None else seed)
+    try:
+        return build_model(job.model.name, job.model.config, spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(
+            [
+                f"model: {job.model.name!r} cannot be built for dataset "
+                f"{job.dataset.name!r} ({spec.task}, input {spec.input_shape}, "
+                f"{spec.num_classes} classes): {exc}"
+            ]
+        ) from exc

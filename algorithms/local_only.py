@@ -43,7 +43,7 @@ from raysim.errors import NonFiniteError
 from raysim.measure import scores
 from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.registry import register
-from raysim.services import Services
+from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import (
     ClientContext,
@@ -149,7 +149,7 @@ class LocalOnly:
         starts_shared = self.config.init == "shared" and not everyone_has_one
         payload = self.broadcast(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
-        output = services.train_cohort(payload, cohort, round_num, keep_local_models=due)
+        output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))
         reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
         now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
         # the clients' train metrics, averaged by client weight as the round loop averages them
@@ -176,7 +176,7 @@ class LocalOnly:
         rows: list[EvalRows] = []
         for start in range(0, len(clients), step):
             output = services.train_cohort(
-                recall, clients[start : start + step], round_num, keep_local_models=True
+                recall, clients[start : start + step], round_num, RoundOptions(keep_local_models=True)
             )
             rows += local_model_rows(services, output.local_models)
         return rows
@@ -189,8 +189,8 @@ def local_model_rows(services: Services[Params | None], models: dict[int, NumpyP
     if not clients:
         return []
     points = [models[c] for c in clients]
-    central = [rows[0] for rows in services.map_clients("evaluate", points, None)]
-    own = services.map_clients("evaluate", points, clients, paired=True)[0]
+    central = [rows[0] for rows in services.map_clients(MapRequest(EVALUATE, points, None))]
+    own = services.map_clients(MapRequest(EVALUATE, points, clients, paired=True))[0]
     return list(zip(central, own))
 
 

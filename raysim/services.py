@@ -1,4 +1,5 @@
-"""The engine's verbs, as a staged plugin (``protocol``) or a probe sees them.
+"""The engine's verbs, as a staged plugin (``protocol``) or a probe sees them, and the requests
+they take.
 
 A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods, LSS's
 regimes) and a probe's driver-side summary drive the run through this narrow set of verbs, never
@@ -15,19 +16,120 @@ Usage:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, overload
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
+from pydantic import ValidationError
 
+from raysim import params as P
+from raysim import registry
+from raysim.config import explain
+from raysim.errors import ConfigError
+from raysim.registry import plugin_config
 from raysim.types import A_co, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+
+R = TypeVar("R")  # what ``map_clients`` gives for one point on one client
+
+
+@dataclass(frozen=True)
+class MapTask(Generic[R]):
+    """What ``map_clients`` computes for a point on a client; ``R`` is that result's type."""
+
+    name: Literal["evaluate", "logits", "features", "labels"]
+
+
+EVALUATE: MapTask[Metrics] = MapTask("evaluate")  # loss, accuracy, num_examples
+LOGITS: MapTask[np.ndarray] = MapTask("logits")  # (n, ...) the model's outputs, example by example
+FEATURES: MapTask[np.ndarray] = MapTask("features")  # (n, d) the model's ``features(x)``
+LABELS: MapTask[np.ndarray] = MapTask("labels")  # (n,) the data's ``y``, to score LOGITS with
+
+
+@dataclass(frozen=True)
+class MapRequest(Generic[R]):
+    """``task`` for each parameter point on each client; checked when made, on the driver.
+
+    Attributes:
+        task: ``EVALUATE``, ``LOGITS``, ``FEATURES`` or ``LABELS`` (to score ``LOGITS`` with a
+            loss of one's own, e.g. IMA's squared error to one-hot).
+        points: parameter sets, e.g. the round's local models or a grid of mixtures.
+        clients: client ids, or None for the dataset's central test set (one result).
+        split: "test", "train" or "round" (the client's capped training data of ``round_num``).
+        model: another model section (``{name: ..., **options}``) to load the points into, for a
+            network the plugin composed itself (FuseFL's fused model); None: the job's.
+        paired: point ``i`` on client ``i`` only (each client's own model on its own data: the
+            "Local" baseline), one point per client, instead of every pair.
+        store: a transfer dataset's name, "" the training data (the engine's evaluation).
+
+    Raises:
+        ConfigError: a split other than the three, "round" without ``round_num``, a ``model``
+            section that does not validate, or ``paired`` without one point per client.
+    """
+
+    task: MapTask[R]
+    points: Sequence[NumpyParams]
+    clients: Sequence[int] | np.ndarray | None
+    split: str = "test"
+    round_num: int | None = None
+    model: dict[str, Any] | None = None
+    paired: bool = False
+    store: str = ""
+
+    def __post_init__(self) -> None:
+        # plain values that pickle once for every worker: numpy points, int client ids
+        object.__setattr__(self, "points", tuple(P.to_numpy(p) for p in self.points))
+        if self.clients is not None:
+            object.__setattr__(self, "clients", tuple(int(c) for c in self.clients))
+        check_map_request(self)
+
+    @property
+    def num_clients(self) -> int:
+        """How many clients a point is evaluated on (the central test set counts as one)."""
+        return 1 if self.clients is None else len(self.clients)
+
+
+def check_map_request(request: MapRequest[Any]) -> None:
+    """A request is refused on the driver, before any worker sees it."""
+    if request.split not in ("test", "train", "round") or (
+        request.split == "round" and request.round_num is None
+    ):
+        raise ConfigError(
+            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {request.split!r}"]
+        )
+    if request.paired and (request.clients is None or len(request.clients) != len(request.points)):
+        raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])
+    if request.model is not None:
+        entry = registry.get("model", str(request.model.get("name", "")))
+        try:
+            plugin_config(entry.config, {k: v for k, v in request.model.items() if k != "name"})
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, entry.config, "map_clients model.")) from None
+
+
+@dataclass(frozen=True)
+class RoundOptions:
+    """What a cohort's training is asked besides training: the probes due (their worker hooks
+    run), whether every client's local model comes back, and the clients doing only part of
+    their local work (client id -> local steps, i.e. batches)."""
+
+    probes: tuple[str, ...] = ()
+    keep_local_models: bool = False
+    step_budgets: dict[int, int] = field(default_factory=dict)
 
 
 class Services(Protocol[A_co]):
-    """What a staged plugin or a probe may ask of the engine.
+    """What a staged plugin or a probe may ask of the engine; ``raysim.engine.engine.Engine`` is
+    one, handed over as itself (this protocol is what plugins are typed against).
 
     ``A_co`` is the plugin's aggregate type, the ``aggregate`` of ``train_cohort``'s output; a probe,
     which never trains, takes ``Services[object]``.
+
+    A verb with many knobs takes one request value (``MapRequest``, ``RoundOptions``), written,
+    checked and shipped to the workers once, not a keyword list repeated by every implementation.
+    ``map_clients``' result type comes from its request's task (``MapRequest[R]`` gives ``R`` per
+    point and client), so mypy knows Metrics rows for ``EVALUATE`` and arrays for ``LOGITS``,
+    ``FEATURES`` and ``LABELS`` with neither overloads nor casts.
     """
 
     @property
@@ -45,10 +147,11 @@ class Services(Protocol[A_co]):
         ...
 
     def train_cohort(
-        self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
+        self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
     ) -> RoundOutput[A_co]:
         """Runs ``client_update`` for each client and folds the results with the plugin's aggregator;
-        applies the client failure policy. ``keep_local_models`` also returns every client's model."""
+        applies the client failure policy. ``RoundOptions(keep_local_models=True)`` also returns
+        every client's model."""
         ...
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
@@ -59,52 +162,15 @@ class Services(Protocol[A_co]):
         """The global model's evaluation (``eval/...``), personalization and transfer when due."""
         ...
 
-    @overload
-    def map_clients(
-        self,
-        task: Literal["evaluate"],
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[Metrics | None]]:
-        """Each parameter point on each client, spread over all workers.
-
-        Args:
-            task: "evaluate" (a Metrics row per client: loss, accuracy, num_examples), "logits" or
-                "features" (an array per client: (n, ...) model outputs, or the model's
-                ``features(x)``), or "labels" (the data's ``y``, to score "logits" with a loss
-                of one's own, e.g. IMA's squared error to one-hot).
-            points: parameter sets (numpy), e.g. the round's local models or a grid of mixtures.
-            clients: client ids, or None for the dataset's central test set (one result).
-            split: "test", "train" or "round" (the client's capped training data of
-                ``round_num``).
-            model: another model section (``{name: ..., **options}``) to load the points into,
-                for a network the plugin composed itself (FuseFL's fused model); None: the job's.
-            paired: point ``i`` on client ``i`` only (each client's own model on its own data:
-                the "Local" baseline), one point per client, instead of every pair.
+    def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
+        """Each point of ``request`` on each of its clients (or the central test set), spread over
+        all workers.
 
         Returns:
             ``results[p][c]`` for point ``p`` and client position ``c`` (``results[0][c]`` when
             ``paired``); None where the client has no examples in ``split``.
         """
         ...
-
-    @overload
-    def map_clients(
-        self,
-        task: Literal["logits", "features", "labels"],
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[np.ndarray | None]]: ...
 
     def is_eval_round(self, round_num: int) -> bool:
         """Whether evaluation is due after ``round_num`` (``evaluation.every``, and the last round):

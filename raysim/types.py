@@ -34,8 +34,6 @@ Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by sta
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
 Metrics = dict[str, float]
 Split = Literal["train", "test"]
-MapTask = Literal["evaluate", "logits", "features", "labels"]  # what ``map_clients`` computes per client
-MapResult = Metrics | np.ndarray | None  # one ``map_clients`` result: a row, outputs, or no data
 Task = Literal["classification", "causal_lm", "regression"]
 # What plugins send and keep: leaves (tensors, arrays, numbers, strings) in dicts, lists, tuples
 # and dataclasses, all of which ``raysim.params`` walks. Updates and aggregates are trees of

@@ -11,7 +11,7 @@ Usage:
     with FinishedRun.open(run_id, tracking_uri=None, backend="serial") as run:
         models = {ref: run.model(ref) for ref in ("init", "round:2", "final")}  # checked first
         with run.services() as services:  # the workers run only inside the block
-            rows = services.map_clients("evaluate", list(models.values()), run.evaluation_clients())
+            rows = services.map_clients(MapRequest(EVALUATE, list(models.values()), run.evaluation_clients()))
         run.log({"analysis/x": 1.0}); run.log_artifact(png, "analysis")
 """
 
@@ -32,11 +32,11 @@ from raysim import params as P
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.engine.build import World, engine_of, open_world, start_workers
-from raysim.engine.engine import PluginServices
 from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, download_artifact, sqlite_path
 from raysim.engine.tracking import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError
 from raysim.sampling import sample_eval_clients
+from raysim.services import Services
 from raysim.types import Metrics, NumpyParams
 
 JOB_ARTIFACT = "config/job.yaml"
@@ -188,12 +188,12 @@ class FinishedRun:
         return None if self.world.store.meta["has_central_test"] else pool
 
     @contextlib.contextmanager
-    def services(self) -> Iterator[PluginServices[Any]]:
-        """The engine's verbs (``map_clients`` over all workers) while the workers run."""
+    def services(self) -> Iterator[Services[object]]:
+        """The engine, for its verbs (``map_clients`` over all workers), while the workers run."""
         state_dir = self._scratch / "client_state"  # evaluation never reads or writes client state
         backend = start_workers(self.world, state_dir)
         try:
-            yield PluginServices(engine_of(self.world, backend, self.tracker, self._scratch, state_dir))
+            yield engine_of(self.world, backend, self.tracker, self._scratch, state_dir)
         finally:
             backend.shutdown()
 

@@ -1,8 +1,9 @@
 """A run's pieces and the verbs the round loop, staged plugins and probes use.
 
 ``Engine`` holds what ``build`` made (algorithm, store, backend, tracker, evaluation plan,
-probes) and implements the verbs of ``raysim.services.Services``. Plugins and probes receive
-``PluginServices``, which exposes those verbs and nothing else.
+probes) and is a ``raysim.services.Services``: a staged plugin, a probe's ``summarize``, the
+analysis of a finished run and the landscape scans receive the engine itself, typed against that
+protocol, which names the verbs they may use.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from raysim.probe import Probe, is_due
 from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.wire import MapRequest, RoundOptions, raise_client_failure
+from raysim.runtime.wire import raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort
 from raysim.systems.rounds import SimulatedSystem
-from raysim.types import MapResult, MapTask, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
+from raysim.services import MapRequest, RoundOptions
+from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")
 A = TypeVar("A")  # the algorithm's aggregate type
+R = TypeVar("R")  # one ``map_clients`` result
 
 
 @dataclass
@@ -102,23 +105,9 @@ class Engine(Generic[A]):
         self.on_phase("personalizing" if personalizing else "evaluating")
         return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
 
-    def map_clients(
-        self,
-        task: MapTask,
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[MapResult]]:
-        check_map_request(split, round_num, model)
-        ids = None if clients is None else tuple(int(c) for c in clients)
-        if paired and (ids is None or len(ids) != len(points)):
-            raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])
-        request = MapRequest(task, ids, split, round_num, model=model, paired=paired)
-        return self.backend.map_clients(request, [P.to_numpy(p) for p in points])
+    def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
+        """Each point on each client over all workers (the request was checked when made)."""
+        return self.backend.map_clients(request)
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
         """A round's bookkeeping: evaluate when due, log, checkpoint when due; the logged metrics."""
@@ -145,10 +134,6 @@ class Engine(Generic[A]):
             path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run
         )
 
-    def services(self) -> PluginServices[A]:
-        """The engine's verbs and nothing else, for a staged plugin or a probe."""
-        return PluginServices(self)
-
     # --- cadence ------------------------------------------------------------------------------
 
     def is_eval_round(self, round_num: int) -> bool:
@@ -167,107 +152,6 @@ class Engine(Generic[A]):
             self.checkpoint(state, round_num)
 
 
-def check_map_request(split: str, round_num: int | None, model: dict[str, object] | None) -> None:
-    """A ``map_clients`` request is checked on the driver, not inside every worker."""
-    if split not in ("test", "train", "round") or (split == "round" and round_num is None):
-        raise ConfigError(
-            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {split!r}"]
-        )
-    if model is not None:
-        entry = registry.get("model", str(model.get("name", "")))
-        try:
-            plugin_config(entry.config, {k: v for k, v in model.items() if k != "name"})
-        except ValidationError as exc:
-            raise ConfigError(explain(exc, entry.config, "map_clients model.")) from None
-
-
 def _every(every: int, round_num: int) -> bool:
     """Due after every ``every``-th round (0: never)."""
     return every > 0 and (round_num + 1) % every == 0
-
-
-class PluginServices(Generic[A]):
-    """The engine's verbs and nothing else: what a staged plugin or a probe is handed."""
-
-    def __init__(self, engine: Engine[A]) -> None:
-        self._engine = engine
-
-    @property
-    def info(self) -> RunInfo:
-        return self._engine.info
-
-    @property
-    def start_round(self) -> int:
-        return self._engine.start_round
-
-    def cohort(self, round_num: int) -> np.ndarray:
-        return self._engine.cohort(round_num)
-
-    def train_cohort(
-        self, payload: Payload, cohort: np.ndarray, round_num: int, *, keep_local_models: bool = False
-    ) -> RoundOutput[A]:
-        options = RoundOptions(keep_local_models=keep_local_models)
-        return self._engine.train_cohort(payload, cohort, round_num, options)
-
-    def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
-        return self._engine.run_round(state, round_num)
-
-    def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
-        return self._engine.evaluate(state, round_num)
-
-    @overload
-    def map_clients(
-        self,
-        task: Literal["evaluate"],
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[Metrics | None]]: ...
-
-    @overload
-    def map_clients(
-        self,
-        task: Literal["logits", "features", "labels"],
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[np.ndarray | None]]: ...
-
-    def map_clients(
-        self,
-        task: MapTask,
-        points: Sequence[NumpyParams],
-        clients: Sequence[int] | np.ndarray | None,
-        *,
-        split: str = "test",
-        round_num: int | None = None,
-        model: dict[str, object] | None = None,
-        paired: bool = False,
-    ) -> list[list[Metrics | None]] | list[list[np.ndarray | None]]:
-        results = self._engine.map_clients(
-            task, points, clients, split=split, round_num=round_num, model=model, paired=paired
-        )
-        # the worker computes what the task says: Metrics rows for "evaluate", arrays otherwise
-        if task == "evaluate":
-            return cast(list[list[Metrics | None]], results)
-        return cast(list[list[np.ndarray | None]], results)
-
-    def is_eval_round(self, round_num: int) -> bool:
-        return self._engine.is_eval_round(round_num)
-
-    def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
-        return self._engine.end_round(state, round_num, metrics)
-
-    def log(self, metrics: Metrics, round_num: int) -> None:
-        self._engine.log(metrics, round_num)
-
-    def checkpoint(self, state: ServerState, round_num: int) -> Path:
-        return self._engine.checkpoint(state, round_num)

@@ -22,7 +22,7 @@ from raysim.errors import ConfigError
 from raysim.measure import scores
 from raysim.measure.pooling import pool_rows
 from raysim.runtime.backend import Backend
-from raysim.runtime.wire import MapRequest
+from raysim.services import EVALUATE, MapRequest
 from raysim.types import Metrics, NumpyParams, Params
 
 
@@ -65,8 +65,8 @@ def evaluate_global(
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
     metrics: Metrics = {}
-    [[central]] = backend.map_clients(MapRequest("evaluate", None), [weights])
-    if isinstance(central, dict):  # "evaluate" gives a Metrics row, or None without test data
+    [[central]] = backend.map_clients(MapRequest(EVALUATE, [weights], None))
+    if central is not None:  # None: the dataset has no central test data
         reported = scores.without_sums(central)
         metrics |= {f"eval/central/{k}": v for k, v in reported.items() if k != "num_examples"}
     if len(plan.clients):
@@ -113,8 +113,8 @@ def evaluate_clients(
 ) -> list[Metrics]:
     """``weights`` on each client's test split, as rows with ``client_id`` (empty clients skipped)."""
     ids = tuple(int(c) for c in clients)
-    [rows] = backend.map_clients(MapRequest("evaluate", ids, "test", store=store), [weights])
-    return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if isinstance(row, dict)]
+    [rows] = backend.map_clients(MapRequest(EVALUATE, [weights], ids, store=store))
+    return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if row is not None]
 
 
 _SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported

@@ -16,7 +16,7 @@ from typing import TypeVar
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
 from raysim.engine.build import build
-from raysim.engine.engine import Engine, PluginServices
+from raysim.engine.engine import Engine
 from raysim.engine.plots import learning_curve
 from raysim.engine.progress import RoundProgress
 from raysim.engine.round import refuse_nonfinite
@@ -74,7 +74,7 @@ def run(
             if job.evaluation.at_start and engine.start_round == 0:
                 engine.log(engine.evaluate(state), START_STEP)
             if has_protocol(engine.algorithm):
-                state = engine.algorithm.protocol(PluginServices(engine), state)
+                state = engine.algorithm.protocol(engine, state)
             else:
                 state = round_loop(engine, state, bar)
             bar.phase("finishing")

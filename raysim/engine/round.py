@@ -1,7 +1,7 @@
 """The round itself: sample, broadcast, train and fold on the workers, update the server, probe.
 
 ``Engine.run_round`` (engine/engine.py) is ``play_round``; a staged plugin reaches it through the
-engine's verbs.
+engine's verbs (``raysim.services.Services``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from raysim.algorithm import pseudo_gradient, pure_aggregate
 from raysim.engine.metrics import round_metrics
 from raysim.errors import NonFiniteError
 from raysim.probe import Probe, ProbeRound
-from raysim.runtime.wire import RoundOptions
+from raysim.services import RoundOptions
 from raysim.types import Metrics, Payload, RoundOutput, ServerState
 
 if TYPE_CHECKING:
@@ -70,10 +70,9 @@ def probe_round(
         pure_aggregate=P.to_numpy(pure_aggregate(old.params, grad)) if grad is not None else None,
         local_models=output.local_models,
     )
-    services = engine.services()
     metrics: Metrics = {}
     for name, probe in probes.items():
-        metrics |= probe.summarize(replace(view, rows=output.probe_rows.get(name, [])), services)
+        metrics |= probe.summarize(replace(view, rows=output.probe_rows.get(name, [])), engine)
     return metrics
 
 

@@ -8,7 +8,7 @@ from raysim.measure import scores
 from raysim.measure.pooling import pool_rows
 from raysim.probe import ClientView, ProbeConfig, ProbeRound
 from raysim.registry import register
-from raysim.services import Services
+from raysim.services import EVALUATE, MapRequest, Services
 from raysim.types import Metrics
 
 
@@ -47,7 +47,7 @@ class ClientServerBarrier:
         if self.config.pure_aggregate and round.pure_aggregate is not None:
             points.append(round.pure_aggregate)
         after = services.map_clients(
-            "evaluate", points, round.client_ids, split="round", round_num=round.round_num
+            MapRequest(EVALUATE, points, round.client_ids, split="round", round_num=round.round_num)
         )
         metrics = summarize_barrier(round.rows, after[0], "barrier")
         if len(after) > 1:

@@ -26,7 +26,7 @@ from raysim.measure import landscape as L
 from raysim.measure.weight_space import distance, mix
 from raysim.probe import ClientView, ProbeConfig, ProbeRound
 from raysim.registry import register
-from raysim.services import Services
+from raysim.services import LABELS, LOGITS, MapRequest, Services
 from raysim.types import Metrics, NumpyParams, RunInfo
 
 
@@ -142,8 +142,8 @@ class LossDecomposition:
     - ``fused/*``: the loss of w on E, the left-hand side the factors bound.
 
     Clients without round examples did not train and are left out (their model is the broadcast).
-    Everything on E takes one ``map_clients("logits")`` call over all the points (the K models,
-    w and the averages) plus one ``map_clients("labels")`` call.
+    Everything on E takes one ``map_clients`` call for the LOGITS of all the points (the K models,
+    w and the averages) plus one for the LABELS.
     """
 
     Config = LossDecompositionConfig
@@ -226,10 +226,10 @@ class Outputs:
     def measure(
         cls, services: Services[object], points: list[NumpyParams], data: str, ids: list[int], round_num: int
     ) -> Outputs:
-        """One ``map_clients("logits")`` call for all the points, one for the labels."""
+        """One ``map_clients`` call for the logits of all the points, one for the labels."""
         clients, split = evaluation_data(data, ids)
-        logits = services.map_clients("logits", points, clients, split=split, round_num=round_num)
-        [labels] = services.map_clients("labels", points[:1], clients, split=split, round_num=round_num)
+        logits = services.map_clients(MapRequest(LOGITS, points, clients, split=split, round_num=round_num))
+        [labels] = services.map_clients(MapRequest(LABELS, points[:1], clients, split=split, round_num=round_num))
         if all(y is None or not len(y) for y in labels):
             raise L.NoExamplesError(clients, split)
         return cls(logits, labels, by_client=clients is not None)

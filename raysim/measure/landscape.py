@@ -1,6 +1,6 @@
 """Connectivity and loss-landscape scans: evaluation of many models, barriers, planes.
 
-Every scan turns its parameter points into ONE ``Services.map_clients("evaluate", ...)`` call, so
+Every scan turns its parameter points into ONE ``Services.map_clients(MapRequest(EVALUATE, ...))`` call, so
 the grid is spread over all workers; ``clients=None`` evaluates on the dataset's central test set,
 a list of clients on their data (rows combined weighted by ``num_examples``). The arithmetic on
 the points is ``raysim.measure.weight_space``'s, the plots ``raysim.measure.plots``'.
@@ -53,7 +53,7 @@ from raysim.measure.weight_space import (
     unflatten,
     with_buffers,
 )
-from raysim.services import Services
+from raysim.services import EVALUATE, MapRequest, Services
 from raysim.types import NumpyParams
 
 # What one ``map_clients`` call of a scan may hold in parameter points, unless told otherwise
@@ -87,7 +87,7 @@ def evaluate_points(
     """
     if not points:
         raise ValueError("evaluate_points: no points to evaluate")
-    results = services.map_clients("evaluate", list(points), clients, split=split, round_num=round_num)
+    results = services.map_clients(MapRequest(EVALUATE, points, clients, split=split, round_num=round_num))
     pooled = [pool_rows(rows) for rows in results]
     rows = [row for row in pooled if row is not None]
     if len(rows) < len(pooled):

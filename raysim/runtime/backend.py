@@ -17,11 +17,13 @@ import numpy as np
 
 from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig
-from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
-from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
+from raysim.services import MapRequest, RoundOptions
+from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
 A = TypeVar("A")  # the algorithm's aggregate type
+R = TypeVar("R")  # one ``map_clients`` result
 
 
 class Backend(Protocol):
@@ -38,7 +40,7 @@ class Backend(Protocol):
         options: RoundOptions,
     ) -> RoundOutput[A]: ...
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
+    def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """``results[point][client position]`` (one "client" for the central set), spread over
         every worker."""
         ...
@@ -102,12 +104,11 @@ def split_evenly(items: np.ndarray, num_parts: int) -> list[list[int]]:
     return [[int(x) for x in items[i::num_parts]] for i in range(num_parts)]
 
 
-def map_units(request: MapRequest, num_points: int) -> list[tuple[int, int]]:
+def map_units(request: MapRequest[R]) -> list[tuple[int, int]]:
     """Every (point, client position) pair, grouped by point; (i, i) pairs when ``paired``."""
-    num_clients = 1 if request.clients is None else len(request.clients)
     if request.paired:
-        return [(i, i) for i in range(num_clients)]
-    return [(p, c) for p in range(num_points) for c in range(num_clients)]
+        return [(i, i) for i in range(request.num_clients)]
+    return [(p, c) for p in range(len(request.points)) for c in range(request.num_clients)]
 
 
 def chunk(units: list[tuple[int, int]], num_parts: int) -> list[list[tuple[int, int]]]:
@@ -116,13 +117,13 @@ def chunk(units: list[tuple[int, int]], num_parts: int) -> list[list[tuple[int, 
     return [units[bounds[i] : bounds[i + 1]] for i in range(num_parts)]
 
 
-def by_point(request: MapRequest, num_points: int, flat: list[MapResult]) -> list[list[MapResult]]:
+def by_point(request: MapRequest[R], flat: list[R | None]) -> list[list[R | None]]:
     """The flat results of ``map_units`` order as ``results[point][client position]`` (one row,
     client by client, when ``paired``)."""
     if request.paired:
         return [flat]
-    num_clients = 1 if request.clients is None else len(request.clients)
-    return [flat[p * num_clients : (p + 1) * num_clients] for p in range(num_points)]
+    size = request.num_clients
+    return [flat[p * size : (p + 1) * size] for p in range(len(request.points))]
 
 
 class SerialBackend:
@@ -145,9 +146,8 @@ class SerialBackend:
         reports = [self.trainer.train(payload, shard, round_num, options) for shard in shards]
         return merge_reports(algorithm, reports, options)
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
-        flat = self.trainer.map_units(request, list(points), map_units(request, len(points)))
-        return by_point(request, len(points), flat)
+    def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
+        return by_point(request, self.trainer.map_units(request, map_units(request)))
 
     def personalize(
         self,

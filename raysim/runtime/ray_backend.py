@@ -38,9 +38,10 @@ from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
 from raysim.runtime.sentinel import Sentinel
 from raysim.runtime.shipping import DataPlan, NodeView, node_view, stores_to_ship
-from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
-from raysim.types import MapResult, Metrics, NumpyParams, Payload, RoundOutput
+from raysim.services import MapRequest, RoundOptions
+from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
 log = logging.getLogger("raysim")
 _PLACEMENT_TIMEOUT_S = 120
@@ -49,6 +50,7 @@ _POLL_S = 1.0  # how often a pending call checks that its worker still has a nod
 # and ClientTrainer stays plain Python (Ray at the edges), so its handles are untyped.
 WorkerHandle = Any
 A = TypeVar("A")  # the algorithm's aggregate type
+R = TypeVar("R")  # one ``map_clients`` result
 
 
 LOOPBACK = "127.0.0.1"
@@ -413,14 +415,11 @@ class RayBackend:
         shards = shard_cohort(clients, self.num_examples[clients], len(self.workers))
         return [[(int(positions[i]), c) for i, c in shard] for shard in shards]  # cohort positions
 
-    def map_clients(self, request: MapRequest, points: Sequence[NumpyParams]) -> list[list[MapResult]]:
-        points_ref = ray.put(list(points))  # one copy of every point for all workers
-        units = map_units(request, len(points))
-        parts = [part for part in chunk(units, len(self.workers)) if part]
-        results = self._spread(
-            lambda w, part: w.map_units.remote(request, points_ref, part), parts, "map_clients"
-        )
-        return by_point(request, len(points), [result for part in results for result in part])
+    def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
+        request_ref = ray.put(request)  # one copy of every point for all workers
+        parts = [part for part in chunk(map_units(request), len(self.workers)) if part]
+        results = self._spread(lambda w, part: w.map_units.remote(request_ref, part), parts, "map_clients")
+        return by_point(request, [result for part in results for result in part])
 
     def personalize(
         self,

@@ -1,7 +1,8 @@
 """What crosses between the driver and a worker: plain values that pickle (Ray ships them).
 
 A worker is built from ``WorkerSetup``; each round it is told ``RoundOptions`` and answers with a
-``WorkerReport``; ``map_clients`` sends it a ``MapRequest``.
+``WorkerReport``; ``map_clients`` sends it a ``MapRequest``. Those two requests are the engine's
+verbs' own (``raysim.services``: plugins and probes write them too), checked on the driver.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raysim.errors import ClientError
-from raysim.types import ClientFailure, MapTask, Metrics, NumpyParams
+from raysim.types import ClientFailure, Metrics, NumpyParams
 
 if TYPE_CHECKING:
     from raysim.aggregate import Partial
@@ -27,34 +28,6 @@ class WorkerSetup:
     device: str = "cpu"
     num_threads: int = 1
     gpu_memory_fraction: float | None = None
-
-
-@dataclass(frozen=True)
-class RoundOptions:
-    """What a round measures besides training (the probes due, whether local models are kept),
-    and the clients doing only part of their local work: client id -> local steps (batches)."""
-
-    probes: tuple[str, ...] = ()
-    keep_local_models: bool = False
-    step_budgets: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MapRequest:
-    """What ``map_clients`` computes: ``task`` for each parameter point on each client.
-
-    ``clients`` None means the dataset's central test set; ``model`` another model section to
-    build (and keep) for the points; ``store`` a transfer dataset's name ("" the training data);
-    ``paired``: point ``i`` on client ``i`` only (each client's own model), not every pair.
-    """
-
-    task: MapTask
-    clients: tuple[int, ...] | None
-    split: str = "test"
-    round_num: int | None = None
-    store: str = ""
-    model: dict[str, Any] | None = None
-    paired: bool = False
 
 
 @dataclass

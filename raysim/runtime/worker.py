@@ -12,7 +12,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -27,8 +27,9 @@ from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.wire import MapRequest, RoundOptions, WorkerReport, WorkerSetup
+from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
+from raysim.services import MapRequest, MapTask, RoundOptions
 from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
@@ -43,8 +44,6 @@ from raysim.types import (
     ClientFailure,
     ClientResult,
     DataSpec,
-    MapResult,
-    MapTask,
     Metrics,
     NumpyParams,
     Params,
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 _CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model: yet another stream
+R = TypeVar("R")  # one ``map_clients`` result
 
 
 class ClientTrainer:
@@ -234,19 +234,19 @@ class ClientTrainer:
             out.append(row)
         return out
 
-    def map_units(
-        self, request: MapRequest, points: list[NumpyParams], units: list[tuple[int, int]]
-    ) -> list[MapResult]:
+    def map_units(self, request: MapRequest[R], units: list[tuple[int, int]]) -> list[R | None]:
         """``request.task`` for each (point index, client position) unit, in order.
 
         Units arrive grouped by point, so each point is loaded into the model once.
         """
         model = self._model_for(request.model)
         source = self.stores[request.store]
-        out, loaded = [], None
+        out: list[R | None] = []
+        loaded = None
         for point, position in units:
             if point != loaded:
-                P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in points[point].items()})
+                weights = request.points[point]
+                P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in weights.items()})
                 loaded = point
             data = self._unit_data(request, source, position)
             out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
@@ -257,7 +257,7 @@ class ClientTrainer:
     def _batch_size(self) -> int:
         return self.job.evaluation.batch_size
 
-    def _unit_data(self, request: MapRequest, source: ClientStore, position: int) -> ClientData | None:
+    def _unit_data(self, request: MapRequest[Any], source: ClientStore, position: int) -> ClientData | None:
         if request.clients is None:
             return source.central_test()
         client_id = request.clients[position]
@@ -285,17 +285,22 @@ class ClientTrainer:
 
 @torch.no_grad()
 def _compute(
-    task: MapTask, model: nn.Module, data: ClientData, spec: DataSpec, device: torch.device, batch_size: int
-) -> Metrics | np.ndarray:
-    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order."""
-    if task == "evaluate":
+    task: MapTask[R], model: nn.Module, data: ClientData, spec: DataSpec, device: torch.device, batch_size: int
+) -> Any:
+    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order.
+
+    Returns:
+        The task's ``R`` (Metrics for EVALUATE, an array otherwise); typed Any because mypy cannot
+        tie a branch on ``task.name`` to ``R``, and the Ray path returns Any from ``ray.get`` anyway.
+    """
+    if task.name == "evaluate":
         return evaluate(model, data, spec, device, batch_size)
-    if task == "labels":
+    if task.name == "labels":
         if "y" not in data.arrays:
             raise ValueError("map_clients labels: this dataset's examples have no labels ('y')")
         return np.asarray(data.arrays["y"])
     model.eval()
-    forward = cast("FeatureModel", model).features if task == "features" else model  # models/ anatomy
+    forward = cast("FeatureModel", model).features if task.name == "features" else model  # models/ anatomy
     outputs = [
         forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
     ]

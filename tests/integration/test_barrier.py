@@ -9,7 +9,8 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.loop import run
-from raysim.runtime.wire import MapRequest, RoundOptions, WorkerSetup
+from raysim.runtime.wire import WorkerSetup
+from raysim.services import EVALUATE, MapRequest, RoundOptions
 from raysim.runtime.worker import ClientTrainer
 
 
@@ -29,8 +30,8 @@ def test_barrier_is_logged_and_matches_an_independent_evaluation(tmp_path, algor
     # the last round's global term, recomputed from the final model on the same round data
     last = json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"][-1]
     trainer = ClientTrainer(WorkerSetup(job.to_dict(), str(store_path(job)), str(tmp_path / "s")))
-    request = MapRequest("evaluate", tuple(last), "round", round_num=2)
-    again = trainer.map_units(request, [P.to_numpy(result.state.params)], [(0, i) for i in range(len(last))])
+    request = MapRequest(EVALUATE, [P.to_numpy(result.state.params)], last, "round", round_num=2)
+    again = trainer.map_units(request, [(0, i) for i in range(len(last))])
     assert all(len(trainer.round_data(c, 2)) == 10 for c in last)
     assert result.history[-1][1]["barrier/global_loss"] == pytest.approx(
         np.mean([m["loss"] for m in again]), rel=1e-6

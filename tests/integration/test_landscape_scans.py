@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.build import build
-from raysim.engine.engine import PluginServices
 from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.measure import landscape as L
 from raysim.measure import plots
 from raysim.runtime.builders import build_job_model
+from raysim.services import LABELS, MapRequest
 
 CLIENTS = [0, 3, 7]
 
@@ -56,16 +56,15 @@ def torch_params(params):
 
 def test_line_and_group_scans_match_plain_torch(engine):
     job, eng, start = engine
-    services = PluginServices(eng)
     a, b, c = start, perturbed(start, 1), perturbed(start, 2)
-    curve = L.line_scan(services, a, b, alphas=[0.0, 0.25, 1.0], clients=CLIENTS)
+    curve = L.line_scan(eng, a, b, alphas=[0.0, 0.25, 1.0], clients=CLIENTS)
     ta, tb, tc = torch_params(a), torch_params(b), torch_params(c)
     for i, alpha in enumerate((0.0, 0.25, 1.0)):
         loss, accuracy = direct(
             job, eng.store, {k: (alpha * ta[k] + (1 - alpha) * tb[k]).float() for k in ta}
         )
         assert curve.loss[i] == pytest.approx(loss, rel=1e-5) and curve.accuracy[i] == pytest.approx(accuracy)
-    group = L.group_barrier(services, [a, b, c], [1.0, 1.0, 2.0], clients=CLIENTS)
+    group = L.group_barrier(eng, [a, b, c], [1.0, 1.0, 2.0], clients=CLIENTS)
     fused = {k: ((ta[k] + tb[k] + 2 * tc[k]) / 4).float() for k in ta}
     own = [direct(job, eng.store, {k: v.float() for k, v in t.items()}) for t in (ta, tb, tc)]
     fused_loss, _ = direct(job, eng.store, fused)
@@ -78,7 +77,7 @@ def test_line_and_group_scans_match_plain_torch(engine):
 def test_plane_scan_matches_plain_torch(engine, tmp_path):
     job, eng, start = engine
     w1, w2, w3 = start, perturbed(start, 1), perturbed(start, 2)
-    scan = L.plane_scan(PluginServices(eng), w1, w2, w3, size=3, clients=CLIENTS)
+    scan = L.plane_scan(eng, w1, w2, w3, size=3, clients=CLIENTS)
     keys = sorted(w1)
     flat = [torch.cat([torch_params(w)[k].flatten() for k in keys]) for w in (w1, w2, w3)]
     u = flat[1] - flat[0]
@@ -97,7 +96,7 @@ def test_plane_scan_matches_plain_torch(engine, tmp_path):
 
 def test_map_clients_returns_the_labels_of_the_data(engine):
     _, eng, start = engine
-    [labels] = eng.map_clients("labels", [start], CLIENTS, split="train")
+    [labels] = eng.map_clients(MapRequest(LABELS, [start], CLIENTS, split="train"))
     for c, y in zip(CLIENTS, labels):
         np.testing.assert_array_equal(y, eng.store.client_data(c, "train").arrays["y"])
 

@@ -14,12 +14,12 @@ from jobs import tiny_job
 from raysim import params as P
 from raysim import registry
 from raysim.engine.build import build
-from raysim.engine.engine import PluginServices
 from raysim.engine.loop import START_STEP, run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import CheckpointError, ConfigError
 from raysim.probe import ProbeConfig
 from raysim.runtime.builders import build_job_model
+from raysim.services import EVALUATE, FEATURES, LOGITS, MapRequest, RoundOptions
 from raysim.types import Payload
 
 BARRIER = {"probes": [{"name": "client_server_barrier"}]}
@@ -59,8 +59,8 @@ def test_map_clients_evaluates_every_point_on_every_client(tmp_path, backend, re
         start = P.to_numpy(state.params)
         halved = {k: v * 0.5 for k, v in start.items()}
         clients = [0, 3, 7]
-        metrics = engine.map_clients("evaluate", [start, halved], clients)
-        logits = engine.map_clients("logits", [halved], clients)
+        metrics = engine.map_clients(MapRequest(EVALUATE, [start, halved], clients))
+        logits = engine.map_clients(MapRequest(LOGITS, [halved], clients))
     finally:
         engine.backend.shutdown()
     assert len(metrics) == 2 and all(len(row) == 3 for row in metrics)
@@ -77,7 +77,7 @@ def test_map_clients_returns_the_models_features(tmp_path):
     """``features`` is the penultimate representation (models/anatomy), example by example."""
     job = tiny_job()
     engine, state = built(job, tmp_path)
-    [[features]] = engine.map_clients("features", [P.to_numpy(state.params)], [2])
+    [[features]] = engine.map_clients(MapRequest(FEATURES, [P.to_numpy(state.params)], [2]))
     model = build_job_model(job, engine.store.spec)
     model.load_state_dict(state.params, strict=False)
     model.eval()
@@ -94,19 +94,19 @@ def test_map_clients_loads_points_into_another_architecture(tmp_path):
     section = {"name": "mlp", "hidden": [8]}
     torch.manual_seed(11)
     other = P.to_numpy(P.model_params(_model(section, engine.store)))
-    [[row]] = engine.map_clients("evaluate", [other], [5], model=section)
+    [[row]] = engine.map_clients(MapRequest(EVALUATE, [other], [5], model=section))
     loss, _, _ = direct(job, engine.store, other, 5, section)
     assert row["loss"] == pytest.approx(loss, rel=1e-5)
-    [[central]] = engine.map_clients("evaluate", [other], None, model=section)
+    [[central]] = engine.map_clients(MapRequest(EVALUATE, [other], None, model=section))
     assert central is None or central["num_examples"] > 0  # digits has no central set: None
 
 
 def test_kept_local_models_average_to_the_fedavg_model(tmp_path):
     """FedAvg (server SGD, lr 1): new global = sum_i w_i local_i / sum_i w_i over the cohort."""
     engine, state = built(tiny_job(), tmp_path)
-    services = PluginServices(engine)
-    cohort = services.cohort(0)
-    output = services.train_cohort(engine.algorithm.broadcast(state, 0), cohort, 0, keep_local_models=True)
+    cohort = engine.cohort(0)
+    payload = engine.algorithm.broadcast(state, 0)
+    output = engine.train_cohort(payload, cohort, 0, RoundOptions(keep_local_models=True))
     new, _ = engine.algorithm.server_update(state, output.aggregate, 0)
     weights = {int(m["client_id"]): m["weight"] for m in output.client_metrics}
     assert sorted(output.local_models) == sorted(int(c) for c in cohort)
@@ -285,15 +285,16 @@ def test_probe_hooks_run_in_eval_mode_without_gradients(tmp_path):
     ] == [0.0] * 4
 
 
-def test_map_clients_refuses_a_bad_split_or_model_on_the_driver(tmp_path):
-    engine, state = built(tiny_job(), tmp_path)
+def test_a_map_request_is_refused_when_made_on_the_driver(tmp_path):
+    """A bad split or model section fails as the request is written, before any worker sees it."""
+    _, state = built(tiny_job(), tmp_path)
     point = [P.to_numpy(state.params)]
     with pytest.raises(ConfigError, match="split must be"):
-        engine.map_clients("evaluate", point, [0], split="round")  # no round_num
+        MapRequest(EVALUATE, point, [0], split="round")  # no round_num
     with pytest.raises(ConfigError, match="split must be"):
-        engine.map_clients("evaluate", point, [0], split="validation")
+        MapRequest(EVALUATE, point, [0], split="validation")
     with pytest.raises(ConfigError, match="map_clients model.hiden: unknown key"):
-        engine.map_clients("evaluate", point, [0], model={"name": "mlp", "hiden": [8]})
+        MapRequest(EVALUATE, point, [0], model={"name": "mlp", "hiden": [8]})
 
 
 def test_map_clients_outlives_a_worker_that_died_for_good(tmp_path, ray_local):
@@ -303,9 +304,9 @@ def test_map_clients_outlives_a_worker_that_died_for_good(tmp_path, ray_local):
     engine, state = built(job, tmp_path)
     try:
         point = [P.to_numpy(state.params)]
-        before = engine.map_clients("evaluate", point, [0, 1, 2, 3])
+        before = engine.map_clients(MapRequest(EVALUATE, point, [0, 1, 2, 3]))
         ray.kill(engine.backend.workers[1], no_restart=True)
-        after = engine.map_clients("evaluate", point, [0, 1, 2, 3])
+        after = engine.map_clients(MapRequest(EVALUATE, point, [0, 1, 2, 3]))
         evaluated = engine.evaluate(state, job.engine.num_rounds - 1)  # on the one worker left
     finally:
         engine.backend.shutdown()
@@ -325,10 +326,10 @@ def test_paired_map_clients_evaluates_each_client_on_its_own_point(tmp_path, bac
         start = P.to_numpy(state.params)
         points = [{k: v * scale for k, v in start.items()} for scale in (1.0, 0.5, 0.25)]
         clients = [4, 9, 13]
-        [paired] = engine.map_clients("evaluate", points, clients, paired=True)
-        grid = engine.map_clients("evaluate", points, clients)
+        [paired] = engine.map_clients(MapRequest(EVALUATE, points, clients, paired=True))
+        grid = engine.map_clients(MapRequest(EVALUATE, points, clients))
         with pytest.raises(ConfigError, match="one point per client"):
-            engine.map_clients("evaluate", points[:2], clients, paired=True)
+            engine.map_clients(MapRequest(EVALUATE, points[:2], clients, paired=True))
     finally:
         engine.backend.shutdown()
     assert [row["loss"] for row in paired] == pytest.approx([grid[i][i]["loss"] for i in range(3)])

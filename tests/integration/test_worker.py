@@ -6,7 +6,8 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.data.prepare import open_dataset
-from raysim.runtime.wire import RoundOptions, WorkerSetup
+from raysim.runtime.wire import WorkerSetup
+from raysim.services import RoundOptions
 from raysim.runtime.worker import ClientTrainer
 from raysim.types import Payload
 

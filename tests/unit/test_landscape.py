@@ -17,6 +17,8 @@ Hand values:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -28,6 +30,7 @@ from raysim.measure import landscape as L
 from raysim.measure import plots
 from raysim.measure import weight_space as W
 from raysim.probe import ProbeRound
+from raysim.services import MapRequest
 from raysim.types import ClientData, DataSpec, RunInfo
 
 RNG = np.random.default_rng(0)
@@ -64,10 +67,11 @@ class LinearServices:
     def __init__(self):
         self.calls = []
 
-    def map_clients(self, task, points, clients, *, split="test", round_num=None, **_):
-        self.calls.append((task, len(points), None if clients is None else list(clients), split))
+    def map_clients(self, request: MapRequest):
+        clients = None if request.clients is None else list(request.clients)
+        self.calls.append((request.task.name, len(request.points), clients, request.split))
         datasets = [CENTRAL] if clients is None else [CLIENT_DATA[c] for c in clients]
-        return [[self._one(task, p, data) for data in datasets] for p in points]
+        return [[self._one(request.task.name, p, data) for data in datasets] for p in request.points]
 
     @staticmethod
     def _one(task, params, data):
@@ -209,8 +213,8 @@ def test_group_barrier_monte_carlo_max_is_at_least_the_barrier_of_each_draw():
 
 def test_a_scan_without_data_names_the_fix():
     class NoCentral(LinearServices):
-        def map_clients(self, task, points, clients, **kwargs):
-            return [[None] for _ in points]
+        def map_clients(self, request):
+            return [[None] for _ in request.points]
 
     with pytest.raises(L.NoExamplesError, match="central test set.*pass clients"):
         L.line_scan(NoCentral(), model(1), model(2))
@@ -303,9 +307,9 @@ class RecordingServices:
     def __init__(self):
         self.points = []
 
-    def map_clients(self, task, points, clients, **_):
-        self.points += points
-        return [[{"loss": 0.0, "accuracy": 0.0, "num_examples": 1.0}] for _ in points]
+    def map_clients(self, request):
+        self.points += request.points
+        return [[{"loss": 0.0, "accuracy": 0.0, "num_examples": 1.0}] for _ in request.points]
 
 
 @pytest.mark.parametrize(
@@ -582,10 +586,10 @@ def test_loss_decomposition_leaves_out_a_client_without_round_examples():
         assert LossDecomposition(LossDecompositionConfig()).after_training(view) == {"num_examples": 0.0}
 
     class WithEmptyClient(ProbeServices):
-        def map_clients(self, task, points, clients, **kwargs):
-            if clients is None or 3 not in clients:
-                return super().map_clients(task, points, clients, **kwargs)
-            out = super().map_clients(task, points, [c for c in clients if c != 3], **kwargs)
+        def map_clients(self, request):
+            if request.clients is None or 3 not in request.clients:
+                return super().map_clients(request)
+            out = super().map_clients(replace(request, clients=[c for c in request.clients if c != 3]))
             return [[*rows, None] for rows in out]  # the engine's None: no examples
 
     full = probe_round([1.0, 1.0, 2.0])

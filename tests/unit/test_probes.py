@@ -8,7 +8,7 @@ from raysim.errors import ConfigError
 from raysim.measure.barrier import LocalAccuracy
 from raysim.probe import ProbeConfig, ProbeRound, is_due
 from raysim.runtime.backend import by_point, chunk, map_units
-from raysim.runtime.wire import MapRequest
+from raysim.services import EVALUATE, MapRequest
 
 BASE = {
     "dataset": {"name": "digits"},
@@ -85,16 +85,16 @@ def test_local_accuracy_pools_scores_from_the_clients_statistics():
 
 
 def test_map_work_is_split_into_contiguous_chunks_and_reassembled_by_point():
-    request = MapRequest("evaluate", (10, 11, 12))
-    units = map_units(request, num_points=2)
+    request = MapRequest(EVALUATE, [{}, {}], (10, 11, 12))  # two points on three clients
+    units = map_units(request)
     assert units == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     parts = chunk(units, 4)
     assert sorted(len(p) for p in parts) == [1, 1, 2, 2] and sum(parts, []) == units
     flat = [f"{p}-{c}" for p, c in units]
-    assert by_point(request, 2, flat) == [["0-0", "0-1", "0-2"], ["1-0", "1-1", "1-2"]]
-    central = MapRequest("evaluate", None)
-    assert map_units(central, 3) == [(0, 0), (1, 0), (2, 0)]
-    assert np.array_equal(np.array(by_point(central, 3, ["a", "b", "c"])), [["a"], ["b"], ["c"]])
+    assert by_point(request, flat) == [["0-0", "0-1", "0-2"], ["1-0", "1-1", "1-2"]]
+    central = MapRequest(EVALUATE, [{}, {}, {}], None)
+    assert map_units(central) == [(0, 0), (1, 0), (2, 0)]
+    assert np.array_equal(np.array(by_point(central, ["a", "b", "c"])), [["a"], ["b"], ["c"]])
 
 
 def test_transfer_datasets_are_validated_with_the_job():

@@ -16,6 +16,7 @@ from reference import B0, SPEC, W0, context, grad, payload
 
 from raysim import registry
 from raysim.errors import NonFiniteError
+from raysim.services import RoundOptions
 from raysim.types import Payload, RoundOutput, RunInfo
 
 LR = 0.3
@@ -68,7 +69,8 @@ class FakeServices:
     def cohort(self, round_num):
         return np.array(self.cohorts[round_num])
 
-    def train_cohort(self, payload, cohort, round_num, *, keep_local_models=False):
+    def train_cohort(self, payload, cohort, round_num, options=RoundOptions()):
+        keep_local_models = options.keep_local_models
         assert keep_local_models == self.is_eval_round(round_num)  # only when they are evaluated
         if payload.extra.get("mode") == "recall":  # kept models read back, nothing trained
             assert not payload.params and round_num == self.info.num_rounds - 1
@@ -83,9 +85,10 @@ class FakeServices:
     def is_eval_round(self, round_num):
         return round_num in self.eval_rounds
 
-    def map_clients(self, task, points, clients, *, paired=False, **_):
-        ids = [int(p["weight"][0, 0]) for p in points]  # the fake models carry their client id
-        self.asked.append((clients, paired, ids))
+    def map_clients(self, request):
+        ids = [int(p["weight"][0, 0]) for p in request.points]  # the fake models carry their client id
+        clients = None if request.clients is None else list(request.clients)
+        self.asked.append((clients, request.paired, ids))
         if clients is None:
             return [[self.central[i]] for i in ids]
         return [[self.own[i] for i in ids]]

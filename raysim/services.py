@@ -91,11 +91,10 @@ class MapRequest(Generic[R]):
 
 def check_map_request(request: MapRequest[Any]) -> None:
     """A request is refused on the driver, before any worker sees it."""
-    if request.split not in ("test", "train", "round") or (
-        request.split == "round" and request.round_num is None
-    ):
+    split = request.split
+    if split not in ("test", "train", "round") or (split == "round" and request.round_num is None):
         raise ConfigError(
-            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {request.split!r}"]
+            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {split!r}"]
         )
     if request.paired and (request.clients is None or len(request.clients) != len(request.points)):
         raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])

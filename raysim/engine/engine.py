@@ -9,32 +9,27 @@ protocol, which names the verbs they may use.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Literal, TypeVar, cast, overload
+from typing import Generic, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
 
-from raysim import params as P
-from raysim import registry
 from raysim.algorithm import Algorithm
 from raysim.checkpoint import round_checkpoint_name, save_checkpoint
-from raysim.config import JobConfig, explain
+from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.round import play_round, refuse_nonfinite
 from raysim.engine.tracking import Tracker
-from raysim.errors import ConfigError
 from raysim.probe import Probe, is_due
-from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort
-from raysim.systems.rounds import SimulatedSystem
 from raysim.services import MapRequest, RoundOptions
+from raysim.systems.rounds import SimulatedSystem
 from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")

@@ -12,7 +12,7 @@ module with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal, cast
 
 import numpy as np
@@ -228,8 +228,9 @@ class Outputs:
     ) -> Outputs:
         """One ``map_clients`` call for the logits of all the points, one for the labels."""
         clients, split = evaluation_data(data, ids)
-        logits = services.map_clients(MapRequest(LOGITS, points, clients, split=split, round_num=round_num))
-        [labels] = services.map_clients(MapRequest(LABELS, points[:1], clients, split=split, round_num=round_num))
+        request = MapRequest(LOGITS, points, clients, split=split, round_num=round_num)
+        logits = services.map_clients(request)
+        [labels] = services.map_clients(replace(request, task=LABELS, points=points[:1]))
         if all(y is None or not len(y) for y in labels):
             raise L.NoExamplesError(clients, split)
         return cls(logits, labels, by_client=clients is not None)

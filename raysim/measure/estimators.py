@@ -4,7 +4,8 @@ arXiv:2305.07845, Theorem 1 and Fig. 4; notes/ima.md section 3.3) and linear CKA
 al., ICML 2019, arXiv:1905.00414), IMA's covariance measure.
 
 Every function takes (n, C) logits and, where it scores them, integer labels; everything is
-computed in float64. ``Services.map_clients`` fetches both (``MapRequest(LOGITS, ...)``, ``MapRequest(LABELS, ...)``).
+computed in float64. ``Services.map_clients`` fetches both (``MapRequest(LOGITS, ...)`` and
+``MapRequest(LABELS, ...)``).
 
 Usage:
     squared_error(logits, labels).mean()    # IMA's MSE loss

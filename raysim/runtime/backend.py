@@ -10,7 +10,6 @@ Usage:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 import numpy as np

@@ -285,7 +285,12 @@ class ClientTrainer:
 
 @torch.no_grad()
 def _compute(
-    task: MapTask[R], model: nn.Module, data: ClientData, spec: DataSpec, device: torch.device, batch_size: int
+    task: MapTask[Any],
+    model: nn.Module,
+    data: ClientData,
+    spec: DataSpec,
+    device: torch.device,
+    batch_size: int,
 ) -> Any:
     """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order.
 

@@ -10,8 +10,8 @@ from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.loop import run
 from raysim.runtime.wire import WorkerSetup
-from raysim.services import EVALUATE, MapRequest, RoundOptions
 from raysim.runtime.worker import ClientTrainer
+from raysim.services import EVALUATE, MapRequest, RoundOptions
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedfish"])

@@ -7,8 +7,8 @@ from jobs import tiny_job
 from raysim import params as P
 from raysim.data.prepare import open_dataset
 from raysim.runtime.wire import WorkerSetup
-from raysim.services import RoundOptions
 from raysim.runtime.worker import ClientTrainer
+from raysim.services import RoundOptions
 from raysim.types import Payload
 
 

@@ -11,6 +11,9 @@ Usage:
             state, metrics = services.run_round(state, round_num)
             services.end_round(state, round_num, metrics)
         return state
+
+    cohort = services.cohort(0)  # a Metrics row (or None) per client of each point:
+    [rows] = services.map_clients(MapRequest(EVALUATE, [P.to_numpy(state.params)], cohort))
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run's pieces and the verbs the round loop, staged plugins and probes use.
+"""A run's pieces, the round itself, and the verbs the round loop, staged plugins and probes use.
 
 ``Engine`` holds what ``build`` made (algorithm, store, backend, tracker, evaluation plan,
 probes) and is a ``raysim.services.Services``: a staged plugin, a probe's ``summarize``, the
@@ -9,21 +9,24 @@ protocol, which names the verbs they may use.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from raysim.algorithm import Algorithm
+from raysim import params as P
+from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
 from raysim.checkpoint import round_checkpoint_name, save_checkpoint
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
-from raysim.engine.round import play_round, refuse_nonfinite
+from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker
-from raysim.probe import Probe, is_due
+from raysim.errors import NonFiniteError
+from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import raise_client_failure
@@ -91,7 +94,29 @@ class Engine(Generic[A]):
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
         """One round: sample, broadcast, train and fold on workers, update the server, probe."""
-        return play_round(self, state, round_num)
+        t0 = time.perf_counter()
+        self.on_phase("training")
+        # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
+        cohort = self.cohort(round_num)
+        # 2. One payload for every client; each worker folds its clients into one partial.
+        payload = self.algorithm.broadcast(state, round_num)
+        probes = self.due_probes(round_num)
+        plan = self.system.round(round_num) if self.system is not None else None
+        budgets = plan.step_budgets if plan is not None else {}
+        options = RoundOptions(tuple(probes), any(p.keeps_local_models for p in probes.values()), budgets)
+        if plan is not None and not len(cohort):  # nobody reported in time: the model stays
+            return state, plan.metrics() | {"sys/round_s": time.perf_counter() - t0}
+        output = self.train_cohort(payload, cohort, round_num, options)
+        # 3. Merge happened in the backend; the server updates from the aggregate.
+        new_state, metrics = self.algorithm.server_update(state, output.aggregate, round_num)
+        refuse_nonfinite(new_state.params, "the new global model", round_num)
+        metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+        if plan is not None:
+            metrics |= plan.metrics()
+        # 4. Probes due this round summarize what their worker hooks measured.
+        if probes:
+            metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
+        return new_state, metrics
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
@@ -129,6 +154,30 @@ class Engine(Generic[A]):
             path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run
         )
 
+    def summarize_probes(
+        self,
+        probes: dict[str, Probe],
+        old: ServerState,
+        new: ServerState,
+        payload: Payload,
+        output: RoundOutput[A],
+        round_num: int,
+    ) -> Metrics:
+        """Each due probe's summary of the round (its rows, the models before and after)."""
+        grad = pseudo_gradient(self.algorithm, output.aggregate, old.params)
+        view = ProbeRound(
+            round_num=round_num,
+            rows=[],
+            broadcast=payload.params,
+            global_params=P.to_numpy(new.params),
+            pure_aggregate=P.to_numpy(pure_aggregate(old.params, grad)) if grad is not None else None,
+            local_models=output.local_models,
+        )
+        metrics: Metrics = {}
+        for name, probe in probes.items():
+            metrics |= probe.summarize(replace(view, rows=output.probe_rows.get(name, [])), self)
+        return metrics
+
     # --- cadence ------------------------------------------------------------------------------
 
     def is_eval_round(self, round_num: int) -> bool:
@@ -150,3 +199,15 @@ class Engine(Generic[A]):
 def _every(every: int, round_num: int) -> bool:
     """Due after every ``every``-th round (0: never)."""
     return every > 0 and (round_num + 1) % every == 0
+
+
+def refuse_nonfinite(tree: object, what: str, round_num: int) -> None:
+    """Stops the run when ``tree`` holds NaN or infinity: it would poison every later round."""
+    if not P.is_finite(tree):
+        bad = P.nonfinite_names(tree)
+        raise NonFiniteError(
+            f"round {round_num}: {what} holds NaN or infinity in {bad[:5]}"
+            f"{' ...' if len(bad) > 5 else ''}; every client's update was finite, so aggregation "
+            f"or the server step made it (an overflow, a division by zero, or too large a "
+            f"server learning rate)"
+        )

@@ -16,10 +16,9 @@ from typing import TypeVar
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
 from raysim.engine.build import build
-from raysim.engine.engine import Engine
+from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.plots import learning_curve
 from raysim.engine.progress import RoundProgress
-from raysim.engine.round import refuse_nonfinite
 from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
 from raysim.types import Metrics, ServerState

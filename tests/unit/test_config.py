@@ -226,7 +226,7 @@ REQUIRED_OPTIONS = {
     ("dataset", "hf_images"): {"path": "x"},
     ("dataset", "stackoverflow"): {"data_files": "x"},
     ("dataset", "glue"): {"task": "sst2"},
-    ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "start_round": 0},
+    ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "average_from": 0},
 }
 
 

@@ -4,9 +4,10 @@ arXiv:2007.07481).
 Clients that take more local steps move further; FedAvg's average then leans towards their
 objectives. FedNova divides each client's move by its step count before averaging: with tau_i local
 SGD steps (the paper's symbol for a step count) at momentum rho, the client's gradients enter
-``w_g - w_i`` with total weight (times the lr) ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
-notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size weights
-``p_i`` over the clients that reported,
+``w_g - w_i`` with total weight (times the lr)
+``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
+notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size
+weights ``p_i`` over the clients that reported,
     w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
 so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.train.server_opt``'s on that
 pseudo-gradient (SGD with lr 1 by default; ``server.lr`` scales it). Float buffers (BatchNorm

@@ -148,7 +148,9 @@ def _without_renamed_options(section: Any, where: str, problems: list[str]) -> A
         if plugin != section.get("name") or key not in kept:
             continue
         if not nested:
-            del kept[key]
+            value = kept.pop(key)
+            if new.isidentifier():  # a plain rename: validate the rest with the value in place
+                kept.setdefault(new, value)
         elif isinstance(value, dict) and nested in value:
             kept[key] = {k: v for k, v in value.items() if k != nested}
         else:

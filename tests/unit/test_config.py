@@ -77,7 +77,7 @@ def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
     assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
     ima = {
         "name": "ima",
-        "start_round": 1,
+        "average_from": 1,
         "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}},
     }
     assert problems_of({**BASE, "algorithm": ima}) == [

@@ -85,7 +85,8 @@ def test_soft_mask_by_hand_for_three_clients():
 
 
 def test_a_low_threshold_passes_every_coordinate_with_some_agreement():
-    new, _ = server_round(algo(agreement_threshold=0.3))  # A = 1/3 >= 0.3 now passes whole; A = 0 still zeroes
+    # A = 1/3 >= 0.3 now passes whole; A = 0 still zeroes
+    new, _ = server_round(algo(agreement_threshold=0.3))
     masked = np.array([0.45, 0.075, 0.0, 0.2, -0.2])
     assert np.allclose(new.params["w"].numpy(), W_START - masked, atol=1e-6)
 

@@ -257,7 +257,8 @@ SHIFT = 0.1 * COUNTS**-0.25
 
 @pytest.mark.parametrize("quirk", [False, True], ids=["paper", "fedgucci_code"])
 def test_fedgucci_plus_is_the_loop_with_calibrated_loss_and_sam_on_every_step(quirk):
-    result = client("fedgucci_plus", older=[A1], **loop_options(sam={"rho": 0.3}, reading="fedgucci_code" if quirk else "paper"))
+    reading = "fedgucci_code" if quirk else "paper"
+    result = client("fedgucci_plus", older=[A1], **loop_options(sam={"rho": 0.3}, reading=reading))
     dw, db = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, rho=0.3, quirk=quirk, **LOOP)
     assert np.allclose(delta(result)[0], dw, atol=1e-6) and np.allclose(delta(result)[1], db, atol=1e-6)
     plain, _ = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, **LOOP)

@@ -116,7 +116,7 @@ def test_a_part_filled_window_is_never_averaged():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"average_from": 7}, r"algorithm.average_from: .*set average_from below 7 \(the paper takes 3T/4: 5\)"),
+        ({"average_from": 7}, r"algorithm.average_from: .*set average_from below 7 \(the paper takes 3T/4"),
         ({"average_from": 2, "window": 8}, "algorithm.window: .*set window to at most 7"),
     ],
 )

@@ -334,7 +334,6 @@ def test_a_partial_section_of_another_kind_starts_from_that_kinds_defaults():
     assert (adam.server.kind, adam.server.lr, adam.server.bias_correction) == ("adam", 0.5, True)
 
 
-
 FEDAVG_V = {"name": "fedavg", "variant": "x"}
 FEDGMA_IN_IMA = {"name": "ima", "average_from": 1, "inner": {"name": "fedgma", "variant": "ima_code"}}
 

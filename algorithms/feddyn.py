@@ -12,7 +12,7 @@ of m,
 Means are unweighted, as in the paper; ``weighted: true`` takes example-weighted ones (the
 FedGuCci code's p_i), replacing (1 / m) sum_i by (|S| / m) sum_i p_i. Float buffers (BatchNorm
 statistics) take the plain mean. ``alpha`` 0.01 as the FedGuCci code (notes/fedgucci.md
-section 5), whose penalty is the norm, not its square: ``penalty: norm`` adds
+section 5), whose penalty is the norm, not its square: ``reading: fedgucci_code`` adds
 ``(alpha / 2) ||w - w_g||_2`` instead (its gradient ``(alpha / 2) (w - w_g) / ||w - w_g||``, the
 norm over all trainable parameters together, 0 at ``w = w_g``); the ``g_i`` and server updates
 stay as above.
@@ -38,8 +38,8 @@ class FedDynConfig(BaseModel, frozen=True, extra="forbid"):
     """FedDyn: a linear term and a proximal term that make local and global optima agree."""
 
     alpha: float = Field(0.01, gt=0)
-    # "squared": (alpha/2)||w - w_g||^2 (paper); "norm": (alpha/2)||w - w_g||_2 (FedGuCci code)
-    penalty: Literal["squared", "norm"] = "squared"
+    # the proximal penalty: paper (alpha/2)||w - w_g||^2; fedgucci_code (alpha/2)||w - w_g||_2
+    reading: Literal["paper", "fedgucci_code"] = "paper"
     local: LocalTrainConfig = LocalTrainConfig()
     weighted: bool = False
 
@@ -53,15 +53,16 @@ class FedDynUpdate:
     count: torch.Tensor  # 1: the sum is |S|
 
 
-def dynamic_regularizer(alpha: float, anchor: Params, g: Params, penalty: str) -> AfterBackward:
-    """``after_backward`` adding the gradient of ``penalty(w - anchor) - <g, w>``."""
+def dynamic_regularizer(alpha: float, anchor: Params, g: Params, is_norm_penalty: bool) -> AfterBackward:
+    """``after_backward`` adding the gradient of ``penalty(w - anchor) - <g, w>``, the penalty
+    ``(alpha/2)||w - anchor||^2``, or its norm when ``is_norm_penalty`` (the FedGuCci code's)."""
 
     def after_backward(model: nn.Module) -> None:
         diffs = {
             name: p.detach() - anchor[name] for name, p in model.named_parameters() if p.grad is not None
         }
         scale = alpha
-        if penalty == "norm":  # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||
+        if is_norm_penalty:  # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||
             norm = P.global_norm(diffs)
             scale = alpha / 2 / norm if norm > 0 else 0.0  # 0 at the anchor, as autograd's norm
         for name, p in model.named_parameters():
@@ -100,7 +101,7 @@ class FedDyn:
             if state
             else {k: torch.zeros_like(ctx.global_params[k]) for k in trainable}
         )
-        regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.penalty)
+        regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.reading == "fedgucci_code")
         metrics = train_local(
             ctx.model,
             ctx.data,

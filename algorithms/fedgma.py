@@ -5,17 +5,18 @@ The server scales each coordinate of the mean client update by how much the coho
 direction. With ``m`` clients that trained and deltas ``delta_i = global - local_i``:
 
     A    = |sum_i sign(delta_i)| / m                   (per coordinate, in [0, 1])
-    mask = 1 where A >= tau, else A                    (the paper's soft mask)
+    mask = 1 where A >= threshold, else A              (the paper's soft mask)
     w   <- w - server_lr * mask * mean(delta)          (mean weighted by examples, as FedAvg)
 
-``tau`` is 0.8 (the IMA paper's setting; notes/ima.md section 4). The server step is
-``raysim.train.server_opt`` on the masked mean delta (plain SGD at lr 1 by default). Float buffers
-(BatchNorm statistics) have no direction to agree on: they take the plain mean.
+``agreement_threshold`` (the paper's tau) is 0.8 (the IMA paper's setting; notes/ima.md
+section 4). The server step is ``raysim.train.server_opt`` on the masked mean delta (plain SGD at
+lr 1 by default). Float buffers (BatchNorm statistics) have no direction to agree on: they take
+the plain mean.
 
-``variant: ima_code`` is the version the IMA authors ran as their FedGMA baseline
+``reading: ima_code`` is the version the IMA authors ran as their FedGMA baseline
 (github TailinZhou/FedIMA, ``utils/aggregator.py``; notes/ima.md section 4): the FedAvg aggregate
 ``w_fma = w - mean(delta)`` plus a hard AND-masked step at server lr 1e-4, where client ``i``
-counts at a coordinate when its sign agrees with the cohort's and ``|sum_i sign(delta_i)| > tau m``
+counts at a coordinate when its sign agrees with the cohort's and ``|sum_i sign(delta_i)| > threshold m``
 (strictly):
 
     w <- w_fma - ima_code_server_lr * (1/m) sum_i and_mask_i * (local_i - global)
@@ -59,8 +60,9 @@ from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, 
 class FedGMAConfig(BaseModel, frozen=True, extra="forbid"):
     """FedGMA: the mean client delta, scaled per coordinate by the cohort's sign agreement."""
 
-    tau: float = Field(0.8, gt=0, le=1)  # agreement at or above which a coordinate passes whole
-    variant: Literal["paper", "ima_code"] = "paper"
+    agreement_threshold: float = Field(0.8, gt=0, le=1)  # A at or above which a coordinate passes whole
+    # paper: the soft mask above; ima_code: the IMA authors' FedGMA baseline (module docstring)
+    reading: Literal["paper", "ima_code"] = "paper"
     ima_code_server_lr: float = Field(1e-4, gt=0)  # the IMA code's lr on its masked term
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
@@ -68,9 +70,9 @@ class FedGMAConfig(BaseModel, frozen=True, extra="forbid"):
 
     @model_validator(mode="after")
     def _ima_code_has_no_server_optimizer(self) -> "FedGMAConfig":
-        if self.variant == "ima_code" and self.server != ServerOptimizerConfig():
+        if self.reading == "ima_code" and self.server != ServerOptimizerConfig():
             raise ValueError(
-                "variant ima_code is the IMA authors' FedAvg aggregate plus their masked term, "
+                "reading ima_code is the IMA authors' FedAvg aggregate plus their masked term, "
                 "with no server optimizer: leave server at its default (sgd, lr 1)"
             )
         return self
@@ -84,22 +86,22 @@ class GMAUpdate:
     weight: torch.Tensor  # w: the examples trained on (1 when not ``weighted``; 0 without data)
     sign: Params  # sign(delta), trainable parameters only
     count: torch.Tensor  # 1 for a client that trained, 0 without data
-    positive: Params  # delta where > 0, unweighted: the ima_code variant only (else empty)
-    negative: Params  # delta where < 0, unweighted: the ima_code variant only (else empty)
+    positive: Params  # delta where > 0, unweighted: the ima_code reading only (else empty)
+    negative: Params  # delta where < 0, unweighted: the ima_code reading only (else empty)
 
 
-def agreement_mask(sign_sum: torch.Tensor, count: torch.Tensor, tau: float) -> torch.Tensor:
-    """The paper's soft mask: 1 where ``A = |sign_sum| / count >= tau``, else ``A``."""
+def agreement_mask(sign_sum: torch.Tensor, count: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The paper's soft mask: 1 where ``A = |sign_sum| / count >= threshold``, else ``A``."""
     agreement = sign_sum.abs() / count.clamp_min(1)  # no client trained: A = 0, and so is the mean
-    return torch.where(agreement >= tau, torch.ones_like(agreement), agreement)
+    return torch.where(agreement >= threshold, torch.ones_like(agreement), agreement)
 
 
-def agreeing_sum(sums: GMAUpdate, key: str, tau: float) -> torch.Tensor:
+def agreeing_sum(sums: GMAUpdate, key: str, threshold: float) -> torch.Tensor:
     """The IMA code's AND-masked sum: the deltas of the clients on the majority's side, where
-    ``|sign_sum| > tau * count``."""
+    ``|sign_sum| > threshold * count``."""
     sign_sum = sums.sign[key]
     side = torch.where(sign_sum > 0, sums.positive[key], sums.negative[key])
-    return side * (sign_sum.abs() > tau * sums.count)
+    return side * (sign_sum.abs() > threshold * sums.count)
 
 
 @register("algorithm", "fedgma")
@@ -123,7 +125,7 @@ class FedGMA:
         trained = result.weight > 0
         w = (result.weight if self.config.weighted else 1.0) if trained else 0.0
         trainable = {name for name, p in ctx.model.named_parameters() if p.requires_grad}
-        with_parts = self.config.variant == "ima_code"
+        with_parts = self.config.reading == "ima_code"
         update = GMAUpdate(
             delta={k: v * w for k, v in delta.items()},
             weight=torch.tensor(float(w)),
@@ -139,15 +141,16 @@ class FedGMA:
 
     def pseudo_gradient(self, sums: GMAUpdate) -> Params:
         """The masked mean delta (buffers unmasked); for ima_code, ``w - w_new`` of its rule."""
-        tau = self.config.tau
+        threshold = self.config.agreement_threshold
         mean = {k: v / sums.weight.clamp_min(1e-12) for k, v in sums.delta.items()}  # 0/0 -> 0
-        if self.config.variant == "ima_code":
+        if self.config.reading == "ima_code":
             step = self.config.ima_code_server_lr / sums.count.clamp_min(1)
             return {
-                k: v - step * agreeing_sum(sums, k, tau) if k in sums.sign else v for k, v in mean.items()
+                k: v - step * agreeing_sum(sums, k, threshold) if k in sums.sign else v
+                for k, v in mean.items()
             }
         return {
-            k: agreement_mask(sums.sign[k], sums.count, tau) * v if k in sums.sign else v
+            k: agreement_mask(sums.sign[k], sums.count, threshold) * v if k in sums.sign else v
             for k, v in mean.items()
         }
 
@@ -162,7 +165,7 @@ class FedGMA:
         return state, {**metrics, "fedgma/agreed_fraction": fraction}
 
     def _agreed(self, sign_sum: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Where the cohort agrees enough to pass a coordinate whole (the variant's threshold)."""
-        if self.config.variant == "ima_code":
-            return sign_sum.abs() > self.config.tau * count
-        return sign_sum.abs() / count.clamp_min(1) >= self.config.tau
+        """Where the cohort agrees enough to pass a coordinate whole (the reading's threshold)."""
+        if self.config.reading == "ima_code":
+            return sign_sum.abs() > self.config.agreement_threshold * count
+        return sign_sum.abs() / count.clamp_min(1) >= self.config.agreement_threshold

@@ -20,7 +20,7 @@ weights ``alpha * grad l(m_j)`` and the anchors nothing. ``update_mode``:
 ``alpha_mode``: ``fixed`` (alpha = 0.5, the code) or ``uniform`` (alpha_j ~ U(0, 1) per batch and
 anchor, the cited learning-lines works; notes 3.1).
 
-FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration: {tau: 0.1}`` (FedLC's calibrated
+FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration: {strength: 0.1}`` (FedLC's calibrated
 cross-entropy, ``raysim.train.losses``, replaces the task loss in every term) and ``sam: {rho: 0.05}``
 (``raysim.train.sharpness.sam_descend`` takes every step, the task step and each connectivity step; in
 joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches either off.
@@ -88,8 +88,9 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
     interpolated_mode: Literal["train", "eval"] = "train"
     logit_calibration: LogitCalibrationConfig | None = None  # FedLC's CE as the task loss (FedGuCci+)
     sam: SamConfig | None = None  # SAM (or ASAM) on every step (FedGuCci+)
-    # the code's SAM connectivity step applies the clean plus the perturbed gradient (notes 3.3 item 2)
-    replicate_quirks: bool = False
+    # paper: SAM steps on the perturbed gradient; fedgucci_code: the code's SAM connectivity steps
+    # on the clean plus the perturbed gradient (notes 3.3 item 2)
+    reading: Literal["paper", "fedgucci_code"] = "paper"
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
     weighted: bool = True
@@ -98,7 +99,7 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
     @classmethod
     def _settings_not_a_switch(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, bool):
-            example = "{tau: 0.1}" if info.field_name == "logit_calibration" else "{rho: 0.05}"
+            example = "{strength: 0.1}" if info.field_name == "logit_calibration" else "{rho: 0.05}"
             raise ValueError(
                 f"{info.field_name} takes its settings, e.g. {info.field_name}: {example}, or null for off; "
                 f"not {str(value).lower()}"
@@ -111,9 +112,9 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
             raise ValueError(
                 "alpha is drawn from U(0, 1) when alpha_mode is uniform: drop alpha, or set alpha_mode: fixed"
             )
-        if self.replicate_quirks and not (self.sam and self.update_mode == "sequential"):
+        if self.reading == "fedgucci_code" and not (self.sam and self.update_mode == "sequential"):
             raise ValueError(
-                "replicate_quirks reproduces the code's SAM gradient sum in sequential connectivity "
+                "reading fedgucci_code reproduces the code's SAM gradient sum in sequential connectivity "
                 "steps: it needs sam set (e.g. sam: {rho: 0.05}) and update_mode: sequential"
             )
         return self
@@ -201,10 +202,10 @@ class Connectivity:
             model.train(was_training)
 
 
-def sequential_step(conn: Connectivity, sam: SamConfig | None, replicate_quirks: bool = False) -> LocalStep:
+def sequential_step(conn: Connectivity, sam: SamConfig | None, add_clean_gradient: bool = False) -> LocalStep:
     """The authors' loop (notes 3.2.1): a task step, then one step per anchor, newest first, each
-    at SAM's perturbed point when ``sam`` is set (``replicate_quirks``: the code's connectivity
-    steps on the clean plus the perturbed gradient)."""
+    at SAM's perturbed point when ``sam`` is set (``add_clean_gradient``, ``reading: fedgucci_code``:
+    the code's connectivity steps on the clean plus the perturbed gradient)."""
 
     def step(
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
@@ -213,7 +214,7 @@ def sequential_step(conn: Connectivity, sam: SamConfig | None, replicate_quirks:
         loss = sam_descend(model, batch, optimizer, backward, sam)
         for j in range(len(conn.anchors)):
             term = conn.term(j)
-            sam_descend(model, batch, optimizer, backward, sam, term, add_clean_gradient=replicate_quirks)
+            sam_descend(model, batch, optimizer, backward, sam, term, add_clean_gradient=add_clean_gradient)
         return loss
 
     return step
@@ -282,10 +283,10 @@ class FedGuCci(FedAvgServer[FedGuCciConfig]):
     def client_update(self, ctx: ClientContext) -> ClientResult:
         config = self.config
         calibration = config.logit_calibration
-        task = fedlc_loss(ctx, calibration.tau) if calibration is not None else task_loss
+        task = fedlc_loss(ctx, calibration.strength) if calibration is not None else task_loss
         conn = self._connectivity(ctx, task)
         if config.update_mode == "sequential":
-            step = sequential_step(conn, config.sam, config.replicate_quirks)
+            step = sequential_step(conn, config.sam, add_clean_gradient=config.reading == "fedgucci_code")
             return local_delta_update(ctx, config.local, loss_fn=task, step=step)
         return local_delta_update(
             ctx, config.local, loss_fn=task, extra_loss=conn.total, step=joint_step(conn, config.sam)

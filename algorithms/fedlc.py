@@ -1,10 +1,11 @@
 """FedLC: FedAvg whose clients train on logit-calibrated cross-entropy.
 
 Zhang et al., "Federated Learning with Label Distribution Skew via Logits Calibration", ICML 2022,
-arXiv:2209.00189. Each client lowers logit c by ``tau * n_c^(-1/4)`` before the cross-entropy,
-with n_c its own count of class c (``raysim.train.losses``); classes it never saw drop out of its
-softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md, section 5):
-``logit_calibration: {tau: 0.1}`` (``raysim.train.losses.LogitCalibrationConfig``, shared with FedGuCci+).
+arXiv:2209.00189. Each client lowers logit c by ``strength * n_c^(-1/4)`` (the paper's tau)
+before the cross-entropy, with n_c its own count of class c (``raysim.train.losses``); classes it
+never saw drop out of its softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md,
+section 5): ``logit_calibration: {strength: 0.1}`` (``raysim.train.losses.LogitCalibrationConfig``,
+shared with FedGuCci+).
 """
 
 from __future__ import annotations
@@ -39,5 +40,5 @@ class FedLC(FedAvgServer[FedLCConfig]):
 
     def client_update(self, ctx: ClientContext) -> ClientResult:
         return local_delta_update(
-            ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.logit_calibration.tau)
+            ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.logit_calibration.strength)
         )

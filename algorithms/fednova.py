@@ -3,10 +3,11 @@ arXiv:2007.07481).
 
 Clients that take more local steps move further; FedAvg's average then leans towards their
 objectives. FedNova divides each client's move by its step count before averaging: with tau_i local
-SGD steps at momentum rho, the client's gradients enter ``w_g - w_i`` with total weight (times the
-lr) ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
-notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size weights
-``p_i`` over the clients that reported,
+SGD steps (the paper's symbol for a step count) at momentum rho, the client's gradients enter
+``w_g - w_i`` with total weight (times the lr)
+``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
+notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size
+weights ``p_i`` over the clients that reported,
     w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
 so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.train.server_opt``'s on that
 pseudo-gradient (SGD with lr 1 by default; ``server.lr`` scales it). Float buffers (BatchNorm
@@ -54,15 +55,16 @@ class FedNovaUpdate:
     steps: torch.Tensor  # n_i a_i
 
 
-def momentum_steps(tau: int, rho: float) -> float:
-    """``a_i``: the summed weight of tau SGD steps' gradients in ``w_g - w_i`` (in lr units).
+def momentum_steps(num_steps: int, rho: float) -> float:
+    """``a_i``: the summed weight of ``num_steps`` (the paper's tau_i) SGD steps' gradients in
+    ``w_g - w_i`` (in lr units).
 
     Momentum carries step s's gradient into every later step, with weight
-    ``sum_{j < tau - s} rho^j``; summed over s that is ``[tau - rho (1 - rho^tau)/(1 - rho)]/(1 - rho)``.
+    ``sum_{j < n - s} rho^j``; summed over s that is ``[n - rho (1 - rho^n)/(1 - rho)]/(1 - rho)``.
     """
     if rho == 0:
-        return float(tau)
-    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+        return float(num_steps)
+    return (num_steps - rho * (1 - rho**num_steps) / (1 - rho)) / (1 - rho)
 
 
 @register("algorithm", "fednova")

@@ -3,8 +3,8 @@
 - FedAvg: McMahan et al., AISTATS 2017, arXiv:1602.05629 (server SGD, lr 1).
 - FedAvgM: Hsu et al. 2019, arXiv:1909.06335 (server momentum 0.9, server lr 1).
 - FedAdam / FedYogi / FedAdagrad: Reddi et al., ICLR 2021, arXiv:2003.00295, Algorithm 2
-  (server lr 0.01, beta1 0.9 (0 for FedAdagrad), beta2 0.99, tau 1e-3, v_{-1} = tau^2, no bias
-  correction).
+  (server lr 0.01, beta1 0.9 (0 for FedAdagrad), beta2 0.99, eps 1e-3 (their tau), v_{-1} = eps^2,
+  no bias correction).
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ class FedAvgMConfig(FedOptConfig, frozen=True):
     server: ServerOptimizerConfig = ServerOptimizerConfig(kind="sgd", lr=1.0, momentum=0.9)
 
 
-# The second moment starts at v_{-1} = tau^2 by default, so that these plugins are the paper's
-# methods (Reddi et al.'s Algorithm 2 initialises v_{-1} >= tau^2); it damps the first steps of
-# coordinates whose delta is not much larger than tau. `initial_second_moment: zero` starts at
-# zero, as Flower's FedAdam does.
+# The second moment starts at v_{-1} = eps^2 by default, so that these plugins are the paper's
+# methods (Reddi et al.'s Algorithm 2 initialises v_{-1} >= tau^2, their tau being our eps); it
+# damps the first steps of coordinates whose delta is not much larger than eps.
+# `initial_second_moment: zero` starts at zero, as Flower's FedAdam does.
 
 
 class FedAdamConfig(FedOptConfig, frozen=True):
     """FedAdam: server Adam on the mean client delta (Reddi et al. 2021)."""
 
     server: ServerOptimizerConfig = ServerOptimizerConfig(
-        kind="adam", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3, initial_second_moment="tau_squared"
+        kind="adam", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3, initial_second_moment="eps_squared"
     )
 
 
@@ -51,7 +51,7 @@ class FedYogiConfig(FedOptConfig, frozen=True):
     """FedYogi: server Yogi on the mean client delta (Reddi et al. 2021)."""
 
     server: ServerOptimizerConfig = ServerOptimizerConfig(
-        kind="yogi", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3, initial_second_moment="tau_squared"
+        kind="yogi", lr=0.01, beta1=0.9, beta2=0.99, eps=1e-3, initial_second_moment="eps_squared"
     )
 
 
@@ -61,7 +61,7 @@ class FedAdagradConfig(FedOptConfig, frozen=True):
     # beta1 0: Reddi et al. run FedAdagrad without server momentum (sec. 5; Algorithm 2 allows any
     # beta1, their analysis takes 0), so each step uses this round's mean delta only.
     server: ServerOptimizerConfig = ServerOptimizerConfig(
-        kind="adagrad", lr=0.01, beta1=0.0, eps=1e-3, initial_second_moment="tau_squared"
+        kind="adagrad", lr=0.01, beta1=0.0, eps=1e-3, initial_second_moment="eps_squared"
     )
 
 

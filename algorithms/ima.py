@@ -4,9 +4,9 @@ IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). Notes: shared/p
 
 A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round
 0, it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates
-(notes 2.2, 2.5 items 1 to 4). From ``start_round`` (t_s) on, once the window is full (the
-author code never averages fewer than P models; it waits for ``t >= P``, one round more when
-t_s < P), the global model, which is broadcast and evaluated, is the uniform mean of that window
+(notes 2.2, 2.5 items 1 to 4). From ``average_from`` (the paper's t_s) on, once the window is
+full (the author code never averages fewer than P models; it waits for ``t >= P``, one round more
+when t_s < P), the global model, which is broadcast and evaluated, is the uniform mean of that window
 (eq. 5, notes 2.1):
 
     w_bar^t = (1/P) * sum_{i=t-P+1..t} w^i  for t >= max(t_s, P - 1),   w_bar^t = w^t  before.
@@ -60,18 +60,19 @@ WINDOW = "ima_window"  # ServerState.extra key: the last P inner models, oldest 
 
 
 class EpochExploration(BaseModel, frozen=True, extra="forbid"):
-    """From ``start_round`` on, one local epoch fewer every ``every`` rounds (Table III's ED)."""
+    """From IMA's ``average_from`` on, one local epoch fewer every ``every`` rounds (Table III's ED)."""
 
     every: int = Field(20, ge=1)
     min_epochs: int = Field(1, ge=1)
 
 
 class IMAConfig(BaseModel, frozen=True, extra="forbid"):
-    """IMA: from start_round on, the global model is the mean of the last window models (Zhou et al. 2024)."""
+    """IMA: from average_from on, the global model is the mean of the last window models (Zhou et al.
+    2024)."""
 
     inner: PluginSection  # {name: <algorithm>, **its options}, validated by that plugin's Config
     window: int = Field(5, ge=1)  # P (Table VII)
-    start_round: int = Field(ge=0)  # t_s: the paper takes 3T/4
+    average_from: int = Field(ge=0)  # t_s: the paper takes 3T/4
     exploration: Schedule | None = Exponential(decay=0.97)  # the client lr from t_s on
     epochs_exploration: EpochExploration | None = None
     placement: Literal["after_server_update", "before_server_optimizer"] = "after_server_update"
@@ -108,7 +109,7 @@ class IMAConfig(BaseModel, frozen=True, extra="forbid"):
 
 def explored(config: IMAConfig) -> BaseModel:
     """The inner plugin's config, its ``local`` training switched to IMA's client exploration
-    at ``start_round`` (a pure function of the config: every worker builds the same).
+    at ``average_from`` (a pure function of the config: every worker builds the same).
 
     Raises:
         ValueError: exploration is asked of an inner plugin without ``local`` training options.
@@ -124,14 +125,14 @@ def explored(config: IMAConfig) -> BaseModel:
         )
     update: dict[str, Any] = {}
     if config.exploration is not None:
-        switch = Switch(start_round=config.start_round, before=lr_schedule(local), after=config.exploration)
+        switch = Switch(start_round=config.average_from, before=lr_schedule(local), after=config.exploration)
         update |= {"lr_schedule": switch, "lr_decay": 1.0}
     if config.epochs_exploration is not None:
         if local.epochs_schedule is not None:
             raise ValueError("inner.local.epochs_schedule is set already: set epochs_exploration: null")
         epochs = config.epochs_exploration
         update["epochs_schedule"] = EpochDecay(
-            start_round=config.start_round, every=epochs.every, min_epochs=epochs.min_epochs
+            start_round=config.average_from, every=epochs.every, min_epochs=epochs.min_epochs
         )
     return inner.model_copy(update={"local": local.model_copy(update=update)})
 
@@ -157,12 +158,12 @@ class IMA:
         """The inner's state and an empty window; an IMA that would never average is refused (it
         would silently be its inner algorithm)."""
         config, rounds = self.config, info.num_rounds
-        if config.start_round >= rounds:
+        if config.average_from >= rounds:
             raise ConfigError(
                 [
-                    f"algorithm.start_round: IMA starts at round {config.start_round}, but the run "
+                    f"algorithm.average_from: IMA starts at round {config.average_from}, but the run "
                     f"ends after round {rounds - 1}, so it would only be its inner algorithm; set "
-                    f"start_round below {rounds} (the paper takes 3T/4: {3 * rounds // 4})"
+                    f"average_from below {rounds} (the paper takes 3T/4: {3 * rounds // 4})"
                 ]
             )
         if config.window > rounds:
@@ -188,7 +189,7 @@ class IMA:
         self, state: ServerState, aggregate: Any, round_num: int
     ) -> tuple[ServerState, Metrics]:
         config = self.config
-        if round_num == config.start_round and config.reset_server_opt_state:
+        if round_num == config.average_from and config.reset_server_opt_state:
             state = replace(state, opt_state=OptState())
         if aggregate is None:  # nobody reported: the inner keeps its model, the window its models
             new, metrics = self.inner.server_update(state, aggregate, round_num)
@@ -206,7 +207,7 @@ class IMA:
     def _active(self, round_num: int, window: list[Params]) -> bool:
         """Whether this round's global model is the window mean: from t_s on, once the window is
         full (never a part-filled window, as in the author code; notes 2.5 item 4)."""
-        return round_num >= self.config.start_round and len(window) == self.config.window
+        return round_num >= self.config.average_from and len(window) == self.config.window
 
     def _before_server_optimizer(
         self, state: ServerState, mean_delta: Params, round_num: int
@@ -236,14 +237,14 @@ class IMA:
             raise CheckpointError(
                 f"{trail.path} holds no IMA window, and placement before_server_optimizer averages "
                 f"the pure aggregates, which a checkpoint does not keep: branch from a run of this "
-                f"IMA job (with a start_round past the branch round it equals its inner algorithm's "
+                f"IMA job (with an average_from past the branch round it equals its inner algorithm's "
                 f"run), or use placement: after_server_update"
             )
-        if last >= config.start_round:
+        if last >= config.average_from:
             raise CheckpointError(
-                f"{trail.path} ends after round {last}, but IMA starts at round {config.start_round}: "
+                f"{trail.path} ends after round {last}, but IMA starts at round {config.average_from}: "
                 f"its window would hold rounds trained without IMA; branch from the checkpoint of "
-                f"round {config.start_round - 1} or an earlier one"
+                f"round {config.average_from - 1} or an earlier one"
             )
         rounds = range(max(0, last - config.window + 1), last + 1)
         try:

@@ -3,12 +3,12 @@ of FedGuCci, Li et al., KDD 2025, arXiv:2402.18949; notes/fedgucci.md section 5)
 
 Each client starts from an initial model the first time it is sampled and from its own model,
 kept in its client state, every time after; the global model never changes. The initial model is
-by default the run's shared one (``init: shared``), broadcast only in rounds whose cohort holds a
-client without a model of its own (``trained`` in the server state lists those that have one);
-otherwise the broadcast is empty. In the FedGuCci code each client's model starts from its own
-independent random initialisation (each ``Node`` builds a fresh model): ``init: client`` does
-that, the job's model built afresh on the worker under a seed of (run seed, client id)
-(``ClientContext.client_init``), and never broadcasts anything.
+by default the run's shared one (``start_from: shared_init``), broadcast only in rounds whose
+cohort holds a client without a model of its own (``trained`` in the server state lists those that
+have one); otherwise the broadcast is empty. In the FedGuCci code each client's model starts from
+its own independent random initialisation (each ``Node`` builds a fresh model): ``start_from:
+client_init`` does that, the job's model built afresh on the worker under a seed of (run seed,
+client id) (``ClientContext.client_init``), and never broadcasts anything.
 
 What the papers report is the mean over clients of their local models' accuracy on the global test
 set. When evaluation is due (``evaluation.every`` and the last round) this plugin evaluates local
@@ -67,8 +67,8 @@ class LocalOnlyConfig(BaseModel, frozen=True, extra="forbid"):
 
     local: LocalTrainConfig = LocalTrainConfig()
     # where a client's model starts: the run's shared initial model, or the client's own random
-    # initialisation (the FedGuCci code's)
-    init: Literal["shared", "client"] = "shared"
+    # initialisation (the FedGuCci code's); the same two models as moon's ``negative`` names
+    start_from: Literal["shared_init", "client_init"] = "shared_init"
 
 
 @register("algorithm", "local")
@@ -94,9 +94,11 @@ class LocalOnly:
             P.load_into(ctx.model, own["params"])
         elif ctx.payload.extra.get("mode") == _RECALL:
             raise RuntimeError(f"client {ctx.client_id} was asked for its kept model and has none")
-        elif self.config.init == "client":
+        elif self.config.start_from == "client_init":
             if ctx.client_init is None:
-                raise RuntimeError("local init: client needs the worker's ClientContext.client_init")
+                raise RuntimeError(
+                    "local start_from: client_init needs the worker's ClientContext.client_init"
+                )
             P.load_into(ctx.model, ctx.client_init())
         elif not ctx.global_params:
             raise RuntimeError(
@@ -146,7 +148,7 @@ class LocalOnly:
         cohort = services.cohort(round_num)
         trained = cast(torch.Tensor, state.extra["trained"])
         everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
-        starts_shared = self.config.init == "shared" and not everyone_has_one
+        starts_shared = self.config.start_from == "shared_init" and not everyone_has_one
         payload = self.broadcast(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))

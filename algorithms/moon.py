@@ -18,8 +18,10 @@ section 5) uses ``temperature: 1.0`` and a negative that is never updated: each 
 ``prev_model`` is a copy of that client's own random initialisation (its ``Node`` builds a fresh
 model), which ``negative: client_init`` reproduces: the job's model built afresh on the worker
 under a seed of (run seed, client id) (``ClientContext.client_init``), the same every round, so
-nothing is kept or sent. ``negative: initial`` is our variant, one fixed negative for everyone:
-the run's shared initial model, broadcast beside the global model every round.
+nothing is kept or sent. ``negative: shared_init`` is our own option, one fixed negative for
+everyone: the run's shared initial model, broadcast beside the global model every round. This is a
+choice of negative, not only paper against code, so it keeps its own key; ``client_init`` and
+``shared_init`` name the same two starting models as ``local``'s ``start_from``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class MoonConfig(BaseModel, frozen=True, extra="forbid"):
     temperature: float = Field(0.5, gt=0)  # the FedGuCci code: 1.0
     # the contrastive negative: the client's previous local model (the paper), the client's own
     # random initialisation (the FedGuCci code's never-updated ``prev_model``), or the run's
-    # shared initial model (a variant)
-    negative: Literal["previous", "client_init", "initial"] = "previous"
+    # shared initial model (our option)
+    negative: Literal["previous", "client_init", "shared_init"] = "previous"
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -130,7 +132,7 @@ class Moon(FedAvgServer[MoonConfig]):
 
     def init(self, params: Params, info: RunInfo) -> ServerState:
         require_classification(info, "algorithm moon", "its loss is cross-entropy over class logits")
-        extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "initial" else {}
+        extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "shared_init" else {}
         return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
     def broadcast(self, state: ServerState, round_num: int) -> Payload:
@@ -156,7 +158,7 @@ class Moon(FedAvgServer[MoonConfig]):
 
     def _negative(self, ctx: ClientContext) -> Params:
         """The weights whose representation is pushed away: see ``MoonConfig.negative``."""
-        if self.config.negative == "initial":
+        if self.config.negative == "shared_init":
             return cast(Params, ctx.payload.extra["initial"])  # on ctx.device already
         if self.config.negative == "client_init":
             if ctx.client_init is None:

@@ -23,7 +23,7 @@ Usage (a new probe):
         def __init__(self, config: ProbeConfig) -> None: self.config = config
         def before_training(self, view: ClientView) -> Metrics: return {}
         def after_training(self, view: ClientView) -> Metrics: return view.evaluate(view.data)
-        def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
+        def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics: ...
         def check(self, info: RunInfo) -> None: ...  # optional: refuse a run it cannot measure
 """
 
@@ -108,7 +108,7 @@ class Probe(Protocol):
 
     def after_training(self, view: ClientView) -> Metrics: ...
 
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics: ...
+    def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics: ...
 
     # Optional: ``check(info: RunInfo) -> None`` raises ConfigError when the probe cannot measure
     # this run (a task or data it needs); ``build`` calls it before any worker starts.

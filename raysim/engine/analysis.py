@@ -31,7 +31,7 @@ import yaml
 from raysim import params as P
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
-from raysim.engine.build import World, engine_of, open_world, start_workers
+from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
 from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, download_artifact, sqlite_path
 from raysim.engine.tracking import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError
@@ -49,7 +49,7 @@ class FinishedRun:
 
     run_id: str
     tracker: MlflowTracker  # attached to the run: what the analysis logs lands there
-    world: World
+    parts: JobParts
     run_dir: Path | None  # None: the run has no ``run_dir`` tag (an older raysim logged it)
     _scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="raysim-analyze-")))
 
@@ -83,11 +83,11 @@ class FinishedRun:
         run = find_run(tracker, run_id, uri)
         job = JobConfig.from_dict(deep_merge(read_job(run_id, uri), resources_override(backend, num_workers)))
         run_dir = run.data.tags.get(RUN_DIR_TAG)
-        return cls(run_id, tracker, open_world(job), Path(run_dir) if run_dir else None)
+        return cls(run_id, tracker, open_parts(job), Path(run_dir) if run_dir else None)
 
     @property
     def job(self) -> JobConfig:
-        return self.world.job
+        return self.parts.job
 
     # --- models by reference --------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class FinishedRun:
                 file that is not a checkpoint of this job's model.
         """
         if ref == "init":  # the seeded model, as the algorithm starts from it
-            return P.to_numpy(self.world.algorithm.init(self.world.params, self.world.info).params)
+            return P.to_numpy(self.parts.algorithm.init(self.parts.params, self.parts.info).params)
         return self._load(self.checkpoint_path(ref))
 
     def checkpoint_path(self, ref: str) -> Path:
@@ -173,7 +173,7 @@ class FinishedRun:
 
     def _load(self, path: Path) -> NumpyParams:
         state, _ = read_state(path)
-        check_compatible(state, self.world.params, str(path))
+        check_compatible(state, self.parts.params, str(path))
         return P.to_numpy(state.params)
 
     # --- evaluation and logging -----------------------------------------------------------
@@ -182,18 +182,18 @@ class FinishedRun:
         """Where to evaluate (``clients`` of ``map_clients``): ``count`` of the run's evaluated
         clients (drawn from its seed); else None, the central test set; else, for a dataset without
         one, all of its evaluated clients (their pooled loss is the run's ``eval/clients/loss``)."""
-        pool = self.world.plan.clients
+        pool = self.parts.plan.clients
         if count is not None:
             return pool[sample_eval_clients(len(pool), count, self.job.seed)]
-        return None if self.world.store.meta["has_central_test"] else pool
+        return None if self.parts.store.meta["has_central_test"] else pool
 
     @contextlib.contextmanager
     def services(self) -> Iterator[Services[object]]:
         """The engine, for its verbs (``map_clients`` over all workers), while the workers run."""
         state_dir = self._scratch / "client_state"  # evaluation never reads or writes client state
-        backend = start_workers(self.world, state_dir)
+        backend = start_workers(self.parts, state_dir)
         try:
-            yield engine_of(self.world, backend, self.tracker, self._scratch, state_dir)
+            yield engine_of(self.parts, backend, self.tracker, self._scratch, state_dir)
         finally:
             backend.shutdown()
 

@@ -44,7 +44,7 @@ from raysim.types import RunInfo, ServerState
 
 
 @dataclass(frozen=True)
-class World:
+class JobParts:
     """A job's pieces that exist before any process does: data, plugins, the initial model and the
     evaluation plan. ``build`` starts a run from it; ``raysim analyze`` evaluates a finished run's
     checkpoints with it, without training or a new MLflow run."""
@@ -76,11 +76,11 @@ def build(
     """
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
-    world = open_world(job)
-    system = open_system(job, world.store, world.train_pool, world.params, world.algorithm)
-    check_time_to_target(job, world.info)
+    parts = open_parts(job)
+    system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
+    check_time_to_target(job, parts.info)
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
-    state, start_round = initial_state(world.algorithm, world.params, world.info, job, checkpoint)
+    state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
@@ -91,7 +91,7 @@ def build(
     state_dir = run_dir / "client_state"
     if checkpoint is not None and checkpoint.state_dir is not None:  # its frozen snapshot
         ClientStateStore(state_dir).restore(checkpoint.state_dir)
-    backend = start_workers(world, state_dir)
+    backend = start_workers(parts, state_dir)
     try:
         tracker.start(job, run_dir, lineage)
     except BaseException:
@@ -99,7 +99,7 @@ def build(
         raise
     if lineage is not None:
         Console(stderr=True).print(lineage.describe(), highlight=False, soft_wrap=True)
-    return engine_of(world, backend, tracker, run_dir, state_dir, start_round, system), state
+    return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system), state
 
 
 def resume_lineage(tracker: Tracker, job: JobConfig, checkpoint: Checkpoint, branch: bool) -> Lineage | None:
@@ -112,7 +112,7 @@ def resume_lineage(tracker: Tracker, job: JobConfig, checkpoint: Checkpoint, bra
     return decide(checkpoint, job.to_dict(), parent, tracker.experiment_id(), branch)
 
 
-def open_world(job: JobConfig) -> World:
+def open_parts(job: JobConfig) -> JobParts:
     """Opens the data (preparing it if needed), builds the plugins and the initial model, and
     draws the evaluation plan: every check that needs no worker and no MLflow run."""
     check_installed(job)
@@ -137,22 +137,22 @@ def open_world(job: JobConfig) -> World:
         store.num_examples("train"),
         store.num_examples("test"),
     )
-    return World(job, store, transfer, algorithm, probes, params, info, train_pool, schedule, plan)
+    return JobParts(job, store, transfer, algorithm, probes, params, info, train_pool, schedule, plan)
 
 
-def start_workers(world: World, state_dir: Path) -> Backend:
+def start_workers(parts: JobParts, state_dir: Path) -> Backend:
     """The workers (serial or Ray actors), each with the job's data and model loaded."""
     setup = WorkerSetup(
-        job=world.job.to_dict(),
-        store_path=str(world.store.path),
+        job=parts.job.to_dict(),
+        store_path=str(parts.store.path),
         state_dir=str(state_dir),
-        transfer_stores={name: str(s.path) for name, s in world.transfer.items()},
+        transfer_stores={name: str(s.path) for name, s in parts.transfer.items()},
     )
-    return make_backend(world.job, setup, world.store)
+    return make_backend(parts.job, setup, parts.store)
 
 
 def engine_of(
-    world: World,
+    parts: JobParts,
     backend: Backend,
     tracker: Tracker,
     run_dir: Path,
@@ -160,10 +160,10 @@ def engine_of(
     start_round: int = 0,
     system: SimulatedSystem | None = None,
 ) -> Engine[Any]:
-    """The engine over a world whose workers run: its verbs log to ``tracker``."""
-    target = world.job.evaluation.time_to_target
-    return Engine(world.job, world.algorithm, world.store, backend, tracker, world.info, run_dir,
-                  state_dir, world.plan, world.train_pool, world.probes, world.schedule,
+    """The engine over a job's parts once their workers run: its verbs log to ``tracker``."""
+    target = parts.job.evaluation.time_to_target
+    return Engine(parts.job, parts.algorithm, parts.store, backend, tracker, parts.info, run_dir,
+                  state_dir, parts.plan, parts.train_pool, parts.probes, parts.schedule,
                   start_round, system=system,
                   targets=None if target is None else TimeToTarget(target))  # fmt: skip
 

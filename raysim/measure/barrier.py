@@ -42,16 +42,18 @@ class ClientServerBarrier:
     def after_training(self, view: ClientView) -> Metrics:
         return _loss_and_accuracy(view.evaluate(view.data), "local_")
 
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        points = [round.global_params]
-        if self.config.pure_aggregate and round.pure_aggregate is not None:
-            points.append(round.pure_aggregate)
+    def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics:
+        points = [probe_round.global_params]
+        if self.config.pure_aggregate and probe_round.pure_aggregate is not None:
+            points.append(probe_round.pure_aggregate)
         after = services.map_clients(
-            MapRequest(EVALUATE, points, round.client_ids, split="round", round_num=round.round_num)
+            MapRequest(
+                EVALUATE, points, probe_round.client_ids, split="round", round_num=probe_round.round_num
+            )
         )
-        metrics = summarize_barrier(round.rows, after[0], "barrier")
+        metrics = summarize_barrier(probe_round.rows, after[0], "barrier")
         if len(after) > 1:
-            metrics |= summarize_barrier(round.rows, after[1], "barrier/pure")
+            metrics |= summarize_barrier(probe_round.rows, after[1], "barrier/pure")
         return metrics
 
 
@@ -109,13 +111,13 @@ class LocalAccuracy:
         test = view.test_data()
         return view.evaluate(test) if len(test) else {}
 
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        pooled = pool_rows(round.rows)
+    def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics:
+        pooled = pool_rows(probe_round.rows)
         if pooled is None:
             return {}
         out: Metrics = {}
         for key in sorted(set(scores.without_sums(pooled)) - {"num_examples"}):
-            values = [row[key] for row in round.rows if row.get("num_examples", 0) > 0 and key in row]
+            values = [row[key] for row in probe_round.rows if row.get("num_examples", 0) > 0 and key in row]
             out[f"local/test_{key}"] = pooled[key]
             out[f"local/test_{key}_mean"] = float(np.mean(values))
         return out

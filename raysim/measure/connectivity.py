@@ -79,19 +79,21 @@ class GroupBarrier:
     def check(self, info: RunInfo) -> None:
         raise_problems(data_problems("group_barrier", self.config, info))
 
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        ids, models, sizes = kept_models(round)
+    def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics:
+        ids, models, sizes = kept_models(probe_round)
         if len(models) < 2:
             return {}
         clients, split = evaluation_data(self.config.data, ids)
         lam = sizes if self.config.weights == "data" else None
-        seed = (services.info.seed, round.round_num)
+        seed = (services.info.seed, probe_round.round_num)
         out = L.group_barrier(
-            services, models, lam, clients, split, round_num=round.round_num,
+            services, models, lam, clients, split, round_num=probe_round.round_num,
             samples=self.config.samples, seed=seed,
         )  # fmt: skip
         if self.config.pairwise:
-            pair = L.group_barrier(services, models[:2], None, clients, split, round_num=round.round_num)
+            pair = L.group_barrier(
+                services, models[:2], None, clients, split, round_num=probe_round.round_num
+            )
             out |= {f"pairwise_{name}": pair[name] for name in L.BARRIERS if name in pair}
         return {f"group_barrier/{key}": value for key, value in out.items()}
 
@@ -174,16 +176,17 @@ class LossDecomposition:
             )
         raise_problems(problems)
 
-    def summarize(self, round: ProbeRound, services: Services[object]) -> Metrics:
-        ids, models, sizes = trained_models(round)
+    def summarize(self, probe_round: ProbeRound, services: Services[object]) -> Metrics:
+        ids, models, sizes = trained_models(probe_round)
         if len(models) < 2:
             return {}
         fused = mix(models, sizes if self.config.weights == "data" else np.ones(len(models)))
-        subsets = self._subsets(len(models), np.random.default_rng((services.info.seed, round.round_num)))
+        round_num = probe_round.round_num
+        subsets = self._subsets(len(models), np.random.default_rng((services.info.seed, round_num)))
         averages = [mix([models[i] for i in subset], np.ones(len(subset))) for subset in subsets]
-        on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round.round_num)
+        on = Outputs.measure(services, [*models, fused, *averages], self.config.data, ids, round_num)
         count = len(models)
-        rows = [row for row in round.rows if int(row["client_id"]) in ids]
+        rows = [row for row in probe_round.rows if int(row["client_id"]) in ids]
         out: Metrics = {}
         for form in LOSSES:
             out[f"train_bias/{form}"] = float(np.mean([row[f"train_{form}"] for row in rows]))
@@ -196,7 +199,7 @@ class LossDecomposition:
         local_logits = [on.pooled(k) for k in range(count)]
         out["variance/spread"] = E.output_spread(local_logits)
         rows_for_cka = cka_sample(
-            len(local_logits[0]), self.config.cka_examples, services.info.seed, round.round_num
+            len(local_logits[0]), self.config.cka_examples, services.info.seed, round_num
         )
         out["covariance/cka"] = E.mean_pairwise_cka([z[rows_for_cka] for z in local_logits])
         distances = [distance(model, fused) for model in models]
@@ -278,17 +281,17 @@ def _loss(form: str, logits: np.ndarray, labels: np.ndarray) -> float:
     return float(LOSSES[form](logits, labels).mean())
 
 
-def kept_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
+def kept_models(probe_round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
     """The round's clients that returned a local model (cohort order): ids, models, data sizes."""
-    sizes = {int(row["client_id"]): row.get("num_examples", 0.0) for row in round.rows}
-    ids = [c for c in round.client_ids if c in round.local_models]
-    return ids, [round.local_models[c] for c in ids], [sizes[c] for c in ids]
+    sizes = {int(row["client_id"]): row.get("num_examples", 0.0) for row in probe_round.rows}
+    ids = [c for c in probe_round.client_ids if c in probe_round.local_models]
+    return ids, [probe_round.local_models[c] for c in ids], [sizes[c] for c in ids]
 
 
-def trained_models(round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
+def trained_models(probe_round: ProbeRound) -> tuple[list[int], list[NumpyParams], list[float]]:
     """``kept_models`` less the clients without round examples: they did not train, so their
     model is the broadcast, with no training loss and nothing to be unseen by it."""
-    kept = [(c, m, n) for c, m, n in zip(*kept_models(round)) if n > 0]
+    kept = [(c, m, n) for c, m, n in zip(*kept_models(probe_round)) if n > 0]
     return [c for c, _, _ in kept], [m for _, m, _ in kept], [n for _, _, n in kept]
 
 

@@ -214,11 +214,11 @@ def loss_barrier(curve: Curve) -> float:
     return float(np.max(loss - linear))
 
 
-def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper") -> float:
+def accuracy_barrier(curve: Curve, *, reading: Literal["paper", "fedgucci_code"] = "paper") -> float:
     """The accuracy barrier (FedGuCci eq. 4), in [0, 1]; 0 where the line loses nothing.
 
     ``paper``: ``max_a [1 - A(w(a)) / (a A(w1) + (1-a) A(w2))]``.
-    ``code`` (the authors' ``calculate_barrier_and_stats``): the alpha with the largest
+    ``fedgucci_code`` (the authors' ``calculate_barrier_and_stats``): the alpha with the largest
     ``d(a) = linear(a) - A(w(a))``, reported as ``d / linear`` there; nearly the same number.
     Where the linear accuracy is 0 there is nothing to lose and the term counts as 0.
 
@@ -230,7 +230,7 @@ def accuracy_barrier(curve: Curve, *, variant: Literal["paper", "code"] = "paper
     inside, one, zero = _endpoints(curve)
     alphas, accuracy = curve.alphas[inside], curve.accuracy[inside]
     linear = alphas * curve.accuracy[one] + (1 - alphas) * curve.accuracy[zero]
-    if variant == "code":
+    if reading == "fedgucci_code":
         drop = linear - accuracy
         worst = int(np.argmax(drop))
         return float(drop[worst] / linear[worst]) if linear[worst] > 0 and drop[worst] > 0 else 0.0

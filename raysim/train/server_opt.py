@@ -2,8 +2,8 @@
 
 FedAvg is SGD with lr 1; FedAvgM adds momentum (Hsu et al. 2019, arXiv:1909.06335); FedAdam,
 FedYogi and FedAdagrad follow Reddi et al. 2021 (arXiv:2003.00295), Algorithm 2: no bias
-correction, ``eps`` is their adaptivity ``tau``, the first moment starts at zero and the second
-at ``v_{-1} >= tau^2`` (``initial_second_moment: tau_squared``) or at zero. ``bias_correction=True``
+correction, ``eps`` is their adaptivity (their tau), the first moment starts at zero and the
+second at ``v_{-1} = eps^2`` (``initial_second_moment: eps_squared``) or at zero. ``bias_correction=True``
 gives torch-style Adam (FedFish's server, betas (0.9, 0.999), eps 1e-7), whose moments start at
 zero.
 
@@ -32,12 +32,12 @@ class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
     nesterov: bool = False
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
-    eps: float = Field(1e-3, gt=0)  # Reddi et al.'s tau
+    eps: float = Field(1e-3, gt=0)  # the adaptivity Reddi et al. call tau
     bias_correction: bool = False
     # where the second moment v starts (adam, yogi, adagrad). Reddi et al.'s Algorithm 2 starts at
-    # v_{-1} = tau^2 (FedAdam, FedYogi and FedAdagrad set that); the generic default is zero, the
+    # v_{-1} = eps^2 (FedAdam, FedYogi and FedAdagrad set that); the generic default is zero, the
     # torch convention that bias correction assumes (FedFish's server, hand-built optimizers).
-    initial_second_moment: Literal["zero", "tau_squared"] = "zero"
+    initial_second_moment: Literal["zero", "eps_squared"] = "zero"
 
     @model_validator(mode="after")
     def _bias_correction_needs_zero_start(self) -> "ServerOptimizerConfig":
@@ -94,7 +94,7 @@ def _zeros_if_kept(w: torch.Tensor, kept: bool) -> torch.Tensor:
 def _initial_second_moment(w: torch.Tensor, config: ServerOptimizerConfig) -> torch.Tensor:
     if config.kind == "sgd":  # never read
         return w.new_empty(0)
-    if config.initial_second_moment == "tau_squared":
+    if config.initial_second_moment == "eps_squared":
         return torch.full_like(w, config.eps**2)
     return torch.zeros_like(w)
 

@@ -37,7 +37,7 @@ LOCAL = {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5}
     [
         *((name, {}) for name in sorted(CASES)),
         ("moon", {"negative": "client_init"}),
-        ("local", {"init": "client"}),
+        ("local", {"start_from": "client_init"}),
     ],
 )
 def test_two_rounds_give_finite_metrics(name, options, tmp_path):

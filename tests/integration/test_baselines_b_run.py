@@ -18,7 +18,7 @@ from raysim.engine.loop import run
 CASES = {
     "fedrod": ({"name": "fedrod"}, "fedrod/personal_train_accuracy"),
     "fedgma": ({"name": "fedgma"}, "fedgma/agreed_fraction"),
-    "fedgma_ima_code": ({"name": "fedgma", "variant": "ima_code"}, "fedgma/agreed_fraction"),
+    "fedgma_ima_code": ({"name": "fedgma", "reading": "ima_code"}, "fedgma/agreed_fraction"),
     "fedfa": (
         {"name": "fedfa", "calibration_start_round": 1, "anchor_loss_start_round": 1},
         "train/loss",

@@ -15,7 +15,7 @@ from raysim.engine.loop import run
 from raysim.errors import CheckpointError
 
 FEDAVG = {"name": "fedavg", "local": {"epochs": 1, "batch_size": 16, "lr": 0.1, "lr_decay": 0.9}}
-IMA = {"name": "ima", "inner": FEDAVG, "start_round": 3, "window": 2}
+IMA = {"name": "ima", "inner": FEDAVG, "average_from": 3, "window": 2}
 
 
 def job(algorithm, num_rounds):
@@ -40,7 +40,7 @@ def assert_same(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
-def test_before_its_start_round_ima_is_fedavg(runs):
+def test_before_it_averages_ima_is_fedavg(runs):
     fedavg, ima = runs
     for r in range(3):
         assert_same(saved_params(ima, r), saved_params(fedavg, r))
@@ -100,7 +100,7 @@ TABLE_I = {
 def test_ima_wraps_the_methods_of_the_papers_table_i(inner, tmp_path):
     """Each inner method for 4 rounds, IMA from round 2 with a window of 2."""
     options, placement = TABLE_I[inner]
-    algorithm = {"name": "ima", "inner": {"name": inner, **options}, "start_round": 2, "window": 2,
+    algorithm = {"name": "ima", "inner": {"name": inner, **options}, "average_from": 2, "window": 2,
                  "placement": placement}  # fmt: skip
     result = run(job(algorithm, 4), output_dir=tmp_path)
     assert [m["ima/active"] for _, m in result.history] == [0.0, 0.0, 1.0, 1.0]

@@ -124,8 +124,8 @@ def test_the_analysis_probes_log_finite_values_that_agree(tmp_path):
 def test_a_probe_that_needs_a_central_test_set_stops_the_build_before_training():
     """Digits has no central test set: group_barrier's default data: central is refused when the
     run is built, with its fix, not at the probe's first due round."""
-    from raysim.engine.build import open_world
+    from raysim.engine.build import open_parts
     from raysim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="group_barrier with data: central.*set data: cohort"):
-        open_world(tiny_job(evaluation={"probes": [{"name": "group_barrier", "every": 2}]}))
+        open_parts(tiny_job(evaluation={"probes": [{"name": "group_barrier", "every": 2}]}))

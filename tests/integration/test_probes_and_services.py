@@ -271,9 +271,9 @@ class ModeRecorder:
     def after_training(self, view):
         return {f"after_{k}": v for k, v in self._seen(view).items()}
 
-    def summarize(self, round, services):
+    def summarize(self, probe_round, services):
         keys = ("before_training", "before_grad", "after_training", "after_grad")
-        return {f"mode/{k}": max(row[k] for row in round.rows) for k in keys}
+        return {f"mode/{k}": max(row[k] for row in probe_round.rows) for k in keys}
 
 
 def test_probe_hooks_run_in_eval_mode_without_gradients(tmp_path):

@@ -77,7 +77,7 @@ def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
     assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
     ima = {
         "name": "ima",
-        "start_round": 1,
+        "average_from": 1,
         "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}},
     }
     assert problems_of({**BASE, "algorithm": ima}) == [
@@ -226,7 +226,7 @@ REQUIRED_OPTIONS = {
     ("dataset", "hf_images"): {"path": "x"},
     ("dataset", "stackoverflow"): {"data_files": "x"},
     ("dataset", "glue"): {"task": "sst2"},
-    ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "start_round": 0},
+    ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "average_from": 0},
 }
 
 
@@ -332,3 +332,33 @@ def test_a_partial_section_of_another_kind_starts_from_that_kinds_defaults():
         raw | {"algorithm": {"name": "fedfish", "server": {"lr": 0.5}}}
     ).algorithm.config
     assert (adam.server.kind, adam.server.lr, adam.server.bias_correction) == ("adam", 0.5, True)
+
+
+FEDAVG_V = {"name": "fedavg", "variant": "x"}
+FEDGMA_IN_IMA = {"name": "ima", "average_from": 1, "inner": {"name": "fedgma", "variant": "ima_code"}}
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "problem"),
+    [
+        ({"name": "fedgma", "variant": "ima_code"}, "variant: renamed to algorithm.reading: paper or"),
+        ({"name": "fedgma", "tau": 0.8}, "tau: renamed to algorithm.agreement_threshold"),
+        ({"name": "fedgucci_plus", "replicate_quirks": True}, "quirks: renamed to algorithm.reading"),
+        ({"name": "fedlc", "logit_calibration": {"tau": 0.1}}, "tau: renamed to algorithm.logit_calib"),
+        ({"name": "feddyn", "penalty": "norm"}, "penalty: renamed to algorithm.reading: paper (was"),
+        ({"name": "local", "init": "client"}, "init: renamed to algorithm.start_from: shared_init"),
+        ({"name": "ima", "start_round": 1, "inner": {"name": "fedavg"}}, "round: renamed to algorithm.aver"),
+        (FEDGMA_IN_IMA, "algorithm.inner.variant: renamed to algorithm.inner.reading"),
+    ],
+)
+def test_a_renamed_plugin_option_is_refused_once_naming_its_new_key(algorithm, problem):
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_dict({"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": algorithm})
+    assert len(info.value.problems) == 1, info.value.problems  # not also an "unknown key"
+    assert problem in info.value.problems[0] and info.value.problems[0].startswith("algorithm.")
+
+
+def test_an_option_renamed_in_one_plugin_is_just_unknown_in_another():
+    with pytest.raises(ConfigError) as info:  # fedavg never had ``variant``
+        JobConfig.from_dict({"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": FEDAVG_V})
+    assert len(info.value.problems) == 1 and "algorithm.variant: unknown key" in info.value.problems[0]

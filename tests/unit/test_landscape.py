@@ -122,7 +122,7 @@ def test_a_model_has_no_barrier_with_itself():
     curve = L.line_scan(services, w, w, clients=[0, 1])
     assert L.loss_barrier(curve) == pytest.approx(0, abs=1e-12)
     assert L.accuracy_barrier(curve) == pytest.approx(0, abs=1e-12)
-    assert L.accuracy_barrier(curve, variant="code") == pytest.approx(0, abs=1e-12)
+    assert L.accuracy_barrier(curve, reading="fedgucci_code") == pytest.approx(0, abs=1e-12)
     assert L.group_barrier(services, [w, w, w])["loss_barrier"] == pytest.approx(0, abs=1e-12)
 
 
@@ -137,7 +137,7 @@ def test_table_9_midpoint_arithmetic():
     """Individual accuracies 60% and 68% (mean 64%), midpoint 11.5%: 1 - 11.5/64 = 0.8203125."""
     curve = L.Curve(np.array([0.0, 0.5, 1.0]), np.zeros(3), np.array([0.68, 0.115, 0.60]))
     assert L.accuracy_barrier(curve) == pytest.approx(0.8203125)
-    assert L.accuracy_barrier(curve, variant="code") == pytest.approx(0.8203125)
+    assert L.accuracy_barrier(curve, reading="fedgucci_code") == pytest.approx(0.8203125)
 
 
 def test_accuracy_barriers_lie_in_the_unit_interval():
@@ -146,8 +146,8 @@ def test_accuracy_barriers_lie_in_the_unit_interval():
     for _ in range(200):
         accuracy = rng.uniform(0, 1, size=11) * rng.integers(0, 2, size=11)  # zeros included
         curve = L.Curve(alphas, rng.normal(size=11), accuracy)
-        for variant in ("paper", "code"):
-            assert 0.0 <= L.accuracy_barrier(curve, variant=variant) <= 1.0
+        for reading in ("paper", "fedgucci_code"):
+            assert 0.0 <= L.accuracy_barrier(curve, reading=reading) <= 1.0
 
 
 def test_the_code_variant_reports_the_ratio_at_the_largest_drop():
@@ -157,7 +157,7 @@ def test_the_code_variant_reports_the_ratio_at_the_largest_drop():
     alphas = np.array([0.0, 0.25, 0.5, 1.0])
     curve = L.Curve(alphas, np.zeros(4), np.array([0.1, 0.05, 0.2, 0.9]))
     assert L.accuracy_barrier(curve) == pytest.approx(0.25 / 0.3)
-    assert L.accuracy_barrier(curve, variant="code") == pytest.approx(0.3 / 0.5)
+    assert L.accuracy_barrier(curve, reading="fedgucci_code") == pytest.approx(0.3 / 0.5)
 
 
 def test_barriers_need_both_endpoints_and_ignore_alphas_outside_the_segment():

@@ -36,8 +36,8 @@ def test_client_label_counts_counts_the_labels_and_reads_empty_data_as_zeros():
 
 
 def test_logit_calibration_option():
-    assert LogitCalibrationConfig().tau == 0.1
-    with pytest.raises(ValidationError, match="tau"):
-        LogitCalibrationConfig(tau=-0.1)
+    assert LogitCalibrationConfig().strength == 0.1
+    with pytest.raises(ValidationError, match="strength"):
+        LogitCalibrationConfig(strength=-0.1)
     with pytest.raises(ValidationError, match="Extra inputs"):
         LogitCalibrationConfig.model_validate({"rho": 0.1})

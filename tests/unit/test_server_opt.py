@@ -114,11 +114,11 @@ def run_steps(config):
 
 
 @pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
-@pytest.mark.parametrize("start", ["zero", "tau_squared"])
+@pytest.mark.parametrize("start", ["zero", "eps_squared"])
 def test_adaptive_optimizers_match_the_numpy_reference(kind, start):
     config = ServerOptimizerConfig(kind=kind, initial_second_moment=start, **HYPER)
     w, state = run_steps(config)
-    v0 = 1e-6 if start == "tau_squared" else 0.0
+    v0 = 1e-6 if start == "eps_squared" else 0.0
     want_w, want_m, want_v = server_steps(kind, GRADS, W0, lr=0.05, beta1=0.9, beta2=0.99, tau=1e-3, v0=v0)
     assert np.allclose(w, want_w, rtol=1e-12, atol=0)
     assert np.allclose(state["m"]["w"].numpy(), want_m, rtol=1e-12, atol=0)
@@ -136,23 +136,23 @@ def test_sgd_and_bias_corrected_adam_match_the_numpy_reference(nesterov):
     assert np.allclose(run_steps(config)[0], want, rtol=1e-12, atol=0)
 
 
-def test_a_tau_squared_start_by_hand():
+def test_a_eps_squared_start_by_hand():
     # Adagrad, beta1 0, tau 0.1, g = 0.1: v1 = 0.01 + 0.01 = 0.02; w = 1 - 0.1 / (sqrt(0.02) + 0.1)
     config = ServerOptimizerConfig(
-        kind="adagrad", lr=1.0, beta1=0.0, eps=0.1, initial_second_moment="tau_squared"
+        kind="adagrad", lr=1.0, beta1=0.0, eps=0.1, initial_second_moment="eps_squared"
     )
     new, state = server_step({"w": torch.tensor([1.0])}, {"w": torch.tensor([0.1])}, {}, config)
     assert state["v"]["w"].item() == pytest.approx(0.02)
     assert new["w"].item() == pytest.approx(1 - 0.1 / (math.sqrt(0.02) + 0.1))
     # Yogi, tau 0.1, g = 0.2: g^2 = 0.04 > v0 = 0.01 -> v1 = 0.01 + 0.01 * 0.04 = 0.0104
-    config = ServerOptimizerConfig(kind="yogi", lr=1.0, eps=0.1, initial_second_moment="tau_squared")
+    config = ServerOptimizerConfig(kind="yogi", lr=1.0, eps=0.1, initial_second_moment="eps_squared")
     _, state = server_step({"w": torch.tensor([1.0])}, {"w": torch.tensor([0.2])}, {}, config)
     assert state["v"]["w"].item() == pytest.approx(0.0104)
 
 
-def test_bias_correction_refuses_a_tau_squared_start():
+def test_bias_correction_refuses_a_eps_squared_start():
     with pytest.raises(ValidationError, match="initial_second_moment: zero"):
-        ServerOptimizerConfig(kind="adam", bias_correction=True, initial_second_moment="tau_squared")
+        ServerOptimizerConfig(kind="adam", bias_correction=True, initial_second_moment="eps_squared")
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad"])

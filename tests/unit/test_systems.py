@@ -69,7 +69,7 @@ def test_local_training_found_in_the_algorithm_config_or_a_nested_plugin():
     assert local_training(fedprox.algorithm.config).epochs == 4
     ima = JobConfig.from_dict(
         {"dataset": {"name": "digits"}, "model": {"name": "mlp"},
-         "algorithm": {"name": "ima", "start_round": 2, "inner": {"name": "fedavg", "local": {"epochs": 3}}}}
+         "algorithm": {"name": "ima", "average_from": 2, "inner": {"name": "fedavg", "local": {"epochs": 3}}}}
     )  # fmt: skip
     assert local_training(ima.algorithm.config).epochs == 3
 

@@ -74,7 +74,7 @@ def server_round(plugin, state, results):
 
 @pytest.mark.parametrize("penalty", ["squared", "norm"])
 def test_client_steps_and_its_linear_term(penalty):
-    plugin = algo(penalty=penalty)
+    plugin = algo(reading={"squared": "paper", "norm": "fedgucci_code"}[penalty])
     gi = {"weight": torch.tensor([[0.02, -0.01], [0.0, 0.03]]), "bias": torch.tensor([0.01, -0.02])}
     _, result = run_client(plugin, init_state(plugin), 1, {"g": gi})
     w, b, new_w, new_b = reference_client(

@@ -85,7 +85,8 @@ def test_soft_mask_by_hand_for_three_clients():
 
 
 def test_a_low_threshold_passes_every_coordinate_with_some_agreement():
-    new, _ = server_round(algo(tau=0.3))  # A = 1/3 >= 0.3 now passes whole; A = 0 still zeroes
+    # A = 1/3 >= 0.3 now passes whole; A = 0 still zeroes
+    new, _ = server_round(algo(agreement_threshold=0.3))
     masked = np.array([0.45, 0.075, 0.0, 0.2, -0.2])
     assert np.allclose(new.params["w"].numpy(), W_START - masked, atol=1e-6)
 
@@ -110,9 +111,9 @@ def ima_code_reference(global_w, deltas, n, tau, lr):
     return new
 
 
-def test_ima_code_variant_matches_our_reading_of_the_authors_rule():
+def test_ima_code_reading_matches_our_reading_of_the_authors_rule():
     lr = 0.5  # large enough to see; the authors' 1e-4 is the default
-    new, _ = server_round(algo(variant="ima_code", ima_code_server_lr=lr))
+    new, _ = server_round(algo(reading="ima_code", ima_code_server_lr=lr))
     expected = ima_code_reference(W_START, D, N, 0.8, lr)
     assert np.allclose(new.params["w"].numpy(), expected, atol=1e-6)
     # only coordinates 0 (S = 3) and 4 (S = -3) pass |S| > 2.4; they move back towards w
@@ -120,10 +121,10 @@ def test_ima_code_variant_matches_our_reading_of_the_authors_rule():
     assert np.allclose(expected - fma, [0.5 * 1.2 / 3, 0, 0, 0, 0.5 * -0.6 / 3])
 
 
-def test_ima_code_variant_does_not_depend_on_the_clients_order():
+def test_ima_code_reading_does_not_depend_on_the_clients_order():
     """Every term is taken against the old global, so any order gives the same model (the
     authors' aliased loop does not: its later clients see the running result)."""
-    plugin = algo(variant="ima_code", ima_code_server_lr=0.5)
+    plugin = algo(reading="ima_code", ima_code_server_lr=0.5)
     forward, _ = server_round(plugin)
     backward, _ = server_round(plugin, order=(2, 1, 0))
     assert torch.allclose(forward.params["w"], backward.params["w"], atol=1e-6)
@@ -140,7 +141,7 @@ def test_client_sends_its_delta_weighted_with_signs():
     assert np.allclose(update.delta["bias"].numpy(), 2 * lr * gb, atol=1e-6)
     assert np.array_equal(update.sign["weight"].numpy(), np.sign(gw))
     assert float(update.weight) == 2.0 and float(update.count) == 1.0
-    assert update.positive == {} and update.negative == {}  # the paper's variant needs no parts
+    assert update.positive == {} and update.negative == {}  # the paper's reading needs no parts
 
 
 def test_a_client_without_data_neither_votes_nor_weighs():
@@ -160,6 +161,6 @@ def test_nobody_trained_keeps_the_model():
     assert new is state and metrics == {}
 
 
-def test_ima_code_variant_refuses_a_server_optimizer():
+def test_ima_code_reading_refuses_a_server_optimizer():
     with pytest.raises(ValidationError, match="leave server at its default"):
-        algo(variant="ima_code", server={"kind": "adam"})
+        algo(reading="ima_code", server={"kind": "adam"})

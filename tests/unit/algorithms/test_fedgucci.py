@@ -255,9 +255,10 @@ COUNTS = np.array([3.0, 1.0])
 SHIFT = 0.1 * COUNTS**-0.25
 
 
-@pytest.mark.parametrize("quirk", [False, True], ids=["clean", "replicate_quirks"])
+@pytest.mark.parametrize("quirk", [False, True], ids=["paper", "fedgucci_code"])
 def test_fedgucci_plus_is_the_loop_with_calibrated_loss_and_sam_on_every_step(quirk):
-    result = client("fedgucci_plus", older=[A1], **loop_options(sam={"rho": 0.3}, replicate_quirks=quirk))
+    reading = "fedgucci_code" if quirk else "paper"
+    result = client("fedgucci_plus", older=[A1], **loop_options(sam={"rho": 0.3}, reading=reading))
     dw, db = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, rho=0.3, quirk=quirk, **LOOP)
     assert np.allclose(delta(result)[0], dw, atol=1e-6) and np.allclose(delta(result)[1], db, atol=1e-6)
     plain, _ = reference_client([(W0, B0), A1], epochs=2, shift=SHIFT, **LOOP)
@@ -477,7 +478,7 @@ def test_plus_switches_on_calibration_and_sam():
 def test_options_that_do_nothing_are_refused():
     config = registry.get("algorithm", "fedgucci").config
     with pytest.raises(ValidationError, match="needs sam set"):
-        config.model_validate({"replicate_quirks": True})
+        config.model_validate({"reading": "fedgucci_code"})
     with pytest.raises(ValidationError, match="drop alpha"):
         config.model_validate({"alpha_mode": "uniform", "alpha": 0.3})
     config.model_validate({"alpha_mode": "uniform"})
@@ -488,7 +489,7 @@ def test_options_that_do_nothing_are_refused():
 def test_a_uniform_alpha_job_validates_again_from_its_dump(inside_ima):
     """Workers, checkpoints and IMA's inner section validate ``to_dict``'s full dump again."""
     section = {"name": "fedgucci", "alpha_mode": "uniform"}
-    algorithm = {"name": "ima", "start_round": 1, "inner": section} if inside_ima else section
+    algorithm = {"name": "ima", "average_from": 1, "inner": section} if inside_ima else section
     job = validate_job({"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": algorithm})
     again = JobConfig.from_dict(job.to_dict())
     assert again == job
@@ -500,15 +501,15 @@ def test_calibration_and_sam_take_settings_or_null_not_switches():
     config = registry.get("algorithm", "fedgucci").config
     with pytest.raises(ValidationError, match=r"sam takes its settings, e.g. sam: \{rho: 0.05\}, or null"):
         config.model_validate({"sam": True})
-    with pytest.raises(ValidationError, match=r"logit_calibration: \{tau: 0.1\}"):
+    with pytest.raises(ValidationError, match=r"logit_calibration: \{strength: 0.1\}"):
         config.model_validate({"logit_calibration": False})
     for stale in ({"sam_rho": 0.1}, {"tau": 0.2}):  # the settings live inside the options now
         with pytest.raises(ValidationError, match="Extra inputs"):
             config.model_validate(stale)
     plus = registry.get("algorithm", "fedgucci_plus").config.model_validate(
-        {"sam": None, "logit_calibration": {"tau": 0.3}}
+        {"sam": None, "logit_calibration": {"strength": 0.3}}
     )
-    assert plus.sam is None and plus.logit_calibration.tau == 0.3
+    assert plus.sam is None and plus.logit_calibration.strength == 0.3
 
 
 def test_logit_calibration_needs_a_classification_task():

@@ -34,7 +34,7 @@ def fixed_logits(logits):
 
 def test_hand_values_and_unseen_classes():
     z = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
-    out = calibrate_logits(z, torch.tensor([16.0, 1.0, 0.0]), tau=0.1)
+    out = calibrate_logits(z, torch.tensor([16.0, 1.0, 0.0]), strength=0.1)
     assert torch.allclose(out[0, :2], torch.tensor([0.95, 1.9], dtype=torch.float64))
     assert out[0, 2] == -torch.inf
     assert torch.softmax(out, -1)[0, 2] == 0.0
@@ -44,7 +44,7 @@ def test_equal_counts_give_plain_cross_entropy_and_its_gradient():
     torch.manual_seed(0)
     logits = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([0, 2, 1, 1, 0])
-    calibrated = F.cross_entropy(calibrate_logits(logits, torch.full((3,), 7.0), tau=0.5), y)
+    calibrated = F.cross_entropy(calibrate_logits(logits, torch.full((3,), 7.0), strength=0.5), y)
     (g_cal,) = torch.autograd.grad(calibrated, logits)
     plain = F.cross_entropy(logits, y)
     (g_plain,) = torch.autograd.grad(plain, logits)
@@ -54,7 +54,7 @@ def test_equal_counts_give_plain_cross_entropy_and_its_gradient():
 def test_an_unseen_class_drops_out_with_a_finite_loss_and_gradient():
     logits = torch.tensor([[0.5, 3.0, -1.0]], dtype=torch.float64, requires_grad=True)
     counts = torch.tensor([4.0, 0.0, 2.0])
-    loss = F.cross_entropy(calibrate_logits(logits, counts, tau=0.1), torch.tensor([0]))
+    loss = F.cross_entropy(calibrate_logits(logits, counts, strength=0.1), torch.tensor([0]))
     (g,) = torch.autograd.grad(loss, logits)
     shifted = np.array([0.5 - 0.1 * 4**-0.25, -1.0 - 0.1 * 2**-0.25])  # the two seen classes
     expected = -shifted[0] + np.log(np.exp(shifted).sum())
@@ -65,7 +65,7 @@ def test_an_unseen_class_drops_out_with_a_finite_loss_and_gradient():
 def test_accuracy_counts_the_raw_logits():
     """Raw argmax is class 0; the calibration (rare class 0 loses more) would flip it to 1."""
     model = fixed_logits([[1.03, 1.0]])
-    loss_fn = logit_calibrated_loss(torch.tensor([1.0, 16.0]), tau=0.1)
+    loss_fn = logit_calibrated_loss(torch.tensor([1.0, 16.0]), strength=0.1)
     batch = {"x": torch.zeros(1, 2, dtype=torch.float64), "y": torch.tensor([0])}
     loss, correct, count = loss_fn(model, batch, SPEC)
     assert int(correct) == 1 and count == 1
@@ -101,7 +101,7 @@ def fedlc(tau, **local):
     entry = registry.get("algorithm", "fedlc")
     return entry.factory(
         entry.config.model_validate(
-            {"logit_calibration": {"tau": tau}, "local": {"lr": LR, "batch_size": 4} | local}
+            {"logit_calibration": {"strength": tau}, "local": {"lr": LR, "batch_size": 4} | local}
         )
     )
 

@@ -78,7 +78,7 @@ def test_fedavgm_defaults_are_the_papers():
     yogi = registry.get("algorithm", "fedyogi").config().server
     assert (yogi.kind, yogi.lr, yogi.beta2, yogi.eps) == ("yogi", 0.01, 0.99, 1e-3)
     adagrad = registry.get("algorithm", "fedadagrad").config().server
-    assert (adagrad.beta1, adagrad.initial_second_moment) == (0.0, "tau_squared")
+    assert (adagrad.beta1, adagrad.initial_second_moment) == (0.0, "eps_squared")
 
 
 def test_client_reports_loss_and_example_weight():

@@ -39,7 +39,7 @@ ADAM = {"lr": 0.01, "b1": 0.9, "b2": 0.99, "tau": 1e-3}
 def make(inner="fedavg", **options):
     entry = registry.get("algorithm", "ima")
     section = {"name": inner, "local": {"lr": LR, "lr_decay": DECAY, "batch_size": 1}}
-    options = {"inner": section, "start_round": TS, "window": WINDOW, **options}
+    options = {"inner": section, "average_from": TS, "window": WINDOW, **options}
     return entry.factory(plugin_config(entry.config, options))
 
 
@@ -83,7 +83,7 @@ def assert_close(params, expected):
         np.testing.assert_allclose(params[k].double().numpy(), v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_the_start_round():
+def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_average_from():
     plugin = make()
     state = init_state(plugin)
     g, window = start(), []
@@ -101,7 +101,7 @@ def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_the_start_ro
 
 def test_a_part_filled_window_is_never_averaged():
     """t_s = 1 < P - 1 = 2: the author code averages only full windows, so round 1 is still FMA."""
-    plugin = make(window=3, start_round=1)
+    plugin = make(window=3, average_from=1)
     state = init_state(plugin)
     g, window = start(), []
     for t, delta in enumerate(DELTAS[:4]):
@@ -116,17 +116,17 @@ def test_a_part_filled_window_is_never_averaged():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"start_round": 7}, r"algorithm.start_round: .*set start_round below 7 \(the paper takes 3T/4: 5\)"),
-        ({"start_round": 2, "window": 8}, "algorithm.window: .*set window to at most 7"),
+        ({"average_from": 7}, r"algorithm.average_from: .*set average_from below 7 \(the paper takes 3T/4"),
+        ({"average_from": 2, "window": 8}, "algorithm.window: .*set window to at most 7"),
     ],
 )
 def test_an_ima_that_would_never_average_is_refused(options, message):
     with pytest.raises(ConfigError, match=message):
         init_state(make(**options))  # 7 rounds: 0 to 6
-    init_state(make(start_round=6, window=7))  # averages in the last round
+    init_state(make(average_from=6, window=7))  # averages in the last round
 
 
-def test_before_the_start_round_ima_is_its_inner_algorithm_bit_for_bit():
+def test_before_average_from_ima_is_its_inner_algorithm_bit_for_bit():
     plugin, fedavg = make(), registry.get("algorithm", "fedavg").factory(make().inner.config)
     state = init_state(plugin)
     plain = fedavg.init(state.params, RunInfo(num_clients=4, cohort_size=2, num_rounds=7, spec=SPEC, seed=0))
@@ -180,7 +180,7 @@ def local_lr(plugin, round_num):
     return float(result.update["weight"][0, 0]) / gw[0, 0], result.metrics["train/steps"]
 
 
-def test_client_exploration_switches_the_lr_decay_at_the_start_round():
+def test_client_exploration_switches_the_lr_decay_at_average_from():
     explored, kept = make(), make(exploration=None)
     for t in (0, TS - 1, TS, TS + 3):
         late = LR * DECAY**TS * 0.97 ** (t - TS)
@@ -198,7 +198,7 @@ def test_other_exploration_schedules_and_epoch_decay():
             entry.config,
             {
                 "inner": {"name": "fedavg", "local": {"epochs": 3, "batch_size": 1}},
-                "start_round": TS,
+                "average_from": TS,
                 "epochs_exploration": {"every": 2},
             },
         )
@@ -231,7 +231,7 @@ def job(algorithm):
 
 def problems(algorithm):
     with pytest.raises(ConfigError) as info:
-        validate_job(job({"name": "ima", "start_round": 5, **algorithm}))
+        validate_job(job({"name": "ima", "average_from": 5, **algorithm}))
     return info.value.problems
 
 
@@ -271,7 +271,7 @@ def parent_trail(tmp_path, last, missing=()):
 
 
 def test_a_branch_fills_the_window_with_the_parents_last_models(tmp_path):
-    plugin = make(window=3, start_round=4)
+    plugin = make(window=3, average_from=4)
     trail = parent_trail(tmp_path, 3)
     state = plugin.resume_state(trail.state, init_state(plugin), trail)
     assert [float(w["bias"][0] - B0[0]) for w in state.extra["ima_window"]] == pytest.approx([1, 2, 3])
@@ -282,16 +282,16 @@ def test_a_branch_fills_the_window_with_the_parents_last_models(tmp_path):
 
 def test_a_branch_early_in_the_parent_has_a_shorter_window(tmp_path):
     trail = parent_trail(tmp_path, 1)
-    state = make(window=3, start_round=4).resume_state(trail.state, init_state(make()), trail)
+    state = make(window=3, average_from=4).resume_state(trail.state, init_state(make()), trail)
     assert len(state.extra["ima_window"]) == 2  # rounds 0 and 1, as a run from round 0 has
 
 
 def test_branches_that_cannot_fill_the_window_are_refused(tmp_path):
     trail = parent_trail(tmp_path, 3, missing=(2,))
     with pytest.raises(CheckpointError, match=r"round 2 .*checkpoint_every: 1"):
-        make(window=3, start_round=4).resume_state(trail.state, init_state(make()), trail)
+        make(window=3, average_from=4).resume_state(trail.state, init_state(make()), trail)
     with pytest.raises(CheckpointError, match="branch from the checkpoint of round 2"):
-        make(window=1, start_round=3).resume_state(trail.state, init_state(make()), trail)
-    before = make("fedadam", placement="before_server_optimizer", start_round=4)
+        make(window=1, average_from=3).resume_state(trail.state, init_state(make()), trail)
+    before = make("fedadam", placement="before_server_optimizer", average_from=4)
     with pytest.raises(CheckpointError, match="pure aggregates"):
         before.resume_state(trail.state, init_state(before), trail)

@@ -163,7 +163,7 @@ def test_the_authors_code_starts_each_client_from_its_own_random_model():
     the broadcast, and no round broadcasts anything."""
     entry = registry.get("algorithm", "local")
     plugin = entry.factory(
-        entry.config.model_validate({"init": "client", "local": {"lr": LR, "batch_size": 8}})
+        entry.config.model_validate({"start_from": "client_init", "local": {"lr": LR, "batch_size": 8}})
     )
     own = own_state()["params"]
     ctx = replace(context(X, Y, payload()), client_init=lambda: own)

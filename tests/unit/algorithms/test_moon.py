@@ -156,8 +156,8 @@ def test_train_loss_is_the_cross_entropy_alone():
 
 
 def test_the_authors_quirk_keeps_the_initial_model_as_the_negative():
-    """negative: initial broadcasts the run's first global model; clients keep no state."""
-    plugin = algo(negative="initial")
+    """negative: shared_init broadcasts the run's first global model; clients keep no state."""
+    plugin = algo(negative="shared_init")
     state = init_state(plugin)
     later = replace(state, params={k: v + 0.3 * torch.ones_like(v) for k, v in state.params.items()})
     payload = plugin.broadcast(later, 5)

@@ -177,7 +177,7 @@ def test_an_hf_classifier_with_a_smaller_vocabulary_is_caught(token_labels):
 
 
 def test_open_world_refuses_a_mismatched_model_before_any_worker_or_run(monkeypatch):
-    """open_world runs before build starts workers or a tracking run (engine/build.py)."""
+    """open_parts runs before build starts workers or a tracking run (engine/build.py)."""
     from raysim import registry
     from raysim.config import JobConfig
     from raysim.engine import build
@@ -205,4 +205,4 @@ def test_open_world_refuses_a_mismatched_model_before_any_worker_or_run(monkeypa
     with pytest.raises(
         ConfigError, match=r"'fixed_test_model' does not fit dataset 'digits'.*needs \(2, 10\)"
     ):
-        build.open_world(job)
+        build.open_parts(job)

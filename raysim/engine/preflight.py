@@ -43,7 +43,7 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
     if tracking and job.tracking.enabled:
         check_tracking_store(tracking_uri(job.tracking))
     if job.resources.backend == "ray":
-        from raysim.runtime.ray_backend import cluster_address, configured_address
+        from raysim.runtime.ray_session import cluster_address, configured_address
 
         address = cluster_address(job.resources)  # None: this process starts its own Ray
         if address is not None:

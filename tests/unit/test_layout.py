@@ -1,6 +1,7 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
-own tier or the tiers before it, and only runtime/ray_backend.py (and runtime/ray_jobs.py, the Ray
-Jobs client of ``raysim submit``) imports Ray.
+own tier or the tiers before it, and only the runtime's Ray modules import Ray: ray_backend.py with
+ray_session.py (``ray.init``) and ray_placement.py (worker counts), and ray_jobs.py, the Ray Jobs
+client of ``raysim submit``.
 
 Imports inside functions count too (a lazy import is still a dependency).
 """
@@ -73,7 +74,12 @@ def test_only_the_ray_backend_imports_ray():
     importers = sorted(
         name for name, path in modules() if any(t == "ray" or t.startswith("ray.") for t in imports(path))
     )
-    assert importers == ["raysim.runtime.ray_backend", "raysim.runtime.ray_jobs"]
+    assert importers == [
+        "raysim.runtime.ray_backend",
+        "raysim.runtime.ray_jobs",
+        "raysim.runtime.ray_placement",
+        "raysim.runtime.ray_session",
+    ]
 
 
 def test_the_tiers_are_the_packages_that_exist():

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from raysim.cli import compare, ls, submit
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
-from raysim.cli.ui import add_server_parser, add_ui_parser, print_run_links
+from raysim.cli.run_links import print_run_links
+from raysim.cli.ui import add_server_parser, add_ui_parser
 from raysim.errors import RaysimError
 
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast

@@ -86,3 +86,15 @@ def test_the_tiers_are_the_packages_that_exist():
     packages = {p.name for p in RAYSIM.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages == set(TIERS) - {"contract"}
     assert tier("raysim.engine.loop") == 5 and tier("raysim.params") == 0 and tier("raysim") == 0
+
+
+MAX_LINES = 400  # a module longer than this holds more than one concern: split it by concern
+
+
+def test_no_module_is_over_400_lines():
+    root = RAYSIM.parent
+    files = [path for name in ("raysim", "algorithms", "datasets") for path in (root / name).rglob("*.py")]
+    assert len(files) > 60  # the scan sees all three folders
+    lengths = {path.relative_to(root): path.read_bytes().count(b"\n") for path in files}  # as wc -l counts
+    too_long = sorted(f"{path}: {n} lines" for path, n in lengths.items() if n > MAX_LINES)
+    assert not too_long, "split these by concern:\n" + "\n".join(too_long)

@@ -174,11 +174,9 @@ def absolute_tracking_uri(uri: str, cwd: Path) -> str:
     session folder, where a relative store would be lost."""
     from raysim.engine.tracking import absolute_uri
 
-    if uri.startswith("sqlite:///"):
-        return absolute_uri(uri, cwd)
     if _is_path(uri):  # MLflow's file store
         return str(absolute(uri, cwd))
-    return uri
+    return absolute_uri(uri, cwd)  # a SQLite file made absolute, other stores as they are
 
 
 def is_local_store(uri: str) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from raysim.cli.home import raysim_home
 from raysim.errors import ConfigError, RaysimError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     submit.add_argument(
         "--output-dir",
-        default=os.environ.get("RAYSIM_HOME", ".raysim"),
+        default=raysim_home(),
         help="where run directories (checkpoints) go, made absolute (default: RAYSIM_HOME, else .raysim)",
     )
     submit.add_argument(

@@ -29,8 +29,9 @@ from typing import Any
 
 from pydantic import Field
 
-from raysim.data.text.tokenizer import TextDatasetConfig, hf_records
-from raysim.data.text.writer import Document, write_text_store
+from raysim.data.text.recipes import TextDatasetConfig, hf_records
+from raysim.data.text.spill import Document
+from raysim.data.text.writer import write_text_store
 from raysim.registry import register
 
 

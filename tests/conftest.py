@@ -30,7 +30,7 @@ def ray_local():
     """One local Ray for the whole session (2 CPUs, no dashboard, listening on 127.0.0.1 only)."""
     import ray
 
-    from raysim.runtime.ray_backend import start_local_ray
+    from raysim.runtime.ray_session import start_local_ray
 
     start_local_ray(num_cpus=2, log_to_driver=False)
     yield ray

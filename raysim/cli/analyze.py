@@ -39,12 +39,12 @@ from raysim.errors import RaysimError
 from raysim.measure.landscape import (
     Curve,
     accuracy_barrier,
-    evaluate_points,
     line_scan,
     loss_barrier,
     plane_scan,
 )
 from raysim.measure.plots import plot_curve, plot_plane
+from raysim.measure.points import evaluate_points
 from raysim.measure.weight_space import mix
 from raysim.types import Metrics
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from raysim.cli.home import raysim_home
 from raysim.errors import RaysimError
 
 CURVES, TABLE_CSV, TABLE_MD = "curves.png", "final_metrics.csv", "final_metrics.md"
@@ -101,7 +102,7 @@ def default_folder(names: Sequence[str], run_ids: Sequence[str]) -> Path:
     again overwrite their files, other runs get another folder."""
     slug = re.sub(r"[^\w.-]+", "-", "_vs_".join(names))[:60].strip("-")
     digest = hashlib.sha1(",".join(run_ids).encode()).hexdigest()[:8]
-    return Path(os.environ.get("RAYSIM_HOME", ".raysim")) / "compare" / f"{slug}-{digest}"
+    return Path(raysim_home()) / "compare" / f"{slug}-{digest}"
 
 
 def shorten(text: str, limit: int = 90) -> str:

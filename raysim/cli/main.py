@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from raysim.cli import compare, ls, submit
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
-from raysim.cli.ui import add_server_parser, add_ui_parser, print_run_links
+from raysim.cli.home import raysim_home
+from raysim.cli.run_links import print_run_links
+from raysim.cli.ui import add_server_parser, add_ui_parser
 from raysim.errors import RaysimError
 
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
@@ -76,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--output-dir",
-        default=os.environ.get("RAYSIM_HOME", ".raysim"),
+        default=raysim_home(),
         help="where run directories (checkpoints, client state) go",
     )
     run.set_defaults(handler=cmd_run)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from raysim.cli.home import raysim_home
 from raysim.errors import ConfigError, RaysimError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     submit.add_argument(
         "--output-dir",
-        default=os.environ.get("RAYSIM_HOME", ".raysim"),
+        default=raysim_home(),
         help="where run directories (checkpoints) go, made absolute (default: RAYSIM_HOME, else .raysim)",
     )
     submit.add_argument(
@@ -174,11 +175,9 @@ def absolute_tracking_uri(uri: str, cwd: Path) -> str:
     session folder, where a relative store would be lost."""
     from raysim.engine.tracking import absolute_uri
 
-    if uri.startswith("sqlite:///"):
-        return absolute_uri(uri, cwd)
     if _is_path(uri):  # MLflow's file store
         return str(absolute(uri, cwd))
-    return uri
+    return absolute_uri(uri, cwd)  # a SQLite file made absolute, other stores as they are
 
 
 def is_local_store(uri: str) -> bool:

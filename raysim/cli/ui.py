@@ -31,12 +31,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from rich.console import Console
-
+from raysim.cli.console import console
+from raysim.cli.run_links import print_experiment_links
 from raysim.engine.tracking import absolute_uri, is_server
 from raysim.errors import DataError, RaysimError, ResourceError
-
-console = Console(width=None if sys.stdout.isatty() else 120)
 
 START_TIMEOUT_S = 180.0  # MLflow's cold start took ~50 s with 4 workers on 2 busy cores
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
@@ -289,42 +287,6 @@ def newest_experiment(url: str) -> dict | None:
     with urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/search?{query}", timeout=5) as reply:
         found = json.load(reply).get("experiments", [])
     return found[0] if found and found[0]["experiment_id"] != "0" else None
-
-
-def print_experiment_links(base: str, experiment: dict | None) -> None:
-    from raysim.engine.links import chart_link
-
-    if experiment is not None:
-        console.print(
-            f"Newest experiment {experiment['name']!r}, its runs as charts: "
-            f"{chart_link(base, experiment['experiment_id'])}",
-            soft_wrap=True,
-            highlight=False,
-        )
-
-
-def print_run_links(out: Console, uri: str, run_ids: list[str]) -> None:
-    """After ``raysim run``: each run's page (labelled with its MLflow run name), its
-    experiment's runs as charts and, for several runs, MLflow's compare view of them."""
-    from mlflow.tracking import MlflowClient
-
-    from raysim.engine.links import chart_link, compare_link, run_link, ui_base
-
-    client = MlflowClient(tracking_uri=uri)
-    infos = [client.get_run(run_id).info for run_id in run_ids]
-    experiment_of = {info.run_id: info.experiment_id for info in infos}
-    base = ui_base(uri)
-    if not is_server(uri):
-        out.print(
-            f"Open them while [bold]raysim ui[/] runs (it serves this store on {base}):", soft_wrap=True
-        )
-    rows = [(f"run {info.run_name}", run_link(base, info.experiment_id, info.run_id)) for info in infos]
-    rows += [("charts", chart_link(base, e)) for e in dict.fromkeys(experiment_of.values())]
-    if len(infos) > 1:
-        rows.append(("compare", compare_link(base, experiment_of, experiment_of.values())))
-    width = max(len(label) for label, _ in rows)
-    for label, link in rows:  # one link a line, never wrapped: terminals make it clickable
-        out.print(f"  {label:<{width}}  {link}", soft_wrap=True, highlight=False, markup=False)
 
 
 def stop_process_group(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from raysim.config import JobConfig
-from raysim.engine.tracking import sqlite_path, tracking_uri
+from raysim.engine.tracking import is_server, sqlite_path, tracking_uri
 from raysim.errors import ResourceError
 
 PROBE_TIMEOUT_S = 5.0
@@ -43,7 +43,7 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
     if tracking and job.tracking.enabled:
         check_tracking_store(tracking_uri(job.tracking))
     if job.resources.backend == "ray":
-        from raysim.runtime.ray_backend import cluster_address, configured_address
+        from raysim.runtime.ray_session import cluster_address, configured_address
 
         address = cluster_address(job.resources)  # None: this process starts its own Ray
         if address is not None:
@@ -59,7 +59,7 @@ def check_tracking_store(uri: str) -> None:
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     database = sqlite_path(uri)
-    if scheme in ("http", "https"):
+    if is_server(uri):
         check_tracking_server(uri)
     elif database is not None:
         check_writable_folder(database, uri)

@@ -23,6 +23,7 @@ from torch import nn
 from raysim.errors import ConfigError
 from raysim.measure import estimators as E
 from raysim.measure import landscape as L
+from raysim.measure.points import NoExamplesError
 from raysim.measure.weight_space import distance, mix
 from raysim.probe import ClientView, ProbeConfig, ProbeRound
 from raysim.registry import register
@@ -235,7 +236,7 @@ class Outputs:
         logits = services.map_clients(request)
         [labels] = services.map_clients(replace(request, task=LABELS, points=points[:1]))
         if all(y is None or not len(y) for y in labels):
-            raise L.NoExamplesError(clients, split)
+            raise NoExamplesError(clients, split)
         return cls(logits, labels, by_client=clients is not None)
 
     def pooled(self, point: int) -> np.ndarray:

@@ -11,7 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from raysim.measure.landscape import Curve, PlaneScan, Values, accuracy_barrier, loss_barrier
+from raysim.measure.landscape import Curve, PlaneScan, accuracy_barrier, loss_barrier
+from raysim.measure.points import Values
 from raysim.measure.scores import SCORES
 
 if TYPE_CHECKING:

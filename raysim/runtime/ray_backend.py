@@ -8,6 +8,9 @@ store (``shipping.py``, ``resources.ship_data``). A worker that dies is restarte
 gone and whose reservation no other node can hold for ``restart_timeout_s``) leaves the pool,
 its clients are re-run on the others, and the run log says so.
 
+Ray itself is started (or joined) by ``ray_session.init_ray``; the pool's size comes from
+``ray_placement``.
+
 Usage:
     backend = RayBackend(setup, ResourcesConfig(num_workers=2), num_examples)
     output = backend.train_cohort(algorithm, payload, cohort, round_num=0)
@@ -17,10 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -36,7 +36,8 @@ from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
-from raysim.runtime.sentinel import Sentinel
+from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
+from raysim.runtime.ray_session import init_ray
 from raysim.runtime.shipping import DataPlan, NodeView, node_view, stores_to_ship
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
@@ -51,178 +52,6 @@ _POLL_S = 1.0  # how often a pending call checks that its worker still has a nod
 WorkerHandle = Any
 A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
-
-
-LOOPBACK = "127.0.0.1"
-# Ray 2.60 logs "Token authentication is enabled for this Ray cluster" at every ray.init.
-_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def init_ray(resources: ResourcesConfig) -> None:
-    """Connects to a cluster (``address`` / RAY_ADDRESS) or starts a local Ray, once.
-
-    A local Ray listens on 127.0.0.1 only (``start_local_ray``).
-    """
-    if ray.is_initialized():
-        return
-    address = configured_address(resources)
-    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if not os.environ.get("RAYSIM_DEBUG"):  # a notice that asks nothing of the user (RAYSIM_DEBUG shows it)
-        logging.getLogger(_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
-    driver_handler = signal.getsignal(signal.SIGTERM)
-    if address and address != "local":
-        ray.init(address=address, include_dashboard=False, **options)
-    else:  # "local" too: a Ray of its own, on loopback, watched by a sentinel
-        start_local_ray(**options)
-    if callable(driver_handler) and threading.current_thread() is threading.main_thread():
-        # Ray's core worker replaces it by one that dumps a stack trace and aborts the driver
-        signal.signal(signal.SIGTERM, driver_handler)
-
-
-def configured_address(resources: ResourcesConfig) -> str:
-    """The address the job names: ``resources.address``, else RAY_ADDRESS, else "" (a local Ray)."""
-    return resources.address or os.environ.get("RAY_ADDRESS", "")
-
-
-def cluster_address(resources: ResourcesConfig) -> str | None:
-    """The ``host:port`` (or ``ray://...``) of the cluster ``init_ray`` would connect to; None when it
-    starts a Ray of its own, or one runs in this process already.
-
-    Raises:
-        ResourceError: ``auto`` and no cluster of this machine found.
-    """
-    address = configured_address(resources)
-    if ray.is_initialized() or not address or address == "local":
-        return None
-    if address != "auto":
-        return address
-    from ray._private.services import canonicalize_bootstrap_address_or_die
-
-    try:
-        return canonicalize_bootstrap_address_or_die("auto")
-    except ConnectionError as exc:
-        raise ResourceError(
-            f"resources.address / RAY_ADDRESS is 'auto', and no Ray cluster was found here: {exc}"
-        ) from None
-
-
-def local_ray_options(**options: Any) -> dict[str, Any]:
-    """``ray.init`` arguments of a Ray that serves this machine only: a new instance (``address``
-    "local": never one that ``ray start`` left running, which ``ray.init()`` would otherwise join,
-    refusing ``num_cpus``), no dashboard, the node's address and the dashboard's host on the
-    loopback interface; ``options`` add to them."""
-    return {
-        "address": "local",
-        "include_dashboard": False,
-        "dashboard_host": LOOPBACK,
-        "_node_ip_address": LOOPBACK,
-    } | options
-
-
-def start_local_ray(**options: Any) -> None:
-    """Starts a Ray on this machine whose processes listen on 127.0.0.1 only.
-
-    Ray binds its GCS, raylet, worker, agent and metrics servers to the loopback interface
-    exactly when the node's address is loopback, and to every interface otherwise. But
-    ``ray.init`` (Ray 2.60) swaps a loopback ``_node_ip_address`` for the machine's routable
-    address, unless Ray was imported with cluster support switched off
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once into ``ray_constants``). So cluster
-    support is off while this call starts the node, and back on afterwards: a later connection
-    to a real cluster is unaffected.
-
-    Usage:
-        start_local_ray(num_cpus=2, log_to_driver=False)
-    """
-    from ray._private import ray_constants
-
-    supports_clusters = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(**local_ray_options(**options))
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = supports_clusters
-    global _node_sentinel
-    _node_sentinel = watch_local_node()  # held for the process's life: its pipe closing is the signal
-
-
-_node_sentinel: Sentinel | None = None  # the sentinel of the Ray node this process started
-
-
-def watch_local_node() -> Sentinel:
-    """A sentinel that kills what is left of the Ray node this driver started, should the driver be
-    killed outright (``raysim.runtime.sentinel``): no Ray process outlives it by more than seconds."""
-    import psutil
-
-    node = ray._private.worker._global_node
-    assert node is not None, "ray.init started no node"
-    processes = [info.process.pid for infos in node.all_processes.values() for info in infos]
-    alive = []
-    for pid in processes:
-        try:
-            alive.append(f"{pid}:{psutil.Process(pid).create_time()}")
-        except psutil.Error:
-            pass
-    return Sentinel.start("reap-ray", node.get_session_dir_path(), *alive)
-
-
-def resolve_num_workers(resources: ResourcesConfig) -> int:
-    """The configured worker count, or as many as the cluster's CPUs (or GPU slots) allow."""
-    total = ray.cluster_resources()
-    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
-    if resources.num_workers is not None:
-        wanted = resources.num_workers
-        needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpus_per_worker
-        if needs_cpus > cpus + 1e-9 or needs_gpus > gpus + 1e-9:
-            raise ResourceError(
-                f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
-                f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
-                f"resources.num_workers or the per-worker shares"
-            )
-        return wanted
-    by_cpu = int(cpus // resources.cpus_per_worker)
-    by_gpu = int(gpus // resources.gpus_per_worker) if resources.gpus_per_worker > 0 else by_cpu
-    if min(by_cpu, by_gpu) < 1:
-        raise ResourceError(
-            f"one worker needs {resources.cpus_per_worker} CPU and "
-            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU"
-        )
-    return min(by_cpu, by_gpu)
-
-
-def placeable_workers(resources: ResourcesConfig, wanted: int) -> int:
-    """``wanted`` workers, checked against a strict placement the nodes cannot hold (Ray would
-    wait for it forever); a worker count left to raysim shrinks to what the placement allows.
-
-    Raises:
-        ResourceError: ``STRICT_SPREAD`` with more workers than nodes that hold one, or
-            ``STRICT_PACK`` with more than the largest node holds.
-    """
-    strategy = resources.placement
-    if strategy not in ("STRICT_SPREAD", "STRICT_PACK"):
-        return wanted
-    slots = [worker_slots(node["Resources"], resources) for node in ray.nodes() if node["Alive"]]
-    most = sum(1 for n in slots if n) if strategy == "STRICT_SPREAD" else max(slots, default=0)
-    if resources.num_workers is None and most:
-        return min(wanted, most)
-    if wanted > most:
-        one = f"({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU)"
-        if strategy == "STRICT_SPREAD":
-            what = f"puts each of the {wanted} workers on its own node; {most} node(s) hold a worker {one}"
-        else:
-            what = f"puts all {wanted} workers on one node; the largest holds {most} workers {one}"
-        loose = strategy.removeprefix("STRICT_")
-        raise ResourceError(
-            f"resources.placement={strategy} {what}; lower resources.num_workers or use placement {loose}"
-        )
-    return wanted
-
-
-def worker_slots(node_resources: dict[str, float], resources: ResourcesConfig) -> int:
-    """How many workers one node's total resources hold."""
-    slots = int(node_resources.get("CPU", 0.0) // resources.cpus_per_worker)
-    if resources.gpus_per_worker > 0:
-        slots = min(slots, int(node_resources.get("GPU", 0.0) // resources.gpus_per_worker))
-    return slots
 
 
 def node_label() -> str:

@@ -26,7 +26,7 @@ from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.config import ResourcesConfig
 from raysim.engine.preflight import check_ray_address
-from raysim.runtime import ray_backend  # Ray set up its log handler outside capsys
+from raysim.runtime import ray_session  # Ray set up its log handler outside capsys
 
 REPO = Path(__file__).resolve().parents[2]
 NOISE = (
@@ -140,7 +140,7 @@ def test_an_unreachable_tracking_server_fails_in_seconds_naming_it(tmp_path, mon
 
 def test_an_unreachable_ray_address_fails_in_seconds_naming_it(tmp_path, monkeypatch, capsys):
     """Before: ray.init waited for good (killed after 617 s)."""
-    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)  # as in a fresh driver
+    monkeypatch.setattr(ray_session.ray, "is_initialized", lambda: False)  # as in a fresh driver
     address = f"127.0.0.1:{closed_port()}"
     start = time.perf_counter()
     code = main(["run", job_file(tmp_path), f"resources.address={address}", "tracking.enabled=false"])
@@ -164,10 +164,10 @@ def test_the_drivers_sigterm_handler_survives_ray_init(monkeypatch):
 
     previous = signal.signal(signal.SIGTERM, ours)
     try:
-        monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
-        monkeypatch.setattr(ray_backend, "start_local_ray", ray_init)
+        monkeypatch.setattr(ray_session.ray, "is_initialized", lambda: False)
+        monkeypatch.setattr(ray_session, "start_local_ray", ray_init)
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
-        ray_backend.init_ray(ResourcesConfig())
+        ray_session.init_ray(ResourcesConfig())
         assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -19,7 +19,8 @@ from raysim.cli.main import main
 from raysim.data.format import split_sizes
 from raysim.data.prepare import prepare_store, store_path
 from raysim.data.store import ClientStore
-from raysim.data.text.tokenizer import BYTES_EOS, TokenizerConfig, pack, store_tokenizer
+from raysim.data.text.packing import pack
+from raysim.data.text.tokenizer import BYTES_EOS, TokenizerConfig, store_tokenizer
 
 WORDS = (
     "the of and to in is that for it as with was on be by this are from at or an have "

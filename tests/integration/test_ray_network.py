@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from raysim.config import ResourcesConfig
-from raysim.runtime import ray_backend
+from raysim.runtime import ray_session
 
 # Processes a local Ray always runs once a task has run (matched in their command lines).
 CORE = ("gcs_server", "raylet", "DashboardAgent", "RuntimeEnvAgent")
@@ -62,7 +62,7 @@ def test_the_ray_raysim_starts_listens_on_loopback_only(tmp_path):
         import sys
         import ray
         from raysim.config import ResourcesConfig
-        from raysim.runtime.ray_backend import init_ray
+        from raysim.runtime.ray_session import init_ray
 
         init_ray(ResourcesConfig())
         ray.get(ray.remote(lambda: 1).remote())  # a worker process, with its own server
@@ -91,14 +91,14 @@ def test_the_session_ray_of_the_tests_listens_on_loopback_only(ray_local):
 
 def test_raysim_starts_a_loopback_ray_unless_given_a_cluster(monkeypatch):
     calls = []
-    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray_backend.ray, "init", lambda **kw: calls.append(("cluster", kw)))
-    monkeypatch.setattr(ray_backend, "start_local_ray", lambda **kw: calls.append(("local", kw)))
+    monkeypatch.setattr(ray_session.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_session.ray, "init", lambda **kw: calls.append(("cluster", kw)))
+    monkeypatch.setattr(ray_session, "start_local_ray", lambda **kw: calls.append(("local", kw)))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    ray_backend.init_ray(ResourcesConfig())
-    ray_backend.init_ray(ResourcesConfig(address="10.0.0.5:6379"))
+    ray_session.init_ray(ResourcesConfig())
+    ray_session.init_ray(ResourcesConfig(address="10.0.0.5:6379"))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
-    ray_backend.init_ray(ResourcesConfig())
+    ray_session.init_ray(ResourcesConfig())
     assert [(kind, kw.get("address")) for kind, kw in calls] == [
         ("local", None),
         ("cluster", "10.0.0.5:6379"),
@@ -108,7 +108,7 @@ def test_raysim_starts_a_loopback_ray_unless_given_a_cluster(monkeypatch):
 
 
 def test_local_ray_options_keep_every_server_on_loopback():
-    options = ray_backend.local_ray_options(num_cpus=2)
+    options = ray_session.local_ray_options(num_cpus=2)
     assert options["_node_ip_address"] == options["dashboard_host"] == "127.0.0.1"
     assert options["num_cpus"] == 2 and options["include_dashboard"] is False
     assert options["address"] == "local"  # a new instance, never a `ray start` cluster left running

@@ -7,7 +7,8 @@ from jobs import tiny_job
 from raysim.config import ResourcesConfig
 from raysim.engine.loop import run
 from raysim.errors import ResourceError
-from raysim.runtime.ray_backend import placeable_workers, resolve_num_workers, worker_setup_for
+from raysim.runtime.ray_backend import worker_setup_for
+from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
 from raysim.runtime.wire import WorkerSetup
 
 

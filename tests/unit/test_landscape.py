@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from raysim.errors import ConfigError
 from raysim.measure import estimators as E
 from raysim.measure import landscape as L
-from raysim.measure import plots
+from raysim.measure import plots, points
 from raysim.measure import weight_space as W
 from raysim.probe import ProbeRound
 from raysim.services import MapRequest
@@ -216,7 +216,7 @@ def test_a_scan_without_data_names_the_fix():
         def map_clients(self, request):
             return [[None] for _ in request.points]
 
-    with pytest.raises(L.NoExamplesError, match="central test set.*pass clients"):
+    with pytest.raises(points.NoExamplesError, match="central test set.*pass clients"):
         L.line_scan(NoCentral(), model(1), model(2))
 
 
@@ -289,7 +289,7 @@ def test_plane_scan_sends_the_grid_in_calls_that_fit_the_memory_budget(monkeypat
     five points, the same numbers as one call; the origin is flattened once, not per point."""
     w1, w2, w3 = model(1), model(2), model(3)
     whole = L.plane_scan(LinearServices(), w1, w2, w3, size=4, clients=[0, 1], points_per_call=16)
-    monkeypatch.setattr(L, "SCAN_BYTES_PER_CALL", 300)
+    monkeypatch.setattr(points, "SCAN_BYTES_PER_CALL", 300)
     flattened = []
     monkeypatch.setattr(L, "flatten", lambda params, real=L.flatten: flattened.append(1) or real(params))
     services = LinearServices()

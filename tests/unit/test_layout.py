@@ -1,6 +1,7 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
-own tier or the tiers before it, and only runtime/ray_backend.py (and runtime/ray_jobs.py, the Ray
-Jobs client of ``raysim submit``) imports Ray.
+own tier or the tiers before it, and only the runtime's Ray modules import Ray: ray_backend.py with
+ray_session.py (``ray.init``) and ray_placement.py (worker counts), and ray_jobs.py, the Ray Jobs
+client of ``raysim submit``.
 
 Imports inside functions count too (a lazy import is still a dependency).
 """
@@ -73,10 +74,27 @@ def test_only_the_ray_backend_imports_ray():
     importers = sorted(
         name for name, path in modules() if any(t == "ray" or t.startswith("ray.") for t in imports(path))
     )
-    assert importers == ["raysim.runtime.ray_backend", "raysim.runtime.ray_jobs"]
+    assert importers == [
+        "raysim.runtime.ray_backend",
+        "raysim.runtime.ray_jobs",
+        "raysim.runtime.ray_placement",
+        "raysim.runtime.ray_session",
+    ]
 
 
 def test_the_tiers_are_the_packages_that_exist():
     packages = {p.name for p in RAYSIM.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages == set(TIERS) - {"contract"}
     assert tier("raysim.engine.loop") == 5 and tier("raysim.params") == 0 and tier("raysim") == 0
+
+
+MAX_LINES = 400  # a module longer than this holds more than one concern: split it by concern
+
+
+def test_no_module_is_over_400_lines():
+    root = RAYSIM.parent
+    files = [path for name in ("raysim", "algorithms", "datasets") for path in (root / name).rglob("*.py")]
+    assert len(files) > 60  # the scan sees all three folders
+    lengths = {path.relative_to(root): path.read_bytes().count(b"\n") for path in files}  # as wc -l counts
+    too_long = sorted(f"{path}: {n} lines" for path, n in lengths.items() if n > MAX_LINES)
+    assert not too_long, "split these by concern:\n" + "\n".join(too_long)

@@ -3,11 +3,21 @@
 The streaming writer (``raysim.data.text.writer``) groups documents by client key into buckets; this
 module turns one bucket into rows: tokenize, split each client's documents (or sequences) into
 train and test with a seed drawn from the client key, pack, cap, drop clients that are too small.
+
+Packing follows Dataset Grouper's C4 pipeline (Charles et al., 2023, arXiv:2307.09619): a
+client's documents are concatenated, each followed by EOS, and cut into blocks of ``seq_len``
+tokens; the incomplete last block is dropped. One *example* of a text store is one such packed
+sequence, never a document. The causal-LM loss shifts inside a block (token t predicts t+1), so a
+block of ``seq_len`` tokens yields ``seq_len - 1`` predictions.
+
+Usage:
+    rows = pack(tokenizer.encode_batch(texts), seq_len=128, eos_id=tokenizer.eos_id)  # (n, 128) int32
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,12 +25,36 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raysim.data.format import SPLIT_STREAM, split_sizes
-from raysim.data.text.tokenizer import TextDatasetConfig, Tokenizer, pack
+from raysim.data.text.recipes import TextDatasetConfig
+from raysim.data.text.tokenizer import Tokenizer
 
 
 def key_hash(key: str) -> int:
     """A stable 64-bit hash of a client key (Python's ``hash`` differs between processes)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def pack(documents: Iterable[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
+    """Packs one client's tokenized documents into (n, seq_len) int32 sequences.
+
+    Each document is followed by ``eos_id``; the concatenation is cut into consecutive blocks of
+    ``seq_len`` tokens and the remainder (fewer than ``seq_len`` tokens) is dropped.
+
+    Args:
+        documents: token ids of each document, in order.
+        seq_len: tokens per sequence.
+        eos_id: the end-of-document token.
+
+    Returns:
+        (n, seq_len) int32 array, n = (total tokens + number of documents) // seq_len.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    eos = np.array([eos_id], np.int32)
+    parts = [p for doc in documents for p in (np.asarray(doc, np.int32).reshape(-1), eos)]
+    stream = np.concatenate(parts) if parts else np.empty(0, np.int32)
+    num_rows = len(stream) // seq_len
+    return stream[: num_rows * seq_len].reshape(num_rows, seq_len)
 
 
 def pack_clients(

@@ -1,4 +1,4 @@
-"""Text for language models: tokenizers, and packing documents into fixed-length sequences.
+"""Tokenizers of text stores: text -> token ids, and the ids a store needs (EOS, PAD).
 
 Three tokenizer kinds (``TokenizerConfig.kind``):
 
@@ -8,26 +8,15 @@ Three tokenizer kinds (``TokenizerConfig.kind``):
             the corpus itself, offline; saved as ``tokenizer.json`` next to the store
     bytes   UTF-8 bytes (ids 0-255) plus EOS (256) and PAD (257): 258 ids, needs nothing
 
-Packing follows Dataset Grouper's C4 pipeline (Charles et al., 2023, arXiv:2307.09619): a
-client's documents are concatenated, each followed by EOS, and cut into blocks of ``seq_len``
-tokens; the incomplete last block is dropped. One *example* of a text store is one such packed
-sequence, never a document. The causal-LM loss shifts inside a block (token t predicts t+1), so a
-block of ``seq_len`` tokens yields ``seq_len - 1`` predictions.
-
-Also here, for the text recipes in ``datasets/`` (c4, stackoverflow, pydoc_topics): their shared
-``TextDatasetConfig`` and ``hf_records``, a lazy reader of HuggingFace datasets (streaming).
-
 Usage:
     tokenizer = prepare_tokenizer(TokenizerConfig(kind="bpe"), sample_texts, store_dir)
     docs = tokenizer.encode_batch(client_texts)
-    rows = pack(docs, seq_len=128, eos_id=tokenizer.eos_id)      # (n, 128) int32
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,9 +24,6 @@ import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from raysim.data.format import META_FILE
-from raysim.data.hub import load_split
-from raysim.data.partition import NaturalPartition
-from raysim.data.store import DatasetConfig
 from raysim.errors import DataError
 
 BPE_FILE = "tokenizer.json"  # a trained bpe tokenizer, in the store directory
@@ -158,32 +144,6 @@ class Tokenizer:
         return np.concatenate([a[:keep_a], eos, b[:keep_b], eos])
 
 
-class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
-    """Settings shared by text recipes built with the streaming writer.
-
-    Attributes:
-        partition: clients are always the documents' own keys (hosts, users, topics).
-        seq_len: tokens per packed sequence (one example).
-        tokenizer: which tokenizer; default a bpe trained on the corpus.
-        min_sequences: clients with fewer packed sequences are dropped (counted in meta.json).
-        max_sequences: keep at most this many sequences per client, the first in document order
-            (counted in meta.json); None keeps all.
-        num_buckets: spill buckets; one bucket (about corpus / num_buckets) is held in memory.
-        buffer_docs: documents buffered per bucket before a flush to disk.
-        checkpoint_docs: documents between two resumable checkpoints of the spill.
-    """
-
-    partition: NaturalPartition = NaturalPartition(column="key")
-    seq_len: int = Field(128, ge=2)
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    min_sequences: int = Field(1, ge=1)
-    max_sequences: int | None = Field(None, ge=1)
-    split_by: Literal["document", "sequence"] = "sequence"  # document: no text on both sides
-    num_buckets: int = Field(64, ge=1, le=65_536)
-    buffer_docs: int = Field(2_000, ge=1)
-    checkpoint_docs: int = Field(500_000, ge=1)
-
-
 def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     """Lengths a pair keeps under the ``tokenizers`` library's "longest_first" truncation to
     ``budget`` tokens (what transformers' fast tokenizers run): the shorter text stays whole
@@ -196,29 +156,6 @@ def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
         keep_short, keep_long = budget // 2, budget // 2 + budget % 2
     kept = min(short, keep_short), min(long, keep_long)
     return (kept[1], kept[0]) if swap else kept
-
-
-def pack(documents: Iterable[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
-    """Packs one client's tokenized documents into (n, seq_len) int32 sequences.
-
-    Each document is followed by ``eos_id``; the concatenation is cut into consecutive blocks of
-    ``seq_len`` tokens and the remainder (fewer than ``seq_len`` tokens) is dropped.
-
-    Args:
-        documents: token ids of each document, in order.
-        seq_len: tokens per sequence.
-        eos_id: the end-of-document token.
-
-    Returns:
-        (n, seq_len) int32 array, n = (total tokens + number of documents) // seq_len.
-    """
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be positive, got {seq_len}")
-    eos = np.array([eos_id], np.int32)
-    parts = [p for doc in documents for p in (np.asarray(doc, np.int32).reshape(-1), eos)]
-    stream = np.concatenate(parts) if parts else np.empty(0, np.int32)
-    num_rows = len(stream) // seq_len
-    return stream[: num_rows * seq_len].reshape(num_rows, seq_len)
 
 
 def bytes_tokenizer() -> Tokenizer:
@@ -358,50 +295,3 @@ def _from_auto(tokenizer: Any, name: str) -> Tokenizer:
         return tokenizer(first, second, truncation=True, max_length=max_length)["input_ids"]
 
     return Tokenizer(name, len(tokenizer), int(eos), pad, encode_batch, decode, encode_inputs)
-
-
-def hf_records(
-    path: str,
-    name: str | None = None,
-    *,
-    split: str = "train",
-    data_files: str | list[str] | dict[str, Any] | None = None,
-    streaming: bool = True,
-    columns: tuple[str, ...] = (),
-    max_records: int | None = None,
-    local_hint: str = "give local files with data_files",
-) -> Iterator[dict]:
-    """Records of a HuggingFace dataset split, read lazily (``load_dataset`` runs on first use).
-
-    Args:
-        path, name, split, data_files, streaming: as ``datasets.load_dataset`` takes them.
-        columns: columns every record must have (checked on the first record).
-        max_records: stop after this many records; None reads all.
-        local_hint: how to use local files instead of the hub, in the recipe's terms.
-
-    Raises:
-        DataError: the dataset cannot be loaded or lacks one of ``columns``.
-    """
-    dataset = load_split(
-        path, name, split=split, data_files=data_files, streaming=streaming, local_hint=local_hint
-    )
-    try:
-        records = iter(dataset)
-        first = next(records, None)
-    except (OSError, ValueError) as e:  # streaming opens the files only now
-        raise DataError(f"cannot read split {split!r} of {path!r}: {type(e).__name__}: {e}") from e
-    if first is None:
-        return
-    missing = [c for c in columns if c not in first]
-    if missing:
-        raise DataError(
-            f"{path} split {split!r} has no column {', '.join(map(repr, missing))} "
-            f"(columns: {', '.join(first)})"
-        )
-    try:
-        yield from itertools.islice(itertools.chain([first], records), max_records)
-    except (OSError, ValueError) as e:  # a malformed line or a dropped connection, mid-stream
-        raise DataError(
-            f"reading {path!r} split {split!r} failed part-way: {type(e).__name__}: {e}. "
-            "The build keeps what it has; run the same command again to resume"
-        ) from e

@@ -14,7 +14,8 @@ from raysim.data.integrity import rehash_store, verify_store
 from raysim.data.partition import DirichletPartition, Partition
 from raysim.data.prepare import open_dataset, prepare_store, store_path, write_store
 from raysim.data.store import ClientStore, Examples, image_table
-from raysim.data.text.tokenizer import TextDatasetConfig, TokenizerConfig
+from raysim.data.text.recipes import TextDatasetConfig
+from raysim.data.text.tokenizer import TokenizerConfig
 from raysim.data.text.writer import write_text_store
 from raysim.errors import DataError
 from raysim.types import DataSpec

@@ -176,7 +176,7 @@ def test_an_hf_classifier_with_a_smaller_vocabulary_is_caught(token_labels):
     )
 
 
-def test_open_world_refuses_a_mismatched_model_before_any_worker_or_run(monkeypatch):
+def test_open_parts_refuses_a_mismatched_model_before_any_worker_or_run(monkeypatch):
     """open_parts runs before build starts workers or a tracking run (engine/build.py)."""
     from raysim import registry
     from raysim.config import JobConfig

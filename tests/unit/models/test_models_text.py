@@ -20,13 +20,9 @@ import torch
 from torch import nn
 
 from raysim.models import build_model
-from raysim.models.text import (
-    HFCausalLMConfig,
-    HFClassifierConfig,
-    HFTokenModel,
-    causal_lm_hf_config,
-    classifier_hf_config,
-)
+from raysim.models.hf_causal_lm import HFCausalLMConfig, causal_lm_hf_config
+from raysim.models.hf_classifier import HFClassifierConfig, classifier_hf_config
+from raysim.models.text import HFTokenModel
 from raysim.types import DataSpec
 
 PAD = 0

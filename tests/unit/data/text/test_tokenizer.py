@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from raysim.data.text.packing import pack
 from raysim.data.text.tokenizer import (
     BYTES_EOS,
     BYTES_PAD,
     TokenizerConfig,
     bytes_tokenizer,
     load_tokenizer,
-    pack,
     prepare_tokenizer,
     train_bpe,
 )

@@ -12,15 +12,10 @@ import pytest
 
 from raysim.data.format import split_sizes
 from raysim.data.store import ClientStore
-from raysim.data.text import writer
-from raysim.data.text.tokenizer import (
-    BYTES_EOS,
-    TextDatasetConfig,
-    TokenizerConfig,
-    pack,
-    store_tokenizer,
-    train_bpe,
-)
+from raysim.data.text import spill, writer
+from raysim.data.text.packing import pack
+from raysim.data.text.recipes import TextDatasetConfig
+from raysim.data.text.tokenizer import BYTES_EOS, TokenizerConfig, store_tokenizer, train_bpe
 from raysim.data.text.writer import write_text_store
 from raysim.errors import DataError
 
@@ -107,13 +102,13 @@ def test_result_is_independent_of_buckets_and_buffers_and_memory_stays_bounded(t
     docs = corpus()
     reference = store_content(build(tmp_path, "ref", docs, num_buckets=1, buffer_docs=10_000))
     largest = []
-    add = writer._Spill.add
+    add = spill._Spill.add
 
     def watched_add(self, seq, key, text):
         add(self, seq, key, text)
         largest.append(max(len(b) for b in self.buffers))
 
-    monkeypatch.setattr(writer._Spill, "add", watched_add)
+    monkeypatch.setattr(spill._Spill, "add", watched_add)
     small = build(tmp_path, "small", docs, num_buckets=7, buffer_docs=5, checkpoint_docs=11)
     assert max(largest) < 5  # a full buffer is flushed at once
     rows, index = store_content(small)

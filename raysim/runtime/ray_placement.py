@@ -1,0 +1,72 @@
+"""How many Ray workers a job gets: counted from the cluster's resources, checked against the placement.
+
+Usage:
+    num_workers = placeable_workers(resources, resolve_num_workers(resources))
+"""
+
+from __future__ import annotations
+
+import ray
+
+from raysim.config import ResourcesConfig
+from raysim.errors import ResourceError
+
+
+def resolve_num_workers(resources: ResourcesConfig) -> int:
+    """The configured worker count, or as many as the cluster's CPUs (or GPU slots) allow."""
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    if resources.num_workers is not None:
+        wanted = resources.num_workers
+        needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpus_per_worker
+        if needs_cpus > cpus + 1e-9 or needs_gpus > gpus + 1e-9:
+            raise ResourceError(
+                f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
+                f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
+                f"resources.num_workers or the per-worker shares"
+            )
+        return wanted
+    by_cpu = int(cpus // resources.cpus_per_worker)
+    by_gpu = int(gpus // resources.gpus_per_worker) if resources.gpus_per_worker > 0 else by_cpu
+    if min(by_cpu, by_gpu) < 1:
+        raise ResourceError(
+            f"one worker needs {resources.cpus_per_worker} CPU and "
+            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU"
+        )
+    return min(by_cpu, by_gpu)
+
+
+def placeable_workers(resources: ResourcesConfig, wanted: int) -> int:
+    """``wanted`` workers, checked against a strict placement the nodes cannot hold (Ray would
+    wait for it forever); a worker count left to raysim shrinks to what the placement allows.
+
+    Raises:
+        ResourceError: ``STRICT_SPREAD`` with more workers than nodes that hold one, or
+            ``STRICT_PACK`` with more than the largest node holds.
+    """
+    strategy = resources.placement
+    if strategy not in ("STRICT_SPREAD", "STRICT_PACK"):
+        return wanted
+    slots = [worker_slots(node["Resources"], resources) for node in ray.nodes() if node["Alive"]]
+    most = sum(1 for n in slots if n) if strategy == "STRICT_SPREAD" else max(slots, default=0)
+    if resources.num_workers is None and most:
+        return min(wanted, most)
+    if wanted > most:
+        one = f"({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU)"
+        if strategy == "STRICT_SPREAD":
+            what = f"puts each of the {wanted} workers on its own node; {most} node(s) hold a worker {one}"
+        else:
+            what = f"puts all {wanted} workers on one node; the largest holds {most} workers {one}"
+        loose = strategy.removeprefix("STRICT_")
+        raise ResourceError(
+            f"resources.placement={strategy} {what}; lower resources.num_workers or use placement {loose}"
+        )
+    return wanted
+
+
+def worker_slots(node_resources: dict[str, float], resources: ResourcesConfig) -> int:
+    """How many workers one node's total resources hold."""
+    slots = int(node_resources.get("CPU", 0.0) // resources.cpus_per_worker)
+    if resources.gpus_per_worker > 0:
+        slots = min(slots, int(node_resources.get("GPU", 0.0) // resources.gpus_per_worker))
+    return slots

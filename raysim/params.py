@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -165,15 +165,7 @@ def load_into(model: nn.Module, params: NumpyParams | Params) -> None:
         own[name].copy_(torch.as_tensor(value))
 
 
-@overload
-def to_device(tree: dict[str, Tree], device: torch.device | str) -> dict[str, Tree]: ...
-
-
-@overload
-def to_device(tree: Tree, device: torch.device | str) -> Tree: ...
-
-
-def to_device(tree: Tree, device: torch.device | str) -> Tree:
+def to_device(tree: T, device: torch.device | str) -> T:
     """``tree`` with every tensor and numpy array leaf as a tensor on ``device``.
 
     Other leaves (numbers, strings) are kept. Arrays on the CPU device share memory with the
@@ -186,6 +178,13 @@ def to_device(tree: Tree, device: torch.device | str) -> Tree:
         return leaf
 
     return tree_map(move, tree)
+
+
+def numpy_leaves(tree: T) -> T:
+    """``tree`` with every tensor leaf as a numpy array (CPU), for a payload's extra: arrays cross
+    to Ray workers without a copy. Typed as ``tree`` because the client reads those leaves back as
+    tensors on its device (``to_device`` in the worker), which is what the plugin's type says."""
+    return tree_map(lambda leaf: leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else leaf, tree)
 
 
 def delta(global_params: Params, local_params: Params) -> Params:

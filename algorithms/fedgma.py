@@ -48,7 +48,6 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, train_client

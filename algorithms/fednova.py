@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, model_validator
 
-from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, train_client

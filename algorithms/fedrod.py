@@ -112,7 +112,9 @@ class PersonalHeadStep:
         loss = backward(batch)  # runs generic_loss, which keeps the forward pass
         optimizer.step()
         if self._forward is None:
-            raise RuntimeError("PersonalHeadStep: train with loss_fn=generic_loss, which keeps the forward pass")
+            raise RuntimeError(
+                "PersonalHeadStep: train with loss_fn=generic_loss, which keeps the forward pass"
+            )
         features, generic_logits = self._forward
         personal_loss = F.cross_entropy(generic_logits + self.head(features), batch["y"])
         self.optimizer.zero_grad(set_to_none=True)

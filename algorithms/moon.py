@@ -151,7 +151,9 @@ class Moon:
         initial = InitialModel(P.clone(params)) if self.config.negative == "initial" else None
         return init_state(params, info, initial)
 
-    def broadcast(self, state: ServerState[InitialModel | None], round_num: int) -> Payload[InitialModel | None]:
+    def broadcast(
+        self, state: ServerState[InitialModel | None], round_num: int
+    ) -> Payload[InitialModel | None]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
 
     def client_update(
@@ -168,7 +170,9 @@ class Moon:
             ctx, self.config.local, loss_fn=objective.loss_fn, extra_loss=objective.extra_loss
         )
         # a fixed negative: nothing to keep
-        kept = PreviousModel(P.clone(P.model_params(ctx.model))) if self.config.negative == "previous" else None
+        kept = (
+            PreviousModel(P.clone(P.model_params(ctx.model))) if self.config.negative == "previous" else None
+        )
         return ClientResult(delta, metrics["train/num_examples"], metrics, state=kept)
 
     def _negative(self, ctx: ClientContext[InitialModel | None, PreviousModel]) -> Params:

@@ -182,9 +182,11 @@ def to_device(tree: T, device: torch.device | str) -> T:
 
 def numpy_leaves(tree: T) -> T:
     """``tree`` with every tensor leaf as a numpy array (CPU), for a payload's extra: arrays cross
-    to Ray workers without a copy. Typed as ``tree`` because the client reads those leaves back as
-    tensors on its device (``to_device`` in the worker), which is what the plugin's type says."""
-    return tree_map(lambda leaf: leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else leaf, tree)
+    to Ray workers without a copy. Typed as ``tree`` because the client reads those leaves back
+    as tensors on its device (``to_device`` in the worker), which is what the plugin's type says."""
+    return tree_map(
+        lambda leaf: leaf.detach().cpu().numpy() if isinstance(leaf, torch.Tensor) else leaf, tree
+    )
 
 
 def delta(global_params: Params, local_params: Params) -> Params:
@@ -370,12 +372,16 @@ def rebuild(template: T, saved: object, where: str) -> T:
             return template
         raise ValueError(f"{where} holds {_shape(saved)}, but this algorithm keeps no state there")
     if is_dataclass_instance(template):
-        fields = {f.name: rebuild(getattr(template, f.name), v, where) for f, v in _fields(template, saved, where)}
+        fields = {
+            f.name: rebuild(getattr(template, f.name), v, where) for f, v in _fields(template, saved, where)
+        }
         return cast(T, type(template)(**fields))
     return cast(T, saved)
 
 
-def _fields(template: DataclassInstance, saved: object, where: str) -> list[tuple[dataclasses.Field[Any], object]]:
+def _fields(
+    template: DataclassInstance, saved: object, where: str
+) -> list[tuple[dataclasses.Field[Any], object]]:
     own = [f for f in dataclasses.fields(template) if f.init]
     if not isinstance(saved, dict) or set(saved) != {f.name for f in own}:
         kind = type(template).__name__

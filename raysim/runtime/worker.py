@@ -187,7 +187,8 @@ class ClientTrainer:
         try:
             return P.from_plain(kind, saved, f"client {client_id}'s state")
         except ValueError as exc:
-            raise DataError(f"{exc}: it was written by another algorithm, or an older version of it") from None
+            why = "it was written by another algorithm, or an older version of it"
+            raise DataError(f"{exc}: {why}") from None
 
     def client_init(self, client_id: int) -> Params:
         """The client's own random initialisation (``ClientContext.client_init``): the job's model

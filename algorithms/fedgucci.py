@@ -267,8 +267,9 @@ class FedGuCci:
         rounds, newest first, read from the checkpoints beside the given one; a parent younger
         than N rounds adds this run's initial model, as a run from round 0 would (the parent's
         own with the same seed)."""
-        if saved.extra:  # the dict of Anchors' fields, as the checkpoint holds it
-            anchors = P.from_plain(Anchors, saved.extra, f"{trail.path}'s server state").anchors
+        kept = P.plain(saved.extra)  # the dict of Anchors' fields, as the checkpoint holds it
+        if kept:
+            anchors = P.from_plain(Anchors, kept, f"{trail.path}'s server state").anchors
         else:
             anchors = self._parent_anchors(trail, saved.buffer_keys, initial=fresh.extra.anchors[-1])
         return replace(saved, extra=Anchors(anchors[: self.config.num_anchors]))

@@ -244,10 +244,10 @@ class IMA(Generic[A]):
         ``saved.extra`` is plain, as the checkpoint holds it: IMAState's fields; or, written before
         IMAState, the inner's fields with the window beside them under "ima_window"; or the
         inner algorithm's own."""
-        extra = saved.extra if isinstance(saved.extra, dict) else {}
-        if set(extra) == {"inner", "window"}:
+        extra = P.plain(saved.extra)  # plain already when read from a checkpoint
+        if isinstance(extra, dict) and set(extra) == {"inner", "window"}:
             inner, window = extra["inner"], extra["window"]
-        elif _OLD_WINDOW in extra:
+        elif isinstance(extra, dict) and _OLD_WINDOW in extra:
             inner = {k: v for k, v in extra.items() if k != _OLD_WINDOW}
             window = extra[_OLD_WINDOW]
         else:

@@ -166,8 +166,9 @@ def test_server_averages_deltas_and_anchors_by_examples():
 def test_a_model_without_features_is_refused():
     from reference import context, payload
 
+    unbuilt = payload(extra=plugin_module().FeatureAnchors(np.zeros(0), 0))
     with pytest.raises(TypeError, match=r"fedfa needs a model with features\(x\) and head"):
-        algo().client_update(context([[1.0, 2.0]], [0], payload(extra=plugin_module().FeatureAnchors(np.zeros(0), 0))))
+        algo().client_update(context([[1.0, 2.0]], [0], unbuilt))
 
 
 def digit5_context(extra):

@@ -112,7 +112,8 @@ def test_generic_and_personal_steps_match_the_reference(epochs, absent, counts):
 def test_the_personal_head_comes_back_from_the_client_state():
     start = (W0 * 0.5 + 0.1, B0 - 0.2)
     plugin = algo(1)
-    state = plugin.ClientState({"weight": torch.tensor(start[0]).float(), "bias": torch.tensor(start[1]).float()})
+    head = {"weight": torch.tensor(start[0]).float(), "bias": torch.tensor(start[1]).float()}
+    state = plugin.ClientState(head)
     result = plugin.client_update(feature_context(X, Y, state=state))
     (_, w, _, p, c), _ = reference_client(1, personal_start=start)
     assert np.allclose(result.state.head["weight"].numpy(), p, atol=1e-5)

@@ -162,9 +162,9 @@ def test_the_authors_quirk_keeps_the_initial_model_as_the_negative():
     later = replace(state, params={k: v + 0.3 * torch.ones_like(v) for k, v in state.params.items()})
     payload = plugin.broadcast(later, 5)
     np.testing.assert_allclose(payload.extra.initial["head.bias"], GLOBAL["head.bias"], atol=1e-7)
-    swapped = replace(payload, params=P.to_numpy(state.params), extra=replace(payload.extra, initial=P.to_numpy(
-        {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}
-    )))  # fmt: skip
+    previous = P.to_numpy({k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()})
+    extra = replace(payload.extra, initial=previous)
+    swapped = replace(payload, params=P.to_numpy(state.params), extra=extra)
     result = plugin.client_update(context(swapped, state=plugin.ClientState("ignored")))
     assert_delta(result.update, reference_delta(PREVIOUS))
     assert result.state is None

@@ -113,7 +113,8 @@ def test_a_client_without_data_changes_nothing():
     dc = 0 and weight 0, so neither the server variate nor the mean delta moves."""
     plugin = algo()
     state = init_state(plugin)
-    state = replace(state, extra=replace(state.extra, c={"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}))
+    c = {"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}
+    state = replace(state, extra=replace(state.extra, c=c))
     ci = plugin.ClientState({"weight": torch.full((2, 2), 0.1), "bias": torch.zeros(2)})
     empty = context(np.zeros((0, 2)), np.zeros(0), plugin.broadcast(state, 0), state=ci)
     result = plugin.client_update(empty)

@@ -65,7 +65,7 @@ def barriers(supports, seed):
     for name, aggregator in (("fedavg", WeightedMean()), ("fedfish", fish.aggregator())):
         acc = aggregator.zero()
         for i, result in enumerate(results):
-            update = result if name == "fedfish" else ClientResult(result.update["delta"], result.weight)
+            update = result if name == "fedfish" else ClientResult(result.update.delta, result.weight)
             acc = aggregator.add(acc, i, update)
         out = aggregator.result(acc)
         pseudo_grad = out["pseudo_grad"] if name == "fedfish" else out

@@ -11,15 +11,13 @@ noise (McMahan et al., ICLR 2018, arXiv:1710.06963). The server steps with
 
 from __future__ import annotations
 
-from typing import cast
-
 from pydantic import BaseModel, Field
 
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -50,25 +48,25 @@ class FedAvgClip:
     def __init__(self, config: FedAvgClipConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)  # the params, and no state beyond them
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        result = local_delta_update(ctx, self.config.local)
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        delta, metrics = train_client(ctx, self.config.local)
         buffers = {name for name, _ in ctx.model.named_buffers()}  # init() ran on the driver only
-        update, norm = clip(cast(Params, result.update), self.config.clip_norm, buffers)  # a mean delta
-        metrics = {"clip/norm": norm, "clip/clipped": float(norm > self.config.clip_norm)}
-        return ClientResult(update, result.weight, result.metrics | metrics)
+        update, norm = clip(delta, self.config.clip_norm, buffers)  # a mean delta
+        clipping = {"clip/norm": norm, "clip/clipped": float(norm > self.config.clip_norm)}
+        return ClientResult(update, metrics["train/num_examples"], metrics | clipping)
 
-    def aggregator(self) -> WeightedMean:
+    def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
         lr = self.config.server.lr * self.config.server_lr_decay**round_num
         server = self.config.server.model_copy(update={"lr": lr})
         state, metrics = apply_server_step(state, mean_delta, server)

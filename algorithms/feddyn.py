@@ -21,7 +21,7 @@ stay as above.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -30,7 +30,8 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, train_local
+from raysim.train.local import AfterBackward, LocalTrainConfig, train_client
+from raysim.train.server_opt import broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -42,6 +43,21 @@ class FedDynConfig(BaseModel, frozen=True, extra="forbid"):
     reading: Literal["paper", "fedgucci_code"] = "paper"
     local: LocalTrainConfig = LocalTrainConfig()
     weighted: bool = False
+
+
+@dataclass(frozen=True)
+class FedDynServer:
+    """The server's state beyond the params (``ServerState.extra``)."""
+
+    h: Params  # the server's correction (trainable parameters only)
+    num_clients: int  # m, the population
+
+
+@dataclass(frozen=True)
+class LinearCorrection:
+    """What a client keeps between rounds (``ClientResult.state``, then ``ctx.state``)."""
+
+    g: Params  # g_i, the gradient of the client's linear term
 
 
 @dataclass(frozen=True)
@@ -77,42 +93,30 @@ class FedDyn:
     """FedDyn: each client keeps a linear correction ``g_i``; the server keeps ``h``."""
 
     Config = FedDynConfig
+    ClientState = LinearCorrection
 
     def __init__(self, config: FedDynConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def init(self, params: Params, info: RunInfo) -> ServerState[FedDynServer]:
         h = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
-        return ServerState(
-            params=P.clone(params),
-            buffer_keys=info.buffer_keys,
-            extra={"h": h, "num_clients": info.num_clients},
-        )
+        return init_state(params, info, FedDynServer(h=h, num_clients=info.num_clients))
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+    def broadcast(self, state: ServerState[FedDynServer], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(
+        self, ctx: ClientContext[None, LinearCorrection]
+    ) -> ClientResult[FedDynUpdate, LinearCorrection]:
         alpha = self.config.alpha
-        state = cast(dict[str, Params] | None, ctx.state)  # {"g": ...} kept from an earlier round
         trainable = [name for name, p in ctx.model.named_parameters() if p.requires_grad]
         g = (
-            {k: v.to(ctx.device) for k, v in state["g"].items()}
-            if state
+            {k: v.to(ctx.device) for k, v in ctx.state.g.items()}
+            if ctx.state
             else {k: torch.zeros_like(ctx.global_params[k]) for k in trainable}
         )
         regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.reading == "fedgucci_code")
-        metrics = train_local(
-            ctx.model,
-            ctx.data,
-            self.config.local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-            after_backward=regularizer,
-        )
-        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        delta, metrics = train_client(ctx, self.config.local, after_backward=regularizer)
         new_g = {k: g[k] + alpha * delta[k] for k in g}  # g_i - alpha (w_i - w_g)
         num_examples = metrics["train/num_examples"]
         p = num_examples if self.config.weighted else 1.0
@@ -120,7 +124,7 @@ class FedDyn:
             update=FedDynUpdate({k: v * p for k, v in delta.items()}, torch.tensor(p), torch.tensor(1.0)),
             weight=num_examples,
             metrics=metrics,
-            state={"g": P.clone(new_g)},
+            state=LinearCorrection(P.clone(new_g)),
         )
 
     def aggregator(self) -> Sum[FedDynUpdate]:
@@ -131,23 +135,19 @@ class FedDyn:
         return {k: v / sums.weight for k, v in sums.delta.items()}
 
     def server_update(
-        self, state: ServerState, sums: FedDynUpdate | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[FedDynServer], sums: FedDynUpdate | None, round_num: int
+    ) -> tuple[ServerState[FedDynServer], Metrics]:
         if sums is None or float(sums.weight) == 0:
             return state, {}
         alpha = self.config.alpha
         mean_delta = self.pseudo_gradient(sums)
-        share = float(sums.count) / cast(int, state.extra["num_clients"])  # |S| / m
+        server = state.extra
+        share = float(sums.count) / server.num_clients  # |S| / m
         # h - alpha (1/m) sum_i (w_i - w_g) = h + alpha (|S|/m) mean(w_g - w_i)
-        h = {k: v + alpha * share * mean_delta[k] for k, v in _h(state).items()}
+        h = {k: v + alpha * share * mean_delta[k] for k, v in server.h.items()}
         params = {k: w - mean_delta[k] - (h[k] / alpha if k in h else 0.0) for k, w in state.params.items()}
         metrics = {
             "server/delta_norm": P.global_norm(mean_delta, skip=state.buffer_keys),  # parameters only
             "feddyn/h_norm": P.global_norm(h),  # h holds no buffers
         }
-        return replace(state, params=params, extra={**state.extra, "h": h}), metrics
-
-
-def _h(state: ServerState) -> Params:
-    """The server's ``h``, kept in ``state.extra`` (see ``FedDyn.init``)."""
-    return cast(Params, state.extra["h"])
+        return replace(state, params=params, extra=replace(server, h=h)), metrics

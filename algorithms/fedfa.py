@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -51,19 +50,17 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
-    FeatureModel,
     Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
-    Tree,
     feature_model,
     require_classification,
 )
@@ -80,6 +77,14 @@ class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
+
+
+@dataclass(frozen=True)
+class FeatureAnchors:
+    """The global class anchors (``ServerState.extra``, and ``Payload.extra`` to every client)."""
+
+    anchors: torch.Tensor  # (C, D); empty until the first cohort reports (D is the workers')
+    anchor_seed: int  # draws the starting anchors (``initial_anchors``)
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ class AnchorStep:
         self._num_batches = 0
 
     def task_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
-        net = cast(FeatureModel, model)  # checked once per client by feature_model
+        net = feature_model(model, "fedfa")
         self._features = net.features(batch["x"])  # (B, D)
         logits = net.head(self._features)
         y = batch["y"]
@@ -157,7 +162,7 @@ class AnchorStep:
         loss = backward(batch)
         optimizer.step()
         if self.calibration is not None:
-            self._calibrate()
+            self._calibrate(self.calibration)
         self._record(self._features.detach(), batch["y"])
         return loss
 
@@ -166,10 +171,9 @@ class AnchorStep:
         self._fold_epoch()
         return self.local_anchors
 
-    def _calibrate(self) -> None:
+    def _calibrate(self, optimizer: torch.optim.Optimizer) -> None:
         classes = torch.arange(self.anchors.shape[0], device=self.anchors.device)
         loss = F.cross_entropy(self.head(self.anchors), classes)
-        optimizer = cast(torch.optim.Optimizer, self.calibration)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -199,24 +203,19 @@ class FedFA:
     def __init__(self, config: FedFAConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def init(self, params: Params, info: RunInfo) -> ServerState[FeatureAnchors]:
         require_classification(info, "algorithm fedfa", "it keeps one feature anchor per class")
         # D is known to the workers only (from the model): the first cohort builds the anchors
-        extra: dict[str, Tree] = {"anchors": torch.zeros(0), "anchor_seed": info.seed}
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
+        return init_state(params, info, FeatureAnchors(torch.zeros(0), info.seed))
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        anchors = cast(torch.Tensor, state.extra["anchors"]).numpy()
-        return Payload(
-            P.to_numpy(state.params), extra={"anchors": anchors, "anchor_seed": state.extra["anchor_seed"]}
-        )
+    def broadcast(self, state: ServerState[FeatureAnchors], round_num: int) -> Payload[FeatureAnchors]:
+        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(self, ctx: ClientContext[FeatureAnchors, None]) -> ClientResult[AnchoredDelta, None]:
         head = feature_model(ctx.model, "fedfa").head
-        anchors = cast(torch.Tensor, ctx.payload.extra["anchors"])
+        anchors = ctx.payload.extra.anchors
         if anchors.numel() == 0:
-            seed = cast(int, ctx.payload.extra["anchor_seed"])
-            anchors = initial_anchors(ctx.spec.num_classes, feature_dim(head), seed)
+            anchors = initial_anchors(ctx.spec.num_classes, feature_dim(head), ctx.payload.extra.anchor_seed)
         config = self.config
         step = AnchorStep(
             anchors.to(ctx.device, torch.float32),
@@ -226,15 +225,14 @@ class FedFA:
             batches_per_epoch=max(math.ceil(len(ctx.data) / config.local.batch_size), 1),
         )
         pulls = ctx.round_num >= config.anchor_loss_start_round
-        result = local_delta_update(
+        delta, metrics = train_client(
             ctx,
             config.local,
             loss_fn=step.task_loss,
             extra_loss=step.weighted_anchor_loss if pulls else None,
             step=step,
         )
-        update = AnchoredDelta(cast(Params, result.update), step.finish())
-        return ClientResult(update, result.weight, result.metrics)
+        return ClientResult(AnchoredDelta(delta, step.finish()), metrics["train/num_examples"], metrics)
 
     def aggregator(self) -> WeightedMean[AnchoredDelta]:
         return WeightedMean(weighted=self.config.weighted)
@@ -243,9 +241,9 @@ class FedFA:
         return mean.delta
 
     def server_update(
-        self, state: ServerState, mean: AnchoredDelta | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[FeatureAnchors], mean: AnchoredDelta | None, round_num: int
+    ) -> tuple[ServerState[FeatureAnchors], Metrics]:
         if mean is None:
             return state, {}
         state, metrics = apply_server_step(state, mean.delta, self.config.server)
-        return replace(state, extra={**state.extra, "anchors": mean.anchors.cpu()}), metrics
+        return replace(state, extra=replace(state.extra, anchors=mean.anchors.cpu())), metrics

@@ -16,8 +16,8 @@ of making the extra pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, model_validator
@@ -30,9 +30,9 @@ from raysim.train.local import (
     round_epochs,
     task_loss,
     to_tensors,
-    train_local,
+    train_client,
 )
-from raysim.train.server_opt import ServerOptimizerConfig, server_step
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -68,6 +68,23 @@ class FedFishConfig(BaseModel, frozen=True, extra="forbid"):
 
 
 @dataclass(frozen=True)
+class FisherUpdate:
+    """What a client sends: its delta and its diagonal Fisher (trainable parameters only)."""
+
+    delta: Params
+    fisher: Params
+
+
+@dataclass(frozen=True)
+class FisherAggregate:
+    """The cohort's Fisher-weighted mean delta, with what the server logs about it."""
+
+    pseudo_grad: Params
+    zero_fisher_fraction: float  # of the parameters' coordinates no client has a Fisher for
+    fedavg_norm: float  # what FedAvg would have stepped on: ||sum_i w_i delta_i|| / sum_i w_i
+
+
+@dataclass(frozen=True)
 class _FisherSums:
     num: Params | None  # sum_i w_i F_i delta_i (float64)
     den: Params | None  # sum_i w_i F_i
@@ -77,7 +94,7 @@ class _FisherSums:
 
 
 class FisherWeightedMean:
-    """Associative fold of ``{"delta", "fisher"}`` updates into the FedFish pseudo-gradient.
+    """Associative fold of ``FisherUpdate``s into the FedFish pseudo-gradient.
 
     The products ``w F delta`` are formed in float64 on the worker (by default), so equal Fishers
     give FedAvg's ``WeightedMean`` bit for bit.
@@ -89,12 +106,11 @@ class FisherWeightedMean:
     def zero(self) -> _FisherSums:
         return _FisherSums(None, None, None, 0.0)
 
-    def add(self, acc: _FisherSums, position: int, result: ClientResult) -> _FisherSums:
+    def add(self, acc: _FisherSums, position: int, result: ClientResult[FisherUpdate, None]) -> _FisherSums:
         w = float(result.weight)
         copy = lambda t: t.detach().to(self.dtype, copy=True)  # noqa: E731 (folded in place below)
-        update = cast(dict[str, Params], result.update)  # FedFish.client_update's {"delta", "fisher"}
-        delta = {k: copy(v) for k, v in update["delta"].items()}
-        given = update["fisher"]
+        delta = {k: copy(v) for k, v in result.update.delta.items()}
+        given = result.update.fisher
         fisher = {k: copy(given[k]) if k in given else torch.zeros_like(d) for k, d in delta.items()}
         num = {k: (fisher[k] * delta[k]).mul_(w) for k in delta}
         den = {k: fisher[k].mul_(w) for k in delta}
@@ -115,7 +131,7 @@ class FisherWeightedMean:
             left.fisher_keys | right.fisher_keys,
         )
 
-    def result(self, acc: _FisherSums) -> dict[str, Any] | None:
+    def result(self, acc: _FisherSums) -> FisherAggregate | None:
         if acc.num is None or acc.weight == 0:
             return None
         assert acc.den is not None and acc.avg is not None  # set together with num
@@ -128,12 +144,11 @@ class FisherWeightedMean:
             if k in acc.fisher_keys:  # buffers have no Fisher by design: not counted
                 num_zero, total = num_zero + int((~has_fisher).sum()), total + den.numel()
         buffers = acc.avg.keys() - acc.fisher_keys
-        return {
-            "pseudo_grad": pseudo_grad,
-            "zero_fisher_fraction": num_zero / max(total, 1),
-            # what FedAvg would have stepped on this round, ||sum_i w_i delta_i|| / sum_i w_i (parameters)
-            "fedavg_norm": P.global_norm(acc.avg, skip=buffers) / acc.weight,
-        }
+        return FisherAggregate(
+            pseudo_grad,
+            zero_fisher_fraction=num_zero / max(total, 1),
+            fedavg_norm=P.global_norm(acc.avg, skip=buffers) / acc.weight,  # parameters only
+        )
 
 
 def fisher_pass(
@@ -198,13 +213,13 @@ class FedFish:
     def __init__(self, config: FedFishConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FisherUpdate, None]:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
         hook = (
@@ -212,17 +227,7 @@ class FedFish:
             if c.fisher_source == "last_epoch"
             else None
         )
-        metrics = train_local(
-            ctx.model,
-            data,
-            local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-            after_backward=hook,
-        )
-        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        delta, metrics = train_client(ctx, local, after_backward=hook)
         if hook is None:
             buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics
             ctx.model.train(c.fisher_mode == "train")
@@ -242,29 +247,24 @@ class FedFish:
             scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
             fisher = {k: v * scale for k, v in hook.fisher.items()}
         weight = metrics["train/num_examples"]  # the examples trained on (max_steps may stop early)
-        return ClientResult({"delta": delta, "fisher": fisher}, weight, metrics)
+        return ClientResult(FisherUpdate(delta, fisher), weight, metrics)
 
     def aggregator(self) -> FisherWeightedMean:
         return FisherWeightedMean(getattr(torch, self.config.accumulate))
 
-    def pseudo_gradient(self, aggregate: dict) -> Params:
-        return aggregate["pseudo_grad"]
+    def pseudo_gradient(self, aggregate: FisherAggregate) -> Params:
+        return aggregate.pseudo_grad
 
     def server_update(
-        self, state: ServerState, aggregate: dict | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[None], aggregate: FisherAggregate | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
         if aggregate is None:
             return state, {}
-        pseudo_grad = self.pseudo_gradient(aggregate)
-        params, opt_state = server_step(
-            state.params, pseudo_grad, state.opt_state, self.config.server, state.buffer_keys
-        )
+        state, metrics = apply_server_step(state, self.pseudo_gradient(aggregate), self.config.server)
         # parameters only: on buffers both methods average, which would pull the ratio towards 1
-        norm = P.global_norm(pseudo_grad, skip=state.buffer_keys)
-        fedavg_norm = aggregate["fedavg_norm"]
-        return replace(state, params=params, opt_state=opt_state), {
-            "server/delta_norm": norm,
-            "fedfish/zero_fisher_fraction": aggregate["zero_fisher_fraction"],
+        norm, fedavg_norm = metrics["server/delta_norm"], aggregate.fedavg_norm
+        return state, metrics | {
+            "fedfish/zero_fisher_fraction": aggregate.zero_fisher_fraction,
             # > 1: the Fisher weights pick out single clients' deltas instead of averaging them
             "fedfish/norm_ratio_to_fedavg": norm / fedavg_norm if fedavg_norm > 0 else 1.0,
         }

@@ -44,16 +44,15 @@ the protocol sends one delta per client, as FedAvg. Compare traffic with that in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -113,17 +112,17 @@ class FedGMA:
     def __init__(self, config: FedGMAConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        result = local_delta_update(ctx, self.config.local)
-        delta = cast(Params, result.update)  # local_delta_update sends global - local
-        trained = result.weight > 0
-        w = (result.weight if self.config.weighted else 1.0) if trained else 0.0
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[GMAUpdate, None]:
+        delta, metrics = train_client(ctx, self.config.local)
+        num_examples = metrics["train/num_examples"]
+        trained = num_examples > 0
+        w = (num_examples if self.config.weighted else 1.0) if trained else 0.0
         trainable = {name for name, p in ctx.model.named_parameters() if p.requires_grad}
         with_parts = self.config.reading == "ima_code"
         update = GMAUpdate(
@@ -134,7 +133,7 @@ class FedGMA:
             positive={k: v.clamp_min(0) for k, v in delta.items() if k in trainable} if with_parts else {},
             negative={k: v.clamp_max(0) for k, v in delta.items() if k in trainable} if with_parts else {},
         )
-        return ClientResult(update, result.weight, result.metrics)
+        return ClientResult(update, num_examples, metrics)
 
     def aggregator(self) -> Sum[GMAUpdate]:
         return Sum()
@@ -155,8 +154,8 @@ class FedGMA:
         }
 
     def server_update(
-        self, state: ServerState, sums: GMAUpdate | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[None], sums: GMAUpdate | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
         if sums is None or float(sums.count) == 0:  # nobody trained: keep the model
             return state, {}
         state, metrics = apply_server_step(state, self.pseudo_gradient(sums), self.config.server)

@@ -26,16 +26,16 @@ cross-entropy, ``raysim.train.losses``, replaces the task loss in every term) an
 joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches either off.
 
 Server: FedAvg (any ``raysim.train.server_opt`` optimizer), weighted by the examples trained on; it
-then pushes the new global model onto ``ServerState.extra["anchors"]`` (a list of the newest N
+then pushes the new global model onto ``ServerState.extra.anchors`` (a list of the newest N
 models' trainable tensors, newest first). The broadcast's params are anchor 1; only the older
-anchors travel in ``payload.extra["anchors"]``, so the engine counts them apart as
+anchors travel in ``payload.extra.anchors``, so the engine counts them apart as
 ``sys/bytes_down/anchors`` (notes 8.2: "count anchor bytes separately").
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Literal, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 from torch import nn
 
 from raysim import params as P
+from raysim.aggregate import WeightedMean
 from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
 from raysim.registry import register
@@ -53,11 +54,11 @@ from raysim.train.local import (
     LocalStep,
     LocalTrainConfig,
     LossFn,
-    local_delta_update,
     task_loss,
+    train_client,
 )
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.sharpness import SamConfig, sam_descend
 from raysim.types import (
     ClientContext,
@@ -233,30 +234,46 @@ def joint_step(conn: Connectivity, sam: SamConfig | None) -> LocalStep:
     return step
 
 
+@dataclass(frozen=True)
+class Anchors:
+    """The server's anchors, newest first (``ServerState.extra``); the payload carries all but
+    the newest, which is the broadcast itself (numpy arrays when sent, tensors on ``ctx.device``
+    in ``client_update``)."""
+
+    anchors: list[Params]  # in the payload: tensors on ``ctx.device`` (numpy arrays on the way)
+
+
 @register("algorithm", "fedgucci", config=FedGuCciConfig)
 @register("algorithm", "fedgucci_plus", config=FedGuCciPlusConfig)
-class FedGuCci(FedAvgServer[FedGuCciConfig]):
+class FedGuCci:
     """FedGuCci(+): FedAvg plus a connectivity loss towards the N newest global models."""
 
     Config = FedGuCciConfig
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def __init__(self, config: FedGuCciConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[Anchors]:
         if self.config.logit_calibration is not None:
             why = "FedLC calibrates class logits; set logit_calibration: null (or use fedgucci)"
             require_classification(info, "algorithm.logit_calibration", why)
         anchor = _trainable(P.clone(params), info.buffer_keys)
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"anchors": [anchor]})
+        return init_state(params, info, Anchors([anchor]))
 
-    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
+    def resume_state(
+        self, saved: ServerState[Any], fresh: ServerState[Anchors], trail: CheckpointTrail
+    ) -> ServerState[Anchors]:
         """A FedGuCci checkpoint keeps its anchors (the newest ``num_anchors`` of them). Another
-        run's (FedAvg's) gets the parent's global models of its last N rounds, newest first, read
-        from the checkpoints beside the given one; a parent younger than N rounds adds this run's
-        initial model, as a run from round 0 would (the parent's own with the same seed)."""
-        if "anchors" in saved.extra:
-            anchors = _anchors(saved)
+        run's (FedAvg's, with no plugin state) gets the parent's global models of its last N
+        rounds, newest first, read from the checkpoints beside the given one; a parent younger
+        than N rounds adds this run's initial model, as a run from round 0 would (the parent's
+        own with the same seed)."""
+        kept = P.plain(saved.extra)  # the dict of Anchors' fields, as the checkpoint holds it
+        if kept:
+            anchors = P.from_plain(Anchors, kept, f"{trail.path}'s server state").anchors
         else:
-            anchors = self._parent_anchors(trail, saved.buffer_keys, initial=_anchors(fresh)[-1])
-        return replace(saved, extra={**saved.extra, "anchors": anchors[: self.config.num_anchors]})
+            anchors = self._parent_anchors(trail, saved.buffer_keys, initial=fresh.extra.anchors[-1])
+        return replace(saved, extra=Anchors(anchors[: self.config.num_anchors]))
 
     def _parent_anchors(
         self, trail: CheckpointTrail, buffer_keys: frozenset[str], initial: Params
@@ -276,26 +293,27 @@ class FedGuCci(FedAvgServer[FedGuCciConfig]):
             anchors.append(initial)
         return anchors
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        older = [P.to_numpy(anchor) for anchor in _anchors(state)[1:]]  # anchor 1 is the params
-        return Payload(P.to_numpy(state.params), extra={"anchors": older})
+    def broadcast(self, state: ServerState[Anchors], round_num: int) -> Payload[Anchors]:
+        older = Anchors(state.extra.anchors[1:])  # anchor 1 is the params
+        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(older))
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(self, ctx: ClientContext[Anchors, None]) -> ClientResult[Params, None]:
         config = self.config
         calibration = config.logit_calibration
         task = fedlc_loss(ctx, calibration.strength) if calibration is not None else task_loss
         conn = self._connectivity(ctx, task)
         if config.update_mode == "sequential":
             step = sequential_step(conn, config.sam, add_clean_gradient=config.reading == "fedgucci_code")
-            return local_delta_update(ctx, config.local, loss_fn=task, step=step)
-        return local_delta_update(
-            ctx, config.local, loss_fn=task, extra_loss=conn.total, step=joint_step(conn, config.sam)
-        )
+            delta, metrics = train_client(ctx, config.local, loss_fn=task, step=step)
+        else:
+            step = joint_step(conn, config.sam)
+            delta, metrics = train_client(ctx, config.local, loss_fn=task, extra_loss=conn.total, step=step)
+        return ClientResult(delta, metrics["train/num_examples"], metrics)
 
-    def _connectivity(self, ctx: ClientContext, task: LossFn) -> Connectivity:
+    def _connectivity(self, ctx: ClientContext[Anchors, None], task: LossFn) -> Connectivity:
         config = self.config
         trainable = {name: p for name, p in ctx.model.named_parameters() if p.requires_grad}
-        older = cast(list[Params], ctx.payload.extra["anchors"])  # tensors on ctx.device already
+        older = ctx.payload.extra.anchors  # tensors on ctx.device already
         anchors = [
             {name: anchor[name].to(p.dtype) for name, p in trainable.items()}
             for anchor in [ctx.global_params, *older]
@@ -314,22 +332,20 @@ class FedGuCci(FedAvgServer[FedGuCciConfig]):
             eval_buffers,
         )
 
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
     def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[Anchors], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[Anchors], Metrics]:
         """FedAvg, then the new global model becomes anchor 1 (also when nobody reported: the
         code pushes the global model at every round's start)."""
-        state, metrics = super().server_update(state, mean_delta, round_num)
+        state, metrics = apply_server_step(state, mean_delta, self.config.server)
         newest = _trainable(P.clone(state.params), state.buffer_keys)
-        anchors = [newest, *_anchors(state)][: self.config.num_anchors]
-        return replace(state, extra={**state.extra, "anchors": anchors}), metrics
+        anchors = [newest, *state.extra.anchors][: self.config.num_anchors]
+        return replace(state, extra=Anchors(anchors)), metrics
 
 
 def _trainable(params: Params, buffer_keys: frozenset[str]) -> Params:
     """The tensors an anchor keeps: the trainable parameters, not the float buffers."""
     return {k: v for k, v in params.items() if k not in buffer_keys}
-
-
-def _anchors(state: ServerState) -> list[Params]:
-    """The anchors, newest first (see ``FedGuCci.init`` and ``server_update``)."""
-    return cast(list[Params], state.extra["anchors"])

@@ -12,11 +12,21 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, local_delta_update
+from raysim.train.local import LocalTrainConfig, train_client
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
-from raysim.types import ClientContext, ClientResult, Params, RunInfo, ServerState, require_classification
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+    require_classification,
+)
 
 
 class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
@@ -29,16 +39,30 @@ class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
 
 
 @register("algorithm", "fedlc")
-class FedLC(FedAvgServer[FedLCConfig]):
+class FedLC:
     """FedLC: FedAvg whose clients calibrate their logits by their own label counts."""
 
     Config = FedLCConfig
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
-        return super().init(params, info)
+    def __init__(self, config: FedLCConfig) -> None:
+        self.config = config
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        return local_delta_update(
-            ctx, self.config.local, loss_fn=fedlc_loss(ctx, self.config.logit_calibration.strength)
-        )
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
+        return init_state(params, info, None)
+
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
+
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        calibrated = fedlc_loss(ctx, self.config.logit_calibration.strength)
+        delta, metrics = train_client(ctx, self.config.local, loss_fn=calibrated)
+        return ClientResult(delta, metrics["train/num_examples"], metrics)
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, model_validator
 
-from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, train_local
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -76,24 +75,15 @@ class FedNova:
     def __init__(self, config: FedNovaConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FedNovaUpdate, None]:
         local = self.config.local
-        metrics = train_local(
-            ctx.model,
-            ctx.data,
-            local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-        )
-        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        delta, metrics = train_client(ctx, local)
         a = momentum_steps(int(metrics["train/steps"]), local.momentum)
         # a client without data took no step: a = 0, and it weighs nothing
         n = metrics["train/num_examples"] if a > 0 else 0.0
@@ -116,8 +106,8 @@ class FedNova:
         return normalized | {k: v / sums.weight for k, v in sums.buffers.items()}
 
     def server_update(
-        self, state: ServerState, sums: FedNovaUpdate | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[None], sums: FedNovaUpdate | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
         if sums is None or float(sums.weight) == 0:
             return state, {}
         state, metrics = apply_server_step(state, self.pseudo_gradient(sums), self.config.server)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
-from raysim.types import ClientContext, ClientResult
+from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
 class FedOptConfig(BaseModel, frozen=True, extra="forbid"):
@@ -70,10 +71,28 @@ class FedAdagradConfig(FedOptConfig, frozen=True):
 @register("algorithm", "fedadam", config=FedAdamConfig)
 @register("algorithm", "fedyogi", config=FedYogiConfig)
 @register("algorithm", "fedadagrad", config=FedAdagradConfig)
-class FedOpt(FedAvgServer[FedOptConfig]):
+class FedOpt:
     """FedAvg with a configurable server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
 
     Config = FedOptConfig
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        return local_delta_update(ctx, self.config.local)
+    def __init__(self, config: FedOptConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
+
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
+
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        delta, metrics = train_client(ctx, self.config.local)
+        return ClientResult(delta, metrics["train/num_examples"], metrics)
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

@@ -10,10 +10,11 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
-from raysim.types import ClientContext, ClientResult
+from raysim.train.local import AfterBackward, LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
 class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
@@ -25,7 +26,7 @@ class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
     weighted: bool = True
 
 
-def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]):
+def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]) -> AfterBackward:
     """``after_backward`` adding mu·(w − anchor), the gradient of (mu/2)·||w − anchor||²."""
 
     def after_backward(model: nn.Module) -> None:
@@ -37,12 +38,29 @@ def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]):
 
 
 @register("algorithm", "fedprox")
-class FedProx(FedAvgServer[FedProxConfig]):
+class FedProx:
     """FedProx: FedAvg whose clients add a proximal term to their local loss."""
 
     Config = FedProxConfig
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        return local_delta_update(
-            ctx, self.config.local, after_backward=proximal_gradient(self.config.mu, ctx.global_params)
-        )
+    def __init__(self, config: FedProxConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
+
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
+
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        proximal = proximal_gradient(self.config.mu, ctx.global_params)
+        delta, metrics = train_client(ctx, self.config.local, after_backward=proximal)
+        return ClientResult(delta, metrics["train/num_examples"], metrics)
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

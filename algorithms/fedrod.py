@@ -26,7 +26,8 @@ one).
 from __future__ import annotations
 
 import copy
-from typing import Literal, cast
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from raysim import params as P
+from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import (
     Backward,
@@ -41,19 +43,20 @@ from raysim.train.local import (
     BatchLoss,
     LocalTrainConfig,
     iterate_batches,
-    local_delta_update,
     round_lr,
     to_tensors,
+    train_client,
 )
 from raysim.train.losses import balanced_softmax_loss, client_label_counts
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import (
     ClientContext,
     ClientData,
     ClientResult,
     DataSpec,
-    FeatureModel,
+    Metrics,
     Params,
+    Payload,
     RunInfo,
     ServerState,
     feature_model,
@@ -77,6 +80,13 @@ def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.T
     return counts.masked_fill(counts == 0, absent)
 
 
+@dataclass(frozen=True)
+class PersonalHead:
+    """What a client keeps between rounds (``ClientResult.state``, then ``ctx.state``)."""
+
+    head: Params  # the personal head's state dict
+
+
 class PersonalHeadStep:
     """A ``LocalStep`` and its ``loss_fn``: the generic step on the balanced softmax, then the
     personal head's step on the same forward pass (detached)."""
@@ -89,7 +99,7 @@ class PersonalHeadStep:
 
     def generic_loss(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         """The balanced-softmax loss; accuracy counts the generic model's own predictions."""
-        net = cast(FeatureModel, model)  # checked once per client by feature_model
+        net = feature_model(model, "fedrod")
         features = net.features(batch["x"])  # (B, D)
         logits = net.head(features)  # (B, C)
         self._forward = (features.detach(), logits.detach())
@@ -101,7 +111,11 @@ class PersonalHeadStep:
     ) -> BatchLoss:
         loss = backward(batch)  # runs generic_loss, which keeps the forward pass
         optimizer.step()
-        features, generic_logits = cast(tuple[torch.Tensor, torch.Tensor], self._forward)
+        if self._forward is None:
+            raise RuntimeError(
+                "PersonalHeadStep: train with loss_fn=generic_loss, which keeps the forward pass"
+            )
+        features, generic_logits = self._forward
         personal_loss = F.cross_entropy(generic_logits + self.head(features), batch["y"])
         self.optimizer.zero_grad(set_to_none=True)
         personal_loss.backward()
@@ -117,7 +131,7 @@ def personal_train_accuracy(
     training data (0 when empty)."""
     model.eval()  # the worker sets train mode again before the next client
     head.eval()
-    net = cast(FeatureModel, model)
+    net = feature_model(model, "fedrod")
     correct: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), 512):
         features = net.features(batch["x"])
@@ -127,31 +141,45 @@ def personal_train_accuracy(
 
 
 @register("algorithm", "fedrod")
-class FedRoD(FedAvgServer[FedRoDConfig]):
+class FedRoD:
     """FedRoD: FedAvg on a balanced-softmax generic model; clients keep personal heads."""
 
     Config = FedRoDConfig
+    ClientState = PersonalHead
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def __init__(self, config: FedRoDConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         require_classification(
             info, "algorithm fedrod", "its balanced softmax and personal heads work on classes"
         )
-        return super().init(params, info)
+        return init_state(params, info, None)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return broadcast_params(state)
+
+    def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
         # the current global head: the personal head's first value when the client has none
         head = copy.deepcopy(feature_model(ctx.model, "fedrod").head)
-        state = cast(dict[str, Params] | None, ctx.state)
-        if state:
-            head.load_state_dict(state["head"])
+        if ctx.state:
+            head.load_state_dict(ctx.state.head)
         counts = class_counts(ctx.data, ctx.spec.num_classes, self.config.absent_class_count)
         counts = counts.to(ctx.device)
         step = PersonalHeadStep(head, counts, round_lr(self.config.local, ctx.round_num))
-        result = local_delta_update(ctx, self.config.local, loss_fn=step.generic_loss, step=step)
+        delta, metrics = train_client(ctx, self.config.local, loss_fn=step.generic_loss, step=step)
         accuracy = personal_train_accuracy(ctx.model, head, ctx.data, ctx.device)
         return ClientResult(
-            result.update,
-            result.weight,
-            {**result.metrics, "fedrod/personal_train_accuracy": accuracy},
-            state={"head": P.clone(head.state_dict())},
+            delta,
+            metrics["train/num_examples"],
+            {**metrics, "fedrod/personal_train_accuracy": accuracy},
+            state=PersonalHead(P.clone(head.state_dict())),
         )
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

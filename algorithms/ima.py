@@ -37,8 +37,8 @@ parent's models of its last P rounds, read from its per-round checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Literal, cast
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Literal, TypeGuard, TypeVar
 
 import torch
 from pydantic import BaseModel, Field, field_serializer, field_validator, model_validator
@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field, field_serializer, field_validator, model_
 from raysim import params as P
 from raysim import registry
 from raysim.aggregate import Aggregator, WeightedMean
-from raysim.algorithm import pure_aggregate
+from raysim.algorithm import Algorithm, pure_aggregate
 from raysim.algorithm import resume_state as completed_state
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import PluginSection, nested_plugin
@@ -56,7 +56,17 @@ from raysim.train.local import LocalTrainConfig, lr_schedule
 from raysim.train.schedules import EpochDecay, Exponential, Schedule, Switch
 from raysim.types import ClientContext, ClientResult, Metrics, OptState, Params, Payload, RunInfo, ServerState
 
-WINDOW = "ima_window"  # ServerState.extra key: the last P inner models, oldest first
+A = TypeVar("A")  # the inner algorithm's aggregate
+E = TypeVar("E")  # the inner algorithm's ServerState.extra
+_OLD_WINDOW = "ima_window"  # where checkpoints before IMAState kept the window, beside the inner's keys
+
+
+@dataclass(frozen=True)
+class IMAState(Generic[E]):
+    """IMA's ``ServerState.extra``: the inner algorithm's own, and the window."""
+
+    inner: E  # the inner algorithm's ``ServerState.extra``
+    window: list[Params]  # the last P inner models (or pure aggregates), oldest first
 
 
 class EpochExploration(BaseModel, frozen=True, extra="forbid"):
@@ -137,24 +147,25 @@ def explored(config: IMAConfig) -> BaseModel:
     return inner.model_copy(update={"local": local.model_copy(update=update)})
 
 
-def build_inner(config: IMAConfig) -> Any:
+def build_inner(config: IMAConfig) -> Algorithm[Any]:
     """The inner plugin, built from its explored config."""
     return registry.get("algorithm", config.inner.name).factory(explored(config))
 
 
 @register("algorithm", "ima")
-class IMA:
+class IMA(Generic[A]):
     """IMA: the global model is the moving average of the inner algorithm's last models."""
 
     Config = IMAConfig
 
     def __init__(self, config: IMAConfig) -> None:
         self.config = config
-        self.inner = build_inner(config)  # round-based: the Config refuses staged plugins
+        self.inner: Algorithm[A] = build_inner(config)  # round-based: the Config refuses staged plugins
+        self.ClientState = getattr(self.inner, "ClientState", None)  # the clients keep the inner's
         if callable(getattr(self.inner, "pseudo_gradient", None)):  # probes read the pure aggregate
-            self.pseudo_gradient = self.inner.pseudo_gradient
+            self.pseudo_gradient = getattr(self.inner, "pseudo_gradient")
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def init(self, params: Params, info: RunInfo) -> ServerState[IMAState[Any]]:
         """The inner's state and an empty window; an IMA that would never average is refused (it
         would silently be its inner algorithm)."""
         config, rounds = self.config, info.num_rounds
@@ -176,29 +187,29 @@ class IMA:
             )
         return _with_window(self.inner.init(params, info), [])
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return self.inner.broadcast(state, round_num)
+    def broadcast(self, state: ServerState[IMAState[Any]], round_num: int) -> Payload[Any]:
+        return self.inner.broadcast(_inner_state(state), round_num)
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(self, ctx: ClientContext[Any, Any]) -> ClientResult[Any, Any]:
         return self.inner.client_update(ctx)
 
-    def aggregator(self) -> Aggregator[Any]:
+    def aggregator(self) -> Aggregator[A]:
         return self.inner.aggregator()
 
     def server_update(
-        self, state: ServerState, aggregate: Any, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        config = self.config
+        self, state: ServerState[IMAState[Any]], aggregate: A, round_num: int
+    ) -> tuple[ServerState[IMAState[Any]], Metrics]:
+        config, window = self.config, state.extra.window
         if round_num == config.average_from and config.reset_server_opt_state:
             state = replace(state, opt_state=OptState())
         if aggregate is None:  # nobody reported: the inner keeps its model, the window its models
-            new, metrics = self.inner.server_update(state, aggregate, round_num)
-            active = self._active(round_num, _window(state))
-            return _with_window(new, _window(state)), metrics | {"ima/active": float(active)}
+            new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num)
+            active = self._active(round_num, window)
+            return _with_window(new, window), metrics | {"ima/active": float(active)}
         if config.placement == "before_server_optimizer":
             return self._before_server_optimizer(state, aggregate, round_num)
-        new, metrics = self.inner.server_update(state, aggregate, round_num)
-        window = [*_window(state), dict(new.params)][-config.window :]
+        new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num)
+        window = [*window, dict(new.params)][-config.window :]
         active = self._active(round_num, window)
         params = mean_model(window) if active else new.params
         metrics |= {"ima/active": float(active), "ima/shift_norm": P.distance(new.params, params)}
@@ -210,26 +221,40 @@ class IMA:
         return round_num >= self.config.average_from and len(window) == self.config.window
 
     def _before_server_optimizer(
-        self, state: ServerState, mean_delta: Params, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[IMAState[Any]], aggregate: A, round_num: int
+    ) -> tuple[ServerState[IMAState[Any]], Metrics]:
         """The window of pure aggregates; from t_s the server optimizer's target is their mean."""
-        fma = pure_aggregate(state.params, mean_delta)
-        window = [*_window(state), fma][-self.config.window :]
+        inner = self.inner
+        if not _aggregates_mean_delta(inner) or not isinstance(aggregate, dict):  # IMAConfig checked
+            raise TypeError("IMA before_server_optimizer needs an inner whose aggregate is the mean delta")
+        fma = pure_aggregate(state.params, aggregate)
+        window = [*state.extra.window, fma][-self.config.window :]
         active = self._active(round_num, window)
         target = mean_model(window) if active else fma
-        if active:
-            mean_delta = {k: state.params[k] - target[k] for k in mean_delta}
-        new, metrics = self.inner.server_update(state, mean_delta, round_num)
+        mean_delta = {k: state.params[k] - target[k] for k in aggregate} if active else aggregate
+        new, metrics = inner.server_update(_inner_state(state), mean_delta, round_num)
         metrics |= {"ima/active": float(active), "ima/shift_norm": P.distance(fma, target)}
         return _with_window(new, window), metrics
 
-    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
+    def resume_state(
+        self, saved: ServerState[Any], fresh: ServerState[IMAState[Any]], trail: CheckpointTrail
+    ) -> ServerState[IMAState[Any]]:
         """An IMA checkpoint keeps its window; another run's (the inner algorithm's) gets the
-        parent's models of its last P rounds, from the checkpoints beside the given one."""
-        state = completed_state(self.inner, saved, fresh, trail)
-        if WINDOW in saved.extra:
-            return _with_window(state, _window(saved))
-        return _with_window(state, self._parent_window(trail))
+        parent's models of its last P rounds, from the checkpoints beside the given one.
+
+        ``saved.extra`` is plain, as the checkpoint holds it: IMAState's fields; or, written before
+        IMAState, the inner's fields with the window beside them under "ima_window"; or the
+        inner algorithm's own."""
+        extra = P.plain(saved.extra)  # plain already when read from a checkpoint
+        if isinstance(extra, dict) and set(extra) == {"inner", "window"}:
+            inner, window = extra["inner"], extra["window"]
+        elif isinstance(extra, dict) and _OLD_WINDOW in extra:
+            inner = {k: v for k, v in extra.items() if k != _OLD_WINDOW}
+            window = extra[_OLD_WINDOW]
+        else:
+            inner, window = saved.extra, self._parent_window(trail)
+        state = completed_state(self.inner, replace(saved, extra=inner), _inner_state(fresh), trail)
+        return _with_window(state, window)
 
     def _parent_window(self, trail: CheckpointTrail) -> list[Params]:
         config, last = self.config, trail.last_round
@@ -262,16 +287,18 @@ def mean_model(window: list[Params]) -> Params:
     return {k: torch.stack([model[k] for model in window]).mean(0) for k in window[-1]}
 
 
-def _aggregates_mean_delta(inner: Any) -> bool:
+def _aggregates_mean_delta(inner: Algorithm[Any]) -> TypeGuard[Algorithm[Params | None]]:
     """Whether the inner plugin's aggregate is the mean client delta itself."""
     return isinstance(inner.aggregator(), WeightedMean) and not callable(
         getattr(inner, "pseudo_gradient", None)
     )
 
 
-def _window(state: ServerState) -> list[Params]:
-    return cast(list[Params], state.extra[WINDOW])
+def _inner_state(state: ServerState[IMAState[E]]) -> ServerState[E]:
+    """The state the inner algorithm keeps: IMA's without the window."""
+    return ServerState(state.params, state.opt_state, state.extra.inner, state.buffer_keys)
 
 
-def _with_window(state: ServerState, window: list[Params]) -> ServerState:
-    return replace(state, extra={**state.extra, WINDOW: window})
+def _with_window(state: ServerState[E], window: list[Params]) -> ServerState[IMAState[E]]:
+    """The inner algorithm's state with IMA's window beside its own."""
+    return ServerState(state.params, state.opt_state, IMAState(state.extra, window), state.buffer_keys)

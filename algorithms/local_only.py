@@ -30,8 +30,8 @@ The usual ``eval/...`` metrics describe the unchanging global (initial) model.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import Literal, cast
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ from raysim.measure import scores
 from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
-from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.server_opt import init_state
 from raysim.types import (
     ClientContext,
     ClientResult,
@@ -57,7 +58,6 @@ from raysim.types import (
 )
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})  # per-client rows' non-metrics
-_RECALL = "recall"  # Payload.extra's mode: clients load their kept model and train nothing
 # a local model's evaluation rows: on the central test set, on its own client's test split
 EvalRows = tuple[Metrics | None, Metrics | None]
 
@@ -71,28 +71,47 @@ class LocalOnlyConfig(BaseModel, frozen=True, extra="forbid"):
     start_from: Literal["shared_init", "client_init"] = "shared_init"
 
 
+@dataclass(frozen=True)
+class TrainedClients:
+    """The server's state beyond the params (``ServerState.extra``)."""
+
+    trained: torch.Tensor  # ids of the clients with a model of their own (int64)
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """What a client keeps between rounds (``ClientResult.state``, then ``ctx.state``)."""
+
+    params: Params
+
+
+@dataclass(frozen=True)
+class Recall:
+    """``Payload.extra`` asking clients to load their kept model and train nothing."""
+
+
 @register("algorithm", "local")
 class LocalOnly:
     """Local: clients train alone, each keeping its model between rounds; the global model stays."""
 
     Config = LocalOnlyConfig
+    ClientState = OwnModel
 
     def __init__(self, config: LocalOnlyConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        no_one = torch.zeros(0, dtype=torch.int64)  # ids of the clients with a model of their own
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra={"trained": no_one})
+    def init(self, params: Params, info: RunInfo) -> ServerState[TrainedClients]:
+        return init_state(params, info, TrainedClients(torch.zeros(0, dtype=torch.int64)))
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+    def broadcast(self, state: ServerState[TrainedClients], round_num: int) -> Payload[Recall | None]:
         """The shared initial model, from which a client without a model of its own starts."""
         return Payload(P.to_numpy(state.params))
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        own = cast(dict[str, Params] | None, ctx.state)
-        if own is not None:
-            P.load_into(ctx.model, own["params"])
-        elif ctx.payload.extra.get("mode") == _RECALL:
+    def client_update(self, ctx: ClientContext[Recall | None, OwnModel]) -> ClientResult[Params, OwnModel]:
+        recall = isinstance(ctx.payload.extra, Recall)
+        if ctx.state is not None:
+            P.load_into(ctx.model, ctx.state.params)
+        elif recall:
             raise RuntimeError(f"client {ctx.client_id} was asked for its kept model and has none")
         elif self.config.start_from == "client_init":
             if ctx.client_init is None:
@@ -105,17 +124,9 @@ class LocalOnly:
                 f"client {ctx.client_id} has no model of its own yet, and the broadcast is empty: "
                 f"a round with such a client must broadcast the initial model"
             )
-        if ctx.payload.extra.get("mode") == _RECALL:  # the worker keeps the loaded model
+        if recall:  # the worker keeps the loaded model
             return ClientResult(update={}, weight=0.0)
-        metrics = train_local(
-            ctx.model,
-            ctx.data,
-            self.config.local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-        )
+        _, metrics = train_client(ctx, self.config.local)
         params = P.clone(P.model_params(ctx.model))
         if not P.is_finite(params):  # kept as state, it would poison this client's later rounds
             raise NonFiniteError(
@@ -123,33 +134,35 @@ class LocalOnly:
             )
         # nothing travels up: the update is empty, the model stays with the client
         return ClientResult(
-            update={}, weight=metrics["train/num_examples"], metrics=metrics, state={"params": params}
+            update={}, weight=metrics["train/num_examples"], metrics=metrics, state=OwnModel(params)
         )
 
     def aggregator(self) -> Sum[Params]:
         return Sum()
 
     def server_update(
-        self, state: ServerState, aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[TrainedClients], aggregate: Params | None, round_num: int
+    ) -> tuple[ServerState[TrainedClients], Metrics]:
         return state, {}  # no aggregation: the global model is the initial one
 
-    def protocol(self, services: Services[Params | None], state: ServerState) -> ServerState:
+    def protocol(
+        self, services: Services[Params | None], state: ServerState[TrainedClients]
+    ) -> ServerState[TrainedClients]:
         for round_num in range(services.start_round, services.info.num_rounds):
             state, metrics = self.train_round(services, state, round_num)
             services.end_round(state, round_num, metrics)
         return state
 
     def train_round(
-        self, services: Services[Params | None], state: ServerState, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, services: Services[Params | None], state: ServerState[TrainedClients], round_num: int
+    ) -> tuple[ServerState[TrainedClients], Metrics]:
         """One round: the cohort trains its own models; they are evaluated when evaluation is due."""
         start = time.perf_counter()
         cohort = services.cohort(round_num)
-        trained = cast(torch.Tensor, state.extra["trained"])
+        trained = state.extra.trained
         everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
         starts_shared = self.config.start_from == "shared_init" and not everyone_has_one
-        payload = self.broadcast(state, round_num) if starts_shared else Payload({})
+        payload: Payload[Recall | None] = self.broadcast(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))
         reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
@@ -166,14 +179,14 @@ class LocalOnly:
                 rows += self.recalled_rows(services, rest, round_num)
             metrics |= local_model_metrics(rows)
         metrics["sys/round_s"] = time.perf_counter() - start
-        return replace(state, extra={**state.extra, "trained": now_trained}), metrics
+        return replace(state, extra=TrainedClients(now_trained)), metrics
 
     def recalled_rows(
         self, services: Services[Params | None], clients: np.ndarray, round_num: int
     ) -> list[EvalRows]:
         """The evaluation rows of the models these clients keep in their state, read back a cohort
         at a time so the driver never holds more models than a round's."""
-        recall = Payload({}, extra={"mode": _RECALL})
+        recall = Payload({}, extra=Recall())
         step = max(1, services.info.cohort_size)
         rows: list[EvalRows] = []
         for start in range(0, len(clients), step):

@@ -26,8 +26,8 @@ choice of negative, not only paper against code, so it keeps its own key; ``clie
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Literal, cast
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,19 +35,19 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from raysim import params as P
+from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, local_delta_update
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig
+from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
     ClientResult,
     DataSpec,
-    FeatureModel,
+    Metrics,
     Params,
     Payload,
     RunInfo,
     ServerState,
-    Tree,
     feature_model,
     require_classification,
 )
@@ -74,6 +74,20 @@ def model_contrastive_loss(
     ``[sim(z, z_glob), sim(z, z_prev)] / T`` with the global model's as the right class."""
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], -1)
     return -F.log_softmax(logits / temperature, dim=-1)[..., 0].mean()
+
+
+@dataclass(frozen=True)
+class InitialModel:
+    """The run's initial model, kept by the server and sent to every client (``negative: initial``)."""
+
+    initial: Params  # tensors on ``ctx.device`` in ``client_update`` (numpy arrays on the way)
+
+
+@dataclass(frozen=True)
+class PreviousModel:
+    """What a client keeps between rounds (``negative: previous``): its last local model."""
+
+    previous: Params
 
 
 class FrozenFeatures:
@@ -110,7 +124,7 @@ class MoonObjective:
 
     def loss_fn(self, model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         x, y = batch["x"], batch["y"]
-        net = cast(FeatureModel, model)  # checked once per client by feature_model
+        net = feature_model(model, "moon")
         z = net.features(x)
         logits = net.head(z)
         self._kept = (x, z)
@@ -119,29 +133,34 @@ class MoonObjective:
     def extra_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         x = batch["x"]
         kept, self._kept = self._kept, None
-        z = kept[1] if kept is not None and kept[0] is x else cast(FeatureModel, model).features(x)
+        z = kept[1] if kept is not None and kept[0] is x else feature_model(model, "moon").features(x)
         l_con = model_contrastive_loss(z, self.positive(x), self.negative(x), self.temperature)
         return self.mu * l_con
 
 
 @register("algorithm", "moon")
-class Moon(FedAvgServer[MoonConfig]):
+class Moon:
     """MOON: FedAvg whose clients contrast their representation with the global and previous models'."""
 
     Config = MoonConfig
+    ClientState = PreviousModel
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def __init__(self, config: MoonConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[InitialModel | None]:
         require_classification(info, "algorithm moon", "its loss is cross-entropy over class logits")
-        extra: dict[str, Tree] = {"initial": P.clone(params)} if self.config.negative == "shared_init" else {}
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
+        initial = InitialModel(P.clone(params)) if self.config.negative == "shared_init" else None
+        return init_state(params, info, initial)
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        extra: dict[str, Tree] = {}
-        if "initial" in state.extra:
-            extra["initial"] = P.to_numpy(cast(Params, state.extra["initial"]))
-        return Payload(P.to_numpy(state.params), extra=extra)
+    def broadcast(
+        self, state: ServerState[InitialModel | None], round_num: int
+    ) -> Payload[InitialModel | None]:
+        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
+    def client_update(
+        self, ctx: ClientContext[InitialModel | None, PreviousModel]
+    ) -> ClientResult[Params, PreviousModel]:
         feature_model(ctx.model, "moon")
         objective = MoonObjective(
             FrozenFeatures(ctx.model, ctx.global_params),
@@ -149,20 +168,31 @@ class Moon(FedAvgServer[MoonConfig]):
             self.config.mu,
             self.config.temperature,
         )
-        result = local_delta_update(
+        delta, metrics = train_client(
             ctx, self.config.local, loss_fn=objective.loss_fn, extra_loss=objective.extra_loss
         )
-        if self.config.negative != "previous":  # a fixed negative: nothing to keep
-            return result
-        return replace(result, state={"previous": P.clone(P.model_params(ctx.model))})
+        # a fixed negative: nothing to keep
+        kept = (
+            PreviousModel(P.clone(P.model_params(ctx.model))) if self.config.negative == "previous" else None
+        )
+        return ClientResult(delta, metrics["train/num_examples"], metrics, state=kept)
 
-    def _negative(self, ctx: ClientContext) -> Params:
+    def _negative(self, ctx: ClientContext[InitialModel | None, PreviousModel]) -> Params:
         """The weights whose representation is pushed away: see ``MoonConfig.negative``."""
         if self.config.negative == "shared_init":
-            return cast(Params, ctx.payload.extra["initial"])  # on ctx.device already
+            if ctx.payload.extra is None:
+                raise RuntimeError("moon negative: shared_init needs the initial model in the payload")
+            return ctx.payload.extra.initial  # on ctx.device already
         if self.config.negative == "client_init":
             if ctx.client_init is None:
                 raise RuntimeError("moon negative: client_init needs the worker's ClientContext.client_init")
             return ctx.client_init()
-        state = cast(dict[str, Params] | None, ctx.state)
-        return cast(Params, P.to_device(state["previous"], ctx.device)) if state else ctx.global_params
+        return P.to_device(ctx.state.previous, ctx.device) if ctx.state else ctx.global_params
+
+    def aggregator(self) -> WeightedMean[Params]:
+        return WeightedMean(weighted=self.config.weighted)
+
+    def server_update(
+        self, state: ServerState[InitialModel | None], mean_delta: Params | None, round_num: int
+    ) -> tuple[ServerState[InitialModel | None], Metrics]:
+        return apply_server_step(state, mean_delta, self.config.server)

@@ -13,7 +13,6 @@ local momentum, weight decay and gradient clipping are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import cast
 
 import torch
 from pydantic import BaseModel, model_validator
@@ -22,8 +21,8 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, round_lr, train_local
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.train.local import AfterBackward, LocalTrainConfig, round_lr, train_client
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -43,6 +42,28 @@ class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
                 "to sgd and local.momentum, local.weight_decay to 0, local.grad_clip to null"
             )
         return self
+
+
+@dataclass(frozen=True)
+class ScaffoldServer:
+    """The server's state beyond the params (``ServerState.extra``)."""
+
+    c: Params  # the server control variate (trainable parameters only)
+    num_clients: int  # N, the population
+
+
+@dataclass(frozen=True)
+class ServerVariate:
+    """What every client receives beside the params (``Payload.extra``)."""
+
+    c: Params  # tensors on ``ctx.device`` in ``client_update`` (numpy arrays on the way)
+
+
+@dataclass(frozen=True)
+class ClientVariate:
+    """What a client keeps between rounds (``ClientResult.state``, then ``ctx.state``)."""
+
+    c_i: Params
 
 
 @dataclass(frozen=True)
@@ -71,41 +92,29 @@ class Scaffold:
     """SCAFFOLD: FedAvg with control variates; each client keeps its own variate between rounds."""
 
     Config = ScaffoldConfig
+    ClientState = ClientVariate
 
     def __init__(self, config: ScaffoldConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState:
+    def init(self, params: Params, info: RunInfo) -> ServerState[ScaffoldServer]:
         variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
-        return ServerState(
-            params=P.clone(params),
-            buffer_keys=info.buffer_keys,
-            extra={"c": variate, "num_clients": info.num_clients},
-        )
+        return init_state(params, info, ScaffoldServer(c=variate, num_clients=info.num_clients))
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params), extra={"c": P.to_numpy(_variate(state))})
+    def broadcast(self, state: ServerState[ScaffoldServer], round_num: int) -> Payload[ServerVariate]:
+        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(ServerVariate(state.extra.c)))
 
-    def client_update(self, ctx: ClientContext) -> ClientResult:
-        c = cast(Params, ctx.payload.extra["c"])  # on ctx.device already
-        state = cast(dict[str, Params] | None, ctx.state)  # {"c_i": ...} kept from an earlier round
+    def client_update(
+        self, ctx: ClientContext[ServerVariate, ClientVariate]
+    ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
+        c = ctx.payload.extra.c  # on ctx.device already
         c_i = (
-            {k: v.to(ctx.device) for k, v in state["c_i"].items()}
-            if state
+            {k: v.to(ctx.device) for k, v in ctx.state.c_i.items()}
+            if ctx.state
             else {k: torch.zeros_like(v) for k, v in c.items()}
         )
         local = self.config.local
-        metrics = train_local(
-            ctx.model,
-            ctx.data,
-            local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-            after_backward=drift_correction(c, c_i),
-        )
-        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+        delta, metrics = train_client(ctx, local, after_backward=drift_correction(c, c_i))
         steps = metrics["train/steps"]
         if steps > 0:  # option II: c_i+ = c_i - c + delta / (K lr)
             new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
@@ -118,7 +127,7 @@ class Scaffold:
             update=ScaffoldUpdate({k: v * w for k, v in delta.items()}, torch.tensor(w), dc),
             weight=num_examples,
             metrics=metrics,
-            state={"c_i": P.clone(new_c_i)},
+            state=ClientVariate(P.clone(new_c_i)),
         )
 
     def aggregator(self) -> Sum[ScaffoldUpdate]:
@@ -128,17 +137,12 @@ class Scaffold:
         return {k: v / sums.weight for k, v in sums.delta.items()}
 
     def server_update(
-        self, state: ServerState, sums: ScaffoldUpdate | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
+        self, state: ServerState[ScaffoldServer], sums: ScaffoldUpdate | None, round_num: int
+    ) -> tuple[ServerState[ScaffoldServer], Metrics]:
         if sums is None:
             return state, {}
         mean_delta = self.pseudo_gradient(sums)
         state, metrics = apply_server_step(state, mean_delta, self.config.server)
-        n = cast(int, state.extra["num_clients"])
-        c = {k: v + sums.dc[k] / n for k, v in _variate(state).items()}
-        return replace(state, extra={**state.extra, "c": c}), metrics
-
-
-def _variate(state: ServerState) -> Params:
-    """The server's control variate ``c``, kept in ``state.extra`` (see ``Scaffold.init``)."""
-    return cast(Params, state.extra["c"])
+        server = state.extra
+        c = {k: v + sums.dc[k] / server.num_clients for k, v in server.c.items()}
+        return replace(state, extra=replace(server, c=c)), metrics

@@ -22,7 +22,7 @@ from raysim.errors import (
 from raysim.measure.evaluate import evaluate
 from raysim.registry import register
 from raysim.services import Services
-from raysim.train.local import LocalTrainConfig, local_delta_update, train_local
+from raysim.train.local import LocalTrainConfig, train_client, train_local
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -66,8 +66,8 @@ __all__ = [
     "WeightedMean",
     "evaluate",
     "load_jobs",
-    "local_delta_update",
     "register",
     "run",
+    "train_client",
     "train_local",
 ]

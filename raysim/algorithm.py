@@ -29,9 +29,10 @@ Rules every plugin follows:
   (``Payload({})``): then the worker loads nothing, and ``client_update`` must load every weight
   it trains from ``payload.extra`` itself, since the resident model holds whatever ran last on
   that worker (another client, an evaluation; a restarted worker rebuilds it from the seed).
-  ``payload.extra`` holds numpy arrays
-  and plain values in dicts, lists and tuples; its arrays reach ``client_update`` as tensors on
-  ``ctx.device``, moved once per round per worker: read them, never write them.
+  ``payload.extra`` (the plugin's frozen dataclass, or None) holds numpy arrays and plain values
+  in dicts, lists and tuples (``params.numpy_leaves`` turns its tensors into arrays); its arrays
+  reach ``client_update`` as tensors on ``ctx.device``, moved once per round per worker: read
+  them, never write them.
 - Aggregators are associative (``raysim.aggregate``): ``WeightedMean`` and ``Sum`` fold nested
   dicts of tensors with one structure for every client; ``Gather`` keeps results apart, as
   ``[(cohort position, ClientResult), ...]`` in cohort order.
@@ -39,18 +40,28 @@ Rules every plugin follows:
   ``ClientResult.metrics`` is averaged over the cohort (weighted by ``ClientResult.weight``) and
   logged under its own key; ``server_update``'s metrics are logged as returned.
 - ``delta = global - local``; a server steps on the mean delta like a gradient.
+- Plugin state is typed: each plugin declares frozen dataclasses for what it keeps in
+  ``ServerState.extra``, sends in ``Payload.extra``, sends as ``ClientResult.update`` and keeps per
+  client, and annotates its methods with them (``ServerState[E]``, ``Payload[X]``,
+  ``ClientContext[X, S]``, ``ClientResult[U, S]``; None where it keeps or sends nothing more).
 - Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``
-  (None the first time); it is kept outside the workers, so it survives worker restarts. It, and
-  ``ServerState``'s ``opt_state`` and ``extra``, hold only tensors, numbers, strings and dicts /
-  lists / tuples of them (what a weights-only ``torch.load`` reads back; anything else is
-  refused when saved).
+  (None the first time); it is kept outside the workers, so it survives worker restarts. A plugin
+  with client state names its type as the class attribute ``ClientState``.
+- Persistence: checkpoints and the client-state store are read back with a weights-only
+  ``torch.load``, so they hold plain values only. A state dataclass crosses as the dict of its
+  fields (``params.plain``), whose fields hold tensors, numbers, strings and dicts / lists /
+  tuples of them (anything else is refused when saved). Reading back, the worker rebuilds client
+  state as ``ClientState`` (``params.from_plain``), and resuming rebuilds ``ServerState.extra``
+  after the one ``init`` made for this run (``params.rebuild``; the engine's ``typed_like``): a
+  checkpoint whose fields differ is refused, naming both. So a state field keeps its name across
+  versions; the plain dicts that earlier versions saved under the same keys load as they are.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
   defines ``protocol(services, state)`` and drives the engine through ``raysim.services``.
 - ``raysim run --resume`` replaces ``init``'s state by the checkpoint's, which must hold the
-  ``extra`` keys this plugin's ``init`` makes (a checkpoint of another plugin of the same family
+  ``extra`` fields this plugin's ``init`` makes (a checkpoint of another plugin of the same family
   does; ``resume_state`` below completes any other).
 - ``sys/bytes_down`` counts the tensor and array leaves (inside dicts) of ``payload.params`` and
-  of each ``payload.extra`` key (``sys/bytes_down/<key>``) once per cohort client;
+  of each ``payload.extra`` field (``sys/bytes_down/<field>``) once per cohort client;
   ``sys/bytes_up`` those of every ``update``.
 
 Optional hooks, each used when present:
@@ -58,7 +69,8 @@ Optional hooks, each used when present:
   itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
   aggregate ``global - pseudo_gradient`` with it.
 - ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
-  by an older plugin or another of its family; ``fresh`` is what ``init`` made for this run,
+  by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
+  checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,
   ``trail`` a ``raysim.checkpoint.CheckpointTrail``: the earlier rounds' states beside the
   checkpoint (IMA branching from a FedAvg checkpoint fills its window with them).
 """

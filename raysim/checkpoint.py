@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from raysim.errors import CheckpointError
-from raysim.params import check_loadable
+from raysim.params import check_loadable, plain
 from raysim.types import ServerState
 
 FORMAT = 1
@@ -98,7 +98,8 @@ def save_checkpoint(
     Inside the checkpoint's folder it is stored relative to it, so that moving the output folder,
     or resuming from another working directory, still finds it.
     """
-    check_loadable({"opt_state": state.opt_state, "extra": state.extra}, "ServerState")
+    extra = plain(state.extra)  # the plugin's dataclass as the dict of its fields
+    check_loadable({"opt_state": state.opt_state, "extra": extra}, "ServerState")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -110,7 +111,7 @@ def save_checkpoint(
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
-            "extra": state.extra,
+            "extra": extra,
             "buffer_keys": sorted(state.buffer_keys),
         },
     }
@@ -211,8 +212,10 @@ def _load(path: Path) -> Any:
         ) from exc
 
 
-def server_state(saved: dict[str, Any]) -> ServerState:
-    """A ``ServerState`` from a checkpoint's ``state`` entry."""
+def server_state(saved: dict[str, Any]) -> ServerState[Any]:
+    """A ``ServerState`` from a checkpoint's ``state`` entry; its ``extra`` stays plain (the dict of
+    the plugin's fields, or {} / None where it kept none) until resuming rebuilds it after the
+    plugin's ``init`` (``raysim.engine.build.initial_state``)."""
     return ServerState(
         params=saved["params"],
         opt_state=saved["opt_state"],

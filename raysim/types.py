@@ -43,6 +43,13 @@ Tree: TypeAlias = (
     "torch.Tensor | np.ndarray | float | str | None | Mapping[str, Tree] | Sequence[Tree] | DataclassInstance"
 )
 A_co = TypeVar("A_co", covariant=True)  # an aggregate type: what a plugin's aggregator results in
+# A plugin's own state types (a frozen dataclass each, or None where it keeps none): what its
+# payload carries (X), what a client keeps between rounds (S), what a client sends (U) and what
+# the server keeps in ``ServerState.extra`` (E). Unparameterised, each reads as Any.
+X = TypeVar("X")
+S = TypeVar("S")
+U = TypeVar("U")
+E = TypeVar("E")
 
 
 @dataclass(frozen=True)
@@ -83,20 +90,21 @@ class ClientData:
 
 
 @dataclass(frozen=True)
-class Payload:
-    """What every sampled client receives in a round: global params plus plugin extras.
+class Payload(Generic[X]):
+    """What every sampled client receives in a round: global params plus the plugin's extra.
 
-    ``extra`` holds plugin data such as SCAFFOLD's server control variate or FedGuCci's anchor
-    models, as numpy arrays or plain values in dicts, lists and tuples; a client reads its arrays
-    as tensors on its device (see ``ClientContext``).
+    ``extra`` is the plugin's own frozen dataclass (None: nothing more), such as SCAFFOLD's
+    server control variate or FedGuCci's anchor models; its fields hold numpy arrays or plain
+    values in dicts, lists and tuples, and a client reads the arrays as tensors on its device
+    (see ``ClientContext``).
     """
 
     params: NumpyParams
-    extra: dict[str, Tree] = field(default_factory=dict)
+    extra: X = None  # type: ignore[assignment]  # None: the plugin sends nothing more
 
 
 @dataclass
-class ClientContext:
+class ClientContext(Generic[X, S]):
     """Everything a plugin's ``client_update`` may use; built by the worker for each client.
 
     The worker has already loaded ``payload.params`` into ``model`` (in train mode, no
@@ -109,23 +117,27 @@ class ClientContext:
     (its factory, under a seed drawn from the run seed and ``client_id``, so the same in every
     round and on every worker), as params on ``device``; the resident model and the torch random
     state are untouched. None where no worker builds the context (a unit test's).
+    ``step_budget`` caps this client's local batches this round (a straggler that can do only
+    part of its work, ``raysim.systems``; None: no cap): ``train_client`` honours it, and a
+    plugin calling ``train_local`` itself passes it on.
     """
 
     client_id: ClientId
     round_num: int
     model: nn.Module
-    payload: Payload
+    payload: Payload[X]
     global_params: Params
     data: ClientData
-    state: Tree | None  # this client's persistent state from earlier rounds, None the first time
+    state: S | None  # this client's persistent state from earlier rounds, None the first time
     seed: int  # derived from (run seed, round_num, client_id)
     device: torch.device
     spec: DataSpec
     client_init: Callable[[], Params] | None = None
+    step_budget: int | None = None
 
 
 @dataclass(frozen=True)
-class ClientResult:
+class ClientResult(Generic[U, S]):
     """What one client sends back.
 
     Attributes:
@@ -133,13 +145,14 @@ class ClientResult:
             frozen dataclass of dicts of them).
         weight: aggregation weight, usually the number of training examples.
         metrics: small per-client numbers (loss, steps), averaged by the engine.
-        state: new persistent state for this client; None keeps nothing.
+        state: new persistent state for this client (the plugin's frozen dataclass, its
+            ``ClientState``); None keeps nothing.
     """
 
-    update: Tree
+    update: U
     weight: float
     metrics: Metrics = field(default_factory=dict)
-    state: Tree | None = None
+    state: S | None = None
 
 
 class OptState(TypedDict, total=False):
@@ -151,20 +164,22 @@ class OptState(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
-class ServerState:
-    """The server's state between rounds; saved as-is in checkpoints.
+class ServerState(Generic[E]):
+    """The server's state between rounds; saved in checkpoints (``raysim.checkpoint``).
 
     Attributes:
         params: global params (float32 CPU tensors).
         opt_state: server-optimizer state (moments), tensors by param name per slot.
-        extra: plugin state (SCAFFOLD's control variate, IMA's window, FedGuCci's anchors).
+        extra: the plugin's own state, a frozen dataclass (SCAFFOLD's control variate, IMA's
+            window, FedGuCci's anchors), or None where it keeps none. A checkpoint holds it as
+            the plain dict of its fields (``params.plain``); resuming rebuilds it (``params.rebuild``).
         buffer_keys: float buffers among ``params`` (BatchNorm statistics): averaged, never
             stepped on by a server optimizer.
     """
 
     params: Params
     opt_state: OptState = field(default_factory=OptState)
-    extra: dict[str, Tree] = field(default_factory=dict)
+    extra: E = None  # type: ignore[assignment]  # None: the plugin keeps nothing more
     buffer_keys: frozenset[str] = frozenset()
 
 

@@ -212,8 +212,7 @@ def initial_state(
     check_compatible(checkpoint.state, params, path)
     trail = CheckpointTrail(checkpoint.path, last_round, checkpoint.state)
     state = resume_state(algorithm, checkpoint.state, fresh, trail)
-    check_same_shape(fresh, state, job.algorithm.name, path)
-    return state, last_round + 1
+    return typed_like(fresh, state, job.algorithm.name, path), last_round + 1
 
 
 def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> None:
@@ -296,16 +295,24 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
     return stores
 
 
-def check_same_shape(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> None:
-    """A checkpoint must hold the plugin state this job's algorithm keeps (branching between
-    algorithms of one family, FedAvg to FedAdam say, is fine; a plugin's ``resume_state`` hook
-    completes state that an older plugin or another of its family did not write)."""
-    if set(fresh.extra) != set(saved.extra):
+def typed_like(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> ServerState:
+    """``saved`` with its plain ``extra`` (the dict of the plugin's fields, as the checkpoint holds
+    it) rebuilt as the plugin's state type, the one ``init`` made for ``fresh``.
+
+    A checkpoint must hold the fields this job's algorithm keeps (branching between algorithms of
+    one family, FedAvg to FedAdam say, is fine; a plugin's ``resume_state`` hook completes state
+    that an older plugin or another of its family did not write).
+
+    Raises:
+        CheckpointError: the checkpoint's plugin state has other fields.
+    """
+    try:
+        extra = P.rebuild(fresh.extra, P.plain(saved.extra), "its server state")
+    except ValueError as exc:
         raise CheckpointError(
-            f"{path} holds server state {sorted(saved.extra)}; algorithm "
-            f"{algorithm!r} keeps {sorted(fresh.extra)}: it was written by "
-            f"another kind of algorithm"
-        )
+            f"{path}: {exc}; it was written by another kind of algorithm than {algorithm!r}"
+        ) from None
+    return replace(saved, extra=extra)
 
 
 def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from raysim.errors import DataError
-from raysim.params import check_loadable, to_cpu
+from raysim.params import check_loadable, plain, to_cpu
 
 
 class ClientStateStore:
@@ -66,9 +66,13 @@ class ClientStateStore:
     def put(self, client_id: int, round_num: int, state: Any) -> None:
         """Saves the state written in ``round_num`` (atomically) and drops older versions.
 
+        A dataclass state is saved as the dict of its fields; ``get`` returns that dict, which
+        the worker rebuilds as the plugin's ``ClientState``.
+
         Raises:
             TypeError: the state holds something a weights-only load cannot read back.
         """
+        state = plain(state)  # the plugin's dataclass as the dict of its fields (``from_plain``)
         check_loadable(state, f"client {client_id}'s state")
         state = to_cpu(state)  # device tensors would load only where that device exists
         folder = self._folder(client_id)

@@ -22,7 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
-from raysim.errors import NonFiniteError
+from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
@@ -34,7 +34,6 @@ from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
     iterate_batches,
-    step_budget,
     to_tensors,
     train_local,
 )
@@ -99,8 +98,8 @@ class ClientTrainer:
         for position, client_id in tasks:
             t0 = time.perf_counter()
             try:
-                with step_budget(options.step_budgets.get(client_id)):
-                    result, rows = self._train_one(payload, global_params, client_id, round_num, probes)
+                budget = options.step_budgets.get(client_id)
+                result, rows = self._train_one(payload, global_params, client_id, round_num, probes, budget)
                 check_finite_result(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
@@ -143,6 +142,7 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         probes: dict[str, Probe],
+        step_budget: int | None = None,
     ) -> tuple[ClientResult, dict[str, Metrics]]:
         seed = client_seed(self.job.seed, round_num, client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
@@ -162,11 +162,12 @@ class ClientTrainer:
             payload=payload,
             global_params=global_params,
             data=data,
-            state=self.states.get(client_id, before_round=round_num, device=self.device),
+            state=self._client_state(client_id, round_num),
             seed=seed,
             device=self.device,
             spec=self.store.spec,
             client_init=lambda: self.client_init(client_id),
+            step_budget=step_budget,
         )
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
@@ -175,6 +176,19 @@ class ClientTrainer:
             for name, probe in probes.items()
         }
         return result, rows
+
+    def _client_state(self, client_id: int, round_num: int) -> object | None:
+        """The client's state from an earlier round, as the plugin's ``ClientState`` (the store
+        keeps the dict of its fields); None the first time."""
+        saved = self.states.get(client_id, before_round=round_num, device=self.device)
+        kind = getattr(self.algorithm, "ClientState", None)
+        if saved is None or kind is None:
+            return saved
+        try:
+            return P.from_plain(kind, saved, f"client {client_id}'s state")
+        except ValueError as exc:
+            why = "it was written by another algorithm, or an older version of it"
+            raise DataError(f"{exc}: {why}") from None
 
     def client_init(self, client_id: int) -> Params:
         """The client's own random initialisation (``ClientContext.client_init``): the job's model

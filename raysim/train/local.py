@@ -10,20 +10,17 @@ optimizer steps (FedGuCci's step per anchor). Batching, the lr, ``max_steps`` an
 stay in ``train_local`` whatever the step.
 
 A client that can do only part of its local work this round (a straggler, ``raysim.systems``)
-trains inside ``step_budget(steps)``, which caps the batches of every ``train_local`` call within
-it, whatever config the plugin passes.
+has a ``step_budget`` on its context, which caps its batches whatever config the plugin passes.
 
 Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
-    result = local_delta_update(ctx, config)           # the FedAvg client in one call
+    delta, metrics = train_client(ctx, config)          # the FedAvg client's local work
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Protocol
 
 import numpy as np
@@ -34,7 +31,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
-from raysim.types import ClientContext, ClientData, ClientResult, DataSpec, Metrics
+from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
 
 Batch = dict[str, torch.Tensor]
 # A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
@@ -102,29 +99,12 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
         return self
 
 
-_STEP_BUDGET: ContextVar[int | None] = ContextVar("raysim_step_budget", default=None)
-
-
-@contextmanager
-def step_budget(steps: int | None) -> Iterator[None]:
-    """Caps the batches of each ``train_local`` call inside at ``steps`` (None: no cap).
-
-    The worker trains a client that can do only part of its local work this round inside it
-    (FedProx's variable local work, Li et al., MLSys 2020, arXiv:1812.06127; ``raysim.systems``).
-    """
-    token = _STEP_BUDGET.set(steps)
-    try:
-        yield
-    finally:
-        _STEP_BUDGET.reset(token)
-
-
-def step_limit(config: LocalTrainConfig) -> int | None:
-    """The most batches ``train_local`` takes: ``max_steps``, within any ``step_budget``."""
-    budget = _STEP_BUDGET.get()
-    if budget is None or config.max_steps is None:
-        return config.max_steps if budget is None else budget
-    return min(budget, config.max_steps)
+def step_limit(config: LocalTrainConfig, step_budget: int | None) -> int | None:
+    """The most batches ``train_local`` takes: ``max_steps``, within the client's ``step_budget``
+    (FedProx's variable local work, Li et al., MLSys 2020, arXiv:1812.06127; ``raysim.systems``)."""
+    if step_budget is None or config.max_steps is None:
+        return config.max_steps if step_budget is None else step_budget
+    return min(step_budget, config.max_steps)
 
 
 def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
@@ -226,6 +206,7 @@ def train_local(
     after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
+    step_budget: int | None = None,
 ) -> Metrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
@@ -235,8 +216,7 @@ def train_local(
     Args:
         model: the resident model, trained in place.
         data: the client's examples this round.
-        config: epochs, batch size, optimizer, lr, ``max_steps`` (batches; a ``step_budget``
-            caps them too) and clipping.
+        config: epochs, batch size, optimizer, lr, ``max_steps`` (batches) and clipping.
         seed: seeds the shuffling.
         spec: what the task loss needs to know about the data.
         device: where the data goes (the model is already there).
@@ -245,6 +225,7 @@ def train_local(
         after_backward: edits the gradients after every backward pass, before clipping.
         loss_fn: replaces ``task_loss``.
         step: what one batch does (``gradient_step`` when None).
+        step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -268,7 +249,7 @@ def train_local(
     correct: torch.Tensor | int = 0
     seen: torch.Tensor | int = 0
     num_batches, num_used = 0, 0
-    for batch in itertools.islice(itertools.chain.from_iterable(epochs), step_limit(config)):
+    for batch in itertools.islice(itertools.chain.from_iterable(epochs), step_limit(config, step_budget)):
         loss, num_correct, num_items = take_step(model, batch, optimizer, backward)
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
@@ -318,7 +299,7 @@ def _train_metrics(
     }
 
 
-def local_delta_update(
+def train_client(
     ctx: ClientContext,
     config: LocalTrainConfig,
     *,
@@ -326,12 +307,13 @@ def local_delta_update(
     after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
-) -> ClientResult:
-    """The FedAvg-family client: train locally, send ``global - local``.
+) -> tuple[Params, Metrics]:
+    """One client's local work: trains ``ctx.model`` on ``ctx.data`` (seed, device, round and
+    step budget from ``ctx``); returns ``delta = global - local`` and ``train_local``'s metrics.
 
-    The weight is the number of examples trained on (``train/num_examples``): the client's
-    examples this round, or fewer when ``config.max_steps`` ends the first epoch early. The hooks
-    are ``train_local``'s.
+    The FedAvg client sends that delta weighted by ``train/num_examples``: the client's examples
+    this round, or fewer when ``max_steps`` or the step budget ends the first epoch early. The
+    hooks are ``train_local``'s.
     """
     metrics = train_local(
         ctx.model,
@@ -345,6 +327,6 @@ def local_delta_update(
         after_backward=after_backward,
         loss_fn=loss_fn,
         step=step,
+        step_budget=ctx.step_budget,
     )
-    update = P.delta(ctx.global_params, P.model_params(ctx.model))
-    return ClientResult(update, metrics["train/num_examples"], metrics)
+    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics

@@ -8,19 +8,24 @@ gives torch-style Adam (FedFish's server, betas (0.9, 0.999), eps 1e-7), whose m
 zero.
 
 Float buffers (BatchNorm running statistics) are not optimised: they take the clients' average.
+
+The server half of the FedAvg family is three plain functions each plugin calls from its own
+methods: ``init_state`` (in ``init``), ``broadcast_params`` (in ``broadcast``) and
+``apply_server_step`` (in ``server_update``, on the mean delta its ``WeightedMean`` aggregator made).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, Field, model_validator
 
 from raysim import params as P
-from raysim.aggregate import WeightedMean
 from raysim.types import Metrics, OptState, Params, Payload, RunInfo, ServerState
+
+E = TypeVar("E")  # the plugin's ``ServerState.extra``
 
 
 class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
@@ -123,53 +128,24 @@ def _update(
     return w - c.lr * m_hat / (v_hat.sqrt() + c.eps), m, v
 
 
+def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
+    """The server state before round 0: a copy of ``params``, no optimizer moments yet, and the
+    plugin's own ``extra`` (None where it keeps nothing more)."""
+    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
+
+
+def broadcast_params(state: ServerState[E]) -> Payload[None]:
+    """The FedAvg broadcast: the global params, nothing more."""
+    return Payload(P.to_numpy(state.params))
+
+
 def apply_server_step(
-    state: ServerState, mean_delta: Params | None, config: ServerOptimizerConfig
-) -> tuple[ServerState, Metrics]:
-    """The FedOpt server half for any plugin whose clients send a mean delta."""
-    if mean_delta is None:  # nobody reported: keep the model
+    state: ServerState[E], mean_delta: Params | None, config: ServerOptimizerConfig
+) -> tuple[ServerState[E], Metrics]:
+    """The FedOpt server half for any plugin whose clients send a mean delta: the server
+    optimizer steps on it (``server_step``); None (nobody reported) keeps the model."""
+    if mean_delta is None:
         return state, {}
     params, opt_state = server_step(state.params, mean_delta, state.opt_state, config, state.buffer_keys)
     norm = P.global_norm(mean_delta, skip=state.buffer_keys)  # parameters only
     return replace(state, params=params, opt_state=opt_state), {"server/delta_norm": norm}
-
-
-class FedAvgFamilyConfig(Protocol):
-    """What ``FedAvgServer`` reads from a plugin's config."""
-
-    @property
-    def server(self) -> ServerOptimizerConfig: ...
-
-    @property
-    def weighted(self) -> bool: ...
-
-
-C = TypeVar("C", bound=FedAvgFamilyConfig)
-
-
-class FedAvgServer(Generic[C]):
-    """The server half of every FedAvg-family plugin: the config has ``server:
-    ServerOptimizerConfig`` and ``weighted: bool``.
-
-    The server sends its params, averages the clients' deltas (weighted by examples when
-    ``weighted``) and steps on that mean with ``apply_server_step``. A subclass sets ``Config``
-    and writes ``client_update`` (``local_delta_update`` with its hooks); it overrides a server
-    method only where its method differs (``class FedProx(FedAvgServer[FedProxConfig])``).
-    """
-
-    def __init__(self, config: C) -> None:
-        self.config = config
-
-    def init(self, params: Params, info: RunInfo) -> ServerState:
-        return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys)
-
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
-        return Payload(P.to_numpy(state.params))
-
-    def aggregator(self) -> WeightedMean[Params]:
-        return WeightedMean(weighted=self.config.weighted)
-
-    def server_update(
-        self, state: ServerState, mean_delta: Params | None, round_num: int
-    ) -> tuple[ServerState, Metrics]:
-        return apply_server_step(state, mean_delta, self.config.server)

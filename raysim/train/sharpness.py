@@ -21,8 +21,8 @@ Plugins take SAM's settings as one ``sam: SamConfig`` option (``sam: {rho: 0.05}
 
 Usage:
     metrics = train_local(model, data, config, seed=s, spec=spec, step=sam_step(rho=0.05))
-    result = local_delta_update(ctx, config, step=sam_step(rho=0.5, adaptive=True))  # ASAM
-    result = local_delta_update(ctx, config, step=sam_step(**config.sam.model_dump()))
+    delta, metrics = train_client(ctx, config, step=sam_step(rho=0.5, adaptive=True))  # ASAM
+    delta, metrics = train_client(ctx, config, step=sam_step(**config.sam.model_dump()))
     loss = sam_descend(model, batch, optimizer, backward, config.sam, loss_fn)  # inside a LocalStep
 """
 

@@ -58,7 +58,7 @@ def test_two_rounds_give_finite_metrics(name, options, tmp_path):
     moved = any(not torch.equal(v, initial.params[k]) for k, v in result.state.params.items())
     assert moved == (name != "local")
     if name == "local":  # the last evaluation covers every client with a model, not the cohort
-        trained = len(result.state.extra["trained"])
+        trained = len(result.state.extra.trained)
         assert trained > 4 and result.history[-1][1]["eval/local/num_clients"] == trained
 
 

@@ -39,11 +39,11 @@ def test_two_rounds_give_finite_metrics(case, tmp_path):
         assert own_metric in metrics and "eval/clients/accuracy" in metrics
         assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert P.is_finite(result.state.params)
-    P.check_loadable(result.state.extra, "server state extra")  # what a checkpoint holds
+    P.check_loadable(P.plain(result.state.extra), "server state extra")  # what a checkpoint holds
 
 
 def test_fedfa_keeps_one_anchor_per_class_of_the_feature_width(tmp_path):
     job = tiny_job(algorithm={"name": "fedfa"}, engine={"num_rounds": 2, "cohort_size": 4})
-    anchors = run(job, output_dir=tmp_path).state.extra["anchors"]
+    anchors = run(job, output_dir=tmp_path).state.extra.anchors
     assert isinstance(anchors, torch.Tensor) and anchors.shape == (10, 16)  # digits, MLP hidden [16]
     assert torch.isfinite(anchors).all() and anchors.abs().sum() > 0

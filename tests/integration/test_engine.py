@@ -53,7 +53,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert [step for step, _ in resumed.history] == [2, 3]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
-    assert torch.equal(whole.state.extra["c"]["1.weight"], resumed.state.extra["c"]["1.weight"])
+    assert torch.equal(whole.state.extra.c["1.weight"], resumed.state.extra.c["1.weight"])
 
 
 def test_resume_from_a_checkpoint_of_another_model_is_refused(tmp_path):
@@ -108,7 +108,7 @@ def test_scaffold_state_survives_a_worker_restart(tmp_path, ray_local):
     assert backend.dead_workers == 0
     for k, v in expected.params.items():
         assert torch.equal(v, restarted.params[k]), k
-    assert torch.equal(expected.extra["c"]["1.weight"], restarted.extra["c"]["1.weight"])
+    assert torch.equal(expected.extra.c["1.weight"], restarted.extra.c["1.weight"])
 
 
 def test_a_worker_that_stays_dead_leaves_the_pool(tmp_path, ray_local):

@@ -65,10 +65,10 @@ def barriers(supports, seed):
     for name, aggregator in (("fedavg", WeightedMean()), ("fedfish", fish.aggregator())):
         acc = aggregator.zero()
         for i, result in enumerate(results):
-            update = result if name == "fedfish" else ClientResult(result.update["delta"], result.weight)
+            update = result if name == "fedfish" else ClientResult(result.update.delta, result.weight)
             acc = aggregator.add(acc, i, update)
         out = aggregator.result(acc)
-        pseudo_grad = out["pseudo_grad"] if name == "fedfish" else out
+        pseudo_grad = out.pseudo_grad if name == "fedfish" else out
         merged = mlp(seed)
         P.load_into(merged, {k: init[k] - pseudo_grad[k] for k in init})  # server SGD, lr 1
         means[name] = np.mean([evaluate(merged, d, SPEC)["loss"] - m for d, m in zip(clients, local_mse)])

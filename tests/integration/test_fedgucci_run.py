@@ -1,7 +1,7 @@
 """FedGuCci and FedGuCci+ run end to end (serial backend, 2 rounds of the tiny digits job).
 
 With N = 2 anchors, round 0 has one anchor (the global model, sent as the params) and round 1
-two: the older one travels in ``payload.extra["anchors"]``, which the engine counts apart as
+two: the older one travels in ``payload.extra.anchors``, which the engine counts apart as
 ``sys/bytes_down/anchors``: exactly one model per cohort client in round 1, nothing in round 0.
 """
 
@@ -27,7 +27,7 @@ def test_two_rounds_send_the_older_anchor_and_stay_finite(name, tmp_path):
     assert history[0]["sys/bytes_down/anchors"] == 0
     assert history[1]["sys/bytes_down/anchors"] == 3 * model_bytes  # the MLP has no buffers
     assert history[1]["sys/bytes_down"] == 2 * history[1]["sys/bytes_down/params"]
-    anchors = result.state.extra["anchors"]
+    anchors = result.state.extra.anchors
     assert len(anchors) == 2 and all(anchors[0][k].equal(v) for k, v in result.state.params.items())
     for round_num in (0, 1):
         metrics = history[round_num]
@@ -62,7 +62,7 @@ def test_a_branch_from_fedavg_takes_the_parents_models_as_anchors(tmp_path):
     model_bytes = sum(v.numel() * v.element_size() for v in parent.state.params.values())
     assert branch.history[0][0] == 2
     assert branch.history[0][1]["sys/bytes_down/anchors"] == 2 * 2 * model_bytes  # rounds 0 and 1
-    newest, *older = branch.state.extra["anchors"]
+    newest, *older = branch.state.extra.anchors
     for anchor, round_num in zip(older, (1, 0), strict=True):
         parents = load_checkpoint(checkpoints / f"round_{round_num:05d}.pt")[0].params
         assert all(torch.equal(anchor[k], parents[k]) for k in parents)

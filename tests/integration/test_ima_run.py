@@ -56,7 +56,7 @@ def test_a_branch_from_the_fedavg_checkpoint_equals_the_run_from_round_0(runs, t
     branch = run(job(IMA, 5), resume_from=str(parent), output_dir=tmp_path)
     assert [step for step, _ in branch.history] == [3, 4]
     assert_same(branch.state.params, ima.state.params)
-    for own, straight in zip(branch.state.extra["ima_window"], ima.state.extra["ima_window"], strict=True):
+    for own, straight in zip(branch.state.extra.window, ima.state.extra.window, strict=True):
         assert_same(own, straight)
 
 

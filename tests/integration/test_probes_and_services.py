@@ -197,7 +197,7 @@ class WithWindow:
     def resume_state(self, saved, fresh, trail):
         from dataclasses import replace
 
-        return replace(saved, extra={**fresh.extra, **saved.extra})
+        return replace(saved, extra={**fresh.extra, **(saved.extra or {})})  # None: FedAvg keeps none
 
 
 class CountsFromStart:

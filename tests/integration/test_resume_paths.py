@@ -33,7 +33,7 @@ def assert_same_model(whole, resumed):
     assert [step for step, _ in resumed.history] == [2, 3]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
-    assert torch.equal(whole.state.extra["c"]["1.weight"], resumed.state.extra["c"]["1.weight"])
+    assert torch.equal(whole.state.extra.c["1.weight"], resumed.state.extra.c["1.weight"])
 
 
 def test_resume_from_another_directory_equals_the_uninterrupted_run(tmp_path, monkeypatch, interrupted):

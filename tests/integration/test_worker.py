@@ -1,5 +1,7 @@
 """The worker's per-round preparation of the payload, on a real store."""
 
+import sys
+
 import numpy as np
 import torch
 
@@ -21,13 +23,14 @@ def test_payload_extras_reach_the_device_once_per_round(tmp_path):
     client_update = trainer.algorithm.client_update
 
     def recording_update(ctx):
-        seen.append((ctx.payload.extra["c"], ctx.device))
+        seen.append((ctx.payload.extra.c, ctx.device))
         return client_update(ctx)
 
     trainer.algorithm.client_update = recording_update
     params = P.to_numpy(P.model_params(trainer.model))
     variate = {k: np.zeros_like(v) for k, v in params.items()}
-    payload = Payload(params, extra={"c": variate})
+    server_variate = sys.modules[type(trainer.algorithm).__module__].ServerVariate  # SCAFFOLD's payload
+    payload = Payload(params, extra=server_variate(variate))
     report = trainer.train(payload, [(0, 3), (1, 4)], round_num=0, options=RoundOptions())
     assert not report.failures and len(seen) == 2
     (first, device), (second, _) = seen

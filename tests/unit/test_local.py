@@ -1,5 +1,7 @@
 """The shared local trainer: capped subsets, lr schedule, hooks, steps, evaluation."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +13,9 @@ from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
     iterate_batches,
-    local_delta_update,
     round_lr,
     task_loss,
+    train_client,
     train_local,
 )
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
@@ -206,20 +208,40 @@ def client_context(client_data):
     )
 
 
-def test_delta_update_weighs_a_client_by_the_examples_it_trained_on():
+def test_a_client_counts_the_examples_it_trained_on():
     """max_steps = 2 batches of 5 out of 12 examples: the client's weight is 10, not 12."""
-    result = local_delta_update(client_context(data(12)), LocalTrainConfig(batch_size=5, max_steps=2))
-    assert result.weight == 10.0
-    assert local_delta_update(client_context(data(12)), LocalTrainConfig(batch_size=5)).weight == 12.0
+    _, metrics = train_client(client_context(data(12)), LocalTrainConfig(batch_size=5, max_steps=2))
+    assert metrics["train/num_examples"] == 10.0
+    _, metrics = train_client(client_context(data(12)), LocalTrainConfig(batch_size=5))
+    assert metrics["train/num_examples"] == 12.0
 
 
-def test_delta_update_passes_loss_fn_and_step_on():
+def test_a_client_sends_global_minus_local():
+    """One full batch of plain SGD: local = global - lr * grad, so delta = lr * grad."""
+    ctx = client_context(data(12))
+    start = P.clone(P.model_params(ctx.model))
+    delta, _ = train_client(ctx, LocalTrainConfig(batch_size=12, lr=0.5))
+    moved = P.model_params(ctx.model)
+    assert all(torch.allclose(delta[k], start[k] - moved[k]) for k in start)
+    assert any(torch.count_nonzero(v) for v in delta.values())
+
+
+def test_a_client_passes_loss_fn_and_step_on():
     zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
-    result = local_delta_update(client_context(data()), LocalTrainConfig(), loss_fn=zero)
-    assert all(torch.count_nonzero(v) == 0 for v in result.update.values())
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), loss_fn=zero)
+    assert all(torch.count_nonzero(v) == 0 for v in delta.values())
 
     def no_update(net, batch, optimizer, backward):
         return backward(batch)
 
-    result = local_delta_update(client_context(data()), LocalTrainConfig(), step=no_update)
-    assert all(torch.count_nonzero(v) == 0 for v in result.update.values())
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), step=no_update)
+    assert all(torch.count_nonzero(v) == 0 for v in delta.values())
+
+
+def test_a_client_keeps_to_its_step_budget():
+    """A straggler's context caps its batches below max_steps (and the budget alone caps too)."""
+    ctx = client_context(data(40))
+    capped = replace(ctx, step_budget=3)
+    assert train_client(capped, LocalTrainConfig(batch_size=4, max_steps=5))[1]["train/steps"] == 3
+    assert train_client(capped, LocalTrainConfig(batch_size=4))[1]["train/steps"] == 3
+    assert train_client(ctx, LocalTrainConfig(batch_size=4))[1]["train/steps"] == 10

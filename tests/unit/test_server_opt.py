@@ -7,10 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig, server_step
-from raysim.types import ClientResult, DataSpec, RunInfo
+from raysim.train.server_opt import (
+    ServerOptimizerConfig,
+    apply_server_step,
+    broadcast_params,
+    init_state,
+    server_step,
+)
+from raysim.types import DataSpec, RunInfo
 
 sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there
 from reference import server_steps  # noqa: E402
@@ -161,54 +167,35 @@ def test_bias_correction_is_refused_where_nothing_would_be_corrected(kind):
         ServerOptimizerConfig(kind=kind, bias_correction=True)
 
 
-class _FedAvgConfig(BaseModel, frozen=True, extra="forbid"):
-    server: ServerOptimizerConfig = ServerOptimizerConfig(lr=0.5, momentum=0.9)
-    weighted: bool = True
-
-
-def fedavg_server(**options) -> FedAvgServer[_FedAvgConfig]:
-    return FedAvgServer(_FedAvgConfig(**options))
-
-
-def test_fedavg_server_init_copies_the_params_and_keeps_the_buffer_keys():
+def test_init_state_copies_the_params_and_keeps_the_buffer_keys_and_the_extra():
     params = {"w": torch.tensor([1.0, 2.0]), "bn": torch.tensor([4.0])}
     info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0, buffer_keys=frozenset({"bn"}))
-    state = fedavg_server().init(params, info)
+    state = init_state(params, info, None)
     params["w"].add_(10.0)  # the state holds its own copy
     assert state.params["w"].tolist() == [1.0, 2.0] and state.buffer_keys == {"bn"}
-    assert state.opt_state == {} and state.extra == {}
+    assert state.opt_state == {} and state.extra is None
+    assert init_state(params, info, "kept").extra == "kept"
 
 
-def test_fedavg_server_broadcasts_the_params_as_numpy_and_nothing_else():
+def test_broadcast_params_sends_the_params_as_numpy_and_nothing_else():
     info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0)
-    server = fedavg_server()
-    payload = server.broadcast(server.init({"w": torch.tensor([1.5, -2.0])}, info), round_num=0)
+    payload = broadcast_params(init_state({"w": torch.tensor([1.5, -2.0])}, info, None))
     assert isinstance(payload.params["w"], np.ndarray) and payload.params["w"].tolist() == [1.5, -2.0]
-    assert payload.extra == {}
+    assert payload.extra is None
 
 
-@pytest.mark.parametrize("weighted, expected", [(True, (1 * 4.0 + 3 * 8.0) / 4), (False, (4.0 + 8.0) / 2)])
-def test_fedavg_server_averages_deltas_by_examples_or_uniformly(weighted, expected):
-    aggregator = fedavg_server(weighted=weighted).aggregator()
-    acc = aggregator.zero()
-    for position, (delta, examples) in enumerate([(4.0, 1), (8.0, 3)]):
-        acc = aggregator.add(acc, position, ClientResult({"w": torch.tensor([delta])}, examples, {}))
-    assert aggregator.result(acc)["w"].item() == pytest.approx(expected)
-    assert aggregator.result(aggregator.zero()) is None  # nobody reported
-
-
-def test_fedavg_server_steps_with_its_optimizer_and_averages_buffers():
+def test_apply_server_step_steps_with_its_optimizer_and_averages_buffers():
     info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0, buffer_keys=frozenset({"bn"}))
-    server = fedavg_server()
-    state = server.init({"w": torch.tensor([1.0, 2.0]), "bn": torch.tensor([4.0])}, info)
+    config = ServerOptimizerConfig(lr=0.5, momentum=0.9)
+    state = init_state({"w": torch.tensor([1.0, 2.0]), "bn": torch.tensor([4.0])}, info, None)
     mean_delta = {"w": torch.tensor([0.6, -0.8]), "bn": torch.tensor([1.0])}
-    state, metrics = server.server_update(state, mean_delta, round_num=0)
+    state, metrics = apply_server_step(state, mean_delta, config)
     # SGD momentum 0.9, lr 0.5: m1 = g; w1 = w - 0.5 g; m2 = 0.9 g + g = 1.9 g; w2 = w1 - 0.95 g
     assert state.params["w"].tolist() == pytest.approx([1.0 - 0.3, 2.0 + 0.4])
     assert state.params["bn"].item() == pytest.approx(3.0)  # the clients' average, not stepped
     assert metrics == {"server/delta_norm": pytest.approx(1.0)}  # ||(0.6, -0.8)||, buffers left out
-    state, _ = server.server_update(state, mean_delta, round_num=1)
+    state, _ = apply_server_step(state, mean_delta, config)
     assert state.params["w"].tolist() == pytest.approx([0.7 - 0.95 * 0.6, 2.4 + 0.95 * 0.8])
     assert state.opt_state["m"]["w"].tolist() == pytest.approx([1.9 * 0.6, -1.9 * 0.8])
-    kept, metrics = server.server_update(state, None, round_num=2)  # nobody reported
+    kept, metrics = apply_server_step(state, None, config)  # nobody reported
     assert kept is state and metrics == {}

@@ -38,7 +38,7 @@ from raysim.systems.rounds import (
     straggler_positions,
 )
 from raysim.systems.work import LocalWork, local_training
-from raysim.train.local import LocalTrainConfig, step_budget, train_local
+from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData, DataSpec
 
 # ---- local work -----------------------------------------------------------------------------
@@ -80,13 +80,12 @@ def test_a_step_budget_caps_train_local_whatever_its_config():
     data = ClientData({"x": rng.normal(size=(40, 3)).astype(np.float32), "y": np.arange(40) % 2})
 
     def steps(config, budget):
-        with step_budget(budget):
-            return train_local(nn.Linear(3, 2), data, config, seed=1, spec=spec)["train/steps"]
+        metrics = train_local(nn.Linear(3, 2), data, config, seed=1, spec=spec, step_budget=budget)
+        return metrics["train/steps"]
 
     config = LocalTrainConfig(epochs=2, batch_size=8)  # 5 batches a pass, 10 in all
     assert steps(config, None) == 10 and steps(config, 3) == 3 and steps(config, 50) == 10
     assert steps(config.model_copy(update={"max_steps": 2}), 3) == 2
-    assert train_local(nn.Linear(3, 2), data, config, seed=1, spec=spec)["train/steps"] == 10  # reset
 
 
 # ---- one client ---------------------------------------------------------------------------------

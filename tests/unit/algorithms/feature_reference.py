@@ -38,7 +38,7 @@ def feature_context(x, y, extra=None, *, state=None, round_num=0, client_id=0) -
     """A client of ``TwoLayer`` at (V0, W0, B0), as the worker builds it."""
     model = TwoLayer()
     global_params = P.clone(P.model_params(model))
-    payload = Payload(P.to_numpy(global_params), extra or {})
+    payload = Payload(P.to_numpy(global_params), extra)
     return ClientContext(
         client_id=client_id,
         round_num=round_num,

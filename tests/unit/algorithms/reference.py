@@ -1,5 +1,6 @@
 """An independent numpy reference for a linear softmax classifier (tests only)."""
 
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -31,7 +32,8 @@ def linear_model():
     return model.float()
 
 
-def payload(w=W0, b=B0, **extra):
+def payload(w=W0, b=B0, extra=None):
+    """The broadcast of ``(w, b)``, with a plugin's ``extra`` dataclass (None: nothing more)."""
     return Payload({"weight": w.astype(np.float32), "bias": b.astype(np.float32)}, extra)
 
 
@@ -89,3 +91,9 @@ def server_steps(
         m_hat, v_hat = (m / (1 - beta1**t), v / (1 - beta2**t)) if bias_correction else (m, v)
         w = w - lr * m_hat / (np.sqrt(v_hat) + tau)
     return w, m, v
+
+
+def plugin_types(plugin):
+    """The module of a registered plugin, holding its state dataclasses (the registry loads plugin
+    files under private module names, so tests reach them through the plugin)."""
+    return sys.modules[type(plugin).__module__]

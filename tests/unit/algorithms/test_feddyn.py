@@ -76,14 +76,14 @@ def server_round(plugin, state, results):
 def test_client_steps_and_its_linear_term(penalty):
     plugin = algo(reading={"squared": "paper", "norm": "fedgucci_code"}[penalty])
     gi = {"weight": torch.tensor([[0.02, -0.01], [0.0, 0.03]]), "bias": torch.tensor([0.01, -0.02])}
-    _, result = run_client(plugin, init_state(plugin), 1, {"g": gi})
+    _, result = run_client(plugin, init_state(plugin), 1, plugin.ClientState(gi))
     w, b, new_w, new_b = reference_client(
         W0, B0, gi["weight"].numpy(), gi["bias"].numpy(), *CLIENTS[1], penalty
     )
     assert np.allclose(result.update.delta["weight"].numpy(), W0 - w, atol=1e-6)
     assert np.allclose(result.update.delta["bias"].numpy(), B0 - b, atol=1e-6)
-    assert np.allclose(result.state["g"]["weight"].numpy(), new_w, atol=1e-6)
-    assert np.allclose(result.state["g"]["bias"].numpy(), new_b, atol=1e-6)
+    assert np.allclose(result.state.g["weight"].numpy(), new_w, atol=1e-6)
+    assert np.allclose(result.state.g["bias"].numpy(), new_b, atol=1e-6)
 
 
 def test_the_norm_penalty_differs_from_the_squared_one():
@@ -120,8 +120,8 @@ def test_two_rounds_of_h_and_the_global_model(weighted):
         h_w = h_w - ALPHA * share * sum(pi * (locals_[c][0] - w_g) for pi, c in zip(p, cohort))
         h_b = h_b - ALPHA * share * sum(pi * (locals_[c][1] - b_g) for pi, c in zip(p, cohort))
         w_g, b_g = mean_w - h_w / ALPHA, mean_b - h_b / ALPHA
-        assert np.allclose(state.extra["h"]["weight"].numpy(), h_w, atol=1e-6)
-        assert np.allclose(state.extra["h"]["bias"].numpy(), h_b, atol=1e-6)
+        assert np.allclose(state.extra.h["weight"].numpy(), h_w, atol=1e-6)
+        assert np.allclose(state.extra.h["bias"].numpy(), h_b, atol=1e-6)
         assert np.allclose(state.params["weight"].numpy(), w_g, atol=1e-5)
         assert np.allclose(state.params["bias"].numpy(), b_g, atol=1e-5)
         assert metrics["feddyn/h_norm"] == pytest.approx(np.sqrt((h_w**2).sum() + (h_b**2).sum()), rel=1e-5)
@@ -134,7 +134,7 @@ def test_pseudo_gradient_is_the_mean_delta_and_buffers_take_the_plain_mean():
     params = {"weight": torch.ones(2), "running_mean": torch.zeros(2)}
     info = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)
     state = plugin.init(params, replace(info, buffer_keys=frozenset({"running_mean"})))
-    assert set(state.extra["h"]) == {"weight"}
+    assert set(state.extra.h) == {"weight"}
     update_type = type(run_client(plugin, init_state(plugin), 0)[1].update)
     sums = update_type(
         delta={"weight": torch.tensor([0.2, 0.4]), "running_mean": torch.tensor([-1.0, 1.0])},
@@ -163,7 +163,7 @@ def test_a_client_without_examples_takes_no_step_and_weighs_nothing():
         result = plugin.client_update(ctx)
         assert result.weight == 0.0 and P.is_finite(result.update)
         assert all(float(v.abs().max()) == 0 for v in result.update.delta.values())
-        assert all(float(v.abs().max()) == 0 for v in result.state["g"].values())
+        assert all(float(v.abs().max()) == 0 for v in result.state.g.values())
         _, one = run_client(plugin, state, 1)
         new, metrics = server_round(plugin, state, [one, result])
         assert all(math.isfinite(v) for v in metrics.values())

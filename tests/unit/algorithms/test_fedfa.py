@@ -110,7 +110,7 @@ def reference_client(*, steps, pull, calibrate):
 )
 def test_client_matches_the_reference(round_num, options, pull, calibrate):
     ctx = feature_context(
-        X, Y, {"anchors": ANCHORS.astype(np.float32), "anchor_seed": 0}, round_num=round_num
+        X, Y, plugin_module().FeatureAnchors(ANCHORS.astype(np.float32), 0), round_num=round_num
     )
     result = algo(**options).client_update(ctx)
     (v, w, b), anchors = reference_client(steps=2, pull=pull, calibrate=calibrate)
@@ -138,7 +138,7 @@ def test_the_first_round_builds_the_anchors_from_the_seed():
     params = {k: v.float() for k, v in feature_context(X, Y).global_params.items()}
     state = plugin.init(params, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=11))
     payload = plugin.broadcast(state, 0)
-    assert payload.extra["anchors"].size == 0
+    assert payload.extra.anchors.size == 0
     result = plugin.client_update(feature_context(np.zeros((0, 2)), np.zeros(0), payload.extra))
     assert torch.equal(result.update.anchors, plugin_module().initial_anchors(3, 3, seed=11))
 
@@ -158,16 +158,17 @@ def test_server_averages_deltas_and_anchors_by_examples():
         acc = agg.add(acc, i, ClientResult(update, n))
     new, _ = plugin.server_update(state, agg.result(acc), 0)
     assert torch.allclose(new.params["w"], torch.tensor([1.0 - 0.7 / 4, 2.0 - 0.9 / 4]))
-    assert torch.allclose(new.extra["anchors"], torch.tensor([[0.25, 0.0], [2.25, 1.0]]))
-    assert new.extra["anchor_seed"] == 0
-    assert plugin.broadcast(new, 1).extra["anchors"].shape == (2, 2)
+    assert torch.allclose(new.extra.anchors, torch.tensor([[0.25, 0.0], [2.25, 1.0]]))
+    assert new.extra.anchor_seed == 0
+    assert plugin.broadcast(new, 1).extra.anchors.shape == (2, 2)
 
 
 def test_a_model_without_features_is_refused():
     from reference import context, payload
 
+    unbuilt = payload(extra=plugin_module().FeatureAnchors(np.zeros(0), 0))
     with pytest.raises(TypeError, match=r"fedfa needs a model with features\(x\) and head"):
-        algo().client_update(context([[1.0, 2.0]], [0], payload(anchors=np.zeros(0), anchor_seed=0)))
+        algo().client_update(context([[1.0, 2.0]], [0], unbuilt))
 
 
 def digit5_context(extra):
@@ -201,7 +202,7 @@ def test_ima_projector_models_anchor_the_128_d_projector_output():
     calibration trains the final classifier Linear alone, not the projector."""
     from raysim.models import param_groups
 
-    ctx = digit5_context({"anchors": np.zeros(0, np.float32), "anchor_seed": 3})
+    ctx = digit5_context(plugin_module().FeatureAnchors(np.zeros(0, np.float32), 3))
     assert plugin_module().feature_dim(ctx.model.head) == 128
     result = algo(local={"lr": LR, "batch_size": 2, "epochs": 1}).client_update(ctx)
     assert result.update.anchors.shape == (10, 128)
@@ -211,6 +212,6 @@ def test_ima_projector_models_anchor_the_128_d_projector_output():
     step = plugin_module().AnchorStep(
         result.update.anchors, algo().config, model.head, calibrate=True, batches_per_epoch=1
     )
-    step._calibrate()
+    step._calibrate(step.calibration)
     changed = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, before[k]))
     assert changed == sorted(param_groups(model)["head"]) == ["16.bias", "16.weight"]

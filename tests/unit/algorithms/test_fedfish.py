@@ -22,19 +22,24 @@ def fish_module():
     return registry.get("algorithm", "fedfish").factory.__module__
 
 
+def update(delta, fisher):
+    """A client's ``FisherUpdate``: its delta and its diagonal Fisher."""
+    return __import__(fish_module(), fromlist=["FisherUpdate"]).FisherUpdate(delta, fisher)
+
+
 def test_aggregate_matches_hand_computation_with_a_zero_fisher_coordinate():
     """Coordinate 0: (2*1*1 + 1*3*3) / (2*1 + 1*3) = 11/5. Coordinate 1 has F = 0 for both
     clients, so it falls back to FedAvg: (2*2 + 1*4) / 3 = 8/3."""
     agg = plugin().aggregator()
 
     def result(delta, fisher, weight):
-        update = {"delta": {"p": torch.tensor(delta)}, "fisher": {"p": torch.tensor(fisher)}}
-        return ClientResult(update, weight)
+        sent = update({"p": torch.tensor(delta)}, {"p": torch.tensor(fisher)})
+        return ClientResult(sent, weight)
 
     a, b = result([1.0, 2.0], [1.0, 0.0], 2.0), result([3.0, 4.0], [3.0, 0.0], 1.0)
     out = agg.result(agg.merge(agg.add(agg.zero(), 0, a), agg.add(agg.zero(), 1, b)))
-    assert out["pseudo_grad"]["p"].tolist() == pytest.approx([11 / 5, 8 / 3])
-    assert out["zero_fisher_fraction"] == 0.5
+    assert out.pseudo_grad["p"].tolist() == pytest.approx([11 / 5, 8 / 3])
+    assert out.zero_fisher_fraction == 0.5
 
 
 def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
@@ -48,7 +53,7 @@ def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
 
     def result(delta, fisher, weight):
         return ClientResult(
-            {"delta": {"p": torch.tensor(delta)}, "fisher": {"p": torch.tensor(fisher)}}, weight
+            update({"p": torch.tensor(delta)}, {"p": torch.tensor(fisher)}), weight
         )
 
     acc = agg.add(
@@ -62,10 +67,10 @@ def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
 
 def test_buffers_without_fisher_are_averaged():
     agg = plugin().aggregator()
-    r = ClientResult({"delta": {"bn.mean": torch.tensor([2.0])}, "fisher": {}}, 1.0)
-    s = ClientResult({"delta": {"bn.mean": torch.tensor([4.0])}, "fisher": {}}, 3.0)
+    r = ClientResult(update({"bn.mean": torch.tensor([2.0])}, {}), 1.0)
+    s = ClientResult(update({"bn.mean": torch.tensor([4.0])}, {}), 3.0)
     out = agg.result(agg.add(agg.add(agg.zero(), 0, r), 1, s))
-    assert out["pseudo_grad"]["bn.mean"].item() == pytest.approx(3.5)
+    assert out.pseudo_grad["bn.mean"].item() == pytest.approx(3.5)
 
 
 def test_zero_fisher_fraction_counts_parameters_only():
@@ -76,11 +81,11 @@ def test_zero_fisher_fraction_counts_parameters_only():
 
     def result(fisher):
         delta = {"w": torch.tensor([1.0, 2.0]), "bn.mean": torch.tensor([0.5, 0.5])}
-        return ClientResult({"delta": delta, "fisher": {"w": torch.tensor(fisher)}}, 1.0)
+        return ClientResult(update(delta, {"w": torch.tensor(fisher)}), 1.0)
 
     left, right = agg.add(agg.zero(), 0, result([1.0, 0.0])), agg.add(agg.zero(), 1, result([2.0, 0.0]))
-    assert agg.result(agg.merge(left, right))["zero_fisher_fraction"] == 0.5
-    assert agg.result(agg.merge(agg.zero(), right))["zero_fisher_fraction"] == 0.5
+    assert agg.result(agg.merge(left, right)).zero_fisher_fraction == 0.5
+    assert agg.result(agg.merge(agg.zero(), right)).zero_fisher_fraction == 0.5
 
 
 def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
@@ -89,9 +94,9 @@ def test_extra_pass_fisher_is_the_squared_batch_gradient_at_the_final_weights():
     gw, gb = grad(W0, B0, X, Y)
     w1, b1 = W0 - LR * gw, B0 - LR * gb
     fw, fb = grad(w1, b1, X, Y)
-    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw**2, atol=1e-7)
-    assert np.allclose(result.update["fisher"]["bias"].numpy(), fb**2, atol=1e-7)
-    assert np.allclose(result.update["delta"]["weight"].numpy(), LR * gw, atol=1e-6)
+    assert np.allclose(result.update.fisher["weight"].numpy(), fw**2, atol=1e-7)
+    assert np.allclose(result.update.fisher["bias"].numpy(), fb**2, atol=1e-7)
+    assert np.allclose(result.update.delta["weight"].numpy(), LR * gw, atol=1e-6)
     assert result.weight == 3.0
 
 
@@ -115,7 +120,7 @@ def test_last_epoch_ablation_squares_the_last_epochs_training_gradients():
     )
     gw, gb = grad(W0, B0, X, Y)
     fw, _ = grad(W0 - LR * gw, B0 - LR * gb, X, Y)
-    assert np.allclose(result.update["fisher"]["weight"].numpy(), fw**2, atol=1e-7)
+    assert np.allclose(result.update.fisher["weight"].numpy(), fw**2, atol=1e-7)
 
 
 def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
@@ -203,10 +208,10 @@ def test_last_epoch_fisher_refuses_max_steps():
 def test_float32_accumulation_matches_float64_and_leaves_client_tensors_alone():
     fish64, fish32 = plugin().aggregator(), plugin(accumulate="float32").aggregator()
     delta, fisher = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.5, 0.0, 2.0])
-    result = ClientResult({"delta": {"p": delta}, "fisher": {"p": fisher}}, 3.0)
-    other = ClientResult({"delta": {"p": -delta}, "fisher": {"p": fisher * 3}}, 1.0)
+    result = ClientResult(update({"p": delta}, {"p": fisher}), 3.0)
+    other = ClientResult(update({"p": -delta}, {"p": fisher * 3}), 1.0)
     outs = [agg.result(agg.add(agg.add(agg.zero(), 0, result), 1, other)) for agg in (fish64, fish32)]
-    assert torch.allclose(outs[0]["pseudo_grad"]["p"], outs[1]["pseudo_grad"]["p"], atol=1e-6)
+    assert torch.allclose(outs[0].pseudo_grad["p"], outs[1].pseudo_grad["p"], atol=1e-6)
     assert delta.tolist() == [1.0, -2.0, 0.5] and fisher.tolist() == [0.5, 0.0, 2.0]
 
 
@@ -226,11 +231,11 @@ def test_norms_count_parameters_not_batchnorm_statistics():
         num_clients=1, cohort_size=1, num_rounds=1, spec=SPEC, seed=0, buffer_keys=frozenset({"bn"})
     )
     state = algo.init({"p": torch.zeros(2), "bn": torch.zeros(1)}, info)
-    aggregate = {
-        "pseudo_grad": {"p": torch.tensor([3.0, 4.0]), "bn": torch.tensor([100.0])},
-        "zero_fisher_fraction": 0.0,
-        "fedavg_norm": 2.5,
-    }
+    aggregate = __import__(fish_module(), fromlist=["FisherAggregate"]).FisherAggregate(
+        pseudo_grad={"p": torch.tensor([3.0, 4.0]), "bn": torch.tensor([100.0])},
+        zero_fisher_fraction=0.0,
+        fedavg_norm=2.5,
+    )
     _, metrics = algo.server_update(state, aggregate, 0)
     assert metrics["server/delta_norm"] == pytest.approx(5.0)
     assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(2.0)

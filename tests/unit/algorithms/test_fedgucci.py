@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
-from reference import B0, SPEC, W0, context, payload
+from reference import B0, SPEC, W0, context, payload, plugin_types
 from torch import nn
 
 from raysim import params as P
@@ -55,7 +55,8 @@ def module():
 
 
 def anchors_payload(*older):
-    return payload(anchors=[{"weight": w.astype(np.float32), "bias": b.astype(np.float32)} for w, b in older])
+    anchors = [{"weight": w.astype(np.float32), "bias": b.astype(np.float32)} for w, b in older]
+    return payload(extra=plugin_types(plugin()).Anchors(anchors))
 
 
 def grad(w, b, x, y, shift=0.0):
@@ -385,30 +386,31 @@ def test_anchors_are_the_newest_global_models_newest_first(tmp_path):
     state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}, info())
     globals_ = [state.params]
     for t in range(4):
-        anchors = state.extra["anchors"]
+        anchors = state.extra.anchors
         assert len(anchors) == min(3, t + 1)
         for anchor, expected in zip(anchors, reversed(globals_), strict=False):
             assert all(torch.equal(anchor[k], expected[k]) for k in ("weight", "bias"))
         sent = algo.broadcast(state, t)
-        assert len(sent.extra["anchors"]) == len(anchors) - 1  # anchor 1 travels as the params
-        for older, expected in zip(sent.extra["anchors"], anchors[1:], strict=True):
+        assert len(sent.extra.anchors) == len(anchors) - 1  # anchor 1 travels as the params
+        for older, expected in zip(sent.extra.anchors, anchors[1:], strict=True):
             assert np.array_equal(older["weight"], expected["weight"].numpy())
         mean_delta = {"weight": torch.full((2, 2), 0.1 * (t + 1)), "bias": torch.full((2,), -0.1)}
         state, _ = algo.server_update(state, mean_delta, t)
         globals_.append(state.params)
-    assert torch.allclose(state.extra["anchors"][0]["weight"], globals_[-1]["weight"])
+    assert torch.allclose(state.extra.anchors[0]["weight"], globals_[-1]["weight"])
 
     path = save_checkpoint(tmp_path / "ckpt.pt", state, round_num=3, job_dict={})
-    loaded, _, _, _ = load_checkpoint(path)
-    assert len(loaded.extra["anchors"]) == 3
-    for a, b in zip(loaded.extra["anchors"], state.extra["anchors"], strict=True):
+    loaded, _, _, _ = load_checkpoint(path)  # the plain dict of the Anchors' fields
+    kept = P.from_plain(plugin_types(algo).Anchors, loaded.extra, "the checkpoint's state")
+    assert len(kept.anchors) == 3
+    for a, b in zip(kept.anchors, state.extra.anchors, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("weight", "bias"))
 
 
 def test_anchors_hold_the_trainable_tensors_not_the_buffers():
     algo = plugin()
     state = bn_state(algo)
-    assert set(state.extra["anchors"][0]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    assert set(state.extra.anchors[0]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
     assert "0.running_mean" in state.params
 
 
@@ -432,7 +434,7 @@ def branch_anchors(num_anchors, trail):
     fresh = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}, info())
     state = algo.resume_state(trail.state, fresh, trail)
     assert state.params is trail.state.params
-    return [float(anchor["weight"][0, 0] - W0[0, 0]) for anchor in state.extra["anchors"]]
+    return [float(anchor["weight"][0, 0] - W0[0, 0]) for anchor in state.extra.anchors]
 
 
 def test_a_branch_from_fedavg_takes_the_parents_last_n_models_as_anchors(tmp_path):
@@ -452,16 +454,16 @@ def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(tmp_path):
 def test_a_fedgucci_checkpoint_keeps_its_newest_anchors(tmp_path):
     algo = plugin(num_anchors=2)
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
-    saved = replace(algo.init(params, info()), extra={"anchors": [params] * 3})
+    saved = replace(algo.init(params, info()), extra=plugin_types(algo).Anchors([params] * 3))
     trail = CheckpointTrail(tmp_path / "round_00007.pt", 7, saved)  # no siblings needed
-    assert len(algo.resume_state(saved, algo.init(params, info()), trail).extra["anchors"]) == 2
+    assert len(algo.resume_state(saved, algo.init(params, info()), trail).extra.anchors) == 2
 
 
 def test_an_empty_round_keeps_the_model_and_pushes_it_again():
     algo = plugin(num_anchors=2)
     state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}, info())
     after, metrics = algo.server_update(state, None, 0)
-    assert metrics == {} and len(after.extra["anchors"]) == 2
+    assert metrics == {} and len(after.extra.anchors) == 2
     assert torch.equal(after.params["weight"], state.params["weight"])
 
 

@@ -103,19 +103,21 @@ def test_generic_and_personal_steps_match_the_reference(epochs, absent, counts):
     assert np.allclose(result.update["body.weight"].numpy(), V0 - v, atol=1e-5)
     assert np.allclose(result.update["head.weight"].numpy(), W0 - w, atol=1e-5)
     assert np.allclose(result.update["head.bias"].numpy(), B0 - b, atol=1e-5)
-    assert np.allclose(result.state["head"]["weight"].numpy(), p, atol=1e-5)
-    assert np.allclose(result.state["head"]["bias"].numpy(), c, atol=1e-5)
+    assert np.allclose(result.state.head["weight"].numpy(), p, atol=1e-5)
+    assert np.allclose(result.state.head["bias"].numpy(), c, atol=1e-5)
     assert result.metrics["fedrod/personal_train_accuracy"] == pytest.approx(accuracy)
     assert np.isfinite(result.metrics["train/loss"]) and result.weight == 3.0
 
 
 def test_the_personal_head_comes_back_from_the_client_state():
     start = (W0 * 0.5 + 0.1, B0 - 0.2)
-    state = {"head": {"weight": torch.tensor(start[0]).float(), "bias": torch.tensor(start[1]).float()}}
-    result = algo(1).client_update(feature_context(X, Y, state=state))
+    plugin = algo(1)
+    head = {"weight": torch.tensor(start[0]).float(), "bias": torch.tensor(start[1]).float()}
+    state = plugin.ClientState(head)
+    result = plugin.client_update(feature_context(X, Y, state=state))
     (_, w, _, p, c), _ = reference_client(1, personal_start=start)
-    assert np.allclose(result.state["head"]["weight"].numpy(), p, atol=1e-5)
-    assert np.allclose(result.state["head"]["bias"].numpy(), c, atol=1e-5)
+    assert np.allclose(result.state.head["weight"].numpy(), p, atol=1e-5)
+    assert np.allclose(result.state.head["bias"].numpy(), c, atol=1e-5)
     assert np.allclose(result.update["head.weight"].numpy(), W0 - w, atol=1e-5)  # generic: unchanged
 
 

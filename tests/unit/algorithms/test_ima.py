@@ -15,6 +15,7 @@ import pytest
 import torch
 from reference import B0, SPEC, W0, context, grad
 
+from raysim import params as P
 from raysim import registry
 from raysim.algorithm import pseudo_gradient
 from raysim.checkpoint import CheckpointTrail, save_checkpoint
@@ -95,7 +96,7 @@ def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_average_from
         assert_close(state.params, g)
         assert metrics["ima/active"] == float(t >= TS)
         assert metrics["ima/shift_norm"] == pytest.approx(distance(fma, g), abs=1e-6)
-        assert len(state.extra["ima_window"]) == min(t + 1, WINDOW)  # filled from round 0
+        assert len(state.extra.window) == min(t + 1, WINDOW)  # filled from round 0
     assert metrics["ima/shift_norm"] > 0.01  # the average did move the model
 
 
@@ -274,16 +275,17 @@ def test_a_branch_fills_the_window_with_the_parents_last_models(tmp_path):
     plugin = make(window=3, average_from=4)
     trail = parent_trail(tmp_path, 3)
     state = plugin.resume_state(trail.state, init_state(plugin), trail)
-    assert [float(w["bias"][0] - B0[0]) for w in state.extra["ima_window"]] == pytest.approx([1, 2, 3])
+    assert [float(w["bias"][0] - B0[0]) for w in state.extra.window] == pytest.approx([1, 2, 3])
     assert state.params is trail.state.params
-    own = plugin.resume_state(state, init_state(plugin), trail)  # an IMA checkpoint keeps its own
-    assert own.extra["ima_window"] is state.extra["ima_window"]
+    saved = replace(state, extra=P.plain(state.extra))  # as a checkpoint holds it
+    own = plugin.resume_state(saved, init_state(plugin), trail)  # an IMA checkpoint keeps its own
+    assert [float(w["bias"][0] - B0[0]) for w in own.extra.window] == pytest.approx([1, 2, 3])
 
 
 def test_a_branch_early_in_the_parent_has_a_shorter_window(tmp_path):
     trail = parent_trail(tmp_path, 1)
     state = make(window=3, average_from=4).resume_state(trail.state, init_state(make()), trail)
-    assert len(state.extra["ima_window"]) == 2  # rounds 0 and 1, as a run from round 0 has
+    assert len(state.extra.window) == 2  # rounds 0 and 1, as a run from round 0 has
 
 
 def test_branches_that_cannot_fill_the_window_are_refused(tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from reference import B0, SPEC, W0, context, grad, payload
+from reference import B0, SPEC, W0, context, grad, payload, plugin_types
 
 from raysim import registry
 from raysim.errors import NonFiniteError
@@ -30,21 +30,21 @@ def algo(**local):
 
 
 def own_state():
-    return {"params": {"weight": torch.tensor(OWN_W).float(), "bias": torch.tensor(OWN_B).float()}}
+    return algo().ClientState({"weight": torch.tensor(OWN_W).float(), "bias": torch.tensor(OWN_B).float()})
 
 
 def test_a_client_trains_on_from_its_own_model():
     result = algo().client_update(context(X, Y, payload(), state=own_state()))
     gw, gb = grad(OWN_W, OWN_B, X, Y)
-    assert np.allclose(result.state["params"]["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
-    assert np.allclose(result.state["params"]["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
+    assert np.allclose(result.state.params["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
+    assert np.allclose(result.state.params["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
     assert result.update == {} and result.weight == 2.0  # nothing travels up
 
 
 def test_a_new_client_starts_from_the_broadcast_initial_model():
     result = algo().client_update(context(X, Y, payload()))
     gw, _ = grad(W0, B0, X, Y)
-    assert np.allclose(result.state["params"]["weight"].numpy(), W0 - LR * gw, atol=1e-6)
+    assert np.allclose(result.state.params["weight"].numpy(), W0 - LR * gw, atol=1e-6)
 
 
 def test_a_new_client_under_an_empty_broadcast_is_an_error():
@@ -72,7 +72,7 @@ class FakeServices:
     def train_cohort(self, payload, cohort, round_num, options=RoundOptions()):
         keep_local_models = options.keep_local_models
         assert keep_local_models == self.is_eval_round(round_num)  # only when they are evaluated
-        if payload.extra.get("mode") == "recall":  # kept models read back, nothing trained
+        if payload.extra is not None:  # Recall: kept models read back, nothing trained
             assert not payload.params and round_num == self.info.num_rounds - 1
             self.recalled.append([int(c) for c in cohort])
         else:
@@ -104,7 +104,7 @@ def test_the_initial_model_travels_only_while_a_cohort_client_has_none():
     state = plugin.init({"weight": torch.zeros(2, 2)}, services.info)
     final = plugin.protocol(services, state)
     assert [bool(p.params) for p in services.payloads] == [True, False, True]
-    assert final.extra["trained"].tolist() == [0, 1, 2]
+    assert final.extra.trained.tolist() == [0, 1, 2]
     assert torch.equal(final.params["weight"], state.params["weight"])  # the global model stays
     # client metrics weighted like the round loop's: (1*1 + 2*2) / (1 + 2)
     assert services.logged[0][1]["train/loss"] == pytest.approx(5 / 3)
@@ -150,12 +150,12 @@ def test_after_the_last_round_every_client_with_a_model_is_evaluated():
 
 
 def test_a_recalled_client_loads_its_kept_model_and_trains_nothing():
-    ctx = context(X, Y, Payload({}, {"mode": "recall"}), state=own_state())
+    ctx = context(X, Y, Payload({}, plugin_types(algo()).Recall()), state=own_state())
     result = algo().client_update(ctx)
     assert result.update == {} and result.weight == 0.0 and result.state is None
     np.testing.assert_allclose(ctx.model.weight.detach().numpy(), OWN_W, atol=1e-7)
     with pytest.raises(RuntimeError, match="has none"):
-        algo().client_update(context(X, Y, Payload({}, {"mode": "recall"})))
+        algo().client_update(context(X, Y, Payload({}, plugin_types(algo()).Recall())))
 
 
 def test_the_authors_code_starts_each_client_from_its_own_random_model():
@@ -165,12 +165,12 @@ def test_the_authors_code_starts_each_client_from_its_own_random_model():
     plugin = entry.factory(
         entry.config.model_validate({"start_from": "client_init", "local": {"lr": LR, "batch_size": 8}})
     )
-    own = own_state()["params"]
+    own = own_state().params
     ctx = replace(context(X, Y, payload()), client_init=lambda: own)
     result = plugin.client_update(replace(ctx, global_params={}, payload=Payload({})))
     gw, gb = grad(OWN_W, OWN_B, X, Y)
-    assert np.allclose(result.state["params"]["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
-    assert np.allclose(result.state["params"]["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
+    assert np.allclose(result.state.params["weight"].numpy(), OWN_W - LR * gw, atol=1e-6)
+    assert np.allclose(result.state.params["bias"].numpy(), OWN_B - LR * gb, atol=1e-6)
     services = FakeServices([[0, 1], [1, 2]], central={}, own={}, eval_rounds=())
     plugin.protocol(services, plugin.init({"weight": torch.zeros(2, 2)}, services.info))
     assert [p.params for p in services.payloads] == [{}, {}]
@@ -208,7 +208,7 @@ def test_resumed_state_keeps_who_has_a_model():
     plugin = algo()
     services = FakeServices([[0, 1], [1, 0]], central={}, own={}, eval_rounds=())
     state = plugin.init({"weight": torch.zeros(2, 2)}, services.info)
-    resumed = replace(state, extra={"trained": torch.tensor([0, 1])})
+    resumed = replace(state, extra=plugin_types(plugin).TrainedClients(torch.tensor([0, 1])))
     services.start_round = 1
     plugin.protocol(services, resumed)
     assert [bool(p.params) for p in services.payloads] == [False]

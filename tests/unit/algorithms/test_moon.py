@@ -136,11 +136,11 @@ def test_first_round_the_negative_is_the_global_model():
 
 def test_the_negative_is_the_previous_local_model_kept_in_the_client_state():
     plugin = algo()
-    previous = {"previous": {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}}
+    previous = plugin.ClientState({k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()})
     ctx = context(plugin.broadcast(init_state(plugin), 0), state=previous)
     result = plugin.client_update(ctx)
     assert_delta(result.update, reference_delta(PREVIOUS))
-    kept = result.state["previous"]  # this round's local model: next round's negative
+    kept = result.state.previous  # this round's local model: next round's negative
     for k, v in GLOBAL.items():
         np.testing.assert_allclose(kept[k].numpy(), v - result.update[k].numpy(), atol=1e-6)
 
@@ -161,12 +161,11 @@ def test_the_authors_quirk_keeps_the_initial_model_as_the_negative():
     state = init_state(plugin)
     later = replace(state, params={k: v + 0.3 * torch.ones_like(v) for k, v in state.params.items()})
     payload = plugin.broadcast(later, 5)
-    assert set(payload.extra) == {"initial"}
-    np.testing.assert_allclose(payload.extra["initial"]["head.bias"], GLOBAL["head.bias"], atol=1e-7)
-    swapped = replace(payload, params=P.to_numpy(state.params), extra={"initial": P.to_numpy(
-        {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}
-    )})  # fmt: skip
-    result = plugin.client_update(context(swapped, state={"previous": "ignored"}))
+    np.testing.assert_allclose(payload.extra.initial["head.bias"], GLOBAL["head.bias"], atol=1e-7)
+    previous = P.to_numpy({k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()})
+    extra = replace(payload.extra, initial=previous)
+    swapped = replace(payload, params=P.to_numpy(state.params), extra=extra)
+    result = plugin.client_update(context(swapped, state=plugin.ClientState("ignored")))
     assert_delta(result.update, reference_delta(PREVIOUS))
     assert result.state is None
 
@@ -176,7 +175,7 @@ def test_the_authors_code_contrasts_with_the_clients_own_random_initialisation()
     worker's ``client_init`` weights, asked anew each round; nothing is broadcast or kept."""
     plugin = algo(negative="client_init")
     payload = plugin.broadcast(init_state(plugin), 3)
-    assert payload.extra == {}
+    assert payload.extra is None
     own_init = {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}
     result = plugin.client_update(context(payload, state=None, client_init=lambda: own_init))
     assert_delta(result.update, reference_delta(PREVIOUS))

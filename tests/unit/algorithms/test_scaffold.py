@@ -38,20 +38,20 @@ def reference_client(x, y, ci_w, ci_b):
 def init_state(plugin):
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
     state = plugin.init(params, RunInfo(num_clients=4, cohort_size=2, num_rounds=1, spec=SPEC, seed=0))
-    state.extra["c"].update({"weight": torch.tensor(C_W).float(), "bias": torch.tensor(C_B).float()})
+    state.extra.c.update({"weight": torch.tensor(C_W).float(), "bias": torch.tensor(C_B).float()})
     return state
 
 
 def test_client_update_and_persistent_variate():
     plugin = algo()
     state = init_state(plugin)
-    ci = {"c_i": {"weight": torch.full((2, 2), 0.02), "bias": torch.zeros(2)}}
+    ci = plugin.ClientState({"weight": torch.full((2, 2), 0.02), "bias": torch.zeros(2)})
     x, y = CLIENTS[0]
     result = plugin.client_update(context(x, y, plugin.broadcast(state, 0), state=ci))
     delta, dc, new_ci = reference_client(x, y, np.full((2, 2), 0.02), np.zeros(2))
     assert np.allclose(result.update.delta["weight"].numpy(), delta, atol=1e-6)
     assert np.allclose(result.update.dc["weight"].numpy(), dc, atol=1e-5)
-    assert np.allclose(result.state["c_i"]["weight"].numpy(), new_ci, atol=1e-5)
+    assert np.allclose(result.state.c_i["weight"].numpy(), new_ci, atol=1e-5)
 
 
 def test_server_moves_model_and_variate():
@@ -66,7 +66,7 @@ def test_server_moves_model_and_variate():
     mean_delta = (refs[0][0] + refs[1][0]) / 2  # unweighted, as in the paper
     mean_dc = (refs[0][1] + refs[1][1]) / 2
     assert np.allclose(new.params["weight"].numpy(), W0 - mean_delta, atol=1e-6)
-    assert np.allclose(new.extra["c"]["weight"].numpy(), C_W + 0.5 * mean_dc, atol=1e-5)
+    assert np.allclose(new.extra.c["weight"].numpy(), C_W + 0.5 * mean_dc, atol=1e-5)
 
 
 def test_local_optimizers_other_than_plain_sgd_are_refused():
@@ -113,10 +113,11 @@ def test_a_client_without_data_changes_nothing():
     dc = 0 and weight 0, so neither the server variate nor the mean delta moves."""
     plugin = algo()
     state = init_state(plugin)
-    state = replace(state, extra={"c": {"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}})
-    ci = {"c_i": {"weight": torch.full((2, 2), 0.1), "bias": torch.zeros(2)}}
+    c = {"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}
+    state = replace(state, extra=replace(state.extra, c=c))
+    ci = plugin.ClientState({"weight": torch.full((2, 2), 0.1), "bias": torch.zeros(2)})
     empty = context(np.zeros((0, 2)), np.zeros(0), plugin.broadcast(state, 0), state=ci)
     result = plugin.client_update(empty)
     assert all(torch.equal(v, torch.zeros_like(v)) for v in result.update.dc.values())
     assert float(result.update.weight) == 0.0 and result.weight == 0.0
-    assert torch.equal(result.state["c_i"]["weight"], ci["c_i"]["weight"])
+    assert torch.equal(result.state.c_i["weight"], ci.c_i["weight"])

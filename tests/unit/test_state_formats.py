@@ -88,7 +88,7 @@ def test_server_optimizer_moments(tmp_path, name, slots):
 
 def test_ima_window_beside_its_inners_keys(tmp_path):
     """IMA kept its window under "ima_window" among the inner algorithm's own keys."""
-    plugin = build("ima", inner={"name": "scaffold"}, window=2, start_round=5)
+    plugin = build("ima", inner={"name": "scaffold"}, window=2, average_from=5)
     old = {"c": scaled(0.1), "num_clients": 4, "ima_window": [scaled(1.0), scaled(2.0)]}
     state = resumed(tmp_path, plugin, "ima", old)
     assert same(state.extra.inner.c, scaled(0.1)) and state.extra.inner.num_clients == 4
@@ -96,7 +96,7 @@ def test_ima_window_beside_its_inners_keys(tmp_path):
 
 
 def test_ima_over_fedavg_keeps_only_its_window(tmp_path):
-    plugin = build("ima", inner={"name": "fedavg"}, window=2, start_round=5)
+    plugin = build("ima", inner={"name": "fedavg"}, window=2, average_from=5)
     state = resumed(tmp_path, plugin, "ima", {"ima_window": [scaled(1.0)]})
     assert state.extra.inner is None and len(state.extra.window) == 1
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_of_other_state_is_refused_naming_both(tmp_path):
         ("moon", {}, {"previous": scaled(0.3)}),
         ("fedrod", {}, {"head": scaled(0.4)}),
         ("local", {}, {"params": scaled(0.5)}),
-        ("ima", {"inner": {"name": "scaffold"}, "start_round": 5}, {"c_i": scaled(0.6)}),
+        ("ima", {"inner": {"name": "scaffold"}, "average_from": 5}, {"c_i": scaled(0.6)}),
     ],
 )
 def test_client_state_written_as_a_dict_reads_back_as_the_plugins_type(tmp_path, name, options, old):

@@ -15,6 +15,7 @@ Usage (``make gpu-bundle``):
 from __future__ import annotations
 
 import argparse
+import lzma
 import shutil
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def build(python: str, level: int) -> Path:
     shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts name this machine's python
     out = bundle_path(python)
     out.parent.mkdir(exist_ok=True)
-    with tarfile.open(out, "w:xz", preset=level) as tar:
+    with lzma.open(out, "wb", preset=level) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
         for entry in sorted(site.iterdir()):
             tar.add(entry, arcname=entry.name)
     return out
@@ -86,7 +87,9 @@ def tracked_bytes() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
     parser.add_argument("--level", type=int, default=6, help="xz preset, 0-9 (default 6)")
     args = parser.parse_args()

@@ -10,7 +10,7 @@ each step in its own process, with a time limit, and writes every step's outcome
 2. ``pytest``: the tests marked ``gpu`` (``pytest -m gpu`` over the files that hold such tests).
 3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml``: seconds per round, clients/s.
 4. ``two_workers``: a run with two Ray workers on one GPU (``gpus_per_worker: 0.5``), each card
-   process's peak memory read from NVML while it trains; then two raysim workers
+   process's peak memory read from NVML while they train; then two raysim workers
    (``ClientTrainer``, built as the Ray backend builds them) each allocate 80% of their slice,
    which must succeed, and 110%, which must fail: the slice is enforced.
 
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH_JOB = "jobs/bench/pfl_cifar10_gpu.yaml"
 MIB = 2**20
 # Seconds per step: the whole check must end well inside one 10-minute command.
-LIMITS = {"ray": 60, "pytest": 150, "bench": 180, "two_workers": 150}
+LIMITS = {"ray": 60, "pytest": 120, "bench": 180, "two_workers": 150}
 # The dry run shrinks the benchmark's job to what 2 CPU cores train in seconds.
 DRY_BENCH = [
     "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
@@ -60,8 +61,12 @@ DRY_TWO_WORKERS = DRY_BENCH[:4] + ["resources.num_workers=2", "resources.cpus_pe
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.environ.get("OUT") or "build/gpu-check", help="folder for the results")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT") or "build/gpu-check", help="folder for the results"
+    )
     parser.add_argument("--cpu-dry-run", action="store_true", help="no GPU: run every step small, on the CPU")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
     args = parser.parse_args()
@@ -84,16 +89,17 @@ def check(out: Path, dry: bool) -> int:
     report["mode"] = "gpu" if cuda else "cpu-dry-run"
     steps: dict[str, Any] = {}
     report["steps"] = steps
-    steps["ray"] = run_step(log, "ray", [sys.executable, "-c", RAY_PROBE], env)
+    steps["ray"], _ = run_step(log, "ray", [sys.executable, "-c", RAY_PROBE], env)
     has_ray = steps["ray"]["ok"]
     if has_ray:
-        steps["pytest"] = run_step(log, "pytest", pytest_command(), env)
+        steps["pytest"] = gpu_tests(log, env, cuda)
     else:
         steps["pytest"] = skipped("the gpu tests need Ray, and Ray did not start")
     steps["bench"] = bench(log, env, dry, has_ray)
     if has_ray:
-        two = [sys.executable, __file__, "--step", "two_workers", "--out", str(out)] + (["--cpu-dry-run"] * dry)
-        steps["two_workers"] = run_step(log, "two_workers", two, env)
+        two = [sys.executable, __file__, "--step", "two_workers", "--out", str(out)]
+        two += ["--cpu-dry-run"] * dry
+        steps["two_workers"], _ = run_step(log, "two_workers", two, env)
         steps["two_workers"].update(read_json(out / "two_workers.json"))
     else:
         steps["two_workers"] = skipped("fractional GPUs need Ray, and Ray did not start")
@@ -187,9 +193,10 @@ ray.shutdown()
 """
 
 
-def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> dict[str, Any]:
+def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
     """Runs one step in a session of its own, killed whole at its time limit (Ray's processes
-    too); its output goes to the log through a file, which no leftover process can hold open."""
+    too); its outcome, and its output, which also goes to the log (through a file, which no
+    leftover process can hold open)."""
     say(log, f"\n===== {name}: {' '.join(command)}\n")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as output:
@@ -211,7 +218,7 @@ def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> di
     elif code:
         result["error"] = f"exit {code}: " + " | ".join(text.strip().splitlines()[-3:])
     say(log, f"----- {name}: {'ok' if code == 0 else 'FAILED'} in {seconds} s\n")
-    return result
+    return result, text
 
 
 def skipped(why: str) -> dict[str, Any]:
@@ -227,6 +234,19 @@ def pytest_command() -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *files]
 
 
+def gpu_tests(log: Any, env: dict[str, str], cuda: bool) -> dict[str, Any]:
+    """The gpu-marked tests; on a GPU machine each must run and pass (a skip there is a failure)."""
+    result, output = run_step(log, "pytest", pytest_command(), env)
+    outcome = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")
+    last = next((line for line in reversed(output.splitlines()) if outcome.search(line)), "")  # pytest's tally
+    counts = outcome.findall(last)
+    result["tests"] = {outcome: int(n) for n, outcome in counts}
+    if cuda and (result["tests"].get("skipped") or not result["tests"].get("passed")):
+        result["ok"] = False
+        result["error"] = f"on a GPU every gpu test must run and pass: {result['tests']}"
+    return result
+
+
 def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, Any]:
     """``raysim bench`` on the GPU job; its figures come from the JSON file it writes."""
     overrides = DRY_BENCH if dry else []
@@ -237,7 +257,7 @@ def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, 
 
     figures = REPO / ".raysim" / "bench" / f"{yaml.safe_load((REPO / BENCH_JOB).read_text())['name']}.json"
     figures.unlink(missing_ok=True)
-    result = run_step(log, "bench", command, env)
+    result, _ = run_step(log, "bench", command, env)
     result["backend"] = "ray" if has_ray else "serial"
     result["overrides"] = overrides
     found = read_json(figures)
@@ -257,7 +277,8 @@ def summary(report: dict[str, Any]) -> str:
              f"{report['carried_mib']} MiB carried"]  # fmt: skip
     for name, step in report.get("steps", {}).items():
         state = "ok" if step["ok"] else ("skipped" if step.get("skipped") else "FAILED")
-        lines.append(f"  {name:12} {state:8} {step.get('seconds', '')} s  {step.get('error', step.get('skipped', ''))}")
+        why = step.get("error") or step.get("skipped") or ""
+        lines.append(f"  {name:12} {state:8} {step.get('seconds', '')} s  {why}")
     if "error" in report:
         lines.append(report["error"])
     lines.append("PASSED" if report.get("passed") else "NOT PASSED")
@@ -278,28 +299,32 @@ def two_workers(out: Path, dry: bool) -> int:
     from raysim.runtime.wire import WorkerSetup
 
     job, _ = load_benchmark(REPO / BENCH_JOB, DRY_TWO_WORKERS if dry else TWO_WORKERS)
-    result: dict[str, Any] = {"workers": job.resources.num_workers, "gpus_per_worker": job.resources.gpus_per_worker}
+    resources = job.resources
+    result: dict[str, Any] = {"workers": resources.num_workers, "gpus_per_worker": resources.gpus_per_worker}
     engine, state = build(job, MemoryTracker(), None, Path(tempfile.mkdtemp(prefix="raysim-two-")))
     watch = CardWatch()
-    t0 = time.perf_counter()
+    round_s = []
     try:
         for round_num in range(job.engine.num_rounds):
+            t0 = time.perf_counter()
             state, _ = engine.run_round(state, round_num)
+            round_s.append(time.perf_counter() - t0)
     finally:
-        seconds = time.perf_counter() - t0
         engine.backend.shutdown()
         watch.stop()
-    result["rounds"] = job.engine.num_rounds
-    result["clients_per_s"] = round(job.engine.num_rounds * job.engine.cohort_size / seconds, 1)
-    result["card_processes_peak_mib"] = watch.peaks  # pid -> MiB; the driver's pid is below
+    timed = sorted(round_s[1:] or round_s)  # the first round pays for the workers' start-up
+    result["round_s"] = [round(s, 3) for s in round_s]
+    result["clients_per_s"] = round(job.engine.cohort_size / timed[len(timed) // 2], 1)  # median round
+    result["card_used_peak_mib"] = watch.card_peak
+    result["card_processes_peak_mib"] = watch.peaks  # pid -> MiB: the workers, and the driver (below)
     result["driver_pid"] = os.getpid()
     setup = worker_setup_for(
         WorkerSetup(job=job.to_dict(), store_path=str(engine.store.path), state_dir=tempfile.mkdtemp()),
-        job.resources,
+        resources,
     )
-    probe = ray.remote(_slice_probe_class()).options(num_cpus=job.resources.cpus_per_worker,
-                                           num_gpus=job.resources.gpus_per_worker)  # fmt: skip
-    workers = [probe.remote(setup) for _ in range(2)]
+    probe: Any = ray.remote(_slice_probe_class())
+    place = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
+    workers = [probe.options(**place).remote(setup) for _ in range(2)]
     result["slices"] = [ray.get(w.held_to.remote(setup.gpu_memory_fraction)) for w in workers]
     result["enforced"] = bool(result["slices"]) and all(s.get("enforced") for s in result["slices"])
     result["same_card"] = len({s.get("card_uuid") for s in result["slices"]}) == 1
@@ -314,6 +339,7 @@ class CardWatch:
 
     def __init__(self) -> None:
         self.peaks: dict[str, int] = {}
+        self.card_peak: int | None = None  # the whole card's used memory, all processes
         self._stop = threading.Event()
         try:
             import pynvml  # nvidia-ml-py, on the GPU machines
@@ -329,6 +355,8 @@ class CardWatch:
 
     def _poll(self) -> None:
         while not self._stop.wait(0.2):
+            used = self._nvml.nvmlDeviceGetMemoryInfo(self._card).used // MIB
+            self.card_peak = max(self.card_peak or 0, used)
             for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._card):
                 if p.usedGpuMemory is not None:
                     key = str(p.pid)

@@ -60,8 +60,17 @@ def build(python: str, level: int) -> Path:
     pip("download", "-q", "--no-deps", "-d", str(wheels), *target_flags(python), *PINS)
     shutil.rmtree(site, ignore_errors=True)
     names = [str(w) for w in sorted(wheels.glob("*.whl")) if any(_is_pinned(w.name, p) for p in PINS)]
-    pip("install", "-q", "--no-deps", "--no-index", "--no-compile", "--target", str(site),
-        *target_flags(python), *names)
+    pip(
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        "--no-compile",
+        "--target",
+        str(site),
+        *target_flags(python),
+        *names,
+    )
     for part in RAY_UNUSED:
         shutil.rmtree(site / "ray" / part)
     shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts name this machine's python
@@ -96,8 +105,10 @@ def main() -> int:
     out = build(args.python, args.level)
     mib = 2**20
     repo, carried = tracked_bytes(), out.stat().st_size
-    print(f"{out.relative_to(REPO)}: {carried / mib:.1f} MiB; with the repository's tracked files "
-          f"({repo / mib:.1f} MiB) {(repo + carried) / mib:.1f} MiB travel (the limit is 64 MiB)")
+    print(
+        f"{out.relative_to(REPO)}: {carried / mib:.1f} MiB; with the repository's tracked files "
+        f"({repo / mib:.1f} MiB) {(repo + carried) / mib:.1f} MiB travel (the limit is 64 MiB)"
+    )
     return 0
 
 

@@ -51,7 +51,6 @@ DRY_BENCH = [
     "engine.cohort_size=10", "resources.num_workers=2", "resources.cpus_per_worker=1",
     "resources.gpus_per_worker=0",
 ]  # fmt: skip
-SERIAL_BENCH = ["resources.backend=serial", "resources.num_workers=1", "resources.gpus_per_worker=1"]
 TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
 DRY_TWO_WORKERS = DRY_BENCH[:4] + ["resources.num_workers=2", "resources.cpus_per_worker=1",
                                    "resources.gpus_per_worker=0"]  # fmt: skip
@@ -237,9 +236,9 @@ def pytest_command() -> list[str]:
 def gpu_tests(log: Any, env: dict[str, str], cuda: bool) -> dict[str, Any]:
     """The gpu-marked tests; on a GPU machine each must run and pass (a skip there is a failure)."""
     result, output = run_step(log, "pytest", pytest_command(), env)
-    outcome = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")
-    last = next((line for line in reversed(output.splitlines()) if outcome.search(line)), "")  # pytest's tally
-    counts = outcome.findall(last)
+    tally = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")  # pytest's last line
+    last = next((line for line in reversed(output.splitlines()) if tally.search(line)), "")
+    counts = tally.findall(last)
     result["tests"] = {outcome: int(n) for n, outcome in counts}
     if cuda and (result["tests"].get("skipped") or not result["tests"].get("passed")):
         result["ok"] = False
@@ -249,9 +248,10 @@ def gpu_tests(log: Any, env: dict[str, str], cuda: bool) -> dict[str, Any]:
 
 def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, Any]:
     """``raysim bench`` on the GPU job; its figures come from the JSON file it writes."""
-    overrides = DRY_BENCH if dry else []
-    if not has_ray:
-        overrides = overrides + SERIAL_BENCH + ["resources.gpus_per_worker=0"] * dry
+    overrides = list(DRY_BENCH) if dry else []
+    if not has_ray:  # one process, which on a GPU machine has the whole card
+        overrides += ["resources.backend=serial", "resources.num_workers=1"]
+        overrides += [] if dry else ["resources.gpus_per_worker=1"]
     command = [sys.executable, "-m", "raysim", "bench", BENCH_JOB, *overrides]
     import yaml
 
@@ -278,7 +278,8 @@ def summary(report: dict[str, Any]) -> str:
     for name, step in report.get("steps", {}).items():
         state = "ok" if step["ok"] else ("skipped" if step.get("skipped") else "FAILED")
         why = step.get("error") or step.get("skipped") or ""
-        lines.append(f"  {name:12} {state:8} {step.get('seconds', '')} s  {why}")
+        seconds = f"{step['seconds']} s" if "seconds" in step else ""
+        lines.append(f"  {name:12} {state:8} {seconds:>8}  {why}")
     if "error" in report:
         lines.append(report["error"])
     lines.append("PASSED" if report.get("passed") else "NOT PASSED")

@@ -283,7 +283,31 @@ def summary(report: dict[str, Any]) -> str:
     if "error" in report:
         lines.append(report["error"])
     lines.append("PASSED" if report.get("passed") else "NOT PASSED")
+    if "steps" in report:
+        lines.append(f"row for docs/performance.md:\n{table_row(report)}")
     return "\n".join(lines)
+
+
+def table_row(report: dict[str, Any]) -> str:
+    """The check as a row of docs/performance.md's table of figures."""
+    steps, m = report["steps"], report["machine"]
+    tests, bench, two = steps["pytest"], steps["bench"], steps["two_workers"]
+    peaks = two.get("card_processes_peak_mib", {})
+    workers = {pid: mib for pid, mib in peaks.items() if pid != str(two.get("driver_pid"))}
+    slices = two.get("slices", [])
+    cells = [
+        time.strftime("%Y-%m-%d"),
+        m.get("card") or "none (CPU dry run)",
+        m["torch"],
+        ", ".join(f"{n} {k}" for k, n in tests.get("tests", {}).items()) or tests.get("skipped", "-"),
+        f"{bench['raysim_round_s']:.3f}" if "raysim_round_s" in bench else "-",
+        f"{bench['raysim_clients_per_s']:.1f}" if "raysim_clients_per_s" in bench else "-",
+        str(two.get("clients_per_s", "-")),
+        " / ".join(str(mib) for mib in workers.values() if isinstance(mib, int)) or "-",
+        ("yes" if two.get("enforced") else "no")
+        + "".join(f" (slices of {s['slice_mib']} MiB)" for s in slices[:1] if "slice_mib" in s),
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 # ---------------------------------------------------------------- step 4, in its own process

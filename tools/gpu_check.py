@@ -225,10 +225,11 @@ def skipped(why: str) -> dict[str, Any]:
 
 
 def pytest_command() -> list[str]:
-    """``pytest -m gpu`` over the test files that hold a gpu-marked test (collecting every file
-    would import MLflow, which the GPU machines lack)."""
+    """``pytest -m gpu`` over the test files with a test decorated ``@pytest.mark.gpu`` (collecting
+    every file would import MLflow, which the GPU machines lack)."""
+    marked = re.compile(r"^\s*@pytest\.mark\.gpu\b", re.M)
     files = sorted(
-        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text()
+        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if marked.search(p.read_text())
     )
     return [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *files]
 
@@ -236,14 +237,22 @@ def pytest_command() -> list[str]:
 def gpu_tests(log: Any, env: dict[str, str], cuda: bool) -> dict[str, Any]:
     """The gpu-marked tests; on a GPU machine each must run and pass (a skip there is a failure)."""
     result, output = run_step(log, "pytest", pytest_command(), env)
-    tally = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")  # pytest's last line
-    last = next((line for line in reversed(output.splitlines()) if tally.search(line)), "")
-    counts = tally.findall(last)
-    result["tests"] = {outcome: int(n) for n, outcome in counts}
-    if cuda and (result["tests"].get("skipped") or not result["tests"].get("passed")):
+    result["tests"] = pytest_tally(output)
+    if cuda and result["ok"] and not all_ran_and_passed(result["tests"]):
         result["ok"] = False
         result["error"] = f"on a GPU every gpu test must run and pass: {result['tests']}"
     return result
+
+
+def pytest_tally(output: str) -> dict[str, int]:
+    """pytest's closing counts (``1 passed, 5 deselected in 9.1s`` -> {"passed": 1})."""
+    tally = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")
+    last = next((line for line in reversed(output.splitlines()) if tally.search(line)), "")
+    return {outcome: int(n) for n, outcome in tally.findall(last)}
+
+
+def all_ran_and_passed(tally: dict[str, int]) -> bool:
+    return tally.get("passed", 0) > 0 and set(tally) == {"passed"}
 
 
 def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, Any]:

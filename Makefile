@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench gpu-bundle gpu-check gpu-check-dry clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,17 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/raysim bench jobs/bench/pfl_cifar10.yaml
+
+# The GPU check (docs/performance.md): gpu-bundle here, where PyPI is reachable; gpu-check on a GPU
+# machine, with .gpu/ carried beside the checkout; gpu-check-dry here, on the CPU, small.
+gpu-bundle:
+	$(PYTHON) tools/gpu_bundle.py
+
+gpu-check:
+	$(PYTHON) tools/gpu_check.py
+
+gpu-check-dry: $(STAMP)
+	$(BIN)/python tools/gpu_check.py --cpu-dry-run
 
 clean:
 	rm -rf $(VENV) mlflow.db mlruns .raysim .mypy_cache

@@ -1,0 +1,440 @@
+"""The GPU check: raysim's GPU tests, its benchmark and two workers sharing one card, in one go.
+
+Written for the GPU machines (Python 3.12, a CUDA torch, no Ray, no pydantic, no network). It
+unpacks ``.gpu/site-cpXY.tar.xz`` (``make gpu-bundle`` builds it here) onto PYTHONPATH, then runs
+each step in its own process, with a time limit, and writes every step's outcome and figures to
+``OUT/gpu_check.json`` and their output to ``OUT/gpu_check.log``:
+
+1. ``ray``: a local Ray starts and runs a task. If it cannot, the steps that need Ray are skipped
+   and the benchmark runs on the serial backend; the JSON says so.
+2. ``pytest``: the tests marked ``gpu`` (``pytest -m gpu`` over the files that hold such tests).
+3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml``: seconds per round, clients/s.
+4. ``two_workers``: a run with two Ray workers on one GPU (``gpus_per_worker: 0.5``), each card
+   process's peak memory read from NVML while they train; then two raysim workers
+   (``ClientTrainer``, built as the Ray backend builds them) each allocate 80% of their slice,
+   which must succeed, and 110%, which must fail: the slice is enforced.
+
+Without a CUDA device it stops, unless ``--cpu-dry-run``: then every step runs on the CPU, small,
+so the whole path can be seen working on a development machine (the slice step then only builds
+the workers).
+
+Usage:
+    python3 tools/gpu_check.py --out "$OUT"          # on the GPU machine (make gpu-check)
+    python3 tools/gpu_check.py --cpu-dry-run          # here (make gpu-check-dry)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_JOB = "jobs/bench/pfl_cifar10_gpu.yaml"
+MIB = 2**20
+# Seconds per step: the whole check must end well inside one 10-minute command.
+LIMITS = {"ray": 60, "pytest": 120, "bench": 180, "two_workers": 150}
+# The dry run shrinks the benchmark's job to what 2 CPU cores train in seconds (both Ray steps).
+DRY_RUN = [
+    "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
+    "engine.cohort_size=10", "resources.num_workers=2", "resources.cpus_per_worker=1",
+    "resources.gpus_per_worker=0",
+]  # fmt: skip
+TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
+
+
+# ---------------------------------------------------------------- the driver: one process per step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT") or "build/gpu-check", help="folder for the results"
+    )
+    parser.add_argument("--cpu-dry-run", action="store_true", help="no GPU: run every step small, on the CPU")
+    parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
+    args = parser.parse_args()
+    if args.step == "two_workers":
+        return two_workers(Path(args.out), args.cpu_dry_run)
+    return check(Path(args.out).resolve(), args.cpu_dry_run)
+
+
+def check(out: Path, dry: bool) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "gpu_check.log").open("w")
+    report: dict[str, Any] = {"machine": machine(), "carried_mib": round(travelled_bytes() / MIB, 1)}
+    report["bundle"] = unpack_bundle()
+    env = step_env(report["bundle"].get("site"))
+    cuda = report["machine"].get("cuda_devices", 0) > 0
+    say(log, f"{json.dumps(report, indent=2)}\n")
+    if not cuda and not dry:
+        report["error"] = "no CUDA device: run with --cpu-dry-run to check the path on the CPU"
+        return finish(out, report, log)
+    report["mode"] = "gpu" if cuda else "cpu-dry-run"
+    steps: dict[str, Any] = {}
+    report["steps"] = steps
+    steps["ray"], _ = run_step(log, "ray", [sys.executable, "-c", RAY_PROBE], env)
+    has_ray = steps["ray"]["ok"]
+    if has_ray:
+        steps["pytest"] = gpu_tests(log, env, cuda)
+    else:
+        steps["pytest"] = skipped("the gpu tests need Ray, and Ray did not start")
+    steps["bench"] = bench(log, env, dry, has_ray)
+    if has_ray:
+        two = [sys.executable, __file__, "--step", "two_workers", "--out", str(out)]
+        two += ["--cpu-dry-run"] * dry
+        (out / "two_workers.json").unlink(missing_ok=True)  # the step writes it afresh
+        steps["two_workers"], _ = run_step(log, "two_workers", two, env)
+        steps["two_workers"].update(read_json(out / "two_workers.json"))
+    else:
+        steps["two_workers"] = skipped("fractional GPUs need Ray, and Ray did not start")
+    report["passed"] = all(step["ok"] for step in steps.values())  # a skipped step is no pass
+    return finish(out, report, log)
+
+
+def finish(out: Path, report: dict[str, Any], log: Any) -> int:
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    say(log, f"\n{summary(report)}\nwritten: {out / 'gpu_check.json'}, {out / 'gpu_check.log'}\n")
+    log.close()
+    return 0 if report.get("passed") else 1
+
+
+def say(log: Any, text: str) -> None:
+    print(text, end="", flush=True)
+    log.write(text)
+    log.flush()
+
+
+def machine() -> dict[str, Any]:
+    """Python, torch and the card; a torch that cannot be imported is worth knowing first."""
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    import torch
+
+    info["torch"] = torch.__version__
+    info["cuda_devices"] = torch.cuda.device_count()
+    if info["cuda_devices"]:
+        props = torch.cuda.get_device_properties(0)
+        info["card"] = torch.cuda.get_device_name(0)
+        info["card_memory_mib"] = props.total_memory // MIB
+        info["cuda"] = torch.version.cuda
+    else:
+        info["card"] = None
+    return info
+
+
+def travelled_bytes() -> int:
+    """What came with the command: the repository's files and the carried .gpu folder."""
+    skip = {".git", "__pycache__", ".raysim", "build", ".venv", ".mypy_cache", ".ruff_cache"}
+    total = 0
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in skip]
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def unpack_bundle() -> dict[str, Any]:
+    """Unpacks ``.gpu/site-cpXY.tar.xz`` for this Python into a temporary folder."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    bundle = REPO / ".gpu" / f"site-{tag}.tar.xz"
+    if not bundle.is_file():
+        return {"path": None, "note": f"no {bundle.relative_to(REPO)}: only what is installed here"}
+    t0 = time.perf_counter()
+    site = Path(tempfile.mkdtemp(prefix="raysim-gpu-site-"))
+    with tarfile.open(bundle) as tar:
+        tar.extractall(site, filter="tar")  # keeps the binaries' exec bits
+    return {
+        "path": str(bundle.relative_to(REPO)),
+        "mib": round(bundle.stat().st_size / MIB, 1),
+        "site": str(site),
+        "unpack_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def step_env(site: str | None) -> dict[str, str]:
+    """The steps' environment: the bundle and the checkout importable (Ray's workers inherit it),
+    everything offline, tracking off."""
+    paths = [p for p in (site, str(REPO), os.environ.get("PYTHONPATH")) if p]
+    cache = tempfile.mkdtemp(prefix="raysim-gpu-cache-")
+    return os.environ | {
+        "PYTHONPATH": os.pathsep.join(paths),
+        "PYTHONUNBUFFERED": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAYSIM_CACHE": cache,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{cache}/mlflow.db",  # never used: tracking is off
+    }
+
+
+RAY_PROBE = """
+from raysim.runtime.ray_backend import start_local_ray
+import ray
+start_local_ray(num_cpus=1, log_to_driver=False)
+print("ray", ray.__version__, "resources", ray.cluster_resources())
+assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
+ray.shutdown()
+"""
+
+
+def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Runs one step in a session of its own, killed whole at its time limit (Ray's processes
+    too); its outcome, and its output, which also goes to the log (through a file, which no
+    leftover process can hold open)."""
+    say(log, f"\n===== {name}: {' '.join(command)}\n")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as output:
+        child = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+        try:
+            code: int | None = child.wait(timeout=LIMITS[name])
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = None
+        output.seek(0)
+        text = output.read()
+    seconds = round(time.perf_counter() - t0, 1)
+    say(log, text)
+    result: dict[str, Any] = {"ok": code == 0, "seconds": seconds}
+    if code is None:
+        result["error"] = f"killed after {LIMITS[name]} s"
+    elif code:
+        result["error"] = f"exit {code}: " + " | ".join(text.strip().splitlines()[-3:])
+    say(log, f"----- {name}: {'ok' if code == 0 else 'FAILED'} in {seconds} s\n")
+    return result, text
+
+
+def skipped(why: str) -> dict[str, Any]:
+    return {"ok": False, "skipped": why}
+
+
+def pytest_command() -> list[str]:
+    """``pytest -m gpu`` over the test files with a test decorated ``@pytest.mark.gpu`` (collecting
+    every file would import MLflow, which the GPU machines lack)."""
+    marked = re.compile(r"^\s*@pytest\.mark\.gpu\b", re.M)
+    files = sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if marked.search(p.read_text())
+    )
+    return [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *files]
+
+
+def gpu_tests(log: Any, env: dict[str, str], cuda: bool) -> dict[str, Any]:
+    """The gpu-marked tests; on a GPU machine each must run and pass (a skip there is a failure)."""
+    result, output = run_step(log, "pytest", pytest_command(), env)
+    result["tests"] = pytest_tally(output)
+    if cuda and result["ok"] and not all_ran_and_passed(result["tests"]):
+        result["ok"] = False
+        result["error"] = f"on a GPU every gpu test must run and pass: {result['tests']}"
+    return result
+
+
+def pytest_tally(output: str) -> dict[str, int]:
+    """pytest's closing counts (``1 passed, 5 deselected in 9.1s`` -> {"passed": 1})."""
+    tally = re.compile(r"(\d+) (passed|failed|skipped|errors?)\b")
+    last = next((line for line in reversed(output.splitlines()) if tally.search(line)), "")
+    return {outcome: int(n) for n, outcome in tally.findall(last)}
+
+
+def all_ran_and_passed(tally: dict[str, int]) -> bool:
+    return tally.get("passed", 0) > 0 and set(tally) == {"passed"}
+
+
+def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, Any]:
+    """``raysim bench`` on the GPU job; its figures come from the JSON file it writes."""
+    overrides = list(DRY_RUN) if dry else []
+    if not has_ray:  # one process, which on a GPU machine has the whole card
+        overrides += ["resources.backend=serial", "resources.num_workers=1"]
+        overrides += [] if dry else ["resources.gpus_per_worker=1"]
+    command = [sys.executable, "-m", "raysim", "bench", BENCH_JOB, *overrides]
+    import yaml
+
+    figures = REPO / ".raysim" / "bench" / f"{yaml.safe_load((REPO / BENCH_JOB).read_text())['name']}.json"
+    figures.unlink(missing_ok=True)
+    result, _ = run_step(log, "bench", command, env)
+    result["backend"] = "ray" if has_ray else "serial"
+    result["overrides"] = overrides
+    found = read_json(figures)
+    keep = ("num_workers", "raysim_round_s", "plain_round_s", "ratio_to_ideal", "raysim_clients_per_s",
+            "plain_clients_per_s", "raysim_examples_per_s", "driver_overhead_s")  # fmt: skip
+    result.update({k: found[k] for k in keep if k in found})
+    return result
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def summary(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [f"card: {m.get('card')}, torch {m['torch']}, Python {m['python']}, "
+             f"{report['carried_mib']} MiB carried"]  # fmt: skip
+    for name, step in report.get("steps", {}).items():
+        state = "ok" if step["ok"] else ("skipped" if step.get("skipped") else "FAILED")
+        why = step.get("error") or step.get("skipped") or ""
+        seconds = f"{step['seconds']} s" if "seconds" in step else ""
+        lines.append(f"  {name:12} {state:8} {seconds:>8}  {why}")
+    if "error" in report:
+        lines.append(report["error"])
+    lines.append("PASSED" if report.get("passed") else "NOT PASSED")
+    if "steps" in report:
+        lines.append(f"row for docs/performance.md:\n{table_row(report)}")
+    return "\n".join(lines)
+
+
+def table_row(report: dict[str, Any]) -> str:
+    """The check as a row of docs/performance.md's table of figures."""
+    steps, m = report["steps"], report["machine"]
+    tests, bench, two = steps["pytest"], steps["bench"], steps["two_workers"]
+    peaks = two.get("card_processes_peak_mib", {})
+    workers = {pid: mib for pid, mib in peaks.items() if pid != str(two.get("driver_pid"))}
+    slices = two.get("slices", [])
+    cells = [
+        time.strftime("%Y-%m-%d"),
+        m.get("card") or "none (CPU dry run)",
+        m["torch"],
+        ", ".join(f"{n} {k}" for k, n in tests.get("tests", {}).items()) or tests.get("skipped", "-"),
+        f"{bench['raysim_round_s']:.3f}" if "raysim_round_s" in bench else "-",
+        f"{bench['raysim_clients_per_s']:.1f}" if "raysim_clients_per_s" in bench else "-",
+        str(two.get("clients_per_s", "-")),
+        " / ".join(str(mib) for mib in workers.values() if isinstance(mib, int)) or "-",
+        ("yes" if two.get("enforced") else "no")
+        + "".join(f" (slices of {s['slice_mib']} MiB)" for s in slices[:1] if "slice_mib" in s),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+# ---------------------------------------------------------------- step 4, in its own process
+
+
+def two_workers(out: Path, dry: bool) -> int:
+    """A Ray run of two workers per GPU, then the slice each worker is held to."""
+    import ray
+
+    from raysim.cli.bench import load_benchmark
+    from raysim.engine.build import build
+    from raysim.engine.tracking import MemoryTracker
+    from raysim.runtime.ray_backend import worker_setup_for
+    from raysim.runtime.wire import WorkerSetup
+
+    job, _ = load_benchmark(REPO / BENCH_JOB, DRY_RUN if dry else TWO_WORKERS)
+    resources = job.resources
+    result: dict[str, Any] = {"workers": resources.num_workers, "gpus_per_worker": resources.gpus_per_worker}
+    engine, state = build(job, MemoryTracker(), None, Path(tempfile.mkdtemp(prefix="raysim-two-")))
+    watch = CardWatch()
+    round_s = []
+    try:
+        for round_num in range(job.engine.num_rounds):
+            t0 = time.perf_counter()
+            state, _ = engine.run_round(state, round_num)
+            round_s.append(time.perf_counter() - t0)
+    finally:
+        engine.backend.shutdown()
+        watch.stop()
+    timed = sorted(round_s[1:] or round_s)  # the first round pays for the workers' start-up
+    result["round_s"] = [round(s, 3) for s in round_s]
+    result["clients_per_s"] = round(job.engine.cohort_size / timed[len(timed) // 2], 1)  # median round
+    result["card_used_peak_mib"] = watch.card_peak
+    result["card_processes_peak_mib"] = watch.peaks  # pid -> MiB: the workers, and the driver (below)
+    result["driver_pid"] = os.getpid()
+    setup = worker_setup_for(
+        WorkerSetup(job=job.to_dict(), store_path=str(engine.store.path), state_dir=tempfile.mkdtemp()),
+        resources,
+    )
+    probe: Any = ray.remote(_slice_probe_class())
+    place = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
+    workers = [probe.options(**place).remote(setup) for _ in range(2)]
+    result["slices"] = [ray.get(w.held_to.remote(setup.gpu_memory_fraction)) for w in workers]
+    result["enforced"] = bool(result["slices"]) and all(s.get("enforced") for s in result["slices"])
+    result["same_card"] = len({s.get("card_uuid") for s in result["slices"]}) == 1
+    ray.shutdown()
+    (out / "two_workers.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0 if dry or (result["enforced"] and result["same_card"]) else 1
+
+
+class CardWatch:
+    """Polls NVML every 0.2 s for each process's memory on the card; keeps each one's peak."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+        self.card_peak: int | None = None  # the whole card's used memory, all processes
+        self._stop = threading.Event()
+        try:
+            import pynvml  # nvidia-ml-py, on the GPU machines
+
+            pynvml.nvmlInit()
+            self._card = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml = pynvml
+        except Exception as exc:  # no NVML (a CPU dry run): no per-process figures
+            self.peaks = {"unavailable": str(exc)[:200]}  # type: ignore[dict-item]
+            return
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            used = self._nvml.nvmlDeviceGetMemoryInfo(self._card).used // MIB
+            self.card_peak = max(self.card_peak or 0, used)
+            for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._card):
+                if p.usedGpuMemory is not None:
+                    key = str(p.pid)
+                    self.peaks[key] = max(self.peaks.get(key, 0), p.usedGpuMemory // MIB)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _slice_probe_class() -> type:
+    """``ClientTrainer`` plus one method: raysim's own worker start-up sets the memory slice."""
+    from raysim.runtime.worker import ClientTrainer
+
+    class SliceProbe(ClientTrainer):
+        def held_to(self, fraction: float | None) -> dict[str, Any]:
+            """Allocates 80% of the slice (must succeed) and 110% (must fail with out-of-memory)."""
+            import torch
+
+            report: dict[str, Any] = {"pid": os.getpid(), "device": str(self.device), "fraction": fraction}
+            if self.device.type != "cuda" or fraction is None:
+                report["note"] = "no slice: the worker has the whole device (or runs on the CPU)"
+                return report
+            props = torch.cuda.get_device_properties(self.device)
+            report["card_uuid"] = str(getattr(props, "uuid", ""))
+            report["slice_mib"] = int(fraction * props.total_memory) // MIB
+            report["fits_80pct"] = _allocates(int(0.8 * fraction * props.total_memory), self.device)
+            report["fits_110pct"] = _allocates(int(1.1 * fraction * props.total_memory), self.device)
+            report["peak_allocated_mib"] = torch.cuda.max_memory_allocated(self.device) // MIB
+            report["enforced"] = report["fits_80pct"] and not report["fits_110pct"]
+            return report
+
+    return SliceProbe
+
+
+def _allocates(num_bytes: int, device: Any) -> bool:
+    import torch
+
+    try:
+        block = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    except torch.cuda.OutOfMemoryError:
+        return False
+    del block
+    torch.cuda.empty_cache()
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,8 +17,8 @@ demo: $(STAMP)
 
 # lint and type-check first: both are cheaper than the suite (mypy caches in .mypy_cache/)
 test: $(STAMP)
-	$(BIN)/ruff check raysim algorithms datasets tests
-	$(BIN)/mypy raysim algorithms
+	$(BIN)/ruff check raysim algorithms datasets tests tools
+	$(BIN)/mypy raysim algorithms tools
 	$(BIN)/python -m pytest -q
 
 test-all: $(STAMP)

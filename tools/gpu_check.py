@@ -182,7 +182,7 @@ def step_env(site: str | None) -> dict[str, str]:
 
 
 RAY_PROBE = """
-from raysim.runtime.ray_backend import start_local_ray
+from raysim.runtime.ray_session import start_local_ray
 import ray
 start_local_ray(num_cpus=1, log_to_driver=False)
 print("ray", ray.__version__, "resources", ray.cluster_resources())

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from raysim.train.server_opt import FedAvgServer, ServerOptimizerConfig, server_step
 from raysim.types import ClientResult, DataSpec, RunInfo
 
-sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there
+sys.path.insert(0, str(Path(__file__).parents[1] / "algorithms"))  # the numpy reference lives there
 from reference import server_steps  # noqa: E402
 
 

@@ -318,6 +318,20 @@ def _train_metrics(
     }
 
 
+def examples_trained_on(metrics: Metrics) -> float:
+    """The FedAvg family's client weight: the distinct examples this round's local steps visited.
+
+    After a full first epoch that is all of the client's examples this round, FedAvg's n_k. When
+    ``max_steps`` or a straggler's ``step_budget`` ends the first epoch early it is fewer: the client
+    counts by the examples whose gradients are in its delta (docs/baselines.md, "Client weights
+    under partial work"). FedNova weights by data size instead, as its ``a_i`` counts the steps.
+
+    Args:
+        metrics: ``train_local``'s metrics for the client.
+    """
+    return metrics["train/num_examples"]
+
+
 def local_delta_update(
     ctx: ClientContext,
     config: LocalTrainConfig,
@@ -329,9 +343,8 @@ def local_delta_update(
 ) -> ClientResult:
     """The FedAvg-family client: train locally, send ``global - local``.
 
-    The weight is the number of examples trained on (``train/num_examples``): the client's
-    examples this round, or fewer when ``config.max_steps`` ends the first epoch early. The hooks
-    are ``train_local``'s.
+    The weight is ``examples_trained_on``: the client's examples this round, or fewer when
+    ``config.max_steps`` or a step budget ends the first epoch early. The hooks are ``train_local``'s.
     """
     metrics = train_local(
         ctx.model,
@@ -347,4 +360,4 @@ def local_delta_update(
         step=step,
     )
     update = P.delta(ctx.global_params, P.model_params(ctx.model))
-    return ClientResult(update, metrics["train/num_examples"], metrics)
+    return ClientResult(update, examples_trained_on(metrics), metrics)

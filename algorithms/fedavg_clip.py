@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -59,7 +59,7 @@ class FedAvgClip:
         buffers = {name for name, _ in ctx.model.named_buffers()}  # init() ran on the driver only
         update, norm = clip(delta, self.config.clip_norm, buffers)  # a mean delta
         clipping = {"clip/norm": norm, "clip/clipped": float(norm > self.config.clip_norm)}
-        return ClientResult(update, metrics["train/num_examples"], metrics | clipping)
+        return ClientResult(update, examples_trained_on(metrics), metrics | clipping)
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

@@ -30,7 +30,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, train_client
+from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -118,7 +118,7 @@ class FedDyn:
         regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.reading == "fedgucci_code")
         delta, metrics = train_client(ctx, self.config.local, after_backward=regularizer)
         new_g = {k: g[k] + alpha * delta[k] for k in g}  # g_i - alpha (w_i - w_g)
-        num_examples = metrics["train/num_examples"]
+        num_examples = examples_trained_on(metrics)
         p = num_examples if self.config.weighted else 1.0
         return ClientResult(
             update=FedDynUpdate({k: v * p for k, v in delta.items()}, torch.tensor(p), torch.tensor(1.0)),

@@ -50,7 +50,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, train_client
+from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
@@ -232,7 +232,7 @@ class FedFA:
             extra_loss=step.weighted_anchor_loss if pulls else None,
             step=step,
         )
-        return ClientResult(AnchoredDelta(delta, step.finish()), metrics["train/num_examples"], metrics)
+        return ClientResult(AnchoredDelta(delta, step.finish()), examples_trained_on(metrics), metrics)
 
     def aggregator(self) -> WeightedMean[AnchoredDelta]:
         return WeightedMean(weighted=self.config.weighted)

@@ -26,6 +26,7 @@ from raysim import params as P
 from raysim.registry import register
 from raysim.train.local import (
     LocalTrainConfig,
+    examples_trained_on,
     iterate_batches,
     round_epochs,
     task_loss,
@@ -246,7 +247,7 @@ class FedFish:
         else:
             scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
             fisher = {k: v * scale for k, v in hook.fisher.items()}
-        weight = metrics["train/num_examples"]  # the examples trained on (max_steps may stop early)
+        weight = examples_trained_on(metrics)  # fewer than len(ctx.data) if max_steps cut in
         return ClientResult(FisherUpdate(delta, fisher), weight, metrics)
 
     def aggregator(self) -> FisherWeightedMean:

@@ -51,7 +51,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -120,7 +120,7 @@ class FedGMA:
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[GMAUpdate, None]:
         delta, metrics = train_client(ctx, self.config.local)
-        num_examples = metrics["train/num_examples"]
+        num_examples = examples_trained_on(metrics)
         trained = num_examples > 0
         w = (num_examples if self.config.weighted else 1.0) if trained else 0.0
         trainable = {name for name, p in ctx.model.named_parameters() if p.requires_grad}

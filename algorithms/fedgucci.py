@@ -54,6 +54,7 @@ from raysim.train.local import (
     LocalStep,
     LocalTrainConfig,
     LossFn,
+    examples_trained_on,
     task_loss,
     train_client,
 )
@@ -308,7 +309,7 @@ class FedGuCci:
         else:
             step = joint_step(conn, config.sam)
             delta, metrics = train_client(ctx, config.local, loss_fn=task, extra_loss=conn.total, step=step)
-        return ClientResult(delta, metrics["train/num_examples"], metrics)
+        return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def _connectivity(self, ctx: ClientContext[Anchors, None], task: LossFn) -> Connectivity:
         config = self.config

@@ -7,12 +7,15 @@ SGD steps (the paper's symbol for a step count) at momentum rho, the client's gr
 ``w_g - w_i`` with total weight (times the lr)
 ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
 notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size
-weights ``p_i`` over the clients that reported,
+weights ``p_i = n_i / sum_j n_j`` over the clients that reported,
     w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
-so clients with equal ``a_i`` give FedAvg. The server step is ``raysim.train.server_opt``'s on that
-pseudo-gradient (SGD with lr 1 by default; ``server.lr`` scales it). Float buffers (BatchNorm
-statistics) take the plain ``p_i``-weighted mean. ``a_i`` is derived for SGD (torch's momentum,
-no dampening), so local Adam is refused.
+so clients with equal ``a_i`` give FedAvg. ``n_i`` is the client's examples this round (the paper's
+data size, as in the authors' code), not the examples its steps visited: a client that
+``local.max_steps`` or a straggler's step budget cuts short has a smaller ``a_i`` already, and
+weighting it by its visited examples too would discount it twice. The server step is
+``raysim.train.server_opt``'s on that pseudo-gradient (SGD with lr 1 by default; ``server.lr``
+scales it). Float buffers (BatchNorm statistics) take the plain ``p_i``-weighted mean. ``a_i`` is
+derived for SGD (torch's momentum, no dampening), so local Adam is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pydantic import BaseModel, model_validator
 
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -50,7 +53,7 @@ class FedNovaUpdate:
 
     normalized: Params  # n_i d_i over the trainable parameters
     buffers: Params  # n_i (w_g - w_i) over the float buffers
-    weight: torch.Tensor  # n_i: the examples trained on (0 for a client that took no step)
+    weight: torch.Tensor  # n_i: the client's examples this round (0 for a client that took no step)
     steps: torch.Tensor  # n_i a_i
 
 
@@ -85,8 +88,9 @@ class FedNova:
         local = self.config.local
         delta, metrics = train_client(ctx, local)
         a = momentum_steps(int(metrics["train/steps"]), local.momentum)
-        # a client without data took no step: a = 0, and it weighs nothing
-        n = metrics["train/num_examples"] if a > 0 else 0.0
+        # p_i by data size, not by examples visited: a_i already counts a cut-short client's
+        # fewer steps. A client without data took no step: a = 0, and it weighs nothing.
+        n = float(len(ctx.data)) if a > 0 else 0.0
         buffers = {name for name, _ in ctx.model.named_buffers()}  # init() ran on the driver only
         update = FedNovaUpdate(
             normalized={k: v * (n / a if a > 0 else 0.0) for k, v in delta.items() if k not in buffers},
@@ -94,7 +98,7 @@ class FedNova:
             weight=torch.tensor(n),
             steps=torch.tensor(n * a),
         )
-        return ClientResult(update, metrics["train/num_examples"], metrics)
+        return ClientResult(update, examples_trained_on(metrics), metrics)  # weighs the metrics only
 
     def aggregator(self) -> Sum[FedNovaUpdate]:
         return Sum()

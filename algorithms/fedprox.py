@@ -12,7 +12,7 @@ from torch import nn
 
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, train_client
+from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -55,7 +55,7 @@ class FedProx:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         proximal = proximal_gradient(self.config.mu, ctx.global_params)
         delta, metrics = train_client(ctx, self.config.local, after_backward=proximal)
-        return ClientResult(delta, metrics["train/num_examples"], metrics)
+        return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

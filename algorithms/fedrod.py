@@ -42,6 +42,7 @@ from raysim.train.local import (
     Batch,
     BatchLoss,
     LocalTrainConfig,
+    examples_trained_on,
     iterate_batches,
     round_lr,
     to_tensors,
@@ -171,7 +172,7 @@ class FedRoD:
         accuracy = personal_train_accuracy(ctx.model, head, ctx.data, ctx.device)
         return ClientResult(
             delta,
-            metrics["train/num_examples"],
+            examples_trained_on(metrics),
             {**metrics, "fedrod/personal_train_accuracy": accuracy},
             state=PersonalHead(P.clone(head.state_dict())),
         )

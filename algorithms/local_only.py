@@ -44,7 +44,7 @@ from raysim.measure import scores
 from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
-from raysim.train.local import LocalTrainConfig, train_client
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import init_state
 from raysim.types import (
     ClientContext,
@@ -134,7 +134,7 @@ class LocalOnly:
             )
         # nothing travels up: the update is empty, the model stays with the client
         return ClientResult(
-            update={}, weight=metrics["train/num_examples"], metrics=metrics, state=OwnModel(params)
+            update={}, weight=examples_trained_on(metrics), metrics=metrics, state=OwnModel(params)
         )
 
     def aggregator(self) -> Sum[Params]:

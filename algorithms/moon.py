@@ -37,7 +37,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, train_client
+from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
@@ -175,7 +175,7 @@ class Moon:
         kept = (
             PreviousModel(P.clone(P.model_params(ctx.model))) if self.config.negative == "previous" else None
         )
-        return ClientResult(delta, metrics["train/num_examples"], metrics, state=kept)
+        return ClientResult(delta, examples_trained_on(metrics), metrics, state=kept)
 
     def _negative(self, ctx: ClientContext[InitialModel | None, PreviousModel]) -> Params:
         """The weights whose representation is pushed away: see ``MoonConfig.negative``."""

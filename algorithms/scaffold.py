@@ -21,7 +21,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, round_lr, train_client
+from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, round_lr, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -121,7 +121,7 @@ class Scaffold:
         else:  # no data, no steps: K lr is 0, and the client changes nothing (its weight is 0 too)
             new_c_i = c_i
         dc = {k: new_c_i[k] - c_i[k] for k in c}
-        num_examples = metrics["train/num_examples"]  # fewer than len(ctx.data) if max_steps cut in
+        num_examples = examples_trained_on(metrics)  # fewer than len(ctx.data) if max_steps cut in
         w = 0.0 if steps == 0 else num_examples if self.config.weighted else 1.0
         return ClientResult(
             update=ScaffoldUpdate({k: v * w for k, v in delta.items()}, torch.tensor(w), dc),

@@ -8,7 +8,7 @@ By hand (needs the Debian package ``chromium``)::
 
     PYTHONPATH=$PWD python tests/ui_screenshots.py OUT_DIR [--port 18650]
 
-tests/integration/test_mlflow_ui.py runs it and checks what it returns.
+tests/integration/tracking/test_mlflow_ui.py runs it and checks what it returns.
 """
 
 from __future__ import annotations

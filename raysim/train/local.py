@@ -299,6 +299,20 @@ def _train_metrics(
     }
 
 
+def examples_trained_on(metrics: Metrics) -> float:
+    """The FedAvg family's client weight: the distinct examples this round's local steps visited.
+
+    After a full first epoch that is all of the client's examples this round, FedAvg's n_k. When
+    ``max_steps`` or a straggler's ``step_budget`` ends the first epoch early it is fewer: the client
+    counts by the examples whose gradients are in its delta (docs/baselines.md, "Client weights
+    under partial work"). FedNova weights by data size instead, as its ``a_i`` counts the steps.
+
+    Args:
+        metrics: ``train_local``'s metrics for the client.
+    """
+    return metrics["train/num_examples"]
+
+
 def train_client(
     ctx: ClientContext,
     config: LocalTrainConfig,
@@ -311,9 +325,9 @@ def train_client(
     """One client's local work: trains ``ctx.model`` on ``ctx.data`` (seed, device, round and
     step budget from ``ctx``); returns ``delta = global - local`` and ``train_local``'s metrics.
 
-    The FedAvg client sends that delta weighted by ``train/num_examples``: the client's examples
-    this round, or fewer when ``max_steps`` or the step budget ends the first epoch early. The
-    hooks are ``train_local``'s.
+    The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
+    examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
+    The hooks are ``train_local``'s.
     """
     metrics = train_local(
         ctx.model,

@@ -1,9 +1,10 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
 own tier or the tiers before it, and only the runtime's Ray modules import Ray: ray_backend.py with
 ray_session.py (``ray.init``) and ray_placement.py (worker counts), and ray_jobs.py, the Ray Jobs
-client of ``raysim submit``.
+client of ``raysim submit``. Imports inside functions count too (a lazy import is still a dependency).
 
-Imports inside functions count too (a lazy import is still a dependency).
+The unit tests mirror the package: the tests of ``raysim/train/local.py`` live in
+``tests/unit/train/``, those of ``raysim/params.py`` in ``tests/unit/test_params.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-RAYSIM = Path(__file__).resolve().parents[2] / "raysim"
+UNIT = Path(__file__).resolve().parent
+RAYSIM = UNIT.parents[1] / "raysim"
+PLUGIN_TESTS = {"algorithms", "recipes"}  # tests of algorithms/*.py and of datasets/*.py (the recipes)
+WHOLE_REPO_TESTS = {"test_docs.py", "test_layout.py"}  # of the repository, not of one module
 # the contract (raysim/*.py and config/), then the toolkit's rooms, then who runs what
 TIERS = {
     "contract": 0,
@@ -98,3 +102,27 @@ def test_no_module_is_over_400_lines():
     lengths = {path.relative_to(root): path.read_bytes().count(b"\n") for path in files}  # as wc -l counts
     too_long = sorted(f"{path}: {n} lines" for path, n in lengths.items() if n > MAX_LINES)
     assert not too_long, "split these by concern:\n" + "\n".join(too_long)
+
+
+def test_every_unit_test_folder_names_a_room_of_the_package_or_the_plugins():
+    folders = sorted(
+        path.relative_to(UNIT) for path in UNIT.rglob("*") if path.is_dir() and path.name != "__pycache__"
+    )
+    strays = [
+        str(folder)
+        for folder in folders
+        if not (folder.parts[0] in PLUGIN_TESTS and len(folder.parts) == 1) and not (RAYSIM / folder).is_dir()
+    ]
+    assert not strays, f"tests/unit folders that name no raysim/ room: {strays}"
+    rooms = {p.name for p in RAYSIM.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms | PLUGIN_TESTS <= {str(folder) for folder in folders}, "a room without its test folder"
+
+
+def test_a_test_at_the_top_of_tests_unit_is_of_a_top_level_module():
+    """``tests/unit/test_X.py`` tests ``raysim/X.py``; a room's tests go in its folder."""
+    misplaced = [
+        path.name
+        for path in sorted(UNIT.glob("test_*.py"))
+        if path.name not in WHOLE_REPO_TESTS and not (RAYSIM / path.name.removeprefix("test_")).is_file()
+    ]
+    assert not misplaced, f"tests/unit/test_X.py with no raysim/X.py (move them to their room): {misplaced}"

@@ -296,7 +296,7 @@ def test_fedgucci_plus_joint_is_sam_on_the_whole_objective():
 
 def test_an_adaptive_sam_makes_fedgucci_plus_take_asam_steps():
     """Joint mode, beta 0, no calibration: each step is the ASAM step, so the update is FedASAM's
-    (tested against a numpy reference in tests/unit/test_sharpness.py), and differs from SAM's."""
+    (tested against a numpy reference in tests/unit/train/test_sharpness.py), and differs from SAM's."""
     local = {"lr": 0.3, "batch_size": 2, "epochs": 2}
     asam = {"rho": 0.7, "adaptive": True, "eta": 0.2}
     options = {"beta": 0.0, "update_mode": "joint", "logit_calibration": None, "local": local}

@@ -163,3 +163,37 @@ def test_a_client_without_examples_weighs_nothing():
     assert np.allclose(with_empty.params["bias"].numpy(), B0 - db, atol=1e-6)
     torch.testing.assert_close(with_empty.params, alone.params)
     assert server([empty])[0] is state  # nothing at all to step on
+
+
+def test_a_client_cut_short_by_max_steps_weighs_by_its_data_size():
+    """The paper's p_i = n_i / sum n is by data size (Wang et al. 2020 and the authors' code),
+    whatever part of its data a client's steps visited. Here ``max_steps = 3`` at batch size 1 cuts
+    the 7-example client to 3 steps (3 examples visited), while the 2-example client finishes its
+    epoch in 2: p = (7/9, 2/9), not the visited (3/5, 2/5). The reference recomputes everything
+    from the paper: a_i as the double sum of rho^j over tau_i = min(n_i, 3) steps, each client's
+    move by numpy momentum SGD, and the server step tau_eff * sum_i p_i d_i."""
+    max_steps = 3
+    clients = [(np.array([1.0, 2.0]), 0, 7), (np.array([-0.5, 1.0]), 1, 2)]
+    plugin = algo(local={"lr": LR, "batch_size": 1, "momentum": RHO, "max_steps": max_steps})
+    state = init_state(plugin)
+    agg = plugin.aggregator()
+    acc = agg.zero()
+    for position, (example, label, copies) in enumerate(clients):
+        ctx = context(*client_data(example, label, copies), plugin.broadcast(state, 0))
+        acc = agg.add(acc, position, plugin.client_update(ctx))
+    new, metrics = plugin.server_update(state, agg.result(acc), 0)
+
+    n = np.array([copies for _, _, copies in clients], float)
+    tau = np.minimum(n, max_steps).astype(int)
+    p = n / n.sum()
+    a = np.array([sum(RHO**j for s in range(1, t + 1) for j in range(t - s + 1)) for t in tau])
+    moves = [reference_client(example, label, t) for (example, label, _), t in zip(clients, tau)]
+    tau_eff = (p * a).sum()
+    step_w = tau_eff * sum(pi * dw / ai for pi, ai, (dw, _) in zip(p, a, moves))
+    step_b = tau_eff * sum(pi * db / ai for pi, ai, (_, db) in zip(p, a, moves))
+    assert metrics["fednova/tau_eff"] == pytest.approx(tau_eff, rel=1e-6)
+    assert np.allclose(new.params["weight"].numpy(), W0 - step_w, atol=1e-6)
+    assert np.allclose(new.params["bias"].numpy(), B0 - step_b, atol=1e-6)
+    visited = np.minimum(n, max_steps) / np.minimum(n, max_steps).sum()
+    by_visits = (visited * a).sum() * sum(v * dw / ai for v, ai, (dw, _) in zip(visited, a, moves))
+    assert np.abs(step_w - by_visits).max() > 1e-3  # the two weightings differ here

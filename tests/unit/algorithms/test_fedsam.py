@@ -1,6 +1,7 @@
 """FedSAM and FedASAM (algorithms/fedsam.py) are FedAvg whose clients take
-``raysim.train.sharpness.sam_step`` steps (tested against a numpy reference in tests/unit/test_sharpness.py):
-their updates equal ``train_local`` with that step, and differ from FedAvg's."""
+``raysim.train.sharpness.sam_step`` steps (tested against a numpy reference in
+tests/unit/train/test_sharpness.py): their updates equal ``train_local`` with that step, and differ
+from FedAvg's."""
 
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@ Client: from its kept model (else the broadcast initial one), one full-batch SGD
 w1 = w0 - lr * g(w0), checked against the numpy reference. Rounds: a fake ``Services`` records
 what the plugin broadcasts and returns chosen evaluation rows, so the bookkeeping (who has a model,
 when the initial model travels, the reported means) is checked by hand. End to end through the
-engine: tests/integration/test_baselines_a_run.py.
+engine: tests/integration/algorithms/test_moon_feddyn_fednova_local_run.py.
 """
 
 from dataclasses import replace

@@ -91,7 +91,7 @@ def test_weight_counts_the_examples_trained_on():
 
 def test_the_update_is_a_frozen_dataclass_that_pickles_by_its_plugin_module():
     """Workers pickle partial sums of these to the driver, which finds the class in the plugin
-    module the registry put in sys.modules (Ray itself: tests/integration/test_determinism.py)."""
+    module the registry put in sys.modules (Ray itself: tests/integration/cluster/test_determinism.py)."""
     import dataclasses
     import pickle
 

@@ -1,6 +1,6 @@
 """`raysim ui` / `raysim server` without starting MLflow: the commands they would run, the
 addresses they print, their errors, and how they stop a process group.
-(tests/integration/test_mlflow_ui.py starts real servers.)"""
+(tests/integration/tracking/test_mlflow_ui.py starts real servers.)"""
 
 import socket
 import subprocess

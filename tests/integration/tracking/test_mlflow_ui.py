@@ -18,7 +18,7 @@ import yaml
 
 from raysim.cli.main import main
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))  # tests/ui_screenshots.py, a script that is also run by hand
 import ui_screenshots as screenshots  # noqa: E402

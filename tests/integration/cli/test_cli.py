@@ -6,7 +6,7 @@ import yaml
 
 from raysim.cli.main import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 GOOD = {
     "name": "cli",

@@ -8,7 +8,7 @@ elsewhere on the machine never finds this cluster) and RAY_ENABLE_WINDOWS_OR_OSX
 that Ray keeps 127.0.0.1 as every node's address).
 
 Usage:
-    python tests/integration/cluster_run.py OUT
+    python tests/integration/cluster/cluster_run.py OUT
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import ray
 import torch
 from ray.cluster_utils import Cluster
 
-from jobs import tiny_job  # beside this script, so on its import path
-from raysim.engine.build import build
-from raysim.engine.tracking import MemoryTracker
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/integration/jobs.py
+from jobs import tiny_job  # noqa: E402
+from raysim.engine.build import build  # noqa: E402
+from raysim.engine.tracking import MemoryTracker  # noqa: E402
 
 NODE = {"include_dashboard": False, "node_ip_address": "127.0.0.1"}
 RESTART_TIMEOUT_S = 2.0

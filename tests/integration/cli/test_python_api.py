@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):

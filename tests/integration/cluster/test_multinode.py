@@ -21,7 +21,7 @@ from raysim.engine.loop import run
 from raysim.runtime.shipping import fingerprint, shipped_root
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 
 
 @pytest.fixture(scope="module")

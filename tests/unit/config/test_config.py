@@ -9,7 +9,7 @@ import yaml
 from raysim.config import JobConfig, apply_overrides, flatten, load_jobs
 from raysim.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BASE = {
     "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 10}},
     "model": {"name": "mlp"},

@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 # Not marked slow: the README's cluster route is checked on every `make test` (about a minute: a head
 # starting in 10-20 s and two short jobs on 2 busy cores).
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # Variables of the test session that would decide for the command what the test means to check.
 UNSET = (
     "RAY_ADDRESS",

@@ -18,7 +18,7 @@ from raysim.train.server_opt import (
 )
 from raysim.types import DataSpec, RunInfo
 
-sys.path.insert(0, str(Path(__file__).parent / "algorithms"))  # the numpy reference lives there
+sys.path.insert(0, str(Path(__file__).parents[1] / "algorithms"))  # the numpy reference lives there
 from reference import server_steps  # noqa: E402
 
 

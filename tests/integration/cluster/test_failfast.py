@@ -28,7 +28,7 @@ from raysim.config import ResourcesConfig
 from raysim.engine.preflight import check_ray_address
 from raysim.runtime import ray_session  # Ray set up its log handler outside capsys
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOISE = (
     "Token authentication is enabled",  # Ray, at every ray.init
     "Started a local Ray instance",  # Ray, at INFO

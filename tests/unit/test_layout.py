@@ -14,7 +14,7 @@ from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
 RAYSIM = UNIT.parents[1] / "raysim"
-PLUGIN_TESTS = {"algorithms", "recipes"}  # tests of algorithms/*.py and of datasets/*.py (the recipes)
+PLUGIN_TESTS = {"algorithms", "recipes", "tools"}  # of algorithms/*.py, datasets/*.py (recipes), tools/*.py
 WHOLE_REPO_TESTS = {"test_docs.py", "test_layout.py"}  # of the repository, not of one module
 # the contract (raysim/*.py and config/), then the toolkit's rooms, then who runs what
 TIERS = {

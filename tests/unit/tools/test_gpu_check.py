@@ -4,7 +4,7 @@ runs, how it reads pytest's verdict, and which wheels the bundle takes."""
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+TOOLS = Path(__file__).resolve().parents[3] / "tools"
 sys.path.insert(0, str(TOOLS))
 
 import gpu_bundle  # noqa: E402
@@ -15,7 +15,7 @@ def test_the_gpu_tests_are_collected_from_the_files_that_mark_them():
     command = gpu_check.pytest_command()
     assert command[command.index("gpu") - 1] == "-m"
     files = [a for a in command if a.endswith(".py")]
-    assert "tests/integration/test_resources.py" in files
+    assert "tests/integration/cluster/test_resources.py" in files
     assert "tests/unit/test_gpu_check.py" not in files  # it names the marker, it marks nothing
 
 

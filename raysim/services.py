@@ -24,13 +24,9 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
 
 from raysim import params as P
-from raysim import registry
-from raysim.config import explain
 from raysim.errors import ConfigError
-from raysim.registry import plugin_config
 from raysim.types import A_co, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 R = TypeVar("R")  # what ``map_clients`` gives for one point on one client
@@ -66,8 +62,9 @@ class MapRequest(Generic[R]):
         store: a transfer dataset's name, "" the training data (the engine's evaluation).
 
     Raises:
-        ConfigError: a split other than the three, "round" without ``round_num``, a ``model``
-            section that does not validate, or ``paired`` without one point per client.
+        ConfigError: a split other than the three, "round" without ``round_num``, or ``paired``
+            without one point per client (a ``model`` section that does not validate is refused
+            by ``map_clients``, still on the driver).
     """
 
     task: MapTask[R]
@@ -93,7 +90,8 @@ class MapRequest(Generic[R]):
 
 
 def check_map_request(request: MapRequest[Any]) -> None:
-    """A request is refused on the driver, before any worker sees it."""
+    """A request is refused on the driver, before any worker sees it (its ``model`` section is
+    validated by the engine's ``map_clients``, against the registry)."""
     split = request.split
     if split not in ("test", "train", "round") or (split == "round" and request.round_num is None):
         raise ConfigError(
@@ -101,12 +99,6 @@ def check_map_request(request: MapRequest[Any]) -> None:
         )
     if request.paired and (request.clients is None or len(request.clients) != len(request.points)):
         raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])
-    if request.model is not None:
-        entry = registry.get("model", str(request.model.get("name", "")))
-        try:
-            plugin_config(entry.config, {k: v for k, v in request.model.items() if k != "name"})
-        except ValidationError as exc:
-            raise ConfigError(explain(exc, entry.config, "map_clients model.")) from None
 
 
 @dataclass(frozen=True)

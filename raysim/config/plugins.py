@@ -167,3 +167,17 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     if origin in (typing.Union, types.UnionType, typing.Annotated, list, dict):
         return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
     return []
+
+
+def check_section(kind: registry.Kind, section: dict[str, Any], where: str) -> None:
+    """A plugin section outside a job (``map_clients``' ``model``): its name is registered and its
+    options validate against the plugin's Config.
+
+    Raises:
+        ConfigError: worded with ``where`` as the keys' prefix (``map_clients model.hidden: ...``).
+    """
+    entry = registry.get(kind, str(section.get("name", "")))
+    try:
+        plugin_config(entry.config, {k: v for k, v in section.items() if k != "name"})
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, entry.config, where)) from None

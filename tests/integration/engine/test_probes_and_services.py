@@ -285,16 +285,17 @@ def test_probe_hooks_run_in_eval_mode_without_gradients(tmp_path):
     ] == [0.0] * 4
 
 
-def test_a_map_request_is_refused_when_made_on_the_driver(tmp_path):
-    """A bad split or model section fails as the request is written, before any worker sees it."""
-    _, state = built(tiny_job(), tmp_path)
+def test_a_map_request_is_refused_on_the_driver(tmp_path):
+    """A bad split fails as the request is written, a bad model section when it is asked: both on
+    the driver, before any worker sees them."""
+    engine, state = built(tiny_job(), tmp_path)
     point = [P.to_numpy(state.params)]
     with pytest.raises(ConfigError, match="split must be"):
         MapRequest(EVALUATE, point, [0], split="round")  # no round_num
     with pytest.raises(ConfigError, match="split must be"):
         MapRequest(EVALUATE, point, [0], split="validation")
     with pytest.raises(ConfigError, match="map_clients model.hiden: unknown key"):
-        MapRequest(EVALUATE, point, [0], model={"name": "mlp", "hiden": [8]})
+        engine.map_clients(MapRequest(EVALUATE, point, [0], model={"name": "mlp", "hiden": [8]}))
 
 
 def test_map_clients_outlives_a_worker_that_died_for_good(tmp_path, ray_local):

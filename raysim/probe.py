@@ -8,8 +8,9 @@ using the engine's verbs (``Services.map_clients``) for any further evaluation. 
 changes training: the hooks run in eval mode without gradients, and the worker restores train
 mode before ``client_update``.
 
-This module holds the contract and the probes of the round's clients; the probes of the round's
-local models (``group_barrier``, ``loss_decomposition``) are ``raysim.measure.connectivity``'.
+This module holds the contract. The built-in probes are in ``raysim.measure``: those of the round's
+clients in ``raysim.measure.barrier``, those of the round's local models (``group_barrier``,
+``loss_decomposition``) in ``raysim.measure.connectivity``.
 Probes are configured under ``evaluation.probes`` in a job, each with its cadence:
 
     evaluation:

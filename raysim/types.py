@@ -143,7 +143,8 @@ class ClientResult(Generic[U, S]):
     Attributes:
         update: what the plugin's aggregator folds: a tree of tensors (a dict of them, or a small
             frozen dataclass of dicts of them).
-        weight: aggregation weight, usually the number of training examples.
+        weight: aggregation weight: for the FedAvg family the examples trained on
+            (``raysim.train.local.examples_trained_on``), FedNova's data size.
         metrics: small per-client numbers (loss, steps), averaged by the engine.
         state: new persistent state for this client (the plugin's frozen dataclass, its
             ``ClientState``); None keeps nothing.

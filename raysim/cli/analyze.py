@@ -43,7 +43,7 @@ from raysim.measure.landscape import (
     loss_barrier,
     plane_scan,
 )
-from raysim.measure.plots import plot_curve, plot_plane
+from raysim.measure.landscape_plots import plot_curve, plot_plane
 from raysim.measure.points import evaluate_points
 from raysim.measure.weight_space import mix
 from raysim.types import Metrics

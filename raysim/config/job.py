@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from raysim import registry
 from raysim.config.plugins import PluginSection, explain, validate_plugin, validate_probes
+from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
@@ -24,24 +25,6 @@ MOVED_KEYS = {
     "engine.heldout_eval_clients": "evaluation.heldout_clients",
     "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
 }
-
-# Plugin options renamed so that one word means one idea across plugins: (plugin, old key) -> the
-# key now, with the old values' new names where they changed too.
-_CALIBRATION = "logit_calibration.strength"
-_QUIRKS = "reading: fedgucci_code (was true) or paper (was false)"
-RENAMED_OPTIONS = {
-    ("fedgma", "variant"): "reading: paper or ima_code",
-    ("fedgma", "tau"): "agreement_threshold",
-    ("fedgucci", "replicate_quirks"): _QUIRKS,
-    ("fedgucci_plus", "replicate_quirks"): _QUIRKS,
-    ("fedgucci", "logit_calibration.tau"): _CALIBRATION,
-    ("fedgucci_plus", "logit_calibration.tau"): _CALIBRATION,
-    ("fedlc", "logit_calibration.tau"): _CALIBRATION,
-    ("feddyn", "penalty"): "reading: paper (was squared) or fedgucci_code (was norm)",
-    ("local", "init"): "start_from: shared_init (was shared) or client_init (was client)",
-    ("ima", "start_round"): "average_from",
-}
-
 
 class JobOrigin(BaseModel, frozen=True, extra="forbid"):
     """The job file a config came from: ``raysim run`` names its MLflow run ``job/variant`` and
@@ -96,7 +79,7 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     if not isinstance(raw, dict):
         raise ConfigError([f"a job must be a mapping of sections, got {type(raw).__name__}"], source)
     problems = _moved_keys(raw)
-    raw = {**raw, "algorithm": _without_renamed_options(raw.get("algorithm"), "algorithm", problems)}
+    raw = {**raw, "algorithm": refuse_renamed(raw.get("algorithm"), "algorithm", problems)}
     sections = {kind: validate_plugin(kind, raw.get(kind), problems) for kind in PLUGIN_SECTIONS}
     core_raw = {k: v for k, v in raw.items() if k not in PLUGIN_SECTIONS}
     evaluation = core_raw.get("evaluation")
@@ -134,28 +117,3 @@ def _moved_keys(raw: dict[str, Any]) -> list[str]:
         if isinstance(raw.get(section), dict) and key in raw[section]:
             problems.append(f"{old}: moved to {new}")
     return problems
-
-
-def _without_renamed_options(section: Any, where: str, problems: list[str]) -> Any:
-    """An algorithm section without the options it sets under an old name, one problem for each
-    naming the new key (an IMA's ``inner`` section too); anything else is left for validation."""
-    if not isinstance(section, dict):
-        return section
-    kept = dict(section)
-    for (plugin, old), new in RENAMED_OPTIONS.items():
-        key, _, nested = old.partition(".")
-        value = kept.get(key)
-        if plugin != section.get("name") or key not in kept:
-            continue
-        if not nested:
-            value = kept.pop(key)
-            if new.isidentifier():  # a plain rename: validate the rest with the value in place
-                kept.setdefault(new, value)
-        elif isinstance(value, dict) and nested in value:
-            kept[key] = {k: v for k, v in value.items() if k != nested}
-        else:
-            continue
-        problems.append(f"{where}.{old}: renamed to {where}.{new}")
-    if isinstance(kept.get("inner"), dict):
-        kept["inner"] = _without_renamed_options(kept["inner"], f"{where}.inner", problems)
-    return kept

@@ -31,6 +31,7 @@ import yaml
 from raysim import params as P
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
+from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
 from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, download_artifact, sqlite_path
 from raysim.engine.tracking import tracking_uri as default_tracking_uri
@@ -255,7 +256,7 @@ def read_job(run_id: str, uri: str) -> dict[str, Any]:
         raw = yaml.safe_load(Path(path).read_text())
     if not isinstance(raw, dict):
         raise RaysimError(f"run {run_id}: {JOB_ARTIFACT} holds no job mapping")
-    return raw
+    return upgrade_saved_job(raw)  # a run logged before options were renamed reads as today's
 
 
 def resources_override(backend: Literal["ray", "serial"] | None, num_workers: int | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from raysim import registry
 from raysim.algorithm import Algorithm, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, explain
+from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.engine import Engine
@@ -80,6 +81,8 @@ def build(
     system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
     check_time_to_target(job, parts.info)
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
+    if checkpoint is not None:  # written before options were renamed: today's names, no change
+        checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None

@@ -4,7 +4,7 @@ Every scan turns its parameter points into ONE ``Services.map_clients`` call, so
 spread over all workers (``raysim.measure.points``); ``clients=None`` evaluates on the dataset's
 central test set, a list of clients on their data (rows combined weighted by ``num_examples``).
 The arithmetic on the points is ``raysim.measure.weight_space``'s, the plots
-``raysim.measure.plots``'.
+``raysim.measure.landscape_plots``'.
 
 Sources:
 - Pairwise barriers: FedGuCci, Li et al., "FedGuCci: Making Local Models More Connected in

@@ -1,4 +1,4 @@
-"""The shared local trainer and evaluator that every plugin builds on.
+"""The shared local trainer that every plugin builds on (evaluation is ``raysim.measure.evaluate``).
 
 Plugins vary local training through hooks rather than subclassing. Three shape the objective:
 ``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration), ``extra_loss(model,

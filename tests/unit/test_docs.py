@@ -43,6 +43,9 @@ _COMMAND = re.compile(
 _SHELL = ("", "bash", "sh", "shell", "console")
 _MAKE = re.compile(r"(?<![\w./-])make ([a-z][\w-]*)")
 _PATH = re.compile(r"(?<![\w./~<-])((?:raysim|algorithms|datasets|jobs|tests|docs)/[\w./{},*-]*\w)")
+# a module named inside its room, as architecture.md's run diagram does (engine/loop.py): raysim/...
+_ROOMS = "cli|config|data|engine|measure|models|runtime|systems|train"
+_ROOM_PATH = re.compile(rf"(?<![\w./~<-])((?:{_ROOMS})/\w+\.py)")
 _CONFIG_KEY = re.compile(r"^(engine|evaluation|resources|tracking)((?:\.\w+)+)")
 _QUOTED = re.compile(r"<!-- quoted from (\S+) -->\s*\n```[\w-]*\n(.*?)^```", re.M | re.S)
 
@@ -163,6 +166,7 @@ def _paths(text: str) -> list[str]:
     for code in _all_code(text):
         for path in _PATH.findall(code):
             found |= set(_braces(path.split(":")[0]))
+        found |= {f"raysim/{path}" for path in _ROOM_PATH.findall(code)}
     # job files are checked wherever they are named, code or prose
     found |= {p for m in re.findall(r"jobs/[\w./{},-]*\.yaml", text) for p in _braces(m)}
     return sorted(found)

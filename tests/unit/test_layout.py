@@ -126,3 +126,11 @@ def test_a_test_at_the_top_of_tests_unit_is_of_a_top_level_module():
         if path.name not in WHOLE_REPO_TESTS and not (RAYSIM / path.name.removeprefix("test_")).is_file()
     ]
     assert not misplaced, f"tests/unit/test_X.py with no raysim/X.py (move them to their room): {misplaced}"
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it holds wherever it is imported from: no ``plots`` in two rooms."""
+    names = [path.name for path in RAYSIM.rglob("*.py") if path.name != "__init__.py"]
+    assert len(names) > 60
+    twins = sorted({name for name in names if names.count(name) > 1})
+    assert not twins, f"modules of the same name in different rooms: {twins}"

@@ -17,7 +17,7 @@ from raysim.engine.build import build
 from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.measure import landscape as L
-from raysim.measure import plots
+from raysim.measure import landscape_plots
 from raysim.runtime.builders import build_job_model
 from raysim.services import LABELS, MapRequest
 
@@ -91,7 +91,7 @@ def test_plane_scan_matches_plain_torch(engine, tmp_path):
         loss, accuracy = direct(job, eng.store, weights)
         assert scan.loss[i, j] == pytest.approx(loss, rel=1e-5)
         assert scan.accuracy[i, j] == pytest.approx(accuracy)
-    assert plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 def test_map_clients_returns_the_labels_of_the_data(engine):

@@ -94,6 +94,28 @@ def test_resume_continues_the_same_run(job_repo, tmp_path, tracking_uri, capsys)
     assert job["engine"]["num_rounds"] == 4
 
 
+def test_a_checkpoint_written_before_the_option_renames_continues_its_run(
+    job_repo, tmp_path, tracking_uri, capsys
+):
+    """Its job dict spells FedAdam's second-moment start the old way (tau_squared, now
+    eps_squared): the user changed nothing, so resuming continues the same run."""
+    import torch
+
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out", "algorithm.name=fedadam")
+    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["job"]["algorithm"]["server"]["initial_second_moment"] == "eps_squared"
+    saved["job"]["algorithm"]["server"]["initial_second_moment"] = "tau_squared"  # as raysim wrote it
+    torch.save(saved, checkpoint)
+    raysim_run(job_path, tmp_path / "out", "algorithm.name=fedadam", "--resume", str(checkpoint),
+               "engine.num_rounds=3")  # fmt: skip
+    err = capsys.readouterr().err
+    assert "continuing MLflow run" in err and "config changed" not in err
+    [run] = only_run(MlflowClient(tracking_uri))
+    assert run.info.status == "FINISHED"
+
+
 def test_resume_with_another_config_branches_a_child_run(job_repo, tmp_path, tracking_uri, capsys):
     job_path, _ = job_repo
     raysim_run(job_path, tmp_path / "out")

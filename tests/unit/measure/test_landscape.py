@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from raysim.errors import ConfigError
 from raysim.measure import estimators as E
 from raysim.measure import landscape as L
-from raysim.measure import plots, points
+from raysim.measure import landscape_plots, points
 from raysim.measure import weight_space as W
 from raysim.probe import ProbeRound
 from raysim.services import MapRequest
@@ -353,8 +353,8 @@ def test_plots_are_written(tmp_path):
     curve = L.line_scan(services, model(1), model(2), alphas=np.linspace(-0.5, 1.5, 9), clients=[1])
     scan = L.plane_scan(services, model(1), model(2), model(3), size=5, clients=[1])
     for path in (
-        plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
-        plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
+        landscape_plots.plot_curve(curve, tmp_path / "curve.png", title="two models"),
+        landscape_plots.plot_plane(scan, tmp_path / "deep" / "plane.png", title="three models"),
     ):
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
@@ -402,8 +402,8 @@ def test_a_regression_scan_pools_pearson_over_the_clients_and_has_no_accuracy(tm
     assert group["mean_local_pearson"] == pytest.approx((pearson(a["W"]) + pearson(b["W"])) / 2, rel=1e-9)
     scan = L.plane_scan(services, a, b, c, size=3, clients=clients)
     assert scan.accuracy is None and scan.scores["pearson"].shape == (3, 3)
-    assert plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
-    assert plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
+    assert landscape_plots.plot_curve(curve, tmp_path / "curve.png").stat().st_size > 0
+    assert landscape_plots.plot_plane(scan, tmp_path / "plane.png").stat().st_size > 0
 
 
 # ---- IMA's output estimators ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -347,7 +348,8 @@ def plain(tree: object) -> object:
 
 
 def from_plain(kind: type[T], saved: object, where: str) -> T:
-    """A ``kind`` dataclass from the dict of its fields (as ``plain`` wrote it).
+    """A ``kind`` dataclass from the dict of its fields (as ``plain`` wrote it), with the fields
+    that are dataclasses themselves (``X`` or ``X | None`` in ``kind``'s annotations) rebuilt too.
 
     Raises:
         ValueError: ``saved`` is no dict with exactly ``kind``'s fields; names both.
@@ -356,7 +358,15 @@ def from_plain(kind: type[T], saved: object, where: str) -> T:
     if not isinstance(saved, dict) or set(saved) != set(names):
         held = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{where} holds {held}, but {kind.__name__} keeps {sorted(names)}")
-    return kind(**saved)
+    hints = typing.get_type_hints(kind)
+    return kind(**{name: _as_field(hints.get(name), saved[name], f"{where}.{name}") for name in names})
+
+
+def _as_field(hint: object, value: object, where: str) -> object:
+    """A field's saved value as its annotated dataclass (the one dataclass in ``X | None``)."""
+    options = typing.get_args(hint) or (hint,)
+    kinds = [k for k in options if isinstance(k, type) and dataclasses.is_dataclass(k)]
+    return from_plain(kinds[0], value, where) if len(kinds) == 1 and isinstance(value, dict) else value
 
 
 def rebuild(template: T, saved: object, where: str) -> T:

@@ -181,13 +181,26 @@ def fisher_pass(
 
 
 class LastEpochFisher:
-    """``after_backward`` hook summing squared gradients of the last epoch's steps (ablation)."""
+    """``after_backward`` hook summing squared gradients of the last epoch's steps (ablation).
+
+    The last epoch the client trains: under a straggler's step budget that is the last one it
+    starts, possibly cut short (a budget ending earlier would leave the Fisher all zeros and the
+    client silently out of the aggregate).
+    """
 
     def __init__(
-        self, model: torch.nn.Module, num_examples: int, config: LocalTrainConfig, round_num: int
+        self,
+        model: torch.nn.Module,
+        num_examples: int,
+        config: LocalTrainConfig,
+        round_num: int,
+        step_budget: int | None = None,
     ) -> None:
-        epochs = round_epochs(config, round_num)  # an epochs_schedule may change them by round
-        self.first_step = (epochs - 1) * math.ceil(num_examples / config.batch_size)
+        per_epoch = math.ceil(num_examples / config.batch_size)
+        steps = round_epochs(config, round_num) * per_epoch  # an epochs_schedule may change them by round
+        if step_budget is not None:
+            steps = min(steps, step_budget)
+        self.first_step = max(steps - 1, 0) // max(per_epoch, 1) * per_epoch
         self.step = 0
         self.num_batches = 0
         self.fisher = {
@@ -224,7 +237,7 @@ class FedFish:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
         hook = (
-            LastEpochFisher(ctx.model, len(data), local, ctx.round_num)
+            LastEpochFisher(ctx.model, len(data), local, ctx.round_num, ctx.step_budget)
             if c.fisher_source == "last_epoch"
             else None
         )

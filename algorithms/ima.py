@@ -165,7 +165,7 @@ class IMA(Generic[A]):
         if callable(getattr(self.inner, "pseudo_gradient", None)):  # probes read the pure aggregate
             self.pseudo_gradient = getattr(self.inner, "pseudo_gradient")
 
-    def init(self, params: Params, info: RunInfo) -> ServerState[IMAState[Any]]:
+    def init(self, params: Params, info: RunInfo) -> ServerState[IMAState[object]]:
         """The inner's state and an empty window; an IMA that would never average is refused (it
         would silently be its inner algorithm)."""
         config, rounds = self.config, info.num_rounds
@@ -187,18 +187,18 @@ class IMA(Generic[A]):
             )
         return _with_window(self.inner.init(params, info), [])
 
-    def broadcast(self, state: ServerState[IMAState[Any]], round_num: int) -> Payload[Any]:
+    def broadcast(self, state: ServerState[IMAState[object]], round_num: int) -> Payload[object]:
         return self.inner.broadcast(_inner_state(state), round_num)
 
-    def client_update(self, ctx: ClientContext[Any, Any]) -> ClientResult[Any, Any]:
+    def client_update(self, ctx: ClientContext[object, object]) -> ClientResult[object, object]:
         return self.inner.client_update(ctx)
 
     def aggregator(self) -> Aggregator[A]:
         return self.inner.aggregator()
 
     def server_update(
-        self, state: ServerState[IMAState[Any]], aggregate: A, round_num: int
-    ) -> tuple[ServerState[IMAState[Any]], Metrics]:
+        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int
+    ) -> tuple[ServerState[IMAState[object]], Metrics]:
         config, window = self.config, state.extra.window
         if round_num == config.average_from and config.reset_server_opt_state:
             state = replace(state, opt_state=OptState())
@@ -221,8 +221,8 @@ class IMA(Generic[A]):
         return round_num >= self.config.average_from and len(window) == self.config.window
 
     def _before_server_optimizer(
-        self, state: ServerState[IMAState[Any]], aggregate: A, round_num: int
-    ) -> tuple[ServerState[IMAState[Any]], Metrics]:
+        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int
+    ) -> tuple[ServerState[IMAState[object]], Metrics]:
         """The window of pure aggregates; from t_s the server optimizer's target is their mean."""
         inner = self.inner
         if not _aggregates_mean_delta(inner) or not isinstance(aggregate, dict):  # IMAConfig checked
@@ -237,8 +237,8 @@ class IMA(Generic[A]):
         return _with_window(new, window), metrics
 
     def resume_state(
-        self, saved: ServerState[Any], fresh: ServerState[IMAState[Any]], trail: CheckpointTrail
-    ) -> ServerState[IMAState[Any]]:
+        self, saved: ServerState[object], fresh: ServerState[IMAState[object]], trail: CheckpointTrail
+    ) -> ServerState[IMAState[object]]:
         """An IMA checkpoint keeps its window; another run's (the inner algorithm's) gets the
         parent's models of its last P rounds, from the checkpoints beside the given one.
 

@@ -1,5 +1,7 @@
 """FedFish against hand-computed values and the numpy reference; equal Fishers give FedAvg exactly."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -118,6 +120,18 @@ def test_last_epoch_ablation_squares_the_last_epochs_training_gradients():
     result = plugin(fisher_source="last_epoch", local={"lr": LR, "batch_size": 3, "epochs": 2}).client_update(
         context(X, Y, payload())
     )
+    gw, gb = grad(W0, B0, X, Y)
+    fw, _ = grad(W0 - LR * gw, B0 - LR * gb, X, Y)
+    assert np.allclose(result.update.fisher["weight"].numpy(), fw**2, atol=1e-7)
+
+
+def test_last_epoch_under_a_step_budget_is_the_last_epoch_the_client_starts():
+    """Three full-batch epochs planned, a straggler's budget of two steps: its last epoch is the
+    second, whose only step has gradient g(w1), as with two epochs and no budget."""
+    ctx = dataclasses.replace(context(X, Y, payload()), step_budget=2)
+    fish = plugin(fisher_source="last_epoch", local={"lr": LR, "batch_size": 3, "epochs": 3})
+    result = fish.client_update(ctx)
+    assert result.metrics["train/steps"] == 2
     gw, gb = grad(W0, B0, X, Y)
     fw, _ = grad(W0 - LR * gw, B0 - LR * gb, X, Y)
     assert np.allclose(result.update.fisher["weight"].numpy(), fw**2, atol=1e-7)

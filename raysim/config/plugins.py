@@ -169,15 +169,15 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
-def check_section(kind: registry.Kind, section: dict[str, Any], where: str) -> None:
-    """A plugin section outside a job (``map_clients``' ``model``): its name is registered and its
-    options validate against the plugin's Config.
+def section_config(kind: registry.Kind, section: dict[str, Any], where: str) -> BaseModel:
+    """A plugin section outside a job's own plugin sections (a transfer dataset, ``map_clients``'
+    ``model``) validated: its name is registered and its options fit the plugin's Config.
 
     Raises:
         ConfigError: worded with ``where`` as the keys' prefix (``map_clients model.hidden: ...``).
     """
     entry = registry.get(kind, str(section.get("name", "")))
     try:
-        plugin_config(entry.config, {k: v for k, v in section.items() if k != "name"})
+        return plugin_config(entry.config, {k: v for k, v in section.items() if k != "name"})
     except ValidationError as exc:
         raise ConfigError(explain(exc, entry.config, where)) from None

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 from rich.console import Console
 
 from raysim import params as P
-from raysim import registry
 from raysim.algorithm import Algorithm, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
-from raysim.config import JobConfig, explain
+from raysim.config import JobConfig
+from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
@@ -34,7 +33,6 @@ from raysim.engine.simulation import check_time_to_target, open_system
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.probe import Probe, check_probes
-from raysim.registry import plugin_config
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.client_state import ClientStateStore
@@ -268,12 +266,7 @@ def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, Client
     """The evaluation-only datasets; each must look like the training data to the model."""
     stores = {}
     for i, transfer in enumerate(job.evaluation.transfer):
-        options = {k: v for k, v in transfer.dataset.items() if k != "name"}
-        entry = registry.get("dataset", str(transfer.dataset.get("name", "")))
-        try:
-            config = plugin_config(entry.config, options)
-        except ValidationError as exc:
-            raise ConfigError(explain(exc, entry.config, f"evaluation.transfer[{i}].dataset.")) from None
+        config = section_config("dataset", transfer.dataset, f"evaluation.transfer[{i}].dataset.")
         other = open_dataset(transfer.dataset["name"], config)
         if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != (
             store.spec.task,

@@ -21,7 +21,7 @@ from raysim import params as P
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
 from raysim.checkpoint import round_checkpoint_name, save_checkpoint
 from raysim.config import JobConfig
-from raysim.config.plugins import check_section
+from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.metrics import round_metrics
@@ -130,7 +130,7 @@ class Engine(Generic[A]):
         """Each point on each client over all workers (the request was checked when made; its
         model section is checked here, before any worker sees it)."""
         if request.model is not None:
-            check_section("model", request.model, "map_clients model.")
+            section_config("model", request.model, "map_clients model.")
         return self.backend.map_clients(request)
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:

@@ -47,6 +47,7 @@ from raysim.aggregate import WeightedMean
 from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
 from raysim.registry import register
+from raysim.stored import from_plain, plain
 from raysim.train.local import (
     Backward,
     Batch,
@@ -269,9 +270,9 @@ class FedGuCci:
         rounds, newest first, read from the checkpoints beside the given one; a parent younger
         than N rounds adds this run's initial model, as a run from round 0 would (the parent's
         own with the same seed)."""
-        kept = P.plain(saved.extra)  # the dict of Anchors' fields, as the checkpoint holds it
+        kept = plain(saved.extra)  # the dict of Anchors' fields, as the checkpoint holds it
         if kept:
-            anchors = P.from_plain(Anchors, kept, f"{trail.path}'s server state").anchors
+            anchors = from_plain(Anchors, kept, f"{trail.path}'s server state").anchors
         else:
             anchors = self._parent_anchors(trail, saved.buffer_keys, initial=fresh.extra.anchors[-1])
         return replace(saved, extra=Anchors(anchors[: self.config.num_anchors]))

@@ -52,6 +52,7 @@ from raysim.checkpoint import CheckpointTrail
 from raysim.config import PluginSection, nested_plugin
 from raysim.errors import CheckpointError, ConfigError
 from raysim.registry import register
+from raysim.stored import plain
 from raysim.train.local import LocalTrainConfig, lr_schedule
 from raysim.train.schedules import EpochDecay, Exponential, Schedule, Switch
 from raysim.types import ClientContext, ClientResult, Metrics, OptState, Params, Payload, RunInfo, ServerState
@@ -245,7 +246,7 @@ class IMA(Generic[A]):
         ``saved.extra`` is plain, as the checkpoint holds it: IMAState's fields; or, written before
         IMAState, the inner's fields with the window beside them under "ima_window"; or the
         inner algorithm's own."""
-        extra = P.plain(saved.extra)  # plain already when read from a checkpoint
+        extra = plain(saved.extra)  # plain already when read from a checkpoint
         if isinstance(extra, dict) and set(extra) == {"inner", "window"}:
             inner, window = extra["inner"], extra["window"]
         elif isinstance(extra, dict) and _OLD_WINDOW in extra:

@@ -49,10 +49,10 @@ Rules every plugin follows:
   with client state names its type as the class attribute ``ClientState``.
 - Persistence: checkpoints and the client-state store are read back with a weights-only
   ``torch.load``, so they hold plain values only. A state dataclass crosses as the dict of its
-  fields (``params.plain``), whose fields hold tensors, numbers, strings and dicts / lists /
+  fields (``stored.plain``), whose fields hold tensors, numbers, strings and dicts / lists /
   tuples of them (anything else is refused when saved). Reading back, the worker rebuilds client
-  state as ``ClientState`` (``params.from_plain``), and resuming rebuilds ``ServerState.extra``
-  after the one ``init`` made for this run (``params.rebuild``; the engine's ``typed_like``): a
+  state as ``ClientState`` (``stored.from_plain``), and resuming rebuilds ``ServerState.extra``
+  after the one ``init`` made for this run (``stored.rebuild``; the engine's ``typed_like``): a
   checkpoint whose fields differ is refused, naming both. So a state field keeps its name across
   versions; the plain dicts that earlier versions saved under the same keys load as they are.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)

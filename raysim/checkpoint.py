@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from raysim.errors import CheckpointError
-from raysim.params import check_loadable, plain
+from raysim.params import check_loadable
+from raysim.stored import plain
 from raysim.types import ServerState
 
 FORMAT = 1

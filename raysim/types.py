@@ -173,7 +173,7 @@ class ServerState(Generic[E]):
         opt_state: server-optimizer state (moments), tensors by param name per slot.
         extra: the plugin's own state, a frozen dataclass (SCAFFOLD's control variate, IMA's
             window, FedGuCci's anchors), or None where it keeps none. A checkpoint holds it as
-            the plain dict of its fields (``params.plain``); resuming rebuilds it (``params.rebuild``).
+            the plain dict of its fields (``stored.plain``); resuming rebuilds it (``stored.rebuild``).
         buffer_keys: float buffers among ``params`` (BatchNorm statistics): averaged, never
             stepped on by a server optimizer.
     """

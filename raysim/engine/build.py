@@ -38,6 +38,7 @@ from raysim.runtime.builders import build_algorithm, build_job_model, build_prob
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
+from raysim.stored import plain, rebuild
 from raysim.systems.rounds import SimulatedSystem
 from raysim.types import RunInfo, ServerState
 
@@ -303,7 +304,7 @@ def typed_like(fresh: ServerState, saved: ServerState, algorithm: str, path: str
         CheckpointError: the checkpoint's plugin state has other fields.
     """
     try:
-        extra = P.rebuild(fresh.extra, P.plain(saved.extra), "its server state")
+        extra = rebuild(fresh.extra, plain(saved.extra), "its server state")
     except ValueError as exc:
         raise CheckpointError(
             f"{path}: {exc}; it was written by another kind of algorithm than {algorithm!r}"

@@ -6,6 +6,7 @@ import numpy as np
 
 from raysim import params as P
 from raysim.measure.pooling import weighted_means
+from raysim.stored import plain
 from raysim.types import Metrics, Payload, RoundOutput
 
 _BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
@@ -38,7 +39,7 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:
     """What the broadcast weighs over the cohort: in total, and per payload part (the params and
     each field of the plugin's ``extra``, e.g. FedGuCci's anchors apart from the model)."""
-    extra = P.plain(payload.extra)  # the dict of the extra's fields
+    extra = plain(payload.extra)  # the dict of the extra's fields
     fields = extra.items() if isinstance(extra, dict) else []
     parts = {"params": P.num_bytes(payload.params)} | {k: P.num_bytes(v) for k, v in fields}
     out = {f"sys/bytes_down/{name}": float(size * cohort_size) for name, size in parts.items()}

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from raysim.errors import DataError
-from raysim.params import check_loadable, plain, to_cpu
+from raysim.params import check_loadable, to_cpu
+from raysim.stored import plain
 
 
 class ClientStateStore:

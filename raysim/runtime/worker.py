@@ -30,6 +30,7 @@ from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
+from raysim.stored import from_plain
 from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
@@ -185,7 +186,7 @@ class ClientTrainer:
         if saved is None or kind is None:
             return saved
         try:
-            return P.from_plain(kind, saved, f"client {client_id}'s state")
+            return from_plain(kind, saved, f"client {client_id}'s state")
         except ValueError as exc:
             why = "it was written by another algorithm, or an older version of it"
             raise DataError(f"{exc}: {why}") from None

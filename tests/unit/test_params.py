@@ -207,29 +207,3 @@ def test_at_weights_passes_gradients_to_what_the_weights_came_from():
     P.at_weights(model, weights)(torch.tensor([[1.0, 0.0]])).sum().backward()
     assert a.grad is not None and float(a.grad) == pytest.approx(4 * 1.5)
     assert model.body.weight.grad is None  # the model's own weights took no part
-
-
-@dataclasses.dataclass(frozen=True)
-class _Inner:
-    w: torch.Tensor
-
-
-@dataclasses.dataclass(frozen=True)
-class _Kept:
-    inner: _Inner
-    maybe: _Inner | None
-    steps: int
-
-
-def test_client_state_with_a_nested_dataclass_comes_back_typed():
-    """What the client-state store saves (``plain``) is rebuilt as the plugin's ``ClientState``,
-    nested dataclasses included, not left as dicts."""
-    kept = _Kept(_Inner(torch.ones(2)), _Inner(torch.zeros(1)), 3)
-    saved = P.plain(kept)
-    assert saved == {"inner": {"w": kept.inner.w}, "maybe": {"w": kept.maybe.w}, "steps": 3}
-    back = P.from_plain(_Kept, saved, "client 0's state")
-    assert isinstance(back.inner, _Inner) and isinstance(back.maybe, _Inner) and back.steps == 3
-    assert torch.equal(back.inner.w, kept.inner.w)
-    assert P.from_plain(_Kept, P.plain(_Kept(_Inner(torch.ones(1)), None, 0)), "x").maybe is None
-    with pytest.raises(ValueError, match=r"_Inner keeps \['w'\]"):
-        P.from_plain(_Kept, {"inner": {"v": 1}, "maybe": None, "steps": 0}, "client 0's state")

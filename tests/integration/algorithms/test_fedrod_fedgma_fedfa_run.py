@@ -14,6 +14,7 @@ import torch
 from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.loop import run
+from raysim.stored import plain
 
 CASES = {
     "fedrod": ({"name": "fedrod"}, "fedrod/personal_train_accuracy"),
@@ -39,7 +40,7 @@ def test_two_rounds_give_finite_metrics(case, tmp_path):
         assert own_metric in metrics and "eval/clients/accuracy" in metrics
         assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert P.is_finite(result.state.params)
-    P.check_loadable(P.plain(result.state.extra), "server state extra")  # what a checkpoint holds
+    P.check_loadable(plain(result.state.extra), "server state extra")  # what a checkpoint holds
 
 
 def test_fedfa_keeps_one_anchor_per_class_of_the_feature_width(tmp_path):

@@ -36,6 +36,7 @@ from raysim import registry
 from raysim.checkpoint import CheckpointTrail, load_checkpoint, save_checkpoint
 from raysim.config import JobConfig, validate_job
 from raysim.errors import CheckpointError, ConfigError
+from raysim.stored import from_plain
 from raysim.train.local import task_loss
 from raysim.types import ClientResult, DataSpec, RunInfo
 
@@ -401,7 +402,7 @@ def test_anchors_are_the_newest_global_models_newest_first(tmp_path):
 
     path = save_checkpoint(tmp_path / "ckpt.pt", state, round_num=3, job_dict={})
     loaded, _, _, _ = load_checkpoint(path)  # the plain dict of the Anchors' fields
-    kept = P.from_plain(plugin_types(algo).Anchors, loaded.extra, "the checkpoint's state")
+    kept = from_plain(plugin_types(algo).Anchors, loaded.extra, "the checkpoint's state")
     assert len(kept.anchors) == 3
     for a, b in zip(kept.anchors, state.extra.anchors, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("weight", "bias"))

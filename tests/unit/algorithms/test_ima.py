@@ -15,13 +15,13 @@ import pytest
 import torch
 from reference import B0, SPEC, W0, context, grad
 
-from raysim import params as P
 from raysim import registry
 from raysim.algorithm import pseudo_gradient
 from raysim.checkpoint import CheckpointTrail, save_checkpoint
 from raysim.config import validate_job
 from raysim.errors import CheckpointError, ConfigError
 from raysim.registry import plugin_config
+from raysim.stored import plain
 from raysim.types import RunInfo, ServerState
 
 TS, WINDOW, LR, DECAY = 3, 2, 0.1, 0.9
@@ -277,7 +277,7 @@ def test_a_branch_fills_the_window_with_the_parents_last_models(tmp_path):
     state = plugin.resume_state(trail.state, init_state(plugin), trail)
     assert [float(w["bias"][0] - B0[0]) for w in state.extra.window] == pytest.approx([1, 2, 3])
     assert state.params is trail.state.params
-    saved = replace(state, extra=P.plain(state.extra))  # as a checkpoint holds it
+    saved = replace(state, extra=plain(state.extra))  # as a checkpoint holds it
     own = plugin.resume_state(saved, init_state(plugin), trail)  # an IMA checkpoint keeps its own
     assert [float(w["bias"][0] - B0[0]) for w in own.extra.window] == pytest.approx([1, 2, 3])
 

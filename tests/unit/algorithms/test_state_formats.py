@@ -17,6 +17,7 @@ from raysim.checkpoint import CheckpointTrail, read_checkpoint, save_checkpoint
 from raysim.engine.build import typed_like
 from raysim.errors import CheckpointError
 from raysim.runtime.client_state import ClientStateStore
+from raysim.stored import from_plain
 from raysim.types import DataSpec, RunInfo, ServerState
 
 SPEC = DataSpec("classification", (2,), 2)
@@ -124,7 +125,7 @@ def test_client_state_written_as_a_dict_reads_back_as_the_plugins_type(tmp_path,
     store = ClientStateStore(tmp_path / "client_state")
     store.put(7, 1, old)
     plugin = build(name, **options)
-    state = P.from_plain(plugin.ClientState, store.get(7, before_round=2), "client 7's state")
+    state = from_plain(plugin.ClientState, store.get(7, before_round=2), "client 7's state")
     (field,) = old
     assert isinstance(state, plugin.ClientState) and same(getattr(state, field), old[field])
 
@@ -133,7 +134,7 @@ def test_client_state_of_another_plugin_is_refused_naming_both(tmp_path):
     store = ClientStateStore(tmp_path / "client_state")
     store.put(7, 1, {"g": scaled(0.2)})  # FedDyn's, read by SCAFFOLD
     with pytest.raises(ValueError, match=r"holds \['g'\], but ClientVariate keeps \['c_i'\]"):
-        P.from_plain(build("scaffold").ClientState, store.get(7, before_round=2), "client 7's state")
+        from_plain(build("scaffold").ClientState, store.get(7, before_round=2), "client 7's state")
 
 
 def test_typed_client_state_is_stored_as_the_dict_of_its_fields(tmp_path):

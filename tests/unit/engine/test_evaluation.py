@@ -4,7 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from raysim.engine.evaluation import summarize_clients
+from raysim.config import TimeToTargetConfig
+from raysim.engine.evaluation import TimeToTarget, summarize_clients
+from raysim.errors import ConfigError
 from raysim.measure.barrier import summarize_barrier
 
 
@@ -62,3 +64,20 @@ def test_the_personalized_scope_keeps_only_clients_personalization_admits():
     kept = keep_personalizable(replace(nobody_held_out, personalization=config), num_train, num_test)
     assert kept.clients.tolist() == [0, 2] and kept.num_skipped == {"eval/clients": 1}
     assert keep_personalizable(nobody_held_out, num_train, num_test) is nobody_held_out
+
+
+def test_time_to_target_logs_each_value_once():
+    tta = TimeToTarget(TimeToTargetConfig(metric="eval/clients/accuracy", values=[0.5, 0.8]))
+    key = "tta/eval/clients/accuracy_{}/{}"
+    assert tta.reached({"eval/clients/accuracy": 0.4}, 0, 10.0) == {}
+    assert tta.reached({"eval/clients/accuracy": 0.6}, 1, 20.0) == {
+        key.format(0.5, "round"): 1.0, key.format(0.5, "sim_s"): 20.0
+    }  # fmt: skip
+    assert tta.reached({"eval/clients/accuracy": 0.55}, 2, 30.0) == {}
+    assert tta.reached({"eval/clients/accuracy": 0.9}, 3, None) == {key.format(0.8, "round"): 3.0}
+    loss = TimeToTarget(TimeToTargetConfig(metric="eval/clients/loss", values=[1.0], at_most=True))
+    assert loss.reached({"eval/clients/loss": 0.9}, 4, None) == {"tta/eval/clients/loss_1/round": 4.0}
+    with pytest.raises(ConfigError, match="'eval/clients/loss' is not evaluated.*evaluated: eval/x"):
+        TimeToTarget(TimeToTargetConfig(metric="eval/clients/loss", values=[1.0])).reached(
+            {"eval/x": 1}, 0, None
+        )

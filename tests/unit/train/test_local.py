@@ -245,3 +245,17 @@ def test_a_client_keeps_to_its_step_budget():
     assert train_client(capped, LocalTrainConfig(batch_size=4, max_steps=5))[1]["train/steps"] == 3
     assert train_client(capped, LocalTrainConfig(batch_size=4))[1]["train/steps"] == 3
     assert train_client(ctx, LocalTrainConfig(batch_size=4))[1]["train/steps"] == 10
+
+
+def test_a_step_budget_caps_train_local_whatever_its_config():
+    spec = DataSpec("classification", (3,), 2)
+    rng = np.random.default_rng(0)
+    data = ClientData({"x": rng.normal(size=(40, 3)).astype(np.float32), "y": np.arange(40) % 2})
+
+    def steps(config, budget):
+        metrics = train_local(nn.Linear(3, 2), data, config, seed=1, spec=spec, step_budget=budget)
+        return metrics["train/steps"]
+
+    config = LocalTrainConfig(epochs=2, batch_size=8)  # 5 batches a pass, 10 in all
+    assert steps(config, None) == 10 and steps(config, 3) == 3 and steps(config, 50) == 10
+    assert steps(config.model_copy(update={"max_steps": 2}), 3) == 2

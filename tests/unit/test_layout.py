@@ -134,3 +134,18 @@ def test_no_two_modules_share_a_name():
     assert len(names) > 60
     twins = sorted({name for name in names if names.count(name) > 1})
     assert not twins, f"modules of the same name in different rooms: {twins}"
+
+
+def test_a_rooms_test_file_is_named_for_a_module_of_that_room():
+    """``tests/unit/engine/test_tables.py`` tests ``raysim/engine/tables.py``; an aspect may follow
+    the module's name (``test_backend_sharding.py``)."""
+    misnamed = []
+    for path in sorted(UNIT.rglob("test_*.py")):
+        room = path.parent.relative_to(UNIT)
+        if path.parent == UNIT or room.parts[0] in PLUGIN_TESTS:
+            continue
+        modules = {module.stem for module in (RAYSIM / room).glob("*.py") if module.stem != "__init__"}
+        name = path.stem.removeprefix("test_")
+        if not any(name == module or name.startswith(module + "_") for module in modules):
+            misnamed.append(str(path.relative_to(UNIT)))
+    assert not misnamed, f"test files named for no module of their room: {misnamed}"

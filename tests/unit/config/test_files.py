@@ -1,0 +1,80 @@
+"""Job files: overrides parsed as YAML, variants merged over the base, problems shared by variants
+reported once, file errors, and every job file in the repository validating."""
+
+
+import pytest
+import yaml
+from raw_jobs import BASE, REPO
+
+from raysim.config import JobConfig, apply_overrides, load_jobs
+from raysim.errors import ConfigError
+
+
+def test_overrides_parse_values_as_yaml():
+    raw = apply_overrides(
+        BASE,
+        [
+            "engine.num_rounds=7",
+            "algorithm.local.lr=0.5",
+            "tracking.enabled=false",
+            "evaluation.clients=null",
+        ],
+    )
+    job = JobConfig.from_dict(raw)
+    assert job.engine.num_rounds == 7 and job.algorithm.config.local.lr == 0.5
+    assert job.tracking.enabled is False and job.evaluation.clients is None
+    with pytest.raises(ConfigError, match="expected key.sub=value"):
+        apply_overrides(BASE, ["engine.num_rounds"])
+
+
+def test_variants_merge_over_the_base_and_overrides_win(tmp_path):
+    path = tmp_path / "job.yaml"
+    variants = [{"name": "a"}, {"name": "b", "algorithm": {"name": "fedprox", "mu": 1.0}}]
+    path.write_text(
+        yaml.safe_dump({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": 0.2}}, "variants": variants})
+    )
+    a, b = load_jobs(path, ["engine.num_rounds=2"])
+    assert (a.name, a.algorithm.name, b.name, b.algorithm.name) == ("a", "fedavg", "b", "fedprox")
+    assert b.algorithm.config.local.lr == 0.2 and b.engine.num_rounds == 2
+    assert [j.name for j in load_jobs(path, only=["b"])] == ["b"]
+    with pytest.raises(ConfigError, match="none named c"):
+        load_jobs(path, only=["c"])
+
+
+def test_a_problem_every_variant_shares_is_reported_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    variants = [{"name": "a"}, {"name": "b", "algorithm": {"name": "fedprox"}}, {"name": "c"}]
+    path.write_text(yaml.safe_dump({**BASE, "variants": variants}))
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.local.lrr=0.1"])
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("algorithm.local.lrr: unknown key; did you mean 'lr'?")
+    # a problem of some variants only keeps each one's name; the shared one still comes once
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.mu=0.5", "engine.num_round=2"])
+    assert info.value.problems[0].startswith("engine.num_round: unknown key")
+    assert [p.split(":")[0] for p in info.value.problems[1:]] == ["variant 'a'", "variant 'c'"]
+    # one variant picked with --variant: its problems are its own, prefixed
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["algorithm.local.lrr=0.1"], only=["b"])
+    assert info.value.problems[0].startswith("variant 'b': algorithm.local.lrr")
+
+
+def test_file_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such job file"):
+        load_jobs(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_jobs(tmp_path / "bad.yaml")
+
+
+def test_every_job_file_in_the_repo_validates():
+    from raysim.cli.bench import load_benchmark
+
+    paths = sorted((REPO / "jobs").rglob("*.yaml"))
+    assert len(paths) == 33  # a new job file must be added here on purpose
+    for path in paths:
+        if "bench" in path.relative_to(REPO / "jobs").parts:
+            assert load_benchmark(path, [])[0].name, path  # a job plus a bench: section
+        else:
+            assert load_jobs(path), path

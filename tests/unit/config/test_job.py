@@ -1,0 +1,138 @@
+"""Job configs: every problem reported at once, with dotted keys, suggestions and choices."""
+
+import typing
+
+import pytest
+import yaml
+from raw_jobs import BASE, REPO, problems_of
+
+from raysim.config import JobConfig, flatten
+from raysim.errors import ConfigError
+
+
+def test_unknown_key_suggests_the_nearest_valid_one():
+    [problem] = problems_of({**BASE, "engine": {"num_round": 3}})
+    assert problem.startswith("engine.num_round: unknown key; did you mean 'num_rounds'?")
+
+
+def test_unknown_key_inside_a_plugin_section():
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": {"lrr": 0.1}}})
+    assert "algorithm.local.lrr" in problem and "did you mean 'lr'" in problem
+
+
+def test_placement_takes_rays_strategy_names_in_any_case():
+    assert JobConfig.from_dict({**BASE, "resources": {"placement": "strict_spread"}}).resources.placement == (
+        "STRICT_SPREAD"
+    )
+    [problem] = problems_of({**BASE, "resources": {"placement": "scatter"}})
+    assert problem.startswith("resources.placement:") and "'SPREAD'" in problem and "'PACK'" in problem
+    [problem] = problems_of({**BASE, "resources": {"ship_data": "sometimes"}})
+    assert problem.startswith("resources.ship_data:") and "'auto'" in problem and "'never'" in problem
+
+
+def test_bad_value_says_what_is_allowed():
+    [problem] = problems_of({**BASE, "resources": {"backend": "spark"}})
+    assert "resources.backend" in problem and "'ray'" in problem and "'serial'" in problem
+
+
+def test_unknown_algorithm_lists_the_available_ones():
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavgg"}})
+    assert "did you mean 'fedavg'" in problem and "scaffold" in problem and "fedprox" in problem
+
+
+def test_all_problems_are_reported_together():
+    raw = {**BASE, "model": {"name": "nope"}, "engine": {"cohort_size": 0}, "sed": 1}
+    problems = problems_of(raw)
+    assert len(problems) == 3
+    assert any(p.startswith("sed: unknown key; did you mean 'seed'") for p in problems)
+    assert any(p.startswith("engine.cohort_size") for p in problems)
+
+
+def test_negative_seed_and_unschedulable_gpu_share():
+    problems = problems_of({**BASE, "seed": -1, "resources": {"gpus_per_worker": 1.5}})
+    assert any(p.startswith("seed: Input should be greater than or equal to 0") for p in problems)
+    assert any(p.startswith("resources.gpus_per_worker: must be at most 1") for p in problems)
+
+
+def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
+    from raysim.train.schedules import Schedule
+
+    union = typing.get_args(Schedule)[0]  # Annotated[Exponential | ... , Field(discriminator)]
+    kinds = ", ".join(member.model_fields["kind"].default for member in typing.get_args(union))
+    local = {"lr_schedule": {"kind": "switch", "start_round": 2, "before": {"decay": 0.9}}}
+    problems = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": local}})
+    assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
+    ima = {
+        "name": "ima",
+        "average_from": 1,
+        "inner": {"name": "fedavg", "local": {"lr_schedule": {"decay": 0.9}}},
+    }
+    assert problems_of({**BASE, "algorithm": ima}) == [
+        f"algorithm.inner.local.lr_schedule: needs kind: one of {kinds}"
+    ]
+
+
+def test_a_sections_own_check_does_not_dump_the_section():
+    both = {"lr_decay": 0.9, "lr_schedule": {"kind": "constant"}}
+    [problem] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": both}})
+    assert problem.startswith("algorithm.local: set lr_decay or lr_schedule, not both")
+    assert "got" not in problem and "epochs" not in problem
+    [value] = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": {"lr": "x"}}})
+    assert value.endswith("(got 'x')")  # a plain value is still quoted
+
+
+def test_missing_section_is_named():
+    problems = problems_of({"dataset": BASE["dataset"], "model": BASE["model"]})
+    assert problems == [problems[0]] and problems[0].startswith("algorithm: required section missing")
+
+
+def test_round_trip_through_to_dict():
+    job = JobConfig.from_dict({**BASE, "algorithm": {"name": "fedprox", "mu": 0.5}})
+    again = JobConfig.from_dict(job.to_dict())
+    assert again == job and again.algorithm.config.mu == 0.5
+    flat = flatten(job.to_dict())
+    assert flat["algorithm.mu"] == 0.5 and flat["algorithm.local.lr"] == 0.05
+
+
+def test_a_plugin_option_called_name_is_refused_at_registration():
+    from pydantic import BaseModel
+
+    from raysim import registry
+
+    class Shadowing(BaseModel):
+        name: str = "en"
+
+    with pytest.raises(TypeError, match="may not have a field called 'name'"):
+        registry.register("dataset", "shadowing", config=Shadowing)(object)
+
+
+def test_a_dataset_config_must_be_a_dataset_config():
+    """Stores are partitioned and cached from DatasetConfig's fields, so a recipe's Config is one."""
+    from pydantic import BaseModel
+
+    from raysim import registry
+
+    class Plain(BaseModel):
+        num_clients: int = 10
+
+    with pytest.raises(TypeError, match="must subclass raysim.data.store.DatasetConfig"):
+        registry.register("dataset", "plain_config_test", config=Plain)(object)
+
+
+def test_a_benchmark_needs_a_plugin_with_local_training(tmp_path, monkeypatch):
+    """The plain loop repeats the plugin's local SGD: a plugin without it is refused on load."""
+    from pydantic import BaseModel
+
+    from raysim import registry
+    from raysim.cli.bench import load_benchmark
+
+    class NoLocal(BaseModel, frozen=True, extra="forbid"):
+        stages: int = 2
+
+    entry = registry.Entry("algorithm", "no_local_test", object, NoLocal, "")
+    monkeypatch.setitem(registry._entries["algorithm"], "no_local_test", entry)
+    raw = yaml.safe_load((REPO / "jobs" / "bench" / "pfl_cifar10.yaml").read_text())
+    raw["algorithm"] = {"name": "no_local_test"}
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="'no_local_test' has no local section"):
+        load_benchmark(tmp_path / "bench.yaml", [])

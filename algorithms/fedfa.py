@@ -10,7 +10,7 @@ output (D = 128) and ``head`` the final classifier alone, as in the authors' cod
 1. takes its optimizer step on ``CE(head(f(x)), y) + lambda * L_A``, the anchor loss pulling
    each feature to its class anchor, normalised as the authors' ``utils/AnchorLoss.py`` does:
    ``L_A = (1/C) sum_{c in batch} mean_{i: y_i = c} ||f(x_i) - a_c||^2``;
-2. from ``calibration_start_round`` on, calibrates the classifier: one Adam step (lr
+2. from ``calibrate_from`` on, calibrates the classifier: one Adam step (lr
    ``calibration_lr``, torch's default 1e-3, as the code) on ``model.head`` alone, on
    ``CE(head(a_c), c)`` over all C anchors;
 3. keeps the batch's features (from step 1's forward pass, detached) for its anchor update.
@@ -32,8 +32,8 @@ decide):
 - an epoch cut short by ``local.max_steps`` updates the anchors with what it saw.
 
 Options for the IMA authors' setting (github TailinZhou/FedIMA, ``utils/optimizer.py``): they
-calibrate from round ``> T/4`` (``calibration_start_round: floor(T/4) + 1``, the true round index
-even under IMA) and train round 0 without the anchor loss (``anchor_loss_start_round: 1``). The
+calibrate from round ``> T/4`` (``calibrate_from: floor(T/4) + 1``, the true round index
+even under IMA) and train round 0 without the anchor loss (``anchor_loss_from: 1``). The
 FedFA repository's own code calibrates and pulls from round 0, our defaults.
 """
 
@@ -71,9 +71,9 @@ class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
 
     lambda_anchor: float = Field(0.1, ge=0)  # the code's; the paper picks from {0.1, 0.01, 0.001}
     anchor_momentum: float = Field(0.5, ge=0, lt=1)  # 0.9 for Digit-Five and PACS in the IMA code
-    calibration_start_round: int = Field(0, ge=0)  # the IMA setting: floor(num_rounds / 4) + 1
+    calibrate_from: int = Field(0, ge=0)  # the IMA setting: floor(num_rounds / 4) + 1
     calibration_lr: float = Field(1e-3, gt=0)  # Adam on the head alone
-    anchor_loss_start_round: int = Field(0, ge=0)  # the IMA code: 1 (round 0 trains on CE alone)
+    anchor_loss_from: int = Field(0, ge=0)  # the IMA code: 1 (round 0 trains on CE alone)
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
@@ -221,10 +221,10 @@ class FedFA:
             anchors.to(ctx.device, torch.float32),
             config,
             head,
-            calibrate=ctx.round_num >= config.calibration_start_round,
+            calibrate=ctx.round_num >= config.calibrate_from,
             batches_per_epoch=max(math.ceil(len(ctx.data) / config.local.batch_size), 1),
         )
-        pulls = ctx.round_num >= config.anchor_loss_start_round
+        pulls = ctx.round_num >= config.anchor_loss_from
         delta, metrics = train_client(
             ctx,
             config.local,

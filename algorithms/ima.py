@@ -136,14 +136,14 @@ def explored(config: IMAConfig) -> BaseModel:
         )
     update: dict[str, Any] = {}
     if config.exploration is not None:
-        switch = Switch(start_round=config.average_from, before=lr_schedule(local), after=config.exploration)
+        switch = Switch(from_round=config.average_from, before=lr_schedule(local), after=config.exploration)
         update |= {"lr_schedule": switch, "lr_decay": 1.0}
     if config.epochs_exploration is not None:
         if local.epochs_schedule is not None:
             raise ValueError("inner.local.epochs_schedule is set already: set epochs_exploration: null")
         epochs = config.epochs_exploration
         update["epochs_schedule"] = EpochDecay(
-            start_round=config.average_from, every=epochs.every, min_epochs=epochs.min_epochs
+            from_round=config.average_from, every=epochs.every, min_epochs=epochs.min_epochs
         )
     return inner.model_copy(update={"local": local.model_copy(update=update)})
 

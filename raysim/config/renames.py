@@ -60,6 +60,14 @@ RENAMED: tuple[Renamed, ...] = (
         for plugin in ("fedgucci", "fedgucci_plus", "fedlc")
     ),
     Renamed(ANY_PLUGIN, _MOMENT, _MOMENT, {"tau_squared": "eps_squared"}),  # Reddi et al.'s epsilon
+    # "from round t on" is X_from (or a schedule's from_round); start_round is the engine's first round
+    Renamed("fedfa", "calibration_start_round", "calibrate_from"),
+    Renamed("fedfa", "anchor_loss_start_round", "anchor_loss_from"),
+    *(
+        Renamed(ANY_PLUGIN, f"{schedule}.start_round", f"{schedule}.from_round")
+        for schedule in ("local.lr_schedule", "local.epochs_schedule")
+    ),
+    Renamed("ima", "exploration.start_round", "exploration.from_round"),
 )
 
 

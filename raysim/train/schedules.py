@@ -10,14 +10,14 @@ of them, the second starting from the lr the first reached.
 - ``constant``: ``lr0``, or a fixed ``lr`` (IMA's "small constant lr" ablation, CLR, 5e-5).
 - ``cyclic``: between ``lr0`` and ``lr_min`` every ``period`` rounds (IMA's CD ablation).
 - ``step``: ``lr0 * factor^floor(t / every)`` (IMA's stage decay, SD: halve every 20 rounds).
-- ``switch``: ``before`` until ``start_round``, then ``after`` from the lr reached, without a
+- ``switch``: ``before`` until ``from_round``, then ``after`` from the lr reached, without a
   reset. IMA's "mild client exploration" (notes 2.3) is ``switch`` from ``exponential 0.99`` to
   ``exponential 0.97``: ``lr_t = lr0 * 0.99^t_s * 0.97^(t - t_s)`` for ``t >= t_s``.
 - ``EpochDecay`` (``LocalTrainConfig.epochs_schedule``): one epoch fewer every ``every`` rounds
-  from ``start_round`` on, down to ``min_epochs`` (IMA's epoch-decay ablation, ED).
+  from ``from_round`` on, down to ``min_epochs`` (IMA's epoch-decay ablation, ED).
 
 Usage:
-    schedule = Switch(start_round=225, before=Exponential(decay=0.99), after=Exponential(decay=0.97))
+    schedule = Switch(from_round=225, before=Exponential(decay=0.99), after=Exponential(decay=0.97))
     schedule.value(0.01, 230)  # 0.01 * 0.99**225 * 0.97**5
 """
 
@@ -84,19 +84,19 @@ class Step(BaseModel, frozen=True, extra="forbid"):
 
 
 class Switch(BaseModel, frozen=True, extra="forbid"):
-    """``before`` until ``start_round``; from then on ``after``, counting rounds from the switch
+    """``before`` until ``from_round``; from then on ``after``, counting rounds from the switch
     and starting from the lr ``before`` reached there (no reset: IMA's regime switch)."""
 
     kind: Literal["switch"] = "switch"
-    start_round: int = Field(ge=0)
+    from_round: int = Field(ge=0)
     before: Schedule = Constant()
     after: Schedule
 
     def value(self, lr0: float, round_num: int) -> float:
-        if round_num < self.start_round:
+        if round_num < self.from_round:
             return self.before.value(lr0, round_num)
-        reached = self.before.value(lr0, self.start_round)
-        return self.after.value(reached, round_num - self.start_round)
+        reached = self.before.value(lr0, self.from_round)
+        return self.after.value(reached, round_num - self.from_round)
 
 
 Schedule = Annotated[Exponential | Constant | Cyclic | Step | Switch, Field(discriminator="kind")]
@@ -104,16 +104,16 @@ Switch.model_rebuild()
 
 
 class EpochDecay(BaseModel, frozen=True, extra="forbid"):
-    """Local epochs ``max(E - floor((t - start_round) / every), min_epochs)`` from ``start_round``
+    """Local epochs ``max(E - floor((t - from_round) / every), min_epochs)`` from ``from_round``
     on, ``E`` before: IMA's epoch-decay ablation, ED (notes 2.3; ``E <- max(E - 1, 1)`` every 20
     rounds, the first cut 20 rounds after the start, as in the author code)."""
 
-    start_round: int = Field(0, ge=0)
+    from_round: int = Field(0, ge=0)
     every: int = Field(20, ge=1)
     min_epochs: int = Field(1, ge=1)
 
     def epochs(self, epochs: int, round_num: int) -> int:
-        if round_num < self.start_round:
+        if round_num < self.from_round:
             return epochs
-        cuts = (round_num - self.start_round) // self.every
+        cuts = (round_num - self.from_round) // self.every
         return max(epochs - cuts, min(self.min_epochs, epochs))

@@ -21,7 +21,7 @@ CASES = {
     "fedgma": ({"name": "fedgma"}, "fedgma/agreed_fraction"),
     "fedgma_ima_code": ({"name": "fedgma", "reading": "ima_code"}, "fedgma/agreed_fraction"),
     "fedfa": (
-        {"name": "fedfa", "calibration_start_round": 1, "anchor_loss_start_round": 1},
+        {"name": "fedfa", "calibrate_from": 1, "anchor_loss_from": 1},
         "train/loss",
     ),
 }

@@ -103,9 +103,9 @@ def reference_client(*, steps, pull, calibrate):
     "round_num, options, pull, calibrate",
     [
         (0, {}, True, True),  # FedFA's own code: both from round 0
-        (3, {"calibration_start_round": 4}, True, False),  # the IMA setting before T/4
-        (4, {"calibration_start_round": 4}, True, True),
-        (0, {"anchor_loss_start_round": 1}, False, True),  # the IMA code's round 0
+        (3, {"calibrate_from": 4}, True, False),  # the IMA setting before T/4
+        (4, {"calibrate_from": 4}, True, True),
+        (0, {"anchor_loss_from": 1}, False, True),  # the IMA code's round 0
     ],
 )
 def test_client_matches_the_reference(round_num, options, pull, calibrate):

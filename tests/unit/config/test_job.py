@@ -59,7 +59,7 @@ def test_a_tagged_section_without_its_tag_lists_the_tags_of_its_union():
 
     union = typing.get_args(Schedule)[0]  # Annotated[Exponential | ... , Field(discriminator)]
     kinds = ", ".join(member.model_fields["kind"].default for member in typing.get_args(union))
-    local = {"lr_schedule": {"kind": "switch", "start_round": 2, "before": {"decay": 0.9}}}
+    local = {"lr_schedule": {"kind": "switch", "from_round": 2, "before": {"decay": 0.9}}}
     problems = problems_of({**BASE, "algorithm": {"name": "fedavg", "local": local}})
     assert f"algorithm.local.lr_schedule.switch.before: needs kind: one of {kinds}" in problems
     ima = {

@@ -8,6 +8,7 @@ from raysim.config import JobConfig
 from raysim.config.renames import refuse_renamed, upgrade_saved_job
 from raysim.errors import ConfigError
 
+CONSTANT = {"kind": "constant"}
 FEDAVG_V = {"name": "fedavg", "variant": "x"}
 
 
@@ -25,6 +26,11 @@ FEDGMA_IN_IMA = {"name": "ima", "average_from": 1, "inner": {"name": "fedgma", "
         ({"name": "local", "init": "client"}, "init: renamed to algorithm.start_from: shared_init"),
         ({"name": "ima", "start_round": 1, "inner": {"name": "fedavg"}}, "round: renamed to algorithm.aver"),
         (FEDGMA_IN_IMA, "algorithm.inner.variant: renamed to algorithm.inner.reading"),
+        ({"name": "fedfa", "calibration_start_round": 3}, "start_round: renamed to algorithm.calibrate_from"),
+        (
+            {"name": "fedprox", "local": {"lr_schedule": {"kind": "switch", "start_round": 3, "after": CONSTANT}}},
+            "algorithm.local.lr_schedule.start_round: renamed to algorithm.local.lr_schedule.from_round",
+        ),
         ({"name": "moon", "negative": "initial"}, "negative: value renamed: shared_init (was initial)"),
         ({"name": "fedadam", "server": {"initial_second_moment": "tau_squared"}}, "eps_squared (was tau_"),
     ],
@@ -55,6 +61,8 @@ SAVED_BEFORE_RENAMES = [
      {"server": {"kind": "adam", "initial_second_moment": "eps_squared"}}),
     ({"name": "ima", "start_round": 2, "inner": {"name": "feddyn", "penalty": "squared"}},
      {"average_from": 2, "inner": {"name": "feddyn", "reading": "paper"}}),
+    ({"name": "fedfa", "anchor_loss_start_round": 1, "local": {"epochs_schedule": {"start_round": 4}}},
+     {"anchor_loss_from": 1, "local": {"epochs_schedule": {"from_round": 4}}}),
 ]  # fmt: skip
 
 

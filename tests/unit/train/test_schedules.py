@@ -12,7 +12,7 @@ from raysim.train.local import LocalTrainConfig, round_epochs, round_lr, train_l
 from raysim.train.schedules import Constant, Cyclic, EpochDecay, Exponential, Schedule, Step, Switch
 from raysim.types import ClientData, DataSpec
 
-IMA_SWITCH = Switch(start_round=10, before=Exponential(decay=0.99), after=Exponential(decay=0.97))
+IMA_SWITCH = Switch(from_round=10, before=Exponential(decay=0.99), after=Exponential(decay=0.97))
 
 
 def test_exponential_and_constant():
@@ -47,9 +47,9 @@ def test_step_decay_halves_every_stage():
 
 def test_ablations_start_from_the_lr_reached_at_the_switch():
     lr_max = 0.01 * 0.99**10
-    small = Switch(start_round=10, before=Exponential(decay=0.99), after=Constant(lr=5e-5))
-    cyclic = Switch(start_round=10, before=Exponential(decay=0.99), after=Cyclic(lr_min=5e-5, period=20))
-    stages = Switch(start_round=10, before=Exponential(decay=0.99), after=Step(factor=0.5, every=20))
+    small = Switch(from_round=10, before=Exponential(decay=0.99), after=Constant(lr=5e-5))
+    cyclic = Switch(from_round=10, before=Exponential(decay=0.99), after=Cyclic(lr_min=5e-5, period=20))
+    stages = Switch(from_round=10, before=Exponential(decay=0.99), after=Step(factor=0.5, every=20))
     assert small.value(0.01, 9) == pytest.approx(0.01 * 0.99**9) and small.value(0.01, 12) == 5e-5
     assert cyclic.value(0.01, 10) == pytest.approx(lr_max)
     assert cyclic.value(0.01, 29) == pytest.approx(5e-5)
@@ -58,7 +58,7 @@ def test_ablations_start_from_the_lr_reached_at_the_switch():
 
 
 def test_epoch_decay_cuts_one_epoch_per_stage_from_its_start():
-    decay = EpochDecay(start_round=10, every=20, min_epochs=1)
+    decay = EpochDecay(from_round=10, every=20, min_epochs=1)
     assert [decay.epochs(5, t) for t in (0, 10, 29, 30, 50, 200)] == [5, 5, 5, 4, 3, 1]
     assert EpochDecay(every=1, min_epochs=2).epochs(3, 5) == 2
 
@@ -67,7 +67,7 @@ def test_schedules_parse_by_kind_and_nest():
     parsed = TypeAdapter(Schedule).validate_python(
         {
             "kind": "switch",
-            "start_round": 10,
+            "from_round": 10,
             "before": {"kind": "exponential", "decay": 0.99},
             "after": {"kind": "exponential", "decay": 0.97},
         }
@@ -93,7 +93,7 @@ def test_setting_both_lr_decay_and_lr_schedule_is_refused():
 def test_train_local_runs_the_epochs_of_the_round():
     import torch
 
-    config = LocalTrainConfig(epochs=3, batch_size=4, epochs_schedule={"start_round": 1, "every": 1})
+    config = LocalTrainConfig(epochs=3, batch_size=4, epochs_schedule={"from_round": 1, "every": 1})
     data = ClientData({"x": np.ones((8, 2), np.float32), "y": np.zeros(8, np.int64)})
     spec = DataSpec(task="classification", input_shape=(2,), num_classes=2)
     steps = [

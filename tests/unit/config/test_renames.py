@@ -8,7 +8,7 @@ from raysim.config import JobConfig
 from raysim.config.renames import refuse_renamed, upgrade_saved_job
 from raysim.errors import ConfigError
 
-CONSTANT = {"kind": "constant"}
+SWITCH_AT_3 = {"kind": "switch", "start_round": 3, "after": {"kind": "constant"}}
 FEDAVG_V = {"name": "fedavg", "variant": "x"}
 
 
@@ -28,7 +28,7 @@ FEDGMA_IN_IMA = {"name": "ima", "average_from": 1, "inner": {"name": "fedgma", "
         (FEDGMA_IN_IMA, "algorithm.inner.variant: renamed to algorithm.inner.reading"),
         ({"name": "fedfa", "calibration_start_round": 3}, "start_round: renamed to algorithm.calibrate_from"),
         (
-            {"name": "fedprox", "local": {"lr_schedule": {"kind": "switch", "start_round": 3, "after": CONSTANT}}},
+            {"name": "fedprox", "local": {"lr_schedule": SWITCH_AT_3}},
             "algorithm.local.lr_schedule.start_round: renamed to algorithm.local.lr_schedule.from_round",
         ),
         ({"name": "moon", "negative": "initial"}, "negative: value renamed: shared_init (was initial)"),

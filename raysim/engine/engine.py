@@ -26,11 +26,10 @@ from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.tracking import Tracker
-from raysim.errors import NonFiniteError
+from raysim.errors import ClientError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.wire import raise_client_failure
 from raysim.sampling import CohortSchedule, sample_cohort
 from raysim.services import MapRequest, RoundOptions
 from raysim.systems.rounds import SimulatedSystem
@@ -85,7 +84,8 @@ class Engine(Generic[A]):
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
-            raise_client_failure(output.failures[0], round_num)
+            first = output.failures[0]  # the run stops on the first, its exception the cause
+            raise ClientError(first.client_id, round_num, first.stage, first.error) from first.error
         for failure in output.failures:
             log.warning(
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error

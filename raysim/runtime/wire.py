@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raysim.errors import ClientError
 from raysim.types import ClientFailure, Metrics, NumpyParams
 
 if TYPE_CHECKING:
@@ -41,7 +40,3 @@ class WorkerReport:
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
     seconds: float = 0.0
-
-
-def raise_client_failure(failure: ClientFailure, round_num: int) -> None:
-    raise ClientError(failure.client_id, round_num, failure.stage, failure.error) from failure.error

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, raise_stop_request
 
 if TYPE_CHECKING:
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -151,6 +151,7 @@ def follow(client: JobSubmissionClient, job_id: str, out: IO[str] | None = None)
     try:
         asyncio.run(_stream_logs(client, job_id, out or sys.stdout))
     except RuntimeError as exc:
+        raise_stop_request(exc)  # Ctrl-C wrapped by a class being built: stop following
         log.warning("the log stream of %s broke (%s); waiting for the job to end", job_id, exc)
     status = _wait_until_done(client, job_id)
     return status.value, client.get_job_info(job_id).message or ""

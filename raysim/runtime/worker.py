@@ -22,7 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
-from raysim.errors import DataError, NonFiniteError
+from raysim.errors import DataError, NonFiniteError, raise_stop_request
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
@@ -108,6 +108,7 @@ class ClientTrainer:
                 report.failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
                 continue
             except Exception as exc:  # the driver applies the failure policy
+                raise_stop_request(exc)
                 report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
                 continue
             report.partial = aggregator.add(report.partial, position, result)

@@ -137,3 +137,12 @@ def test_a_protocol_cannot_finish_with_a_nonfinite_model(tmp_path):
     with pytest.raises(NonFiniteError, match="round 0: the final global model"):
         run(tiny_job(algorithm={"name": "nan_protocol_test"}), tracker=tracker, output_dir=tmp_path)
     assert tracker.status == "FAILED" and not list(tmp_path.rglob("final.pt"))  # nothing saved
+
+
+def test_a_stop_request_wrapped_by_a_clients_code_stops_the_run(tmp_path):
+    """SIGTERM's SystemExit landing in a class body (torch builds classes as it imports lazily)
+    comes back as a RuntimeError; it must stop the run, not be counted as a failed client."""
+    job = diverging_job("serial", failure="stop", max_failed_clients=5)
+    with pytest.raises(SystemExit) as stop:
+        run(job, tracker=MemoryTracker(), output_dir=tmp_path)
+    assert stop.value.code == 143

@@ -1,7 +1,9 @@
 """A test plugin: a built-in algorithm whose clients with ``client_id % every == 0`` go wrong.
 
 ``failure: diverge`` trains those clients at a huge learning rate (their updates turn NaN);
-``failure: raise`` makes them raise instead. Both should drop the same clients. The tests put this
+``failure: raise`` makes them raise instead. Both should drop the same clients. ``failure: stop``
+receives a stop request (SIGTERM's SystemExit) in a class body being built, as torch's lazy
+imports can: Python hands it on wrapped in a RuntimeError, and the run must still stop. The tests put this
 folder on RAYSIM_PLUGIN_PATH (tests/conftest.py) so Ray workers load it too.
 """
 
@@ -21,7 +23,7 @@ class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
 
     inner: str = "fedavg"
     every: int = 7
-    failure: Literal["diverge", "raise"] = "diverge"
+    failure: Literal["diverge", "raise", "stop"] = "diverge"
     local: LocalTrainConfig = LocalTrainConfig()
 
 
@@ -44,4 +46,16 @@ class Diverging:
             return self.inner.client_update(ctx)
         if self.config.failure == "raise":
             raise ValueError(f"client {ctx.client_id} fails on purpose")
+        if self.config.failure == "stop":
+            _StoppedWhileBuilt()  # RuntimeError: Error calling __set_name__ ..., from SystemExit(143)
         return self.wild.client_update(ctx)
+
+
+class _Stop:
+    def __set_name__(self, owner: type, name: str) -> None:
+        raise SystemExit(143)  # what raysim's SIGTERM handler raises, landing here
+
+
+def _StoppedWhileBuilt() -> None:
+    class Built:  # noqa: F841 (building the class is the point)
+        field = _Stop()

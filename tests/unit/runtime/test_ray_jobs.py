@@ -105,8 +105,9 @@ def test_nothing_listening_or_a_silent_host_fails_within_the_timeout():
 class FakeClient:
     """The slice of ``JobSubmissionClient`` that ``follow`` uses: a log stream, then a status."""
 
-    def __init__(self, chunks, statuses, broken=False):
-        self.chunks, self.statuses, self.broken = chunks, list(statuses), broken
+    def __init__(self, chunks, statuses, broken=False, interrupted=False):
+        self.chunks, self.statuses = chunks, list(statuses)
+        self.broken, self.interrupted = broken, interrupted
 
     async def tail_job_logs(self, job_id):
         for chunk in self.chunks:
@@ -114,6 +115,11 @@ class FakeClient:
             yield chunk
         if self.broken:
             raise RuntimeError("connection closed")
+        if self.interrupted:  # Ctrl-C as Python hands it on from a class body being built
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as stop:
+                raise RuntimeError("Error calling __set_name__ on 'Field' instance") from stop
 
     def get_job_status(self, job_id):
         value = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
@@ -133,6 +139,14 @@ def test_a_broken_stream_still_waits_for_the_jobs_end(monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: None)
     client = FakeClient(["a\n"], ["RUNNING", "RUNNING", "FAILED"], broken=True)
     assert ray_jobs.follow(client, "j", io.StringIO()) == ("FAILED", "done")
+
+
+def test_ctrl_c_wrapped_in_a_runtime_error_stops_following(monkeypatch):
+    """Not a broken stream: following stops at once (raysim submit then says the job goes on),
+    it does not wait for the job's end."""
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited for the job"))
+    with pytest.raises(KeyboardInterrupt):
+        ray_jobs.follow(FakeClient(["a\n"], ["RUNNING"], interrupted=True), "j", io.StringIO())
 
 
 def write(path: Path, size: int) -> None:

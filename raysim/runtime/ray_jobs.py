@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -147,20 +149,44 @@ def follow(client: JobSubmissionClient, job_id: str, out: IO[str] | None = None)
     """Streams the job's logs to ``out`` (stdout) until it ends: its final status and Ray's message.
 
     A stream that breaks early (a dashboard restart) is not the job's end: its status is polled.
+    Ctrl-C stops following (KeyboardInterrupt) wherever it lands, also where the log client
+    swallows the cancellation it causes or a class being built wraps it.
     """
+    interrupted = threading.Event()
     try:
-        asyncio.run(_stream_logs(client, job_id, out or sys.stdout))
+        asyncio.run(_stream_logs(client, job_id, out or sys.stdout, interrupted))
     except RuntimeError as exc:
-        raise_stop_request(exc)  # Ctrl-C wrapped by a class being built: stop following
-        log.warning("the log stream of %s broke (%s); waiting for the job to end", job_id, exc)
+        raise_stop_request(exc)
+        if not interrupted.is_set():
+            log.warning("the log stream of %s broke (%s); waiting for the job to end", job_id, exc)
+    if interrupted.is_set():
+        raise KeyboardInterrupt
     status = _wait_until_done(client, job_id)
     return status.value, client.get_job_info(job_id).message or ""
 
 
-async def _stream_logs(client: JobSubmissionClient, job_id: str, out: IO[str]) -> None:
-    async for chunk in client.tail_job_logs(job_id):
-        out.write(chunk)
-        out.flush()
+async def _stream_logs(
+    client: JobSubmissionClient, job_id: str, out: IO[str], interrupted: threading.Event
+) -> None:
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+    def on_ctrl_c() -> None:  # noted first: the log client may swallow the cancellation
+        interrupted.set()
+        if task is not None:
+            task.cancel()
+
+    if threading.current_thread() is threading.main_thread():
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    try:
+        async for chunk in client.tail_job_logs(job_id):
+            out.write(chunk)
+            out.flush()
+    except asyncio.CancelledError:
+        if not interrupted.is_set():
+            raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 def _wait_until_done(client: JobSubmissionClient, job_id: str, poll_s: float = 1.0) -> JobStatus:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import io
+import os
+import signal
 import socket
 import threading
 import time
@@ -105,9 +107,9 @@ def test_nothing_listening_or_a_silent_host_fails_within_the_timeout():
 class FakeClient:
     """The slice of ``JobSubmissionClient`` that ``follow`` uses: a log stream, then a status."""
 
-    def __init__(self, chunks, statuses, broken=False, interrupted=False):
+    def __init__(self, chunks, statuses, broken=False, interrupted=False, ctrl_c=False):
         self.chunks, self.statuses = chunks, list(statuses)
-        self.broken, self.interrupted = broken, interrupted
+        self.broken, self.interrupted, self.ctrl_c = broken, interrupted, ctrl_c
 
     async def tail_job_logs(self, job_id):
         for chunk in self.chunks:
@@ -115,6 +117,12 @@ class FakeClient:
             yield chunk
         if self.broken:
             raise RuntimeError("connection closed")
+        if self.ctrl_c:  # a real Ctrl-C while waiting for the next chunk, the cancellation swallowed
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return  # as a log client that ends its stream quietly on cancellation
         if self.interrupted:  # Ctrl-C as Python hands it on from a class body being built
             try:
                 raise KeyboardInterrupt
@@ -147,6 +155,12 @@ def test_ctrl_c_wrapped_in_a_runtime_error_stops_following(monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited for the job"))
     with pytest.raises(KeyboardInterrupt):
         ray_jobs.follow(FakeClient(["a\n"], ["RUNNING"], interrupted=True), "j", io.StringIO())
+
+
+def test_ctrl_c_stops_following_even_when_the_log_client_swallows_it(monkeypatch):
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited for the job"))
+    with pytest.raises(KeyboardInterrupt):
+        ray_jobs.follow(FakeClient(["a\n"], ["RUNNING"], ctrl_c=True), "j", io.StringIO())
 
 
 def write(path: Path, size: int) -> None:

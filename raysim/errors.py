@@ -55,18 +55,3 @@ class ResourceError(RaysimError):
 
 class CheckpointError(RaysimError):
     """A checkpoint is missing, unreadable, or does not match the job."""
-
-
-def raise_stop_request(exc: BaseException) -> None:
-    """Re-raises a stop request (SIGTERM's SystemExit, Ctrl-C's KeyboardInterrupt) that arrived
-    wrapped in ``exc``. One landing in a class body being built (torch and aiohttp build classes
-    as they import lazily) comes back as ``RuntimeError: Error calling __set_name__``, its cause
-    the stop. Code that catches broad errors calls this first: a stop must stop, never count as a
-    failed client or a broken log stream."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, (SystemExit, KeyboardInterrupt)):
-            raise cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__

@@ -12,6 +12,8 @@ import sys
 import threading
 from types import FrameType
 
+from raysim.stopping import note_stop_request
+
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
 
@@ -29,7 +31,8 @@ def exit_on_sigterm() -> None:
     handler back after Ray's core replaced it)."""
 
     def terminate(signum: int, frame: FrameType | None) -> None:
-        sys.exit(SIGTERM_EXIT_CODE)
+        note_stop_request(SIGTERM_EXIT_CODE)  # honoured at the next client or round end if this
+        sys.exit(SIGTERM_EXIT_CODE)  # exit is lost where it lands (raysim.stopping)
 
     if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
         signal.signal(signal.SIGTERM, terminate)

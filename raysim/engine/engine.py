@@ -32,6 +32,7 @@ from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, sample_cohort
 from raysim.services import MapRequest, RoundOptions
+from raysim.stopping import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
 from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
 
@@ -142,6 +143,7 @@ class Engine(Generic[A]):
                 metrics |= self.targets.reached(metrics, round_num, clock)
         self.log(metrics, round_num)
         self.maybe_checkpoint(state, round_num)
+        honour_stop_request()  # a SIGTERM lost where it landed ends the run here, KILLED
         return metrics
 
     def log(self, metrics: Metrics, round_num: int) -> None:

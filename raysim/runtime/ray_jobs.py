@@ -28,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from raysim.errors import RaysimError, raise_stop_request
+from raysim.errors import RaysimError
+from raysim.stopping import raise_stop_request
 
 if TYPE_CHECKING:
     from ray.job_submission import JobStatus, JobSubmissionClient

@@ -22,7 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
-from raysim.errors import DataError, NonFiniteError, raise_stop_request
+from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
@@ -30,6 +30,7 @@ from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
+from raysim.stopping import honour_stop_request, raise_stop_request
 from raysim.stored import from_plain
 from raysim.train.local import (
     LocalTrainConfig,
@@ -97,6 +98,7 @@ class ClientTrainer:
         global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
         payload = replace(payload, extra=P.to_device(payload.extra, self.device))
         for position, client_id in tasks:
+            honour_stop_request()  # a SIGTERM the serial backend's client code swallowed
             t0 = time.perf_counter()
             try:
                 budget = options.step_budgets.get(client_id)

@@ -15,6 +15,7 @@ from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ClientError, NonFiniteError
 from raysim.runtime.client_state import ClientStateStore
+from raysim.stopping import clear_stop_request
 from raysim.types import ClientResult
 
 BACKENDS = ["serial", "ray"]
@@ -145,4 +146,16 @@ def test_a_stop_request_wrapped_by_a_clients_code_stops_the_run(tmp_path):
     job = diverging_job("serial", failure="stop", max_failed_clients=5)
     with pytest.raises(SystemExit) as stop:
         run(job, tracker=MemoryTracker(), output_dir=tmp_path)
+    assert stop.value.code == 143
+
+
+def test_a_stop_request_whose_exit_was_lost_ends_the_run_at_the_next_client(tmp_path):
+    """The handler notes the stop before it exits; an exit lost where it landed (a garbage-
+    collection callback ignores it) still ends the run, at the next client."""
+    job = diverging_job("serial", failure="lost_stop", max_failed_clients=5)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run(job, tracker=MemoryTracker(), output_dir=tmp_path)
+    finally:
+        clear_stop_request()  # this process goes on with other tests
     assert stop.value.code == 143

@@ -3,7 +3,9 @@
 ``failure: diverge`` trains those clients at a huge learning rate (their updates turn NaN);
 ``failure: raise`` makes them raise instead. Both should drop the same clients. ``failure: stop``
 receives a stop request (SIGTERM's SystemExit) in a class body being built, as torch's lazy
-imports can: Python hands it on wrapped in a RuntimeError, and the run must still stop. The tests put this
+imports can: Python hands it on wrapped in a RuntimeError, and the run must still stop.
+``failure: lost_stop`` notes a stop request whose exit is lost (as in a garbage-collection
+callback) and trains on: the run must end at the next client. The tests put this
 folder on RAYSIM_PLUGIN_PATH (tests/conftest.py) so Ray workers load it too.
 """
 
@@ -14,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from raysim import registry
+from raysim.stopping import note_stop_request
 from raysim.train.local import LocalTrainConfig
 from raysim.types import ClientContext, ClientResult
 
@@ -23,7 +26,7 @@ class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
 
     inner: str = "fedavg"
     every: int = 7
-    failure: Literal["diverge", "raise", "stop"] = "diverge"
+    failure: Literal["diverge", "raise", "stop", "lost_stop"] = "diverge"
     local: LocalTrainConfig = LocalTrainConfig()
 
 
@@ -46,6 +49,9 @@ class Diverging:
             return self.inner.client_update(ctx)
         if self.config.failure == "raise":
             raise ValueError(f"client {ctx.client_id} fails on purpose")
+        if self.config.failure == "lost_stop":
+            note_stop_request(143)  # the handler's exit itself is lost: the run goes on here
+            return self.inner.client_update(ctx)
         if self.config.failure == "stop":
             _StoppedWhileBuilt()  # RuntimeError: Error calling __set_name__ ..., from SystemExit(143)
         return self.wild.client_update(ctx)
@@ -57,5 +63,7 @@ class _Stop:
 
 
 def _StoppedWhileBuilt() -> None:
+    """Builds a class whose body receives the stop (Python 3.11 wraps it in a RuntimeError)."""
+
     class Built:  # noqa: F841 (building the class is the point)
         field = _Stop()

@@ -37,6 +37,7 @@ CENTRAL_FILE = "central_test.arrow"
 META_FILE = "meta.json"
 DATA_FILES = (ROWS_FILE, INDEX_FILE, CENTRAL_FILE)  # what content_hash covers, in this order
 FILES_KEY = "files"  # meta.json's {relative path: {"bytes": size, "blake2b": hex digest}}
+META_DIGEST_KEY = "meta_blake2b"  # meta.json's digest of its own other keys (``meta_digest``)
 BATCH_ROWS = 65_536  # record batches of rows.arrow and row groups of clients.parquet
 _REQUIRED_META = ("spec", "num_clients", "mean", "std", "has_central_test", "has_label_hist")
 # A damaged store is rebuilt, not repaired: prepare skips a folder that holds a meta.json.
@@ -92,10 +93,20 @@ def write_meta(path: Path, meta: dict[str, Any], extra_files: Iterable[str] = ()
     replace_meta(path, meta)
 
 
+def meta_digest(meta: dict[str, Any]) -> str:
+    """The blake2b digest of meta.json's content bar ``META_DIGEST_KEY``, as canonical JSON (sorted
+    keys, no spaces), so that the file's layout may change but none of its values."""
+    content = {key: value for key, value in meta.items() if key != META_DIGEST_KEY}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
 def replace_meta(path: Path, meta: dict[str, Any]) -> None:
-    """Writes ``meta.json`` atomically: a reader sees the old file or the new one, never half."""
+    """Writes ``meta.json`` atomically (a reader sees the old file or the new one, never half),
+    with the digest of its own content under ``META_DIGEST_KEY``."""
+    meta = json.loads(json.dumps(meta))  # digest what a reader will see: tuples as lists, keys as text
     tmp = path / f"{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.write_text(json.dumps({**meta, META_DIGEST_KEY: meta_digest(meta)}, indent=2))
     os.replace(tmp, path / META_FILE)
 
 
@@ -205,5 +216,11 @@ def read_meta(path: Path) -> dict[str, Any]:
     if missing:
         raise DataError(
             f"client store {path}: {META_FILE} lacks {', '.join(missing)}; {rebuild_hint(path, meta)}"
+        )
+    recorded = meta.get(META_DIGEST_KEY)  # absent in stores prepared before it: --rehash adds it
+    if recorded is not None and recorded != meta_digest(meta):
+        raise DataError(
+            f"client store {path}: {META_FILE} does not match the checksum of its content recorded "
+            f"when the store was prepared (edited or corrupted since); {rebuild_hint(path, meta)}"
         )
     return meta

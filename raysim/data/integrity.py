@@ -11,6 +11,10 @@ tokenizer. They are checked at three levels of cost:
 - ``rehash_store`` records per-file checksums in a store prepared before they existed, once its
   files match the content hash that every store records.
 
+meta.json itself carries the digest of its own content (``META_DIGEST_KEY``), checked by
+``read_meta`` on every open: an edited ``mean`` or ``spec`` fails there, not in training. A store
+prepared before it opens unchecked until ``rehash_store`` records it.
+
 A mismatch is a ``DataError`` naming the store, the file and the commands that rebuild it.
 """
 
@@ -23,6 +27,7 @@ from typing import Any
 from raysim.data.format import (
     DATA_FILES,
     FILES_KEY,
+    META_DIGEST_KEY,
     META_FILE,
     content_hash,
     file_digest,
@@ -127,7 +132,8 @@ def verify_store(path: str | Path) -> StoreCheck:
 
 def rehash_store(path: str | Path) -> StoreCheck:
     """Records per-file checksums in a store prepared before they existed, once its data files
-    match its content hash; a store that has them is only verified.
+    match its content hash; a store that has them is only verified. Either way meta.json's digest
+    of its own content is recorded where it is missing.
 
     Raises:
         DataError: as ``verify_store``: a store that no longer matches is rebuilt, not rehashed.
@@ -135,7 +141,10 @@ def rehash_store(path: str | Path) -> StoreCheck:
     path = Path(path)
     meta = read_meta(path)
     if recorded_files(path, meta) is not None:
-        return verify_store(path)
+        check = verify_store(path)
+        if META_DIGEST_KEY not in meta:
+            replace_meta(path, meta)  # records it
+        return check
     tokenizer = meta.get("tokenizer")
     extra = [tokenizer["file"]] if isinstance(tokenizer, dict) and tokenizer.get("file") else []
     files = _check_content_hash(path, meta, extra)

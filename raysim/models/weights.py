@@ -8,6 +8,8 @@ so every process agrees), then the file's tensors are copied in. The file is one
 - a ``.safetensors`` file;
 - a torch state dict (``.pt``, ``.bin``), read with ``weights_only=True``.
 
+A torch file is first checked against its archive's checksums (``check_archive``), naming it.
+
 The file must fit the model: every tensor that travels (``params.model_params``: trainable
 parameters and float buffers) must be in it with the model's shape, and it may hold no key the
 model lacks. Other state-dict entries (frozen parameters, integer buffers such as BatchNorm's
@@ -22,6 +24,7 @@ Usage:
 from __future__ import annotations
 
 import fnmatch
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.checkpoint import is_checkpoint, parse_state
+from raysim.checkpoint import check_archive, is_checkpoint, parse_state
 from raysim.errors import CheckpointError
 
 SHOWN = 8  # keys listed per kind of mismatch; the rest are counted
@@ -74,6 +77,8 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file at {path}")
+    if path.suffix != ".safetensors" and zipfile.is_zipfile(path):  # what torch.save writes
+        check_archive(path)  # older pickled torch files have no checksums to check
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

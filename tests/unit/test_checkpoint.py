@@ -17,6 +17,7 @@ from raysim.checkpoint import (
     save_checkpoint,
 )
 from raysim.errors import CheckpointError
+from raysim.models.weights import read_weights
 from raysim.types import ServerState
 
 
@@ -166,3 +167,21 @@ def test_a_checkpoint_names_the_mlflow_run_that_wrote_it_and_older_ones_load_wit
     torch.save(older, tmp_path / "old.pt")
     assert read_checkpoint(tmp_path / "old.pt").run is None
     assert load_checkpoint(tmp_path / "old.pt")[1] == 2
+
+
+def flip_middle_byte(path):
+    """Damages a file after it was written, keeping its size."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("reader", [read_checkpoint, read_state, read_weights])
+def test_one_flipped_byte_is_refused_naming_the_file(tmp_path, reader):
+    """torch.load alone would load it as a slightly different model; the archive's CRCs tell."""
+    state = ServerState({"w": torch.arange(4096.0)}, {}, {}, frozenset())  # the middle lies in w
+    path = save_checkpoint(tmp_path / "final.pt", state, 3, {"name": "x"})
+    reader(path)  # intact: reads
+    flip_middle_byte(path)
+    with pytest.raises(CheckpointError, match=f"{path} is corrupt: its entry .* does not match"):
+        reader(path)

@@ -48,7 +48,7 @@ def flip_byte(path: Path, position: int = -1) -> None:
 def drop_checksums(path: Path) -> None:
     """Makes ``path`` look like a store prepared before per-file checksums existed."""
     meta = meta_of(path)
-    del meta["files"]
+    del meta["files"], meta["meta_blake2b"]
     (path / "meta.json").write_text(json.dumps(meta))
 
 
@@ -89,6 +89,7 @@ def test_truncation_is_caught_on_open_by_the_size_check(store_dir):
 
 def test_a_malformed_files_entry_is_a_data_error(store_dir):
     meta = meta_of(store_dir)
+    del meta["meta_blake2b"]  # as in a store prepared before it: content checks still run
     (store_dir / "meta.json").write_text(json.dumps({**meta, "files": {"rows.arrow": 3}}))
     with pytest.raises(DataError, match="meta.json has a malformed 'files' entry"):
         ClientStore.open(store_dir)
@@ -159,3 +160,35 @@ def test_text_stores_checksum_their_tokenizer(tmp_path):
     flip_byte(path / "tokenizer.json", position=10)
     with pytest.raises(DataError, match="tokenizer.json does not match the checksum"):
         verify_store(path)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [lambda meta: meta | {"mean": [0.9]}, lambda meta: meta | {"spec": {**meta["spec"], "num_classes": 2}}],
+    ids=["mean", "spec.num_classes"],
+)
+def test_an_edited_meta_json_fails_on_open_and_on_verify_naming_the_file_and_the_fix(store_dir, edit):
+    """meta.json is no data file, so the per-file checksums cannot see it: its own digest does."""
+    (store_dir / "meta.json").write_text(json.dumps(edit(meta_of(store_dir)), indent=4))
+    for check in (ClientStore.open, verify_store):
+        with pytest.raises(DataError, match=f"client store {store_dir}: meta.json does not match") as e:
+            check(store_dir)
+        assert f"rm -r {store_dir}" in str(e.value)
+
+
+def test_a_relaid_meta_json_still_opens(store_dir):
+    """The digest covers the content, not the file's layout."""
+    (store_dir / "meta.json").write_text(json.dumps(meta_of(store_dir), indent=None, sort_keys=True))
+    assert verify_store(store_dir).has_checksums
+
+
+def test_a_store_without_a_meta_digest_opens_and_rehash_records_it(store_dir):
+    meta = meta_of(store_dir)
+    recorded = meta.pop("meta_blake2b")
+    (store_dir / "meta.json").write_text(json.dumps(meta))
+    assert ClientStore.open(store_dir).num_clients == 3
+    rehash_store(store_dir)
+    assert meta_of(store_dir)["meta_blake2b"] == recorded
+    (store_dir / "meta.json").write_text(json.dumps(meta_of(store_dir) | {"mean": [0.9]}))
+    with pytest.raises(DataError, match="meta.json does not match"):
+        ClientStore.open(store_dir)

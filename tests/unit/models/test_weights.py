@@ -18,6 +18,7 @@ from raysim.checkpoint import save_checkpoint
 from raysim.config import JobConfig, apply_overrides
 from raysim.errors import CheckpointError, ConfigError
 from raysim.models import build_model, load_weights
+from raysim.models.weights import read_weights
 from raysim.runtime.builders import build_job_model
 from raysim.types import DataSpec, ServerState
 
@@ -223,3 +224,13 @@ def test_a_model_config_must_take_init_from():
     with pytest.raises(TypeError, match="must subclass raysim.models.weights.ModelConfig"):
         registry.register("model", "plain_test_model", config=Plain)(lambda config, spec: None)
     assert "plain_test_model" not in registry.names("model")
+
+
+def test_a_damaged_torch_state_dict_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.arange(4096.0)}, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside w's bytes: torch.load would read a different weight
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{path} is corrupt: its entry .* does not match"):
+        read_weights(path)

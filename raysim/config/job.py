@@ -39,7 +39,7 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     """The job's own sections: everything but the plugin sections, which each plugin validates."""
 
     name: str = "job"
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)  # the most torch.manual_seed and numpy accept alike
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()

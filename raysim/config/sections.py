@@ -4,10 +4,16 @@ puts them together)."""
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
 from raysim.config.plugins import PluginSection
+
+# The stores MLflow has built in, by URI scheme ("": a folder path). Others fail deep in MLflow.
+TRACKING_SCHEMES = frozenset(
+    {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
+)
 
 
 class EngineConfig(BaseModel, frozen=True, extra="forbid"):
@@ -62,6 +68,17 @@ class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
     log_checkpoint: bool = True
     progress: bool = True  # console progress bar
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_scheme(cls, uri: str | None) -> str | None:
+        scheme = urlsplit(uri).scheme.split("+")[0] if uri else ""  # postgresql+psycopg2
+        if scheme not in TRACKING_SCHEMES:
+            raise ValueError(
+                f"MLflow has no store for the scheme {scheme!r}; use a folder path or one "
+                f"of {', '.join(f'{known}://' for known in sorted(TRACKING_SCHEMES - {''}))}"
+            )
+        return uri
 
 
 class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):

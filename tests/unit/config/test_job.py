@@ -48,6 +48,13 @@ def test_all_problems_are_reported_together():
     assert any(p.startswith("engine.cohort_size") for p in problems)
 
 
+def test_a_seed_beyond_what_torch_and_numpy_accept_is_refused_naming_the_key():
+    """2**70 used to pass here and overflow in every worker's torch.manual_seed."""
+    [problem] = problems_of({**BASE, "seed": 2**70})
+    assert problem.startswith(f"seed: Input should be less than or equal to {2**63 - 1}")
+    assert JobConfig.from_dict({**BASE, "seed": 2**63 - 1}).seed == 2**63 - 1
+
+
 def test_negative_seed_and_unschedulable_gpu_share():
     problems = problems_of({**BASE, "seed": -1, "resources": {"gpus_per_worker": 1.5}})
     assert any(p.startswith("seed: Input should be greater than or equal to 0") for p in problems)

@@ -1,0 +1,33 @@
+"""The job's own sections refuse values that would only fail deep inside a run."""
+
+import pytest
+from raw_jobs import BASE, problems_of
+
+from raysim.config import JobConfig
+
+
+@pytest.mark.parametrize("uri", ["ftp://host/mlruns", "s3://bucket/mlruns", "sqllite:///mlflow.db"])
+def test_a_tracking_uri_of_no_mlflow_store_is_refused_naming_the_key_and_the_schemes(uri):
+    """ftp:// used to pass here and end the run in MLflow's KeyError: 'ftp'."""
+    [problem] = problems_of({**BASE, "tracking": {"tracking_uri": uri}})
+    scheme = uri.split(":")[0]
+    assert problem.startswith(f"tracking.tracking_uri: MLflow has no store for the scheme {scheme!r}")
+    assert "sqlite://" in problem and "http://" in problem and "folder path" in problem
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "sqlite:///mlflow.db",
+        "http://127.0.0.1:5000",
+        "https://mlflow.example.org",
+        "file:///tmp/mlruns",
+        "mlruns",
+        "/abs/mlruns",
+        "postgresql+psycopg2://u@h/db",
+        "databricks",
+        None,
+    ],
+)
+def test_every_store_mlflow_has_is_accepted(uri):
+    assert JobConfig.from_dict({**BASE, "tracking": {"tracking_uri": uri}}).tracking.tracking_uri == uri

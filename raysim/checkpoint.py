@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import re
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,9 +118,25 @@ def save_checkpoint(
         },
     }
     tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
+    try:
+        torch.save(payload, tmp)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a torn file; the previous checkpoint stays as it was
+        if isinstance(exc, (OSError, RuntimeError)):  # a full disk: torch's writer raises RuntimeError
+            raise _unwritten(path, exc) from exc
+        raise
     tmp.replace(path)
     return path
+
+
+def _unwritten(path: Path, exc: BaseException) -> CheckpointError:
+    """The error for a checkpoint that could not be written: why, and how much space is left."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+    free = shutil.disk_usage(path.parent).free
+    return CheckpointError(
+        f"could not write the checkpoint {path} ({reason}; {free / 2**20:,.0f} MiB free there); "
+        f"the previous {path.name}, if any, is kept: free some space and resume from it"
+    )
 
 
 @dataclass(frozen=True)
@@ -191,9 +208,15 @@ def parse_state(raw: Any, path: str | Path) -> tuple[ServerState, int]:
     if raw["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {raw['format']!r}, expected {FORMAT}")
     try:
-        return server_state(raw["state"]), int(raw["round_num"])
+        state, round_num = server_state(raw["state"]), int(raw["round_num"])
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable raysim checkpoint: {exc}") from exc
+    if round_num < -1:  # -1: a run that logged no round (``finish``), resumed from round 0
+        raise CheckpointError(
+            f"{path} says it ends after round {round_num}, which no run writes (edited or damaged); "
+            f"use another checkpoint of the run"
+        )
+    return state, round_num
 
 
 def _load(path: Path) -> Any:

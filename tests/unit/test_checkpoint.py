@@ -1,5 +1,6 @@
 """Checkpoints round-trip plain server state and refuse what they could not load back."""
 
+import errno
 import shutil
 
 import numpy as np
@@ -185,3 +186,38 @@ def test_one_flipped_byte_is_refused_naming_the_file(tmp_path, reader):
     flip_middle_byte(path)
     with pytest.raises(CheckpointError, match=f"{path} is corrupt: its entry .* does not match"):
         reader(path)
+
+
+def test_a_round_before_the_first_is_refused_naming_the_file(tmp_path):
+    """round_num=-5 used to resume as if five rounds before the start had run."""
+    state = ServerState({"w": torch.zeros(1)}, {}, {}, frozenset())
+    assert read_state(save_checkpoint(tmp_path / "none.pt", state, -1, {}))[1] == -1  # no round logged
+    path = save_checkpoint(tmp_path / "final.pt", state, -5, {"name": "x"})
+    for reader in (read_checkpoint, read_state):
+        with pytest.raises(CheckpointError, match=f"{path} says it ends after round -5, which no run writes"):
+            reader(path)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),  # torch's
+    ],
+    ids=["OSError", "torch's RuntimeError"],
+)
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_torn_file(tmp_path, monkeypatch, failure):
+    """A final.tmp used to be left behind, and the error came as a traceback."""
+    state = ServerState({"w": torch.zeros(3)}, {}, {}, frozenset())
+    path = save_checkpoint(tmp_path / "final.pt", state, 3, {"name": "x"})
+    real_save = torch.save
+
+    def save_until_full(obj, f):
+        real_save(obj, f)  # a torn file on disk, as a write that stops part way leaves
+        raise failure
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    with pytest.raises(CheckpointError, match=f"could not write the checkpoint {path} .* MiB free there"):
+        save_checkpoint(path, ServerState({"w": torch.ones(3)}, {}, {}, frozenset()), 4, {"name": "x"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]
+    assert read_state(path)[1] == 3

@@ -201,6 +201,23 @@ def store_path(recipe_name: str, config: DatasetConfig) -> Path:
     return Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
+def make_cache_folder(folder: Path) -> None:
+    """Creates the folder stores are built in, or says which key to change.
+
+    Raises:
+        DataError: it cannot be created or written (``/proc/...``, a read-only mount).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        raise DataError(
+            f"dataset.cache_dir: the store folder {folder} cannot be created or written "
+            f"({exc.strerror or exc}); set dataset.cache_dir (or $RAYSIM_CACHE) to a folder you can write"
+        ) from None
+
+
 def prepare_store(recipe_name: str, config: BaseModel) -> Path:
     """Builds the store of ``recipe_name`` under ``config`` once and returns its directory.
 
@@ -223,7 +240,7 @@ def prepare_store(recipe_name: str, config: BaseModel) -> Path:
     path = store_path(recipe_name, config)
     if is_complete(path):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_folder(path.parent)
     source = {"recipe": recipe_name, "config": config.model_dump(mode="json", exclude={"cache_dir"})}
     recipe = entry.factory(config)
     if hasattr(recipe, "write_store"):

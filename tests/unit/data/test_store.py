@@ -347,6 +347,16 @@ def test_config_change_builds_a_new_store_and_cache_dir_does_not(counting, tmp_p
     assert CountingRecipe.loads == 3
 
 
+@pytest.mark.parametrize("where", ["/proc/raysim-cache", "a file/cache"])
+def test_a_cache_dir_that_cannot_be_made_is_a_data_error_naming_the_key(counting, tmp_path, where):
+    """/proc/raysim-cache used to end prepare in a FileNotFoundError traceback."""
+    (tmp_path / "a file").write_text("")
+    cache = where if where.startswith("/") else str(tmp_path / where)
+    with pytest.raises(DataError, match=f"dataset.cache_dir: the store folder {re.escape(cache)} cannot be"):
+        prepare_store("test_counting", counting.model_copy(update={"cache_dir": cache}))
+    assert CountingRecipe.loads == 0  # refused before the data is loaded
+
+
 def test_base_config_gets_the_recipe_defaults(counting):
     base = DatasetConfig(cache_dir=counting.cache_dir, partition=NaturalPartition(column="speaker"))
     store = open_dataset("test_counting", base)

@@ -18,6 +18,7 @@ from raysim.config import JobConfig
 from raysim.engine.build import build
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.plots import learning_curve
+from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
@@ -65,6 +66,7 @@ def run(
             then ends FAILED).
     """
     start = time.perf_counter()
+    check_output_dir(Path(output_dir))  # before data, workers or an MLflow run
     with RoundProgress(job.name, job.engine.num_rounds, enabled=job.tracking.progress) as bar:
         engine, state = build(job, tracker, resume_from, Path(output_dir), branch)
         engine.on_phase, status = bar.phase, "FAILED"

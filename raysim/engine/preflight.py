@@ -53,6 +53,24 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
             )
 
 
+def check_output_dir(folder: Path) -> None:
+    """The run folder can be made under ``folder`` (``--output-dir``): the nearest part of it that
+    exists is a folder this process can write. Nothing is created here.
+
+    Raises:
+        ResourceError: naming the file or unwritable folder in the way.
+    """
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        where = "is" if existing == folder else f"lies under {existing}, which is"
+        raise ResourceError(f"the output folder {folder} (--output-dir) {where} a file; pass a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ResourceError(
+            f"the output folder {folder} (--output-dir) cannot be written ({existing} is not writable); "
+            f"pass a folder you can write"
+        )
+
+
 def check_tracking_store(uri: str) -> None:
     """An MLflow server answers its REST API; a SQLite store's folder can be written; a database
     server accepts connections. Other stores are left to MLflow."""

@@ -45,6 +45,16 @@ def test_bad_config_is_one_message_without_traceback(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_an_output_dir_that_is_a_file_is_one_message_before_the_run_starts(tmp_path, tracking_uri, capsys):
+    """It used to end in a NotADirectoryError traceback once data and MLflow run were set up."""
+    (tmp_path / "out").write_text("")
+    for output_dir in (tmp_path / "out", tmp_path / "out" / "sub"):
+        code = main(["run", write(tmp_path, GOOD), "--variant", "avg", "--output-dir", str(output_dir)])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        assert f"the output folder {output_dir} (--output-dir)" in err and "a file; pass a folder" in err
+
+
 def test_bad_override_and_missing_file(tmp_path, capsys):
     assert main(["run", write(tmp_path, GOOD), "engine.cohort_size=abc"]) == 2
     assert "engine.cohort_size" in capsys.readouterr().err

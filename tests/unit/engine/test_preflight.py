@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from raysim.engine import preflight
-from raysim.engine.preflight import check_ray_address, check_tracking_store, host_and_port
+from raysim.engine.preflight import check_output_dir, check_ray_address, check_tracking_store, host_and_port
 from raysim.errors import ResourceError
 
 
@@ -122,3 +122,13 @@ def test_ray_address_forms():
     for bad in ("head", "head:port"):
         with pytest.raises(ResourceError, match="is no Ray address"):
             host_and_port(bad)
+
+
+def test_an_output_dir_that_is_or_lies_under_a_file_is_named_and_nothing_is_created(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ResourceError, match=f"output folder {tmp_path / 'file'} .--output-dir. is a file"):
+        check_output_dir(tmp_path / "file")
+    with pytest.raises(ResourceError, match=f"lies under {tmp_path / 'file'}, which is a file"):
+        check_output_dir(tmp_path / "file" / "a" / "b")
+    check_output_dir(tmp_path / "new" / "out")  # missing folders are made by the run, not here
+    assert not (tmp_path / "new").exists()

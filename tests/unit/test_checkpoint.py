@@ -166,3 +166,23 @@ def test_a_checkpoint_names_the_mlflow_run_that_wrote_it_and_older_ones_load_wit
     torch.save(older, tmp_path / "old.pt")
     assert read_checkpoint(tmp_path / "old.pt").run is None
     assert load_checkpoint(tmp_path / "old.pt")[1] == 2
+
+
+def _checkpoint_with_snapshot(folder, round_num, marker):
+    snapshot = folder / f"c.client_state.r{round_num}"
+    (snapshot / "0007").mkdir(parents=True)
+    if marker is not None:
+        (snapshot / "snapshot_round").write_text(f"{marker}\n")
+    return save_checkpoint(folder / "c.pt", ServerState({"w": torch.zeros(1)}), round_num, {}, str(snapshot))
+
+
+def test_a_snapshot_of_another_round_is_refused_naming_both_rounds(tmp_path):
+    path = _checkpoint_with_snapshot(tmp_path, 3, marker=5)  # final.pt of round 3, snapshot of round 5
+    with pytest.raises(CheckpointError, match=r"c.pt holds round 3 but its client-state snapshot .* '5'"):
+        read_checkpoint(path)
+
+
+def test_a_snapshot_of_its_own_round_or_without_a_marker_loads(tmp_path):
+    assert read_checkpoint(_checkpoint_with_snapshot(tmp_path / "a", 3, marker=3)).round_num == 3
+    older = _checkpoint_with_snapshot(tmp_path / "b", 3, marker=None)  # written before the marker
+    assert read_checkpoint(older).round_num == 3

@@ -32,6 +32,7 @@ from raysim.stored import plain
 from raysim.types import ServerState
 
 FORMAT = 1
+SNAPSHOT_ROUND_FILE = "snapshot_round"  # in a client-state snapshot: the round it froze
 _KEYS = ("format", "state", "round_num", "job")  # what every checkpoint holds
 
 
@@ -41,6 +42,20 @@ _ROUND_NAME = re.compile(r"^round_(\d+)\.pt$")
 def round_checkpoint_name(round_num: int) -> str:
     """The file a run's checkpoint after ``round_num`` gets (``engine.checkpoint_every``)."""
     return f"round_{round_num:05d}.pt"
+
+
+def snapshot_path(checkpoint: Path, round_num: int) -> Path:
+    """Where the client-state snapshot of ``checkpoint`` after ``round_num`` goes: a name of its
+    own per round, so rewriting ``final.pt`` never touches the snapshot the old one names."""
+    return checkpoint.with_name(f"{checkpoint.stem}.client_state.r{round_num}")
+
+
+def drop_other_snapshots(checkpoint: Path, keep: Path | None) -> None:
+    """Removes the snapshots beside ``checkpoint`` that it no longer names (an earlier write's, or
+    one an interrupted write left behind); only once the checkpoint naming ``keep`` is in place."""
+    for old in checkpoint.parent.glob(f"{checkpoint.stem}.client_state*"):
+        if keep is None or old.absolute() != keep.absolute():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def round_of_name(name: str) -> int | None:
@@ -156,11 +171,14 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 
     Raises:
         CheckpointError: the file is missing or unreadable, or the client-state snapshot it
-            needs is missing (resuming without it would silently reset every client's state).
+            needs is missing (resuming without it would silently reset every client's state) or
+            froze another round (a mix of two writes would silently resume a wrong model).
     """
     raw = _load(Path(path))
     state, round_num = parse_state(raw, path)
     state_dir = _find_state_dir(Path(path), raw.get("state_dir"))
+    if state_dir is not None:
+        _check_snapshot_round(Path(path), Path(state_dir), round_num)
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
     return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run)
 
@@ -295,6 +313,22 @@ def _find_state_dir(path: Path, stored: str | None) -> str | None:
             f"client's state, SCAFFOLD's control variates say, would silently start from scratch)"
         )
     return str(found)
+
+
+def _check_snapshot_round(path: Path, state_dir: Path, round_num: int) -> None:
+    """The snapshot must have frozen the checkpoint's own round; snapshots written before the
+    marker existed have none and are taken as they are."""
+    marker = state_dir / SNAPSHOT_ROUND_FILE
+    if not marker.is_file():
+        return
+    text = marker.read_text().strip()
+    if text != str(round_num):
+        raise CheckpointError(
+            f"{path} holds round {round_num} but its client-state snapshot {state_dir} froze round "
+            f"{text!r} ({marker}): the two come from different writes (one interrupted?), and "
+            f"resuming them would give a wrong model; resume from another checkpoint of the run "
+            f"(round_NNNNN.pt beside it) or start the run again"
+        )
 
 
 def check_compatible(state: ServerState, params: dict[str, torch.Tensor], path: str) -> None:

@@ -26,7 +26,13 @@ from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.engine import Engine
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
-from raysim.engine.lineage import Lineage, decide
+from raysim.engine.lineage import (
+    CHECKPOINTS_DIR,
+    Lineage,
+    claim_run_folder,
+    decide,
+    release_run_folder,
+)
 from raysim.engine.model_check import check_model_fits
 from raysim.engine.preflight import preflight
 from raysim.engine.simulation import check_time_to_target, open_system
@@ -87,31 +93,60 @@ def build(
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
         run_dir = lineage.run_dir  # later checkpoints sit beside the earlier ones
-        shutil.rmtree(run_dir / "client_state", ignore_errors=True)  # may hold rounds past it
     else:
         run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    try:
+        return start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system), state
+    except BaseException:
+        release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage
+        raise
+
+
+def start_run(
+    parts: JobParts,
+    tracker: Tracker,
+    run_dir: Path,
+    checkpoint: Checkpoint | None,
+    lineage: Lineage | None,
+    start_round: int,
+    system: SimulatedSystem | None,
+) -> Engine[Any]:
+    """The client state restored, the workers started and the MLflow run begun, in ``run_dir``."""
+    if lineage is not None and lineage.continues:
+        shutil.rmtree(run_dir / "client_state", ignore_errors=True)  # may hold rounds past it
     state_dir = run_dir / "client_state"
     if checkpoint is not None and checkpoint.state_dir is not None:  # its frozen snapshot
         ClientStateStore(state_dir).restore(checkpoint.state_dir)
     backend = start_workers(parts, state_dir)
     try:
-        tracker.start(job, run_dir, lineage)
+        tracker.start(parts.job, run_dir, lineage)
     except BaseException:
         backend.shutdown()  # no orphaned workers when the tracking store is unreachable
         raise
     if lineage is not None:
         Console(stderr=True).print(lineage.describe(), highlight=False, soft_wrap=True)
-    return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system), state
+    return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system)
 
 
 def resume_lineage(tracker: Tracker, job: JobConfig, checkpoint: Checkpoint, branch: bool) -> Lineage | None:
     """Whether resuming continues the checkpoint's MLflow run or branches from it; None when the
-    job logs to no MLflow store."""
+    job logs to no MLflow store. Continuing holds the run folder's lock (``claim_run_folder``)
+    until the run ends; the run is read only once the lock is held, so a driver that continued
+    it meanwhile shows the rounds it logged."""
     if not isinstance(tracker, MlflowTracker):
         return None
     run_id = (checkpoint.run or {}).get("run_id")
-    parent = tracker.parent_run(run_id) if run_id is not None else None
-    return decide(checkpoint, job.to_dict(), parent, tracker.experiment_id(), branch)
+    folder = checkpoint.path.absolute().parent
+    run_dir = folder.parent if run_id is not None and folder.name == CHECKPOINTS_DIR and not branch else None
+    held_by = claim_run_folder(run_dir) if run_dir is not None else None
+    lineage: Lineage | None = None
+    try:
+        parent = tracker.parent_run(run_id) if run_id is not None else None
+        lineage = decide(checkpoint, job.to_dict(), parent, tracker.experiment_id(), branch, held_by)
+        return lineage
+    finally:
+        if run_dir is not None and not (lineage is not None and lineage.continues):
+            release_run_folder(run_dir)  # branching after all: only if this driver took it
 
 
 def open_parts(job: JobConfig) -> JobParts:

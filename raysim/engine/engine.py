@@ -19,7 +19,7 @@ import numpy as np
 
 from raysim import params as P
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
-from raysim.checkpoint import round_checkpoint_name, save_checkpoint
+from raysim.checkpoint import drop_other_snapshots, round_checkpoint_name, save_checkpoint, snapshot_path
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
@@ -151,14 +151,20 @@ class Engine(Generic[A]):
         self.tracker.log_metrics(metrics, step=round_num)
 
     def checkpoint(self, state: ServerState, round_num: int, name: str | None = None) -> Path:
-        """Server state plus a hard-link snapshot of the client state as of ``round_num``."""
+        """Server state plus a hard-link snapshot of the client state as of ``round_num``.
+
+        A crash at any step leaves a checkpoint with its own snapshot: the new snapshot goes
+        under a new name, then the checkpoint naming it replaces the old one atomically, and only
+        then is the old snapshot dropped."""
         path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
-        frozen = ClientStateStore(self.state_dir).snapshot(path.with_suffix(".client_state"), round_num)
+        frozen = ClientStateStore(self.state_dir).snapshot(snapshot_path(path, round_num), round_num)
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
         run = {"run_id": run_id, "tracking_uri": uri} if run_id is not None and uri is not None else None
-        return save_checkpoint(
+        saved = save_checkpoint(
             path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run
         )
+        drop_other_snapshots(saved, keep=frozen)
+        return saved
 
     def summarize_probes(
         self,

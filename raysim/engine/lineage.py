@@ -7,6 +7,12 @@ that run logged. Anything else (another config, an earlier round's checkpoint of
 on, a run this store does not hold, ``--branch``) starts a new run whose ``mlflow.parentRunId`` is
 the checkpoint's run, tagged with the checkpoint and its round.
 
+Of two drivers resuming one checkpoint at once, exactly one continues: continuing takes the run
+folder by creating its ``driver.lock`` with O_CREAT|O_EXCL (atomic on a local or NFSv3+ file
+system, unlike a look at the MLflow run's status followed by a write), holds it for the run's
+life and removes it at its end; the other finds the file and branches, naming the holder.
+A driver killed with SIGKILL leaves its lock behind: later resumes branch, and say to delete it.
+
 Usage:
     lineage = decide(checkpoint, job.to_dict(), parent, experiment_id, branch=False)
     lineage.continues, lineage.describe()
@@ -14,6 +20,8 @@ Usage:
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,7 @@ RESUMED_FROM = "resumed_from"  # the checkpoint file
 RESUMED_FROM_ROUND = "resumed_from_round"  # its last completed round
 NUM_ROUNDS = "num_rounds"  # a continued run's current engine.num_rounds (params cannot change)
 PARENT_RUN = "parent_run"  # a branch's parent when this store does not hold it: "<id> in <uri>"
+DRIVER_LOCK = "driver.lock"  # in a run folder while a driver continues it: who, "pid N on HOST"
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ def decide(
     parent: ParentRun | None,
     experiment_id: str | None,
     branch: bool = False,
+    held_by: str | None = None,
 ) -> Lineage:
     """Continue the checkpoint's run, or branch a new one from it (a pure function).
 
@@ -91,6 +101,7 @@ def decide(
         parent: that run as the current store holds it; None when the store does not.
         experiment_id: the experiment the resuming job logs to.
         branch: ``--branch``: never continue.
+        held_by: who holds the run folder when another driver does (``claim_run_folder``).
     """
     saved = checkpoint.run or {}
     run_id = saved.get("run_id")
@@ -103,7 +114,7 @@ def decide(
         parent_uri=saved.get("tracking_uri"),
         reason="",
     )
-    reason = _why_branch(checkpoint, job, run_id, parent, experiment_id, branch)
+    reason = _why_branch(checkpoint, job, run_id, parent, experiment_id, branch, held_by)
     return replace(lineage, reason=reason) if reason else replace(lineage, continues=True)
 
 
@@ -114,6 +125,7 @@ def _why_branch(
     parent: ParentRun | None,
     experiment_id: str | None,
     branch: bool,
+    held_by: str | None,
 ) -> str:
     """Why the resumed run cannot be the checkpoint's own run; empty when it can."""
     if branch:
@@ -123,6 +135,8 @@ def _why_branch(
     if parent is None:
         uri = (checkpoint.run or {}).get("tracking_uri")
         return f"this MLflow store has no run {run_id} (it was logged to {uri})"
+    if held_by is not None:
+        return f"another driver is continuing run {run_id}: {held_by}"
     if parent.running:
         return f"run {run_id} is still RUNNING (another driver may be logging to it)"
     if parent.experiment_id != experiment_id:
@@ -149,3 +163,36 @@ def config_changes(saved: dict[str, Any], job: dict[str, Any]) -> list[str]:
         for key in old.keys() | new.keys()
         if old.get(key) != new.get(key) and not key.startswith(RESUMABLE_CHANGES)
     )
+
+
+def claim_run_folder(run_dir: Path) -> str | None:
+    """Takes ``run_dir`` for this driver: None when it did, else who holds it and where.
+
+    Creating the lock file is the one atomic step: of two drivers, exactly one creates it.
+    """
+    lock = run_dir / DRIVER_LOCK
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        try:
+            holder = lock.read_text().strip()
+        except OSError:  # released in between: still not ours to take
+            holder = ""
+        return f"{holder or 'a driver'} holds {lock} (delete it if no driver runs there any more)"
+    with os.fdopen(fd, "w") as file:
+        file.write(_this_driver() + "\n")
+    return None
+
+
+def release_run_folder(run_dir: Path) -> None:
+    """Removes ``run_dir``'s lock if this driver holds it (never another driver's)."""
+    lock = run_dir / DRIVER_LOCK
+    try:
+        if lock.read_text().strip() == _this_driver():
+            lock.unlink()
+    except OSError:  # no lock: nothing to release
+        pass
+
+
+def _this_driver() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"

@@ -17,6 +17,7 @@ from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
 from raysim.engine.build import build
 from raysim.engine.engine import Engine, refuse_nonfinite
+from raysim.engine.lineage import release_run_folder
 from raysim.engine.plots import learning_curve
 from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
@@ -89,7 +90,8 @@ def run(
             try:
                 engine.backend.shutdown()
             finally:  # the run's status is recorded even when the workers cannot be stopped cleanly
-                engine.tracker.finish(status)
+                release_run_folder(engine.run_dir)  # a continued run's lock; its MLflow run is
+                engine.tracker.finish(status)  # RUNNING until here, so no other driver continues it
 
 
 def round_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None = None) -> ServerState:

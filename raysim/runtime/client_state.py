@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from raysim.checkpoint import SNAPSHOT_ROUND_FILE
 from raysim.errors import DataError
 from raysim.params import check_loadable, to_cpu
 from raysim.stored import plain
@@ -110,7 +111,8 @@ class ClientStateStore:
         if target.exists():  # swapped, not overwritten: links to the same files cannot be copied over
             shutil.rmtree(stale, ignore_errors=True)
             target.rename(stale)
-        if num_frozen:
+        if num_frozen:  # the marker first: a snapshot in place always says which round it froze
+            (fresh / SNAPSHOT_ROUND_FILE).write_text(f"{up_to_round}\n")
             fresh.rename(target)
         shutil.rmtree(stale, ignore_errors=True)
         return target if num_frozen else None

@@ -221,3 +221,23 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_no_torn_file(tmp_path, m
         save_checkpoint(path, ServerState({"w": torch.ones(3)}, {}, {}, frozenset()), 4, {"name": "x"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]
     assert read_state(path)[1] == 3
+
+
+def _checkpoint_with_snapshot(folder, round_num, marker):
+    snapshot = folder / f"c.client_state.r{round_num}"
+    (snapshot / "0007").mkdir(parents=True)
+    if marker is not None:
+        (snapshot / "snapshot_round").write_text(f"{marker}\n")
+    return save_checkpoint(folder / "c.pt", ServerState({"w": torch.zeros(1)}), round_num, {}, str(snapshot))
+
+
+def test_a_snapshot_of_another_round_is_refused_naming_both_rounds(tmp_path):
+    path = _checkpoint_with_snapshot(tmp_path, 3, marker=5)  # final.pt of round 3, snapshot of round 5
+    with pytest.raises(CheckpointError, match=r"c.pt holds round 3 but its client-state snapshot .* '5'"):
+        read_checkpoint(path)
+
+
+def test_a_snapshot_of_its_own_round_or_without_a_marker_loads(tmp_path):
+    assert read_checkpoint(_checkpoint_with_snapshot(tmp_path / "a", 3, marker=3)).round_num == 3
+    older = _checkpoint_with_snapshot(tmp_path / "b", 3, marker=None)  # written before the marker
+    assert read_checkpoint(older).round_num == 3

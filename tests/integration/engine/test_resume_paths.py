@@ -56,7 +56,7 @@ def test_resume_after_moving_the_output_folder_equals_the_uninterrupted_run(
 
 def test_a_missing_client_state_snapshot_is_refused(tmp_path, interrupted):
     _, checkpoint = interrupted
-    shutil.rmtree(checkpoint.with_suffix(".client_state"))
+    shutil.rmtree(checkpoint.with_name("final.client_state.r1"))
     with pytest.raises(CheckpointError, match=r"final.client_state.*missing"):
         run(scaffold(4), resume_from=str(checkpoint), output_dir=tmp_path / "r")
 

@@ -142,6 +142,33 @@ def test_branch_flag_branches_even_when_it_could_continue(job_repo, tmp_path, tr
     assert len(only_run(MlflowClient(tracking_uri))) == 2
 
 
+def test_a_resume_while_another_driver_continues_the_run_branches_naming_it(
+    job_repo, tmp_path, tracking_uri, capsys
+):
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out")
+    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
+    lock = checkpoint.parent.parent / "driver.lock"
+    assert not lock.exists()  # the first run holds none once it has ended
+    lock.write_text("pid 4242 on node-7\n")  # the first of two resumes of this checkpoint, still going
+    raysim_run(job_path, tmp_path / "out", "--resume", str(checkpoint), "engine.num_rounds=3")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "branching a new MLflow run" in err and "another driver is continuing run" in err
+    assert f"pid 4242 on node-7 holds {lock}" in err
+    assert lock.read_text() == "pid 4242 on node-7\n"  # the other driver's lock is not ours to remove
+    [parent, child] = sorted(only_run(MlflowClient(tracking_uri)), key=lambda r: r.info.start_time)
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+
+
+def test_a_continued_run_removes_its_lock_at_its_end(job_repo, tmp_path, tracking_uri, capsys):
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out")
+    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
+    raysim_run(job_path, tmp_path / "out", "--resume", str(checkpoint), "engine.num_rounds=3")
+    assert "continuing MLflow run" in capsys.readouterr().err
+    assert not (checkpoint.parent.parent / "driver.lock").exists()
+
+
 def test_a_copied_store_serves_its_artifacts_from_the_new_place(tmp_path, monkeypatch):
     store = tmp_path / "store"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")

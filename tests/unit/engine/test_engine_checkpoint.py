@@ -1,0 +1,82 @@
+"""Engine.checkpoint writes a checkpoint and its client-state snapshot as one: a crash at any
+step leaves the old pair or the new one, never a checkpoint beside another round's client state."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import raysim.checkpoint
+import raysim.engine.engine
+import raysim.runtime.client_state
+from raysim.checkpoint import read_checkpoint
+from raysim.engine.engine import Engine
+from raysim.runtime.client_state import ClientStateStore
+from raysim.types import ServerState
+
+
+class Crash(Exception):
+    """The forced failure standing in for a driver killed at one step."""
+
+
+def crash(*args, **kwargs):
+    raise Crash
+
+
+def write(engine, round_num):
+    """Client 7 and the model both hold ``round_num`` after it; then the final checkpoint."""
+    ClientStateStore(engine.state_dir).put(7, round_num, {"c": torch.tensor([float(round_num)])})
+    state = ServerState({"w": torch.tensor([float(round_num)])})
+    return Engine.checkpoint(engine, state, round_num, "final.pt")
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """Just what Engine.checkpoint reads, its final.pt written once after round 3."""
+    fake = SimpleNamespace(
+        run_dir=tmp_path / "run",
+        state_dir=tmp_path / "run" / "client_state",
+        tracker=SimpleNamespace(run_id=None),
+        job=SimpleNamespace(to_dict=lambda: {}),
+    )
+    write(fake, 3)
+    return fake
+
+
+def resumed_state(path: Path, tmp_path: Path) -> tuple[int, float, float | None]:
+    """(round, model, client 7's state or None) as resuming from ``path`` would see them."""
+    found = read_checkpoint(path)
+    store = ClientStateStore(tmp_path / "restored")
+    store.restore(found.state_dir)
+    client = store.get(7, before_round=found.round_num + 1)
+    return found.round_num, found.state.params["w"].item(), None if client is None else client["c"].item()
+
+
+STEPS = {
+    "while freezing the snapshot": (raysim.runtime.client_state, "_link_or_copy"),
+    "while writing the checkpoint file": (raysim.checkpoint.torch, "save"),
+    "before the checkpoint replaces the old one": (Path, "replace"),
+    "before the old snapshot is dropped": (raysim.engine.engine, "drop_other_snapshots"),
+}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_crash_at_any_step_leaves_a_consistent_checkpoint(tmp_path, engine, step, monkeypatch):
+    for round_num in (4, 5):  # the store keeps rounds 4 and 5: round 3's version is gone
+        ClientStateStore(engine.state_dir).put(7, round_num, {"c": torch.tensor([float(round_num)])})
+    owner, name = STEPS[step]
+    with monkeypatch.context() as patched:
+        patched.setattr(owner, name, crash)
+        with pytest.raises(Crash):
+            Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
+    round_num, model, client = resumed_state(engine.run_dir / "checkpoints" / "final.pt", tmp_path)
+    assert model == client == float(round_num)  # the model and the client state of one round
+    assert round_num == (5 if step == "before the old snapshot is dropped" else 3)
+
+
+def test_a_completed_write_keeps_only_the_new_snapshot(tmp_path, engine):
+    write(engine, 5)
+    folder = engine.run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r5", "final.pt"]
+    assert resumed_state(folder / "final.pt", tmp_path) == (5, 5.0, 5.0)

@@ -89,7 +89,7 @@ def build(
         run_dir = lineage.run_dir  # later checkpoints sit beside the earlier ones
         shutil.rmtree(run_dir / "client_state", ignore_errors=True)  # may hold rounds past it
     else:
-        run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_dir = new_run_dir(output_dir, job.name)
     state_dir = run_dir / "client_state"
     if checkpoint is not None and checkpoint.state_dir is not None:  # its frozen snapshot
         ClientStateStore(state_dir).restore(checkpoint.state_dir)
@@ -102,6 +102,20 @@ def build(
     if lineage is not None:
         Console(stderr=True).print(lineage.describe(), highlight=False, soft_wrap=True)
     return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system), state
+
+
+def new_run_dir(output_dir: Path, name: str) -> Path:
+    """A fresh run folder under ``output_dir/runs``, named by the job and the time.
+
+    Raises:
+        ConfigError: the folder would lie outside ``output_dir/runs``; config validation refuses
+            such names already, this guards a JobConfig made without it (``model_construct``).
+    """
+    runs = output_dir / "runs"
+    run_dir = runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    if run_dir.resolve().parent != runs.resolve():
+        raise ConfigError([f"name: {name!r} would put the run folder outside {runs}; use a plain name"])
+    return run_dir
 
 
 def resume_lineage(tracker: Tracker, job: JobConfig, checkpoint: Checkpoint, branch: bool) -> Lineage | None:

@@ -226,9 +226,23 @@ def initial_state(
     path, last_round = str(checkpoint.path), checkpoint.round_num
     check_rounds_left(last_round, job.engine.num_rounds, path)
     check_compatible(checkpoint.state, params, path)
+    refuse_nonfinite_checkpoint(checkpoint.state, path)
     trail = CheckpointTrail(checkpoint.path, last_round, checkpoint.state)
     state = resume_state(algorithm, checkpoint.state, fresh, trail)
     return typed_like(fresh, state, job.algorithm.name, path), last_round + 1
+
+
+def refuse_nonfinite_checkpoint(state: ServerState, path: str) -> None:
+    """A checkpoint whose model or server optimizer holds NaN or infinity cannot be resumed: every
+    client would train from it and fail, and the run would blame their learning rates."""
+    saved = {"params": state.params, "opt_state": state.opt_state}
+    if not P.is_finite(saved):
+        bad = P.nonfinite_names(saved)
+        raise CheckpointError(
+            f"{path} is non-finite: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
+            f"hold{'s' if len(bad) == 1 else ''} NaN or infinity; resume from an earlier checkpoint "
+            f"of the run (its checkpoints/ folder)"
+        )
 
 
 def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> None:

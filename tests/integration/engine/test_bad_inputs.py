@@ -1,10 +1,15 @@
-"""Inputs that used to go wrong quietly: a job name that reaches outside --output-dir."""
+"""Inputs that used to go wrong quietly: a job name that reaches outside --output-dir, a NaN
+checkpoint resumed (blamed on the clients)."""
 
 import pytest
+import torch
 
 from jobs import tiny_job
+from raysim import params as P
+from raysim.checkpoint import read_checkpoint, save_checkpoint
+from raysim.engine import engine as engine_module
 from raysim.engine.loop import run
-from raysim.errors import ConfigError
+from raysim.errors import CheckpointError, ConfigError
 
 
 def test_a_job_name_cannot_put_its_run_folder_outside_the_output_dir(tmp_path):
@@ -12,3 +17,19 @@ def test_a_job_name_cannot_put_its_run_folder_outside_the_output_dir(tmp_path):
     with pytest.raises(ConfigError, match=r"name: names the run folder.*\(got '../../../escaped_job'\)"):
         run(tiny_job(name="../../../escaped_job"), output_dir=tmp_path / "a" / "b" / "out")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b"]  # nothing written anywhere
+
+
+def test_resuming_a_nan_checkpoint_names_the_file_and_tensors_before_any_training(tmp_path, monkeypatch):
+    first = run(tiny_job(engine={"num_rounds": 2}), output_dir=tmp_path)
+    saved = read_checkpoint(first.run_dir / "checkpoints" / "final.pt")
+    nan = saved.state.__class__(
+        {k: torch.full_like(v, float("nan")) for k, v in saved.state.params.items()},
+        saved.state.opt_state, saved.state.extra, saved.state.buffer_keys,
+    )
+    path = save_checkpoint(tmp_path / "nan.pt", nan, saved.round_num, saved.job, None)
+    trained = []
+    monkeypatch.setattr(engine_module.Engine, "train_cohort", lambda *a, **k: trained.append(1))
+    names = ", ".join(sorted(P.nonfinite_names({"params": nan.params}))[:1])
+    with pytest.raises(CheckpointError, match=rf"nan.pt is non-finite: .*{names}.* NaN or infinity"):
+        run(tiny_job(engine={"num_rounds": 4}), resume_from=str(path), output_dir=tmp_path)
+    assert not trained

@@ -1,5 +1,7 @@
 """Inputs that used to go wrong quietly: a job name that reaches outside --output-dir, a NaN
-checkpoint resumed (blamed on the clients)."""
+checkpoint resumed (blamed on the clients), a training loss of 4e26 from a finite model (no word)."""
+
+import logging
 
 import pytest
 import torch
@@ -33,3 +35,13 @@ def test_resuming_a_nan_checkpoint_names_the_file_and_tensors_before_any_trainin
     with pytest.raises(CheckpointError, match=rf"nan.pt is non-finite: .*{names}.* NaN or infinity"):
         run(tiny_job(engine={"num_rounds": 4}), resume_from=str(path), output_dir=tmp_path)
     assert not trained
+
+
+def test_a_huge_training_loss_from_a_finite_model_warns_once_and_the_run_ends(tmp_path, monkeypatch, caplog):
+    real = engine_module.round_metrics
+    monkeypatch.setattr(engine_module, "round_metrics", lambda *a: real(*a) | {"train/loss": 4e26})
+    with caplog.at_level(logging.WARNING, logger="raysim"):
+        result = run(tiny_job(engine={"num_rounds": 3}), output_dir=tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if "diverging" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("round 0: train/loss is 4e+26")
+    assert [step for step, _ in result.history] == [0, 1, 2] and P.is_finite(result.state.params)

@@ -302,7 +302,13 @@ def _find_state_dir(path: Path, stored: str | None) -> str | None:
     """The snapshot named by a checkpoint, resolved against the checkpoint's folder."""
     if stored is None:
         return None
-    found = path.parent / stored  # an absolute ``stored`` stays as it is
+    found = path.parent / stored  # an absolute ``stored`` stays as it is (save wrote it so)
+    if not Path(stored).is_absolute() and not found.resolve().is_relative_to(path.parent.resolve()):
+        raise CheckpointError(
+            f"{path} names its client-state snapshot {stored!r}, which lies outside the checkpoint's "
+            f"folder {path.parent}; a checkpoint's relative snapshot path stays inside its folder "
+            f"(this file was not written by raysim, or was edited)"
+        )
     beside = path.parent / Path(stored).name
     if not found.is_dir() and beside.is_dir():
         found = beside  # older checkpoints stored a path relative to the run's working directory

@@ -23,8 +23,9 @@ def load_jobs(
         raise ConfigError(["variants: must be a list of mappings"], str(path))
     jobs: list[JobConfig] = []
     problems_by_variant: dict[str, list[str]] = {}
-    for index, variant in enumerate(variants):
-        merged = _with_variant(raw, variant, index, str(path))
+    merged_all = [_with_variant(raw, variant, index, str(path)) for index, variant in enumerate(variants)]
+    _refuse_duplicate_names([merged.get("name") for merged in merged_all], str(path))
+    for variant, merged in zip(variants, merged_all, strict=True):
         if only and merged.get("name") not in only:
             continue
         try:
@@ -39,6 +40,15 @@ def load_jobs(
     if only and not jobs:
         raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
     return jobs
+
+
+def _refuse_duplicate_names(names: list[Any], source: str) -> None:
+    """Each variant names its own run (``job/variant``) and folder: two of one name would log two
+    runs that cannot be told apart."""
+    repeated = sorted({str(name) for name in names if names.count(name) > 1})
+    if repeated:
+        fix = "give each variant its own name"
+        raise ConfigError([f"variants: more than one is named {name!r}; {fix}" for name in repeated], source)
 
 
 def _origin(path: Path, raw: dict, job: JobConfig, variant: Any) -> JobOrigin:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from raysim import registry
 from raysim.config.plugins import PluginSection, explain, validate_plugin, validate_probes
@@ -26,6 +27,22 @@ MOVED_KEYS = {
     "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
 }
 
+# A job's name (a variant's, for a job file with variants) names its run folder under --output-dir:
+# one plain path component, so no name can place the folder elsewhere ("../x", "a/b", ".hidden").
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def check_folder_name(name: str) -> str:
+    """``name`` itself when it can be a run folder's name; raises ValueError saying the fix."""
+    if not SAFE_NAME.fullmatch(name):
+        raise ValueError(
+            "names the run folder, so it must be 1-200 letters, digits, '_', '-' or '.', not "
+            "starting with '.' (no '/', '..' or spaces); rename it, e.g. "
+            f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name).lstrip('._') or 'job'!r}"
+        )
+    return name
+
+
 class JobOrigin(BaseModel, frozen=True, extra="forbid"):
     """The job file a config came from: ``raysim run`` names its MLflow run ``job/variant`` and
     tags it with the commit of the repository holding the file."""
@@ -45,6 +62,11 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     tracking: TrackingConfig = TrackingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     system: SystemConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder(cls, name: str) -> str:
+        return check_folder_name(name)
 
 
 class JobConfig(JobCore, frozen=True, extra="forbid"):

@@ -94,7 +94,7 @@ def build(
     if lineage is not None and lineage.continues:
         run_dir = lineage.run_dir  # later checkpoints sit beside the earlier ones
     else:
-        run_dir = output_dir / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_dir = new_run_dir(output_dir, job.name)
     try:
         return start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system), state
     except BaseException:
@@ -126,6 +126,20 @@ def start_run(
     if lineage is not None:
         Console(stderr=True).print(lineage.describe(), highlight=False, soft_wrap=True)
     return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system)
+
+
+def new_run_dir(output_dir: Path, name: str) -> Path:
+    """A fresh run folder under ``output_dir/runs``, named by the job and the time.
+
+    Raises:
+        ConfigError: the folder would lie outside ``output_dir/runs``; config validation refuses
+            such names already, this guards a JobConfig made without it (``model_construct``).
+    """
+    runs = output_dir / "runs"
+    run_dir = runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    if run_dir.resolve().parent != runs.resolve():
+        raise ConfigError([f"name: {name!r} would put the run folder outside {runs}; use a plain name"])
+    return run_dir
 
 
 def resume_lineage(tracker: Tracker, job: JobConfig, checkpoint: Checkpoint, branch: bool) -> Lineage | None:
@@ -247,9 +261,23 @@ def initial_state(
     path, last_round = str(checkpoint.path), checkpoint.round_num
     check_rounds_left(last_round, job.engine.num_rounds, path)
     check_compatible(checkpoint.state, params, path)
+    refuse_nonfinite_checkpoint(checkpoint.state, path)
     trail = CheckpointTrail(checkpoint.path, last_round, checkpoint.state)
     state = resume_state(algorithm, checkpoint.state, fresh, trail)
     return typed_like(fresh, state, job.algorithm.name, path), last_round + 1
+
+
+def refuse_nonfinite_checkpoint(state: ServerState, path: str) -> None:
+    """A checkpoint whose model or server optimizer holds NaN or infinity cannot be resumed: every
+    client would train from it and fail, and the run would blame their learning rates."""
+    saved = {"params": state.params, "opt_state": state.opt_state}
+    if not P.is_finite(saved):
+        bad = P.nonfinite_names(saved)
+        raise CheckpointError(
+            f"{path} is non-finite: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
+            f"hold{'s' if len(bad) == 1 else ''} NaN or infinity; resume from an earlier checkpoint "
+            f"of the run (its checkpoints/ folder)"
+        )
 
 
 def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> None:

@@ -37,6 +37,10 @@ from raysim.systems.rounds import SimulatedSystem
 from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")
+# A training loss above this says the run diverges while its model is still finite (so nothing
+# stops it): cross-entropy starts near ln(num_classes) (under 13 even for a 400k-token vocabulary)
+# and a regression on standardized targets near 1, so a run that is learning stays far below it.
+DIVERGING_LOSS = 1e6
 A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
 
@@ -63,6 +67,7 @@ class Engine(Generic[A]):
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
+    warned_diverging: bool = False  # the warning about a huge training loss comes once per run
 
     # --- the verbs (raysim.services.Services) ---------------------------------------------
 
@@ -142,9 +147,22 @@ class Engine(Generic[A]):
                 clock = self.system.round(round_num).end_s if self.system is not None else None
                 metrics |= self.targets.reached(metrics, round_num, clock)
         self.log(metrics, round_num)
+        self.warn_if_diverging(metrics, round_num)
         self.maybe_checkpoint(state, round_num)
         honour_stop_request()  # a SIGTERM lost where it landed ends the run here, KILLED
         return metrics
+
+    def warn_if_diverging(self, metrics: Metrics, round_num: int) -> None:
+        """Warns once per run when the training loss passes ``DIVERGING_LOSS`` (the run goes on)."""
+        loss = metrics.get("train/loss")
+        if self.warned_diverging or loss is None or not abs(loss) > DIVERGING_LOSS:
+            return
+        self.warned_diverging = True
+        log.warning(
+            "round %d: train/loss is %.3g (over %.0e) while the model is still finite: the run is "
+            "diverging; lower algorithm.local.lr or set algorithm.local.grad_clip",
+            round_num, loss, DIVERGING_LOSS,
+        )  # fmt: skip
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         self.history.append((round_num, metrics))

@@ -108,6 +108,17 @@ def test_a_checkpoint_of_an_older_version_finds_its_snapshot_beside_it(tmp_path)
     assert load_checkpoint(tmp_path / "c.pt")[3] == str(tmp_path / "c.client_state")
 
 
+@pytest.mark.parametrize("stored", ["../outside", "..", "sub/../../outside"])
+def test_a_relative_snapshot_path_leaving_the_checkpoints_folder_is_refused(tmp_path, stored):
+    (tmp_path / "outside").mkdir()  # a folder the path does reach: refused, not merely missing
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    path = tmp_path / "run" / "c.pt"
+    save_checkpoint(path, ServerState({"w": torch.zeros(1)}), 0, {}, None)
+    torch.save(torch.load(path, weights_only=True) | {"state_dir": stored}, path)
+    with pytest.raises(CheckpointError, match=r"c.pt names its client-state snapshot .* outside the"):
+        load_checkpoint(path)
+
+
 def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
     save_checkpoint(
         tmp_path / "c.pt", ServerState({"w": torch.zeros(1)}), 0, {}, str(tmp_path / "c.client_state")

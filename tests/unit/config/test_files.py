@@ -78,3 +78,17 @@ def test_every_job_file_in_the_repo_validates():
             assert load_benchmark(path, [])[0].name, path  # a job plus a bench: section
         else:
             assert load_jobs(path), path
+
+
+def test_two_variants_of_one_name_are_refused_naming_it(tmp_path):
+    path = tmp_path / "job.yaml"
+    # an unnamed variant is named by its algorithm, so it can collide too
+    variants = [{"name": "a"}, {"name": "a", "seed": 1}, {"algorithm": {"name": "fedprox"}}]
+    variants.append({"name": "fedprox"})
+    path.write_text(yaml.safe_dump({**BASE, "variants": variants}))
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path)
+    assert info.value.problems == [
+        "variants: more than one is named 'a'; give each variant its own name",
+        "variants: more than one is named 'fedprox'; give each variant its own name",
+    ]

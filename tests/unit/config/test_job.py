@@ -143,3 +143,16 @@ def test_a_benchmark_needs_a_plugin_with_local_training(tmp_path, monkeypatch):
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="'no_local_test' has no local section"):
         load_benchmark(tmp_path / "bench.yaml", [])
+
+
+UNSAFE_NAMES = ["../../../escaped_job", "a/b", "a\\b", "..", ".hidden", "", "two words", "x" * 201]
+
+
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_a_name_that_is_not_one_plain_folder_name_is_refused(name):
+    [problem] = problems_of({**BASE, "name": name})
+    assert problem.startswith("name: names the run folder") and "rename it" in problem
+
+
+def test_plain_names_with_dots_and_dashes_pass():
+    assert JobConfig.from_dict({**BASE, "name": "ima-cifar10_v1.2"}).name == "ima-cifar10_v1.2"

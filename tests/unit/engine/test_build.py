@@ -37,3 +37,13 @@ def test_resuming_with_no_round_left_names_the_fix(num_rounds):
     ):
         check_rounds_left(2, num_rounds, "c.pt")
     check_rounds_left(2, 4, "c.pt")  # round 3 is left to run
+
+
+def test_a_run_folder_stays_under_the_output_dir_even_for_an_unvalidated_name(tmp_path):
+    from raysim.engine.build import new_run_dir
+    from raysim.errors import ConfigError
+
+    assert new_run_dir(tmp_path / "out", "tiny").parent == tmp_path / "out" / "runs"
+    for name in ("../../../escaped_job", "a/b"):
+        with pytest.raises(ConfigError, match="outside .*runs; use a plain name"):
+            new_run_dir(tmp_path / "out", name)

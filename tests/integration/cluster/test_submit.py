@@ -186,6 +186,12 @@ def test_a_wrong_token_is_one_message_naming_where_the_token_goes(head, tmp_path
     assert "RAY_AUTH_TOKEN" in done.stderr and "Traceback" not in done.stderr
 
 
+def ctrl_c_delivered() -> None:
+    """A terminal's Ctrl-C reaches the follower even when this suite runs as a background job of a
+    non-interactive shell, whose children inherit SIGINT ignored (and Python keeps it so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_following_and_the_job_goes_on(head, tmp_path):
     from raysim.runtime import ray_jobs
 
@@ -193,6 +199,7 @@ def test_ctrl_c_stops_following_and_the_job_goes_on(head, tmp_path):
     follower = subprocess.Popen(
         [sys.executable, "-m", "raysim", "submit", "job.yaml", "--address", head.url],
         cwd=tmp_path, env=head.env | {"PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_delivered,
     )  # fmt: skip
     first = follower.stdout.readline()
     [job_id] = re.findall(r"submitted Ray job (raysubmit_\w+)", first)

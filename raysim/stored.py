@@ -10,6 +10,7 @@ the server state ``init`` made for this run, ``from_plain`` for the type a plugi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -43,8 +44,14 @@ def from_plain(kind: type[T], saved: object, where: str) -> T:
     if not isinstance(saved, dict) or set(saved) != set(names):
         held = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{where} holds {held}, but {kind.__name__} keeps {sorted(names)}")
-    hints = typing.get_type_hints(kind)
+    hints = _field_hints(cast(type, kind))
     return kind(**{name: _as_field(hints.get(name), saved[name], f"{where}.{name}") for name in names})
+
+
+@functools.cache
+def _field_hints(kind: type) -> dict[str, Any]:
+    """``kind``'s resolved annotations, once per class: a worker reads client state per client."""
+    return typing.get_type_hints(kind)
 
 
 def _as_field(hint: object, value: object, where: str) -> object:

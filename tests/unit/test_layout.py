@@ -149,3 +149,19 @@ def test_a_rooms_test_file_is_named_for_a_module_of_that_room():
         if not any(name == module or name.startswith(module + "_") for module in modules):
             misnamed.append(str(path.relative_to(UNIT)))
     assert not misnamed, f"test files named for no module of their room: {misnamed}"
+
+
+def test_no_plugin_casts_its_types():
+    """Plugin state is typed (frozen dataclasses, generic ServerState/Payload/ClientContext): no
+    ``typing.cast`` in ``algorithms/``, by call or by import (``broadcast(`` is not one)."""
+    casts = []
+    for path in sorted((RAYSIM.parent / "algorithms").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "cast" for alias in node.names):
+                casts.append(f"{path.name}:{node.lineno} imports cast")
+            elif isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Name) and node.func.id == "cast")
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == "cast")
+            ):
+                casts.append(f"{path.name}:{node.lineno} calls cast")
+    assert not casts, casts

@@ -214,10 +214,12 @@ def corrupt_index(path: Path, how: str) -> None:
 
 
 def drop_checksums(path: Path) -> None:
-    """Makes ``path`` look like a store prepared before per-file checksums existed."""
+    """Makes ``path`` look like a store prepared before per-file checksums existed (and before
+    counts.npy, so that its index is read from clients.parquet)."""
     meta = json.loads((path / "meta.json").read_text())
     del meta["files"], meta["meta_blake2b"]
     (path / "meta.json").write_text(json.dumps(meta))
+    (path / "counts.npy").unlink()
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "other table"])
@@ -282,8 +284,19 @@ def test_index_read_by_row_group_answers_as_a_whole_table_read(grouped_store):
         assert offsets[cid] == part.sizes[:cid].sum()
 
 
-def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
+def test_counts_past_the_rows_are_refused(grouped_store):
     path, _ = grouped_store
+    counts = np.load(path / "counts.npy")
+    counts[0, 11] += 1  # the last client's offset: it now ends one row past rows.arrow
+    np.save(path / "counts.npy", counts)
+    with pytest.raises(DataError, match="does not match"):
+        ClientStore.open(path)
+
+
+def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
+    """A store prepared before counts.npy reads its counts from clients.parquet."""
+    path, _ = grouped_store
+    drop_checksums(path)
     index = pq.read_table(path / "clients.parquet")
     offsets = index.column("offset").to_numpy().copy()
     offsets[11] += 1  # the last client, in the last row group, now ends one row past rows.arrow

@@ -15,9 +15,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,8 @@ from raysim.data.integrity import FULL_CHECK_BYTES, store_bytes, verify_store
 from raysim.data.partition import Partition, PartitionConfig, partition
 from raysim.data.store import ClientStore, DatasetConfig, Examples
 from raysim.errors import ConfigError, DataError
+
+_INT32_MAX = 2**31 - 1
 
 
 def partition_table(config: PartitionConfig, table: pa.Table, seed: int) -> Partition:
@@ -155,44 +157,57 @@ def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
 def _write_client_index(
     examples: Examples, partition: Partition, order: np.ndarray, test_fraction: float, path: Path
 ) -> bool:
-    """Writes clients.parquet (one row group per block of clients: the arrays of a block at a
-    time, never the population's) and counts.npy; returns whether it has label histograms.
-    Label histograms count each client's train rows."""
+    """Writes clients.parquet, one row group per block of clients (``_client_blocks``: a block's
+    arrays at a time, never the population's), and counts.npy; returns whether the index has
+    label histograms (of each client's train rows)."""
     labels = examples.table.column("y").to_numpy() if "y" in examples.table.column_names else None
-    has_label_hist = labels is not None and examples.spec.task == "classification"
+    if examples.spec.task != "classification":
+        labels = None
     counts = np.lib.format.open_memmap(path / COUNTS_FILE, "w+", np.int64, (3, partition.num_clients))
-    counts_start, num_clients = counts.offset, partition.num_clients
-    del counts  # written through the file below: a map's dirty pages would count as resident
+    counts_start = counts.offset
+    del counts  # filled through the file: a map's dirty pages would count as resident memory
     writer: pq.ParquetWriter | None = None
     with open(path / COUNTS_FILE, "r+b") as counts_file:
-        for first, last, start, stop in _client_blocks(partition.sizes):
-            sizes = partition.sizes[first:last]
-            num_train, num_test = split_sizes(sizes, test_fraction)
-            offsets = start + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            for row, column in enumerate((offsets, num_train, num_test)):
-                counts_file.seek(counts_start + 8 * (row * num_clients + first))
-                counts_file.write(column.astype(np.int64).tobytes())
-            block = {
-                "client_id": pa.array(np.arange(first, last, dtype=np.int64)),
-                "key": _keys(partition.keys, first, last),
-                "offset": pa.array(offsets),
-                "num_train": pa.array(num_train),
-                "num_test": pa.array(num_test),
-            }
-            if has_label_hist:
-                assert labels is not None
-                positions = np.arange(start, stop) - np.repeat(offsets, sizes)
-                is_train = positions < np.repeat(num_train, sizes)
-                clients = np.repeat(np.arange(last - first), sizes)[is_train]
-                block_labels = labels[order[start:stop]][is_train]
-                block["label_hist"] = _label_hist(clients, block_labels, last - first, examples.spec.num_classes)
+        for span in _client_blocks(partition.sizes):
+            block = _index_block(partition, order, labels, examples.spec.num_classes, test_fraction, span)
+            for row, name in enumerate(("offset", "num_train", "num_test")):
+                counts_file.seek(counts_start + 8 * (row * partition.num_clients + span[0]))
+                counts_file.write(block[name].to_numpy().tobytes())
             table = pa.table(block)
-            if writer is None:
-                writer = pq.ParquetWriter(path / INDEX_FILE, table.schema)
+            writer = writer or pq.ParquetWriter(path / INDEX_FILE, table.schema)
             writer.write_table(table, row_group_size=BATCH_ROWS)
     assert writer is not None  # _client_blocks yields a block even for no clients
     writer.close()
-    return has_label_hist
+    return labels is not None
+
+
+def _index_block(
+    partition: Partition,
+    order: np.ndarray,
+    labels: np.ndarray | None,
+    num_classes: int,
+    test_fraction: float,
+    clients_and_rows: tuple[int, int, int, int],
+) -> dict[str, pa.Array]:
+    """The index's columns for one of ``_client_blocks``: clients ``first:last``, rows ``start:stop``."""
+    first, last, start, stop = clients_and_rows
+    sizes = partition.sizes[first:last]
+    num_train, num_test = split_sizes(sizes, test_fraction)
+    offsets = start + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    block = {
+        "client_id": pa.array(np.arange(first, last, dtype=np.int64)),
+        "key": _keys(partition.keys, first, last),
+        "offset": pa.array(offsets),
+        "num_train": pa.array(num_train),
+        "num_test": pa.array(num_test),
+    }
+    if labels is not None:
+        is_train = np.arange(start, stop) - np.repeat(offsets, sizes) < np.repeat(num_train, sizes)
+        clients = np.repeat(np.arange(last - first), sizes)[is_train]
+        block["label_hist"] = _label_hist(
+            clients, labels[order[start:stop]][is_train], last - first, num_classes
+        )
+    return block
 
 
 def _keys(keys: list[str] | None, first: int, last: int) -> pa.Array:
@@ -215,10 +230,30 @@ def _check_examples(examples: Examples, partition: Partition) -> None:
     is_used[order] = True
     if np.count_nonzero(is_used) < len(order):
         raise DataError("partition uses some rows more than once")
+    if "y" in table.column_names and spec.task == "classification":
+        _check_label_hist_limits(spec.num_classes, partition)
     if "y" in table.column_names and spec.task == "classification" and table.num_rows:
         low, high = pc.min_max(table.column("y")).values()
         if low.as_py() < 0 or high.as_py() >= spec.num_classes:
             raise DataError(f"labels span [{low}, {high}], outside [0, spec.num_classes={spec.num_classes})")
+
+
+def _check_label_hist_limits(num_classes: int, partition: Partition) -> None:
+    """clients.parquet's label histograms are list<int32>: a row group's offsets (its clients
+    times the classes) and each count must stay under 2**31, or Arrow would wrap them silently."""
+    clients_per_group = min(partition.num_clients, BATCH_ROWS)
+    if clients_per_group * num_classes > _INT32_MAX:
+        raise DataError(
+            f"spec.num_classes: {num_classes:,} classes over {clients_per_group:,} clients (a row group of "
+            f"{INDEX_FILE}) exceed the {_INT32_MAX:,} entries its label histograms can hold; at most "
+            f"{_INT32_MAX // clients_per_group:,} classes"
+        )
+    if len(partition.sizes) and int(partition.sizes.max()) > _INT32_MAX:
+        client = int(partition.sizes.argmax())
+        raise DataError(
+            f"partition: client {client} holds {int(partition.sizes[client]):,} rows, more than a label "
+            f"histogram's int32 counts hold ({_INT32_MAX:,}); raise partition.num_clients"
+        )
 
 
 def _write_arrow(table: pa.Table, order: np.ndarray | None, path: Path) -> None:

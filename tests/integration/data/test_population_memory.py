@@ -49,7 +49,14 @@ _CHILD = textwrap.dedent(
 
 
 def test_a_million_client_run_costs_the_driver_under_96_bytes_per_client(tmp_path):
-    command = [sys.executable, "-c", _CHILD, str(tmp_path / "cache"), str(tmp_path / "runs"), str(NUM_CLIENTS)]
+    command = [
+        sys.executable,
+        "-c",
+        _CHILD,
+        str(tmp_path / "cache"),
+        str(tmp_path / "runs"),
+        str(NUM_CLIENTS),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     memory = json.loads(done.stdout.strip().splitlines()[-1])

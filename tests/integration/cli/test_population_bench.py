@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[3]
 def test_a_population_benchmark_measures_prepare_and_run_per_size(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # figures go to .raysim/bench/ here
     path = str(REPO / "jobs" / "bench" / "population.yaml")
-    assert main(["bench", path, "bench.populations=[300]", "engine.cohort_size=5", "engine.num_rounds=2"]) == 0
+    small = ["bench.populations=[300]", "engine.cohort_size=5", "engine.num_rounds=2"]
+    assert main(["bench", path, *small]) == 0
     [row] = json.loads((tmp_path / ".raysim" / "bench" / "population.json").read_text())
     assert row["num_clients"] == 300
     # peak RSS of a process that imported torch: hundreds of MB, not a number left at zero

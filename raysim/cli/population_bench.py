@@ -4,7 +4,7 @@ A benchmark file with ``bench.populations`` (``jobs/bench/population.yaml``) is 
 1x1x1 image a client, an MLP) run once per population size, with ``dataset.num_examples`` and
 ``dataset.partition.num_clients`` set to that size. Each size is prepared in a fresh process, into
 a fresh cache folder, then run in another, so that each process's peak resident memory
-(``ru_maxrss``) is that step's alone: what ``raysim prepare`` and the driver of ``raysim run``
+(``peak_rss_mb``) is that step's alone: what ``raysim prepare`` and the driver of ``raysim run``
 would need. Sampling is timed apart from the round it starts (``Engine.cohort``).
 """
 
@@ -75,8 +75,21 @@ def child() -> None:
         prepare_store(job.dataset.name, job.dataset.config)
     else:
         figures = _run_rounds(job, Path(scratch) / "runs")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    print(json.dumps({"peak_mb": peak, "seconds": time.perf_counter() - t0, **figures}))
+    print(json.dumps({"peak_mb": peak_rss_mb(), "seconds": time.perf_counter() - t0, **figures}))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: Linux's ``VmHWM``, else ``ru_maxrss``.
+
+    Not ``ru_maxrss`` where ``VmHWM`` exists: Linux carries a process's ``ru_maxrss`` across
+    ``exec``, so a child of a large parent starts at the parent's size (measured: a child of a
+    1.5 GB process reported 1.5 GB; its ``VmHWM`` 11 MB).
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) / 1024  # kB
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; macOS: bytes
 
 
 def _run_rounds(job: Any, out: Path) -> dict[str, Any]:

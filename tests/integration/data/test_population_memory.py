@@ -1,9 +1,10 @@
 """A million clients prepared and run in a driver that grows by under 96 bytes per client.
 
-The driver's memory is the process's peak resident set (``VmHWM``; ``ru_maxrss`` would start
-at this test process's size, which Linux carries across exec), read in a fresh subprocess: first after a 1,000-client run has paid every lazy import and first allocation, then
-after a 1,000,000-client run (prepare, three rounds). Before the store's counts were memory-mapped
-and prepare wrote its index block by block, the second run rose 121 bytes per client above the
+The driver's memory is the process's peak resident set, read in a fresh subprocess as ``VmHWM``
+(``ru_maxrss`` would start at this test process's size, which Linux carries across exec): first
+after a 1,000-client run has paid every lazy import and first allocation, then after a
+1,000,000-client run (prepare, three rounds). Before the store's counts were memory-mapped and
+prepare wrote its index block by block, the second run rose 121 bytes per client above the
 first; now it rises about 72 (a ten-million-client run peaks under 1 GB: docs/performance.md).
 """
 

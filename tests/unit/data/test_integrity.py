@@ -158,8 +158,8 @@ def test_text_stores_checksum_their_tokenizer(tmp_path):
     )
     path = write_text_store(iter(docs), cfg, tmp_path / "s", progress=False)
     files = meta_of(path)["files"]
-    assert sorted(files) == ["clients.parquet", "rows.arrow", "tokenizer.json"]
-    assert verify_store(path).num_files == 3
+    assert sorted(files) == ["clients.parquet", "counts.npy", "rows.arrow", "tokenizer.json"]
+    assert verify_store(path).num_files == 4
     flip_byte(path / "tokenizer.json", position=10)
     with pytest.raises(DataError, match="tokenizer.json does not match the checksum"):
         verify_store(path)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PositiveInt, ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -38,6 +38,8 @@ from raysim.train.local import LocalTrainConfig, cap_examples
 
 class BenchConfig(BaseModel, frozen=True, extra="forbid"):
     warmup_rounds: int = Field(1, ge=0)
+    # population sizes: driver memory and sampling time per size (raysim.cli.population_bench)
+    populations: list[PositiveInt] = Field(default_factory=list)
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
@@ -77,6 +79,10 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     tens of percent over a minute), so their ratio is measured, not their luck.
     """
     job, bench = load_benchmark(path, overrides)
+    if bench.populations:  # a population file measures memory per size, not seconds per round
+        from raysim.cli.population_bench import run_population_benchmark
+
+        return {"populations": run_population_benchmark(path, overrides, bench.populations, console)}
     out = Path(".raysim") / "bench"
     services, state = build(job, MemoryTracker(), None, out)
     plain = PlainLoop(job, services.store, services.train_pool)

@@ -6,6 +6,8 @@ examples, ``raysim.data.text.writer`` for streamed corpora) and read by ``Client
     rows.arrow          Arrow IPC file, uncompressed so it can be memory-mapped: every client's
                         rows contiguous (client 0 first), its train rows then its test rows
     clients.parquet     client_id, key, offset, num_train, num_test[, label_hist (train rows)]
+    counts.npy          (3, num_clients) int64: offset, num_train, num_test again, as a numpy file
+                        the reader memory-maps (stores prepared before it read clients.parquet)
     central_test.arrow  optional central test set, same columns as rows.arrow
     meta.json           format version, spec, counts, mean/std, recipe + config, content hash,
                         each file's size and checksum ("files", ``raysim.data.integrity``);
@@ -34,6 +36,7 @@ FORMAT_VERSION = 1
 ROWS_FILE = "rows.arrow"
 INDEX_FILE = "clients.parquet"
 CENTRAL_FILE = "central_test.arrow"
+COUNTS_FILE = "counts.npy"  # checksummed with the others, but outside content_hash (derived)
 META_FILE = "meta.json"
 DATA_FILES = (ROWS_FILE, INDEX_FILE, CENTRAL_FILE)  # what content_hash covers, in this order
 FILES_KEY = "files"  # meta.json's {relative path: {"bytes": size, "blake2b": hex digest}}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.data.format import (
+    COUNTS_FILE,
     DATA_FILES,
     FILES_KEY,
     META_DIGEST_KEY,
@@ -147,6 +148,7 @@ def rehash_store(path: str | Path) -> StoreCheck:
         return check
     tokenizer = meta.get("tokenizer")
     extra = [tokenizer["file"]] if isinstance(tokenizer, dict) and tokenizer.get("file") else []
+    extra += [COUNTS_FILE] if (path / COUNTS_FILE).is_file() else []  # derived from the index
     files = _check_content_hash(path, meta, extra)
     replace_meta(path, {**meta, FILES_KEY: files})
     return StoreCheck(len(files), sum(e["bytes"] for e in files.values()), has_checksums=True)

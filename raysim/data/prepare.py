@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from raysim import registry
 from raysim.data.format import (
     BATCH_ROWS,
     CENTRAL_FILE,
+    COUNTS_FILE,
     FORMAT_VERSION,
     INDEX_FILE,
     ROWS_FILE,
@@ -42,6 +44,8 @@ from raysim.data.integrity import FULL_CHECK_BYTES, store_bytes, verify_store
 from raysim.data.partition import Partition, PartitionConfig, partition
 from raysim.data.store import ClientStore, DatasetConfig, Examples
 from raysim.errors import ConfigError, DataError
+
+_INT32_MAX = 2**31 - 1
 
 
 def partition_table(config: PartitionConfig, table: pa.Table, seed: int) -> Partition:
@@ -88,8 +92,7 @@ def write_store(
     _check_examples(examples, partition)
     order = _shuffle_within_clients(partition, seed)
     _write_arrow(examples.table, order, path / ROWS_FILE)
-    index = _client_index(examples, partition, order, test_fraction)
-    pq.write_table(index, path / INDEX_FILE, row_group_size=BATCH_ROWS)
+    has_label_hist = _write_client_index(examples, partition, order, test_fraction, path)
     if examples.central_test is not None:
         _write_arrow(examples.central_test, None, path / CENTRAL_FILE)
     write_meta(
@@ -104,9 +107,10 @@ def write_store(
             "mean": examples.mean,
             "std": examples.std,
             "has_central_test": examples.central_test is not None,
-            "has_label_hist": "label_hist" in index.column_names,
+            "has_label_hist": has_label_hist,
             **_token_range(examples),
         },
+        extra_files=(COUNTS_FILE,),
     )
     return path
 
@@ -125,34 +129,89 @@ def _token_range(examples: Examples) -> dict[str, int]:
 
 
 def _shuffle_within_clients(partition: Partition, seed: int) -> np.ndarray:
-    """``partition.order`` with each client's rows in a seeded random order (train rows first)."""
-    client_of_row = np.repeat(np.arange(partition.num_clients), partition.sizes)
-    shuffle_key = np.random.default_rng([seed, SPLIT_STREAM]).random(len(partition.order))
-    # One lexsort shuffles every client at once: by client, then by the random key.
-    return partition.order[np.lexsort((shuffle_key, client_of_row))]
+    """``partition.order`` with each client's rows in a seeded random order (train rows first).
+
+    By client, then by a random key: one lexsort per block of whole clients (``_client_blocks``),
+    so that the temporaries are a block's, not the population's; the keys are drawn block after
+    block from one stream, which gives the numbers one draw of them all would.
+    """
+    rng = np.random.default_rng([seed, SPLIT_STREAM])
+    order = np.empty_like(partition.order)
+    for first, last, start, stop in _client_blocks(partition.sizes):
+        client_of_row = np.repeat(np.arange(first, last), partition.sizes[first:last])
+        shuffle_key = rng.random(stop - start)
+        order[start:stop] = partition.order[start:stop][np.lexsort((shuffle_key, client_of_row))]
+    return order
 
 
-def _client_index(
-    examples: Examples, partition: Partition, order: np.ndarray, test_fraction: float
-) -> pa.Table:
-    """The clients.parquet table; label histograms count each client's train rows."""
-    num_clients, sizes = partition.num_clients, partition.sizes
+def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    """(first client, last client + 1, first row, last row + 1) of blocks of ``BATCH_ROWS`` clients."""
+    start = 0
+    for first in range(0, max(len(sizes), 1), BATCH_ROWS):  # one block, empty, for no clients
+        last = min(first + BATCH_ROWS, len(sizes))
+        stop = start + int(sizes[first:last].sum())
+        yield first, last, start, stop
+        start = stop
+
+
+def _write_client_index(
+    examples: Examples, partition: Partition, order: np.ndarray, test_fraction: float, path: Path
+) -> bool:
+    """Writes clients.parquet, one row group per block of clients (``_client_blocks``: a block's
+    arrays at a time, never the population's), and counts.npy; returns whether the index has
+    label histograms (of each client's train rows)."""
+    labels = examples.table.column("y").to_numpy() if "y" in examples.table.column_names else None
+    if examples.spec.task != "classification":
+        labels = None
+    counts = np.lib.format.open_memmap(path / COUNTS_FILE, "w+", np.int64, (3, partition.num_clients))
+    counts_start = counts.offset
+    del counts  # filled through the file: a map's dirty pages would count as resident memory
+    writer: pq.ParquetWriter | None = None
+    with open(path / COUNTS_FILE, "r+b") as counts_file:
+        for span in _client_blocks(partition.sizes):
+            block = _index_block(partition, order, labels, examples.spec.num_classes, test_fraction, span)
+            for row, name in enumerate(("offset", "num_train", "num_test")):
+                counts_file.seek(counts_start + 8 * (row * partition.num_clients + span[0]))
+                counts_file.write(block[name].to_numpy().tobytes())
+            table = pa.table(block)
+            writer = writer or pq.ParquetWriter(path / INDEX_FILE, table.schema)
+            writer.write_table(table, row_group_size=BATCH_ROWS)
+    assert writer is not None  # _client_blocks yields a block even for no clients
+    writer.close()
+    return labels is not None
+
+
+def _index_block(
+    partition: Partition,
+    order: np.ndarray,
+    labels: np.ndarray | None,
+    num_classes: int,
+    test_fraction: float,
+    clients_and_rows: tuple[int, int, int, int],
+) -> dict[str, pa.Array]:
+    """The index's columns for one of ``_client_blocks``: clients ``first:last``, rows ``start:stop``."""
+    first, last, start, stop = clients_and_rows
+    sizes = partition.sizes[first:last]
     num_train, num_test = split_sizes(sizes, test_fraction)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    keys = partition.keys
-    index = {
-        "client_id": pa.array(np.arange(num_clients, dtype=np.int64)),
-        "key": pa.nulls(num_clients, pa.string()) if keys is None else pa.array(keys, pa.string()),
+    offsets = start + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    block = {
+        "client_id": pa.array(np.arange(first, last, dtype=np.int64)),
+        "key": _keys(partition.keys, first, last),
         "offset": pa.array(offsets),
         "num_train": pa.array(num_train),
         "num_test": pa.array(num_test),
     }
-    if "y" in examples.table.column_names and examples.spec.task == "classification":
-        is_train = np.arange(len(order)) - np.repeat(offsets, sizes) < np.repeat(num_train, sizes)
-        clients = np.repeat(np.arange(num_clients), sizes)[is_train]
-        labels = examples.table.column("y").to_numpy()[order][is_train]
-        index["label_hist"] = _label_hist(clients, labels, num_clients, examples.spec.num_classes)
-    return pa.table(index)
+    if labels is not None:
+        is_train = np.arange(start, stop) - np.repeat(offsets, sizes) < np.repeat(num_train, sizes)
+        clients = np.repeat(np.arange(last - first), sizes)[is_train]
+        block["label_hist"] = _label_hist(
+            clients, labels[order[start:stop]][is_train], last - first, num_classes
+        )
+    return block
+
+
+def _keys(keys: list[str] | None, first: int, last: int) -> pa.Array:
+    return pa.nulls(last - first, pa.string()) if keys is None else pa.array(keys[first:last], pa.string())
 
 
 def _check_examples(examples: Examples, partition: Partition) -> None:
@@ -167,12 +226,34 @@ def _check_examples(examples: Examples, partition: Partition) -> None:
     order = partition.order
     if len(order) and (order.min() < 0 or order.max() >= table.num_rows):
         raise DataError(f"partition refers to rows outside the table's {table.num_rows} rows")
-    if len(order) and np.bincount(order, minlength=table.num_rows).max() > 1:
+    is_used = np.zeros(table.num_rows, bool)  # a byte per row, not a count of 8
+    is_used[order] = True
+    if np.count_nonzero(is_used) < len(order):
         raise DataError("partition uses some rows more than once")
+    if "y" in table.column_names and spec.task == "classification":
+        _check_label_hist_limits(spec.num_classes, partition)
     if "y" in table.column_names and spec.task == "classification" and table.num_rows:
         low, high = pc.min_max(table.column("y")).values()
         if low.as_py() < 0 or high.as_py() >= spec.num_classes:
             raise DataError(f"labels span [{low}, {high}], outside [0, spec.num_classes={spec.num_classes})")
+
+
+def _check_label_hist_limits(num_classes: int, partition: Partition) -> None:
+    """clients.parquet's label histograms are list<int32>: a row group's offsets (its clients
+    times the classes) and each count must stay under 2**31, or Arrow would wrap them silently."""
+    clients_per_group = min(partition.num_clients, BATCH_ROWS)
+    if clients_per_group * num_classes > _INT32_MAX:
+        raise DataError(
+            f"spec.num_classes: {num_classes:,} classes over {clients_per_group:,} clients (a row group of "
+            f"{INDEX_FILE}) exceed the {_INT32_MAX:,} entries its label histograms can hold; at most "
+            f"{_INT32_MAX // clients_per_group:,} classes"
+        )
+    if len(partition.sizes) and int(partition.sizes.max()) > _INT32_MAX:
+        client = int(partition.sizes.argmax())
+        raise DataError(
+            f"partition: client {client} holds {int(partition.sizes[client]):,} rows, more than a label "
+            f"histogram's int32 counts hold ({_INT32_MAX:,}); raise partition.num_clients"
+        )
 
 
 def _write_arrow(table: pa.Table, order: np.ndarray | None, path: Path) -> None:

@@ -24,7 +24,15 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from raysim import registry
-from raysim.data.format import CENTRAL_FILE, INDEX_FILE, META_FILE, ROWS_FILE, read_meta, rebuild_hint
+from raysim.data.format import (
+    CENTRAL_FILE,
+    COUNTS_FILE,
+    INDEX_FILE,
+    META_FILE,
+    ROWS_FILE,
+    read_meta,
+    rebuild_hint,
+)
 from raysim.data.integrity import check_sizes
 from raysim.data.partition import IidPartition, PartitionConfig
 from raysim.errors import DataError
@@ -98,7 +106,8 @@ def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, .
 class ClientStore:
     """Reads a client store: one client's rows on demand, from a memory map.
 
-    Opening costs 24 bytes per client (offsets and counts as numpy int64, ``read_counts``); rows
+    Opening reads no per-client data: offsets and counts are a memory map of ``counts.npy``
+    (``open_counts``; a store prepared before it holds them in memory, 24 bytes per client), rows
     are paged in only when a client is read, and keys and label histograms only when asked for.
     Pickling sends only the path: the receiving Ray worker reopens the store.
 
@@ -121,7 +130,7 @@ class ClientStore:
         self.std = None if meta["std"] is None else tuple(meta["std"])
         self._meta = meta
         self._rows = rows
-        self._offset = counts["offset"]  # (num_clients,) int64 each: the whole in-memory index
+        self._offset = counts["offset"]  # (num_clients,) int64 each: the whole index
         self._num_train = counts["num_train"]
         self._num_test = counts["num_test"]
         self._index: pq.ParquetFile | None = None  # opened on the first key / histogram lookup
@@ -139,7 +148,7 @@ class ClientStore:
         check_sizes(path, meta)  # a stat per file; ``verify_store`` hashes them
         try:
             rows = map_arrow(path / ROWS_FILE)
-            counts, end = read_counts(path / INDEX_FILE)
+            counts, end = open_counts(path)
         except (OSError, pa.ArrowException, KeyError) as e:  # KeyError: an index without its columns
             raise DataError(f"client store {path} is unreadable ({e}); {rebuild_hint(path, meta)}") from e
         if len(counts["offset"]) != meta["num_clients"] or end > rows.num_rows:
@@ -244,6 +253,24 @@ class ClientStore:
 
 
 COUNT_COLUMNS = ("offset", "num_train", "num_test")
+
+
+def open_counts(path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The store's ``COUNT_COLUMNS`` as read-only int64 arrays, and the end of the last row used.
+
+    A memory map of ``counts.npy``: nothing is read until a client's entries are, so the driver of
+    a ten-million-client run does not hold 240 MB of counts (nor do its workers, each again).
+    Clients' rows are contiguous and in order, so the last client's end is the end of all.
+    Stores prepared before ``counts.npy`` fall back to ``read_counts``.
+    """
+    if not (path / COUNTS_FILE).is_file():
+        return read_counts(path / INDEX_FILE)
+    table = np.asarray(np.load(path / COUNTS_FILE, mmap_mode="r"))  # a plain ndarray over the map
+    if table.dtype != np.int64 or table.ndim != 2 or len(table) != len(COUNT_COLUMNS):
+        raise KeyError(f"{COUNTS_FILE} holds {table.dtype} {table.shape}, not (3, num_clients) int64")
+    counts = dict(zip(COUNT_COLUMNS, table))
+    end = int(table[:, -1].sum()) if table.shape[1] else 0
+    return counts, end
 
 
 def read_counts(path: Path) -> tuple[dict[str, np.ndarray], int]:

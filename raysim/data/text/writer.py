@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raysim.data.format import BATCH_ROWS, INDEX_FILE, ROWS_FILE, is_complete, write_meta
+from raysim.data.format import BATCH_ROWS, COUNTS_FILE, INDEX_FILE, ROWS_FILE, is_complete, write_meta
 from raysim.data.store import map_arrow
 from raysim.data.text.build_state import (
     BUCKET_DIR,
@@ -200,6 +200,8 @@ def _merge_buckets(build: Path, config: TextDatasetConfig) -> pa.Table:
         }
     )
     pq.write_table(clients, build / INDEX_FILE, row_group_size=BATCH_ROWS)
+    counts = [offsets, index.column("num_train").to_numpy(), index.column("num_test").to_numpy()]
+    np.save(build / COUNTS_FILE, np.stack(counts).astype(np.int64))  # memory-mapped by readers
     return clients
 
 
@@ -275,5 +277,6 @@ def _write_meta(
                 "file": tokenizer_file,
             },
         },
-        extra_files=[tokenizer_file] if tokenizer_file else [],  # checksummed: it gives ids their meaning
+        # checksummed: the tokenizer gives ids their meaning
+        extra_files=[COUNTS_FILE, *([tokenizer_file] if tokenizer_file else [])],
     )

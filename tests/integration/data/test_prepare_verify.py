@@ -23,7 +23,7 @@ def test_verify_says_ok_then_names_the_corrupt_file_and_the_commands_that_rebuil
     options, path = prepared(tmp_path, capsys)
     assert main(["prepare", "digits", *options, "--verify"]) == 0
     out = capsys.readouterr().out
-    assert "OK: 2 files" in out and "match their checksums" in out and "digits: 5 clients" in out
+    assert "OK: 3 files" in out and "match their checksums" in out and "digits: 5 clients" in out
 
     rows = bytearray((path / "rows.arrow").read_bytes())
     rows[len(rows) // 2] ^= 0xFF
@@ -56,7 +56,7 @@ def test_verify_of_a_job_checks_each_of_its_stores(tmp_path, capsys):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert main(["prepare", str(tmp_path / "job.yaml"), "--verify"]) == 0
     out = capsys.readouterr().out
-    assert out.count("OK: 2 files") == 2 and "4 clients" in out and "6 clients" in out
+    assert out.count("OK: 3 files") == 2 and "4 clients" in out and "6 clients" in out
 
 
 def test_an_older_store_verifies_by_its_content_hash_and_rehash_adds_checksums(tmp_path, capsys):

@@ -46,15 +46,17 @@ def flip_byte(path: Path, position: int = -1) -> None:
 
 
 def drop_checksums(path: Path) -> None:
-    """Makes ``path`` look like a store prepared before per-file checksums existed."""
+    """Makes ``path`` look like a store prepared before per-file checksums existed (and before
+    counts.npy, so that its index is read from clients.parquet)."""
     meta = meta_of(path)
     del meta["files"], meta["meta_blake2b"]
     (path / "meta.json").write_text(json.dumps(meta))
+    (path / "counts.npy").unlink()
 
 
 def test_meta_records_each_file_size_and_blake2b_and_the_content_hash_keeps_its_definition(store_dir):
     files = meta_of(store_dir)["files"]
-    assert sorted(files) == ["central_test.arrow", "clients.parquet", "rows.arrow"]
+    assert sorted(files) == ["central_test.arrow", "clients.parquet", "counts.npy", "rows.arrow"]
     for name, entry in files.items():
         data = (store_dir / name).read_bytes()
         assert entry == {"bytes": len(data), "blake2b": hashlib.blake2b(data).hexdigest()}
@@ -67,7 +69,7 @@ def test_meta_records_each_file_size_and_blake2b_and_the_content_hash_keeps_its_
 
 def test_an_intact_store_verifies(store_dir):
     check = verify_store(store_dir)
-    assert check.has_checksums and check.num_files == 3
+    assert check.has_checksums and check.num_files == 4
     assert check.num_bytes == sum(e["bytes"] for e in meta_of(store_dir)["files"].values())
 
 
@@ -102,6 +104,7 @@ def test_a_store_without_checksums_opens_verifies_by_content_hash_and_can_be_reh
     check = verify_store(store_dir)
     assert not check.has_checksums and check.num_files == 3
     assert rehash_store(store_dir).has_checksums
+    del recorded["counts.npy"]  # such a store keeps reading its counts from clients.parquet
     assert meta_of(store_dir)["files"] == recorded  # what prepare would have written
     assert verify_store(store_dir).has_checksums
 
@@ -155,8 +158,8 @@ def test_text_stores_checksum_their_tokenizer(tmp_path):
     )
     path = write_text_store(iter(docs), cfg, tmp_path / "s", progress=False)
     files = meta_of(path)["files"]
-    assert sorted(files) == ["clients.parquet", "rows.arrow", "tokenizer.json"]
-    assert verify_store(path).num_files == 3
+    assert sorted(files) == ["clients.parquet", "counts.npy", "rows.arrow", "tokenizer.json"]
+    assert verify_store(path).num_files == 4
     flip_byte(path / "tokenizer.json", position=10)
     with pytest.raises(DataError, match="tokenizer.json does not match the checksum"):
         verify_store(path)

@@ -214,10 +214,12 @@ def corrupt_index(path: Path, how: str) -> None:
 
 
 def drop_checksums(path: Path) -> None:
-    """Makes ``path`` look like a store prepared before per-file checksums existed."""
+    """Makes ``path`` look like a store prepared before per-file checksums existed (and before
+    counts.npy, so that its index is read from clients.parquet)."""
     meta = json.loads((path / "meta.json").read_text())
     del meta["files"], meta["meta_blake2b"]
     (path / "meta.json").write_text(json.dumps(meta))
+    (path / "counts.npy").unlink()
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "other table"])
@@ -282,8 +284,19 @@ def test_index_read_by_row_group_answers_as_a_whole_table_read(grouped_store):
         assert offsets[cid] == part.sizes[:cid].sum()
 
 
-def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
+def test_counts_past_the_rows_are_refused(grouped_store):
     path, _ = grouped_store
+    counts = np.load(path / "counts.npy")
+    counts[0, 11] += 1  # the last client's offset: it now ends one row past rows.arrow
+    np.save(path / "counts.npy", counts)
+    with pytest.raises(DataError, match="does not match"):
+        ClientStore.open(path)
+
+
+def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
+    """A store prepared before counts.npy reads its counts from clients.parquet."""
+    path, _ = grouped_store
+    drop_checksums(path)
     index = pq.read_table(path / "clients.parquet")
     offsets = index.column("offset").to_numpy().copy()
     offsets[11] += 1  # the last client, in the last row group, now ends one row past rows.arrow
@@ -291,6 +304,20 @@ def test_an_index_past_the_rows_is_refused_in_any_row_group(grouped_store):
     pq.write_table(index, path / "clients.parquet", row_group_size=5)
     with pytest.raises(DataError, match="does not match"):
         ClientStore.open(path)
+
+
+def test_label_histograms_past_the_index_formats_int32_limits_are_refused(tmp_path, monkeypatch):
+    """list<int32> histograms: clients per row group x classes, and each count, below 2**31 (here
+    lowered to 10, so that a test store reaches it) before anything is written."""
+    monkeypatch.setattr("raysim.data.prepare._INT32_MAX", 10)
+    monkeypatch.setattr("raysim.data.prepare.BATCH_ROWS", 4)
+    even = Partition(np.arange(8), [2] * 4)  # 4 clients in a row group x 3 classes = 12 > 10
+    with pytest.raises(DataError, match=r"spec.num_classes: 3 classes over 4 clients.*at most 2 classes"):
+        write_store(row_id_examples(8), even, 0.0, 0, tmp_path / "a")
+    one = Partition(np.arange(11), [11])  # 1 client x 3 classes fits, but its 11 rows do not
+    with pytest.raises(DataError, match=r"partition: client 0 holds 11 rows.*raise partition.num_clients"):
+        write_store(row_id_examples(11), one, 0.0, 0, tmp_path / "b")
+    assert not (tmp_path / "a" / "rows.arrow").exists() and not (tmp_path / "b" / "rows.arrow").exists()
 
 
 def test_partition_using_a_row_twice_is_rejected(tmp_path):
@@ -403,3 +430,17 @@ def test_million_clients_open_small_and_read_only_their_rows(tmp_path):
         ]
     assert pa.total_allocated_bytes() == arrow_before
     assert store.label_histogram(999_999).sum() == 1
+
+
+def test_the_shuffle_by_blocks_of_clients_is_one_lexsort_of_them_all(monkeypatch):
+    """Reference: every client at once, by client then by one draw of random keys (the stream
+    ``SPLIT_STREAM`` of the store's seed); blocks of 3 clients must give the same order."""
+    from raysim.data.format import SPLIT_STREAM
+    from raysim.data.prepare import _shuffle_within_clients
+
+    monkeypatch.setattr("raysim.data.prepare.BATCH_ROWS", 3)
+    sizes = np.array([3, 0, 7, 1, 5, 2, 6, 4, 1, 7, 3, 6])
+    part = Partition(order=np.random.default_rng(1).permutation(45), sizes=sizes)
+    key = np.random.default_rng([4, SPLIT_STREAM]).random(45)
+    expected = part.order[np.lexsort((key, np.repeat(np.arange(12), sizes)))]
+    assert np.array_equal(_shuffle_within_clients(part, 4), expected)

@@ -1,10 +1,14 @@
 """Client state: versions by round, retries see the pre-round state, snapshots freeze a round."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from raysim.runtime.client_state import ClientStateStore
+from raysim.errors import DataError
+from raysim.runtime.client_state import ClientStateStore, migrate
 
 
 def value(store, client, before):
@@ -34,7 +38,7 @@ def test_only_two_versions_are_kept(tmp_path):
     store = ClientStateStore(tmp_path)
     for r in (1, 4, 6, 9):
         store.put(2, r, {"v": torch.tensor(float(r))})
-    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ["2.6.pt", "2.9.pt"]
+    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ["6.pt", "9.pt"]
 
 
 def test_a_snapshot_freezes_the_state_as_of_its_round(tmp_path):
@@ -83,7 +87,7 @@ def test_state_is_saved_on_the_cpu_and_read_onto_the_callers_device(tmp_path, mo
     state = {"c": {"w": torch.ones(2)}, "step": 3}
     store.put(4, 0, state)
     assert moved == [state]
-    saved = torch.load(next(tmp_path.rglob("4.0.pt")), weights_only=True)
+    saved = torch.load(tmp_path / "0004" / "4" / "0.pt", weights_only=True)
     assert saved["c"]["w"].device.type == "cpu" and saved["step"] == 3
     assert store.get(4, before_round=1)["c"]["w"].device.type == "cpu"
     on_meta = store.get(4, before_round=1, device="meta")
@@ -104,3 +108,45 @@ def test_a_snapshot_replaces_the_one_already_at_its_place(tmp_path):
     frozen = ClientStateStore(target)
     assert value(frozen, 1, 2) == 1.0 and value(frozen, 2, 2) == 2.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final.client_state", "live", "resumed"]
+
+
+def test_a_read_lists_only_the_clients_own_folder(tmp_path, monkeypatch):
+    """Ten thousand clients to a shard at ten million: a read must not scan the shard."""
+    store = ClientStateStore(tmp_path)
+    for client in (5, 5 + 1024, 5 + 2048):  # one shard
+        store.put(client, 0, {"v": torch.tensor(float(client))})
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: listed.append(Path(path)) or real(path))
+    monkeypatch.setattr(Path, "glob", lambda *a: pytest.fail("a read globbed a folder"))
+    assert value(store, 1029, 1) == 1029.0
+    assert listed == [tmp_path / "0005" / "1029"]
+
+
+def flat_layout(root, files):
+    """A client-state folder as raysim wrote it before per-client folders."""
+    for client, round_num, v in files:
+        (root / f"{client % 1024:04d}").mkdir(parents=True, exist_ok=True)
+        torch.save({"v": torch.tensor(v)}, root / f"{client % 1024:04d}" / f"{client}.{round_num}.pt")
+
+
+def test_a_folder_of_the_flat_layout_is_refused_naming_the_migration(tmp_path):
+    flat_layout(tmp_path, [(7, 2, 2.0)])
+    with pytest.raises(DataError, match=rf"flat layout.*python -m raysim.runtime.client_state {tmp_path}"):
+        ClientStateStore(tmp_path)
+
+
+def test_migrate_converts_the_flat_layout_in_place(tmp_path):
+    flat_layout(tmp_path, [(7, 2, 2.0), (7, 4, 4.0), (1031, 3, 3.0)])
+    assert migrate(tmp_path) == 3
+    store = ClientStateStore(tmp_path)
+    assert value(store, 7, 4) == 2.0 and value(store, 7, 5) == 4.0 and value(store, 1031, 9) == 3.0
+    assert not list(tmp_path.glob("*/*.pt"))  # no flat file left
+
+
+def test_a_snapshot_of_the_flat_layout_restores_into_per_client_folders(tmp_path):
+    """A checkpoint written before per-client folders resumes: restore converts as it links."""
+    flat_layout(tmp_path / "snap", [(3, 1, 1.0), (3, 2, 2.0)])
+    store = ClientStateStore(tmp_path / "live")
+    store.restore(tmp_path / "snap")
+    assert value(store, 3, 2) == 1.0 and value(store, 3, 3) == 2.0 and store.num_clients() == 1

@@ -88,7 +88,8 @@ def test_store_groups_packs_and_splits_every_client(tmp_path):
         "metrics": [],
     }
     assert meta["num_tokens"] == 16 * sum(len(expected[k]) for k in kept)
-    assert sorted(p.name for p in store.path.iterdir()) == ["clients.parquet", "meta.json", "rows.arrow"]
+    names = sorted(p.name for p in store.path.iterdir())
+    assert names == ["clients.parquet", "counts.npy", "meta.json", "rows.arrow"]
 
 
 def test_split_shuffle_is_seeded(tmp_path):

@@ -21,7 +21,7 @@ Usage:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +90,17 @@ def train_clients(
     All contexts share one round, device, spec and resident model (``ctxs[0].model``, holding the
     broadcast weights, which it keeps); each brings its data, seed and step budget.
     """
+    trained, metrics = train_contexts(ctxs, config, edit_gradients=edit_gradients)
+    return [(client_delta(ctx, trained, i), metrics[i]) for i, ctx in enumerate(ctxs)]
+
+
+def train_contexts(
+    ctxs: Sequence[ClientContext], config: LocalTrainConfig, *, edit_gradients: GradientEdit | None = None
+) -> tuple[Stacked, list[Metrics]]:
+    """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, and
+    their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass)."""
     first = ctxs[0]
-    trained, metrics = train_local_vectorized(
+    return train_local_vectorized(
         first.model,
         [ctx.data for ctx in ctxs],
         config,
@@ -102,10 +111,11 @@ def train_clients(
         step_budgets=[ctx.step_budget for ctx in ctxs],
         edit_gradients=edit_gradients,
     )
-    return [
-        (P.delta(ctx.global_params, {k: v[i] for k, v in trained.items()}), metrics[i])
-        for i, ctx in enumerate(ctxs)
-    ]
+
+
+def client_delta(ctx: ClientContext, trained: Stacked, position: int) -> Params:
+    """``global - local`` of the client at ``position`` of the stacks (``train_client``'s delta)."""
+    return P.delta(ctx.global_params, {k: v[position] for k, v in trained.items()})
 
 
 def train_local_vectorized(
@@ -141,27 +151,71 @@ def train_local_vectorized(
     gradients = vmap(grad(_objective(model, frozen, spec), has_aux=True), randomness="error")
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
+    for step, clients, index, batch in _steps(plans, tensors, device):
+        part = chunk.take(clients)
+        grads, (loss, correct, count) = gradients(part.params, part.buffers, batch)
+        if edit_gradients is not None:
+            grads = edit_gradients(part.params, grads, index)
+        if config.grad_clip is not None:
+            _clip_(grads, config.grad_clip)
+        _optimizer_step_(part, grads, config, lr, step)
+        chunk.put(clients, part)
+        counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
+        sums.index_add_(0, index, counts.to(sums.dtype))
+    metrics = [_metrics(sums[i], plan, len(data)) for i, (plan, data) in enumerate(zip(plans, datas))]
+    saved = P.model_params(model)
+    return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics
+
+
+def squared_gradient_sums(
+    model: nn.Module,
+    weights: Stacked,
+    datas: Sequence[ClientData],
+    batch_size: int,
+    *,
+    seeds: Sequence[int],
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+) -> tuple[Stacked, list[int]]:
+    """Per client, the sum over one pass of its batches (shuffled by its seed, as
+    ``iterate_batches``) of the elementwise squared batch gradient at its ``weights`` (stacked
+    ``params.model_params``, as ``train_local_vectorized`` returns them), in float32, with the
+    number of batches: FedFish's Fisher pass. ``model``'s mode applies; no weight is changed."""
+    params = {k: p for k, p in weights.items() if k in dict(model.named_parameters())}
+    stacked = _stack(model, len(datas), LocalTrainConfig()).buffers
+    buffers = {k: (weights[k] if k in weights else b).clone() for k, b in stacked.items()}  # the pass's own
+    frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
+    gradients = vmap(grad(_objective(model, frozen, spec), has_aux=True), randomness="error")
+    one_pass = LocalTrainConfig(batch_size=batch_size)
+    plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
+    sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
+    for _, clients, index, batch in _steps(plans, [to_tensors(d, device) for d in datas], device):
+        take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
+        part = {k: take(b) for k, b in buffers.items()}
+        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch)
+        for k, g in grads.items():
+            sums[k].index_add_(0, index, g.float() ** 2)
+        if clients is not None:
+            for k, b in buffers.items():
+                b.index_copy_(0, clients, part[k])
+    return sums, [len(plan) for plan in plans]
+
+
+def _steps(
+    plans: list[list[torch.Tensor]], tensors: list[Batch], device: torch.device | str
+) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor, Batch]]:
+    """Each step's groups: the step, the clients (None: all of them), their positions and their
+    stacked batch ``[clients, batch, ...]``. Clients with a batch at the step, grouped by its size
+    (a short last batch trains apart, so BatchNorm never sees padding)."""
+    everyone = torch.arange(len(plans), device=device)
     for step in range(max((len(plan) for plan in plans), default=0)):
         for members in _groups_by_size(plans, step):
-            clients = None if len(members) == len(datas) else torch.tensor(members, device=device)
-            part = chunk.take(clients)
+            clients = None if len(members) == len(plans) else torch.tensor(members, device=device)
             batch = {
                 key: torch.stack([tensors[i][key][plans[i][step].to(device)] for i in members])
                 for key in tensors[members[0]]
             }
-            grads, (loss, correct, count) = gradients(part.params, part.buffers, batch)
-            index = clients if clients is not None else torch.arange(len(datas), device=device)
-            if edit_gradients is not None:
-                grads = edit_gradients(part.params, grads, index)
-            if config.grad_clip is not None:
-                _clip_(grads, config.grad_clip)
-            _optimizer_step_(part, grads, config, lr, step)
-            chunk.put(clients, part)
-            counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
-            sums.index_add_(0, index, counts.to(sums.dtype))
-    metrics = [_metrics(sums[i], plan, len(data)) for i, (plan, data) in enumerate(zip(plans, datas))]
-    saved = P.model_params(model)
-    return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics
+            yield step, clients, everyone if clients is None else clients, batch
 
 
 def _batch_plan(

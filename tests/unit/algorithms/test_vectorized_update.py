@@ -1,6 +1,7 @@
 """Each plugin's ``vectorized_update`` returns what its ``client_update`` returns client by client:
-FedAvg (plain SGD and momentum), FedProx's proximal term, SCAFFOLD's control-variate correction
-and new variates. Clients differ in data, size (unequal batch counts) and seed."""
+FedAvg (plain SGD and momentum), FedProx's proximal term, FedFish's Fisher (the extra pass, or
+the last epoch's squared gradients), SCAFFOLD's control-variate correction and new variates.
+Clients differ in data, size (unequal batch counts) and seed."""
 
 import sys
 from dataclasses import replace
@@ -45,9 +46,12 @@ def assert_same_results(vectorized, sequential):
         ("fedavg", {"local": {"lr": 0.2, "batch_size": 2, "epochs": 2}}),
         ("fedavg", {"local": {"lr": 0.2, "batch_size": 2, "momentum": 0.9, "weight_decay": 0.01}}),
         ("fedprox", {"mu": 0.5, "local": {"lr": 0.2, "batch_size": 2, "epochs": 3}}),
+        ("fedfish", {"local": {"lr": 0.2, "batch_size": 2, "epochs": 2}}),  # the Fisher pass
+        ("fedfish", {"local": {"lr": 0.2, "batch_size": 2}, "fisher_reduce": "mean", "fisher_mode": "eval"}),
+        ("fedfish", {"local": {"lr": 0.2, "batch_size": 2, "epochs": 3}, "fisher_source": "last_epoch"}),
     ],
 )
-def test_the_fedavg_family_matches_client_update(name, options):
+def test_the_fedavg_family_and_fedfish_match_client_update(name, options):
     algo = plugin(name, **options)
     assert vectorizes(algo)
     assert_same_results(algo.vectorized_update(contexts()), [algo.client_update(c) for c in contexts()])

@@ -29,6 +29,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raysim import params as P
+from raysim.train.hashed_dropout import HashedDropout
 from raysim.train.local import (
     Batch,
     LocalTrainConfig,
@@ -45,7 +46,8 @@ Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...
 # are their positions in the chunk): SCAFFOLD's correction, FedProx's proximal gradient.
 GradientEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
 
-_RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+# randomness ``HashedDropout`` does not draw per client (plain ``nn.Dropout`` it does)
+_RANDOM_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def vectorization_blocker(model: nn.Module) -> str | None:
@@ -53,7 +55,7 @@ def vectorization_blocker(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if isinstance(module, _RANDOM_MODULES) and module.p > 0:
             return f"module {name!r} ({type(module).__name__}) draws random masks per client"
-        if isinstance(rate := getattr(module, "dropout", None), float) and rate > 0:
+        if isinstance(rate := getattr(module, "dropout", None), float) and rate > 0:  # F.dropout inside
             return f"module {name!r} ({type(module).__name__}) applies dropout"
     return None
 
@@ -148,12 +150,14 @@ def train_local_vectorized(
     ]
     chunk = _stack(model, len(datas), config)
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
-    gradients = vmap(grad(_objective(model, frozen, spec), has_aux=True), randomness="error")
+    dropout = HashedDropout(model)
+    gradients = vmap(grad(_objective(model, frozen, spec, dropout), has_aux=True), randomness="error")
+    keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
-    for step, clients, index, batch in _steps(plans, tensors, device):
+    for step, clients, index, batch in dropout.over(_steps(plans, tensors, device)):
         part = chunk.take(clients)
-        grads, (loss, correct, count) = gradients(part.params, part.buffers, batch)
+        grads, (loss, correct, count) = gradients(part.params, part.buffers, batch, keys[index])
         if edit_gradients is not None:
             grads = edit_gradients(part.params, grads, index)
         if config.grad_clip is not None:
@@ -185,14 +189,18 @@ def squared_gradient_sums(
     stacked = _stack(model, len(datas), LocalTrainConfig()).buffers
     buffers = {k: (weights[k] if k in weights else b).clone() for k, b in stacked.items()}  # the pass's own
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
-    gradients = vmap(grad(_objective(model, frozen, spec), has_aux=True), randomness="error")
+    dropout = HashedDropout(model)
+    gradients = vmap(grad(_objective(model, frozen, spec, dropout), has_aux=True), randomness="error")
+    keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     one_pass = LocalTrainConfig(batch_size=batch_size)
     plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
     sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
-    for _, clients, index, batch in _steps(plans, [to_tensors(d, device) for d in datas], device):
+    for _, clients, index, batch in dropout.over(
+        _steps(plans, [to_tensors(d, device) for d in datas], device)
+    ):
         take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
         part = {k: take(b) for k, b in buffers.items()}
-        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch)
+        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch, keys[index])
         for k, g in grads.items():
             sums[k].index_add_(0, index, g.float() ** 2)
         if clients is not None:
@@ -253,13 +261,15 @@ def _stack(model: nn.Module, clients: int, config: LocalTrainConfig) -> _Chunk:
 
 
 def _objective(
-    model: nn.Module, frozen: dict[str, torch.Tensor], spec: DataSpec
-) -> Callable[[Stacked, Stacked, Batch], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-    """One client's task loss at its weights; BatchNorm updates its buffers in place."""
+    model: nn.Module, frozen: dict[str, torch.Tensor], spec: DataSpec, dropout: HashedDropout
+) -> Callable[[Stacked, Stacked, Batch, torch.Tensor], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """One client's task loss at its weights; BatchNorm updates its buffers in place, dropout
+    draws from the client's ``key``."""
 
     def objective(
-        params: Stacked, buffers: Stacked, batch: Batch
+        params: Stacked, buffers: Stacked, batch: Batch, key: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        dropout.begin_forward(key)
         outputs = functional_call(model, (params, buffers, frozen), (batch["x"],), strict=False)
         loss, correct, count = outputs_loss(outputs, batch, spec)
         aux = (loss.detach(), torch.as_tensor(correct), torch.as_tensor(count, device=loss.device))

@@ -95,9 +95,9 @@ def test_the_starting_model_is_left_as_it_was():
         assert torch.equal(value, before[key]), key
 
 
-def test_a_model_with_dropout_is_refused_naming_the_module():
-    model = nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5), nn.Linear(4, 2))
-    assert vectorization_blocker(model) == "module '1' (Dropout) draws random masks per client"
+def test_randomness_other_than_dropout_is_refused_naming_the_module():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Dropout2d(0.5), nn.Flatten(), nn.Linear(64, 3))
+    assert vectorization_blocker(model) == "module '1' (Dropout2d) draws random masks per client"
     with pytest.raises(ValueError, match="module '1'"):
         train_local_vectorized(model, [], CONFIGS["sgd"], seeds=[], spec=SPEC)
-    assert vectorization_blocker(nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.0))) is None
+    assert vectorization_blocker(nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5))) is None

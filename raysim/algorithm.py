@@ -73,6 +73,7 @@ Optional hooks, each used when present:
   return within float tolerance. Its presence declares that the plugin's client update
   vectorizes; ``engine.vectorize`` (off by default) decides whether the worker uses it. Every
   context shares the resident model, loaded with ``payload.params``, which the hook leaves as is.
+  A plugin that vectorizes under some options only makes it a property, None under the others.
 - ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
   by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
   checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,

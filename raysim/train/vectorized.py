@@ -8,11 +8,12 @@ client keeps ``train_local``'s semantics: its own shuffling (drawn from its seed
 an epoch (no drop_last), the lr of the round, gradient clipping and SGD (momentum, weight decay)
 or Adam as ``torch.optim`` computes them. A step trains only the clients that still have a batch,
 grouped by batch size, so a client that has run out of batches does not move and its optimizer
-state does not change, and BatchNorm sees exactly its own batch (no padding).
+state does not change, and BatchNorm sees exactly its own batch (no padding). Plugins change the
+objective through ``edit_gradients`` (``after_backward``'s counterpart) and ``passes`` (one
+optimizer step each per batch: ``train_local``'s ``step``), fed per client by ``draw``.
 
-What cannot vectorize is refused by ``vectorization_blocker``: randomness inside the model
-(dropout, whose per-client masks are not yet drawn from the client's seed) and a module in
-train mode that keeps state other than tensors.
+What cannot vectorize is refused by ``vectorization_blocker``: randomness inside the model other
+than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from each client's seed.
 
 Usage:
     results = train_clients(ctxs, LocalTrainConfig(lr=0.1))      # [(delta, metrics)] per client
@@ -47,6 +48,20 @@ Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...
 GradientEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
 
 # randomness ``HashedDropout`` does not draw per client (plain ``nn.Dropout`` it does)
+TaskLoss = Callable[[Stacked, Stacked], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+Losses = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# One optimizer step's objective for one client (vmapped: its own tensors, no client axis): from
+# ``task`` (the task loss at any weights and buffers), the client's params and buffers and its
+# draws for the batch (``draw``), the loss to differentiate and the task loss its metrics count.
+Pass = Callable[[TaskLoss, Stacked, Stacked, torch.Tensor], Losses]
+
+
+def task_pass(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
+    """The default pass: the task loss at the client's weights (``gradient_step``'s objective)."""
+    losses = task(params, buffers)
+    return losses[0], losses
+
+
 _RANDOM_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
@@ -85,19 +100,30 @@ class _Chunk:
 
 
 def train_clients(
-    ctxs: Sequence[ClientContext], config: LocalTrainConfig, *, edit_gradients: GradientEdit | None = None
+    ctxs: Sequence[ClientContext],
+    config: LocalTrainConfig,
+    *,
+    edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
 ) -> list[tuple[Params, Metrics]]:
     """``train_client`` for every context at once: ``(delta, metrics)`` per client, in order.
 
     All contexts share one round, device, spec and resident model (``ctxs[0].model``, holding the
-    broadcast weights, which it keeps); each brings its data, seed and step budget.
+    broadcast weights, which it keeps); each brings its data, seed and step budget. The hooks are
+    ``train_local_vectorized``'s.
     """
-    trained, metrics = train_contexts(ctxs, config, edit_gradients=edit_gradients)
+    trained, metrics = train_contexts(ctxs, config, edit_gradients=edit_gradients, passes=passes, draw=draw)
     return [(client_delta(ctx, trained, i), metrics[i]) for i, ctx in enumerate(ctxs)]
 
 
 def train_contexts(
-    ctxs: Sequence[ClientContext], config: LocalTrainConfig, *, edit_gradients: GradientEdit | None = None
+    ctxs: Sequence[ClientContext],
+    config: LocalTrainConfig,
+    *,
+    edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
 ) -> tuple[Stacked, list[Metrics]]:
     """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, and
     their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass)."""
@@ -112,6 +138,8 @@ def train_contexts(
         round_num=first.round_num,
         step_budgets=[ctx.step_budget for ctx in ctxs],
         edit_gradients=edit_gradients,
+        passes=passes,
+        draw=draw,
     )
 
 
@@ -131,8 +159,14 @@ def train_local_vectorized(
     round_num: int = 0,
     step_budgets: Sequence[int | None] | None = None,
     edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
 ) -> tuple[Stacked, list[Metrics]]:
     """``train_local`` of ``model``'s current weights on each client's data, all at once.
+
+    Each batch takes one optimizer step per pass in ``passes`` (``train_local``'s ``step``:
+    FedGuCci's task step, then one per anchor); the metrics count the first pass's task loss.
+    ``draw(i)`` gives client ``i``'s numbers for its next batch, which every pass receives.
 
     Returns:
         Every client's trained ``params.model_params`` stacked (trainable parameters and float
@@ -151,21 +185,27 @@ def train_local_vectorized(
     chunk = _stack(model, len(datas), config)
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
     dropout = HashedDropout(model)
-    gradients = vmap(grad(_objective(model, frozen, spec, dropout), has_aux=True), randomness="error")
+    objectives = [_objective(model, frozen, spec, dropout, one_pass) for one_pass in passes]
+    gradients = [vmap(grad(objective, has_aux=True), randomness="error") for objective in objectives]
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
     for step, clients, index, batch in dropout.over(_steps(plans, tensors, device)):
         part = chunk.take(clients)
-        grads, (loss, correct, count) = gradients(part.params, part.buffers, batch, keys[index])
-        if edit_gradients is not None:
-            grads = edit_gradients(part.params, grads, index)
-        if config.grad_clip is not None:
-            _clip_(grads, config.grad_clip)
-        _optimizer_step_(part, grads, config, lr, step)
+        members = index.tolist()
+        draws = torch.tensor([list(draw(i)) if draw else [] for i in members], device=device)
+        for n, gradient in enumerate(gradients):
+            dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
+            grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
+            if edit_gradients is not None:
+                grads = edit_gradients(part.params, grads, index)
+            if config.grad_clip is not None:
+                _clip_(grads, config.grad_clip)
+            _optimizer_step_(part, grads, config, lr, optimizer_step)
+            if n == 0:
+                counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
+                sums.index_add_(0, index, counts.to(sums.dtype))
         chunk.put(clients, part)
-        counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
-        sums.index_add_(0, index, counts.to(sums.dtype))
     metrics = [_metrics(sums[i], plan, len(data)) for i, (plan, data) in enumerate(zip(plans, datas))]
     saved = P.model_params(model)
     return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics
@@ -190,7 +230,9 @@ def squared_gradient_sums(
     buffers = {k: (weights[k] if k in weights else b).clone() for k, b in stacked.items()}  # the pass's own
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
     dropout = HashedDropout(model)
-    gradients = vmap(grad(_objective(model, frozen, spec, dropout), has_aux=True), randomness="error")
+    gradients = vmap(
+        grad(_objective(model, frozen, spec, dropout, task_pass), has_aux=True), randomness="error"
+    )
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     one_pass = LocalTrainConfig(batch_size=batch_size)
     plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
@@ -200,7 +242,8 @@ def squared_gradient_sums(
     ):
         take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
         part = {k: take(b) for k, b in buffers.items()}
-        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch, keys[index])
+        no_draws = torch.zeros(len(index), 0, device=device)
+        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch, keys[index], no_draws)
         for k, g in grads.items():
             sums[k].index_add_(0, index, g.float() ** 2)
         if clients is not None:
@@ -261,19 +304,25 @@ def _stack(model: nn.Module, clients: int, config: LocalTrainConfig) -> _Chunk:
 
 
 def _objective(
-    model: nn.Module, frozen: dict[str, torch.Tensor], spec: DataSpec, dropout: HashedDropout
-) -> Callable[[Stacked, Stacked, Batch, torch.Tensor], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-    """One client's task loss at its weights; BatchNorm updates its buffers in place, dropout
-    draws from the client's ``key``."""
+    model: nn.Module, frozen: dict[str, torch.Tensor], spec: DataSpec, dropout: HashedDropout, one_pass: Pass
+) -> Callable[[Stacked, Stacked, Batch, torch.Tensor, torch.Tensor], Losses]:
+    """One client's ``one_pass`` at its weights; BatchNorm updates the buffers it is given in
+    place, dropout draws from the client's ``key``."""
 
     def objective(
-        params: Stacked, buffers: Stacked, batch: Batch, key: torch.Tensor
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        params: Stacked, buffers: Stacked, batch: Batch, key: torch.Tensor, draws: torch.Tensor
+    ) -> Losses:
         dropout.begin_forward(key)
-        outputs = functional_call(model, (params, buffers, frozen), (batch["x"],), strict=False)
-        loss, correct, count = outputs_loss(outputs, batch, spec)
-        aux = (loss.detach(), torch.as_tensor(correct), torch.as_tensor(count, device=loss.device))
-        return loss, aux
+
+        def task(
+            weights: Stacked, weight_buffers: Stacked
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            outputs = functional_call(model, (weights, weight_buffers, frozen), (batch["x"],), strict=False)
+            loss, correct, count = outputs_loss(outputs, batch, spec)
+            return loss, torch.as_tensor(correct), torch.as_tensor(count, device=loss.device)
+
+        total, (loss, correct, count) = one_pass(task, params, buffers, draws)
+        return total, (loss.detach(), correct, count)
 
     return objective
 

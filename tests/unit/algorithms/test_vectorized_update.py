@@ -74,3 +74,27 @@ def test_scaffold_matches_client_update_with_each_clients_own_variate():
 
 def test_a_plugin_without_the_hook_does_not_vectorize():
     assert not vectorizes(plugin("fedlc"))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # the authors' loop: a task step, then a step per anchor, alpha 0.5
+        {"update_mode": "joint", "alpha_mode": "uniform"},  # Eq. 13, each client's own alphas
+        {"alpha_mode": "uniform", "interpolated_mode": "eval", "local": {"momentum": 0.9}},
+    ],
+)
+def test_fedgucci_matches_client_update_with_two_anchors(options):
+    local = {"lr": 0.2, "batch_size": 2, "epochs": 2} | options.pop("local", {})
+    algo = plugin("fedgucci", num_anchors=2, beta=0.5, local=local, **options)
+    module = sys.modules[type(algo).__module__]
+    older = {"weight": np.float32([[0.2, 0.1], [-0.3, 0.4]]), "bias": np.float32([0.0, 0.1])}
+    extra = module.Anchors([older])  # the broadcast is the newest anchor
+    assert vectorizes(algo)
+    assert_same_results(
+        algo.vectorized_update(contexts(extra)), [algo.client_update(ctx) for ctx in contexts(extra)]
+    )
+
+
+def test_fedgucci_plus_does_not_vectorize():
+    assert not vectorizes(plugin("fedgucci_plus"))

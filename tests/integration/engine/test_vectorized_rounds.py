@@ -40,3 +40,12 @@ def test_on_refuses_what_cannot_vectorize_before_training(tmp_path, sections, pa
     with pytest.raises(ConfigError, match=part) as caught:
         run(job, output_dir=tmp_path)
     assert "set engine.vectorize to auto or off" in str(caught.value)
+
+
+def test_auto_runs_what_cannot_vectorize_as_before_bit_for_bit(tmp_path):
+    def final(mode):
+        job = tiny_job(algorithm={"name": "fedlc"}, engine={"vectorize": mode, "num_rounds": 2})
+        return run(job, output_dir=tmp_path / mode).state.params
+
+    before, auto = final("off"), final("auto")
+    assert all(torch.equal(auto[k], before[k]) for k in before)

@@ -16,6 +16,8 @@ Usage:
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,6 +38,38 @@ def vectorize_blocker(algorithm: Algorithm, model: nn.Module, algorithm_name: st
     if (blocker := vectorization_blocker(model)) is not None:
         return f"the model: {blocker}"
     return None
+
+
+def worker_vectorizes(job: JobConfig, algorithm: Algorithm, model: nn.Module, device: torch.device) -> bool:
+    """Whether a worker trains its rounds in chunks: ``engine.vectorize`` is not off and neither
+    plugin nor model is in the way. On a CPU the worker then keeps freed memory for reuse."""
+    vectorizes = (
+        job.engine.vectorize != "off" and vectorize_blocker(algorithm, model, job.algorithm.name) is None
+    )
+    if vectorizes and device.type == "cpu":
+        keep_freed_memory()
+    return vectorizes
+
+
+def keep_freed_memory() -> None:
+    """Makes glibc's malloc keep freed memory for the next allocation instead of returning it.
+
+    A chunk's tensors are large (16 clients' gradient of pfl's CNN's dense layer: 100 MB), above
+    the 32 MB beyond which glibc maps fresh pages for each allocation and unmaps them when freed,
+    so every step paid the kernel for faulting in and zeroing them again: measured on the CIFAR
+    benchmark's shape, about a third of a vectorized step. The process keeps its peak heap.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl): nothing to tune
+        return
+    libc.mallopt(_M_MMAP_MAX, 0)  # no allocation of its own mapping: all from the heap
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # and the heap's top is never given back
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
 def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module) -> None:

@@ -27,7 +27,7 @@ from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
-from raysim.runtime.chunks import ChunkResults, vectorize_blocker
+from raysim.runtime.chunks import ChunkResults, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
@@ -80,8 +80,7 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
-        blocker = vectorize_blocker(self.algorithm, self.model, self.job.algorithm.name)
-        self.vectorizes = self.job.engine.vectorize != "off" and blocker is None
+        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device)
 
     def ping(self) -> str:
         return "ok"

@@ -1,5 +1,9 @@
 """``ChunkResults``: clients trained in chunks of the configured size, in task order, each chunk
-once; a chunk's error fails each of its clients, and an out-of-memory names the fix."""
+once; a chunk's error fails each of its clients, and an out-of-memory names the fix. A CPU
+worker keeps freed memory: a chunk's large tensors come from the heap, not fresh pages."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -41,3 +45,33 @@ def test_running_out_of_memory_names_the_chunk_size_to_lower():
     chunks = ChunkResults(train_chunk, [1, 2, 3], chunk_size=3)
     with pytest.raises(MemoryError, match=r"a chunk of 3 clients ran out .* lower engine.vectorize_chunk"):
         chunks.result(2)
+
+
+MAPPED = """
+import ctypes, numpy as np
+from raysim.runtime.chunks import keep_freed_memory
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+
+def mapped_alone():  # the bytes a 200 MB array adds to allocations with a mapping of their own
+    before = libc.mallinfo2().hblkhd
+    array = np.ones(50_000_000, np.float32)
+    return libc.mallinfo2().hblkhd - before
+
+plain = mapped_alone()
+keep_freed_memory()
+print(plain, mapped_alone())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_large_allocation_comes_from_the_reused_heap_not_fresh_pages():
+    out = subprocess.run([sys.executable, "-c", MAPPED], capture_output=True, text=True, check=True)
+    plain, kept = map(int, out.stdout.split())
+    assert plain >= 200_000_000  # glibc's default: a mapping of its own, unmapped when freed
+    assert kept == 0

@@ -120,6 +120,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     if vectorized is not None:
         figures["vectorized_round_s"] = statistics.median(vectorized_s)
         figures["vectorized_vs_plain"] = statistics.median(v / p for v, p in zip(vectorized_s, plain_s))
+        figures["vectorized_rounds_s"] = vectorized_s
     console.print(_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))

@@ -2,14 +2,15 @@
 clients trained chunk by chunk (``engine.vectorize``, ``engine.vectorize_chunk``).
 
 A round vectorizes when ``engine.vectorize`` is ``auto`` or ``on``, the plugin has a
-``vectorized_update`` (``raysim.algorithm.vectorizes``), the model has no randomness
-(``raysim.train.vectorized.vectorization_blocker``) and the round measures no client with a probe
-nor keeps the clients' local models (both need each client's model, which a chunk never
-materialises); otherwise it runs the sequential loop. ``on`` refuses before training a job whose
-plugin, model or probes cannot vectorize.
+``vectorized_update`` (``raysim.algorithm.vectorizes``), the model holds no randomness it cannot
+draw per client (``raysim.train.vectorized.vectorization_blocker``) and the round measures no
+client with a probe nor keeps the clients' local models (both need each client's model, which a
+chunk never materialises); otherwise it runs the sequential loop. ``on`` refuses before training a
+job whose plugin, model or probes cannot vectorize.
 
 Usage:
     check_vectorize(job, algorithm, model)   # the driver, before any worker starts
+    worker_vectorizes(job, algorithm, model, device)   # a worker, once
     chunks = ChunkResults(train_chunk, client_ids, job.engine.vectorize_chunk)
     result, seconds = chunks.result(client_id)  # trains its chunk the first time
 """

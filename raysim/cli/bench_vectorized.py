@@ -19,7 +19,7 @@ from raysim.algorithm import vectorizes
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.runtime.builders import build_algorithm, build_job_model
-from raysim.runtime.chunks import keep_freed_memory
+from raysim.runtime.chunks import example_rows, keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig, cap_examples
 from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
@@ -39,7 +39,7 @@ class VectorizedSide:
         if not isinstance(local, LocalTrainConfig) or not vectorizes(build_algorithm(job)):
             return None
         side = cls(job, store, pool, local)
-        if vectorization_blocker(side.model) is not None:
+        if vectorization_blocker(side.model, example_rows(store, side.model)) is not None:
             return None
         keep_freed_memory()  # as a vectorizing worker on a CPU does
         return side

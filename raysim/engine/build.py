@@ -177,7 +177,7 @@ def open_parts(job: JobConfig) -> JobParts:
     model = build_job_model(job, store.spec)
     params = P.clone(P.model_params(model))
     check_model_fits(model, store, job.model.name, job.dataset.name)  # not a failure in round 0
-    check_vectorize(job, algorithm, model)  # engine.vectorize: on, for a part that cannot
+    check_vectorize(job, algorithm, model, store)  # engine.vectorize: on, for a part that cannot
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
     info = RunInfo(

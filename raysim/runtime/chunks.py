@@ -9,8 +9,8 @@ chunk never materialises); otherwise it runs the sequential loop. ``on`` refuses
 job whose plugin, model or probes cannot vectorize.
 
 Usage:
-    check_vectorize(job, algorithm, model)   # the driver, before any worker starts
-    worker_vectorizes(job, algorithm, model, device)   # a worker, once
+    check_vectorize(job, algorithm, model, store)   # the driver, before any worker starts
+    worker_vectorizes(job, algorithm, model, device, store)   # a worker, once
     chunks = ChunkResults(train_chunk, client_ids, job.engine.vectorize_chunk)
     result, seconds = chunks.result(client_id)  # trains its chunk the first time
 """
@@ -22,31 +22,46 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from raysim.algorithm import Algorithm, vectorizes
 from raysim.config import JobConfig
+from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
 from raysim.train.vectorized import vectorization_blocker
 from raysim.types import ClientResult
 
 
-def vectorize_blocker(algorithm: Algorithm, model: nn.Module, algorithm_name: str) -> str | None:
-    """What keeps this plugin and model from training clients in chunks (None: nothing)."""
+def vectorize_blocker(
+    algorithm: Algorithm, model: nn.Module, algorithm_name: str, store: ClientStore | None = None
+) -> str | None:
+    """What keeps this plugin and model from training clients in chunks (None: nothing); with the
+    store, the model's forward runs on its first rows too (``vectorization_blocker``)."""
     if not vectorizes(algorithm):
         return f"the algorithm {algorithm_name!r} has no vectorized_update (it trains one client at a time)"
-    if (blocker := vectorization_blocker(model)) is not None:
+    if (blocker := vectorization_blocker(model, example_rows(store, model))) is not None:
         return f"the model: {blocker}"
     return None
 
 
-def worker_vectorizes(job: JobConfig, algorithm: Algorithm, model: nn.Module, device: torch.device) -> bool:
+def example_rows(store: ClientStore | None, model: nn.Module) -> torch.Tensor | None:
+    """Two input rows from the store's first (one repeated if it holds one), on the model's device."""
+    x = store.first_rows(2).arrays["x"] if store is not None else np.zeros((0,))
+    if len(x) == 0:
+        return None
+    device = next(iter(model.parameters())).device
+    return torch.from_numpy(np.resize(x, (2, *x.shape[1:]))).to(device)
+
+
+def worker_vectorizes(
+    job: JobConfig, algorithm: Algorithm, model: nn.Module, device: torch.device, store: ClientStore
+) -> bool:
     """Whether a worker trains its rounds in chunks: ``engine.vectorize`` is not off and neither
     plugin nor model is in the way. On a CPU the worker then keeps freed memory for reuse."""
-    vectorizes = (
-        job.engine.vectorize != "off" and vectorize_blocker(algorithm, model, job.algorithm.name) is None
-    )
+    name = job.algorithm.name
+    vectorizes = job.engine.vectorize != "off" and vectorize_blocker(algorithm, model, name, store) is None
     if vectorizes and device.type == "cpu":
         keep_freed_memory()
     return vectorizes
@@ -73,7 +88,7 @@ def keep_freed_memory() -> None:
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
-def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module) -> None:
+def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module, store: ClientStore) -> None:
     """Refuses ``engine.vectorize: on`` for a job that cannot vectorize, naming the part.
 
     Raises:
@@ -81,7 +96,7 @@ def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module) -> N
     """
     if job.engine.vectorize != "on":
         return
-    blocker = vectorize_blocker(algorithm, model, job.algorithm.name)
+    blocker = vectorize_blocker(algorithm, model, job.algorithm.name, store)
     if blocker is None and job.evaluation.probes:
         blocker = "evaluation.probes measure each client's own model, which a chunk never holds"
     if blocker is not None:

@@ -80,7 +80,7 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
-        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device)
+        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device, self.store)
 
     def ping(self) -> str:
         return "ok"

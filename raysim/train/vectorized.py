@@ -65,13 +65,40 @@ def task_pass(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Te
 _RANDOM_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
-def vectorization_blocker(model: nn.Module) -> str | None:
-    """Why ``model`` cannot train vectorized (None: it can): names the first module in the way."""
+def vectorization_blocker(model: nn.Module, example: torch.Tensor | None = None) -> str | None:
+    """Why ``model`` cannot train vectorized (None: it can): names the first module in the way.
+
+    With ``example`` (a few input rows) it also runs the model's forward in train mode for two
+    clients under ``vmap``, which refuses every random draw but ``nn.Dropout``'s hashed ones: that
+    finds the randomness no module type shows (HuggingFace attention's ``dropout_p``).
+    """
     for name, module in model.named_modules():
         if isinstance(module, _RANDOM_MODULES) and module.p > 0:
             return f"module {name!r} ({type(module).__name__}) draws random masks per client"
         if isinstance(rate := getattr(module, "dropout", None), float) and rate > 0:  # F.dropout inside
             return f"module {name!r} ({type(module).__name__}) applies dropout"
+    if example is None:
+        return None
+    chunk, dropout, was_training = _stack(model, 2, LocalTrainConfig()), HashedDropout(model), model.training
+
+    def forward(params: Stacked, buffers: Stacked, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        dropout.begin_forward(key)
+        return functional_call(model, (params, buffers), (x,), strict=False)
+
+    model.train()
+    try:
+        for _ in dropout.over(iter([(0,)])):
+            with torch.no_grad():
+                keys = torch.arange(2, device=example.device)
+                vmap(forward, randomness="error")(
+                    chunk.params, chunk.buffers, example.expand(2, *example.shape), keys
+                )
+    except RuntimeError as exc:
+        if "randomness" not in str(exc):
+            raise
+        return "its forward draws random numbers other than nn.Dropout's (dropout inside a module's forward)"
+    finally:
+        model.train(was_training)
     return None
 
 

@@ -101,3 +101,21 @@ def test_randomness_other_than_dropout_is_refused_naming_the_module():
     with pytest.raises(ValueError, match="module '1'"):
         train_local_vectorized(model, [], CONFIGS["sgd"], seeds=[], spec=SPEC)
     assert vectorization_blocker(nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5))) is None
+
+
+class FunctionalDropout(nn.Module):
+    """Dropout inside a forward, as HuggingFace attention's ``dropout_p``: no module type shows it."""
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.1, self.training)
+
+
+def test_randomness_inside_a_forward_is_found_by_running_it():
+    model = nn.Sequential(nn.Linear(2, 4), FunctionalDropout(), nn.Linear(4, 2))
+    example = torch.ones(2, 2)
+    assert vectorization_blocker(model) is None  # the module types alone do not show it
+    assert "draws random numbers other than nn.Dropout's" in vectorization_blocker(model, example)
+    assert vectorization_blocker(norm_model(), torch.ones(2, 1, 6, 6)) is None  # BatchNorm, GroupNorm
+    hashed = nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+    assert vectorization_blocker(hashed, example) is None
+    assert model.training and "forward" not in vars(hashed[1])  # the mode and dropout as they were

@@ -34,6 +34,7 @@ from raysim.train.local import (
     train_client,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.vectorized import Stacked, client_delta, squared_gradient_sums, train_contexts
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -218,6 +219,29 @@ class LastEpochFisher:
         self.step += 1
 
 
+class StackedLastEpochFisher:
+    """``LastEpochFisher`` for a chunk of clients: an ``edit_gradients`` that counts each client's
+    steps and sums its squared gradients from the first step of its last epoch."""
+
+    def __init__(self, ctxs: list[ClientContext[None, None]], config: LocalTrainConfig) -> None:
+        hooks = [
+            LastEpochFisher(ctx.model, len(ctx.data), config, ctx.round_num, ctx.step_budget) for ctx in ctxs
+        ]
+        device = ctxs[0].device
+        self.first_step = torch.tensor([hook.first_step for hook in hooks], device=device)
+        self.steps = torch.zeros(len(ctxs), dtype=torch.long, device=device)
+        self.num_batches = torch.zeros(len(ctxs), dtype=torch.long, device=device)
+        self.fisher = {k: torch.stack([v] * len(ctxs)) for k, v in hooks[0].fisher.items()}
+
+    def __call__(self, params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
+        counts = (self.steps[clients] >= self.first_step[clients]).long()  # 1: in its last epoch
+        for name, g in grads.items():
+            self.fisher[name].index_add_(0, clients, g.float() ** 2 * counts.view(-1, *[1] * (g.dim() - 1)))
+        self.num_batches.index_add_(0, clients, counts)
+        self.steps.index_add_(0, clients, torch.ones_like(counts))
+        return grads
+
+
 @register("algorithm", "fedfish")
 class FedFish:
     """FedFish: FedAvg whose server takes the Fisher-weighted mean of the client deltas."""
@@ -262,6 +286,35 @@ class FedFish:
             fisher = {k: v * scale for k, v in hook.fisher.items()}
         weight = examples_trained_on(metrics)  # fewer than len(ctx.data) if max_steps cut in
         return ClientResult(FisherUpdate(delta, fisher), weight, metrics)
+
+    def vectorized_update(
+        self, ctxs: list[ClientContext[None, None]]
+    ) -> list[ClientResult[FisherUpdate, None]]:
+        c, first = self.config, ctxs[0]
+        if c.fisher_source == "last_epoch":
+            last_epoch = StackedLastEpochFisher(ctxs, c.local)
+            trained, metrics = train_contexts(ctxs, c.local, edit_gradients=last_epoch)
+            sums, batches = last_epoch.fisher, last_epoch.num_batches.tolist()
+        else:
+            trained, metrics = train_contexts(ctxs, c.local)
+            first.model.train(c.fisher_mode == "train")  # the pass's mode; the worker resets it
+            datas, seeds = [ctx.data for ctx in ctxs], [ctx.seed + 1 for ctx in ctxs]
+            sums, batches = squared_gradient_sums(
+                first.model,
+                trained,
+                datas,
+                c.local.batch_size,
+                seeds=seeds,
+                spec=first.spec,
+                device=first.device,
+            )
+        results: list[ClientResult[FisherUpdate, None]] = []
+        for i, ctx in enumerate(ctxs):
+            scale = 1 / batches[i] if c.fisher_reduce == "mean" and batches[i] else 1.0
+            fisher = {k: v[i] * scale for k, v in sums.items()}
+            update = FisherUpdate(client_delta(ctx, trained, i), fisher)
+            results.append(ClientResult(update, examples_trained_on(metrics[i]), metrics[i]))
+        return results
 
     def aggregator(self) -> FisherWeightedMean:
         return FisherWeightedMean(getattr(torch, self.config.accumulate))

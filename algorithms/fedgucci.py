@@ -34,6 +34,7 @@ anchors travel in ``payload.extra.anchors``, so the engine counts them apart as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -62,6 +63,7 @@ from raysim.train.local import (
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.sharpness import SamConfig, sam_descend
+from raysim.train.vectorized import Losses, Pass, Stacked, TaskLoss, task_pass, train_clients
 from raysim.types import (
     ClientContext,
     ClientResult,
@@ -167,10 +169,11 @@ class Connectivity:
         self.alphas = [alpha if alpha is not None else 0.5] * len(anchors)
         self.redraw()
 
-    def redraw(self) -> None:
-        """New alphas for the next batch (uniform mode only; fixed ones never change)."""
+    def redraw(self) -> list[float]:
+        """New alphas for the next batch (uniform mode only; fixed ones never change); returns them."""
         if self.alpha is None:
             self.alphas = self.rng.uniform(0.0, 1.0, size=len(self.anchors)).tolist()
+        return self.alphas
 
     def term(self, j: int) -> LossFn:
         """Anchor ``j``'s term as a ``LossFn``: a connectivity step's objective (sequential)."""
@@ -234,6 +237,34 @@ def joint_step(conn: Connectivity, sam: SamConfig | None) -> LocalStep:
         return sam_descend(model, batch, optimizer, backward, sam)
 
     return step
+
+
+def stacked_term(conn: Connectivity, j: int, model: nn.Module) -> Pass:
+    """``conn.term(j)`` as a vectorized ``Pass``: a client's alphas arrive as ``draws``."""
+    anchor, scale = conn.anchors[j], conn.beta / len(conn.anchors)
+
+    def term(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
+        weights = {name: draws[j] * p + (1.0 - draws[j]) * anchor[name] for name, p in params.items()}
+        if conn.eval_buffers is None:  # copies: the statistics this pass would update are dropped
+            losses = task(weights, {name: b.clone() for name, b in buffers.items()})
+        else:  # the code's quirk: eval mode, the round's global buffers (the worker resets the mode)
+            model.eval()
+            losses = task(weights, conn.eval_buffers)
+            model.train()
+        return losses[0] * scale, losses
+
+    return term
+
+
+def stacked_joint(conn: Connectivity, terms: list[Pass]) -> Pass:
+    """The joint objective for a client of a chunk: the task loss plus ``conn.total``."""
+
+    def joint(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
+        total, losses = task_pass(task, params, buffers, draws)
+        connectivity = torch.stack([term(task, params, buffers, draws)[1][0] for term in terms]).sum()
+        return total + connectivity * (conn.beta / len(conn.anchors)), losses
+
+    return joint
 
 
 @dataclass(frozen=True)
@@ -311,6 +342,20 @@ class FedGuCci:
             step = joint_step(conn, config.sam)
             delta, metrics = train_client(ctx, config.local, loss_fn=task, extra_loss=conn.total, step=step)
         return ClientResult(delta, examples_trained_on(metrics), metrics)
+
+    @property
+    def vectorized_update(self) -> Callable[[list[ClientContext[Anchors, None]]], list[ClientResult]] | None:
+        """``client_update`` for a chunk; None with SAM or logit calibration, which do not vectorize."""
+        plain = self.config.sam is None and self.config.logit_calibration is None
+        return self._vectorized_update if plain else None
+
+    def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[ClientResult]:
+        conns = [self._connectivity(ctx, task_loss) for ctx in ctxs]  # each client's alpha stream
+        terms = [stacked_term(conns[0], j, ctxs[0].model) for j in range(len(conns[0].anchors))]
+        sequential = self.config.update_mode == "sequential"  # a task step, then one per anchor
+        passes = [task_pass, *terms] if sequential else [stacked_joint(conns[0], terms)]
+        trained = train_clients(ctxs, self.config.local, passes=passes, draw=lambda i: conns[i].redraw())
+        return [ClientResult(delta, examples_trained_on(metrics), metrics) for delta, metrics in trained]
 
     def _connectivity(self, ctx: ClientContext[Anchors, None], task: LossFn) -> Connectivity:
         config = self.config

@@ -15,6 +15,7 @@ from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -88,6 +89,12 @@ class FedOpt:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         delta, metrics = train_client(ctx, self.config.local)
         return ClientResult(delta, examples_trained_on(metrics), metrics)
+
+    def vectorized_update(self, ctxs: list[ClientContext[None, None]]) -> list[ClientResult[Params, None]]:
+        return [
+            ClientResult(delta, examples_trained_on(metrics), metrics)
+            for delta, metrics in train_clients(ctxs, self.config.local)
+        ]
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

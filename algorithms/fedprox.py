@@ -14,6 +14,7 @@ from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.vectorized import GradientEdit, Stacked, train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -37,6 +38,15 @@ def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]) -> AfterBackwa
     return after_backward
 
 
+def stacked_proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]) -> GradientEdit:
+    """``proximal_gradient`` for a chunk of clients: every client shares the anchor."""
+
+    def edit(params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
+        return {k: g.add(params[k] - anchor[k], alpha=mu) for k, g in grads.items()}
+
+    return edit
+
+
 @register("algorithm", "fedprox")
 class FedProx:
     """FedProx: FedAvg whose clients add a proximal term to their local loss."""
@@ -56,6 +66,13 @@ class FedProx:
         proximal = proximal_gradient(self.config.mu, ctx.global_params)
         delta, metrics = train_client(ctx, self.config.local, after_backward=proximal)
         return ClientResult(delta, examples_trained_on(metrics), metrics)
+
+    def vectorized_update(self, ctxs: list[ClientContext[None, None]]) -> list[ClientResult[Params, None]]:
+        proximal = stacked_proximal_gradient(self.config.mu, ctxs[0].global_params)
+        return [
+            ClientResult(delta, examples_trained_on(metrics), metrics)
+            for delta, metrics in train_clients(ctxs, self.config.local, edit_gradients=proximal)
+        ]
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

@@ -23,6 +23,7 @@ from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, round_lr, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
+from raysim.train.vectorized import Stacked, train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -87,6 +88,13 @@ def drift_correction(c: Params, c_i: Params) -> AfterBackward:
     return after_backward
 
 
+def client_variate(ctx: ClientContext[ServerVariate, ClientVariate]) -> Params:
+    """The client's variate ``c_i`` on its device: zero the first time."""
+    if ctx.state:
+        return {k: v.to(ctx.device) for k, v in ctx.state.c_i.items()}
+    return {k: torch.zeros_like(v) for k, v in ctx.payload.extra.c.items()}
+
+
 @register("algorithm", "scaffold")
 class Scaffold:
     """SCAFFOLD: FedAvg with control variates; each client keeps its own variate between rounds."""
@@ -107,17 +115,34 @@ class Scaffold:
     def client_update(
         self, ctx: ClientContext[ServerVariate, ClientVariate]
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
-        c = ctx.payload.extra.c  # on ctx.device already
-        c_i = (
-            {k: v.to(ctx.device) for k, v in ctx.state.c_i.items()}
-            if ctx.state
-            else {k: torch.zeros_like(v) for k, v in c.items()}
-        )
-        local = self.config.local
-        delta, metrics = train_client(ctx, local, after_backward=drift_correction(c, c_i))
+        c, c_i = ctx.payload.extra.c, client_variate(ctx)  # c on ctx.device already
+        delta, metrics = train_client(ctx, self.config.local, after_backward=drift_correction(c, c_i))
+        return self._result(ctx, c_i, delta, metrics)
+
+    def vectorized_update(
+        self, ctxs: list[ClientContext[ServerVariate, ClientVariate]]
+    ) -> list[ClientResult[ScaffoldUpdate, ClientVariate]]:
+        c, variates = ctxs[0].payload.extra.c, [client_variate(ctx) for ctx in ctxs]
+        correction = {k: torch.stack([c[k] - c_i[k] for c_i in variates]) for k in c}
+
+        def edit(params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
+            return {k: g + correction[k].index_select(0, clients) for k, g in grads.items()}
+
+        trained = train_clients(ctxs, self.config.local, edit_gradients=edit)
+        return [
+            self._result(ctx, c_i, delta, metrics)
+            for ctx, c_i, (delta, metrics) in zip(ctxs, variates, trained, strict=True)
+        ]
+
+    def _result(
+        self, ctx: ClientContext[ServerVariate, ClientVariate], c_i: Params, delta: Params, metrics: Metrics
+    ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
+        """The client's update and new variate from its training's ``delta`` and metrics."""
+        c = ctx.payload.extra.c
         steps = metrics["train/steps"]
         if steps > 0:  # option II: c_i+ = c_i - c + delta / (K lr)
-            new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * round_lr(local, ctx.round_num)) for k in c}
+            lr = round_lr(self.config.local, ctx.round_num)
+            new_c_i = {k: c_i[k] - c[k] + delta[k] / (steps * lr) for k in c}
         else:  # no data, no steps: K lr is 0, and the client changes nothing (its weight is 0 too)
             new_c_i = c_i
         dc = {k: new_c_i[k] - c_i[k] for k in c}

@@ -68,6 +68,12 @@ Optional hooks, each used when present:
 - ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
   itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
   aggregate ``global - pseudo_gradient`` with it.
+- ``vectorized_update(ctxs) -> list[ClientResult]``: ``client_update`` for a chunk of clients at
+  once (``raysim.train.vectorized.train_clients``), each result what ``client_update(ctx)`` would
+  return within float tolerance. Its presence declares that the plugin's client update
+  vectorizes; ``engine.vectorize`` (off by default) decides whether the worker uses it. Every
+  context shares the resident model, loaded with ``payload.params``, which the hook leaves as is.
+  A plugin that vectorizes under some options only makes it a property, None under the others.
 - ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
   by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
   checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,
@@ -138,6 +144,19 @@ class StagedAlgorithm(Algorithm[A], Protocol[A]):
 def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
     """Whether the plugin overrides the default round loop."""
     return callable(getattr(algorithm, "protocol", None))
+
+
+class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose client update also runs for a chunk of clients at once."""
+
+    def vectorized_update(self, ctxs: list[ClientContext]) -> list[ClientResult]:
+        """``client_update`` of every context, in order, trained together."""
+        ...
+
+
+def vectorizes(algorithm: Algorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
+    """Whether the plugin's client update can train a chunk of clients at once."""
+    return callable(getattr(algorithm, "vectorized_update", None))
 
 
 def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Params | None:

@@ -6,6 +6,9 @@ hyper-parameters, one round after each raysim round. Its time divided by raysim'
 the ideal parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's
 overhead, 1.00 being none.
 
+Where the plugin and model vectorize, a third side trains each cohort in chunks at once
+(``bench_vectorized.py``); ``vectorized_vs_plain`` is its time per step over the plain loop's.
+
 A benchmark file is a job file plus a ``bench:`` section.
 """
 
@@ -25,6 +28,7 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from raysim.cli.bench_vectorized import VectorizedSide
 from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data.store import ClientStore
 from raysim.engine.build import build
@@ -86,24 +90,27 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     out = Path(".raysim") / "bench"
     services, state = build(job, MemoryTracker(), None, out)
     plain = PlainLoop(job, services.store, services.train_pool)
+    vectorized = VectorizedSide.for_job(job, services.store, services.train_pool)
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
     console.print(
         f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
         f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
         f"timed rounds after {bench.warmup_rounds} warm-up"
     )
-    raysim_s, plain_s, overhead_s, tokens = [], [], [], []
+    raysim_s, plain_s, overhead_s, tokens, vectorized_s = [], [], [], [], []
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
             state, metrics = services.run_round(state, round_num)
             raysim_round = time.perf_counter() - t0
+            vectorized_round = vectorized.round(round_num, plain.global_state) if vectorized else 0.0
             plain_round = plain.round(round_num)
             if round_num >= bench.warmup_rounds:
                 raysim_s.append(raysim_round)
                 plain_s.append(plain_round)
                 overhead_s.append(metrics["sys/driver_overhead_s"])
                 tokens.append(plain.tokens)
+                vectorized_s.append(vectorized_round)
     finally:
         services.backend.shutdown()
     figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
@@ -116,6 +123,10 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         figures["plain_fisher_share"] = statistics.median(
             f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds :], plain_s)
         )
+    if vectorized is not None:
+        figures["vectorized_round_s"] = statistics.median(vectorized_s)
+        figures["vectorized_vs_plain"] = statistics.median(v / p for v, p in zip(vectorized_s, plain_s))
+        figures["vectorized_rounds_s"] = vectorized_s
     console.print(_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
@@ -132,6 +143,12 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         console.print(
             f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
             f"round (both sides run it)"
+        )
+    if vectorized is not None:
+        console.print(
+            f"vectorized ({job.engine.vectorize_chunk} clients at once, 1 thread): "
+            f"{figures['vectorized_round_s']:.3f} s per round, {figures['vectorized_vs_plain']:.2f}x "
+            f"the plain loop's time per step"
         )
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures

@@ -25,6 +25,10 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+    # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
+    # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).
+    vectorize: Literal["auto", "on", "off"] = "off"
+    vectorize_chunk: int = Field(16, ge=1)  # clients trained at once
 
 
 class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):

@@ -41,6 +41,7 @@ from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
@@ -176,6 +177,7 @@ def open_parts(job: JobConfig) -> JobParts:
     model = build_job_model(job, store.spec)
     params = P.clone(P.model_params(model))
     check_model_fits(model, store, job.model.name, job.dataset.name)  # not a failure in round 0
+    check_vectorize(job, algorithm, model, store)  # engine.vectorize: on, for a part that cannot
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
     info = RunInfo(

@@ -20,12 +20,14 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
+from raysim.algorithm import vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
 from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.chunks import ChunkResults, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
@@ -78,6 +80,7 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
+        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device, self.store)
 
     def ping(self) -> str:
         return "ok"
@@ -97,12 +100,18 @@ class ClientTrainer:
         # Once per round, not per client: the broadcast and the extras' arrays on this worker's device.
         global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
         payload = replace(payload, extra=P.to_device(payload.extra, self.device))
+        chunks = self._chunks(payload, global_params, tasks, round_num, options)
         for position, client_id in tasks:
             honour_stop_request()  # a SIGTERM the serial backend's client code swallowed
             t0 = time.perf_counter()
             try:
                 budget = options.step_budgets.get(client_id)
-                result, rows = self._train_one(payload, global_params, client_id, round_num, probes, budget)
+                if chunks is not None:
+                    (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
+                else:
+                    result, rows = self._train_one(
+                        payload, global_params, client_id, round_num, probes, budget
+                    )
                 check_finite_result(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     self.states.put(client_id, round_num, result.state)
@@ -125,12 +134,28 @@ class ClientTrainer:
                     **result.metrics,
                     "client_id": float(client_id),
                     "weight": result.weight,
-                    "seconds": time.perf_counter() - t0,
+                    "seconds": time.perf_counter() - t0 if chunks is None else seconds,
                 }
             )
         report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
         report.seconds = time.perf_counter() - start
         return report
+
+    def _chunks(self, payload: Payload, params: Params, tasks: list[tuple[int, int]], round_num: int,
+                options: RoundOptions) -> ChunkResults | None:  # fmt: skip
+        """The round's clients trained in chunks (``engine.vectorize``); None: one by one."""
+        algorithm, budgets = self.algorithm, options.step_budgets
+        if not (self.vectorizes and vectorizes(algorithm)) or options.probes or options.keep_local_models:
+            return None
+
+        def train_chunk(ids: list[int]) -> list[ClientResult]:
+            if params:
+                P.load_into(self.model, params)
+            self.model.train()
+            ctxs = [self._context(payload, params, c, round_num, budgets.get(c)) for c in ids]
+            return algorithm.vectorized_update(ctxs)
+
+        return ChunkResults(train_chunk, [client for _, client in tasks], self.job.engine.vectorize_chunk)
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
@@ -159,20 +184,7 @@ class ClientTrainer:
         )  # fmt: skip
         before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
         self.model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
-        ctx = ClientContext(
-            client_id=client_id,
-            round_num=round_num,
-            model=self.model,
-            payload=payload,
-            global_params=global_params,
-            data=data,
-            state=self._client_state(client_id, round_num),
-            seed=seed,
-            device=self.device,
-            spec=self.store.spec,
-            client_init=lambda: self.client_init(client_id),
-            step_budget=step_budget,
-        )
+        ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         result = self.algorithm.client_update(ctx)
         rows = {
@@ -180,6 +192,24 @@ class ClientTrainer:
             for name, probe in probes.items()
         }
         return result, rows
+
+    def _context(self, payload: Payload, params: Params, client_id: int, round_num: int,
+                 budget: int | None, data: ClientData | None = None) -> ClientContext:  # fmt: skip
+        """The client's context on the resident model (its data read here unless given)."""
+        return ClientContext(
+            client_id=client_id,
+            round_num=round_num,
+            model=self.model,
+            payload=payload,
+            global_params=params,
+            data=data if data is not None else self.round_data(client_id, round_num),
+            state=self._client_state(client_id, round_num),
+            seed=client_seed(self.job.seed, round_num, client_id),
+            device=self.device,
+            spec=self.store.spec,
+            client_init=lambda: self.client_init(client_id),
+            step_budget=budget,
+        )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:
         """The client's state from an earlier round, as the plugin's ``ClientState`` (the store

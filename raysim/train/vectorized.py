@@ -1,0 +1,399 @@
+"""Trains a chunk of clients at once: ``train_local`` for K clients in one ``torch.func.vmap``.
+
+Each client's trainable parameters, buffers (BatchNorm statistics) and optimizer state are
+stacked along a leading client axis; one step runs ``vmap(grad(functional_call))`` over a
+``[K, batch, ...]`` input and steps every client's optimizer with tensor ops on the stacks. Each
+client keeps ``train_local``'s semantics: its own shuffling (drawn from its seed exactly as
+``iterate_batches`` draws it), its epochs, ``max_steps`` and step budget, the last short batch of
+an epoch (no drop_last), the lr of the round, gradient clipping and SGD (momentum, weight decay)
+or Adam as ``torch.optim`` computes them. A step trains only the clients that still have a batch,
+grouped by batch size, so a client that has run out of batches does not move and its optimizer
+state does not change, and BatchNorm sees exactly its own batch (no padding). Plugins change the
+objective through ``edit_gradients`` (``after_backward``'s counterpart) and ``passes`` (one
+optimizer step each per batch: ``train_local``'s ``step``), fed per client by ``draw``.
+
+What cannot vectorize is refused by ``vectorization_blocker``: randomness inside the model other
+than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from each client's seed.
+
+Usage:
+    results = train_clients(ctxs, LocalTrainConfig(lr=0.1))      # [(delta, metrics)] per client
+    results = train_clients(ctxs, local, edit_gradients=proximal)  # FedProx's term
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from raysim import params as P
+from raysim.train.hashed_dropout import HashedDropout
+from raysim.train.local import (
+    Batch,
+    LocalTrainConfig,
+    outputs_loss,
+    round_epochs,
+    round_lr,
+    step_limit,
+    to_tensors,
+)
+from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
+
+Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...]
+# Edits the gradients of the clients training this step (the stacks hold only them; ``clients``
+# are their positions in the chunk): SCAFFOLD's correction, FedProx's proximal gradient.
+GradientEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
+
+# randomness ``HashedDropout`` does not draw per client (plain ``nn.Dropout`` it does)
+TaskLoss = Callable[[Stacked, Stacked], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+Losses = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# One optimizer step's objective for one client (vmapped: its own tensors, no client axis): from
+# ``task`` (the task loss at any weights and buffers), the client's params and buffers and its
+# draws for the batch (``draw``), the loss to differentiate and the task loss its metrics count.
+Pass = Callable[[TaskLoss, Stacked, Stacked, torch.Tensor], Losses]
+
+
+def task_pass(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
+    """The default pass: the task loss at the client's weights (``gradient_step``'s objective)."""
+    losses = task(params, buffers)
+    return losses[0], losses
+
+
+_RANDOM_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def vectorization_blocker(model: nn.Module, example: torch.Tensor | None = None) -> str | None:
+    """Why ``model`` cannot train vectorized (None: it can): names the first module in the way.
+
+    With ``example`` (a few input rows) it also runs the model's forward in train mode for two
+    clients under ``vmap``, which refuses every random draw but ``nn.Dropout``'s hashed ones: that
+    finds the randomness no module type shows (HuggingFace attention's ``dropout_p``).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, _RANDOM_MODULES) and module.p > 0:
+            return f"module {name!r} ({type(module).__name__}) draws random masks per client"
+        if isinstance(rate := getattr(module, "dropout", None), float) and rate > 0:  # F.dropout inside
+            return f"module {name!r} ({type(module).__name__}) applies dropout"
+    if example is None:
+        return None
+    chunk, dropout, was_training = _stack(model, 2, LocalTrainConfig()), HashedDropout(model), model.training
+
+    def forward(params: Stacked, buffers: Stacked, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        dropout.begin_forward(key)
+        return functional_call(model, (params, buffers), (x,), strict=False)
+
+    model.train()
+    try:
+        for _ in dropout.over(iter([(0,)])):
+            with torch.no_grad():
+                keys = torch.arange(2, device=example.device)
+                vmap(forward, randomness="error")(
+                    chunk.params, chunk.buffers, example.expand(2, *example.shape), keys
+                )
+    except RuntimeError as exc:
+        if "randomness" not in str(exc):
+            raise
+        return "its forward draws random numbers other than nn.Dropout's (dropout inside a module's forward)"
+    finally:
+        model.train(was_training)
+    return None
+
+
+@dataclass
+class _Chunk:
+    """The chunk's stacked state: trainable parameters, buffers and optimizer state."""
+
+    params: Stacked
+    buffers: Stacked
+    moments: dict[str, Stacked]  # SGD: {"momentum"}; Adam: {"exp_avg", "exp_avg_sq"}
+
+    def take(self, clients: torch.Tensor | None) -> _Chunk:
+        if clients is None:
+            return self
+        pick = lambda stack: {k: v.index_select(0, clients) for k, v in stack.items()}  # noqa: E731
+        return _Chunk(pick(self.params), pick(self.buffers), {m: pick(s) for m, s in self.moments.items()})
+
+    def put(self, clients: torch.Tensor | None, part: _Chunk) -> None:
+        if clients is None:
+            return
+        for stack, new in [(self.params, part.params), (self.buffers, part.buffers)] + [
+            (self.moments[m], part.moments[m]) for m in self.moments
+        ]:
+            for k, v in stack.items():
+                v.index_copy_(0, clients, new[k])
+
+
+def train_clients(
+    ctxs: Sequence[ClientContext],
+    config: LocalTrainConfig,
+    *,
+    edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
+) -> list[tuple[Params, Metrics]]:
+    """``train_client`` for every context at once: ``(delta, metrics)`` per client, in order.
+
+    All contexts share one round, device, spec and resident model (``ctxs[0].model``, holding the
+    broadcast weights, which it keeps); each brings its data, seed and step budget. The hooks are
+    ``train_local_vectorized``'s.
+    """
+    trained, metrics = train_contexts(ctxs, config, edit_gradients=edit_gradients, passes=passes, draw=draw)
+    return [(client_delta(ctx, trained, i), metrics[i]) for i, ctx in enumerate(ctxs)]
+
+
+def train_contexts(
+    ctxs: Sequence[ClientContext],
+    config: LocalTrainConfig,
+    *,
+    edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
+) -> tuple[Stacked, list[Metrics]]:
+    """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, and
+    their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass)."""
+    first = ctxs[0]
+    return train_local_vectorized(
+        first.model,
+        [ctx.data for ctx in ctxs],
+        config,
+        seeds=[ctx.seed for ctx in ctxs],
+        spec=first.spec,
+        device=first.device,
+        round_num=first.round_num,
+        step_budgets=[ctx.step_budget for ctx in ctxs],
+        edit_gradients=edit_gradients,
+        passes=passes,
+        draw=draw,
+    )
+
+
+def client_delta(ctx: ClientContext, trained: Stacked, position: int) -> Params:
+    """``global - local`` of the client at ``position`` of the stacks (``train_client``'s delta)."""
+    return P.delta(ctx.global_params, {k: v[position] for k, v in trained.items()})
+
+
+def train_local_vectorized(
+    model: nn.Module,
+    datas: Sequence[ClientData],
+    config: LocalTrainConfig,
+    *,
+    seeds: Sequence[int],
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+    round_num: int = 0,
+    step_budgets: Sequence[int | None] | None = None,
+    edit_gradients: GradientEdit | None = None,
+    passes: Sequence[Pass] = (task_pass,),
+    draw: Callable[[int], Sequence[float]] | None = None,
+) -> tuple[Stacked, list[Metrics]]:
+    """``train_local`` of ``model``'s current weights on each client's data, all at once.
+
+    Each batch takes one optimizer step per pass in ``passes`` (``train_local``'s ``step``:
+    FedGuCci's task step, then one per anchor); the metrics count the first pass's task loss.
+    ``draw(i)`` gives client ``i``'s numbers for its next batch, which every pass receives.
+
+    Returns:
+        Every client's trained ``params.model_params`` stacked (trainable parameters and float
+        buffers, ``[clients, ...]``) and each client's ``train_local`` metrics. ``model`` is left
+        as it was (its weights are the starting point, never written).
+    """
+    if (blocker := vectorization_blocker(model)) is not None:
+        raise ValueError(f"this model cannot train vectorized: {blocker}")
+    model.train()
+    budgets = list(step_budgets) if step_budgets is not None else [None] * len(datas)
+    tensors = [to_tensors(data, device) for data in datas]
+    plans = [
+        _batch_plan(len(data), config, seed, round_num, budget)
+        for data, seed, budget in zip(datas, seeds, budgets, strict=True)
+    ]
+    chunk = _stack(model, len(datas), config)
+    frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
+    dropout = HashedDropout(model)
+    objectives = [_objective(model, frozen, spec, dropout, one_pass) for one_pass in passes]
+    gradients = [vmap(grad(objective, has_aux=True), randomness="error") for objective in objectives]
+    keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
+    lr = round_lr(config, round_num)
+    sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
+    for step, clients, index, batch in dropout.over(_steps(plans, tensors, device)):
+        part = chunk.take(clients)
+        members = index.tolist()
+        draws = torch.tensor([list(draw(i)) if draw else [] for i in members], device=device)
+        for n, gradient in enumerate(gradients):
+            dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
+            grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
+            if edit_gradients is not None:
+                grads = edit_gradients(part.params, grads, index)
+            if config.grad_clip is not None:
+                _clip_(grads, config.grad_clip)
+            _optimizer_step_(part, grads, config, lr, optimizer_step)
+            if n == 0:
+                counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
+                sums.index_add_(0, index, counts.to(sums.dtype))
+        chunk.put(clients, part)
+    metrics = [_metrics(sums[i], plan, len(data)) for i, (plan, data) in enumerate(zip(plans, datas))]
+    saved = P.model_params(model)
+    return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics
+
+
+def squared_gradient_sums(
+    model: nn.Module,
+    weights: Stacked,
+    datas: Sequence[ClientData],
+    batch_size: int,
+    *,
+    seeds: Sequence[int],
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+) -> tuple[Stacked, list[int]]:
+    """Per client, the sum over one pass of its batches (shuffled by its seed, as
+    ``iterate_batches``) of the elementwise squared batch gradient at its ``weights`` (stacked
+    ``params.model_params``, as ``train_local_vectorized`` returns them), in float32, with the
+    number of batches: FedFish's Fisher pass. ``model``'s mode applies; no weight is changed."""
+    params = {k: p for k, p in weights.items() if k in dict(model.named_parameters())}
+    stacked = _stack(model, len(datas), LocalTrainConfig()).buffers
+    buffers = {k: (weights[k] if k in weights else b).clone() for k, b in stacked.items()}  # the pass's own
+    frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
+    dropout = HashedDropout(model)
+    gradients = vmap(
+        grad(_objective(model, frozen, spec, dropout, task_pass), has_aux=True), randomness="error"
+    )
+    keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
+    one_pass = LocalTrainConfig(batch_size=batch_size)
+    plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
+    sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
+    for _, clients, index, batch in dropout.over(
+        _steps(plans, [to_tensors(d, device) for d in datas], device)
+    ):
+        take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
+        part = {k: take(b) for k, b in buffers.items()}
+        no_draws = torch.zeros(len(index), 0, device=device)
+        grads, _ = gradients({k: take(p) for k, p in params.items()}, part, batch, keys[index], no_draws)
+        for k, g in grads.items():
+            sums[k].index_add_(0, index, g.float() ** 2)
+        if clients is not None:
+            for k, b in buffers.items():
+                b.index_copy_(0, clients, part[k])
+    return sums, [len(plan) for plan in plans]
+
+
+def _steps(
+    plans: list[list[torch.Tensor]], tensors: list[Batch], device: torch.device | str
+) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor, Batch]]:
+    """Each step's groups: the step, the clients (None: all of them), their positions and their
+    stacked batch ``[clients, batch, ...]``. Clients with a batch at the step, grouped by its size
+    (a short last batch trains apart, so BatchNorm never sees padding)."""
+    everyone = torch.arange(len(plans), device=device)
+    for step in range(max((len(plan) for plan in plans), default=0)):
+        for members in _groups_by_size(plans, step):
+            clients = None if len(members) == len(plans) else torch.tensor(members, device=device)
+            batch = {
+                key: torch.stack([tensors[i][key][plans[i][step].to(device)] for i in members])
+                for key in tensors[members[0]]
+            }
+            yield step, clients, everyone if clients is None else clients, batch
+
+
+def _batch_plan(
+    n: int, config: LocalTrainConfig, seed: int, round_num: int, budget: int | None
+) -> list[torch.Tensor]:
+    """The client's batches as index tensors, in ``train_local``'s order: one ``randperm`` per
+    epoch from a generator seeded with ``seed`` (``iterate_batches``), cut at its step limit."""
+    generator = torch.Generator().manual_seed(seed)
+    limit = step_limit(config, budget)
+    plan: list[torch.Tensor] = []
+    for _ in range(round_epochs(config, round_num)):
+        if n == 0 or (limit is not None and len(plan) >= limit):
+            break
+        order = torch.randperm(n, generator=generator)
+        plan.extend(order[start : start + config.batch_size] for start in range(0, n, config.batch_size))
+    return plan if limit is None else plan[:limit]
+
+
+def _groups_by_size(plans: list[list[torch.Tensor]], step: int) -> list[list[int]]:
+    """The clients with a batch at ``step``, grouped by its size (a short last batch trains apart)."""
+    groups: dict[int, list[int]] = {}
+    for i, plan in enumerate(plans):
+        if step < len(plan):
+            groups.setdefault(len(plan[step]), []).append(i)
+    return list(groups.values())
+
+
+def _stack(model: nn.Module, clients: int, config: LocalTrainConfig) -> _Chunk:
+    """``clients`` copies of the model's trainable parameters and buffers, and zero moments."""
+    copies = lambda t: t.detach().unsqueeze(0).repeat(clients, *([1] * t.dim()))  # noqa: E731
+    params = {k: copies(p) for k, p in model.named_parameters() if p.requires_grad}
+    buffers = {k: copies(b) for k, b in model.named_buffers()}
+    names = ["exp_avg", "exp_avg_sq"] if config.optimizer == "adam" else ["momentum"] * (config.momentum > 0)
+    return _Chunk(params, buffers, {m: {k: torch.zeros_like(p) for k, p in params.items()} for m in names})
+
+
+def _objective(
+    model: nn.Module, frozen: dict[str, torch.Tensor], spec: DataSpec, dropout: HashedDropout, one_pass: Pass
+) -> Callable[[Stacked, Stacked, Batch, torch.Tensor, torch.Tensor], Losses]:
+    """One client's ``one_pass`` at its weights; BatchNorm updates the buffers it is given in
+    place, dropout draws from the client's ``key``."""
+
+    def objective(
+        params: Stacked, buffers: Stacked, batch: Batch, key: torch.Tensor, draws: torch.Tensor
+    ) -> Losses:
+        dropout.begin_forward(key)
+
+        def task(
+            weights: Stacked, weight_buffers: Stacked
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            outputs = functional_call(model, (weights, weight_buffers, frozen), (batch["x"],), strict=False)
+            loss, correct, count = outputs_loss(outputs, batch, spec)
+            return loss, torch.as_tensor(correct), torch.as_tensor(count, device=loss.device)
+
+        total, (loss, correct, count) = one_pass(task, params, buffers, draws)
+        return total, (loss.detach(), correct, count)
+
+    return objective
+
+
+def _clip_(grads: Stacked, max_norm: float) -> None:
+    """``nn.utils.clip_grad_norm_`` per client: each client's global norm, each its own factor."""
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], 1).norm(dim=1)
+    factor = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads.values():
+        g.mul_(factor.view(-1, *([1] * (g.dim() - 1))))
+
+
+def _optimizer_step_(part: _Chunk, grads: Stacked, config: LocalTrainConfig, lr: float, step: int) -> None:
+    """One ``torch.optim`` SGD or Adam step (single-tensor formulas) for every client of ``part``;
+    every client here has taken ``step`` steps before, so the step counts are one number."""
+    for k, p in part.params.items():
+        g = grads[k]
+        if config.weight_decay:
+            g = g.add(p, alpha=config.weight_decay)
+        if config.optimizer == "adam":
+            beta1, beta2, eps, t = 0.9, 0.999, 1e-8, step + 1  # torch.optim.Adam's defaults
+            m, v = part.moments["exp_avg"][k], part.moments["exp_avg_sq"][k]
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v.sqrt() / (1 - beta2**t) ** 0.5).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+            continue
+        if config.momentum:
+            buf = part.moments["momentum"][k]
+            if step == 0:
+                buf.copy_(g)  # torch.optim.SGD's first step: the buffer is the gradient
+            else:
+                buf.mul_(config.momentum).add_(g)
+            g = buf
+        p.add_(g, alpha=-lr)
+
+
+def _metrics(sums: torch.Tensor, plan: list[torch.Tensor], num_examples: int) -> Metrics:
+    """``train_local``'s metrics from the client's sums and its batches."""
+    loss_sum, correct, seen = (float(v) for v in sums)
+    denominator = max(seen, 1.0)
+    return {
+        "train/loss": loss_sum / denominator,
+        "train/accuracy": correct / denominator,
+        "train/steps": float(len(plan)),
+        "train/num_examples": float(min(sum(len(b) for b in plan), num_examples)),
+    }

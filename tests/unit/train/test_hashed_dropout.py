@@ -1,0 +1,64 @@
+"""Hashed dropout: uniform draws, and each client's masks a pure function of its seed, whichever
+chunk (and position in it) trains the client."""
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.train.hashed_dropout import hashed_uniform
+from raysim.train.local import LocalTrainConfig
+from raysim.train.vectorized import train_local_vectorized
+from raysim.types import ClientData, DataSpec
+
+SPEC = DataSpec("classification", (8,), 3)
+CONFIG = LocalTrainConfig(lr=0.1, batch_size=4, epochs=2)
+
+
+def dropout_model(p=0.5):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(p), nn.Linear(32, 3))
+
+
+def data(n, seed):
+    rng = np.random.default_rng(seed)
+    return ClientData({"x": rng.normal(size=(n, 8)).astype(np.float32), "y": rng.integers(0, 3, n)})
+
+
+def test_draws_are_uniform_and_differ_by_key_and_counter():
+    draws = hashed_uniform(torch.tensor(12345), 7, torch.Size([200_000]), torch.device("cpu"))
+    assert 0.0 <= float(draws.min()) and float(draws.max()) < 1.0
+    assert abs(float(draws.mean()) - 0.5) < 0.005
+    assert abs(float((draws < 0.25).float().mean()) - 0.25) < 0.005
+    hist = torch.histc(draws, bins=10, min=0.0, max=1.0) / len(draws)
+    assert float((hist - 0.1).abs().max()) < 0.005
+    other_key = hashed_uniform(torch.tensor(12346), 7, torch.Size([1000]), torch.device("cpu"))
+    other_counter = hashed_uniform(torch.tensor(12345), 8, torch.Size([1000]), torch.device("cpu"))
+    assert abs(float(torch.corrcoef(torch.stack([draws[:1000], other_key]))[0, 1])) < 0.1
+    assert not torch.equal(draws[:1000], other_counter)
+
+
+def test_a_clients_training_is_the_same_in_any_chunk_at_any_position():
+    target = data(10, 1)
+    alone, _ = train_local_vectorized(dropout_model(), [target], CONFIG, seeds=[99], spec=SPEC)
+    crowd = [data(6, 2), data(13, 3), target]  # other sizes: the target trains in other groups too
+    together, _ = train_local_vectorized(dropout_model(), crowd, CONFIG, seeds=[5, 6, 99], spec=SPEC)
+    for key, value in alone.items():
+        assert torch.equal(together[key][2], value[0]), key
+
+
+def test_clients_of_the_same_data_draw_their_own_masks():
+    same, full_batch = [data(10, 1), data(10, 1)], LocalTrainConfig(lr=0.1, batch_size=10, epochs=2)
+    trained, _ = train_local_vectorized(dropout_model(), same, full_batch, seeds=[1, 2], spec=SPEC)
+    gap = (trained["0.weight"][0] - trained["0.weight"][1]).abs().max()
+    without, _ = train_local_vectorized(dropout_model(0.0), same, full_batch, seeds=[1, 2], spec=SPEC)
+    torch.testing.assert_close(without["0.weight"][0], without["0.weight"][1])  # no dropout: one work
+    assert gap > 1e-3  # other seeds, other masks
+
+
+def test_the_models_own_dropout_is_back_after_training():
+    model = dropout_model()
+    train_local_vectorized(model, [data(4, 1)], CONFIG, seeds=[1], spec=SPEC)
+    assert "forward" not in vars(model[2])  # the class's forward, torch's masks
+    torch.manual_seed(0)
+    out = model[2](torch.ones(10_000))
+    assert abs(float((out == 0).float().mean()) - 0.5) < 0.03

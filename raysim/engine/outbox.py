@@ -102,23 +102,27 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def outage_reason(exc: BaseException) -> str | None:
-    """Why the store cannot take records now, in a few words; None when it refused the record
-    itself (a bad value, a run that is gone): that is a real error."""
+    """Why the store cannot take records now, in a few words (the innermost cause that says);
+    None when it refused the record itself (a bad value, a run that is gone): a real error."""
+    found = [reason for reason in map(_outage_reason, causes(exc)) if reason is not None]
+    return found[-1] if found else None
+
+
+def _outage_reason(exc: BaseException) -> str | None:
     import requests
 
-    for cause in causes(exc):
-        if isinstance(cause, sqlite3.OperationalError):  # database or disk is full, locked
-            return str(cause)
-        if isinstance(cause, OSError) and cause.errno in FULL_ERRNOS:
-            return os.strerror(cause.errno)
-        if isinstance(cause, (requests.Timeout, TimeoutError)):
-            return "no answer in time"
-        if isinstance(cause, (requests.ConnectionError, ConnectionError)):
-            return "no connection"
-        if isinstance(cause, requests.exceptions.RetryError):
-            return "it kept answering that it is unavailable"
-        if getattr(cause, "error_code", None) == "TEMPORARILY_UNAVAILABLE":  # MLflow's database error
-            return "temporarily unavailable"
+    if isinstance(exc, sqlite3.OperationalError):  # database or disk is full, locked
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+        return os.strerror(exc.errno)
+    if isinstance(exc, (requests.Timeout, TimeoutError)):
+        return "no answer in time"
+    if isinstance(exc, (requests.ConnectionError, ConnectionError)):
+        return "no connection"
+    if isinstance(exc, requests.exceptions.RetryError):
+        return "it kept answering that it is unavailable"
+    if getattr(exc, "error_code", None) == "TEMPORARILY_UNAVAILABLE":  # MLflow's database errors
+        return "temporarily unavailable"
     return None
 
 

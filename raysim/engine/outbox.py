@@ -47,11 +47,10 @@ UNSENT_EXIT_CODE = 3
 FIRST_RETRY_S, MAX_RETRY_S = 2.0, 60.0
 # MLflow's HTTP client for raysim's calls, where the user set nothing: MLflow's defaults (7
 # retries with exponential backoff, 120 s timeouts) spend minutes on one call to a dead server.
-SHORT_HTTP_RETRIES = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-}
+# Artifacts keep MLflow's timeout: a server that stores a large checkpoint (in S3, say) before it
+# answers is slow, not away.
+SHORT_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+SHORT_HTTP_TIMEOUT = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 # Loggers that narrate a failed call: urllib3's "Retrying ..." lines, MLflow's traceback of a
 # database error. The outbox says it in one line instead.
 NOISY_LOGGERS = ("urllib3.connectionpool", "mlflow.store.db.utils")
@@ -127,10 +126,12 @@ def _outage_reason(exc: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
-def short_http_retries() -> Iterator[None]:
-    """MLflow's HTTP retry settings cut down (``SHORT_HTTP_RETRIES``) and its retry and database
-    error logs silenced for the calls inside; settings the user made stay."""
-    added = {k: v for k, v in SHORT_HTTP_RETRIES.items() if k not in os.environ}
+def short_http_retries(record: Record | None = None) -> Iterator[None]:
+    """MLflow's HTTP retry settings cut down (``SHORT_HTTP_RETRIES``, and ``SHORT_HTTP_TIMEOUT``
+    unless ``record`` is an artifact) and its retry and database error logs silenced for the calls
+    inside; settings the user made stay."""
+    cut = SHORT_HTTP_RETRIES | ({} if isinstance(record, ArtifactRecord) else SHORT_HTTP_TIMEOUT)
+    added = {k: v for k, v in cut.items() if k not in os.environ}
     loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
     levels = [logger.level for logger in loggers]
     os.environ.update(added)
@@ -174,7 +175,7 @@ class Outbox:
         was_away, num_sent = self.reason is not None, len(self.pending)
         while self.pending:
             try:
-                with short_http_retries():
+                with short_http_retries(self.pending[0]):
                     self.deliver(self.pending[0])
             except Exception as exc:
                 reason = outage_reason(exc)
@@ -206,7 +207,7 @@ class Outbox:
         earlier leg of the run left there), says so in one line, and returns the file."""
         path = folder / UNSENT_FILE
         lines = path.read_text().splitlines() if path.is_file() else [json.dumps(header(run_id, self.store))]
-        first = sum(1 for line in lines[1:] if "kind" in json.loads(line))
+        first = sum('"kind": ' in line for line in lines[1:])  # seq goes on after an earlier leg's
         lines += [json.dumps(line_of(first + i, record)) for i, record in enumerate(self.pending)]
         folder.mkdir(parents=True, exist_ok=True)
         scratch = path.with_name(path.name + ".tmp")
@@ -300,7 +301,7 @@ def upload(unsent: UnsentRecords, deliver: Callable[[Record], None]) -> int:
             if isinstance(record, ArtifactRecord) and not Path(record.path).is_file():
                 raise ResourceError(f"{record.path}, an artifact of the run, is gone; it cannot be uploaded")
             try:
-                with short_http_retries():
+                with short_http_retries(record):
                     deliver(record)
             except Exception as exc:
                 reason = outage_reason(exc)

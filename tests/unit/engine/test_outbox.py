@@ -5,7 +5,6 @@ A fake store (a list that refuses while ``away`` is set) and a hand-moved clock:
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -130,18 +129,21 @@ def test_outages_are_told_from_errors(failure, reason):
     assert outage_reason(failure) == reason
 
 
-def test_mlflow_http_retries_are_cut_for_raysims_calls_only_where_the_user_set_nothing(monkeypatch):
+def test_mlflow_http_retries_are_cut_for_raysims_calls_only(monkeypatch):
     """MLflow reads these at each call; its defaults (7 retries, 120 s timeouts) cost minutes."""
-    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", raising=False)
-    with short_http_retries():
-        from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES as RETRIES
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT as TIMEOUT
 
-        assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 1
-        assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 30  # the user's
-    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # put back as it was
-    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "30"
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    with short_http_retries(metrics(0)):
+        assert (RETRIES.get(), TIMEOUT.get()) == (1, 10)
+    with short_http_retries(ArtifactRecord("final.pt", None)):  # an upload may be slow, not away
+        assert (RETRIES.get(), TIMEOUT.get()) == (1, 120)
+    assert (RETRIES.get(), TIMEOUT.get()) == (7, 120)  # MLflow's, for everyone else
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    with short_http_retries(metrics(0)):
+        assert TIMEOUT.get() == 30  # the user's setting stays
 
 
 def unsent_run(tmp_path, caplog) -> Path:

@@ -146,6 +146,21 @@ def short_http_retries(record: Record | None = None) -> Iterator[None]:
             logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def outage_as_error(store: str, doing: str) -> Iterator[None]:
+    """An outage while ``doing`` what cannot wait (starting the run) as one ``ResourceError``."""
+    try:
+        yield
+    except Exception as exc:
+        reason = outage_reason(exc)
+        if reason is None:
+            raise
+        raise ResourceError(
+            f"the MLflow store {store} cannot {doing} ({reason}): free space on its disk or start its "
+            "server, or run with tracking.enabled=false"
+        ) from None
+
+
 class Outbox:
     """Records on their way to the store, sent in order; held back while it is away."""
 

@@ -30,7 +30,15 @@ from filelock import FileLock, Timeout
 
 from raysim.config import JobConfig, TrackingConfig, flatten
 from raysim.engine.lineage import Lineage, ParentRun
-from raysim.engine.outbox import ArtifactRecord, EndRecord, MetricsRecord, Outbox, ParamsRecord, Record
+from raysim.engine.outbox import (
+    ArtifactRecord,
+    EndRecord,
+    MetricsRecord,
+    Outbox,
+    ParamsRecord,
+    Record,
+    outage_as_error,
+)
 from raysim.engine.provenance import naming_tags, run_name, source_tags
 from raysim.errors import ResourceError
 from raysim.runtime.sentinel import Sentinel
@@ -276,15 +284,16 @@ class MlflowTracker:
         import mlflow
 
         mlflow.set_tracking_uri(self.uri)  # the fluent API's store, for start_run and end_run
-        experiment_id = self.experiment_id()
         tags = {**source_tags(job), **run_tags(job, run_dir, lineage)}
-        if lineage is not None and lineage.continues:
-            run = mlflow.start_run(run_id=lineage.parent_run_id, tags=tags)  # back to RUNNING
-        else:
-            parent = lineage.parent_run_id if lineage is not None and lineage.parent_in_store else None
-            run = mlflow.start_run(
-                experiment_id=experiment_id, run_name=run_name(job), tags=tags, parent_run_id=parent
-            )
+        with outage_as_error(self.uri, "start the run"):  # nothing to keep yet: one clear line
+            experiment_id = self.experiment_id()
+            if lineage is not None and lineage.continues:
+                run = mlflow.start_run(run_id=lineage.parent_run_id, tags=tags)  # back to RUNNING
+            else:
+                parent = lineage.parent_run_id if lineage is not None and lineage.parent_in_store else None
+                run = mlflow.start_run(
+                    experiment_id=experiment_id, run_name=run_name(job), tags=tags, parent_run_id=parent
+                )
         self.run_id, self._started, self.run_dir = run.info.run_id, True, run_dir
         self.outbox = Outbox(self.deliver, self.uri)
         self.sentinel = Sentinel.start("end-run", self.uri, self.run_id)  # KILLED if this process dies
@@ -314,10 +323,7 @@ class MlflowTracker:
 
     def _send(self, record: Record) -> None:
         """Through the outbox of a run this tracker started, else straight to the store."""
-        if self.outbox is not None:
-            self.outbox.send(record)
-        else:
-            self.deliver(record)
+        (self.outbox.send if self.outbox is not None else self.deliver)(record)
 
     def deliver(self, record: Record) -> None:
         """Sends one record to the run now (raises what the store raises)."""

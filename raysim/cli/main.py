@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, compare.
+"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, compare, track.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from raysim.cli import compare, ls, submit
+from raysim.cli import compare, ls, submit, track
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     compare.add_parser(sub)
     submit.add_parser(sub)
+    track.add_parser(sub)
     return parser
 
 
@@ -189,16 +190,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim.engine.tables import comparison_table
 
     console.print(comparison_table(results))
+    from raysim.engine.outbox import UNSENT_EXIT_CODE, has_unsent
     from raysim.engine.tracking import tracking_uri
 
     stores: dict[tuple[str, str], list[str]] = {}  # variants may log to different stores
     for r in results:
-        if r.run_id:
+        if r.run_id and not has_unsent(r.run_dir):  # not when its store was away at its end
             stores.setdefault((tracking_uri(r.job.tracking), r.job.tracking.experiment), []).append(r.run_id)
     for (uri, experiment), run_ids in stores.items():
         console.print(f"MLflow runs {', '.join(run_ids)} in {uri}, experiment {experiment!r}", soft_wrap=True)
         print_run_links(console, uri, run_ids)
-    return 0
+    return UNSENT_EXIT_CODE if any(has_unsent(r.run_dir) for r in results) else 0
 
 
 def resolved_configs(jobs: list[JobConfig]) -> str:

@@ -9,6 +9,9 @@ the database's folder, so that the folder can be copied or moved: read them with
 ``artifact_repository`` (or run ``mlflow ui`` from that folder), not through MLflow's client,
 which resolves a relative location against the working directory.
 
+What the store cannot take (a server that is down, a full disk) waits in an ``Outbox``
+(``raysim.engine.outbox``) while training goes on.
+
 Usage:
     tracker = MlflowTracker(job.tracking)
     tracker.start(job); tracker.log_metrics({"train/loss": 0.3}, step=0); tracker.finish()
@@ -27,6 +30,15 @@ from filelock import FileLock, Timeout
 
 from raysim.config import JobConfig, TrackingConfig, flatten
 from raysim.engine.lineage import Lineage, ParentRun
+from raysim.engine.outbox import (
+    ArtifactRecord,
+    EndRecord,
+    MetricsRecord,
+    Outbox,
+    ParamsRecord,
+    Record,
+    outage_as_error,
+)
 from raysim.engine.provenance import naming_tags, run_name, source_tags
 from raysim.errors import ResourceError
 from raysim.runtime.sentinel import Sentinel
@@ -218,6 +230,8 @@ class MlflowTracker:
         self._started = False  # by this tracker (attach never starts nor ends a run)
         self._artifacts: Any = None
         self.sentinel: Sentinel | None = None  # ends the run as KILLED if this process dies
+        self.outbox: Outbox | None = None  # a run this tracker started: records wait if the store is away
+        self.run_dir: Path | None = None
 
     def experiment_id(self) -> str:
         """The experiment's id; created when missing, by whichever process gets there first."""
@@ -270,16 +284,18 @@ class MlflowTracker:
         import mlflow
 
         mlflow.set_tracking_uri(self.uri)  # the fluent API's store, for start_run and end_run
-        experiment_id = self.experiment_id()
         tags = {**source_tags(job), **run_tags(job, run_dir, lineage)}
-        if lineage is not None and lineage.continues:
-            run = mlflow.start_run(run_id=lineage.parent_run_id, tags=tags)  # back to RUNNING
-        else:
-            parent = lineage.parent_run_id if lineage is not None and lineage.parent_in_store else None
-            run = mlflow.start_run(
-                experiment_id=experiment_id, run_name=run_name(job), tags=tags, parent_run_id=parent
-            )
-        self.run_id, self._started = run.info.run_id, True
+        with outage_as_error(self.uri, "start the run"):  # nothing to keep yet: one clear line
+            experiment_id = self.experiment_id()
+            if lineage is not None and lineage.continues:
+                run = mlflow.start_run(run_id=lineage.parent_run_id, tags=tags)  # back to RUNNING
+            else:
+                parent = lineage.parent_run_id if lineage is not None and lineage.parent_in_store else None
+                run = mlflow.start_run(
+                    experiment_id=experiment_id, run_name=run_name(job), tags=tags, parent_run_id=parent
+                )
+        self.run_id, self._started, self.run_dir = run.info.run_id, True, run_dir
+        self.outbox = Outbox(self.deliver, self.uri)
         self.sentinel = Sentinel.start("end-run", self.uri, self.run_id)  # KILLED if this process dies
         try:
             if lineage is None or not lineage.continues:
@@ -290,12 +306,9 @@ class MlflowTracker:
             raise
 
     def _log_params(self, job: JobConfig) -> None:
-        from mlflow.entities import Param
-
-        assert self.run_id is not None
-        params = [Param(k, str(v)) for k, v in flatten(job.to_dict()).items()]
+        params = [(k, str(v)) for k, v in flatten(job.to_dict()).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[start : start + 100])
+            self._send(ParamsRecord(dict(params[start : start + 100])))
 
     @classmethod
     def attach(cls, run_id: str, uri: str) -> MlflowTracker:
@@ -306,14 +319,26 @@ class MlflowTracker:
         return tracker
 
     def log_metrics(self, metrics: Metrics, step: int) -> None:
-        import time
+        self._send(MetricsRecord.now(metrics, step))
 
-        from mlflow.entities import Metric
+    def _send(self, record: Record) -> None:
+        """Through the outbox of a run this tracker started, else straight to the store."""
+        (self.outbox.send if self.outbox is not None else self.deliver)(record)
 
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        assert self.run_id is not None, "log_metrics before start"
-        self.client.log_batch(self.run_id, metrics=batch)
+    def deliver(self, record: Record) -> None:
+        """Sends one record to the run now (raises what the store raises)."""
+        from mlflow.entities import Metric, Param
+
+        assert self.run_id is not None, "logging before start"
+        if isinstance(record, MetricsRecord):
+            metrics = [Metric(k, v, record.timestamp, record.step) for k, v in record.metrics.items()]
+            self.client.log_batch(self.run_id, metrics=metrics)
+        elif isinstance(record, ParamsRecord):
+            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in record.params.items()])
+        elif isinstance(record, ArtifactRecord):
+            self.artifacts().log_artifact(record.path, record.artifact_dir)
+        else:
+            self._end(record.status)
 
     def artifacts(self) -> Any:
         """The run's artifact repository (relative locations resolved against the store)."""
@@ -323,31 +348,49 @@ class MlflowTracker:
         return self._artifacts
 
     def log_artifact(self, path: str | Path, artifact_dir: str | None = None) -> None:
-        self.artifacts().log_artifact(str(path), artifact_dir)
+        self._send(ArtifactRecord(str(Path(path).absolute()), artifact_dir))
 
     def _log_config(self, job: JobConfig) -> None:
-        """The resolved job as the ``config/job.yaml`` artifact (``raysim analyze`` reads it)."""
+        """The resolved job as the ``config/job.yaml`` artifact (``raysim analyze`` reads it), kept
+        in the run folder as ``config/job.yaml`` (an artifact that waits for the store needs its file)."""
         import tempfile
 
         import yaml
 
-        with tempfile.TemporaryDirectory() as folder:
-            local = Path(folder) / "job.yaml"
+        with contextlib.ExitStack() as scratch:
+            folder = self.run_dir or Path(scratch.enter_context(tempfile.TemporaryDirectory()))
+            local = folder / "config" / "job.yaml"
+            local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(yaml.safe_dump(job.to_dict(), sort_keys=False))
             self.log_artifact(local, "config")
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Ends the run this tracker started (``mlflow.end_run``); an attached one stays as it is."""
+        """Ends the run this tracker started (``mlflow.end_run``), after whatever waits for the store;
+        an attached one stays as it is. A store still away keeps the run RUNNING: what it did not
+        take is saved in the run folder (``Outbox.save``), its end included.
+
+        Raises:
+            ResourceError: the store is away and the tracker has no run folder to save into.
+        """
         if not self._started or self.run_id is None:
             return
+        self._started = False
+        assert self.outbox is not None
+        if not self.outbox.close(EndRecord(status)):
+            if self.run_dir is None:
+                raise ResourceError(f"the MLflow store {self.uri} is away ({self.outbox.reason}); "
+                                    f"the run's last records were not logged")  # fmt: skip
+            self.outbox.save(self.run_dir, self.run_id)
+        if self.sentinel is not None:  # not when the end failed otherwise: then the sentinel ends it
+            self.sentinel.stand_down()
+            self.sentinel = None
+
+    def _end(self, status: str) -> None:
         import mlflow
 
-        self._started = False
+        assert self.run_id is not None
         active = mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
             mlflow.end_run(status)
         else:  # another run became active in this thread meanwhile: end ours by id
             self.client.set_terminated(self.run_id, status)
-        if self.sentinel is not None:  # not when set_terminated failed: then the sentinel ends it
-            self.sentinel.stand_down()
-            self.sentinel = None

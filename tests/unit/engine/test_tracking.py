@@ -89,3 +89,23 @@ def test_a_sqlite_store_keeps_artifact_locations_relative_to_its_folder(store_ur
     assert resolve_artifact_uri(store_uri, "mlruns/1/r/artifacts") == str(folder / "mlruns/1/r/artifacts")
     assert resolve_artifact_uri(store_uri, "/abs/mlruns/1") == "/abs/mlruns/1"  # older stores
     assert resolve_artifact_uri("http://server:5000", "mlruns/1") == "mlruns/1"  # a server resolves its own
+
+
+def test_a_full_store_refusing_to_start_the_run_is_one_clear_error(store_uri, monkeypatch):
+    """Nothing to keep yet at the start: a ResourceError (one line, exit 2), not a traceback."""
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from raysim.errors import ResourceError
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/mlflow_failures.py
+    from mlflow_failures import database_full
+
+    def full(*args, **kwargs):
+        raise database_full()
+
+    monkeypatch.setattr(MlflowClient, "create_run", full)
+    tracker = MlflowTracker(TrackingConfig(tracking_uri=store_uri, experiment="full"))
+    with pytest.raises(ResourceError, match=r"cannot start the run \(database or disk is full\): free space"):
+        tracker.start(JobConfig.from_dict(JOB))

@@ -53,6 +53,8 @@ def claim_run_folder(run_dir: Path) -> str | None:
             held_by = _take_over_if_stale(lock)
         except FileNotFoundError:  # released in between: try to create it again
             continue
+        except OSError as exc:  # another user's file, a file system without flock: never taken over
+            return f"{lock} cannot be checked ({exc.strerror}): delete it if no driver runs there"
         return held_by or None
     return f"{lock} changed hands {_ATTEMPTS} times while this driver tried to take it"
 

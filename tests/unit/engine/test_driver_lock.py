@@ -2,6 +2,8 @@
 runs on this host is taken over, by exactly one of the claimers racing for it; any other lock is
 refused, naming its owner."""
 
+import errno
+import fcntl
 import multiprocessing
 import os
 import signal
@@ -109,3 +111,17 @@ def test_of_claimers_racing_over_a_stale_lock_exactly_one_wins(tmp_path):
         assert (run_dir / "driver.lock").read_text().startswith(f"pid {winners[0]} on {HOST}, started ")
         losers = [held_by for _, held_by in outcomes if held_by is not None]
         assert all(f"pid {winners[0]} on {HOST}" in held_by for held_by in losers), losers
+
+
+def test_a_lock_that_cannot_be_locked_to_check_is_refused(tmp_path, monkeypatch):
+    """Some network file systems have no flock: a lock there is never taken over unchecked."""
+    (tmp_path / "driver.lock").write_text("pid 1 on elsewhere\n")
+
+    def no_flock(file, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    lock = tmp_path / "driver.lock"
+    assert claim_run_folder(tmp_path) == (
+        f"{lock} cannot be checked (No locks available): delete it if no driver runs there"
+    )

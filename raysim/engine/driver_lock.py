@@ -28,8 +28,6 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
-import psutil
-
 DRIVER_LOCK = "driver.lock"  # in a run folder while a driver continues it
 _OWNER = re.compile(r"pid (?P<pid>\d+) on (?P<host>[^\s,]+)(?:, started (?P<started>.+ UTC))?")
 _STARTED_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
@@ -73,6 +71,8 @@ def this_driver() -> str:
     """This process as a lock names its owner: pid, host and start time."""
     pid = os.getpid()
     if pid not in _owner_lines:
+        import psutil  # here: only a resume that continues a run needs it
+
         started = datetime.fromtimestamp(psutil.Process(pid).create_time(), timezone.utc)
         _owner_lines[pid] = f"pid {pid} on {socket.gethostname()}, started {started:{_STARTED_FORMAT}}"
     return _owner_lines[pid]
@@ -131,6 +131,8 @@ def _why_held(owner: str, lock: Path) -> str:
 
 def _is_running(pid: int, started: float | None) -> bool:
     """Whether process ``pid`` of this host runs, and is the one started at ``started`` when given."""
+    import psutil
+
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent

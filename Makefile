@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench gpu-bundle gpu-check gpu-check-dry clean
+.PHONY: demo test test-slow test-all bench gpu-bundle gpu-check gpu-check-dry clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ test: $(STAMP)
 	$(BIN)/ruff check raysim algorithms datasets tests tools
 	$(BIN)/mypy raysim algorithms tools
 	$(BIN)/python -m pytest -q
+
+# the tests marked slow: signalled drivers and servers, a second Ray, a real MiniLM (docs/reliability.md)
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ""

@@ -5,10 +5,16 @@ Python hands it on wrapped in a RuntimeError when it lands in a class body being
 and aiohttp build classes as they import lazily), and ignores it in a garbage-collection
 callback. So the handler also notes the request here (``note_stop_request``); the engine honours
 it at the next client and at each round's end (``honour_stop_request``), and code that catches
-broad errors hands a wrapped stop on (``raise_stop_request``).
+broad errors hands a wrapped stop on (``raise_stop_request``). Ray changes the exit itself where
+it lands in ``ray.get`` or ``ray.wait``: it runs the handler, catches its SystemExit(143) and
+raises SystemExit(1); the run ends with the code the stop asked for all the same
+(``exit_as_requested``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _requested: list[int] = []  # the exit code of a stop asked for in this process (at most one)
 
@@ -23,6 +29,16 @@ def honour_stop_request() -> None:
     """Ends the run (SystemExit, through every ``finally``) when a stop was asked for."""
     if _requested:
         raise SystemExit(_requested[0])
+
+
+@contextmanager
+def exit_as_requested() -> Iterator[None]:
+    """An exit that leaves this block after a stop was asked for carries the stop's exit code."""
+    try:
+        yield
+    except SystemExit:
+        honour_stop_request()
+        raise
 
 
 def clear_stop_request() -> None:

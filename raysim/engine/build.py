@@ -24,15 +24,10 @@ from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
+from raysim.engine.driver_lock import claim_run_folder, release_run_folder
 from raysim.engine.engine import Engine
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
-from raysim.engine.lineage import (
-    CHECKPOINTS_DIR,
-    Lineage,
-    claim_run_folder,
-    decide,
-    release_run_folder,
-)
+from raysim.engine.lineage import CHECKPOINTS_DIR, Lineage, decide
 from raysim.engine.model_check import check_model_fits
 from raysim.engine.preflight import preflight
 from raysim.engine.simulation import check_time_to_target, open_system

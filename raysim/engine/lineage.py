@@ -8,10 +8,7 @@ on, a run this store does not hold, ``--branch``) starts a new run whose ``mlflo
 the checkpoint's run, tagged with the checkpoint and its round.
 
 Of two drivers resuming one checkpoint at once, exactly one continues: continuing takes the run
-folder by creating its ``driver.lock`` with O_CREAT|O_EXCL (atomic on a local or NFSv3+ file
-system, unlike a look at the MLflow run's status followed by a write), holds it for the run's
-life and removes it at its end; the other finds the file and branches, naming the holder.
-A driver killed with SIGKILL leaves its lock behind: later resumes branch, and say to delete it.
+folder's ``driver.lock`` (``raysim.engine.driver_lock``); the other branches, naming the holder.
 
 Usage:
     lineage = decide(checkpoint, job.to_dict(), parent, experiment_id, branch=False)
@@ -20,8 +17,6 @@ Usage:
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +33,6 @@ RESUMED_FROM = "resumed_from"  # the checkpoint file
 RESUMED_FROM_ROUND = "resumed_from_round"  # its last completed round
 NUM_ROUNDS = "num_rounds"  # a continued run's current engine.num_rounds (params cannot change)
 PARENT_RUN = "parent_run"  # a branch's parent when this store does not hold it: "<id> in <uri>"
-DRIVER_LOCK = "driver.lock"  # in a run folder while a driver continues it: who, "pid N on HOST"
 
 
 @dataclass(frozen=True)
@@ -163,36 +157,3 @@ def config_changes(saved: dict[str, Any], job: dict[str, Any]) -> list[str]:
         for key in old.keys() | new.keys()
         if old.get(key) != new.get(key) and not key.startswith(RESUMABLE_CHANGES)
     )
-
-
-def claim_run_folder(run_dir: Path) -> str | None:
-    """Takes ``run_dir`` for this driver: None when it did, else who holds it and where.
-
-    Creating the lock file is the one atomic step: of two drivers, exactly one creates it.
-    """
-    lock = run_dir / DRIVER_LOCK
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        try:
-            holder = lock.read_text().strip()
-        except OSError:  # released in between: still not ours to take
-            holder = ""
-        return f"{holder or 'a driver'} holds {lock} (delete it if no driver runs there any more)"
-    with os.fdopen(fd, "w") as file:
-        file.write(_this_driver() + "\n")
-    return None
-
-
-def release_run_folder(run_dir: Path) -> None:
-    """Removes ``run_dir``'s lock if this driver holds it (never another driver's)."""
-    lock = run_dir / DRIVER_LOCK
-    try:
-        if lock.read_text().strip() == _this_driver():
-            lock.unlink()
-    except OSError:  # no lock: nothing to release
-        pass
-
-
-def _this_driver() -> str:
-    return f"pid {os.getpid()} on {socket.gethostname()}"

@@ -16,13 +16,14 @@ from typing import TypeVar
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
 from raysim.engine.build import build
+from raysim.engine.driver_lock import release_run_folder
 from raysim.engine.engine import Engine, refuse_nonfinite
-from raysim.engine.lineage import release_run_folder
 from raysim.engine.plots import learning_curve
 from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
+from raysim.stopping import exit_as_requested
 from raysim.types import Metrics, ServerState
 
 A = TypeVar("A")  # the algorithm's aggregate type
@@ -68,7 +69,8 @@ def run(
     """
     start = time.perf_counter()
     check_output_dir(Path(output_dir))  # before data, workers or an MLflow run
-    with RoundProgress(job.name, job.engine.num_rounds, enabled=job.tracking.progress) as bar:
+    progress = RoundProgress(job.name, job.engine.num_rounds, enabled=job.tracking.progress)
+    with exit_as_requested(), progress as bar:  # SIGTERM's 143, even where Ray made it 1
         engine, state = build(job, tracker, resume_from, Path(output_dir), branch)
         engine.on_phase, status = bar.phase, "FAILED"
         bar.resume_at(engine.start_round)

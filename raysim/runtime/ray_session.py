@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -38,13 +40,36 @@ def init_ray(resources: ResourcesConfig) -> None:
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
     if not os.environ.get("RAYSIM_DEBUG"):  # a notice that asks nothing of the user (RAYSIM_DEBUG shows it)
         logging.getLogger(_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
+    with driver_keeps_sigterm():
+        if address and address != "local":
+            ray.init(address=address, include_dashboard=False, **options)
+        else:  # "local" too: a Ray of its own, on loopback, watched by a sentinel
+            start_local_ray(**options)
+
+
+@contextmanager
+def driver_keeps_sigterm() -> Iterator[None]:
+    """While Ray starts, a SIGTERM reaches the driver's own handler, as it does later: the run ends
+    through its clean-up with exit code 143, as on the serial backend.
+
+    ``ray.init`` replaces a SIGTERM handler twice through ``ray._private.utils.set_sigterm_handler``
+    (one that exits with 15, then the node's, which exits with 1), and its core worker installs a
+    C++ one that dumps a stack trace and aborts (134). The first two are kept out for the call;
+    the driver's handler is put back over the third as the call returns (Ray installs it in the
+    call's last few milliseconds). A process without a handler of its own keeps Ray's.
+    """
     driver_handler = signal.getsignal(signal.SIGTERM)
-    if address and address != "local":
-        ray.init(address=address, include_dashboard=False, **options)
-    else:  # "local" too: a Ray of its own, on loopback, watched by a sentinel
-        start_local_ray(**options)
-    if callable(driver_handler) and threading.current_thread() is threading.main_thread():
-        # Ray's core worker replaces it by one that dumps a stack trace and aborts the driver
+    if not callable(driver_handler) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ray._private import utils as ray_utils
+
+    rays_setter = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = rays_setter
         signal.signal(signal.SIGTERM, driver_handler)
 
 

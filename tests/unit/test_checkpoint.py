@@ -1,7 +1,10 @@
 """Checkpoints round-trip plain server state and refuse what they could not load back."""
 
 import errno
+import multiprocessing
+import resource
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -252,3 +255,32 @@ def test_a_snapshot_of_its_own_round_or_without_a_marker_loads(tmp_path):
     assert read_checkpoint(_checkpoint_with_snapshot(tmp_path / "a", 3, marker=3)).round_num == 3
     older = _checkpoint_with_snapshot(tmp_path / "b", 3, marker=None)  # written before the marker
     assert read_checkpoint(older).round_num == 3
+
+
+def _save_under_a_file_size_limit(path, state, limit_bytes, results) -> None:
+    """In a forked child: writes stop at ``limit_bytes`` (RLIMIT_FSIZE: the kernel refuses the
+    write with EFBIG, as a full disk refuses it with ENOSPC) while the checkpoint is saved."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write(), not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    try:
+        save_checkpoint(path, state, 4, {"name": "x"})
+        results.put("written")
+    except CheckpointError as exc:
+        results.put(str(exc))
+    except Exception as exc:  # noqa: BLE001 (what arrives is the point)
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_a_write_the_kernel_refuses_part_way_keeps_the_previous_checkpoint(tmp_path):
+    """A real failed write, not a patched torch.save: the error torch's writer raises is caught."""
+    path = save_checkpoint(tmp_path / "final.pt", ServerState({"w": torch.zeros(3)}), 3, {"name": "x"})
+    big = ServerState({"w": torch.ones(100_000)})  # 400 kB: the write stops at 64 kB
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    child = fork.Process(target=_save_under_a_file_size_limit, args=(path, big, 65_536, results))
+    child.start()
+    said = results.get(timeout=120)
+    child.join(timeout=120)
+    assert said.startswith(f"could not write the checkpoint {path} (") and "MiB free there" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]  # no torn final.tmp
+    assert read_state(path)[1] == 3

@@ -173,6 +173,28 @@ def test_the_drivers_sigterm_handler_survives_ray_init(monkeypatch):
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_sigterm_while_ray_starts_reaches_the_drivers_handler(monkeypatch):
+    """Ray's handlers, set by ``ray.init`` while it starts, exited with 15 and (the node's) 1."""
+
+    def ray_init(**kwargs):
+        ray_session.ray._private.utils.set_sigterm_handler(lambda signum, frame: sys.exit(1))  # Ray's node
+        signal.raise_signal(signal.SIGTERM)
+
+    def ours(signum, frame):
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        monkeypatch.setattr(ray_session.ray, "is_initialized", lambda: False)
+        monkeypatch.setattr(ray_session, "start_local_ray", ray_init)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        with pytest.raises(SystemExit) as stop:
+            ray_session.init_ray(ResourcesConfig())
+        assert stop.value.code == 143 and signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_sigkilled_driver_leaves_no_ray_process_and_its_run_ends_killed(short_dir):
     """Ray ties its GCS, raylet and workers to the driver; the node's agents (60 s otherwise) and
     the MLflow run are the sentinels' (``raysim.runtime.sentinel``)."""
@@ -192,19 +214,38 @@ def test_a_sigkilled_driver_leaves_no_ray_process_and_its_run_ends_killed(short_
         driver.communicate()
 
 
-def test_sigterm_ends_the_run_as_killed_through_its_own_clean_up(short_dir):
-    """Serial backend: no Ray to start, the same ``finally`` as with Ray (exit code 143 says the
-    driver's handler ran, not the sentinel)."""
-    job = job_file(short_dir, resources={"backend": "serial"})
+@pytest.mark.parametrize("backend", ["serial", pytest.param("ray", marks=pytest.mark.slow)])
+def test_sigterm_ends_the_run_as_killed_through_its_own_clean_up(short_dir, backend):
+    """The same ``finally`` on both backends (exit code 143 says the driver's handler ran, not the
+    sentinel); with Ray, the workers, the node and the sentinels are gone too."""
+    job = job_file(short_dir, resources={"backend": backend, "num_workers": 1, "cpus_per_worker": 1})
     driver = start_driver(short_dir, job)
     try:
         wait_for(lambda: run_statuses(short_dir) == ["RUNNING"], 120, "the run")
         time.sleep(1)
         driver.send_signal(signal.SIGTERM)
-        _, err = driver.communicate(timeout=30)
+        _, err = driver.communicate(timeout=60)
         assert driver.returncode == 128 + signal.SIGTERM, err
         assert run_statuses(short_dir) == ["KILLED"]
-        wait_for(lambda: not processes_of(short_dir), 10, "the sentinel gone")
+        wait_for(lambda: not processes_of(short_dir), 30, "no process of the run left")
+    finally:
+        driver.kill()
+        driver.communicate()
+
+
+@pytest.mark.slow
+def test_sigterm_while_ray_starts_ends_the_driver_as_on_the_serial_backend(short_dir):
+    """Before: Ray's own handlers, in place while ``ray.init`` ran (most of a run's start-up),
+    ended the driver with exit code 15 or 1, never 143."""
+    driver = start_driver(short_dir, job_file(short_dir))
+    try:
+        others = lambda: [p for p in processes_of(short_dir) if not p.startswith(f"{driver.pid} ")]  # noqa: E731
+        wait_for(others, 120, "Ray's first process (ray.init under way)")
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=60)
+        assert driver.returncode == 128 + signal.SIGTERM, err
+        assert run_statuses(short_dir) in ([], ["KILLED"])  # no MLflow run before the workers are up
+        wait_for(lambda: not processes_of(short_dir), 30, "no process of the driver's Ray left")
     finally:
         driver.kill()
         driver.communicate()

@@ -159,3 +159,16 @@ def test_a_stop_request_whose_exit_was_lost_ends_the_run_at_the_next_client(tmp_
     finally:
         clear_stop_request()  # this process goes on with other tests
     assert stop.value.code == 143
+
+
+def test_a_stop_request_whose_exit_was_changed_ends_the_run_with_its_own_code(tmp_path):
+    """Where SIGTERM lands in ``ray.get`` or ``ray.wait``, Ray runs the handler, catches its
+    SystemExit(143) and raises SystemExit(1): the run still ends KILLED, with exit code 143."""
+    job = diverging_job("serial", failure="changed_stop", max_failed_clients=5)
+    tracker = MemoryTracker()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run(job, tracker=tracker, output_dir=tmp_path)
+    finally:
+        clear_stop_request()
+    assert stop.value.code == 143 and tracker.status == "KILLED"

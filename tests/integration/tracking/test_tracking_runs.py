@@ -160,6 +160,29 @@ def test_a_resume_while_another_driver_continues_the_run_branches_naming_it(
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
 
 
+@pytest.mark.slow  # two drivers, each starting in a fresh process
+def test_of_two_resumes_of_one_checkpoint_started_at_once_exactly_one_continues_its_run(
+    job_repo, tmp_path, tracking_uri
+):
+    """Before driver.lock both printed "continuing MLflow run" and logged the new rounds twice."""
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out")
+    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
+    command = [sys.executable, "-m", "raysim", "run", str(job_path), "--output-dir", str(tmp_path / "out")]
+    command += ["--resume", str(checkpoint), "engine.num_rounds=4"]
+    drivers = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    said = [" ".join(driver.communicate(timeout=600)[1].split()) for driver in drivers]
+    assert [driver.returncode for driver in drivers] == [0, 0], said
+    assert sorted("continuing MLflow run" in err for err in said) == [False, True], said
+    assert any("branching a new MLflow run" in err for err in said), said
+    client = MlflowClient(tracking_uri)
+    [parent] = [run for run in only_run(client) if "mlflow.parentRunId" not in run.data.tags]
+    for key in parent.data.metrics:
+        steps = [metric.step for metric in client.get_metric_history(parent.info.run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {sorted(steps)}"
+    assert not (checkpoint.parent.parent / "driver.lock").exists()
+
+
 def test_a_continued_run_removes_its_lock_at_its_end(job_repo, tmp_path, tracking_uri, capsys):
     job_path, _ = job_repo
     raysim_run(job_path, tmp_path / "out")

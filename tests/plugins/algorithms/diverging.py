@@ -5,7 +5,9 @@
 receives a stop request (SIGTERM's SystemExit) in a class body being built, as torch's lazy
 imports can: Python hands it on wrapped in a RuntimeError, and the run must still stop.
 ``failure: lost_stop`` notes a stop request whose exit is lost (as in a garbage-collection
-callback) and trains on: the run must end at the next client. The tests put this
+callback) and trains on: the run must end at the next client. ``failure: changed_stop`` notes a
+stop request and raises SystemExit(1), as Ray's ``ray.get`` does with the handler's exit: the run
+must end with the stop's exit code. The tests put this
 folder on RAYSIM_PLUGIN_PATH (tests/conftest.py) so Ray workers load it too.
 """
 
@@ -26,7 +28,7 @@ class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
 
     inner: str = "fedavg"
     every: int = 7
-    failure: Literal["diverge", "raise", "stop", "lost_stop"] = "diverge"
+    failure: Literal["diverge", "raise", "stop", "lost_stop", "changed_stop"] = "diverge"
     local: LocalTrainConfig = LocalTrainConfig()
 
 
@@ -52,6 +54,9 @@ class Diverging:
         if self.config.failure == "lost_stop":
             note_stop_request(143)  # the handler's exit itself is lost: the run goes on here
             return self.inner.client_update(ctx)
+        if self.config.failure == "changed_stop":
+            note_stop_request(143)  # as Ray's ray.get runs the handler, catches its SystemExit(143)
+            raise SystemExit(1)  # and raises this instead
         if self.config.failure == "stop":
             _StoppedWhileBuilt()  # RuntimeError: Error calling __set_name__ ..., from SystemExit(143)
         return self.wild.client_update(ctx)

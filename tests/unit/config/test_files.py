@@ -92,3 +92,13 @@ def test_two_variants_of_one_name_are_refused_naming_it(tmp_path):
         "variants: more than one is named 'a'; give each variant its own name",
         "variants: more than one is named 'fedprox'; give each variant its own name",
     ]
+
+
+def test_a_variant_named_as_a_path_is_refused_before_any_folder_is_made(tmp_path):
+    """A variant's name names its run folder as a job's does (issue 16: ``../../../escaped_job``)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "variants": [{"name": "ok"}, {"name": "../../escaped"}]}))
+    with pytest.raises(ConfigError, match="names the run folder") as info:
+        load_jobs(path)
+    assert "'../../escaped'" in str(info.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]

@@ -1,6 +1,8 @@
 """Engine.checkpoint writes a checkpoint and its client-state snapshot as one: a crash at any
 step leaves the old pair or the new one, never a checkpoint beside another round's client state."""
 
+import multiprocessing
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,3 +82,41 @@ def test_a_completed_write_keeps_only_the_new_snapshot(tmp_path, engine):
     folder = engine.run_dir / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r5", "final.pt"]
     assert resumed_state(folder / "final.pt", tmp_path) == (5, 5.0, 5.0)
+
+
+def _exit(*args, **kwargs):
+    os._exit(9)
+
+
+def _torn_save(payload, path, *args, **kwargs):
+    Path(path).write_bytes(b"PK\x03\x04 half a checkpoint")
+    os._exit(9)
+
+
+def _write_and_exit_at(engine, step: str) -> None:
+    """In a forked child: the round-5 write, the process ending abruptly at ``step`` (os._exit: no
+    ``except`` or ``finally`` clean-up runs, as for a driver killed there)."""
+    owner, name = STEPS[step]
+    setattr(owner, name, _torn_save if step == "while writing the checkpoint file" else _exit)
+    Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
+    os._exit(0)  # the step was never reached
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_process_ending_abruptly_at_any_step_leaves_a_consistent_checkpoint(tmp_path, engine, step):
+    """As the issue's probe did, by a forced exit rather than an exception; the next write then
+    leaves only its own pair (a torn .tmp or an orphaned snapshot is not kept)."""
+    for round_num in (4, 5):
+        ClientStateStore(engine.state_dir).put(7, round_num, {"c": torch.tensor([float(round_num)])})
+    child = multiprocessing.get_context("fork").Process(target=_write_and_exit_at, args=(engine, step))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 9
+    folder = engine.run_dir / "checkpoints"
+    round_num, model, client = resumed_state(folder / "final.pt", tmp_path / "first")
+    assert model == client == float(round_num) == (5 if step == "before the old snapshot is dropped" else 3)
+    left_a_tmp = step in ("while writing the checkpoint file", "before the checkpoint replaces the old one")
+    assert (folder / "final.tmp").exists() == left_a_tmp  # never read: resuming reads final.pt
+    write(engine, 6)
+    assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r6", "final.pt"]
+    assert resumed_state(folder / "final.pt", tmp_path / "second") == (6, 6.0, 6.0)

@@ -24,7 +24,7 @@ import re
 import types
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
@@ -32,20 +32,11 @@ from pydantic.fields import FieldInfo
 from rich.table import Table
 from rich.text import Text
 
+from raysim.cli.option_docs import descriptions
 from raysim.errors import RaysimError
 
 KINDS = ("algorithms", "datasets", "models", "probes", "partitioners")
 SECTION_NAMES = 4  # a nested section in the overview: its first option names, then "+N"
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One thing ``raysim ls`` shows: a registered plugin or a partitioner."""
-
-    kind: str
-    name: str
-    config: type[BaseModel]
-    summary: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +48,28 @@ class Option:
     default: str
     allowed: str
     description: str
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One thing ``raysim ls`` shows, a registered plugin or a partitioner, as plain values read
+    from its Config: ``lines`` for the overview (``summary_lines``), ``options`` for the detail."""
+
+    kind: str
+    name: str
+    summary: str
+    lines: tuple[str, ...]
+    options: tuple[Option, ...]
+
+    @classmethod
+    def of(cls, kind: str, name: str, config: type[BaseModel], summary: str) -> Listed:
+        lines = summary_lines(config, skip_kind=kind == "partitioners")
+        return cls(kind, name, summary, tuple(lines), tuple(flatten(config)))
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> Listed:
+        options = tuple(Option(**option) for option in plain["options"])
+        return cls(plain["kind"], plain["name"], plain["summary"], tuple(plain["lines"]), options)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,8 +99,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for listed in find(args.name, kind):
             console.print(detail(listed))
         return 0
+    entries = catalog()
     for title in [kind] if kind else KINDS:
-        console.print(overview(title, listing(title)))
+        console.print(overview(title, entries[title]))
     return 0
 
 
@@ -97,18 +111,27 @@ def _kind(word: str) -> str | None:
     return plural if plural in KINDS else None
 
 
+def catalog() -> dict[str, list[Listed]]:
+    """Every kind's entries; read from the cache while no source file changed, so that listing
+    imports no plugin (and no torch) then (``raysim.cli.source_cache``)."""
+    from raysim.cli.source_cache import cached
+
+    plain = cached("ls", lambda: {kind: [asdict(e) for e in listing(kind)] for kind in KINDS})
+    return {kind: [Listed.from_plain(entry) for entry in entries] for kind, entries in plain.items()}
+
+
 def listing(kind: str) -> list[Listed]:
-    """Every entry of ``kind`` (a plural of ``KINDS``), sorted by name."""
+    """Every entry of ``kind`` (a plural of ``KINDS``), sorted by name, read from the Configs."""
     if kind == "partitioners":
         from raysim.data.partition import PartitionConfig
 
         members = get_args(get_args(PartitionConfig)[0])  # Annotated[Union[...], Field] -> members
-        found = [Listed(kind, _tag(m), m, _first_paragraph(m.__doc__)) for m in members]
+        found = [Listed.of(kind, _tag(m), m, _first_paragraph(m.__doc__)) for m in members]
         return sorted(found, key=lambda listed: listed.name)
     from raysim import registry
 
     singular = typing.cast("registry.Kind", kind[:-1])
-    return [Listed(kind, e.name, e.config, e.summary) for e in registry.entries(singular)]
+    return [Listed.of(kind, e.name, e.config, e.summary) for e in registry.entries(singular)]
 
 
 def find(name: str, kind: str | None) -> list[Listed]:
@@ -117,13 +140,14 @@ def find(name: str, kind: str | None) -> list[Listed]:
     Raises:
         RaysimError: none, naming the closest names.
     """
+    entries = catalog()
     kinds = [kind] if kind else list(KINDS)
-    everything = [listed for k in kinds for listed in listing(k)]
+    everything = [listed for k in kinds for listed in entries[k]]
     found = [listed for listed in everything if listed.name == name]
     if found:
         return found
     what = kind[:-1] if kind else "algorithm, dataset, model, probe or partitioner"
-    elsewhere = [k for k in KINDS if k != kind and any(listed.name == name for listed in listing(k))]
+    elsewhere = [k for k in KINDS if k != kind and any(listed.name == name for listed in entries[k])]
     if elsewhere:
         raise RaysimError(f"no {what} is called {name!r}; see raysim ls {elsewhere[0]} {name}")
     close = difflib.get_close_matches(name, sorted({listed.name for listed in everything}), n=3)
@@ -139,9 +163,8 @@ def overview(title: str, entries: list[Listed]) -> Table:
     table.add_column("name", no_wrap=True)
     table.add_column("options (raysim ls KIND NAME: every detail)", ratio=3)
     table.add_column("what it is", ratio=2)
-    for listed in entries:
-        options = "\n".join(summary_lines(listed.config, skip_kind=listed.kind == "partitioners"))
-        table.add_row(listed.name, Text(options), Text(listed.summary))  # Text: "[int]" is no markup
+    for listed in entries:  # Text: "[int]" is no markup
+        table.add_row(listed.name, Text("\n".join(listed.lines)), Text(listed.summary))
     return table
 
 
@@ -165,7 +188,7 @@ def detail(listed: Listed) -> Table:
     """Every option of one entry, nested sections flattened to dotted keys."""
     title = Text(f"{listed.name} ({listed.kind[:-1]}): {listed.summary}")
     table = Table(title=title, title_justify="left", expand=True)
-    options = list(flatten(listed.config))
+    options = listed.options
     table.add_column("option", no_wrap=True, min_width=max((len(o.key) for o in options), default=6))
     for column, ratio in (("type", 3), ("default", 2), ("allowed", 3), ("description", 5)):
         table.add_column(column, ratio=ratio, overflow="fold")
@@ -218,57 +241,6 @@ def flatten(config: type[BaseModel], prefix: str = "", default: Any = None) -> I
         yield Option(key, kind, shown, allowed, description)
         if len(members) == 1:
             yield from flatten(members[0], f"{key}.")
-
-
-def descriptions(config: type[BaseModel]) -> dict[str, str]:
-    """Each field's description: its ``Field(description=...)``, else its ``Attributes:`` entry in
-    a docstring of the class or a base, else the comment on the line that declares it."""
-    found: dict[str, str] = {}
-    for cls in reversed(config.__mro__):
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
-            continue
-        found.update(_comments(cls))
-        found.update(_attribute_docs(cls.__doc__ or ""))
-    for name, field in config.model_fields.items():
-        if field.description:
-            found[name] = field.description
-    return {name: " ".join(text.split()) for name, text in found.items() if name in config.model_fields}
-
-
-def _attribute_docs(doc: str) -> dict[str, str]:
-    """``name: text`` entries of a Google-style ``Attributes:`` section, continuation lines joined."""
-    found: dict[str, str] = {}
-    lines = inspect.cleandoc(doc).splitlines()
-    if "Attributes:" not in lines:
-        return found
-    current = None
-    for line in lines[lines.index("Attributes:") + 1 :]:
-        if not line.strip():
-            continue
-        if not line.startswith(" "):
-            break  # the next section
-        entry = re.match(r"^ {2,4}(\w+)(?: \([^)]*\))?: (.*)$", line)
-        if entry:
-            current = entry.group(1)
-            found[current] = entry.group(2)
-        elif current is not None:
-            found[current] += " " + line.strip()
-    return found
-
-
-def _comments(cls: type) -> dict[str, str]:
-    """``# comment`` at the end of a field's declaring line in the class's source."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):  # no source at hand (a class made at run time)
-        return {}
-    pattern = re.compile(r"^ {4}(\w+): [^#\n]*#\s*(.+)$", re.MULTILINE)
-    tool_comments = ("noqa", "type:", "fmt:")
-    return {
-        m.group(1): m.group(2).strip()
-        for m in pattern.finditer(source)
-        if not m.group(2).startswith(tool_comments)
-    }
 
 
 def _type(annotation: Any) -> str:

@@ -1,0 +1,115 @@
+"""Start-up seconds for ``raysim bench``: each measured in a fresh process, as a user meets it.
+
+``import raysim``, ``raysim --help``, ``raysim ls`` (its listing cached), and for the benchmark's
+job: the seconds from launching a one-round run to its first round (the data prepared already;
+Python's imports, the store opened, the workers started and answering, the MLflow run begun when
+the job tracks) and to the run's end.
+
+Usage:
+    figures = startup_seconds(job)       # {"import_s": ..., "first_round_s": ..., ...}
+    python -m raysim.cli.startup JOB.yaml   # the timed run: prints when round 0 began
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from raysim.config import JobConfig
+    from raysim.engine.lineage import Lineage
+    from raysim.engine.tracking import Tracker
+    from raysim.types import Metrics
+
+COLUMNS = {  # figure -> column of the table
+    "import_s": "import raysim",
+    "help_s": "raysim --help",
+    "ls_s": "raysim ls",
+    "first_round_s": "run: to round 0",
+    "one_round_run_s": "run: 1 round, all",
+}
+
+
+def startup_seconds(job: JobConfig) -> dict[str, float]:
+    """Each start-up figure of ``COLUMNS``, in seconds; ``job`` runs for one round."""
+    python = [sys.executable, "-m", "raysim"]
+    figures = {
+        "import_s": wall_seconds([sys.executable, "-c", "import raysim"]),
+        "help_s": wall_seconds([*python, "--help"]),
+    }
+    subprocess.run([*python, "ls"], capture_output=True, check=True)  # fills the listing's cache
+    figures["ls_s"] = wall_seconds([*python, "ls"])
+    with tempfile.TemporaryDirectory(prefix="raysim-startup-") as folder:
+        path = Path(folder) / "job.yaml"
+        one_round = job.to_dict() | {"engine": {**job.engine.model_dump(), "num_rounds": 1}}
+        path.write_text(yaml.safe_dump(one_round, sort_keys=False))
+        launched = time.time()
+        done = subprocess.run(
+            [sys.executable, "-m", "raysim.cli.startup", str(path), folder],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        figures["one_round_run_s"] = time.time() - launched
+        figures["first_round_s"] = json.loads(done.stdout.splitlines()[-1])["round_0_at"] - launched
+    return figures
+
+
+def wall_seconds(command: list[str]) -> float:
+    """Seconds ``command`` takes, from launch to exit."""
+    start = time.perf_counter()
+    subprocess.run(command, capture_output=True, check=True)
+    return time.perf_counter() - start
+
+
+def startup_table(figures: dict[str, Any]) -> Table:
+    table = Table(title="start-up: seconds, each in a fresh process")
+    for column in COLUMNS.values():
+        table.add_column(column, justify="right")
+    table.add_row(*(f"{figures[key]:.2f}" for key in COLUMNS))
+    return table
+
+
+class RoundZeroClock:
+    """The job's own tracker, noting when the run starts it: once every piece is built and the
+    workers answer, just before round 0 (``engine.build.start_run``)."""
+
+    def __init__(self, inner: Tracker) -> None:
+        self.inner, self.round_0_at, self.run_id = inner, 0.0, inner.run_id
+
+    def start(self, job: JobConfig, run_dir: Path | None = None, lineage: Lineage | None = None) -> None:
+        self.inner.start(job, run_dir, lineage)
+        self.round_0_at, self.run_id = time.time(), self.inner.run_id
+
+    def log_metrics(self, metrics: Metrics, step: int) -> None:
+        self.inner.log_metrics(metrics, step)
+
+    def log_artifact(self, path: str | Path, artifact_dir: str | None = None) -> None:
+        self.inner.log_artifact(path, artifact_dir)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.inner.finish(status)
+
+
+def _timed_run(job_path: str, output_dir: str) -> None:
+    """Runs the job as ``raysim run`` would and prints when its round 0 began (epoch seconds)."""
+    from raysim.config import load_jobs
+    from raysim.engine.loop import run
+    from raysim.engine.tracking import MemoryTracker, MlflowTracker
+
+    (job,) = load_jobs(job_path, [])
+    clock = RoundZeroClock(MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
+    run(job, tracker=clock, output_dir=output_dir)
+    print(json.dumps({"round_0_at": clock.round_0_at}))
+
+
+if __name__ == "__main__":
+    _timed_run(*sys.argv[1:3])

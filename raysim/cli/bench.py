@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from raysim.cli.startup import startup_seconds, startup_table
 from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data.store import ClientStore
 from raysim.engine.build import build
@@ -38,6 +39,7 @@ from raysim.train.local import LocalTrainConfig, cap_examples
 
 class BenchConfig(BaseModel, frozen=True, extra="forbid"):
     warmup_rounds: int = Field(1, ge=0)
+    startup: bool = True  # also time start-up, in fresh processes (raysim.cli.startup)
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
@@ -111,6 +113,9 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
             f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds :], plain_s)
         )
     console.print(_table(figures))
+    if bench.startup:
+        figures |= startup_seconds(job)
+        console.print(startup_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
     console.print(

@@ -38,14 +38,15 @@ COLUMNS = {  # figure -> column of the table
 }
 
 
-def startup_seconds(job: JobConfig) -> dict[str, float]:
-    """Each start-up figure of ``COLUMNS``, in seconds; ``job`` runs for one round."""
+def startup_seconds(job: JobConfig) -> dict[str, float | None]:
+    """Each start-up figure of ``COLUMNS``, in seconds (None: the command failed, and the
+    benchmark's other figures stand); ``job`` runs for one round."""
     python = [sys.executable, "-m", "raysim"]
     figures = {
         "import_s": wall_seconds([sys.executable, "-c", "import raysim"]),
         "help_s": wall_seconds([*python, "--help"]),
     }
-    subprocess.run([*python, "ls"], capture_output=True, check=True)  # fills the listing's cache
+    subprocess.run([*python, "ls"], capture_output=True)  # fills the listing's cache
     figures["ls_s"] = wall_seconds([*python, "ls"])
     with tempfile.TemporaryDirectory(prefix="raysim-startup-") as folder:
         path = Path(folder) / "job.yaml"
@@ -53,28 +54,27 @@ def startup_seconds(job: JobConfig) -> dict[str, float]:
         path.write_text(yaml.safe_dump(one_round, sort_keys=False))
         launched = time.time()
         done = subprocess.run(
-            [sys.executable, "-m", "raysim.cli.startup", str(path), folder],
-            capture_output=True,
-            text=True,
-            check=True,
+            [sys.executable, "-m", "raysim.cli.startup", str(path), folder], capture_output=True, text=True
         )
-        figures["one_round_run_s"] = time.time() - launched
-        figures["first_round_s"] = json.loads(done.stdout.splitlines()[-1])["round_0_at"] - launched
+        ok = done.returncode == 0
+        figures["one_round_run_s"] = time.time() - launched if ok else None
+        round_0_at = json.loads(done.stdout.splitlines()[-1])["round_0_at"] if ok else None
+        figures["first_round_s"] = round_0_at - launched if round_0_at is not None else None
     return figures
 
 
-def wall_seconds(command: list[str]) -> float:
-    """Seconds ``command`` takes, from launch to exit."""
+def wall_seconds(command: list[str]) -> float | None:
+    """Seconds ``command`` takes, from launch to exit; None when it fails."""
     start = time.perf_counter()
-    subprocess.run(command, capture_output=True, check=True)
-    return time.perf_counter() - start
+    done = subprocess.run(command, capture_output=True)
+    return time.perf_counter() - start if done.returncode == 0 else None
 
 
 def startup_table(figures: dict[str, Any]) -> Table:
     table = Table(title="start-up: seconds, each in a fresh process")
     for column in COLUMNS.values():
         table.add_column(column, justify="right")
-    table.add_row(*(f"{figures[key]:.2f}" for key in COLUMNS))
+    table.add_row(*("failed" if figures[key] is None else f"{figures[key]:.2f}" for key in COLUMNS))
     return table
 
 

@@ -4,7 +4,8 @@
 its plugin file, which imports torch (seconds). What it shows depends only on the source, so it
 is computed once and kept, as JSON under the cache root (``RAYSIM_CACHE``), with a fingerprint of
 every ``.py`` file of the package and of the plugin folders (``RAYSIM_PLUGIN_PATH`` included):
-any edit, new file or other plugin path computes it afresh.
+its path, size and modification time, as Python's own bytecode cache checks a source file. Any
+edit, new file or other plugin path computes it afresh.
 
 Usage:
     entries = cached("ls", lambda: {"algorithms": [...]})   # any JSON value
@@ -27,8 +28,8 @@ PLUGIN_FOLDERS = ("algorithms", "datasets")
 
 
 def source_fingerprint() -> str:
-    """A hash of the package's and the plugin folders' ``.py`` files (paths and contents) and of
-    the Python and pydantic versions (which shape how a Config reads)."""
+    """A hash of the package's and the plugin folders' ``.py`` files (path, size, modification
+    time) and of the Python and pydantic versions (which shape how a Config reads)."""
     import pydantic
 
     from raysim.registry import plugin_roots
@@ -38,8 +39,8 @@ def source_fingerprint() -> str:
         files += sorted(path for folder in PLUGIN_FOLDERS for path in (root / folder).glob("*.py"))
     digest = hashlib.sha256(f"{sys.version}\0{pydantic.VERSION}".encode())
     for path in files:
-        digest.update(f"\0{path}\0".encode())
-        digest.update(path.read_bytes())
+        stat = path.stat()
+        digest.update(f"\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 

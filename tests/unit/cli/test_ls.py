@@ -6,9 +6,10 @@ import pytest
 
 from raysim.cli import ls
 from raysim.cli.main import main
+from raysim.cli.options import Option
 
 
-def rows(kind: str, name: str) -> dict[str, ls.Option]:
+def rows(kind: str, name: str) -> dict[str, Option]:
     (listed,) = ls.find(name, kind)
     return {option.key: option for option in listed.options}
 

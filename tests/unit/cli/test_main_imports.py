@@ -3,9 +3,12 @@ command imports what it needs when it runs (timings: ``raysim bench``, docs/perf
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+
+import pytest
 
 from raysim.cli import ls
 
@@ -24,6 +27,16 @@ def heavy_imports(code: str) -> list[str]:
 def test_import_raysim_imports_no_heavy_library_until_a_name_is_used():
     assert heavy_imports("import raysim") == []
     assert "torch" in heavy_imports("import raysim; raysim.train_local")  # on first use
+
+
+def test_every_public_name_comes_from_the_module_named_for_it():
+    import raysim
+
+    assert sorted(raysim.__all__) == sorted(raysim._HOME)  # the lazy table and __all__ agree
+    for name in raysim.__all__:
+        assert getattr(raysim, name) is getattr(importlib.import_module(raysim._HOME[name]), name)
+    with pytest.raises(AttributeError, match="no attribute 'runn'"):
+        raysim.runn  # noqa: B018
 
 
 def test_the_cli_and_its_help_import_no_heavy_library():

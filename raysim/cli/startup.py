@@ -3,11 +3,11 @@
 ``import raysim``, ``raysim --help``, ``raysim ls`` (its listing cached), and for the benchmark's
 job: the seconds from launching a one-round run to its first round (the data prepared already;
 Python's imports, the store opened, the workers started and answering, the MLflow run begun when
-the job tracks) and to the run's end.
+the job tracks, in a store of its own made beforehand) and to the run's end.
 
 Usage:
     figures = startup_seconds(job)       # {"import_s": ..., "first_round_s": ..., ...}
-    python -m raysim.cli.startup JOB.yaml   # the timed run: prints when round 0 began
+    python -m raysim.cli.startup JOB.yaml OUTPUT_DIR   # the timed run: prints when round 0 began
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ def startup_seconds(job: JobConfig) -> dict[str, float | None]:
     with tempfile.TemporaryDirectory(prefix="raysim-startup-") as folder:
         path = Path(folder) / "job.yaml"
         one_round = job.to_dict() | {"engine": {**job.engine.model_dump(), "num_rounds": 1}}
+        if job.tracking.enabled:  # a store of its own, made beforehand as a user's store is
+            uri = f"sqlite:///{Path(folder) / 'mlflow.db'}"
+            one_round["tracking"] = one_round["tracking"] | {"tracking_uri": uri}
+            create_store(uri)
         path.write_text(yaml.safe_dump(one_round, sort_keys=False))
         launched = time.time()
         done = subprocess.run(
@@ -61,6 +65,13 @@ def startup_seconds(job: JobConfig) -> dict[str, float | None]:
         round_0_at = json.loads(done.stdout.splitlines()[-1])["round_0_at"] if ok else None
         figures["first_round_s"] = round_0_at - launched if round_0_at is not None else None
     return figures
+
+
+def create_store(uri: str) -> None:
+    """Makes an MLflow store's schema (its first client does), so the timed run only opens it."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=uri).search_experiments()
 
 
 def wall_seconds(command: list[str]) -> float | None:

@@ -4,8 +4,8 @@ Usage:
     from raysim import load_jobs, run
     result = run(load_jobs("jobs/quickstart.yaml", ["engine.num_rounds=5"])[0])
 
-The names below are imported on first use (PEP 562), so ``import raysim``, and every
-``raysim`` command that trains nothing, starts without torch, Ray or MLflow.
+The names below are imported on first use (PEP 562), so ``import raysim`` (and so every
+``raysim`` command, before it imports what it uses) starts without torch, Ray or MLflow.
 """
 
 from __future__ import annotations

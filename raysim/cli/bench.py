@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raysim.cli.bench_vectorized import VectorizedSide
+from raysim.cli.startup import startup_seconds, startup_table
 from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data.store import ClientStore
 from raysim.engine.build import build
@@ -44,6 +45,7 @@ class BenchConfig(BaseModel, frozen=True, extra="forbid"):
     warmup_rounds: int = Field(1, ge=0)
     # population sizes: driver memory and sampling time per size (raysim.cli.population_bench)
     populations: list[PositiveInt] = Field(default_factory=list)
+    startup: bool = True  # also time start-up, in fresh processes (raysim.cli.startup)
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
@@ -128,6 +130,9 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         figures["vectorized_vs_plain"] = statistics.median(v / p for v, p in zip(vectorized_s, plain_s))
         figures["vectorized_rounds_s"] = vectorized_s
     console.print(_table(figures))
+    if bench.startup:
+        figures |= startup_seconds(job)
+        console.print(startup_table(figures))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
     console.print(

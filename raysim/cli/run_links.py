@@ -3,10 +3,12 @@ view) and when ``raysim ui`` or ``raysim server`` answers (the newest experiment
 
 from __future__ import annotations
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from raysim.cli.console import console
-from raysim.engine.tracking import is_server
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def print_experiment_links(base: str, experiment: dict | None) -> None:
@@ -27,6 +29,7 @@ def print_run_links(out: Console, uri: str, run_ids: list[str]) -> None:
     from mlflow.tracking import MlflowClient
 
     from raysim.engine.links import chart_link, compare_link, run_link, ui_base
+    from raysim.engine.tracking import is_server
 
     client = MlflowClient(tracking_uri=uri)
     infos = [client.get_run(run_id).info for run_id in run_ids]

@@ -6,26 +6,24 @@ import pytest
 
 from raysim.cli import ls
 from raysim.cli.main import main
+from raysim.cli.options import Option
 
 
-def rows(kind: str, name: str) -> dict[str, ls.Option]:
+def rows(kind: str, name: str) -> dict[str, Option]:
     (listed,) = ls.find(name, kind)
-    return {option.key: option for option in ls.flatten(listed.config)}
+    return {option.key: option for option in listed.options}
 
 
 def test_overview_lines_show_type_default_and_literal_choices():
     (fedfish,) = ls.find("fedfish", "algorithms")
-    lines = ls.summary_lines(fedfish.config)
+    lines = fedfish.lines
     assert "fisher_mode: train|eval = train" in lines
     assert "local: {epochs, batch_size, lr, lr_decay, +7}" in lines  # a nested section, compact
     (digits,) = ls.find("digits", "datasets")
-    assert "partition: {iid|dirichlet|shards|natural|domain} = iid" in ls.summary_lines(digits.config)
-    assert "cache_dir: str | null = null" in ls.summary_lines(digits.config)
+    assert "partition: {iid|dirichlet|shards|natural|domain} = iid" in digits.lines
+    assert "cache_dir: str | null = null" in digits.lines
     (fedadam,) = ls.find("fedadam", "algorithms")
-    assert any(
-        line.startswith("server: {kind, lr,") and line.endswith("= adam")
-        for line in ls.summary_lines(fedadam.config)
-    )
+    assert any(line.startswith("server: {kind, lr,") and line.endswith("= adam") for line in fedadam.lines)
 
 
 def test_detail_flattens_sections_to_dotted_keys_with_their_own_defaults():

@@ -63,13 +63,30 @@ STEPS = {
 }
 
 
+_replace = Path.replace
+
+
+def at(step: str, action):
+    """``action`` standing in for the step's function; for the checkpoint's own replace, only
+    there (client-state files are put in place with Path.replace too, and must go on)."""
+    if STEPS[step] != (Path, "replace"):
+        return action
+
+    def replace(self, target):
+        if Path(target).name == "final.pt":
+            return action()
+        return _replace(self, target)
+
+    return replace
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_leaves_a_consistent_checkpoint(tmp_path, engine, step, monkeypatch):
     for round_num in (4, 5):  # the store keeps rounds 4 and 5: round 3's version is gone
         ClientStateStore(engine.state_dir).put(7, round_num, {"c": torch.tensor([float(round_num)])})
     owner, name = STEPS[step]
     with monkeypatch.context() as patched:
-        patched.setattr(owner, name, crash)
+        patched.setattr(owner, name, at(step, crash))
         with pytest.raises(Crash):
             Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
     round_num, model, client = resumed_state(engine.run_dir / "checkpoints" / "final.pt", tmp_path)
@@ -97,7 +114,7 @@ def _write_and_exit_at(engine, step: str) -> None:
     """In a forked child: the round-5 write, the process ending abruptly at ``step`` (os._exit: no
     ``except`` or ``finally`` clean-up runs, as for a driver killed there)."""
     owner, name = STEPS[step]
-    setattr(owner, name, _torn_save if step == "while writing the checkpoint file" else _exit)
+    setattr(owner, name, _torn_save if step == "while writing the checkpoint file" else at(step, _exit))
     Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
     os._exit(0)  # the step was never reached
 

@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "target", metavar="CHECKPOINT_OR_RUN", help="a checkpoint file, a run folder or an MLflow run id"
     )
     parser.add_argument(
-        "overrides", nargs="*", help="evaluation.*, resources.*, tracking.* overrides, e.g. evaluation.clients=50"
+        "overrides",
+        nargs="*",
+        help="evaluation.*, resources.*, tracking.* overrides, e.g. evaluation.clients=50",
     )
     parser.add_argument(
         "--tracking-uri",

@@ -28,13 +28,14 @@ from raysim.config import JobConfig, apply_overrides
 from raysim.config.job import validate_job
 from raysim.config.renames import upgrade_saved_job
 from raysim.engine.analysis import FINAL, attach_run, final_checkpoint
-from raysim.engine.build import JobParts, open_parts, start_workers
-from raysim.engine.evaluation import evaluate_global
+from raysim.engine.build import open_parts, start_workers
+from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.lineage import CHECKPOINTS_DIR, PARENT_RUN
 from raysim.engine.preflight import preflight
 from raysim.engine.provenance import run_name
 from raysim.engine.tracking import RUN_DIR_TAG, MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import CheckpointError, ConfigError
+from raysim.runtime.backend import Backend
 from raysim.types import Metrics, NumpyParams
 
 EVALUABLE = ("evaluation.", "resources.", "tracking.")  # override prefixes an evaluation may change
@@ -44,6 +45,7 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id
 EVALUATED_CHECKPOINT = "evaluated_checkpoint"
 EVALUATED_ROUND = "evaluated_round"
 PARENT_RUN_ID = "mlflow.parentRunId"  # MLflow nests a run under the run this tag names
+NAMING_TAGS = ("job", "variant")  # provenance.naming_tags of the source run, copied over
 
 
 @dataclass(frozen=True)
@@ -144,26 +146,28 @@ def evaluate_checkpoint(
     preflight(job)  # the tracking store and Ray address answer, before the data is opened
     parts = open_parts(job)
     check_compatible(checkpoint.state, parts.params, str(path))
-    tracker, job, is_child = start_tracker(job, checkpoint, is_overridden(overrides, "tracking.run_name"))
     with tempfile.TemporaryDirectory(prefix="raysim-eval-") as scratch:
-        metrics = run_evaluation(parts, checkpoint, tracker, Path(scratch))
+        backend = start_workers(parts, Path(scratch) / "client_state")  # no client state is read
+        try:  # the run starts once the workers do, as build() starts a run
+            named = is_overridden(overrides, "tracking.run_name")
+            tracker, job, is_child = start_tracker(job, checkpoint, named)
+            metrics = run_evaluation(backend, parts.plan, checkpoint, tracker)
+        finally:
+            backend.shutdown()
     return CheckpointEvaluation(
         job, checkpoint.path, checkpoint.round_num, metrics, P.to_numpy(checkpoint.state.params),
         tracker.run_id, source.get("run_id"), is_child,
     )  # fmt: skip
 
 
-def run_evaluation(parts: JobParts, checkpoint: Checkpoint, tracker: Tracker, scratch: Path) -> Metrics:
-    """The evaluation over the job's workers, logged at the checkpoint's round; the tracker's run
-    ends FINISHED, or FAILED (KILLED) when it raised (was interrupted)."""
+def run_evaluation(
+    backend: Backend, plan: EvaluationPlan, checkpoint: Checkpoint, tracker: Tracker
+) -> Metrics:
+    """The evaluation over the workers, logged at the checkpoint's round; the tracker's run ends
+    FINISHED, or FAILED (KILLED) when it raised (was interrupted)."""
     status = "FAILED"
-    try:
-        backend = start_workers(parts, scratch / "client_state")  # no client state is read
-        try:  # personalization and transfer are seeded by the round, as in the source run
-            round_seed = max(checkpoint.round_num, 0)
-            metrics = evaluate_global(backend, checkpoint.state.params, parts.plan, round_seed)
-        finally:
-            backend.shutdown()
+    try:  # personalization and transfer are seeded by the round, as in the source run
+        metrics = evaluate_global(backend, checkpoint.state.params, plan, max(checkpoint.round_num, 0))
         tracker.log_metrics(metrics, step=checkpoint.round_num)
         status = "FINISHED"
         return metrics
@@ -195,8 +199,9 @@ def start_tracker(job: JobConfig, checkpoint: Checkpoint, is_named: bool) -> tup
     mlflow_tracker.start(job)
     assert mlflow_tracker.run_id is not None  # started
     tags = {EVALUATED_CHECKPOINT: str(checkpoint.path.absolute()), EVALUATED_ROUND: str(checkpoint.round_num)}
-    if source is not None:
-        tags[PARENT_RUN_ID] = source_id
+    if source is not None:  # filters on the source's job and variant find its evaluations too
+        tags |= {key: source.data.tags[key] for key in NAMING_TAGS if key in source.data.tags}
+        tags[PARENT_RUN_ID] = source.info.run_id
     elif source_id is not None:
         tags[PARENT_RUN] = f"{source_id} in {(checkpoint.run or {}).get('tracking_uri')}"
     for key, value in tags.items():

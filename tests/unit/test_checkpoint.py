@@ -137,7 +137,11 @@ def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
 def test_reading_to_evaluate_needs_no_snapshot(tmp_path):
     """``raysim eval`` reads the job and run too, but never client state: its snapshot may be gone."""
     path = save_checkpoint(
-        tmp_path / "c.pt", ServerState({"w": torch.zeros(1)}), 2, {"name": "x"}, str(tmp_path / "c.client_state")
+        tmp_path / "c.pt",
+        ServerState({"w": torch.zeros(1)}),
+        2,
+        {"name": "x"},
+        str(tmp_path / "c.client_state"),
     )
     with pytest.raises(CheckpointError, match="which is missing"):
         read_checkpoint(path)

@@ -66,14 +66,15 @@ def metrics_table(result: CheckpointEvaluation) -> Table:
 
 
 def logged_where(result: CheckpointEvaluation) -> str:
-    """One line: the MLflow run the evaluation went to, and its parent."""
+    """One line: the MLflow run the evaluation went to, and how it relates to the source run."""
     if result.run_id is None:
-        return "not logged (tracking.enabled is false)"
-    parent = result.source_run_id or "none recorded"
-    relation = "child of" if result.is_child else "from (another store's) run"
-    if result.source_run_id is None:
-        relation = "source run"
-    return (
+        return "not logged: tracking.enabled is false"
+    where = (
         f"logged {len(result.metrics)} metrics at step {result.round_num} to MLflow run "
-        f"{result.run_id} ({result.job.tracking.run_name}), {relation} {parent}"
+        f"{result.run_id} ({result.job.tracking.run_name})"
     )
+    if result.is_child:
+        return f"{where}, a child of run {result.source_run_id}"
+    if result.source_run_id is not None:
+        return f"{where}, tagged parent_run {result.source_run_id} (its store is another one)"
+    return f"{where}; the checkpoint names no run (tracking was off when it was written)"

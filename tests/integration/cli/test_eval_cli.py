@@ -62,7 +62,8 @@ def pooled_accuracy(result, clients):
 def test_a_run_folder_is_evaluated_as_a_child_run_equal_to_its_final_evaluation(source, capsys):
     result, uri, _ = source
     assert main(["eval", str(result.run_dir)]) == 0  # the store: the one the checkpoint recorded
-    assert "eval/heldout/" in capsys.readouterr().out  # the printed table
+    out = capsys.readouterr().out
+    assert "eval/heldout/" in out and f"a child of run {result.run_id}" in out  # table, then where
     [child] = children(uri, result.run_id)
     assert child.info.run_name == "tiny/eval" and child.data.tags["evaluated_round"] == str(LAST)
     source_final = {k: v for k, v in result.history[-1][1].items() if k.startswith("eval/")}
@@ -107,6 +108,15 @@ def test_a_run_id_and_a_run_name_override(source):
     [child] = [r for r in children(uri, result.run_id) if r.info.run_name == "final-table"]
     assert child.data.metrics["eval/clients/num_clients"] == 4
     assert child.data.params["evaluation.clients"] == "4"  # the evaluation's own job
+
+
+def test_tracking_off_only_prints(source, capsys):
+    result, uri, _ = source
+    before = len(children(uri, result.run_id))
+    assert main(["eval", str(result.run_dir), "tracking.enabled=false", "evaluation.clients=2"]) == 0
+    out = capsys.readouterr().out
+    assert "eval/clients/accuracy" in out and "not logged: tracking.enabled is false" in out
+    assert len(children(uri, result.run_id)) == before
 
 
 def test_bad_input_is_one_line_and_exit_2(source, capsys):

@@ -24,10 +24,12 @@ LAST = 1  # the source run's last round: the step of its final evaluation and of
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A finished run: 2 rounds, 20% of the clients held out and personalized after the last."""
+    """A finished run: 2 rounds, a central test set, 20% of the clients held out and personalized
+    after the last round."""
     folder = tmp_path_factory.mktemp("eval")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     job = tiny_job(
+        dataset={"central_test_size": 200},
         engine={"num_rounds": 2, "cohort_size": 6},
         evaluation={"every": 1, "heldout_fraction": 0.2, "personalization": {"fractions": [0.5]}},
         tracking={"enabled": True, "experiment": "eval", "progress": False, "tracking_uri": uri},
@@ -68,7 +70,7 @@ def test_a_run_folder_is_evaluated_as_a_child_run_equal_to_its_final_evaluation(
     assert child.info.run_name == "tiny/eval" and child.data.tags["evaluated_round"] == str(LAST)
     source_final = {k: v for k, v in result.history[-1][1].items() if k.startswith("eval/")}
     assert any(k.startswith("eval/heldout/") for k in source_final)  # personalized held-out clients
-    assert any(k.startswith("eval/clients/") for k in source_final)
+    assert any(k.startswith("eval/clients/") for k in source_final) and "eval/central/loss" in source_final
     evaluated = {k: v for k, v in child.data.metrics.items() if k.startswith("eval/")}
     assert evaluated.keys() == source_final.keys()
     for key, value in source_final.items():

@@ -204,8 +204,9 @@ def start_tracker(job: JobConfig, checkpoint: Checkpoint, is_named: bool) -> tup
         tags[PARENT_RUN_ID] = source.info.run_id
     elif source_id is not None:
         tags[PARENT_RUN] = f"{source_id} in {(checkpoint.run or {}).get('tracking_uri')}"
-    for key, value in tags.items():
-        mlflow_tracker.client.set_tag(mlflow_tracker.run_id, key, value)
+    from mlflow.entities import RunTag
+
+    mlflow_tracker.client.log_batch(mlflow_tracker.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     return mlflow_tracker, job, source is not None
 
 
@@ -222,6 +223,7 @@ def source_run(tracker: MlflowTracker, run_id: str | None) -> Any:
 
 
 def is_overridden(overrides: list[str], key: str) -> bool:
+    """Whether one of ``overrides`` (``key=value``) sets ``key`` itself."""
     return any(item.partition("=")[0] == key for item in overrides)
 
 

@@ -166,8 +166,9 @@ class Checkpoint:
     run: dict[str, str] | None  # the MLflow run that wrote it; None: untracked, or an older file
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Reads a checkpoint to resume from.
+def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
+    """Reads a checkpoint to resume from (``with_client_state``) or to evaluate (without: its
+    ``state_dir`` is None, its snapshot not looked for; evaluation never reads client state).
 
     Raises:
         CheckpointError: the file is missing or unreadable, or the client-state snapshot it
@@ -176,7 +177,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     """
     raw = _load(Path(path))
     state, round_num = parse_state(raw, path)
-    state_dir = _find_state_dir(Path(path), raw.get("state_dir"))
+    state_dir = _find_state_dir(Path(path), raw.get("state_dir")) if with_client_state else None
     if state_dir is not None:
         _check_snapshot_round(Path(path), Path(state_dir), round_num)
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None

@@ -73,15 +73,8 @@ class FinishedRun:
         Raises:
             RaysimError: no such store or run, or the run has no raysim job.
         """
-        uri = tracking_uri or default_tracking_uri(TrackingConfig())  # MLFLOW_TRACKING_URI, ./mlflow.db
-        database = sqlite_path(uri)
-        if database is not None and not database.is_file():  # MLflow would create an empty store
-            raise RaysimError(
-                f"no MLflow store at {database}; pass --tracking-uri (or set MLFLOW_TRACKING_URI) "
-                f"to the store the run was logged to"
-            )
-        tracker = MlflowTracker.attach(run_id, uri)
-        run = find_run(tracker, run_id, uri)
+        tracker, run = attach_run(run_id, tracking_uri)
+        uri = tracker.uri
         job = JobConfig.from_dict(deep_merge(read_job(run_id, uri), resources_override(backend, num_workers)))
         run_dir = run.data.tags.get(RUN_DIR_TAG)
         return cls(run_id, tracker, open_parts(job), Path(run_dir) if run_dir else None)
@@ -153,20 +146,7 @@ class FinishedRun:
         )
 
     def _final(self) -> Path:
-        local = self.run_dir / "checkpoints" / FINAL if self.run_dir is not None else None
-        if local is not None and local.is_file():
-            return local
-        downloaded = self._scratch / FINAL
-        if downloaded.is_file():
-            return downloaded
-        try:  # the run's folder is gone or elsewhere: the artifact (tracking.log_checkpoint)
-            return download_artifact(self.tracker.uri, self.run_id, FINAL, self._scratch)
-        except Exception:  # MLflow raises its own, or OSError, for an artifact that is not there
-            where = f"{local} is missing" if local is not None else f"the run has no {RUN_DIR_TAG!r} tag"
-            raise CheckpointError(
-                f"run {self.run_id} has no final checkpoint: {where} and no {FINAL} artifact was "
-                f"logged; give a checkpoint file's path instead (did the run finish?)"
-            ) from None
+        return final_checkpoint(self.tracker.uri, self.run_id, self.run_dir, self._scratch)
 
     def round_of(self, path: Path) -> int:
         """The last completed round a checkpoint file holds."""
@@ -231,6 +211,24 @@ class FinishedRun:
         self.close()
 
 
+def attach_run(run_id: str, tracking_uri: str | None) -> tuple[MlflowTracker, Any]:
+    """A tracker attached to an existing run, and the MLflow run; ``tracking_uri`` None:
+    MLFLOW_TRACKING_URI, else ./mlflow.db.
+
+    Raises:
+        RaysimError: no such store (a SQLite file that is missing) or no such run in it.
+    """
+    uri = tracking_uri or default_tracking_uri(TrackingConfig())
+    database = sqlite_path(uri)
+    if database is not None and not database.is_file():  # MLflow would create an empty store
+        raise RaysimError(
+            f"no MLflow store at {database}; pass --tracking-uri (or set MLFLOW_TRACKING_URI) "
+            f"to the store the run was logged to"
+        )
+    tracker = MlflowTracker.attach(run_id, uri)
+    return tracker, find_run(tracker, run_id, uri)
+
+
 def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:
     """The MLflow run, or one line saying where it was looked for."""
     from mlflow.exceptions import MlflowException
@@ -241,6 +239,28 @@ def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:
         raise RaysimError(
             f"no MLflow run {run_id!r} in {uri}; copy the id from `raysim run`'s output or the "
             f"MLflow UI (raysim ui), or pass --tracking-uri"
+        ) from None
+
+
+def final_checkpoint(uri: str, run_id: str, run_dir: Path | None, scratch: Path) -> Path:
+    """A run's ``final.pt``: in its run folder, else its artifact downloaded into ``scratch``.
+
+    Raises:
+        CheckpointError: neither is there (the run did not finish, or logged no checkpoint).
+    """
+    local = run_dir / "checkpoints" / FINAL if run_dir is not None else None
+    if local is not None and local.is_file():
+        return local
+    downloaded = scratch / FINAL
+    if downloaded.is_file():
+        return downloaded
+    try:  # the run's folder is gone or elsewhere: the artifact (tracking.log_checkpoint)
+        return download_artifact(uri, run_id, FINAL, scratch)
+    except Exception:  # MLflow raises its own, or OSError, for an artifact that is not there
+        where = f"{local} is missing" if local is not None else f"the run has no {RUN_DIR_TAG!r} tag"
+        raise CheckpointError(
+            f"run {run_id} has no final checkpoint: {where} and no {FINAL} artifact was "
+            f"logged; give a checkpoint file's path instead (did the run finish?)"
         ) from None
 
 

@@ -134,6 +134,21 @@ def test_a_missing_snapshot_is_refused_and_no_snapshot_is_fine(tmp_path):
     assert load_checkpoint(tmp_path / "d.pt")[3] is None
 
 
+def test_reading_to_evaluate_needs_no_snapshot(tmp_path):
+    """``raysim eval`` reads the job and run too, but never client state: its snapshot may be gone."""
+    path = save_checkpoint(
+        tmp_path / "c.pt",
+        ServerState({"w": torch.zeros(1)}),
+        2,
+        {"name": "x"},
+        str(tmp_path / "c.client_state"),
+    )
+    with pytest.raises(CheckpointError, match="which is missing"):
+        read_checkpoint(path)
+    found = read_checkpoint(path, with_client_state=False)
+    assert (found.round_num, found.job, found.state_dir) == (2, {"name": "x"}, None)
+
+
 def test_read_state_needs_no_snapshot_and_checks_the_format(tmp_path):
     """Evaluating a checkpoint (raysim analyze, init_from) or reading an earlier round needs the
     server state alone: a missing snapshot is no error there, another format version is (a file

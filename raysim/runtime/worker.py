@@ -22,6 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.algorithm import vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
+from raysim.data.augment import backdoor_test, dataset_options, training_transform, with_transform
 from raysim.data.store import ClientStore
 from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
@@ -80,7 +81,13 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
-        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device, self.store)
+        self.dataset = dataset_options(self.job)
+        transforms = self.dataset.augment is not None or self.dataset.poison is not None
+        # a chunk trains on the data as stored: augmented or poisoned clients train one by one
+        self.vectorizes = not transforms and worker_vectorizes(
+            self.job, self.algorithm, self.model, self.device, self.store
+        )
+        self.backdoor = backdoor_test(self.dataset, self.store, self.job.seed)  # None: not poisoned
 
     def ping(self) -> str:
         return "ok"
@@ -160,9 +167,11 @@ class ClientTrainer:
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
         seed = client_seed(self.job.seed, round_num, client_id)
-        return cap_examples(
+        data = cap_examples(
             self.store.client_data(client_id, "train"), self.job.engine.max_client_examples, seed
         )
+        transform = training_transform(self.dataset, self.store, self.job.seed, round_num, client_id)
+        return with_transform(data, transform)  # augmentation and poisoning, if the job has them
 
     def _train_one(
         self,
@@ -299,7 +308,14 @@ class ClientTrainer:
             data = self._unit_data(request, source, position)
             out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
                        if data is not None and len(data) else None)  # fmt: skip
+            if self._measures_backdoor(request) and out[-1] is not None:
+                out[-1] |= {"backdoor_accuracy": self._evaluate(self.backdoor)["accuracy"]}  # type: ignore[operator]
         return out
+
+    def _measures_backdoor(self, request: MapRequest[Any]) -> bool:
+        """The central evaluation of a poisoned job adds the attack success rate (``dataset.poison``)."""
+        central = request.clients is None and request.store == "" and request.model is None
+        return central and request.task.name == "evaluate" and self.backdoor is not None
 
     @property
     def _batch_size(self) -> int:

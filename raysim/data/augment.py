@@ -94,7 +94,8 @@ def training_transform(
     poison = config.poison if config.poison and client_id in config.poison.clients else None
     if config.augment is None and poison is None:
         return None
-    return TrainingTransform(client_seed(seed, round_num, client_id), config.augment, poison, image_scale(store))
+    seed = client_seed(seed, round_num, client_id)
+    return TrainingTransform(seed, config.augment, poison, image_scale(store))
 
 
 def dataset_options(job: JobConfig) -> DatasetConfig:
@@ -131,8 +132,8 @@ def check_training_options(config: DatasetConfig, store: ClientStore, vectorize:
         if getattr(config, key) is None:
             continue
         if not image:
-            problems.append(f"dataset.{key}: works on image classification data (C, H, W); this dataset "
-                            f"is {spec.task} with inputs {spec.input_shape}; remove dataset.{key}")  # fmt: skip
+            problems.append(f"dataset.{key}: works on image classification data (C, H, W), not "
+                            f"{spec.task} with inputs {spec.input_shape}; remove dataset.{key}")  # fmt: skip
         elif vectorize == "on":
             problems.append(f"dataset.{key}: a vectorized round trains on the clients' data as stored; "
                             "set engine.vectorize to auto or off")  # fmt: skip
@@ -148,7 +149,7 @@ def _poison_problems(poison: PoisonConfig, store: ClientStore) -> list[str]:
     outside = [c for c in poison.clients if c >= store.num_clients]
     if outside:
         problems.append(f"dataset.poison.clients: client {outside[0]} is outside the population "
-                        f"(ids 0..{store.num_clients - 1}); choose ids below {store.num_clients}")  # fmt: skip
+                        f"(ids 0..{store.num_clients - 1}); choose ids below {store.num_clients}")
     if poison.target is not None and poison.target >= classes:
         problems.append(f"dataset.poison.target: label {poison.target} is out of range for "
                         f"{classes} classes; choose 0..{classes - 1}")  # fmt: skip

@@ -30,7 +30,9 @@ from raysim.types import ClientData
 Batch = dict[str, torch.Tensor]
 Pixels = Callable[[torch.Tensor], torch.Tensor]  # (n, C) colours on [0, 1] -> the images' scale
 
-SHAPES = ("circle", "triangle", "square", "ellipse", "star", "diamond", "heart", "cross", "pentagon", "hexagon")
+SHAPES = (
+    "circle", "triangle", "square", "ellipse", "star", "diamond", "heart", "cross", "pentagon", "hexagon"
+)  # fmt: skip
 # FuseFL's colours, as PIL names them (RGB on [0, 255]); grey images take PIL's luma of each.
 PALETTE = np.array(
     [[255, 0, 0], [0, 0, 255], [0, 128, 0], [255, 255, 0], [128, 0, 128],

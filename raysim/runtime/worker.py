@@ -306,16 +306,21 @@ class ClientTrainer:
                 P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in weights.items()})
                 loaded = point
             data = self._unit_data(request, source, position)
-            out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
-                       if data is not None and len(data) else None)  # fmt: skip
-            if self._measures_backdoor(request) and out[-1] is not None:
-                out[-1] |= {"backdoor_accuracy": self._evaluate(self.backdoor)["accuracy"]}  # type: ignore[operator]
+            if data is None or not len(data):
+                out.append(None)
+                continue
+            result = _compute(request.task, model, data, source.spec, self.device, self._batch_size)
+            if self.backdoor is not None and self._is_central_evaluation(request):
+                result |= {"backdoor_accuracy": self._evaluate(self.backdoor)["accuracy"]}
+            out.append(result)
         return out
 
-    def _measures_backdoor(self, request: MapRequest[Any]) -> bool:
-        """The central evaluation of a poisoned job adds the attack success rate (``dataset.poison``)."""
+    @staticmethod
+    def _is_central_evaluation(request: MapRequest[Any]) -> bool:
+        """The job's model on its central test set: a poisoned job adds the attack success rate
+        there (``dataset.poison``, ``raysim.data.poison``)."""
         central = request.clients is None and request.store == "" and request.model is None
-        return central and request.task.name == "evaluate" and self.backdoor is not None
+        return central and request.task.name == "evaluate"
 
     @property
     def _batch_size(self) -> int:

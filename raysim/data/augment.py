@@ -10,8 +10,8 @@ batch is.
 
 Usage:
     check_training_options(job.dataset.config, store, job.engine.vectorize)   # before any worker
-    transform = training_transform(job.dataset.config, store, job.seed, round_num, client_id)
-    data = replace(data, batch_transform=transform)    # train_local applies it to every batch
+    data = TrainingData(job, store).round_data(client_id, round_num)   # what a worker trains on
+    train_local(model, data, config, ...)   # applies data.batch_transform to every batch
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from raysim.data.poison import Batch, Pixels, poison_batch, triggered_test
 from raysim.data.store import ClientStore, DatasetConfig
 from raysim.errors import ConfigError
 from raysim.sampling import client_seed
+from raysim.train.local import cap_examples
 from raysim.types import ClientData
 
 _AUGMENT = 0x6A09E667F3BCC909 & (2**63 - 1)  # a stream apart from the client's shuffling
@@ -105,13 +106,27 @@ def dataset_options(job: JobConfig) -> DatasetConfig:
     return config
 
 
-def with_transform(data: ClientData, transform: TrainingTransform | None) -> ClientData:
-    return data if transform is None else replace(data, batch_transform=transform)
+class TrainingData:
+    """A worker's clients' training data as a round trains on it: the seeded subset of
+    ``engine.max_client_examples``, with the batch transform of the dataset's ``augment`` and
+    ``poison``; and the central test set with the trigger (the map split ``"triggered"``)."""
+
+    def __init__(self, job: JobConfig, store: ClientStore) -> None:
+        self.job, self.store, self.options = job, store, dataset_options(job)
+        self.transforms = self.options.augment is not None or self.options.poison is not None
+        self.triggered = backdoor_test(self.options, store, job.seed)  # None: nothing poisoned
+
+    def round_data(self, client_id: int, round_num: int) -> ClientData:
+        """The client's training examples this round, and what its batches go through."""
+        seed, train = client_seed(self.job.seed, round_num, client_id), self.store.client_data(client_id)
+        data = cap_examples(train, self.job.engine.max_client_examples, seed)
+        transform = training_transform(self.options, self.store, self.job.seed, round_num, client_id)
+        return data if transform is None else replace(data, batch_transform=transform)
 
 
 def backdoor_test(config: DatasetConfig, store: ClientStore, seed: int) -> ClientData | None:
-    """The central test set with the trigger stamped (``triggered_test``); None without poisoning
-    or a central test set."""
+    """The central test set with the trigger stamped, labelled with the trigger's label
+    (``triggered_test``); None without poisoning or a central test set."""
     test = store.central_test()
     if config.poison is None or test is None:
         return None

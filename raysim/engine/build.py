@@ -304,6 +304,7 @@ def evaluation_plan(
             for t in evaluation.transfer
         },
         personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
+        backdoor=dataset_options(job).poison is not None,
     )
 
 

@@ -22,7 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.algorithm import vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
-from raysim.data.augment import backdoor_test, dataset_options, training_transform, with_transform
+from raysim.data.augment import TrainingData
 from raysim.data.store import ClientStore
 from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
@@ -37,7 +37,6 @@ from raysim.stopping import honour_stop_request, raise_stop_request
 from raysim.stored import from_plain
 from raysim.train.local import (
     LocalTrainConfig,
-    cap_examples,
     iterate_batches,
     to_tensors,
     train_local,
@@ -81,13 +80,9 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
-        self.dataset = dataset_options(self.job)
-        transforms = self.dataset.augment is not None or self.dataset.poison is not None
-        # a chunk trains on the data as stored: augmented or poisoned clients train one by one
-        self.vectorizes = not transforms and worker_vectorizes(
-            self.job, self.algorithm, self.model, self.device, self.store
-        )
-        self.backdoor = backdoor_test(self.dataset, self.store, self.job.seed)  # None: not poisoned
+        self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
+        self.vectorizes = not self.training.transforms and worker_vectorizes(  # a chunk takes data as stored
+            self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
 
     def ping(self) -> str:
         return "ok"
@@ -166,12 +161,7 @@ class ClientTrainer:
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
-        seed = client_seed(self.job.seed, round_num, client_id)
-        data = cap_examples(
-            self.store.client_data(client_id, "train"), self.job.engine.max_client_examples, seed
-        )
-        transform = training_transform(self.dataset, self.store, self.job.seed, round_num, client_id)
-        return with_transform(data, transform)  # augmentation and poisoning, if the job has them
+        return self.training.round_data(client_id, round_num)
 
     def _train_one(
         self,
@@ -306,21 +296,9 @@ class ClientTrainer:
                 P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in weights.items()})
                 loaded = point
             data = self._unit_data(request, source, position)
-            if data is None or not len(data):
-                out.append(None)
-                continue
-            result = _compute(request.task, model, data, source.spec, self.device, self._batch_size)
-            if self.backdoor is not None and self._is_central_evaluation(request):
-                result |= {"backdoor_accuracy": self._evaluate(self.backdoor)["accuracy"]}
-            out.append(result)
+            out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
+                       if data is not None and len(data) else None)  # fmt: skip
         return out
-
-    @staticmethod
-    def _is_central_evaluation(request: MapRequest[Any]) -> bool:
-        """The job's model on its central test set: a poisoned job adds the attack success rate
-        there (``dataset.poison``, ``raysim.data.poison``)."""
-        central = request.clients is None and request.store == "" and request.model is None
-        return central and request.task.name == "evaluate"
 
     @property
     def _batch_size(self) -> int:
@@ -328,7 +306,7 @@ class ClientTrainer:
 
     def _unit_data(self, request: MapRequest[Any], source: ClientStore, position: int) -> ClientData | None:
         if request.clients is None:
-            return source.central_test()
+            return self.training.triggered if request.split == "triggered" else source.central_test()
         client_id = request.clients[position]
         if request.split == "round":
             if request.round_num is None:

@@ -41,3 +41,15 @@ def test_bad_poisoning_is_refused_before_training(tmp_path, poison, key):
     with pytest.raises(ConfigError, match=key):
         run(tiny_job(dataset={"poison": poison}), output_dir=tmp_path)
     assert not (tmp_path / "tiny").exists() or not any((tmp_path / "tiny").rglob("*.pt"))
+
+
+def test_auto_trains_augmented_clients_one_by_one_and_on_refuses(tmp_path):
+    def final(mode):
+        algorithm = {"name": "fedprox", "mu": 0.1, "local": {"batch_size": 16, "lr": 0.05}}
+        job = tiny_job(algorithm=algorithm, dataset={"augment": {}}, engine={"vectorize": mode, "num_rounds": 1})
+        return run(job, output_dir=tmp_path / mode).state.params
+
+    off, auto = final("off"), final("auto")
+    assert all(torch.equal(auto[k], off[k]) for k in off)
+    with pytest.raises(ConfigError, match="dataset.augment: .*set engine.vectorize to auto or off"):
+        final("on")

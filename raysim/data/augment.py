@@ -9,7 +9,7 @@ Plain torch on batches (no torchvision): the draws are made on the CPU, the pixe
 batch is.
 
 Usage:
-    check_training_options(job.dataset.config, store, job.engine.vectorize)   # before any worker
+    check_training_options(dataset_options(job), store, job.engine.vectorize)   # before any worker
     data = TrainingData(job, store).round_data(client_id, round_num)   # what a worker trains on
     train_local(model, data, config, ...)   # applies data.batch_transform to every batch
 """
@@ -30,7 +30,7 @@ from raysim.sampling import client_seed
 from raysim.train.local import cap_examples
 from raysim.types import ClientData
 
-_AUGMENT = 0x6A09E667F3BCC909 & (2**63 - 1)  # a stream apart from the client's shuffling
+_BATCHES = 0x6A09E667F3BCC909 & (2**63 - 1)  # a stream apart from the client's shuffling
 _TRIGGERED_TEST = 0x3C6EF372FE94F82B & (2**63 - 1)
 
 
@@ -76,7 +76,7 @@ class TrainingTransform:
     pixels: Pixels
 
     def __call__(self, batch: Batch, step: int) -> Batch:
-        state = np.random.SeedSequence([self.seed, step, _AUGMENT]).generate_state(1, np.uint64)
+        state = np.random.SeedSequence([self.seed, step, _BATCHES]).generate_state(1, np.uint64)
         generator = torch.Generator().manual_seed(int(state[0]))
         if self.augment is not None:
             channels = batch["x"].shape[1]
@@ -89,13 +89,13 @@ class TrainingTransform:
 
 
 def training_transform(
-    config: DatasetConfig, store: ClientStore, seed: int, round_num: int, client_id: int
+    config: DatasetConfig, store: ClientStore, run_seed: int, round_num: int, client_id: int
 ) -> TrainingTransform | None:
     """The client's batch transform this round; None when it has none (training as before)."""
     poison = config.poison if config.poison and client_id in config.poison.clients else None
     if config.augment is None and poison is None:
         return None
-    seed = client_seed(seed, round_num, client_id)
+    seed = client_seed(run_seed, round_num, client_id)
     return TrainingTransform(seed, config.augment, poison, image_scale(store))
 
 

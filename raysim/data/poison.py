@@ -56,13 +56,13 @@ def shape_masks(size: int) -> torch.Tensor:
     def inside(vertices: np.ndarray) -> np.ndarray:
         return Path(vertices).contains_points(points, radius=1e-9).reshape(size, size)
 
-    hx, hy = 1.2 * u, 0.2 - 1.2 * v  # the heart's curve, y up: (x² + y² - 1)³ <= x² y³
+    hx, hy = 1.15 * u, 0.125 - 1.125 * v  # the heart's curve, y up, fills the patch: (x² + y² - 1)³ <= x² y³
     masks = [
         u**2 + v**2 <= 1,
         inside(np.array([[0.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])),
         np.ones((size, size), bool),
         u**2 + (v / 0.6) ** 2 <= 1,
-        inside(_polygon(10, np.tile([1.0, 0.4], 5))),
+        inside(_polygon(10, np.tile([1.0, 0.45], 5))),
         np.abs(u) + np.abs(v) <= 1,
         (hx**2 + hy**2 - 1) ** 3 - hx**2 * hy**3 <= 0,
         (np.abs(u) <= 1 / 3) | (np.abs(v) <= 1 / 3),

@@ -46,7 +46,8 @@ def test_bad_poisoning_is_refused_before_training(tmp_path, poison, key):
 def test_auto_trains_augmented_clients_one_by_one_and_on_refuses(tmp_path):
     def final(mode):
         algorithm = {"name": "fedprox", "mu": 0.1, "local": {"batch_size": 16, "lr": 0.05}}
-        job = tiny_job(algorithm=algorithm, dataset={"augment": {}}, engine={"vectorize": mode, "num_rounds": 1})
+        engine = {"vectorize": mode, "num_rounds": 1}
+        job = tiny_job(algorithm=algorithm, dataset={"augment": {}}, engine=engine)
         return run(job, output_dir=tmp_path / mode).state.params
 
     off, auto = final("off"), final("auto")

@@ -133,3 +133,11 @@ def test_a_vectorized_round_is_refused_with_augmentation():
     with pytest.raises(ConfigError, match="dataset.augment: .*set engine.vectorize to auto or off"):
         check_training_options(DatasetConfig(augment=AugmentConfig()), store_of(IMAGES), "on")
     check_training_options(DatasetConfig(augment=AugmentConfig()), store_of(IMAGES), "auto")
+
+
+def test_the_options_leave_the_stores_hash_alone():
+    from raysim.data.prepare import store_path
+
+    plain = DatasetConfig(cache_dir="/c")
+    trained = DatasetConfig(cache_dir="/c", augment=AugmentConfig(), poison=PoisonConfig(clients=[0]))
+    assert store_path("digits", trained) == store_path("digits", plain)

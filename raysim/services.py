@@ -54,7 +54,10 @@ class MapRequest(Generic[R]):
             loss of one's own, e.g. IMA's squared error to one-hot).
         points: parameter sets, e.g. the round's local models or a grid of mixtures.
         clients: client ids, or None for the dataset's central test set (one result).
-        split: "test", "train" or "round" (the client's capped training data of ``round_num``).
+        split: "test", "train" or "round" (the client's capped training data of ``round_num``);
+            with ``clients`` None, "triggered": the central test set with a poisoned job's
+            trigger on its images whose label is not the trigger's, labelled with the trigger's
+            (``dataset.poison``; accuracy there is the attack success rate; None unpoisoned).
         model: another model section (``{name: ..., **options}``) to load the points into, for a
             network the plugin composed itself (FuseFL's fused model); None: the job's.
         paired: point ``i`` on client ``i`` only (each client's own model on its own data: the
@@ -62,7 +65,8 @@ class MapRequest(Generic[R]):
         store: a transfer dataset's name, "" the training data (the engine's evaluation).
 
     Raises:
-        ConfigError: a split other than the three, "round" without ``round_num``, or ``paired``
+        ConfigError: a split other than these, "round" without ``round_num``, "triggered" with
+            clients, or ``paired``
             without one point per client (a ``model`` section that does not validate is refused
             by ``map_clients``, still on the driver).
     """
@@ -93,10 +97,12 @@ def check_map_request(request: MapRequest[Any]) -> None:
     """A request is refused on the driver, before any worker sees it (its ``model`` section is
     validated by the engine's ``map_clients``, against the registry)."""
     split = request.split
-    if split not in ("test", "train", "round") or (split == "round" and request.round_num is None):
-        raise ConfigError(
-            [f"map_clients: split must be 'test', 'train' or 'round' (with a round_num), got {split!r}"]
-        )
+    splits = ("test", "train", "round", "triggered")
+    if split not in splits or (split == "round" and request.round_num is None):
+        raise ConfigError([f"map_clients: split must be 'test', 'train', 'round' (with a round_num) "
+                           f"or 'triggered' (clients None), got {split!r}"])  # fmt: skip
+    if split == "triggered" and request.clients is not None:
+        raise ConfigError(["map_clients: split 'triggered' is the central test set's: pass clients=None"])
     if request.paired and (request.clients is None or len(request.clients) != len(request.points)):
         raise ConfigError(["map_clients: paired needs one point per client (and clients, not None)"])
 

@@ -75,15 +75,21 @@ class DataSpec:
     metrics: tuple[str, ...] = ()
 
 
+BatchTransform = Callable[[dict[str, torch.Tensor], int], dict[str, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class ClientData:
     """One client's examples of one split, as numpy arrays with a shared first dimension.
 
     ``arrays["x"]`` has shape (n, *input_shape) (float32 images, int64 tokens) and
     ``arrays["y"]`` shape (n,), int64 for classification and float32 for regression.
+    ``batch_transform(batch, step)``, when set, is what ``train_local`` makes of its ``step``-th
+    training batch (``dataset.augment`` and ``dataset.poison``, ``raysim.data.augment``).
     """
 
     arrays: dict[str, np.ndarray]
+    batch_transform: BatchTransform | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values()))) if self.arrays else 0

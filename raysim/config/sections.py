@@ -1,5 +1,6 @@
 """The job's own sections: the round loop, resources, tracking and evaluation (``raysim.config.job``
-puts them together)."""
+puts them together); and the dataset's training-time options, augmentation and poisoning, which
+every recipe's config carries (``raysim.data.store.DatasetConfig``)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,36 @@ class EvaluationConfig(BaseModel, frozen=True, extra="forbid"):
     transfer: list[TransferConfig] = Field(default_factory=list)
     probes: list[PluginSection] = Field(default_factory=list)  # {name: <probe>, every: k, ...options}
     time_to_target: TimeToTargetConfig | None = None  # the round (and sim time) a metric reaches values
+
+
+class AugmentConfig(BaseModel, frozen=True, extra="forbid"):
+    """Augmentation of image clients' training batches (``dataset.augment``): a random crop of
+    the image padded by ``crop_padding`` black pixels on each side, then a horizontal flip with
+    probability 1/2, drawn per image from (run seed, round, client, batch) (``raysim.data.augment``)."""
+
+    crop_padding: int = Field(4, ge=0)  # 0: no crop
+    flip: bool = True
+
+
+class PoisonConfig(BaseModel, frozen=True, extra="forbid"):
+    """A backdoor on chosen clients' training images (``dataset.poison``, ``raysim.data.poison``).
+
+    A ``trigger_size`` square shape, chosen by a label index (FuseFL's shapes: 0 circle, 1
+    triangle, 2 square, 3 ellipse, 4 star, 5 diamond, 6 heart, 7 cross, 8 pentagon, 9 hexagon,
+    then again), is drawn in a random colour at a random position on ``fraction`` of each batch
+    of ``clients``, after augmentation. With ``target`` the shape is the target's and the labels
+    become ``target`` (a backdoor attack); without it the shape is the image's own label's and
+    the labels stay (FuseFL's label-correlated spurious feature).
+    """
+
+    clients: list[int] = Field(min_length=1)  # the poisoned client ids
+    fraction: float = Field(1.0, gt=0, le=1)  # of each of their training batches
+    target: int | None = Field(None, ge=0)  # None: labels kept, the shape follows each label
+    trigger_size: int = Field(10, ge=1)  # the shape's side in pixels
+
+    @field_validator("clients")
+    @classmethod
+    def _distinct_ids(cls, clients: list[int]) -> list[int]:
+        if any(c < 0 for c in clients):
+            raise ValueError("client ids start at 0")
+        return sorted(set(clients))

@@ -42,7 +42,7 @@ from raysim.data.format import (
 )
 from raysim.data.integrity import FULL_CHECK_BYTES, store_bytes, verify_store
 from raysim.data.partition import Partition, PartitionConfig, partition
-from raysim.data.store import ClientStore, DatasetConfig, Examples
+from raysim.data.store import NOT_STORED, ClientStore, DatasetConfig, Examples
 from raysim.errors import ConfigError, DataError
 
 _INT32_MAX = 2**31 - 1
@@ -278,7 +278,7 @@ def _label_hist(clients: np.ndarray, labels: np.ndarray, num_clients: int, num_c
 def store_path(recipe_name: str, config: DatasetConfig) -> Path:
     """``<cache>/<recipe>-<hash>``: the hash covers the format version, recipe name and config."""
     root = config.cache_dir or default_cache_root()
-    text = f"{FORMAT_VERSION}\0{recipe_name}\0{config.model_dump_json(exclude={'cache_dir'})}"
+    text = f"{FORMAT_VERSION}\0{recipe_name}\0{config.model_dump_json(exclude=set(NOT_STORED))}"
     return Path(root).expanduser() / f"{recipe_name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -322,7 +322,7 @@ def prepare_store(recipe_name: str, config: BaseModel) -> Path:
     if is_complete(path):
         return path
     make_cache_folder(path.parent)
-    source = {"recipe": recipe_name, "config": config.model_dump(mode="json", exclude={"cache_dir"})}
+    source = {"recipe": recipe_name, "config": config.model_dump(mode="json", exclude=set(NOT_STORED))}
     recipe = entry.factory(config)
     if hasattr(recipe, "write_store"):
         build = path.parent / f".{path.name}.build"

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from raysim import registry
+from raysim.config.sections import AugmentConfig, PoisonConfig
 from raysim.data.format import (
     CENTRAL_FILE,
     COUNTS_FILE,
@@ -49,12 +50,20 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
             algorithms compare on one split.
         cache_dir: where stores are kept (default: $RAYSIM_CACHE, else ~/.cache/raysim). It does
             not change the store's content and is left out of its hash.
+        augment: random crop and flip of image clients' training batches (None: off).
+        poison: a backdoor on chosen clients' training batches (None: off).
     """
 
     partition: PartitionConfig = IidPartition(num_clients=100)
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     seed: int = Field(0, ge=0)
     cache_dir: str | None = None
+    augment: AugmentConfig | None = None
+    poison: PoisonConfig | None = None
+
+
+# Options that leave the store's content alone: left out of its hash (``raysim.data.prepare``).
+NOT_STORED = frozenset({"cache_dir", "augment", "poison"})
 
 
 registry.require_config_base("dataset", DatasetConfig)  # every store is partitioned and cached alike

@@ -22,6 +22,7 @@ from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, rea
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
+from raysim.data.augment import check_training_options, dataset_options
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.driver_lock import claim_run_folder, release_run_folder
@@ -173,6 +174,7 @@ def open_parts(job: JobConfig) -> JobParts:
     params = P.clone(P.model_params(model))
     check_model_fits(model, store, job.model.name, job.dataset.name)  # not a failure in round 0
     check_vectorize(job, algorithm, model, store)  # engine.vectorize: on, for a part that cannot
+    check_training_options(dataset_options(job), store, job.engine.vectorize)  # augment, poison
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
     info = RunInfo(
@@ -302,6 +304,7 @@ def evaluation_plan(
             for t in evaluation.transfer
         },
         personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
+        backdoor=dataset_options(job).poison is not None,
     )
 
 

@@ -1,5 +1,6 @@
 """Evaluation of the global model: on a central test set, on clients' test splits, on held-out
-clients, with few-shot personalization and on transfer datasets; all spread over the workers.
+clients, with few-shot personalization and on transfer datasets; all spread over the workers. A
+poisoned job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set.
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -36,6 +37,7 @@ class EvaluationPlan:
     personalization: PersonalizationConfig | None = None
     personalize_transfer: frozenset[str] = frozenset()
     num_skipped: dict[str, int] = field(default_factory=dict)  # scope -> clients left out
+    backdoor: bool = False  # dataset.poison: the attack success rate on the triggered test set
 
 
 def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: np.ndarray) -> EvaluationPlan:
@@ -69,6 +71,8 @@ def evaluate_global(
     if central is not None:  # None: the dataset has no central test data
         reported = scores.without_sums(central)
         metrics |= {f"eval/central/{k}": v for k, v in reported.items() if k != "num_examples"}
+    if plan.backdoor:
+        metrics |= backdoor_accuracy(backend, weights)
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
     if personalize_round is not None:
@@ -78,6 +82,13 @@ def evaluate_global(
     metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
+
+
+def backdoor_accuracy(backend: Backend, weights: NumpyParams) -> Metrics:
+    """``eval/central/backdoor_accuracy``: of the central test images whose label is not the
+    trigger's, the share the model assigns the trigger's label once stamped (``dataset.poison``)."""
+    [[triggered]] = backend.map_clients(MapRequest(EVALUATE, [weights], None, split="triggered"))
+    return {} if triggered is None else {"eval/central/backdoor_accuracy": triggered["accuracy"]}
 
 
 def evaluate_personalized(

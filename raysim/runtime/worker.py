@@ -22,6 +22,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.algorithm import vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
+from raysim.data.augment import TrainingData
 from raysim.data.store import ClientStore
 from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
@@ -36,7 +37,6 @@ from raysim.stopping import honour_stop_request, raise_stop_request
 from raysim.stored import from_plain
 from raysim.train.local import (
     LocalTrainConfig,
-    cap_examples,
     iterate_batches,
     to_tensors,
     train_local,
@@ -80,7 +80,9 @@ class ClientTrainer:
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
-        self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device, self.store)
+        self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
+        self.vectorizes = not self.training.transforms and worker_vectorizes(  # a chunk takes data as stored
+            self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
 
     def ping(self) -> str:
         return "ok"
@@ -159,10 +161,7 @@ class ClientTrainer:
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
-        seed = client_seed(self.job.seed, round_num, client_id)
-        return cap_examples(
-            self.store.client_data(client_id, "train"), self.job.engine.max_client_examples, seed
-        )
+        return self.training.round_data(client_id, round_num)
 
     def _train_one(
         self,
@@ -307,7 +306,7 @@ class ClientTrainer:
 
     def _unit_data(self, request: MapRequest[Any], source: ClientStore, position: int) -> ClientData | None:
         if request.clients is None:
-            return source.central_test()
+            return self.training.triggered if request.split == "triggered" else source.central_test()
         client_id = request.clients[position]
         if request.split == "round":
             if request.round_num is None:

@@ -249,7 +249,10 @@ def train_local(
     correct: torch.Tensor | int = 0
     seen: torch.Tensor | int = 0
     num_batches, num_used = 0, 0
-    for batch in itertools.islice(itertools.chain.from_iterable(epochs), step_limit(config, step_budget)):
+    batches = itertools.islice(itertools.chain.from_iterable(epochs), step_limit(config, step_budget))
+    for step_num, batch in enumerate(batches):
+        if data.batch_transform is not None:  # augmentation, poisoning: drawn per (client, round, batch)
+            batch = data.batch_transform(batch, step_num)
         loss, num_correct, num_items = take_step(model, batch, optimizer, backward)
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items

@@ -294,6 +294,9 @@ def test_a_map_request_is_refused_on_the_driver(tmp_path):
         MapRequest(EVALUATE, point, [0], split="round")  # no round_num
     with pytest.raises(ConfigError, match="split must be"):
         MapRequest(EVALUATE, point, [0], split="validation")
+    with pytest.raises(ConfigError, match="split 'triggered' is the central test set's"):
+        MapRequest(EVALUATE, point, [0], split="triggered")
+    MapRequest(EVALUATE, point, None, split="triggered")  # dataset.poison's triggered test set
     with pytest.raises(ConfigError, match="map_clients model.hiden: unknown key"):
         engine.map_clients(MapRequest(EVALUATE, point, [0], model={"name": "mlp", "hiden": [8]}))
 

@@ -47,3 +47,20 @@ def test_a_phase_that_raises_is_counted_and_closed(clock):
 
 def test_no_gpu_memory_is_reported_on_a_cpu():
     assert PhaseTimer(torch.device("cpu")).times().gpu_max_allocated_bytes is None
+
+
+def test_on_a_gpu_the_round_peak_is_reported_from_a_reset_at_the_round_start(monkeypatch):
+    """torch.cuda stood in for (no GPU here): the peak is reset when the round's timer starts, so
+    the figure is this round's, not the worker's lifetime's."""
+    calls = []
+
+    def peak(device):
+        calls.append(("peak", device))
+        return 123
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", peak)
+    gpu = torch.device("cuda", 1)
+    timer = PhaseTimer(gpu)
+    assert calls == [("reset", gpu)]
+    assert timer.times().gpu_max_allocated_bytes == 123 and calls[-1] == ("peak", gpu)

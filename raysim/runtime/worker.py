@@ -82,7 +82,7 @@ class ClientTrainer:
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
         self.vectorizes = worker_vectorizes(self.job, self.algorithm, self.model, self.device, self.store)
-        self.timer = PhaseTimer()  # a fresh one each round (``train``)
+        self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
 
     def ping(self) -> str:
         return "ok"

@@ -214,6 +214,19 @@ class ClientFailure:
 
 
 @dataclass(frozen=True)
+class WorkerTimes:
+    """Where one worker's part of a round went, in seconds, measured in the worker; each phase
+    apart from the ones it encloses (reading a client's data inside its training is data)."""
+
+    busy_s: float = 0.0  # the whole call, these phases and the rest (metrics, checks)
+    broadcast_s: float = 0.0  # the payload placed on the worker's device
+    data_loading_s: float = 0.0  # clients' examples and stored state read, their new state written
+    training_s: float = 0.0  # the plugin's client updates (and probes' hooks around them)
+    reduce_s: float = 0.0  # results folded into the partial, the partial copied to the host
+    gpu_max_allocated_bytes: int | None = None  # the round's peak (torch.cuda); None on a CPU
+
+
+@dataclass(frozen=True)
 class RoundOutput(Generic[A_co]):
     """A trained cohort: the merged aggregate plus what the engine reports about the round.
 
@@ -224,7 +237,8 @@ class RoundOutput(Generic[A_co]):
         probe_rows: per probe name, one row per client of what its worker hooks measured.
         local_models: client id -> the client's model after training, when asked to keep them.
         bytes_up: what the clients' updates weigh.
-        worker_seconds: each worker's busy time.
+        worker_times: each worker's phases and busy time, in worker order.
+        merge_s: the driver's merge of the workers' partials into the aggregate.
     """
 
     aggregate: A_co
@@ -233,7 +247,8 @@ class RoundOutput(Generic[A_co]):
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
-    worker_seconds: list[float] = field(default_factory=list)
+    worker_times: list[WorkerTimes] = field(default_factory=list)
+    merge_s: float = 0.0
 
 
 # ---- what plugins require of the model and the data ------------------------------------------

@@ -188,9 +188,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [
         run(job, resume_from=args.resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
     ]
+    from raysim.engine.round_timer import time_summary
     from raysim.engine.tables import comparison_table
 
     console.print(comparison_table(results))
+    for r in results:  # where each run's time went (its chart: time_per_round.png)
+        if (summary := time_summary(r.history)) is not None:
+            console.print(f"{r.job.name}: {summary}" if len(results) > 1 else summary, highlight=False)
     from raysim.engine.outbox import UNSENT_EXIT_CODE, has_unsent
     from raysim.engine.tracking import tracking_uri
 

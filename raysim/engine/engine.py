@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -25,6 +26,7 @@ from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.metrics import round_metrics
+from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.engine.tracking import Tracker
 from raysim.errors import ClientError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
@@ -68,6 +70,7 @@ class Engine(Generic[A]):
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
+    round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
 
     # --- the verbs (raysim.services.Services) ---------------------------------------------
 
@@ -102,27 +105,34 @@ class Engine(Generic[A]):
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
         """One round: sample, broadcast, train and fold on workers, update the server, probe."""
         t0 = time.perf_counter()
+        self.round_timer = timer = RoundTimer(round_num)  # where the time goes, to ``end_round``
         self.on_phase("training")
         # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
         cohort = self.cohort(round_num)
+        timer.lap("sampling")
         # 2. One payload for every client; each worker folds its clients into one partial.
         payload = self.algorithm.broadcast(state, round_num)
+        timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None
         budgets = plan.step_budgets if plan is not None else {}
         options = RoundOptions(tuple(probes), any(p.keeps_local_models for p in probes.values()), budgets)
         if plan is not None and not len(cohort):  # nobody reported in time: the model stays
             return state, plan.metrics() | {"sys/round_s": time.perf_counter() - t0}
+        timer.lap()
         output = self.train_cohort(payload, cohort, round_num, options)
+        timer.add_cohort(output, self.backend.is_concurrent)
         # 3. Merge happened in the backend; the server updates from the aggregate.
         new_state, metrics = self.algorithm.server_update(state, output.aggregate, round_num)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
+        timer.lap("server_update")
         metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
         if probes:
-            metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
+            with self.timed("evaluation"):  # a probe measures the round, as an evaluation does
+                metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
         return new_state, metrics
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
@@ -130,7 +140,8 @@ class Engine(Generic[A]):
         personalize = round_num is not None and round_num >= 0 and self.is_personalization_round(round_num)
         personalizing = personalize and self.job.evaluation.personalization is not None
         self.on_phase("personalizing" if personalizing else "evaluating")
-        return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
+        with self.timed("evaluation"):
+            return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point on each client over all workers (the request was checked when made; its
@@ -140,17 +151,37 @@ class Engine(Generic[A]):
         return self.backend.map_clients(request)
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
-        """A round's bookkeeping: evaluate when due, log, checkpoint when due; the logged metrics."""
+        """A round's bookkeeping: evaluate when due, log, checkpoint when due; the logged metrics.
+
+        After ``run_round`` it logs where the round's time went (``raysim.engine.round_timer``)."""
         if self.is_eval_round(round_num) or self.is_personalization_round(round_num):
             metrics = metrics | self.evaluate(state, round_num)
             if self.targets is not None:
                 clock = self.system.round(round_num).end_s if self.system is not None else None
                 metrics |= self.targets.reached(metrics, round_num, clock)
+        if (timer := self.take_round_timer(round_num)) is not None:
+            metrics |= timer.metrics()
         self.log(metrics, round_num)
         self.warn_if_diverging(metrics, round_num)
         self.maybe_checkpoint(state, round_num)
         honour_stop_request()  # a SIGTERM lost where it landed ends the run here, KILLED
         return metrics
+
+    @contextmanager
+    def timed(self, phase: Phase) -> Iterator[None]:
+        """Counts the block as ``phase`` of the round being timed, if any (what came before it since
+        the timer's last lap counts as other)."""
+        timer = self.round_timer
+        if timer is not None:
+            timer.lap()
+        yield
+        if timer is not None:
+            timer.lap(phase)
+
+    def take_round_timer(self, round_num: int) -> RoundTimer | None:
+        """``run_round``'s timer of this round, handed out once (None: a protocol's own round)."""
+        timer, self.round_timer = self.round_timer, None
+        return timer if timer is not None and timer.round_num == round_num else None
 
     def warn_if_diverging(self, metrics: Metrics, round_num: int) -> None:
         """Warns once per run when the training loss passes ``DIVERGING_LOSS`` (the run goes on)."""

@@ -18,7 +18,7 @@ from raysim.config import JobConfig
 from raysim.engine.build import build
 from raysim.engine.driver_lock import release_run_folder
 from raysim.engine.engine import Engine, refuse_nonfinite
-from raysim.engine.plots import learning_curve
+from raysim.engine.plots import learning_curve, time_per_round
 from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import Tracker
@@ -138,7 +138,10 @@ def finish(s: Engine[A], state: ServerState, seconds: float) -> RunResult:
     refuse_nonfinite(state.params, "the final global model", last_round)  # protocols too
     s.run_dir.mkdir(parents=True, exist_ok=True)
     title = f"{s.job.name}: {s.job.algorithm.name}, {s.job.model.name} on {s.job.dataset.name}"
-    artifacts = [learning_curve(run_history(s), title, s.run_dir / "learning_curve.png")]
+    history = run_history(s)
+    artifacts = [learning_curve(history, title, s.run_dir / "learning_curve.png")]
+    if (times := time_per_round(history, title, s.run_dir / "time_per_round.png")) is not None:
+        artifacts.append(times)
     run_cohorts(s).save(s.run_dir / "cohorts.json")
     artifacts.append(s.run_dir / "cohorts.json")
     final_checkpoint = s.checkpoint(state, last_round, "final.pt")  # always: a run can resume

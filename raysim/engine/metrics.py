@@ -17,8 +17,9 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
     and system metrics."""
     clients = output.client_metrics
     metrics = weighted_means(clients, "weight", _BOOKKEEPING)
-    busiest = max(output.worker_seconds, default=0.0)
-    mean_busy = float(np.mean(output.worker_seconds)) if output.worker_seconds else 0.0
+    busy = [times.busy_s for times in output.worker_times]
+    busiest = max(busy, default=0.0)
+    mean_busy = float(np.mean(busy)) if busy else 0.0
     return (
         metrics
         | bytes_down(payload, cohort_size)
@@ -31,7 +32,7 @@ def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: in
             "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
             "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
             "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
-            "sys/num_workers": float(len(output.worker_seconds)),
+            "sys/num_workers": float(len(busy)),
         }
     )
 

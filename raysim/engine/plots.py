@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raysim.engine.round_timer import PHASES, WALL, phase_key, time_summary
 from raysim.types import Metrics
 
 _CURVES = {
@@ -32,6 +33,38 @@ def learning_curve(history: list[tuple[int, Metrics]], title: str, path: str | P
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def time_per_round(history: list[tuple[int, Metrics]], title: str, path: str | Path) -> Path | None:
+    """Each round's wall time stacked by phase (bars; areas past 100 rounds), the tallest layer
+    the bottleneck, with the run's shares in the title; returns ``path``, or None when no round
+    was timed (a plugin's own protocol)."""
+    timed = [(step, m) for step, m in history if WALL in m]
+    summary = time_summary(timed)
+    if summary is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [step for step, _ in timed]
+    names = (*PHASES, "other")
+    layers = {name.replace("_", " "): [m.get(phase_key(name), 0.0) for _, m in timed] for name in names}
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    if len(rounds) > 100:
+        ax.stackplot(rounds, *layers.values(), labels=list(layers))
+    else:
+        bottom = [0.0] * len(rounds)
+        for name, seconds in layers.items():
+            ax.bar(rounds, seconds, bottom=bottom, label=name, width=0.8)
+            bottom = [b + s for b, s in zip(bottom, seconds)]
+    ax.set_xlabel("round")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"{title}\n{summary}", fontsize=10)
     return _save(fig, path)
 
 

@@ -10,6 +10,7 @@ Usage:
 from __future__ import annotations
 
 import heapq
+import time
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -29,6 +30,7 @@ class Backend(Protocol):
     """Who runs a round's clients, and any per-client evaluation, on the workers."""
 
     num_workers: int
+    is_concurrent: bool  # workers train side by side (a round waits for the slowest), not in turn
 
     def train_cohort(
         self,
@@ -78,6 +80,7 @@ def merge_reports(
     algorithm: Algorithm[A], reports: list[WorkerReport], options: RoundOptions
 ) -> RoundOutput[A]:
     """Merges worker partials in worker order (canonical), then takes the aggregate."""
+    start = time.perf_counter()
     aggregator = algorithm.aggregator()
     merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
@@ -87,14 +90,16 @@ def merge_reports(
             probe_rows[name] += rows
     for rows in probe_rows.values():
         rows.sort(key=lambda row: row["client_id"])  # independent of the sharding
+    aggregate = aggregator.result(merged)
     return RoundOutput(
-        aggregate=aggregator.result(merged),
+        aggregate=aggregate,
         client_metrics=[metrics for report in reports for metrics in report.client_metrics],
         failures=[failure for report in reports for failure in report.failures],
         probe_rows=probe_rows,
         local_models={k: v for report in reports for k, v in report.local_models.items()},
         bytes_up=sum(report.bytes_up for report in reports),
-        worker_seconds=[report.seconds for report in reports],
+        worker_times=[report.times for report in reports],
+        merge_s=time.perf_counter() - start,
     )
 
 
@@ -127,6 +132,8 @@ def by_point(request: MapRequest[R], flat: list[R | None]) -> list[list[R | None
 
 class SerialBackend:
     """Trains every shard in this process, one after another, on one resident model."""
+
+    is_concurrent = False  # its virtual workers take turns
 
     def __init__(self, setup: WorkerSetup, num_workers: int = 1) -> None:
         self.num_workers = num_workers

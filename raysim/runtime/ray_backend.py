@@ -103,6 +103,8 @@ def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSe
 class RayBackend:
     """Trains each round's cohort on a pool of ``ClientTrainer`` actors."""
 
+    is_concurrent = True
+
     def __init__(self, setup: WorkerSetup, resources: ResourcesConfig, num_examples: np.ndarray) -> None:
         init_ray(resources)
         self.num_examples = num_examples

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raysim.types import ClientFailure, Metrics, NumpyParams
+from raysim.types import ClientFailure, Metrics, NumpyParams, WorkerTimes
 
 if TYPE_CHECKING:
     from raysim.aggregate import Partial
@@ -39,4 +39,4 @@ class WorkerReport:
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
-    seconds: float = 0.0
+    times: WorkerTimes = WorkerTimes()  # where the worker's time went

@@ -30,6 +30,7 @@ from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import ChunkResults, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
@@ -83,6 +84,7 @@ class ClientTrainer:
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
         self.vectorizes = not self.training.transforms and worker_vectorizes(  # a chunk takes data as stored
             self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
+        self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
 
     def ping(self) -> str:
         return "ok"
@@ -94,29 +96,31 @@ class ClientTrainer:
 
         The probes named in ``options`` measure each client before and after its training.
         """
-        start = time.perf_counter()
+        self.timer = timer = PhaseTimer(self.device)
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
         probes = {name: self.probes[name] for name in options.probes}
         report.probe_rows = {name: [] for name in probes}
-        # Once per round, not per client: the broadcast and the extras' arrays on this worker's device.
-        global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
-        payload = replace(payload, extra=P.to_device(payload.extra, self.device))
+        with timer.phase("broadcast"):  # once per round, not per client: the payload on this device
+            global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
+            payload = replace(payload, extra=P.to_device(payload.extra, self.device))
         chunks = self._chunks(payload, global_params, tasks, round_num, options)
         for position, client_id in tasks:
             honour_stop_request()  # a SIGTERM the serial backend's client code swallowed
             t0 = time.perf_counter()
             try:
                 budget = options.step_budgets.get(client_id)
-                if chunks is not None:
-                    (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
-                else:
-                    result, rows = self._train_one(
-                        payload, global_params, client_id, round_num, probes, budget
-                    )
-                check_finite_result(result)  # before its state is kept or its update folded
+                with timer.phase("training"):
+                    if chunks is not None:
+                        (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
+                    else:
+                        result, rows = self._train_one(
+                            payload, global_params, client_id, round_num, probes, budget
+                        )
+                    check_finite_result(result)  # before its state is kept or its update folded
                 if result.state is not None:
-                    self.states.put(client_id, round_num, result.state)
+                    with timer.phase("data_loading"):
+                        self.states.put(client_id, round_num, result.state)
             except NonFiniteError as exc:
                 report.failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
                 continue
@@ -124,23 +128,20 @@ class ClientTrainer:
                 raise_stop_request(exc)
                 report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
                 continue
-            report.partial = aggregator.add(report.partial, position, result)
+            with timer.phase("reduce"):
+                report.partial = aggregator.add(report.partial, position, result)
             for name, row in rows.items():
                 report.probe_rows[name].append(row)
             if options.keep_local_models:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
                 report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model)))
             report.bytes_up += P.num_bytes(result.update)
-            report.client_metrics.append(
-                {
-                    **result.metrics,
-                    "client_id": float(client_id),
-                    "weight": result.weight,
-                    "seconds": time.perf_counter() - t0 if chunks is None else seconds,
-                }
-            )
-        report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
-        report.seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - t0 if chunks is None else seconds
+            bookkeeping = {"client_id": float(client_id), "weight": result.weight, "seconds": seconds}
+            report.client_metrics.append({**result.metrics, **bookkeeping})
+        with timer.phase("reduce"):
+            report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
+        report.times = timer.times()
         return report
 
     def _chunks(self, payload: Payload, params: Params, tasks: list[tuple[int, int]], round_num: int,
@@ -161,7 +162,8 @@ class ClientTrainer:
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
-        return self.training.round_data(client_id, round_num)
+        with self.timer.phase("data_loading"):
+            return self.training.round_data(client_id, round_num)
 
     def _train_one(
         self,
@@ -213,7 +215,8 @@ class ClientTrainer:
     def _client_state(self, client_id: int, round_num: int) -> object | None:
         """The client's state from an earlier round, as the plugin's ``ClientState`` (the store
         keeps the dict of its fields); None the first time."""
-        saved = self.states.get(client_id, before_round=round_num, device=self.device)
+        with self.timer.phase("data_loading"):
+            saved = self.states.get(client_id, before_round=round_num, device=self.device)
         kind = getattr(self.algorithm, "ClientState", None)
         if saved is None or kind is None:
             return saved

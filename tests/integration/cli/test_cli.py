@@ -33,6 +33,7 @@ def test_run_prints_a_comparison_of_the_variants(tmp_path, tracking_uri, capsys)
     assert code == 0
     assert "avg" in out and "prox" in out and "fedprox" in out
     assert "raysim ui" in out and tracking_uri in out
+    assert out.count("time per round (mean") == 2  # one line per variant: where its time went
 
 
 def test_bad_config_is_one_message_without_traceback(tmp_path, capsys):

@@ -34,8 +34,12 @@ def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_u
     params_bytes = sum(v.numel() * 4 for v in result.state.params.values())
     assert client.get_metric_history(result.run_id, "sys/bytes_down")[0].value == 6 * params_bytes
     names = {a.path for a in artifact_repository(tracking_uri, result.run_id).list_artifacts()}
-    assert {"learning_curve.png", "final.pt", "cohorts.json", "config"} <= names
+    assert {"learning_curve.png", "time_per_round.png", "final.pt", "cohorts.json", "config"} <= names
     assert (tmp_path / "mlruns").exists()  # artifacts beside the SQLite store, not in the cwd
+    logged = data.metrics  # where the time went (test_round_timing.py): each phase, each round
+    assert len(client.get_metric_history(result.run_id, "sys/time/training_s")) == 3
+    assert {"sys/time/wall_s", "sys/worker/1/utilization", "sys/worker_spread_s"} <= set(logged)
+    assert not [key for key in logged if "gpu" in key]  # on a CPU: absent, not a zero
 
 
 def test_resume_equals_uninterrupted(tmp_path):

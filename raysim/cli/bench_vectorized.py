@@ -19,7 +19,8 @@ from raysim.algorithm import vectorizes
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.runtime.builders import build_algorithm, build_job_model
-from raysim.runtime.chunks import example_rows, keep_freed_memory
+from raysim.runtime.chunks import ChunkSize, example_rows, keep_freed_memory
+from raysim.runtime.memory import PeakMemory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig, cap_examples
 from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
@@ -31,6 +32,7 @@ class VectorizedSide:
     def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray, local: LocalTrainConfig) -> None:
         self.job, self.store, self.pool, self.local = job, store, pool, local
         self.model = build_job_model(job, store.spec)
+        self.chunk_size = ChunkSize.for_worker(job, self.model, torch.device("cpu"), None)
 
     @classmethod
     def for_job(cls, job: JobConfig, store: ClientStore, pool: np.ndarray) -> VectorizedSide | None:
@@ -57,17 +59,22 @@ class VectorizedSide:
         self.model.load_state_dict(weights)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the plain loop's one thread
-        chunk = job.engine.vectorize_chunk
         t0 = time.perf_counter()
-        for begin in range(0, len(datas), chunk):
-            train_local_vectorized(
-                self.model,
-                datas[begin : begin + chunk],
-                self.local,
-                seeds=seeds[begin : begin + chunk],
-                spec=self.store.spec,
-                round_num=round_num,
-            )
+        begin = 0
+        while begin < len(datas):
+            chunk = self.chunk_size.next(len(datas) - begin)
+            with PeakMemory(self.chunk_size.device) as peak:
+                train_local_vectorized(
+                    self.model,
+                    datas[begin : begin + chunk],
+                    self.local,
+                    seeds=seeds[begin : begin + chunk],
+                    spec=self.store.spec,
+                    round_num=round_num,
+                )
+            if self.chunk_size.measuring:  # engine.vectorize_chunk: auto, sized as a worker sizes it
+                self.chunk_size.measured(chunk, peak.bytes)
+            begin += chunk
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
         return seconds

@@ -19,11 +19,11 @@ from raysim.algorithm import vectorizes
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.runtime.builders import build_algorithm, build_job_model
-from raysim.runtime.chunks import ChunkSize, example_rows, keep_freed_memory
-from raysim.runtime.memory import PeakMemory
+from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows, keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig, cap_examples
 from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
+from raysim.types import ClientResult
 
 
 class VectorizedSide:
@@ -59,22 +59,19 @@ class VectorizedSide:
         self.model.load_state_dict(weights)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the plain loop's one thread
+
+        def train_chunk(ids: list[int]) -> list[ClientResult]:
+            picked = [datas[i] for i in ids]
+            seeds_of = [seeds[i] for i in ids]
+            train_local_vectorized(
+                self.model, picked, self.local, seeds=seeds_of, spec=self.store.spec, round_num=round_num
+            )
+            return [ClientResult({}, 1.0, {}) for _ in ids]
+
         t0 = time.perf_counter()
-        begin = 0
-        while begin < len(datas):
-            chunk = self.chunk_size.next(len(datas) - begin)
-            with PeakMemory(self.chunk_size.device) as peak:
-                train_local_vectorized(
-                    self.model,
-                    datas[begin : begin + chunk],
-                    self.local,
-                    seeds=seeds[begin : begin + chunk],
-                    spec=self.store.spec,
-                    round_num=round_num,
-                )
-            if self.chunk_size.measuring:  # engine.vectorize_chunk: auto, sized as a worker sizes it
-                self.chunk_size.measured(chunk, peak.bytes)
-            begin += chunk
+        chunks = ChunkResults(train_chunk, range(len(datas)), self.chunk_size)  # sized as a worker's
+        for i in range(len(datas)):
+            chunks.result(i)
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
         return seconds

@@ -23,6 +23,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Literal
 
 import numpy as np
@@ -119,14 +120,16 @@ def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module, stor
 class ChunkSize:
     """How many clients a worker trains at once, kept for the worker's life.
 
-    An integer ``engine.vectorize_chunk`` is used as it is. ``auto`` trains the first chunk with
-    ``PROBE_CLIENTS`` clients, measures its peak memory (``raysim.runtime.memory``) and then takes
-    the most clients whose memory fills at most ``SAFETY`` of the worker's budget, up to
-    ``AUTO_LIMIT``. Either way, a chunk that runs out of memory halves the size and is trained
-    again (reported once, with the numbers); a single client that does not fit fails.
+    An integer ``engine.vectorize_chunk`` is used as it is. ``auto`` trains the first
+    ``PROBE_CHUNKS`` chunks with ``PROBE_CLIENTS`` clients each and measures the peak memory each
+    adds (``raysim.runtime.memory``); then, at the least bytes a client was measured at, it takes
+    the most clients that fill at most ``SAFETY`` of the worker's budget, up to ``AUTO_LIMIT``.
+    Either way, a chunk that runs out of memory halves the size and is trained again (reported
+    once, with the numbers); a single client that does not fit fails.
     """
 
     PROBE_CLIENTS = 2
+    PROBE_CHUNKS = 2  # the first also pays one-time costs (kernels, workspaces, code pages)
     AUTO_LIMIT = 256  # a bad estimate or one failing client never takes a whole large shard
 
     def __init__(self, configured: int | Literal["auto"], device: torch.device,
@@ -135,6 +138,7 @@ class ChunkSize:
         self.device = device
         self.budget = budget  # bytes the worker may still fill, asked when measuring
         self.bytes_per_client = 0.0
+        self._probed: list[float] = []  # bytes a client, per probe chunk
 
     @classmethod
     def for_worker(cls, job: JobConfig, model: nn.Module, device: torch.device,
@@ -154,8 +158,11 @@ class ChunkSize:
         return min(pending, self.PROBE_CLIENTS if self.size is None else self.size)
 
     def measured(self, clients: int, peak_bytes: float) -> None:
-        """Sizes ``auto`` from the peak one chunk of ``clients`` added."""
-        self.bytes_per_client = peak_bytes / clients
+        """Notes the peak a probe chunk of ``clients`` added; sizes ``auto`` after the last."""
+        self._probed.append(peak_bytes / clients)
+        if len(self._probed) < self.PROBE_CHUNKS:
+            return
+        self.bytes_per_client = min(self._probed)
         self.size = chunk_that_fits(self.bytes_per_client, self.budget(), self.AUTO_LIMIT)
         log.info("%s: %.1f MiB a client measured, chunks of %d clients", self.device,
                  self.bytes_per_client / MiB, self.size)  # fmt: skip
@@ -228,11 +235,11 @@ class ChunkResults:
         chunk = self._pending[: self._size.next(len(self._pending))]
         start = time.perf_counter()
         outcomes: Sequence[ClientResult | Exception]
+        peak = PeakMemory(self._size.device) if self._size.measuring else None  # probes only
         try:
-            measuring = self._size.measuring
-            with PeakMemory(self._size.device) as peak:
+            with peak or nullcontext():
                 outcomes = self._train_chunk(chunk)
-            if measuring:
+            if peak is not None:
                 self._size.measured(len(chunk), peak.bytes)
         except Exception as exc:
             if is_out_of_memory(exc):

@@ -14,6 +14,8 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from pathlib import Path
 from types import TracebackType
@@ -108,9 +110,9 @@ class PeakMemory:
     """The peak memory a block adds on ``device``, in ``bytes`` after it ends.
 
     On CUDA: the allocator's peak over what was allocated before. On a CPU (Linux): the growth of
-    the process's peak resident set over its resident set before (the kernel's peak is reset
-    first), an estimate that misses memory the heap had freed and reuses; 0.0 where the kernel
-    keeps no such count.
+    the process's peak resident set over its resident set before, after the heap's free pages
+    were given back and the kernel's peak reset: an estimate (pages, not tensors); 0.0 where the
+    kernel keeps no such count.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -123,6 +125,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = float(torch.cuda.memory_allocated(self.device))
         elif _reset_peak_rss():
+            _return_free_heap()  # so that what the block reuses from the heap shows as growth too
             self._start = _status_bytes("VmRSS")
         return self
 
@@ -132,6 +135,13 @@ class PeakMemory:
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self._start
         elif self._start:
             self.bytes = max(0.0, _status_bytes("VmHWM") - self._start)
+
+
+def _return_free_heap() -> None:
+    """Gives the heap's free pages back to the kernel (glibc's ``malloc_trim``): a worker keeps
+    freed memory (``raysim.runtime.chunks.keep_freed_memory``), which would hide a block's use."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing kept to give back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak_rss() -> bool:

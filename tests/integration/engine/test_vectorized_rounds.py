@@ -71,3 +71,12 @@ def test_a_chunk_out_of_memory_backs_off_to_the_smaller_chunks_model(tmp_path, m
     assert all(torch.equal(backed_off[k], direct[k]) for k in direct)
     notes = [r.getMessage() for r in caplog.records if "ran out of memory" in r.getMessage()]
     assert len(notes) == 1 and "a chunk of 4 clients" in notes[0] and "chunks of 2" in notes[0]
+
+
+def test_auto_chunks_train_the_sequential_runs_model(tmp_path):
+    def final(engine):
+        return run(tiny_job(engine=engine), output_dir=tmp_path / engine["vectorize"]).state.params
+
+    sequential = final({"vectorize": "off"})
+    auto = final({"vectorize": "on", "vectorize_chunk": "auto"})  # chunks of 2, 2, then measured
+    torch.testing.assert_close(auto, sequential, rtol=1e-4, atol=1e-5)

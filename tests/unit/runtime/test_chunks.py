@@ -96,7 +96,7 @@ def test_the_cpu_allocators_refusal_backs_off_too():
     assert chunks.result(2)[0].weight == 2.0
 
 
-def test_auto_measures_a_first_chunk_of_two_then_fills_the_budget(monkeypatch):
+def test_auto_measures_two_chunks_of_two_then_fills_the_budget(monkeypatch):
     trained = []
 
     class Peak:  # 10 MiB a client of the chunk just trained, whatever the process holds
@@ -106,8 +106,8 @@ def test_auto_measures_a_first_chunk_of_two_then_fills_the_budget(monkeypatch):
         def __enter__(self):
             return self
 
-        def __exit__(self, *exc):
-            self.bytes = 10 * MiB * len(trained[-1])
+        def __exit__(self, *exc):  # the first chunk also pays one-time costs: 5 MiB more
+            self.bytes = 10 * MiB * len(trained[-1]) + (5 * MiB if len(trained) == 1 else 0)
 
     monkeypatch.setattr(chunks_module, "PeakMemory", Peak)
 
@@ -118,12 +118,13 @@ def test_auto_measures_a_first_chunk_of_two_then_fills_the_budget(monkeypatch):
     auto = size("auto", budget=100 * MiB)  # 80% of it at 10 MiB a client: 8 clients
     chunks = ChunkResults(train_chunk, list(range(20)), auto)
     assert chunks.result(19)[0].weight == 19.0
-    assert [len(c) for c in trained] == [2, 8, 8, 2]
+    assert [len(c) for c in trained] == [2, 2, 8, 8]
     assert auto.size == 8 and auto.bytes_per_client == 10 * MiB
 
 
 def test_auto_never_takes_more_than_its_limit():
     auto = size("auto", budget=10**15)
+    auto.measured(2, 2 * MiB)
     auto.measured(2, 2 * MiB)
     assert auto.size == ChunkSize.AUTO_LIMIT
 

@@ -3,7 +3,7 @@ puts them together)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
@@ -30,7 +30,14 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     vectorize: Literal["auto", "on", "off"] = "off"
     # Clients trained at once; auto: as many as the worker's memory holds, measured on a first
     # chunk (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
-    vectorize_chunk: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
+    vectorize_chunk: int | Literal["auto"] = 16
+
+    @field_validator("vectorize_chunk", mode="plain")
+    @classmethod
+    def _clients_or_auto(cls, chunk: Any) -> int | Literal["auto"]:
+        if chunk == "auto" or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
+            return chunk
+        raise ValueError("must be a number of clients (1 or more) or auto")
 
 
 class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):

@@ -167,15 +167,14 @@ class ChunkSize:
         log.info("%s: %.1f MiB a client measured, chunks of %d clients", self.device,
                  self.bytes_per_client / MiB, self.size)  # fmt: skip
 
-    def back_off(self, chunk: list[int], error: BaseException) -> str | None:
-        """Halves the size after ``chunk`` ran out of memory; None when it cannot (one client),
-        else the report of what happened."""
+    def back_off(self, chunk: list[int], error: BaseException) -> bool:
+        """Halves the size after ``chunk`` ran out of memory and says so, once; False when it
+        cannot (a single client)."""
         if len(chunk) == 1:
-            return None
+            return False
         self.size = len(chunk) // 2
-        note = f"{self._numbers(chunk, error)}; training on in chunks of {self.size}"
-        log.warning("%s", note)
-        return note
+        log.warning("%s; training on in chunks of %d", self._numbers(chunk, error), self.size)
+        return True
 
     def failure(self, chunk: list[int], error: BaseException) -> MemoryError:
         """The error a chunk that no back-off can fit fails its clients with."""
@@ -224,6 +223,8 @@ class ChunkResults:
 
     def result(self, client_id: int) -> tuple[ClientResult, float]:
         """The client's result and its share of its chunk's seconds; raises its chunk's error."""
+        if client_id not in self._done and client_id not in self._pending:
+            raise KeyError(f"client {client_id} is not one of this round's")
         while client_id not in self._done:
             self._train_next()
         outcome, seconds = self._done[client_id]
@@ -245,7 +246,7 @@ class ChunkResults:
             if is_out_of_memory(exc):
                 if self._size.device.type == "cuda":
                     torch.cuda.empty_cache()  # the failed chunk's cached blocks, before the retry
-                if self._size.back_off(chunk, exc) is not None:
+                if self._size.back_off(chunk, exc):
                     return  # the same clients, in smaller chunks
                 exc = self._size.failure(chunk, exc)
             outcomes = [exc] * len(chunk)

@@ -131,6 +131,7 @@ class ChunkSize:
     PROBE_CLIENTS = 2
     PROBE_CHUNKS = 2  # the first also pays one-time costs (kernels, workspaces, code pages)
     AUTO_LIMIT = 256  # a bad estimate or one failing client never takes a whole large shard
+    UNMEASURED = 16  # engine.vectorize_chunk's default, where the platform shows no peak
 
     def __init__(self, configured: int | Literal["auto"], device: torch.device,
                  budget: Callable[[], float]) -> None:  # fmt: skip
@@ -163,6 +164,9 @@ class ChunkSize:
         if len(self._probed) < self.PROBE_CHUNKS:
             return
         self.bytes_per_client = min(self._probed)
+        if self.bytes_per_client <= 0:  # no peak to read (not Linux, or /proc is closed to us)
+            self.size = self.UNMEASURED
+            return
         self.size = chunk_that_fits(self.bytes_per_client, self.budget(), self.AUTO_LIMIT)
         log.info("%s: %.1f MiB a client measured, chunks of %d clients", self.device,
                  self.bytes_per_client / MiB, self.size)  # fmt: skip

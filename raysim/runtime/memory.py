@@ -33,10 +33,8 @@ MiB = 2**20
 
 
 def chunk_that_fits(bytes_per_client: float, budget_bytes: float, limit: int) -> int:
-    """The most clients at once whose measured memory fills at most ``SAFETY`` of the budget,
-    between 1 (a single client is tried however tight the budget) and ``limit``."""
-    if bytes_per_client <= 0:  # nothing measured (the memory was already held): no bound seen
-        return limit
+    """The most clients at once whose measured memory (positive) fills at most ``SAFETY`` of the
+    budget, between 1 (a single client is tried however tight the budget) and ``limit``."""
     return max(1, min(limit, int(SAFETY * budget_bytes // bytes_per_client)))
 
 

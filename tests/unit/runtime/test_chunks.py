@@ -157,3 +157,10 @@ def test_a_large_allocation_comes_from_the_reused_heap_not_fresh_pages():
     plain, kept = map(int, out.stdout.split())
     assert plain >= 200_000_000  # glibc's default: a mapping of its own, unmapped when freed
     assert kept == 0
+
+
+def test_auto_without_a_peak_to_read_takes_the_default_size():
+    auto = size("auto")
+    auto.measured(2, 0.0)
+    auto.measured(2, 0.0)
+    assert auto.size == ChunkSize.UNMEASURED == 16

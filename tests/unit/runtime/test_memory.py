@@ -18,9 +18,8 @@ def test_the_chunk_fills_at_most_four_fifths_of_the_budget():
     assert chunk_that_fits(10 * MiB, 10 * GiB, limit=256) == 256
 
 
-def test_a_single_client_is_tried_however_tight_and_nothing_measured_sets_no_bound():
+def test_a_single_client_is_tried_however_tight():
     assert chunk_that_fits(10 * MiB, 1 * MiB, limit=256) == 1
-    assert chunk_that_fits(0.0, 1 * MiB, limit=16) == 16
 
 
 def test_workers_per_gpu_and_the_share_that_packs_them():

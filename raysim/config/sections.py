@@ -28,8 +28,8 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).
     vectorize: Literal["auto", "on", "off"] = "off"
-    # Clients trained at once; auto: as many as the worker's memory holds, measured on a first
-    # chunk (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
+    # Clients trained at once; auto: as many as the worker's memory holds, measured on its first
+    # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
     vectorize_chunk: int | Literal["auto"] = 16
 
     @field_validator("vectorize_chunk", mode="plain")

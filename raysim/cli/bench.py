@@ -151,7 +151,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         )
     if vectorized is not None:
         console.print(
-            f"vectorized ({job.engine.vectorize_chunk} clients at once, 1 thread): "
+            f"vectorized ({vectorized.chunk_size.size} clients at once, 1 thread): "
             f"{figures['vectorized_round_s']:.3f} s per round, {figures['vectorized_vs_plain']:.2f}x "
             f"the plain loop's time per step"
         )

@@ -19,10 +19,11 @@ from raysim.algorithm import vectorizes
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.runtime.builders import build_algorithm, build_job_model
-from raysim.runtime.chunks import example_rows, keep_freed_memory
+from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows, keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig, cap_examples
 from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
+from raysim.types import ClientResult
 
 
 class VectorizedSide:
@@ -31,6 +32,7 @@ class VectorizedSide:
     def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray, local: LocalTrainConfig) -> None:
         self.job, self.store, self.pool, self.local = job, store, pool, local
         self.model = build_job_model(job, store.spec)
+        self.chunk_size = ChunkSize.for_worker(job, self.model, torch.device("cpu"), None)
 
     @classmethod
     def for_job(cls, job: JobConfig, store: ClientStore, pool: np.ndarray) -> VectorizedSide | None:
@@ -57,17 +59,19 @@ class VectorizedSide:
         self.model.load_state_dict(weights)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the plain loop's one thread
-        chunk = job.engine.vectorize_chunk
-        t0 = time.perf_counter()
-        for begin in range(0, len(datas), chunk):
+
+        def train_chunk(ids: list[int]) -> list[ClientResult]:
+            picked = [datas[i] for i in ids]
+            seeds_of = [seeds[i] for i in ids]
             train_local_vectorized(
-                self.model,
-                datas[begin : begin + chunk],
-                self.local,
-                seeds=seeds[begin : begin + chunk],
-                spec=self.store.spec,
-                round_num=round_num,
+                self.model, picked, self.local, seeds=seeds_of, spec=self.store.spec, round_num=round_num
             )
+            return [ClientResult({}, 1.0, {}) for _ in ids]
+
+        t0 = time.perf_counter()
+        chunks = ChunkResults(train_chunk, range(len(datas)), self.chunk_size)  # sized as a worker's
+        for i in range(len(datas)):
+            chunks.result(i)
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
         return seconds

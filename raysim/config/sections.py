@@ -29,7 +29,16 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).
     vectorize: Literal["auto", "on", "off"] = "off"
-    vectorize_chunk: int = Field(16, ge=1)  # clients trained at once
+    # Clients trained at once; auto: as many as the worker's memory holds, measured on its first
+    # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
+    vectorize_chunk: int | Literal["auto"] = 16
+
+    @field_validator("vectorize_chunk", mode="plain")
+    @classmethod
+    def _clients_or_auto(cls, chunk: Any) -> int | Literal["auto"]:
+        if chunk == "auto" or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
+            return chunk
+        raise ValueError("must be a number of clients (1 or more) or auto")
 
 
 class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
@@ -49,6 +58,12 @@ class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
     # Stores a worker's node cannot read at the driver's path: sent through Ray's object store
     # (auto: only those; always: every store, to every worker) or refused (never).
     ship_data: Literal["auto", "always", "never"] = "auto"
+    # The local update's arithmetic: fp32, or bf16 autocast (matrix products in bfloat16, the
+    # weights and their updates in float32), for language models on GPUs that have bf16.
+    precision: Literal["fp32", "bf16"] = "fp32"
+    # torch.use_deterministic_algorithms in every worker (and CUBLAS_WORKSPACE_CONFIG on CUDA):
+    # the same job gives the same model on a GPU too, slower; an op with no such kernel raises.
+    deterministic: bool = False
 
     @field_validator("placement", mode="before")
     @classmethod

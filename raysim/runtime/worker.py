@@ -28,20 +28,16 @@ from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
-from raysim.runtime.chunks import ChunkResults, worker_vectorizes
+from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.phase_timer import PhaseTimer
+from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
 from raysim.stopping import honour_stop_request, raise_stop_request
 from raysim.stored import from_plain
-from raysim.train.local import (
-    LocalTrainConfig,
-    iterate_batches,
-    to_tensors,
-    train_local,
-)
+from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -72,6 +68,7 @@ class ClientTrainer:
             torch.cuda.set_per_process_memory_fraction(setup.gpu_memory_fraction)
         self.job = JobConfig.from_dict(setup.job)
         self.device = torch.device(setup.device)
+        set_up_arithmetic(self.job.resources, self.device)  # resources.precision, .deterministic
         self.store = ClientStore.open(setup.store_path)
         self.stores = {"": self.store} | {
             name: ClientStore.open(path) for name, path in setup.transfer_stores.items()
@@ -85,6 +82,7 @@ class ClientTrainer:
         self.vectorizes = not self.training.transforms and worker_vectorizes(  # a chunk takes data as stored
             self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
+        self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
 
     def ping(self) -> str:
         return "ok"
@@ -156,9 +154,10 @@ class ClientTrainer:
                 P.load_into(self.model, params)
             self.model.train()
             ctxs = [self._context(payload, params, c, round_num, budgets.get(c)) for c in ids]
-            return algorithm.vectorized_update(ctxs)
+            with local_precision(self.job.resources, self.device):
+                return algorithm.vectorized_update(ctxs)
 
-        return ChunkResults(train_chunk, [client for _, client in tasks], self.job.engine.vectorize_chunk)
+        return ChunkResults(train_chunk, [client for _, client in tasks], self.chunk_size)
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round: all, or the seeded ``max_client_examples``."""
@@ -187,7 +186,8 @@ class ClientTrainer:
         self.model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
-        result = self.algorithm.client_update(ctx)
+        with local_precision(self.job.resources, self.device):
+            result = self.algorithm.client_update(ctx)
         rows = {
             name: {"client_id": float(client_id), **before[name], **_measure(probe.after_training, view)}
             for name, probe in probes.items()

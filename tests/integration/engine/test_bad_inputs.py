@@ -12,7 +12,7 @@ from raysim import params as P
 from raysim.checkpoint import read_checkpoint, save_checkpoint
 from raysim.engine import engine as engine_module
 from raysim.engine.loop import run
-from raysim.errors import CheckpointError, ConfigError
+from raysim.errors import CheckpointError, ConfigError, ResourceError
 
 
 def test_a_job_name_cannot_put_its_run_folder_outside_the_output_dir(tmp_path):
@@ -44,3 +44,11 @@ def test_a_huge_training_loss_from_a_finite_model_warns_once_and_the_run_ends(tm
     warnings = [r.getMessage() for r in caplog.records if "diverging" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("round 0: train/loss is 4e+26")
     assert [step for step, _ in result.history] == [0, 1, 2] and P.is_finite(result.state.params)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_gpu_request_on_a_machine_without_one_is_refused_before_training(tmp_path):
+    job = tiny_job(resources={"backend": "serial", "gpus_per_worker": 0.5})
+    with pytest.raises(ResourceError, match="gpus_per_worker > 0 but this machine has no CUDA device"):
+        run(job, output_dir=tmp_path)
+    assert not list(tmp_path.rglob("checkpoint*"))  # nothing trained

@@ -1,6 +1,7 @@
 """``engine.vectorize``: a vectorized run trains the same model as the sequential loop (within float
 tolerance; clients of unequal batch counts, chunks of unequal size, client state across rounds),
-and ``on`` refuses before training what cannot vectorize, naming the part."""
+and ``on`` refuses before training what cannot vectorize, naming the part; a chunk that runs out
+of memory is trained again in halves, to the model the smaller chunks give."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from jobs import tiny_job
 from raysim.engine.loop import run
 from raysim.errors import ConfigError
+from raysim.train import vectorized as vectorized_module
 
 
 @pytest.mark.parametrize(
@@ -49,3 +51,32 @@ def test_auto_runs_what_cannot_vectorize_as_before_bit_for_bit(tmp_path):
 
     before, auto = final("off"), final("auto")
     assert all(torch.equal(auto[k], before[k]) for k in before)
+
+
+def test_a_chunk_out_of_memory_backs_off_to_the_smaller_chunks_model(tmp_path, monkeypatch, caplog):
+    def final(chunk, name):
+        engine = {"vectorize": "on", "vectorize_chunk": chunk}  # 6 clients a round, one worker
+        return run(tiny_job(engine=engine), output_dir=tmp_path / name).state.params
+
+    direct = final(2, "direct")
+    stack = vectorized_module._stack
+
+    def stack_within_two_clients(model, clients, config):  # the step's memory holds two clients
+        if clients > 2:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {clients} clients")
+        return stack(model, clients, config)
+
+    monkeypatch.setattr(vectorized_module, "_stack", stack_within_two_clients)
+    backed_off = final(4, "backed_off")
+    assert all(torch.equal(backed_off[k], direct[k]) for k in direct)
+    notes = [r.getMessage() for r in caplog.records if "ran out of memory" in r.getMessage()]
+    assert len(notes) == 1 and "a chunk of 4 clients" in notes[0] and "chunks of 2" in notes[0]
+
+
+def test_auto_chunks_train_the_sequential_runs_model(tmp_path):
+    def final(engine):
+        return run(tiny_job(engine=engine), output_dir=tmp_path / engine["vectorize"]).state.params
+
+    sequential = final({"vectorize": "off"})
+    auto = final({"vectorize": "on", "vectorize_chunk": "auto"})  # chunks of 2, 2, then measured
+    torch.testing.assert_close(auto, sequential, rtol=1e-4, atol=1e-5)

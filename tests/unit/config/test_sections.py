@@ -1,4 +1,4 @@
-"""The job's own sections refuse values that would only fail deep inside a run."""
+"""The job's own sections refuse values that would only fail deep inside a run, each in one line."""
 
 import pytest
 from raw_jobs import BASE, problems_of
@@ -31,3 +31,14 @@ def test_a_tracking_uri_of_no_mlflow_store_is_refused_naming_the_key_and_the_sch
 )
 def test_every_store_mlflow_has_is_accepted(uri):
     assert JobConfig.from_dict({**BASE, "tracking": {"tracking_uri": uri}}).tracking.tracking_uri == uri
+
+
+@pytest.mark.parametrize("chunk", [0, "big", 2.5, True])
+def test_a_chunk_size_is_a_number_of_clients_or_auto_in_one_line(chunk):
+    [problem] = problems_of({**BASE, "engine": {"vectorize_chunk": chunk}})
+    assert problem.startswith("engine.vectorize_chunk: must be a number of clients (1 or more) or auto")
+
+
+@pytest.mark.parametrize("chunk", [1, 16, "auto"])
+def test_a_number_of_clients_or_auto_is_a_chunk_size(chunk):
+    assert JobConfig.from_dict({**BASE, "engine": {"vectorize_chunk": chunk}}).engine.vectorize_chunk == chunk

@@ -1,0 +1,171 @@
+"""A worker's training memory, measured, and what fits in it: how many clients train at once
+(``engine.vectorize_chunk: auto``) and how many workers share one GPU.
+
+The sizing functions are pure (measured bytes in, counts out), so they are tested without a GPU;
+``PeakMemory`` and ``memory_budget`` read the device.
+
+Usage:
+    with PeakMemory(device) as peak:
+        train(chunk)
+    size = chunk_that_fits(peak.bytes / len(chunk), memory_budget(device, fraction, share), limit)
+    gpus_per_worker = gpu_share(peak_bytes_of_one_worker, device_bytes)
+    check_slice(model, device, fraction)   # a worker, as it starts: the slice holds the model
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from raysim.config import ResourcesConfig
+from raysim.errors import ResourceError
+
+# Of a budget, the part a measured peak may fill: the rest covers the allocator's fragmentation
+# and what one small chunk's peak does not show (a larger chunk's longer-lived temporaries).
+SAFETY = 0.8
+MiB = 2**20
+
+
+def chunk_that_fits(bytes_per_client: float, budget_bytes: float, limit: int) -> int:
+    """The most clients at once whose measured memory (positive) fills at most ``SAFETY`` of the
+    budget, between 1 (a single client is tried however tight the budget) and ``limit``."""
+    return max(1, min(limit, int(SAFETY * budget_bytes // bytes_per_client)))
+
+
+def workers_per_gpu(peak_bytes: float, device_bytes: float) -> int:
+    """How many workers one GPU holds when each peaks at ``peak_bytes`` (0: not even one)."""
+    return int(SAFETY * device_bytes // peak_bytes) if peak_bytes > 0 else 1
+
+
+def gpu_share(peak_bytes: float, device_bytes: float) -> float:
+    """The ``resources.gpus_per_worker`` that packs as many such workers on a GPU as fit.
+
+    Raises:
+        MemoryError: one worker's peak does not fit the card, with both numbers.
+    """
+    per_gpu = workers_per_gpu(peak_bytes, device_bytes)
+    if per_gpu < 1:
+        raise MemoryError(
+            f"one worker peaks at {peak_bytes / MiB:,.0f} MiB, more than {SAFETY:.0%} of the GPU's "
+            f"{device_bytes / MiB:,.0f} MiB; lower engine.vectorize_chunk or the batch size"
+        )
+    return 1.0 / per_gpu
+
+
+def slice_error(model_bytes: float, device_bytes: float, fraction: float) -> str | None:
+    """Why a GPU slice cannot hold the model with its gradients and one optimizer state (three
+    copies of its weights: the least any update needs), or None when it can."""
+    needs, held = 3 * model_bytes, fraction * device_bytes
+    if needs <= held:
+        return None
+    per_gpu = int(device_bytes // needs)
+    fix = f"raise it to 1/{per_gpu} ({1 / per_gpu:.3g}) or more" if per_gpu else "it does not fit the card"
+    return (
+        f"resources.gpus_per_worker={fraction:g} gives each worker {held / MiB:,.0f} MiB of the GPU's "
+        f"{device_bytes / MiB:,.0f} MiB; the model with its gradients and optimizer state needs "
+        f"{needs / MiB:,.0f} MiB; {fix}"
+    )
+
+
+def check_slice(model: nn.Module, device: torch.device, fraction: float | None) -> None:
+    """Refuses, as a worker starts, a GPU slice that cannot hold even the model's update.
+
+    Raises:
+        ResourceError: ``slice_error``'s numbers and fix.
+    """
+    if device.type != "cuda" or fraction is None:
+        return
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    total = torch.cuda.get_device_properties(device).total_memory
+    if (error := slice_error(model_bytes, total, fraction)) is not None:
+        raise ResourceError(error)
+
+
+def cpu_memory_share(resources: ResourcesConfig, node_cpus: int | None = None) -> float:
+    """A worker's share of its node's memory: all of it under the serial backend (its workers
+    take turns), else its share of the node's CPUs, which is how Ray packs workers on a node."""
+    if resources.backend == "serial":
+        return 1.0
+    return min(1.0, resources.cpus_per_worker / (node_cpus or os.cpu_count() or 1))
+
+
+def memory_budget(device: torch.device, gpu_fraction: float | None, cpu_share: float) -> float:
+    """Bytes this worker may still fill: its GPU slice less what it holds already, or its share
+    of the memory the node has available."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory * (gpu_fraction or 1.0)
+        return max(0.0, total - torch.cuda.memory_allocated(device))
+    return cpu_share * _meminfo_bytes("MemAvailable")
+
+
+class PeakMemory:
+    """The peak memory a block adds on ``device``, in ``bytes`` after it ends.
+
+    On CUDA: the allocator's peak over what was allocated before. On a CPU (Linux): the growth of
+    the process's peak resident set over its resident set before, after the heap's free pages
+    were given back and the kernel's peak reset: an estimate (pages, not tensors); 0.0 where the
+    kernel keeps no such count.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bytes = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = float(torch.cuda.memory_allocated(self.device))
+        elif _reset_peak_rss():
+            _return_free_heap()  # so that what the block reuses from the heap shows as growth too
+            self._start = _status_bytes("VmRSS")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:  # fmt: skip
+        if self.device.type == "cuda":
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self._start
+        elif self._start:
+            self.bytes = max(0.0, _status_bytes("VmHWM") - self._start)
+
+
+def _return_free_heap() -> None:
+    """Gives the heap's free pages back to the kernel (glibc's ``malloc_trim``): a worker keeps
+    freed memory (``raysim.runtime.chunks.keep_freed_memory``), which would hide a block's use."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing kept to give back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _reset_peak_rss() -> bool:
+    """Resets the kernel's peak resident set of this process (Linux ``clear_refs`` 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _status_bytes(field: str) -> float:
+    return _kib_field(Path("/proc/self/status"), field)
+
+
+def _meminfo_bytes(field: str) -> float:
+    return _kib_field(Path("/proc/meminfo"), field)
+
+
+def _kib_field(path: Path, field: str) -> float:
+    """A ``Field:   123 kB`` line of a /proc file, in bytes (0.0 where there is none)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in lines:
+        if line.startswith(f"{field}:"):
+            return float(line.split()[1]) * 1024
+    return 0.0

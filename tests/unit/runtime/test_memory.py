@@ -1,0 +1,70 @@
+"""What fits a worker's memory, from measured bytes (pure functions, no GPU needed), and the CPU
+measurement of a block's peak."""
+
+import subprocess
+import sys
+
+import pytest
+
+from raysim.config import ResourcesConfig
+from raysim.runtime.memory import chunk_that_fits, cpu_memory_share, gpu_share, slice_error, workers_per_gpu
+
+MiB, GiB = 2**20, 2**30
+
+
+def test_the_chunk_fills_at_most_four_fifths_of_the_budget():
+    assert chunk_that_fits(10 * MiB, 1000 * MiB, limit=256) == 80
+    assert chunk_that_fits(10 * MiB, 1000 * MiB - 1, limit=256) == 79  # 799.99... MiB holds 79
+    assert chunk_that_fits(10 * MiB, 10 * GiB, limit=256) == 256
+
+
+def test_a_single_client_is_tried_however_tight():
+    assert chunk_that_fits(10 * MiB, 1 * MiB, limit=256) == 1
+
+
+def test_workers_per_gpu_and_the_share_that_packs_them():
+    assert workers_per_gpu(9 * GiB, 80 * GiB) == 7  # 64 GiB usable / 9
+    assert gpu_share(9 * GiB, 80 * GiB) == pytest.approx(1 / 7)
+    assert gpu_share(40 * GiB, 80 * GiB) == 1.0
+
+
+def test_a_worker_that_does_not_fit_the_card_is_refused_with_both_numbers():
+    assert workers_per_gpu(70 * GiB, 80 * GiB) == 0
+    with pytest.raises(MemoryError, match=r"peaks at 71,680 MiB, more than 80% of the GPU's 81,920 MiB"):
+        gpu_share(70 * GiB, 80 * GiB)
+
+
+def test_a_ray_worker_gets_its_cpu_share_of_the_node_and_a_serial_one_all():
+    assert cpu_memory_share(ResourcesConfig(backend="ray", cpus_per_worker=2), node_cpus=8) == 0.25
+    assert cpu_memory_share(ResourcesConfig(backend="ray", cpus_per_worker=16), node_cpus=8) == 1.0
+    assert cpu_memory_share(ResourcesConfig(backend="serial"), node_cpus=8) == 1.0
+
+
+PEAK = """
+import numpy as np, torch
+from raysim.runtime.memory import PeakMemory
+with PeakMemory(torch.device("cpu")) as peak:
+    block = np.ones(25_000_000, np.float64)  # 200 MB, touched
+    del block
+with PeakMemory(torch.device("cpu")) as idle:
+    pass
+print(peak.bytes, idle.bytes)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs")
+def test_a_cpu_block_s_peak_is_its_resident_growth_even_after_it_freed_it():
+    out = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True, check=True)
+    peak, idle = map(float, out.stdout.split())
+    assert 190e6 < peak < 230e6
+    assert idle < 10e6
+
+
+def test_a_slice_that_cannot_hold_the_models_update_is_refused_with_the_share_that_can():
+    assert slice_error(1 * GiB, 80 * GiB, 0.25) is None  # 3 GiB in 20 GiB
+    error = slice_error(10 * GiB, 80 * GiB, 0.25)  # 30 GiB in 20: two workers a card hold it
+    assert error == (
+        "resources.gpus_per_worker=0.25 gives each worker 20,480 MiB of the GPU's 81,920 MiB; the model "
+        "with its gradients and optimizer state needs 30,720 MiB; raise it to 1/2 (0.5) or more"
+    )
+    assert "it does not fit the card" in str(slice_error(30 * GiB, 80 * GiB, 0.5))

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import numpy as np
@@ -115,7 +115,9 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
         return self.local.epochs if self.reading == "paper" else max(1, self.local.epochs // 8)
 
 
-def mix_coefficients(seed: int, ingredient: int, batch_num: int, num_members: int, num_mixes: int) -> np.ndarray:
+def mix_coefficients(
+    seed: int, ingredient: int, batch_num: int, num_members: int, num_mixes: int
+) -> np.ndarray:
     """Dirichlet(1, ..., 1) coefficients, ``(num_mixes, num_members)``: uniform on the simplex (notes
     A5); the last column weighs the live ingredient. A pure function of its arguments."""
     rng = np.random.default_rng([seed, _MIX_TAG, ingredient, batch_num])
@@ -149,12 +151,12 @@ def mixed_loss(frozen: list[Params], alphas: np.ndarray, task: LossFn = task_los
     return loss_fn
 
 
-def squared_distance(a: dict[str, torch.Tensor], b: Params) -> torch.Tensor:
+def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """``||a - b||^2`` over all the tensors of ``a``."""
     return torch.stack([(t - b[name]).pow(2).sum() for name, t in a.items()]).sum()
 
 
-def l2_distance(a: dict[str, torch.Tensor], b: Params) -> torch.Tensor:
+def l2_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """``||a - b||_2``, with a defined gradient at ``a == b`` (notes 2.3)."""
     return torch.sqrt(squared_distance(a, b) + _EPS)
 
@@ -207,7 +209,9 @@ def mixing_step(
     """A ``train_local`` step on the loss at a fresh mix of the pool (``coefficients(batch_num)``)."""
     batch_nums = itertools.count()
 
-    def step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward) -> BatchLoss:
+    def step(
+        model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
+    ) -> BatchLoss:
         loss = backward(batch, mixed_loss(frozen, coefficients(next(batch_nums)), task))
         optimizer.step()
         return loss

@@ -28,8 +28,8 @@ is FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a fr
 in every mix, in the diversity term and in the upload (N + 1 members); off by default (notes A1,
 as the code). BatchNorm statistics are the live model's, updated by every mixed forward pass and
 sent as they end (notes A7). Mixing coefficients are a pure function of the client's seed, the
-ingredient and the batch (``mix_coefficients``). A straggler's ``step_budget`` caps the batches of
-all ingredients together: it finishes fewer ingredients.
+ingredient and the batch (``mix_coefficients``). ``local.max_steps`` caps each ingredient's
+batches; a straggler's ``step_budget`` caps those of all ingredients together (it finishes fewer).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Autograd on theta gives the gradient (the norm's at 0 is 0). The coefficients co
 """
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from reference import B0, SPEC, W0, context, linear_model, payload, plugin_types
 
+from raysim import params as P
 from raysim import registry
 from raysim.config.plugins import validate_plugin
 
@@ -189,3 +191,21 @@ def test_impossible_configs_are_refused_naming_the_key(options, message):
     problems: list[str] = []
     assert validate_plugin("algorithm", {"name": "lss", **options}, problems) is None
     assert len(problems) == 1 and re.search(message, problems[0]), problems
+
+
+def test_batchnorm_statistics_follow_every_mixed_pass_and_travel():
+    """Notes A7: one set of running statistics, the live model's, updated by the mixed passes of
+    every ingredient and sent with the soup; so N = 2 ends with other statistics than N = 1."""
+
+    def update(num_models):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+        ctx = context(X, Y, payload())
+        ctx = replace(
+            ctx, model=model, global_params={k: v.clone() for k, v in P.model_params(model).items()}
+        )
+        plugin = make(num_models=num_models, local={"lr": 0.1, "batch_size": 2, "epochs": 1})
+        return plugin.client_update(ctx).update["1.running_mean"]
+
+    one, two = update(1), update(2)
+    assert one.abs().sum() > 0 and not torch.allclose(one, two)

@@ -119,9 +119,24 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem
+    problems += check_against_job([*sections.values(), *probes], core)
+    if problems:
+        raise ConfigError(problems, source)
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections)
+
+
+def check_against_job(sections: list[PluginSection | None], job: JobCore) -> list[str]:
+    """Each plugin Config's optional ``check_job(job: JobCore) -> list[str]``: the checks that need
+    the job's own sections (IMA's ``average_from`` against ``engine.num_rounds``), so that the dry
+    run reports them too, all at once, before any training."""
+    problems: list[str] = []
+    for section in sections:
+        check = getattr(section.config, "check_job", None) if section is not None else None
+        if callable(check):
+            problems += check(job)
+    return problems
 
 
 def _check_transfer_datasets(raw: Any, problems: list[str]) -> None:

@@ -139,6 +139,18 @@ def check_against_job(sections: list[PluginSection | None], job: JobCore) -> lis
     return problems
 
 
+def probes_never_due(job: JobConfig) -> list[str]:
+    """One warning per probe whose ``every`` exceeds the run's rounds: it would never measure
+    (a probe is due after rounds every-1, 2*every-1, ...)."""
+    rounds = job.engine.num_rounds
+    return [
+        f"evaluation.probes[{i}].every: {probe.name} measures every {every} rounds, but the run has "
+        f"{rounds}, so it never runs; set every to at most {rounds}"
+        for i, probe in enumerate(job.evaluation.probes)
+        if (every := getattr(probe.config, "every", 1)) > rounds
+    ]
+
+
 def _check_transfer_datasets(raw: Any, problems: list[str]) -> None:
     """Each transfer dataset section validates like the job's own ``dataset``."""
     for i, transfer in enumerate(raw if isinstance(raw, list) else []):

@@ -150,6 +150,7 @@ def test_client_failures_follow_the_policy(tmp_path):
     with pytest.raises(ClientError, match="boom") as info:
         run(job, output_dir=tmp_path / "strict")
     assert info.value.client_id % 7 == 0 and isinstance(info.value.__cause__, ValueError)
+    assert "(raised at tests/integration/engine/test_engine.py:" in str(info.value)  # the plugin's line
     tolerant = run(
         tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6, "max_failed_clients": 6}),
         output_dir=tmp_path / "tolerant",

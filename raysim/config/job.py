@@ -116,12 +116,11 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         core = JobCore.model_validate(core_raw)
     except ValidationError as exc:
         problems += explain(exc, JobCore)
+    if core is not None:  # the sections that validated, against the job: reported with the rest
+        problems += check_against_job([*sections.values(), *probes], core)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem
-    problems += check_against_job([*sections.values(), *probes], core)
-    if problems:
-        raise ConfigError(problems, source)
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections)

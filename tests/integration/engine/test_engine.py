@@ -281,3 +281,10 @@ def test_resuming_another_kind_of_algorithm_is_refused(tmp_path):
 def test_the_final_checkpoint_is_written_even_when_not_uploaded(tmp_path):
     result = run(tiny_job(engine={"num_rounds": 1}, tracking={"log_checkpoint": False}), output_dir=tmp_path)
     assert (result.run_dir / "checkpoints" / "final.pt").exists()
+
+
+def test_a_probe_that_would_never_run_is_warned_of_once_before_training(tmp_path, capfd):
+    probes = [{"name": "client_server_barrier", "every": 9}]
+    run(tiny_job(evaluation={"every": 1, "probes": probes}), output_dir=tmp_path)
+    err = capfd.readouterr().err
+    assert err.count("warning: evaluation.probes[0].every: client_server_barrier measures every 9") == 1

@@ -49,7 +49,7 @@ from raysim.aggregate import Aggregator, WeightedMean
 from raysim.algorithm import Algorithm, pure_aggregate
 from raysim.algorithm import resume_state as completed_state
 from raysim.checkpoint import CheckpointTrail
-from raysim.config import PluginSection, nested_plugin
+from raysim.config import JobCore, PluginSection, nested_plugin
 from raysim.errors import CheckpointError, ConfigError
 from raysim.registry import register
 from raysim.stored import plain
@@ -107,6 +107,10 @@ class IMAConfig(BaseModel, frozen=True, extra="forbid"):
     def _as_written(self, inner: PluginSection) -> dict[str, Any]:
         return inner.to_dict()  # {name, **options}: what a worker validates again
 
+    def check_job(self, job: JobCore) -> list[str]:
+        """Checked when the job loads (the dry run too): an IMA that would never average."""
+        return never_averages(self, job.engine.num_rounds)
+
     @model_validator(mode="after")
     def _composable(self) -> IMAConfig:
         inner = build_inner(self)
@@ -148,6 +152,24 @@ def explored(config: IMAConfig) -> BaseModel:
     return inner.model_copy(update={"local": local.model_copy(update=update)})
 
 
+def never_averages(config: IMAConfig, rounds: int) -> list[str]:
+    """Why an IMA over ``rounds`` rounds would never average (it would silently be its inner)."""
+    problems = []
+    if config.average_from >= rounds:
+        problems.append(
+            f"algorithm.average_from: IMA starts at round {config.average_from}, but the run ends "
+            f"after round {rounds - 1}, so it would only be its inner algorithm; set average_from "
+            f"below {rounds} (the paper takes 3T/4: {3 * rounds // 4})"
+        )
+    if config.window > rounds:
+        problems.append(
+            f"algorithm.window: IMA averages once its window of {config.window} models is full, "
+            f"but the run has {rounds} rounds, so it would only be its inner algorithm; set window "
+            f"to at most {rounds}"
+        )
+    return problems
+
+
 def build_inner(config: IMAConfig) -> Algorithm[Any]:
     """The inner plugin, built from its explored config."""
     return registry.get("algorithm", config.inner.name).factory(explored(config))
@@ -169,23 +191,8 @@ class IMA(Generic[A]):
     def init(self, params: Params, info: RunInfo) -> ServerState[IMAState[object]]:
         """The inner's state and an empty window; an IMA that would never average is refused (it
         would silently be its inner algorithm)."""
-        config, rounds = self.config, info.num_rounds
-        if config.average_from >= rounds:
-            raise ConfigError(
-                [
-                    f"algorithm.average_from: IMA starts at round {config.average_from}, but the run "
-                    f"ends after round {rounds - 1}, so it would only be its inner algorithm; set "
-                    f"average_from below {rounds} (the paper takes 3T/4: {3 * rounds // 4})"
-                ]
-            )
-        if config.window > rounds:
-            raise ConfigError(
-                [
-                    f"algorithm.window: IMA averages once its window of {config.window} models is "
-                    f"full, but the run has {rounds} rounds, so it would only be its inner "
-                    f"algorithm; set window to at most {rounds}"
-                ]
-            )
+        if problems := never_averages(self.config, info.num_rounds):
+            raise ConfigError(problems)
         return _with_window(self.inner.init(params, info), [])
 
     def broadcast(self, state: ServerState[IMAState[object]], round_num: int) -> Payload[object]:

@@ -28,17 +28,22 @@ class DataError(RaysimError):
 class ClientError(RaysimError):
     """A client's local computation failed; raised `from` the original exception."""
 
-    def __init__(self, client_id: int, round_num: int, stage: str, cause: BaseException) -> None:
+    def __init__(
+        self, client_id: int, round_num: int, stage: str, cause: BaseException, raised_at: str = ""
+    ) -> None:
         self.client_id = client_id
         self.round_num = round_num
         self.stage = stage
         self.cause = cause
+        self.raised_at = raised_at  # the plugin's line: a worker's traceback does not reach the driver
+        where = f" (raised at {raised_at})" if raised_at else ""
         super().__init__(
-            f"client {client_id} failed in round {round_num} during {stage}: {type(cause).__name__}: {cause}"
+            f"client {client_id} failed in round {round_num} during {stage}: "
+            f"{type(cause).__name__}: {cause}{where}"
         )
 
     def __reduce__(self) -> tuple:
-        return ClientError, (self.client_id, self.round_num, self.stage, self.cause)
+        return ClientError, (self.client_id, self.round_num, self.stage, self.cause, self.raised_at)
 
 
 class NonFiniteError(RaysimError):

@@ -211,6 +211,7 @@ class ClientFailure:
     position: int  # in the round's cohort
     error: BaseException
     stage: str = "client_update"  # or "update_check": the update held NaN or infinity
+    raised_at: str = ""  # "file:line in function" of the plugin's own innermost frame (wire.raised_at)
 
 
 @dataclass(frozen=True)

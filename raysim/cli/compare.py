@@ -3,8 +3,9 @@
 Prints a table of final metrics in the columns of the runs' task (accuracy, perplexity or loss;
 held-out, personalized and transfer results where logged), draws the runs' learning curves on
 shared axes with the 10th-90th percentile over clients shaded, writes both as files (PNG, CSV,
-Markdown) and logs them as a new MLflow run ``compare/<names>`` tagged
-``raysim.kind=comparison`` in the first run's experiment.
+Markdown) and logs them as an MLflow run ``compare/<names>`` tagged
+``raysim.kind=comparison`` in the first run's experiment: one run per set of runs and options,
+reused when they are compared again.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "run of that name) or an experiment name or id (all its finished runs); mix them freely. "
         "Prints the final metrics in the columns of the runs' task, writes the learning curves "
         "(PNG; shaded: 10th-90th percentile over clients) and the table (CSV, Markdown), and logs "
-        "them as a new run compare/<names> in the first run's experiment.",
+        "them as a run compare/<names> in the first run's experiment (the same runs and options "
+        "compared again reuse it).",
     )
     compare.add_argument("targets", nargs="+", metavar="RUN_OR_EXPERIMENT")
     compare.add_argument(
@@ -87,7 +89,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print("no curves: the runs logged no per-round evaluation", highlight=False)
     console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
-        run = store.log_comparison(records, files)
+        run = store.log_comparison(records, files, [f"metric={m}" for m in args.metric or []])
         console.print(
             f"logged as MLflow run {run.info.run_id} ({run.info.run_name}): "
             f"{store.link(run.info.experiment_id, run.info.run_id)}",

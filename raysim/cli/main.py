@@ -172,11 +172,14 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from raysim.config import load_jobs
+    from raysim.config import load_jobs, probes_never_due
 
     jobs = load_jobs(args.config, args.overrides, args.variant)
     if args.dry_run:
         print(resolved_configs(jobs), end="")
+        for job in jobs:
+            for warning in probes_never_due(job):
+                print(f"warning: variant {job.name}: {warning}", file=sys.stderr)
         return 0
     from raysim.engine.loop import run  # after --dry-run, which imports no Ray nor MLflow
 

@@ -15,7 +15,7 @@ The rooms: ``job`` (``JobConfig``, validated whole), ``sections`` (the job's own
 """
 
 from raysim.config.files import apply_overrides, deep_merge, flatten, load_jobs
-from raysim.config.job import JobConfig, JobOrigin, validate_job
+from raysim.config.job import JobConfig, JobCore, JobOrigin, probes_never_due, validate_job
 from raysim.config.plugins import PluginSection, explain, nested_plugin
 from raysim.config.sections import (
     EngineConfig,
@@ -32,6 +32,7 @@ __all__ = [
     "EngineConfig",
     "EvaluationConfig",
     "JobConfig",
+    "JobCore",
     "JobOrigin",
     "PersonalizationConfig",
     "PluginSection",
@@ -46,5 +47,6 @@ __all__ = [
     "flatten",
     "load_jobs",
     "nested_plugin",
+    "probes_never_due",
     "validate_job",
 ]

@@ -116,12 +116,38 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         core = JobCore.model_validate(core_raw)
     except ValidationError as exc:
         problems += explain(exc, JobCore)
+    if core is not None:  # the sections that validated, against the job: reported with the rest
+        problems += check_against_job([*sections.values(), *probes], core)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections)
+
+
+def check_against_job(sections: list[PluginSection | None], job: JobCore) -> list[str]:
+    """Each plugin Config's optional ``check_job(job: JobCore) -> list[str]``: the checks that need
+    the job's own sections (IMA's ``average_from`` against ``engine.num_rounds``), so that the dry
+    run reports them too, all at once, before any training."""
+    problems: list[str] = []
+    for section in sections:
+        check = getattr(section.config, "check_job", None) if section is not None else None
+        if callable(check):
+            problems += check(job)
+    return problems
+
+
+def probes_never_due(job: JobConfig) -> list[str]:
+    """One warning per probe whose ``every`` exceeds the run's rounds: it would never measure
+    (a probe is due after rounds every-1, 2*every-1, ...)."""
+    rounds = job.engine.num_rounds
+    return [
+        f"evaluation.probes[{i}].every: {probe.name} measures every {every} rounds, but the run has "
+        f"{rounds}, so it never runs; set every to at most {rounds}"
+        for i, probe in enumerate(job.evaluation.probes)
+        if (every := getattr(probe.config, "every", 1)) > rounds
+    ]
 
 
 def _check_transfer_datasets(raw: Any, problems: list[str]) -> None:

@@ -67,9 +67,27 @@ def explain(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> l
     lines = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
+        if err["type"] == "extra_forbidden" and (tagged := _not_of_kind(model, loc, prefix)) is not None:
+            lines.append(tagged)
+            continue
         key = (prefix + ".".join(loc)).rstrip(".") or "job"
         lines.append(f"{key}: {_wording(err, loc, model)}")
     return lines
+
+
+def _not_of_kind(model: type[BaseModel], loc: list[str], prefix: str) -> str | None:
+    """An unknown key of a tagged union's member (``dataset.partition.iid.alpha``: pydantic puts
+    the kind in the key) worded without it, naming the fix: ``kind=iid`` as an override keeps the
+    file's keys of the kind it replaces."""
+    if len(loc) < 3 or loc[-2] not in _tags_at(model, loc[:-2], "kind"):
+        return None
+    section, kind, key = prefix + ".".join(loc[:-2]), loc[-2], loc[-1]
+    member = [m for m in _models_at(model, loc[:-2]) if kind in _tags_at(m, [], "kind")]
+    valid = sorted(member[0].model_fields) if member else []
+    return (
+        f"{section}.{key}: not a key of kind {kind!r} (its keys: {', '.join(valid)}); "
+        f"remove it, or to switch kind set the whole section: {section}='{{kind: {kind}}}'"
+    )
 
 
 def _wording(err: ErrorDetails, loc: list[str], model: type[BaseModel]) -> str:

@@ -19,7 +19,7 @@ from rich.console import Console
 from raysim import params as P
 from raysim.algorithm import Algorithm, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
-from raysim.config import JobConfig
+from raysim.config import JobConfig, probes_never_due
 from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
 from raysim.data.augment import check_training_options, dataset_options
@@ -182,6 +182,8 @@ def open_parts(job: JobConfig) -> JobParts:
         has_central_test=bool(store.meta["has_central_test"]),
     )  # fmt: skip
     check_probes(probes, info)
+    for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused
+        Console(stderr=True).print(f"warning: {warning}", highlight=False, soft_wrap=True)
     plan = keep_personalizable(
         evaluation_plan(job, train_pool, heldout, transfer),
         store.num_examples("train"),

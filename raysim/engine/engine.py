@@ -94,7 +94,9 @@ class Engine(Generic[A]):
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
             first = output.failures[0]  # the run stops on the first, its exception the cause
-            raise ClientError(first.client_id, round_num, first.stage, first.error) from first.error
+            raise ClientError(
+                first.client_id, round_num, first.stage, first.error, first.raised_at
+            ) from first.error
         for failure in output.failures:
             log.warning(
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error

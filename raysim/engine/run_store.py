@@ -14,6 +14,7 @@ Usage:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,6 +30,7 @@ from raysim.types import Metrics
 KIND_TAG = "raysim.kind"
 COMPARISON = "comparison"
 COMPARED_RUNS_TAG = "raysim.compared_runs"
+COMPARISON_KEY_TAG = "raysim.comparison_key"  # a hash of the compared runs and options: one run each
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _MAX_TAG_CHARS = 8000  # MLflow's limit on a tag value
 _ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss")  # the table's clients/s and rounds
@@ -167,25 +169,38 @@ class RunStore:
 
     # --- writing the comparison ----------------------------------------------------------------
 
-    def log_comparison(self, records: Sequence[RunRecord], files: Sequence[Path]) -> Any:
-        """A new run in the first compared run's experiment, named ``compare/<run names>``,
-        tagged ``raysim.kind=comparison`` and ``raysim.compared_runs`` (the run ids), with the
-        table as its description and ``files`` as artifacts."""
+    def log_comparison(
+        self, records: Sequence[RunRecord], files: Sequence[Path], options: Sequence[str] = ()
+    ) -> Any:
+        """The comparison's run in the first compared run's experiment, named ``compare/<run
+        names>``, tagged ``raysim.kind=comparison`` and ``raysim.compared_runs`` (the run ids), with
+        the table as its description and ``files`` as artifacts. The same runs compared with the
+        same ``options`` again reuse their run (``raysim.comparison_key``), its files replaced."""
         ids = ",".join(str(r.run_id) for r in records)
+        key = hashlib.sha1("|".join([ids, *options]).encode()).hexdigest()
         table = markdown(records)
         tags = {
             KIND_TAG: COMPARISON,
             COMPARED_RUNS_TAG: ids if len(ids) <= _MAX_TAG_CHARS else f"{len(records)} runs: see the CSV",
+            COMPARISON_KEY_TAG: key,
             "mlflow.note.content": table if len(table) <= _MAX_TAG_CHARS else "see final_metrics.md",
         }
-        name = "compare/" + ",".join(r.name for r in records)
-        run = self.client.create_run(
-            str(records[0].experiment_id), run_name=name if len(name) <= 200 else name[:199] + "…", tags=tags
-        )
+        experiment = str(records[0].experiment_id)
+        earlier = self._search([experiment], f"tags.`{COMPARISON_KEY_TAG}` = '{key}'")
+        if earlier:
+            run = earlier[0]
+            for tag, value in tags.items():  # the note holds the table as it reads now
+                self.client.set_tag(run.info.run_id, tag, value)
+        else:
+            name = "compare/" + ",".join(r.name for r in records)
+            run = self.client.create_run(
+                experiment, run_name=name if len(name) <= 200 else name[:199] + "…", tags=tags
+            )
         artifacts = artifact_repository(self.uri, run.info.run_id)  # right from any working directory
         for path in files:
             artifacts.log_artifact(str(path))
-        self.client.set_terminated(run.info.run_id, "FINISHED")
+        if not earlier:
+            self.client.set_terminated(run.info.run_id, "FINISHED")
         return run
 
     def link(self, experiment_id: str, run_id: str) -> str:

@@ -7,7 +7,11 @@ verbs' own (``raysim.services``: plugins and probes write them too), checked on 
 
 from __future__ import annotations
 
+import pickle
+import sysconfig
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysim.types import ClientFailure, Metrics, NumpyParams, WorkerTimes
@@ -40,3 +44,42 @@ class WorkerReport:
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
     times: WorkerTimes = WorkerTimes()  # where the worker's time went
+
+
+# Code a plugin calls into: raysim itself, the standard library and installed packages (torch)
+_LIBRARIES = (
+    str(Path(__file__).resolve().parents[1]),
+    *{sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")},
+)
+
+
+def raised_at(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``exc``'s traceback in the plugin's own
+    code (outside raysim and installed packages; else the innermost frame), the file relative to
+    the working directory where it lies below it. A failure shipped from a Ray worker loses its
+    traceback, so this is what names the plugin's line on the driver."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [frame for frame in frames if not frame.filename.startswith(_LIBRARIES)]
+    if not frames:
+        return ""
+    frame = (own or frames)[-1]
+    path = Path(frame.filename)
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    return f"{shown}:{frame.lineno} in {frame.name}"
+
+
+def client_failure(client_id: int, position: int, exc: Exception) -> ClientFailure:
+    """A client's failure as it crosses to the driver: the exception (``shippable``) and the
+    plugin's line it was raised at."""
+    return ClientFailure(client_id, position, shippable(exc), raised_at=raised_at(exc))
+
+
+def shippable(exc: Exception) -> Exception:
+    """The exception itself when it pickles (it crosses to the driver), else one that keeps its
+    type name, message and traceback text."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        trace = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{type(exc).__name__}: {exc} (unpicklable; traceback follows)\n{trace}")

@@ -7,9 +7,7 @@ it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one 
 from __future__ import annotations
 
 import math
-import pickle
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -32,7 +30,7 @@ from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
-from raysim.runtime.wire import WorkerReport, WorkerSetup
+from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
 from raysim.stopping import honour_stop_request, raise_stop_request
@@ -124,7 +122,7 @@ class ClientTrainer:
                 continue
             except Exception as exc:  # the driver applies the failure policy
                 raise_stop_request(exc)
-                report.failures.append(ClientFailure(client_id, position, _shippable(exc)))
+                report.failures.append(client_failure(client_id, position, exc))
                 continue
             with timer.phase("reduce"):
                 report.partial = aggregator.add(report.partial, position, result)
@@ -387,14 +385,3 @@ def check_finite_result(result: ClientResult) -> None:
         f"the client's update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
         f"its local training diverged (lower the learning rate, or set local.grad_clip)"
     )
-
-
-def _shippable(exc: Exception) -> Exception:
-    """The exception itself when it pickles (it crosses to the driver), else one that keeps its
-    type name, message and traceback text."""
-    try:
-        pickle.dumps(exc)
-        return exc
-    except Exception:
-        trace = "".join(traceback.format_exception(exc))
-        return RuntimeError(f"{type(exc).__name__}: {exc} (unpicklable; traceback follows)\n{trace}")

@@ -14,13 +14,13 @@ def test_config_and_client_errors_survive_pickling():
 
 
 def test_an_unpicklable_client_exception_still_reaches_the_driver():
-    from raysim.runtime.worker import _shippable
+    from raysim.runtime.wire import shippable
 
     class Odd(Exception):
         def __init__(self, a, b):
             super().__init__(f"{a}/{b}")
             self.lock = __import__("threading").Lock()  # not picklable
 
-    shipped = _shippable(Odd(1, 2))
+    shipped = shippable(Odd(1, 2))
     again = pickle.loads(pickle.dumps(shipped))
     assert "Odd: 1/2" in str(again) and "Traceback" not in str(type(again))

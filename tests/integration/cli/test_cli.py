@@ -169,6 +169,13 @@ def test_dry_run_prints_every_variant_resolved_and_starts_nothing(tmp_path, monk
     assert ray_before or not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
 
 
+def test_dry_run_warns_of_a_probe_that_would_never_run(tmp_path, capsys):
+    probes = ["evaluation.probes=[{name: client_server_barrier, every: 9}]", "engine.num_rounds=3"]
+    assert main(["run", write(tmp_path, GOOD), "--dry-run", "--variant", "avg", *probes]) == 0
+    err = capsys.readouterr().err
+    assert "warning: variant avg: evaluation.probes[0].every: client_server_barrier measures every 9" in err
+
+
 def test_dry_run_of_one_variant_and_of_a_bad_config(tmp_path, capsys):
     assert main(["run", write(tmp_path, GOOD), "--dry-run", "--variant", "prox"]) == 0
     out = capsys.readouterr().out

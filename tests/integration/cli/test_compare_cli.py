@@ -91,6 +91,15 @@ def test_an_experiment_is_compared_and_logged_as_a_comparison_run(store, capsys,
     assert len(comparison_runs(uri, "digits")) == 1  # --no-log logged nothing
 
 
+def test_comparing_the_same_runs_again_reuses_their_comparison_run(store, tmp_path):
+    uri, _, _ = store
+    for _ in range(2):
+        assert compare(store, "digits", "--out", str(tmp_path)) == 0
+    assert compare(store, "digits", "--out", str(tmp_path), "--metric", "loss") == 0  # other options
+    after = comparison_runs(uri, "digits")  # with the first test's: one run per set of options
+    assert len(after) == 2 and len({r.data.tags.get("raysim.comparison_key") for r in after}) == 2
+
+
 def test_a_language_model_is_compared_in_perplexities(store, capsys, tmp_path):
     uri, ids, _ = store
     assert compare(store, ids["lm"], "fedavg", "--out", str(tmp_path), "--no-log") == 0  # an id and a name

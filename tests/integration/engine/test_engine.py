@@ -150,6 +150,7 @@ def test_client_failures_follow_the_policy(tmp_path):
     with pytest.raises(ClientError, match="boom") as info:
         run(job, output_dir=tmp_path / "strict")
     assert info.value.client_id % 7 == 0 and isinstance(info.value.__cause__, ValueError)
+    assert "(raised at tests/integration/engine/test_engine.py:" in str(info.value)  # the plugin's line
     tolerant = run(
         tiny_job(algorithm={"name": "failing_fedavg"}, engine={"num_rounds": 6, "max_failed_clients": 6}),
         output_dir=tmp_path / "tolerant",
@@ -280,3 +281,10 @@ def test_resuming_another_kind_of_algorithm_is_refused(tmp_path):
 def test_the_final_checkpoint_is_written_even_when_not_uploaded(tmp_path):
     result = run(tiny_job(engine={"num_rounds": 1}, tracking={"log_checkpoint": False}), output_dir=tmp_path)
     assert (result.run_dir / "checkpoints" / "final.pt").exists()
+
+
+def test_a_probe_that_would_never_run_is_warned_of_once_before_training(tmp_path, capfd):
+    probes = [{"name": "client_server_barrier", "every": 9}]
+    run(tiny_job(evaluation={"every": 1, "probes": probes}), output_dir=tmp_path)
+    err = capfd.readouterr().err
+    assert err.count("warning: evaluation.probes[0].every: client_server_barrier measures every 9") == 1

@@ -297,3 +297,15 @@ def test_branches_that_cannot_fill_the_window_are_refused(tmp_path):
     before = make("fedadam", placement="before_server_optimizer", average_from=4)
     with pytest.raises(CheckpointError, match="pure aggregates"):
         before.resume_state(trail.state, init_state(before), trail)
+
+
+def test_the_job_check_reports_average_from_and_window_at_load_all_at_once():
+    ima = {"name": "ima", "average_from": 75, "window": 5, "inner": {"name": "fedavg"}}
+    with pytest.raises(ConfigError) as info:  # the dry run loads the job, so it stops here too
+        validate_job({**job(ima), "engine": {"num_rounds": 3}})
+    assert [p.split(":")[0] for p in info.value.problems] == ["algorithm.average_from", "algorithm.window"]
+    with pytest.raises(ConfigError) as info:  # with another section's typo, in the same error
+        validate_job({**job(ima), "engine": {"num_rounds": 3}, "model": {"name": "mlp", "hiden": [8]}})
+    keys = [p.split(":")[0] for p in info.value.problems]
+    assert keys == ["model.hiden", "algorithm.average_from", "algorithm.window"]
+    validate_job({**job(ima), "engine": {"num_rounds": 76}})  # averages in the last round

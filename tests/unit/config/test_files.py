@@ -102,3 +102,15 @@ def test_a_variant_named_as_a_path_is_refused_before_any_folder_is_made(tmp_path
         load_jobs(path)
     assert "'../../escaped'" in str(info.value)
     assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]
+
+
+def test_switching_a_partitions_kind_by_override_names_the_keys_to_drop_and_the_fix():
+    raw = {**BASE, "dataset": {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.3}}}
+    with pytest.raises(ConfigError) as exc:
+        JobConfig.from_dict(apply_overrides(raw, ["dataset.partition.kind=iid"]))
+    assert exc.value.problems == [
+        "dataset.partition.alpha: not a key of kind 'iid' (its keys: kind, num_clients); remove it, "
+        "or to switch kind set the whole section: dataset.partition='{kind: iid}'"
+    ]
+    switched = JobConfig.from_dict(apply_overrides(raw, ["dataset.partition={kind: iid}"]))
+    assert switched.dataset.config.partition.kind == "iid"

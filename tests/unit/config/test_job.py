@@ -6,7 +6,7 @@ import pytest
 import yaml
 from raw_jobs import BASE, REPO, problems_of
 
-from raysim.config import JobConfig, flatten
+from raysim.config import JobConfig, flatten, probes_never_due
 from raysim.errors import ConfigError
 
 
@@ -156,3 +156,12 @@ def test_a_name_that_is_not_one_plain_folder_name_is_refused(name):
 
 def test_plain_names_with_dots_and_dashes_pass():
     assert JobConfig.from_dict({**BASE, "name": "ima-cifar10_v1.2"}).name == "ima-cifar10_v1.2"
+
+
+def test_a_probe_due_after_the_last_round_is_named_with_its_numbers():
+    probes = [{"name": "client_server_barrier", "every": 5}, {"name": "local_accuracy", "every": 8}]
+    job = JobConfig.from_dict({**BASE, "engine": {"num_rounds": 5}, "evaluation": {"probes": probes}})
+    assert probes_never_due(job) == [
+        "evaluation.probes[1].every: local_accuracy measures every 8 rounds, but the run has 5, so it "
+        "never runs; set every to at most 5"
+    ]  # every 5 of 5 rounds: due after round 4, the last

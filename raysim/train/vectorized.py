@@ -166,7 +166,8 @@ def train_local_vectorized(
     if any(data.batch_transform is not None for data in datas):
         raise ValueError("a client's data has a batch_transform (augmentation): train it with train_local")
     tensors = [to_tensors(data, device) for data in datas]
-    example = next((t["x"][:2] for t in tensors if len(t["x"])), None)
+    xs = [t["x"] for t in tensors if len(t["x"])]  # the probe's two rows (one twice), as the worker's
+    example = xs[0][torch.arange(2, device=xs[0].device) % len(xs[0])] if xs else None
     if (blocker := vectorization_blocker(model, example)) is not None:
         raise ValueError(f"this model cannot train vectorized: {blocker}")
     model.train()

@@ -129,6 +129,33 @@ class DataBranch(nn.Module):
         return x if x.sum() > 0 else -x
 
 
+class SignedBackward(torch.autograd.Function):
+    """The identity, whose backward branches on the gradient's values: only the backward fails."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g if float(g.sum()) > 0 else -g
+
+
+class BackwardBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(36, 3)
+
+    def forward(self, x):
+        return SignedBackward.apply(self.head(x.flatten(1)))
+
+
 class UnusedHead(nn.Module):
     """A second head the forward never uses: ``torch.optim`` skips it (no gradient)."""
 
@@ -146,6 +173,7 @@ class UnusedHead(nn.Module):
         (nn.Sequential(nn.Flatten(), nn.Linear(36, 5), nn.BatchNorm1d(5, momentum=None), nn.Linear(5, 3)),
          "does not run under vmap"),  # a cumulative average reads num_batches_tracked as a number
         (nn.Sequential(nn.Flatten(), DataBranch(), nn.Linear(36, 3)), "does not run under vmap"),
+        (BackwardBranch(), "does not run under vmap"),  # its forward alone does
         (UnusedHead(), "never uses the trainable parameters spare.weight, spare.bias"),
     ],
 )  # fmt: skip

@@ -22,7 +22,8 @@ from raysim.runtime.builders import build_algorithm, build_job_model
 from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows, keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig, cap_examples
-from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
+from raysim.train.vectorizable import vectorization_blocker
+from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientResult
 
 

@@ -3,7 +3,7 @@ clients trained chunk by chunk (``engine.vectorize``, ``engine.vectorize_chunk``
 
 A round vectorizes when ``engine.vectorize`` is ``auto`` or ``on``, the plugin has a
 ``vectorized_update`` (``raysim.algorithm.vectorizes``), the model holds no randomness it cannot
-draw per client (``raysim.train.vectorized.vectorization_blocker``) and the round measures no
+draw per client (``raysim.train.vectorizable.vectorization_blocker``) and the round measures no
 client with a probe nor keeps the clients' local models (both need each client's model, which a
 chunk never materialises); otherwise it runs the sequential loop. ``on`` refuses before training a
 job whose plugin, model or probes cannot vectorize.
@@ -42,7 +42,7 @@ from raysim.runtime.memory import (
     cpu_memory_share,
     memory_budget,
 )
-from raysim.train.vectorized import vectorization_blocker
+from raysim.train.vectorizable import vectorization_blocker
 from raysim.types import ClientResult
 
 log = logging.getLogger("raysim")

@@ -12,8 +12,10 @@ state does not change, and BatchNorm sees exactly its own batch (no padding). Pl
 objective through ``edit_gradients`` (``after_backward``'s counterpart) and ``passes`` (one
 optimizer step each per batch: ``train_local``'s ``step``), fed per client by ``draw``.
 
-What cannot vectorize is refused by ``vectorization_blocker``: randomness inside the model other
-than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from each client's seed.
+What cannot vectorize is refused by ``raysim.train.vectorizable.vectorization_blocker``: randomness
+inside the model other than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from
+each client's seed, what ``vmap`` cannot batch, parameters the forward never uses; and so is a
+client's ``batch_transform``, which draws per batch one client at a time.
 
 Usage:
     results = train_clients(ctxs, LocalTrainConfig(lr=0.1))      # [(delta, metrics)] per client
@@ -40,6 +42,7 @@ from raysim.train.local import (
     step_limit,
     to_tensors,
 )
+from raysim.train.vectorizable import vectorization_blocker
 from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
 
 Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...]
@@ -60,46 +63,6 @@ def task_pass(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Te
     """The default pass: the task loss at the client's weights (``gradient_step``'s objective)."""
     losses = task(params, buffers)
     return losses[0], losses
-
-
-_RANDOM_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
-
-
-def vectorization_blocker(model: nn.Module, example: torch.Tensor | None = None) -> str | None:
-    """Why ``model`` cannot train vectorized (None: it can): names the first module in the way.
-
-    With ``example`` (a few input rows) it also runs the model's forward in train mode for two
-    clients under ``vmap``, which refuses every random draw but ``nn.Dropout``'s hashed ones: that
-    finds the randomness no module type shows (HuggingFace attention's ``dropout_p``).
-    """
-    for name, module in model.named_modules():
-        if isinstance(module, _RANDOM_MODULES) and module.p > 0:
-            return f"module {name!r} ({type(module).__name__}) draws random masks per client"
-        if isinstance(rate := getattr(module, "dropout", None), float) and rate > 0:  # F.dropout inside
-            return f"module {name!r} ({type(module).__name__}) applies dropout"
-    if example is None:
-        return None
-    chunk, dropout, was_training = _stack(model, 2, LocalTrainConfig()), HashedDropout(model), model.training
-
-    def forward(params: Stacked, buffers: Stacked, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        dropout.begin_forward(key)
-        return functional_call(model, (params, buffers), (x,), strict=False)
-
-    model.train()
-    try:
-        for _ in dropout.over(iter([(0,)])):
-            with torch.no_grad():
-                keys = torch.arange(2, device=example.device)
-                vmap(forward, randomness="error")(
-                    chunk.params, chunk.buffers, example.expand(2, *example.shape), keys
-                )
-    except RuntimeError as exc:
-        if "randomness" not in str(exc):
-            raise
-        return "its forward draws random numbers other than nn.Dropout's (dropout inside a module's forward)"
-    finally:
-        model.train(was_training)
-    return None
 
 
 @dataclass
@@ -200,11 +163,15 @@ def train_local_vectorized(
         buffers, ``[clients, ...]``) and each client's ``train_local`` metrics. ``model`` is left
         as it was (its weights are the starting point, never written).
     """
-    if (blocker := vectorization_blocker(model)) is not None:
+    if any(data.batch_transform is not None for data in datas):
+        raise ValueError("a client's data has a batch_transform (augmentation): train it with train_local")
+    tensors = [to_tensors(data, device) for data in datas]
+    xs = [t["x"] for t in tensors if len(t["x"])]  # the probe's two rows (one twice), as the worker's
+    example = xs[0][torch.arange(2, device=xs[0].device) % len(xs[0])] if xs else None
+    if (blocker := vectorization_blocker(model, example)) is not None:
         raise ValueError(f"this model cannot train vectorized: {blocker}")
     model.train()
     budgets = list(step_budgets) if step_budgets is not None else [None] * len(datas)
-    tensors = [to_tensors(data, device) for data in datas]
     plans = [
         _batch_plan(len(data), config, seed, round_num, budget)
         for data, seed, budget in zip(datas, seeds, budgets, strict=True)

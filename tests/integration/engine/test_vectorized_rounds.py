@@ -3,12 +3,17 @@ tolerance; clients of unequal batch counts, chunks of unequal size, client state
 and ``on`` refuses before training what cannot vectorize, naming the part; a chunk that runs out
 of memory is trained again in halves, to the model the smaller chunks give."""
 
+import math
+
 import pytest
 import torch
+from torch import nn
 
 from jobs import tiny_job
+from raysim import registry
 from raysim.engine.loop import run
 from raysim.errors import ConfigError
+from raysim.models.weights import ModelConfig
 from raysim.train import vectorized as vectorized_module
 
 
@@ -51,6 +56,48 @@ def test_auto_runs_what_cannot_vectorize_as_before_bit_for_bit(tmp_path):
 
     before, auto = final("off"), final("auto")
     assert all(torch.equal(auto[k], before[k]) for k in before)
+
+
+class UnusedHead(nn.Module):
+    """A second head the forward never uses (vmap's gradient would give it zeros to decay)."""
+
+    def __init__(self, features, classes):
+        super().__init__()
+        self.head, self.spare = nn.Linear(features, classes), nn.Linear(features, classes)
+
+    def forward(self, x):
+        return self.head(x.flatten(1))
+
+
+def cumulative_norm(features, classes):  # BatchNorm's cumulative average: vmap cannot batch it
+    norm = nn.BatchNorm1d(8, momentum=None)
+    return nn.Sequential(nn.Flatten(), nn.Linear(features, 8), norm, nn.Linear(8, classes))
+
+
+class IgnoresHidden(ModelConfig, frozen=True, extra="forbid"):
+    hidden: list[int] = []  # tiny_job's model section sets it; these models ignore it
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [(cumulative_norm, "does not run under vmap"), (UnusedHead, "never uses the trainable parameters spare")],
+)
+def test_a_model_vmap_cannot_train_runs_sequentially_under_auto_and_is_refused_on(tmp_path, make, reason):
+    name = f"{make.__name__.lower()}_test"
+    registry.register("model", name, config=IgnoresHidden)(
+        lambda config, spec: make(math.prod(spec.input_shape), spec.num_classes)
+    )
+    local = {"batch_size": 16, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.1}
+
+    def final(mode):
+        engine = {"vectorize": mode, "num_rounds": 1}
+        job = tiny_job(model={"name": name}, engine=engine, algorithm={"name": "fedavg", "local": local})
+        return run(job, output_dir=tmp_path / mode).state.params
+
+    before, auto = final("off"), final("auto")
+    assert all(torch.equal(auto[k], before[k]) for k in before)
+    with pytest.raises(ConfigError, match=reason):
+        final("on")
 
 
 def test_a_chunk_out_of_memory_backs_off_to_the_smaller_chunks_model(tmp_path, monkeypatch, caplog):

@@ -1,7 +1,8 @@
 """Each plugin's ``vectorized_update`` returns what its ``client_update`` returns client by client:
 FedAvg (plain SGD and momentum), FedProx's proximal term, FedFish's Fisher (the extra pass, or
 the last epoch's squared gradients), SCAFFOLD's control-variate correction and new variates.
-Clients differ in data, size (unequal batch counts) and seed."""
+Clients differ in data, size (unequal batch counts) and seed; the FedFish and FedGuCci cases run
+on a BatchNorm model too, and one case trains in a later round (lr decay, an epochs schedule)."""
 
 import sys
 from dataclasses import replace
@@ -10,20 +11,52 @@ import numpy as np
 import pytest
 import torch
 from reference import context, payload
+from torch import nn
 
+from raysim import params as P
 from raysim import registry
 from raysim.algorithm import vectorizes
 from raysim.stored import plain
+from raysim.types import Payload
 
 SIZES = (5, 2, 9)
+NORM_SIZES = (6, 4, 10)  # in batches of 4, none leaves BatchNorm a single row
 
 
-def contexts(extra=None, states=(None, None, None)):
+def contexts(extra=None, states=(None, None, None), round_num=0):
     rng = np.random.default_rng(4)
     out = []
     for i, (n, state) in enumerate(zip(SIZES, states, strict=True)):
         x, y = rng.normal(size=(n, 2)), rng.integers(0, 2, n)
-        out.append(replace(context(x, y, payload(extra=extra), state=state, client_id=i), seed=100 + i))
+        ctx = context(x, y, payload(extra=extra), state=state, client_id=i)
+        out.append(replace(ctx, seed=100 + i, round_num=round_num))
+    return out
+
+
+def norm_model():
+    """Linear (no bias: BatchNorm takes it out), BatchNorm with running statistics of its own, ReLU,
+    Linear."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 4, bias=False), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    return model
+
+
+NORM_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # BatchNorm over 4 rows amplifies float rounding
+
+
+def norm_contexts(extra=None):
+    """``contexts`` on ``norm_model``, whose weights are the broadcast."""
+    broadcast = P.clone(P.model_params(norm_model()))
+    rng = np.random.default_rng(4)
+    out = []
+    for i, n in enumerate(NORM_SIZES):
+        x, y = rng.normal(size=(n, 2)), rng.integers(0, 2, n)
+        ctx = context(x, y, payload(extra=extra), client_id=i)
+        sent = Payload({k: v.numpy() for k, v in broadcast.items()}, ctx.payload.extra)
+        out.append(replace(ctx, model=norm_model(), payload=sent, global_params=broadcast, seed=100 + i))
     return out
 
 
@@ -32,10 +65,10 @@ def plugin(name, **options):
     return entry.factory(entry.config.model_validate(options))
 
 
-def assert_same_results(vectorized, sequential):
+def assert_same_results(vectorized, sequential, rtol=1e-5, atol=1e-6):
     for got, want in zip(vectorized, sequential, strict=True):
-        torch.testing.assert_close(plain(got.update), plain(want.update), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(plain(got.state), plain(want.state), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(plain(got.update), plain(want.update), rtol=rtol, atol=atol)
+        torch.testing.assert_close(plain(got.state), plain(want.state), rtol=rtol, atol=atol)
         assert got.weight == want.weight
         assert got.metrics == pytest.approx(want.metrics, rel=1e-5)
 
@@ -55,6 +88,23 @@ def test_the_fedavg_family_and_fedfish_match_client_update(name, options):
     algo = plugin(name, **options)
     assert vectorizes(algo)
     assert_same_results(algo.vectorized_update(contexts()), [algo.client_update(c) for c in contexts()])
+
+
+@pytest.mark.parametrize("fisher_mode", ["train", "eval"])
+def test_fedfish_matches_client_update_on_a_batchnorm_model(fisher_mode):
+    local = {"lr": 0.2, "batch_size": 4, "epochs": 2, "momentum": 0.9}
+    algo = plugin("fedfish", local=local, fisher_mode=fisher_mode)
+    sequential = [algo.client_update(c) for c in norm_contexts()]
+    assert_same_results(algo.vectorized_update(norm_contexts()), sequential, **NORM_TOLERANCE)
+
+
+def test_a_later_round_trains_at_its_decayed_lr_for_its_scheduled_epochs():
+    schedule = {"from_round": 1, "every": 1}
+    local = {"lr": 0.2, "batch_size": 2, "epochs": 3, "lr_decay": 0.5, "epochs_schedule": schedule}
+    algo = plugin("fedavg", local=local)  # round 2: lr 0.05, two epochs
+    vectorized = algo.vectorized_update(contexts(round_num=2))
+    assert_same_results(vectorized, [algo.client_update(c) for c in contexts(round_num=2)])
+    assert [r.metrics["train/steps"] for r in vectorized] == [6.0, 2.0, 10.0]
 
 
 def test_scaffold_matches_client_update_with_each_clients_own_variate():
@@ -82,6 +132,7 @@ def test_a_plugin_without_the_hook_does_not_vectorize():
         {},  # the authors' loop: a task step, then a step per anchor, alpha 0.5
         {"update_mode": "joint", "alpha_mode": "uniform"},  # Eq. 13, each client's own alphas
         {"alpha_mode": "uniform", "interpolated_mode": "eval", "local": {"momentum": 0.9}},
+        {"local": {"optimizer": "adam", "lr": 0.01}},  # Adam's step count across the passes of a batch
     ],
 )
 def test_fedgucci_matches_client_update_with_two_anchors(options):
@@ -94,6 +145,16 @@ def test_fedgucci_matches_client_update_with_two_anchors(options):
     assert_same_results(
         algo.vectorized_update(contexts(extra)), [algo.client_update(ctx) for ctx in contexts(extra)]
     )
+
+
+def test_fedgucci_interpolated_in_eval_mode_matches_client_update_on_a_batchnorm_model():
+    local = {"lr": 0.2, "batch_size": 4, "epochs": 2, "momentum": 0.9}
+    algo = plugin("fedgucci", num_anchors=2, local=local, interpolated_mode="eval", alpha_mode="uniform")
+    module = sys.modules[type(algo).__module__]
+    trainable = dict(norm_model().named_parameters())
+    extra = module.Anchors([{k: (v * 0.5).detach().numpy() for k, v in trainable.items()}])
+    sequential = [algo.client_update(c) for c in norm_contexts(extra)]
+    assert_same_results(algo.vectorized_update(norm_contexts(extra)), sequential, **NORM_TOLERANCE)
 
 
 def test_fedgucci_plus_does_not_vectorize():

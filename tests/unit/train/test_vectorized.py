@@ -8,7 +8,8 @@ from torch import nn
 
 from raysim import params as P
 from raysim.train.local import LocalTrainConfig, train_local
-from raysim.train.vectorized import train_local_vectorized, vectorization_blocker
+from raysim.train.vectorizable import vectorization_blocker
+from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
 
 SPEC = DataSpec("classification", (1, 6, 6), 3)
@@ -119,3 +120,73 @@ def test_randomness_inside_a_forward_is_found_by_running_it():
     hashed = nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5), nn.Linear(4, 2))
     assert vectorization_blocker(hashed, example) is None
     assert model.training and "forward" not in vars(hashed[1])  # the mode and dropout as they were
+
+
+class DataBranch(nn.Module):
+    """A branch on the data's values: ``vmap`` cannot batch it."""
+
+    def forward(self, x):
+        return x if x.sum() > 0 else -x
+
+
+class SignedBackward(torch.autograd.Function):
+    """The identity, whose backward branches on the gradient's values: only the backward fails."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g if float(g.sum()) > 0 else -g
+
+
+class BackwardBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(36, 3)
+
+    def forward(self, x):
+        return SignedBackward.apply(self.head(x.flatten(1)))
+
+
+class UnusedHead(nn.Module):
+    """A second head the forward never uses: ``torch.optim`` skips it (no gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.spare = nn.Linear(36, 3), nn.Linear(36, 3)
+
+    def forward(self, x):
+        return self.head(x.flatten(1))
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        (nn.Sequential(nn.Flatten(), nn.Linear(36, 5), nn.BatchNorm1d(5, momentum=None), nn.Linear(5, 3)),
+         "does not run under vmap"),  # a cumulative average reads num_batches_tracked as a number
+        (nn.Sequential(nn.Flatten(), DataBranch(), nn.Linear(36, 3)), "does not run under vmap"),
+        (BackwardBranch(), "does not run under vmap"),  # its forward alone does
+        (UnusedHead(), "never uses the trainable parameters spare.weight, spare.bias"),
+    ],
+)  # fmt: skip
+def test_what_vmap_cannot_train_as_train_local_does_is_refused_with_the_reason(model, reason):
+    before = P.clone(P.model_params(model))
+    assert reason in vectorization_blocker(model, torch.ones(2, 1, 6, 6))
+    with pytest.raises(ValueError, match=reason):
+        train_local_vectorized(model, client_data(), CONFIGS["sgd"], seeds=SEEDS, spec=SPEC)
+    assert all(torch.equal(v, before[k]) for k, v in P.model_params(model).items())  # the probe wrote nothing
+
+
+def test_a_batch_transform_is_refused():
+    datas = client_data()
+    datas[1] = ClientData(datas[1].arrays, batch_transform=lambda batch, step: batch)
+    with pytest.raises(ValueError, match="batch_transform"):
+        train_local_vectorized(norm_model(), datas, CONFIGS["sgd"], seeds=SEEDS, spec=SPEC)

@@ -138,14 +138,15 @@ def save_checkpoint(
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # a torn file; the previous checkpoint stays as it was
         if isinstance(exc, (OSError, RuntimeError)):  # a full disk: torch's writer raises RuntimeError
-            raise _unwritten(path, exc) from exc
+            raise unwritten(path, exc) from exc
         raise
     tmp.replace(path)
     return path
 
 
-def _unwritten(path: Path, exc: BaseException) -> CheckpointError:
-    """The error for a checkpoint that could not be written: why, and how much space is left."""
+def unwritten(path: Path, exc: BaseException) -> CheckpointError:
+    """The error for a checkpoint (or its client-state snapshot) that could not be written: why,
+    and how much space is left."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
     free = shutil.disk_usage(path.parent).free
     return CheckpointError(

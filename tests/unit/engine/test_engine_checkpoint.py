@@ -14,8 +14,8 @@ import raysim.checkpoint
 import raysim.engine.engine
 import raysim.runtime.client_state
 from raysim.checkpoint import read_checkpoint
-from raysim.errors import CheckpointError
 from raysim.engine.engine import Engine
+from raysim.errors import CheckpointError
 from raysim.runtime.client_state import ClientStateStore
 from raysim.types import ServerState
 
@@ -152,7 +152,7 @@ def test_a_full_disk_while_freezing_the_snapshot_is_one_named_error_and_keeps_th
     folder = engine.run_dir / "checkpoints"
     with monkeypatch.context() as patched:
         patched.setattr(raysim.runtime.client_state, "_link_or_copy", full)
-        with pytest.raises(CheckpointError, match=r"could not write the checkpoint .*final\.pt \(No space left"):
+        with pytest.raises(CheckpointError, match=r"could not write .*final\.pt \(No space left"):
             Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
     assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r3", "final.pt"]
     assert resumed_state(folder / "final.pt", tmp_path) == (3, 3.0, 3.0)

@@ -138,14 +138,15 @@ def save_checkpoint(
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # a torn file; the previous checkpoint stays as it was
         if isinstance(exc, (OSError, RuntimeError)):  # a full disk: torch's writer raises RuntimeError
-            raise _unwritten(path, exc) from exc
+            raise unwritten(path, exc) from exc
         raise
     tmp.replace(path)
     return path
 
 
-def _unwritten(path: Path, exc: BaseException) -> CheckpointError:
-    """The error for a checkpoint that could not be written: why, and how much space is left."""
+def unwritten(path: Path, exc: BaseException) -> CheckpointError:
+    """The error for a checkpoint (or its client-state snapshot) that could not be written: why,
+    and how much space is left."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
     free = shutil.disk_usage(path.parent).free
     return CheckpointError(
@@ -180,6 +181,7 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
     state_dir = _find_state_dir(Path(path), raw.get("state_dir")) if with_client_state else None
     if state_dir is not None:
         _check_snapshot_round(Path(path), Path(state_dir), round_num)
+        _check_snapshot_files(Path(path), Path(state_dir))
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
     return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run)
 
@@ -256,7 +258,9 @@ def _load(path: Path) -> Any:
         ) from exc
 
 
-def check_archive(path: Path) -> None:
+def check_archive(
+    path: Path, remedy: str = "use another copy, or an earlier round_NNNNN.pt beside it"
+) -> None:
     """Checks every entry of a torch file (a zip archive) against the CRC-32 the archive recorded
     when it was written: ``torch.load`` does not, so a flipped byte would load as a slightly
     different model. It reads the whole file once: 0.03 s for a 100 MB checkpoint from the page
@@ -269,12 +273,11 @@ def check_archive(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except Exception as exc:  # BadZipFile, a damaged local header, a failed read
-        raise CheckpointError(f"{path} is a damaged torch file ({exc}); use another copy") from exc
+        raise CheckpointError(f"{path} is a damaged torch file ({exc}); {remedy}") from exc
     if damaged is not None:
         raise CheckpointError(
             f"{path} is corrupt: its entry {damaged} does not match the checksum (CRC-32) recorded "
-            f"when it was written (damaged since); use another copy, or an earlier round_NNNNN.pt "
-            f"beside it"
+            f"when it was written (damaged since); {remedy}"
         )
 
 
@@ -303,14 +306,16 @@ def _find_state_dir(path: Path, stored: str | None) -> str | None:
     """The snapshot named by a checkpoint, resolved against the checkpoint's folder."""
     if stored is None:
         return None
-    found = path.parent / stored  # an absolute ``stored`` stays as it is (save wrote it so)
-    if not Path(stored).is_absolute() and not found.resolve().is_relative_to(path.parent.resolve()):
-        raise CheckpointError(
-            f"{path} names its client-state snapshot {stored!r}, which lies outside the checkpoint's "
-            f"folder {path.parent}; a checkpoint's relative snapshot path stays inside its folder "
-            f"(this file was not written by raysim, or was edited)"
-        )
+    found = path.parent / stored  # an absolute ``stored`` stays as it is
     beside = path.parent / Path(stored).name
+    if not found.resolve().is_relative_to(path.parent.resolve()):
+        if not Path(stored).is_absolute() or not beside.is_dir():
+            raise CheckpointError(
+                f"{path} names its client-state snapshot {stored!r}, which lies outside the checkpoint's "
+                f"folder {path.parent}; a checkpoint's snapshot lies inside its folder (this file was "
+                f"not written by raysim, or was edited)"
+            )
+        found = beside  # an older file that named it by an absolute path, since moved with it
     if not found.is_dir() and beside.is_dir():
         found = beside  # older checkpoints stored a path relative to the run's working directory
     if not found.is_dir():
@@ -320,6 +325,17 @@ def _find_state_dir(path: Path, stored: str | None) -> str | None:
             f"client's state, SCAFFOLD's control variates say, would silently start from scratch)"
         )
     return str(found)
+
+
+def _check_snapshot_files(path: Path, state_dir: Path) -> None:
+    """Each client's file in the snapshot against its archive's checksums, once per resume (a
+    flipped byte would otherwise load as slightly different client state, silently)."""
+    remedy = (
+        f"it is part of the client-state snapshot of {path}: resume from another checkpoint of the "
+        f"run (round_NNNNN.pt beside it) or start the run again"
+    )
+    for client_file in sorted(state_dir.rglob("*.pt")):
+        check_archive(client_file, remedy)
 
 
 def _check_snapshot_round(path: Path, state_dir: Path, round_num: int) -> None:

@@ -1,14 +1,17 @@
-"""A stop request (SIGTERM, Ctrl-C): noted once, and honoured wherever the run can stop.
+"""A stop request (SIGTERM): noted once, and honoured wherever the run can stop.
+
+Ctrl-C is not noted here: it stays Python's KeyboardInterrupt, which the CLI turns into exit 130
+(``raysim.cli.main``); ``raise_stop_request`` hands it on where broad ``except`` blocks catch it.
 
 The driver's SIGTERM handler raises SystemExit where the signal lands, and that exit can be lost:
 Python hands it on wrapped in a RuntimeError when it lands in a class body being built (torch
 and aiohttp build classes as they import lazily), and ignores it in a garbage-collection
 callback. So the handler also notes the request here (``note_stop_request``); the engine honours
-it at the next client and at each round's end (``honour_stop_request``), and code that catches
-broad errors hands a wrapped stop on (``raise_stop_request``). Ray changes the exit itself where
-it lands in ``ray.get`` or ``ray.wait``: it runs the handler, catches its SystemExit(143) and
-raises SystemExit(1); the run ends with the code the stop asked for all the same
-(``exit_as_requested``).
+it at the next client, at each round's end and once more before the run ends FINISHED
+(``honour_stop_request``), and code that catches broad errors hands a wrapped stop on
+(``raise_stop_request``). Ray changes the exit itself where it lands in ``ray.get`` or
+``ray.wait``: it runs the handler, catches its SystemExit(143) and raises SystemExit(1); the run
+ends with the code the stop asked for all the same (``exit_as_requested``).
 """
 
 from __future__ import annotations

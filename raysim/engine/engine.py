@@ -20,7 +20,13 @@ import numpy as np
 
 from raysim import params as P
 from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
-from raysim.checkpoint import drop_other_snapshots, round_checkpoint_name, save_checkpoint, snapshot_path
+from raysim.checkpoint import (
+    drop_other_snapshots,
+    round_checkpoint_name,
+    save_checkpoint,
+    snapshot_path,
+    unwritten,
+)
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
@@ -208,7 +214,10 @@ class Engine(Generic[A]):
         under a new name, then the checkpoint naming it replaces the old one atomically, and only
         then is the old snapshot dropped."""
         path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
-        frozen = ClientStateStore(self.state_dir).snapshot(snapshot_path(path, round_num), round_num)
+        try:
+            frozen = ClientStateStore(self.state_dir).snapshot(snapshot_path(path, round_num), round_num)
+        except OSError as exc:  # a full disk: the old pair stays, as when the checkpoint file fails
+            raise unwritten(path, exc) from exc
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
         run = {"run_id": run_id, "tracking_uri": uri} if run_id is not None and uri is not None else None
         saved = save_checkpoint(

@@ -23,7 +23,7 @@ from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
 from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
-from raysim.stopping import exit_as_requested
+from raysim.stopping import exit_as_requested, honour_stop_request
 from raysim.types import Metrics, ServerState
 
 A = TypeVar("A")  # the algorithm's aggregate type
@@ -83,6 +83,7 @@ def run(
                 state = round_loop(engine, state, bar)
             bar.phase("finishing")
             result = finish(engine, state, time.perf_counter() - start)
+            honour_stop_request()  # a SIGTERM whose exit was lost in the final writes or uploads
             status = "FINISHED"  # only once the final model is checked and saved
             return result
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the CLI's and Ray's handlers exit)

@@ -119,12 +119,16 @@ class ClientStateStore:
         fresh, stale = target.with_name(target.name + ".new"), target.with_name(target.name + ".old")
         shutil.rmtree(fresh, ignore_errors=True)
         num_frozen = 0
-        for path in _round_files(self.root):
-            if int(path.name[:-3]) <= up_to_round:
-                dest = fresh / path.relative_to(self.root)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                _link_or_copy(path, dest)
-                num_frozen += 1
+        try:
+            for path in _round_files(self.root):
+                if int(path.name[:-3]) <= up_to_round:
+                    dest = fresh / path.relative_to(self.root)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    _link_or_copy(path, dest)
+                    num_frozen += 1
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)  # a partial snapshot (a full disk, say) is never kept
+            raise
         if target.exists():  # swapped, not overwritten: links to the same files cannot be copied over
             shutil.rmtree(stale, ignore_errors=True)
             target.rename(stale)

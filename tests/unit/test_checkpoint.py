@@ -5,6 +5,7 @@ import multiprocessing
 import resource
 import shutil
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +20,11 @@ from raysim.checkpoint import (
     round_checkpoint_name,
     round_of_name,
     save_checkpoint,
+    snapshot_path,
 )
 from raysim.errors import CheckpointError
 from raysim.models.weights import read_weights
+from raysim.runtime.client_state import ClientStateStore
 from raysim.types import ServerState
 
 
@@ -299,3 +302,36 @@ def test_a_write_the_kernel_refuses_part_way_keeps_the_previous_checkpoint(tmp_p
     assert said.startswith(f"could not write the checkpoint {path} (") and "MiB free there" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]  # no torn final.tmp
     assert read_state(path)[1] == 3
+
+
+def test_one_flipped_byte_in_a_client_state_file_is_refused_naming_the_file(tmp_path):
+    """The per-client files of the snapshot are torch files too: checked once, when resuming."""
+    store = ClientStateStore(tmp_path / "client_state")
+    store.put(7, 3, {"c": torch.arange(4096.0)})  # the middle byte lies in c
+    path = tmp_path / "final.pt"
+    snapshot = store.snapshot(snapshot_path(path, 3), 3)
+    save_checkpoint(path, ServerState({"w": torch.zeros(1)}), 3, {}, str(snapshot))
+    assert read_checkpoint(path).state_dir == str(snapshot)  # intact: reads
+    [client_file] = Path(snapshot).glob("*/*/3.pt")
+    flip_middle_byte(client_file)
+    refusal = f"{client_file} is corrupt: .* client-state snapshot of {path}"
+    with pytest.raises(CheckpointError, match=refusal):
+        read_checkpoint(path)
+    assert read_checkpoint(path, with_client_state=False).round_num == 3  # evaluating reads no client state
+
+
+def test_an_absolute_snapshot_path_outside_the_checkpoints_folder_is_refused(tmp_path):
+    """The snapshot lies beside its checkpoint (docs/reliability.md); an older file moved with its
+    snapshot still finds the same-named folder beside it."""
+    (tmp_path / "elsewhere" / "c.client_state").mkdir(parents=True)  # a folder the path does reach
+    (tmp_path / "run").mkdir()
+    path = tmp_path / "run" / "c.pt"
+    stored = str(tmp_path / "elsewhere" / "c.client_state")
+    save_checkpoint(path, ServerState({"w": torch.zeros(1)}), 0, {}, stored)
+    assert torch.load(path, weights_only=True)["state_dir"] == stored
+    with pytest.raises(
+        CheckpointError, match=f"c.pt names its client-state snapshot '{stored}', which lies out"
+    ):
+        read_checkpoint(path)
+    (tmp_path / "run" / "c.client_state").mkdir()
+    assert read_checkpoint(path).state_dir == str(tmp_path / "run" / "c.client_state")

@@ -15,7 +15,7 @@ from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ClientError, NonFiniteError
 from raysim.runtime.client_state import ClientStateStore
-from raysim.stopping import clear_stop_request
+from raysim.stopping import clear_stop_request, note_stop_request
 from raysim.types import ClientResult
 
 BACKENDS = ["serial", "ray"]
@@ -169,6 +169,25 @@ def test_a_stop_request_whose_exit_was_changed_ends_the_run_with_its_own_code(tm
     try:
         with pytest.raises(SystemExit) as stop:
             run(job, tracker=tracker, output_dir=tmp_path)
+    finally:
+        clear_stop_request()
+    assert stop.value.code == 143 and tracker.status == "KILLED"
+
+
+class StopNotedWhileUploading(MemoryTracker):
+    """A SIGTERM that lands while the final artifacts upload and whose exit is lost there."""
+
+    def log_artifact(self, path, artifact_dir=None):
+        note_stop_request(143)
+        super().log_artifact(path, artifact_dir)
+
+
+def test_a_stop_request_noted_after_the_last_round_ends_the_run_killed(tmp_path):
+    """No round's end is left to honour it: the run must not end FINISHED (exit 0) regardless."""
+    tracker = StopNotedWhileUploading()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run(tiny_job(engine={"num_rounds": 1}), tracker=tracker, output_dir=tmp_path)
     finally:
         clear_stop_request()
     assert stop.value.code == 143 and tracker.status == "KILLED"

@@ -164,12 +164,16 @@ def test_a_resume_while_another_driver_continues_the_run_branches_naming_it(
 def test_of_two_resumes_of_one_checkpoint_started_at_once_exactly_one_continues_its_run(
     job_repo, tmp_path, tracking_uri
 ):
-    """Before driver.lock both printed "continuing MLflow run" and logged the new rounds twice."""
+    """Before driver.lock both printed "continuing MLflow run" and logged the new rounds twice.
+
+    They resume from round_00001.pt, which the continuing driver never rewrites (its final.pt it
+    does: a driver reading that after the other's end would find no rounds left). A driver that
+    reads the checkpoint only after the other has logged rounds past it branches too."""
     job_path, _ = job_repo
-    raysim_run(job_path, tmp_path / "out")
-    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
+    raysim_run(job_path, tmp_path / "out", "engine.checkpoint_every=1")
+    [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/round_00001.pt")
     command = [sys.executable, "-m", "raysim", "run", str(job_path), "--output-dir", str(tmp_path / "out")]
-    command += ["--resume", str(checkpoint), "engine.num_rounds=4"]
+    command += ["--resume", str(checkpoint), "engine.num_rounds=4", "engine.checkpoint_every=1"]
     drivers = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     said = [" ".join(driver.communicate(timeout=600)[1].split()) for driver in drivers]
     assert [driver.returncode for driver in drivers] == [0, 0], said

@@ -1,6 +1,7 @@
 """Engine.checkpoint writes a checkpoint and its client-state snapshot as one: a crash at any
 step leaves the old pair or the new one, never a checkpoint beside another round's client state."""
 
+import errno
 import multiprocessing
 import os
 from pathlib import Path
@@ -14,6 +15,7 @@ import raysim.engine.engine
 import raysim.runtime.client_state
 from raysim.checkpoint import read_checkpoint
 from raysim.engine.engine import Engine
+from raysim.errors import CheckpointError
 from raysim.runtime.client_state import ClientStateStore
 from raysim.types import ServerState
 
@@ -137,3 +139,20 @@ def test_a_process_ending_abruptly_at_any_step_leaves_a_consistent_checkpoint(tm
     write(engine, 6)
     assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r6", "final.pt"]
     assert resumed_state(folder / "final.pt", tmp_path / "second") == (6, 6.0, 6.0)
+
+
+def test_a_full_disk_while_freezing_the_snapshot_is_one_named_error_and_keeps_the_old_pair(
+    tmp_path, engine, monkeypatch
+):
+    ClientStateStore(engine.state_dir).put(7, 5, {"c": torch.tensor([5.0])})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    folder = engine.run_dir / "checkpoints"
+    with monkeypatch.context() as patched:
+        patched.setattr(raysim.runtime.client_state, "_link_or_copy", full)
+        with pytest.raises(CheckpointError, match=r"could not write .*final\.pt \(No space left"):
+            Engine.checkpoint(engine, ServerState({"w": torch.tensor([5.0])}), 5, "final.pt")
+    assert sorted(p.name for p in folder.iterdir()) == ["final.client_state.r3", "final.pt"]
+    assert resumed_state(folder / "final.pt", tmp_path) == (3, 3.0, 3.0)

@@ -82,11 +82,16 @@ class IgnoresHidden(ModelConfig, frozen=True, extra="forbid"):
     "make, reason",
     [(cumulative_norm, "does not run under vmap"), (UnusedHead, "never uses the trainable parameters spare")],
 )
-def test_a_model_vmap_cannot_train_runs_sequentially_under_auto_and_is_refused_on(tmp_path, make, reason):
+def test_a_model_vmap_cannot_train_runs_sequentially_under_auto_and_is_refused_on(
+    tmp_path, monkeypatch, make, reason
+):
     name = f"{make.__name__.lower()}_test"
-    registry.register("model", name, config=IgnoresHidden)(
-        lambda config, spec: make(math.prod(spec.input_shape), spec.num_classes)
-    )
+    registry.load_builtins()  # registered for this test only: the registry's listing tests see the zoo
+    def build(config, spec):
+        return make(math.prod(spec.input_shape), spec.num_classes)
+
+    entry = registry.Entry("model", name, build, IgnoresHidden, "")
+    monkeypatch.setitem(registry._entries["model"], name, entry)
     local = {"batch_size": 16, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.1}
 
     def final(mode):

@@ -24,6 +24,7 @@ Usage:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -138,6 +139,21 @@ def client_delta(ctx: ClientContext, trained: Stacked, position: int) -> Params:
     return P.delta(ctx.global_params, {k: v[position] for k, v in trained.items()})
 
 
+# Models that passed the check, with their trainable flags then: a worker trains one resident
+# model chunk after chunk, and the check (a forward and backward under vmap) is not free.
+_passed: weakref.WeakKeyDictionary[nn.Module, tuple[bool, ...]] = weakref.WeakKeyDictionary()
+
+
+def _check_once(model: nn.Module, example: torch.Tensor | None) -> None:
+    """``vectorization_blocker`` once per model and set of trainable parameters."""
+    trainable = tuple(p.requires_grad for p in model.parameters())
+    if _passed.get(model) == trainable:
+        return
+    if (blocker := vectorization_blocker(model, example)) is not None:
+        raise ValueError(f"this model cannot train vectorized: {blocker}")
+    _passed[model] = trainable
+
+
 def train_local_vectorized(
     model: nn.Module,
     datas: Sequence[ClientData],
@@ -168,8 +184,7 @@ def train_local_vectorized(
     tensors = [to_tensors(data, device) for data in datas]
     xs = [t["x"] for t in tensors if len(t["x"])]  # the probe's two rows (one twice), as the worker's
     example = xs[0][torch.arange(2, device=xs[0].device) % len(xs[0])] if xs else None
-    if (blocker := vectorization_blocker(model, example)) is not None:
-        raise ValueError(f"this model cannot train vectorized: {blocker}")
+    _check_once(model, example)
     model.train()
     budgets = list(step_budgets) if step_budgets is not None else [None] * len(datas)
     plans = [

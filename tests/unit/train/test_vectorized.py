@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import raysim.train.vectorized as vectorized_module
 from raysim import params as P
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.train.vectorizable import vectorization_blocker
@@ -190,3 +191,22 @@ def test_a_batch_transform_is_refused():
     datas[1] = ClientData(datas[1].arrays, batch_transform=lambda batch, step: batch)
     with pytest.raises(ValueError, match="batch_transform"):
         train_local_vectorized(norm_model(), datas, CONFIGS["sgd"], seeds=SEEDS, spec=SPEC)
+
+
+def test_a_model_is_checked_once_per_set_of_trainable_parameters(monkeypatch):
+    """A worker trains one resident model chunk after chunk: the check runs again only when
+    which parameters train changes (the unused-parameter part depends on it)."""
+    checked = []
+
+    def counting(model, example=None):
+        checked.append(tuple(p.requires_grad for p in model.parameters()))
+        return vectorization_blocker(model, example)
+
+    monkeypatch.setattr(vectorized_module, "vectorization_blocker", counting)
+    model, config = norm_model(), CONFIGS["sgd"]
+    for _ in range(2):
+        train_local_vectorized(model, client_data(), config, seeds=SEEDS, spec=SPEC)
+    assert len(checked) == 1
+    model[0].bias.requires_grad_(False)
+    train_local_vectorized(model, client_data(), config, seeds=SEEDS, spec=SPEC)
+    assert len(checked) == 2 and checked[1] != checked[0]

@@ -17,7 +17,7 @@ from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -51,8 +51,8 @@ class FedAvgClip:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)  # the params, and no state beyond them
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         delta, metrics = train_client(ctx, self.config.local)

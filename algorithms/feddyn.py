@@ -31,7 +31,7 @@ from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
-from raysim.train.server_opt import broadcast_params, init_state
+from raysim.train.server_opt import init_state, params_payload
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -102,8 +102,8 @@ class FedDyn:
         h = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
         return init_state(params, info, FedDynServer(h=h, num_clients=info.num_clients))
 
-    def broadcast(self, state: ServerState[FedDynServer], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[FedDynServer], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(
         self, ctx: ClientContext[None, LinearCorrection]

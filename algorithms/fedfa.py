@@ -208,7 +208,7 @@ class FedFA:
         # D is known to the workers only (from the model): the first cohort builds the anchors
         return init_state(params, info, FeatureAnchors(torch.zeros(0), info.seed))
 
-    def broadcast(self, state: ServerState[FeatureAnchors], round_num: int) -> Payload[FeatureAnchors]:
+    def payload(self, state: ServerState[FeatureAnchors], round_num: int) -> Payload[FeatureAnchors]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
 
     def client_update(self, ctx: ClientContext[FeatureAnchors, None]) -> ClientResult[AnchoredDelta, None]:

@@ -33,7 +33,7 @@ from raysim.train.local import (
     to_tensors,
     train_client,
 )
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.vectorized import Stacked, client_delta, squared_gradient_sums, train_contexts
 from raysim.types import (
     ClientContext,
@@ -254,8 +254,8 @@ class FedFish:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FisherUpdate, None]:
         c = self.config

@@ -52,7 +52,7 @@ from pydantic import BaseModel, Field, model_validator
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -115,8 +115,8 @@ class FedGMA:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[GMAUpdate, None]:
         delta, metrics = train_client(ctx, self.config.local)

@@ -326,7 +326,7 @@ class FedGuCci:
             anchors.append(initial)
         return anchors
 
-    def broadcast(self, state: ServerState[Anchors], round_num: int) -> Payload[Anchors]:
+    def payload(self, state: ServerState[Anchors], round_num: int) -> Payload[Anchors]:
         older = Anchors(state.extra.anchors[1:])  # anchor 1 is the params
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(older))
 

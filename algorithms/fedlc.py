@@ -16,7 +16,7 @@ from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
     ClientContext,
     ClientResult,
@@ -51,8 +51,8 @@ class FedLC:
         require_classification(info, "algorithm fedlc", "it calibrates class logits by label counts")
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         calibrated = fedlc_loss(ctx, self.config.logit_calibration.strength)

@@ -13,7 +13,7 @@ from torch import nn
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.vectorized import GradientEdit, Stacked, train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
@@ -59,8 +59,8 @@ class FedProx:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         proximal = proximal_gradient(self.config.mu, ctx.global_params)

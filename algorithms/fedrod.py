@@ -49,7 +49,7 @@ from raysim.train.local import (
     train_client,
 )
 from raysim.train.losses import balanced_softmax_loss, client_label_counts
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -157,8 +157,8 @@ class FedRoD:
         )
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
         # the current global head: the personal head's first value when the client has none

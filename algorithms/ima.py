@@ -195,8 +195,8 @@ class IMA(Generic[A]):
             raise ConfigError(problems)
         return _with_window(self.inner.init(params, info), [])
 
-    def broadcast(self, state: ServerState[IMAState[object]], round_num: int) -> Payload[object]:
-        return self.inner.broadcast(_inner_state(state), round_num)
+    def payload(self, state: ServerState[IMAState[object]], round_num: int) -> Payload[object]:
+        return self.inner.payload(_inner_state(state), round_num)
 
     def client_update(self, ctx: ClientContext[object, object]) -> ClientResult[object, object]:
         return self.inner.client_update(ctx)

@@ -60,7 +60,7 @@ from raysim.train.local import (
     task_loss,
     train_local,
 )
-from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, broadcast_params, init_state
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
 
 Reading = Literal["paper", "lss_code"]
@@ -238,8 +238,8 @@ class LSS:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def broadcast(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return broadcast_params(state)
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         config, model = self.config, ctx.model

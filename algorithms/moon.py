@@ -153,7 +153,7 @@ class Moon:
         initial = InitialModel(P.clone(params)) if self.config.negative == "shared_init" else None
         return init_state(params, info, initial)
 
-    def broadcast(
+    def payload(
         self, state: ServerState[InitialModel | None], round_num: int
     ) -> Payload[InitialModel | None]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))

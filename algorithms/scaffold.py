@@ -109,7 +109,7 @@ class Scaffold:
         variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
         return init_state(params, info, ScaffoldServer(c=variate, num_clients=info.num_clients))
 
-    def broadcast(self, state: ServerState[ScaffoldServer], round_num: int) -> Payload[ServerVariate]:
+    def payload(self, state: ServerState[ScaffoldServer], round_num: int) -> Payload[ServerVariate]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(ServerVariate(state.extra.c)))
 
     def client_update(

@@ -4,7 +4,7 @@ A plugin is one class in one file under ``algorithms/``, registered with
 ``@register("algorithm", name)``, holding both halves of an FL method (docs/writing-a-plugin.md
 builds one, ``algorithms/fedavg_clip.py``):
 
-driver   ``init`` -> per round: ``broadcast`` -> [workers: ``client_update`` folded by
+driver   ``init`` -> per round: ``payload`` -> [workers: ``client_update`` folded by
          ``aggregator``] -> ``server_update``
 worker   ``client_update(ctx)`` runs once per sampled client, on a resident model into which the
          worker has already loaded ``payload.params``.
@@ -24,7 +24,7 @@ Rules every plugin follows:
   buffers, modules, ``requires_grad`` and hooks it must leave as they were. It must not touch
   globals, trackers or Ray; its randomness comes from ``ctx.seed`` (the worker seeds torch with
   it first; draw your own from ``torch.Generator().manual_seed(ctx.seed)``).
-- ``broadcast`` sends ``payload.params`` covering every tensor that travels
+- ``payload`` returns the round's ``Payload``; its ``params`` cover every tensor that travels
   (``params.model_params``: trainable parameters and float buffers), or none at all
   (``Payload({})``): then the worker loads nothing, and ``client_update`` must load every weight
   it trains from ``payload.extra`` itself, since the resident model holds whatever ran last on
@@ -115,7 +115,7 @@ class Algorithm(Protocol[A]):
         """The server state before round 0, from the initial global params."""
         ...
 
-    def broadcast(self, state: ServerState, round_num: int) -> Payload:
+    def payload(self, state: ServerState, round_num: int) -> Payload:
         """What every sampled client receives this round (driver)."""
         ...
 

@@ -119,7 +119,7 @@ class Engine(Generic[A]):
         cohort = self.cohort(round_num)
         timer.lap("sampling")
         # 2. One payload for every client; each worker folds its clients into one partial.
-        payload = self.algorithm.broadcast(state, round_num)
+        payload = self.algorithm.payload(state, round_num)
         timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None

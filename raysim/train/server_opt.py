@@ -10,7 +10,7 @@ zero.
 Float buffers (BatchNorm running statistics) are not optimised: they take the clients' average.
 
 The server half of the FedAvg family is three plain functions each plugin calls from its own
-methods: ``init_state`` (in ``init``), ``broadcast_params`` (in ``broadcast``) and
+methods: ``init_state`` (in ``init``), ``params_payload`` (in ``payload``) and
 ``apply_server_step`` (in ``server_update``, on the mean delta its ``WeightedMean`` aggregator made).
 """
 
@@ -134,7 +134,7 @@ def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
     return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
 
-def broadcast_params(state: ServerState[E]) -> Payload[None]:
+def params_payload(state: ServerState[E]) -> Payload[None]:
     """The FedAvg broadcast: the global params, nothing more."""
     return Payload(P.to_numpy(state.params))
 

@@ -153,7 +153,7 @@ def test_a_rooms_test_file_is_named_for_a_module_of_that_room():
 
 def test_no_plugin_casts_its_types():
     """Plugin state is typed (frozen dataclasses, generic ServerState/Payload/ClientContext): no
-    ``typing.cast`` in ``algorithms/``, by call or by import (``broadcast(`` is not one)."""
+    ``typing.cast`` in ``algorithms/``, by call or by import."""
     casts = []
     for path in sorted((RAYSIM.parent / "algorithms").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -105,7 +105,7 @@ def test_kept_local_models_average_to_the_fedavg_model(tmp_path):
     """FedAvg (server SGD, lr 1): new global = sum_i w_i local_i / sum_i w_i over the cohort."""
     engine, state = built(tiny_job(), tmp_path)
     cohort = engine.cohort(0)
-    payload = engine.algorithm.broadcast(state, 0)
+    payload = engine.algorithm.payload(state, 0)
     output = engine.train_cohort(payload, cohort, 0, RoundOptions(keep_local_models=True))
     new, _ = engine.algorithm.server_update(state, output.aggregate, 0)
     weights = {int(m["client_id"]): m["weight"] for m in output.client_metrics}
@@ -153,7 +153,7 @@ class SendsNoParams:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def broadcast(self, state, round_num):
+    def payload(self, state, round_num):
         return Payload({}, extra={"weights": P.to_numpy(state.params)})
 
     def client_update(self, ctx):

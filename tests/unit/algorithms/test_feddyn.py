@@ -59,7 +59,7 @@ def reference_client(w_g, b_g, gi_w, gi_b, x, y, penalty="squared"):
 
 def run_client(plugin, state, client_id, client_state=None):
     x, y = CLIENTS[client_id]
-    ctx = context(x, y, plugin.broadcast(state, 0), state=client_state, client_id=client_id)
+    ctx = context(x, y, plugin.payload(state, 0), state=client_state, client_id=client_id)
     P.load_into(ctx.model, ctx.payload.params)  # as the worker does (the helper's model is at W0)
     return ctx, plugin.client_update(ctx)
 
@@ -158,7 +158,7 @@ def test_a_client_without_examples_takes_no_step_and_weighs_nothing():
     for weighted in (False, True):
         plugin = algo(weighted=weighted)
         state = init_state(plugin)
-        ctx = context(*empty, plugin.broadcast(state, 0), client_id=3)
+        ctx = context(*empty, plugin.payload(state, 0), client_id=3)
         P.load_into(ctx.model, ctx.payload.params)
         result = plugin.client_update(ctx)
         assert result.weight == 0.0 and P.is_finite(result.update)

@@ -137,7 +137,7 @@ def test_the_first_round_builds_the_anchors_from_the_seed():
     plugin = algo()
     params = {k: v.float() for k, v in feature_context(X, Y).global_params.items()}
     state = plugin.init(params, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=11))
-    payload = plugin.broadcast(state, 0)
+    payload = plugin.payload(state, 0)
     assert payload.extra.anchors.size == 0
     result = plugin.client_update(feature_context(np.zeros((0, 2)), np.zeros(0), payload.extra))
     assert torch.equal(result.update.anchors, plugin_module().initial_anchors(3, 3, seed=11))
@@ -160,7 +160,7 @@ def test_server_averages_deltas_and_anchors_by_examples():
     assert torch.allclose(new.params["w"], torch.tensor([1.0 - 0.7 / 4, 2.0 - 0.9 / 4]))
     assert torch.allclose(new.extra.anchors, torch.tensor([[0.25, 0.0], [2.25, 1.0]]))
     assert new.extra.anchor_seed == 0
-    assert plugin.broadcast(new, 1).extra.anchors.shape == (2, 2)
+    assert plugin.payload(new, 1).extra.anchors.shape == (2, 2)
 
 
 def test_a_model_without_features_is_refused():

@@ -155,7 +155,7 @@ def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
         agg = algo.aggregator()
         acc = agg.zero()
         for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
-            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0), client_id=i)))
+            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0), client_id=i)))
         outcomes.append(algo.server_update(state, agg.result(acc), 0)[0].params)
     fish, avg = outcomes
     assert all(torch.equal(fish[k], avg[k]) for k in fish)
@@ -174,7 +174,7 @@ def test_unequal_fishers_differ_from_fedavg():
         agg = algo.aggregator()
         acc = agg.zero()
         for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
-            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0), client_id=i)))
+            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0), client_id=i)))
         results[name] = algo.server_update(state, agg.result(acc), 0)[0].params["weight"]
     assert not torch.allclose(results["fedfish"], results["fedavg"], atol=1e-6)
 

@@ -59,7 +59,7 @@ def hand_update(delta, n, buffer_delta):
 def payload_of(plugin):
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
     state = plugin.init(params, RunInfo(num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0))
-    return plugin.broadcast(state, 0)
+    return plugin.payload(state, 0)
 
 
 def server_round(plugin, order=(0, 1, 2)):

@@ -328,7 +328,7 @@ def bn_net():
 
 
 def bn_context(algo, state):
-    ctx = context(X, Y, algo.broadcast(state, 0))
+    ctx = context(X, Y, algo.payload(state, 0))
     ctx.model = bn_net()
     P.load_into(ctx.model, state.params)
     return ctx
@@ -391,7 +391,7 @@ def test_anchors_are_the_newest_global_models_newest_first(tmp_path):
         assert len(anchors) == min(3, t + 1)
         for anchor, expected in zip(anchors, reversed(globals_), strict=False):
             assert all(torch.equal(anchor[k], expected[k]) for k in ("weight", "bias"))
-        sent = algo.broadcast(state, t)
+        sent = algo.payload(state, t)
         assert len(sent.extra.anchors) == len(anchors) - 1  # anchor 1 travels as the params
         for older, expected in zip(sent.extra.anchors, anchors[1:], strict=True):
             assert np.array_equal(older["weight"], expected["weight"].numpy())

@@ -30,7 +30,7 @@ def run_round(algo):
     agg = algo.aggregator()
     acc = agg.zero()
     for i, (x, y) in enumerate([(X1, Y1), (X2, Y2)]):
-        acc = agg.add(acc, i, algo.client_update(context(x, y, algo.broadcast(state, 0))))
+        acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0))))
     return algo.server_update(state, agg.result(acc), 0)[0]
 
 
@@ -87,7 +87,7 @@ def test_client_reports_loss_and_example_weight():
         {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
         RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0),
     )
-    result = algo.client_update(context(X1, Y1, algo.broadcast(state, 0)))
+    result = algo.client_update(context(X1, Y1, algo.payload(state, 0)))
     z = X1 @ W0.T + B0
     ce = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(3), Y1])
     assert result.weight == 3.0

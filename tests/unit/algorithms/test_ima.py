@@ -175,7 +175,7 @@ def test_after_server_update_averages_the_adam_outputs():
 def local_lr(plugin, round_num):
     """The lr of one SGD step on one example: the delta is lr * gradient."""
     x, y = np.array([[1.0, 2.0]]), np.array([0])
-    ctx = context(x, y, plugin.broadcast(init_state(plugin), round_num))
+    ctx = context(x, y, plugin.payload(init_state(plugin), round_num))
     result = plugin.client_update(replace(ctx, round_num=round_num))
     gw, _ = grad(W0, B0, x, y)
     return float(result.update["weight"][0, 0]) / gw[0, 0], result.metrics["train/steps"]

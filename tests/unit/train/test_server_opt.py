@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from raysim.train.server_opt import (
     ServerOptimizerConfig,
     apply_server_step,
-    broadcast_params,
     init_state,
+    params_payload,
     server_step,
 )
 from raysim.types import DataSpec, RunInfo
@@ -177,9 +177,9 @@ def test_init_state_copies_the_params_and_keeps_the_buffer_keys_and_the_extra():
     assert init_state(params, info, "kept").extra == "kept"
 
 
-def test_broadcast_params_sends_the_params_as_numpy_and_nothing_else():
+def test_params_payload_sends_the_params_as_numpy_and_nothing_else():
     info = RunInfo(4, 2, 3, DataSpec("classification", (2,), 2), seed=0)
-    payload = broadcast_params(init_state({"w": torch.tensor([1.5, -2.0])}, info, None))
+    payload = params_payload(init_state({"w": torch.tensor([1.5, -2.0])}, info, None))
     assert isinstance(payload.params["w"], np.ndarray) and payload.params["w"].tolist() == [1.5, -2.0]
     assert payload.extra is None
 

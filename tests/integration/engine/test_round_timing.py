@@ -50,7 +50,7 @@ def slow_steps(monkeypatch):
 
     fedavg = registry.get("algorithm", "fedavg").factory
     slow(Engine, "cohort", "sampling")
-    slow(fedavg, "broadcast", "broadcast")
+    slow(fedavg, "payload", "broadcast")
     slow(ClientStore, "client_data", "data_loading", lambda store, cid, split="train": split == "train")
     slow(fedavg, "client_update", "training")
     slow(WeightedMean, "add", "reduce")

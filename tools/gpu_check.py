@@ -8,11 +8,14 @@ each step in its own process, with a time limit, and writes every step's outcome
 1. ``ray``: a local Ray starts and runs a task. If it cannot, the steps that need Ray are skipped
    and the benchmark runs on the serial backend; the JSON says so.
 2. ``pytest``: the tests marked ``gpu`` (``pytest -m gpu`` over the files that hold such tests).
-3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml``: seconds per round, clients/s.
-4. ``two_workers``: a run with two Ray workers on one GPU (``gpus_per_worker: 0.5``), each card
-   process's peak memory read from NVML while they train; then two raysim workers
-   (``ClientTrainer``, built as the Ray backend builds them) each allocate 80% of their slice,
-   which must succeed, and 110%, which must fail: the slice is enforced.
+3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml``: seconds per round, clients/s, and
+   the vectorized side against the plain loop on the same GPU; ``bench_vectorized``: the same
+   with raysim's own workers vectorized (``engine.vectorize=on``); ``bench_lm``:
+   ``jobs/bench/lm_lora.yaml`` with the small decoder, tokens/s against a plain HuggingFace loop.
+4. ``two_workers`` (``gpu_two_workers.py``): a run with two Ray workers on one GPU
+   (``gpus_per_worker: 0.5``), each card process's peak memory read from NVML while they train;
+   then two raysim workers each allocate 80% of their slice, which must succeed, and 110%, which
+   must fail: the slice is enforced.
 
 Without a CUDA device it stops, unless ``--cpu-dry-run``: then every step runs on the CPU, small,
 so the whole path can be seen working on a development machine (the slice step then only builds
@@ -35,7 +38,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,13 +46,27 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH_JOB = "jobs/bench/pfl_cifar10_gpu.yaml"
 MIB = 2**20
 # Seconds per step: the whole check must end well inside one 10-minute command.
-LIMITS = {"ray": 60, "pytest": 120, "bench": 180, "two_workers": 150}
+LIMITS = {
+    "ray": 60, "pytest": 150, "bench": 120, "bench_vectorized": 120, "bench_lm": 150, "two_workers": 150,
+}  # fmt: skip
 # The dry run shrinks the benchmark's job to what 2 CPU cores train in seconds (both Ray steps).
 DRY_RUN = [
     "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
     "engine.cohort_size=10", "resources.num_workers=2", "resources.cpus_per_worker=1",
     "resources.gpus_per_worker=0",
 ]  # fmt: skip
+LM_DRY_RUN = [
+    "dataset.num_clients=20", "dataset.words_per_client=300", "dataset.seq_len=64",
+    "engine.num_rounds=2", "engine.cohort_size=4", "resources.gpus_per_worker=0",
+]  # fmt: skip
+# The benchmarks: step -> (benchmark file, overrides on a GPU, overrides in a CPU dry run).
+BENCHES = {
+    "bench": (BENCH_JOB, [], DRY_RUN),
+    "bench_vectorized": (BENCH_JOB, ["engine.vectorize=on"], [*DRY_RUN, "engine.vectorize=on"]),
+    "bench_lm": (
+        "jobs/bench/lm_lora.yaml", ["model.preset=small", "resources.gpus_per_worker=1"], LM_DRY_RUN
+    ),
+}
 TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
 
 
@@ -65,10 +81,7 @@ def main() -> int:
         "--out", default=os.environ.get("OUT") or "build/gpu-check", help="folder for the results"
     )
     parser.add_argument("--cpu-dry-run", action="store_true", help="no GPU: run every step small, on the CPU")
-    parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
     args = parser.parse_args()
-    if args.step == "two_workers":
-        return two_workers(Path(args.out), args.cpu_dry_run)
     return check(Path(args.out).resolve(), args.cpu_dry_run)
 
 
@@ -92,9 +105,10 @@ def check(out: Path, dry: bool) -> int:
         steps["pytest"] = gpu_tests(log, env, cuda)
     else:
         steps["pytest"] = skipped("the gpu tests need Ray, and Ray did not start")
-    steps["bench"] = bench(log, env, dry, has_ray)
+    for name in BENCHES:
+        steps[name] = bench(log, env, name, dry, has_ray)
     if has_ray:
-        two = [sys.executable, __file__, "--step", "two_workers", "--out", str(out)]
+        two = [sys.executable, str(Path(__file__).with_name("gpu_two_workers.py")), "--out", str(out)]
         two += ["--cpu-dry-run"] * dry
         (out / "two_workers.json").unlink(missing_ok=True)  # the step writes it afresh
         steps["two_workers"], _ = run_step(log, "two_workers", two, env)
@@ -254,23 +268,28 @@ def all_ran_and_passed(tally: dict[str, int]) -> bool:
     return tally.get("passed", 0) > 0 and set(tally) == {"passed"}
 
 
-def bench(log: Any, env: dict[str, str], dry: bool, has_ray: bool) -> dict[str, Any]:
-    """``raysim bench`` on the GPU job; its figures come from the JSON file it writes."""
-    overrides = list(DRY_RUN) if dry else []
+def bench(log: Any, env: dict[str, str], name: str, dry: bool, has_ray: bool) -> dict[str, Any]:
+    """``raysim bench`` on one of ``BENCHES``; its figures come from the JSON file it writes."""
+    job_file, on_gpu, on_cpu = BENCHES[name]
+    overrides = list(on_cpu if dry else on_gpu)
     if not has_ray:  # one process, which on a GPU machine has the whole card
         overrides += ["resources.backend=serial", "resources.num_workers=1"]
         overrides += [] if dry else ["resources.gpus_per_worker=1"]
-    command = [sys.executable, "-m", "raysim", "bench", BENCH_JOB, *overrides]
+    command = [sys.executable, "-m", "raysim", "bench", job_file, *overrides]
     import yaml
 
-    figures = REPO / ".raysim" / "bench" / f"{yaml.safe_load((REPO / BENCH_JOB).read_text())['name']}.json"
+    figures = REPO / ".raysim" / "bench" / f"{yaml.safe_load((REPO / job_file).read_text())['name']}.json"
     figures.unlink(missing_ok=True)
-    result, _ = run_step(log, "bench", command, env)
+    result, _ = run_step(log, name, command, env)
     result["backend"] = "ray" if has_ray else "serial"
     result["overrides"] = overrides
     found = read_json(figures)
-    keep = ("num_workers", "raysim_round_s", "plain_round_s", "ratio_to_ideal", "raysim_clients_per_s",
-            "plain_clients_per_s", "raysim_examples_per_s", "driver_overhead_s")  # fmt: skip
+    keep = (
+        "device", "num_workers", "raysim_round_s", "plain_round_s", "ratio_to_ideal", "throughput_vs_ideal",
+        "raysim_clients_per_s", "plain_clients_per_s", "raysim_examples_per_s", "plain_examples_per_s",
+        "raysim_tokens_per_s", "plain_tokens_per_s", "driver_overhead_s", "vectorized_round_s",
+        "vectorized_vs_plain",
+    )  # fmt: skip
     result.update({k: found[k] for k in keep if k in found})
     return result
 
@@ -300,6 +319,7 @@ def table_row(report: dict[str, Any]) -> str:
     """The check as a row of docs/performance.md's table of figures."""
     steps, m = report["steps"], report["machine"]
     tests, bench, two = steps["pytest"], steps["bench"], steps["two_workers"]
+    vectorized, lm = steps["bench_vectorized"], steps["bench_lm"]
     peaks = two.get("card_processes_peak_mib", {})
     workers = {pid: mib for pid, mib in peaks.items() if pid != str(two.get("driver_pid"))}
     slices = two.get("slices", [])
@@ -310,130 +330,15 @@ def table_row(report: dict[str, Any]) -> str:
         ", ".join(f"{n} {k}" for k, n in tests.get("tests", {}).items()) or tests.get("skipped", "-"),
         f"{bench['raysim_round_s']:.3f}" if "raysim_round_s" in bench else "-",
         f"{bench['raysim_clients_per_s']:.1f}" if "raysim_clients_per_s" in bench else "-",
+        f"{bench['vectorized_vs_plain']:.3f}x" if "vectorized_vs_plain" in bench else "-",
+        f"{vectorized['raysim_round_s']:.3f}" if "raysim_round_s" in vectorized else "-",
+        f"{lm['throughput_vs_ideal']:.3f}" if "throughput_vs_ideal" in lm else "-",
         str(two.get("clients_per_s", "-")),
         " / ".join(str(mib) for mib in workers.values() if isinstance(mib, int)) or "-",
         ("yes" if two.get("enforced") else "no")
         + "".join(f" (slices of {s['slice_mib']} MiB)" for s in slices[:1] if "slice_mib" in s),
     ]
     return "| " + " | ".join(cells) + " |"
-
-
-# ---------------------------------------------------------------- step 4, in its own process
-
-
-def two_workers(out: Path, dry: bool) -> int:
-    """A Ray run of two workers per GPU, then the slice each worker is held to."""
-    import ray
-
-    from raysim.cli.bench import load_benchmark
-    from raysim.engine.build import build
-    from raysim.engine.tracking import MemoryTracker
-    from raysim.runtime.ray_backend import worker_setup_for
-    from raysim.runtime.wire import WorkerSetup
-
-    job, _ = load_benchmark(REPO / BENCH_JOB, DRY_RUN if dry else TWO_WORKERS)
-    resources = job.resources
-    result: dict[str, Any] = {"workers": resources.num_workers, "gpus_per_worker": resources.gpus_per_worker}
-    engine, state = build(job, MemoryTracker(), None, Path(tempfile.mkdtemp(prefix="raysim-two-")))
-    watch = CardWatch()
-    round_s = []
-    try:
-        for round_num in range(job.engine.num_rounds):
-            t0 = time.perf_counter()
-            state, _ = engine.run_round(state, round_num)
-            round_s.append(time.perf_counter() - t0)
-    finally:
-        engine.backend.shutdown()
-        watch.stop()
-    timed = sorted(round_s[1:] or round_s)  # the first round pays for the workers' start-up
-    result["round_s"] = [round(s, 3) for s in round_s]
-    result["clients_per_s"] = round(job.engine.cohort_size / timed[len(timed) // 2], 1)  # median round
-    result["card_used_peak_mib"] = watch.card_peak
-    result["card_processes_peak_mib"] = watch.peaks  # pid -> MiB: the workers, and the driver (below)
-    result["driver_pid"] = os.getpid()
-    setup = worker_setup_for(
-        WorkerSetup(job=job.to_dict(), store_path=str(engine.store.path), state_dir=tempfile.mkdtemp()),
-        resources,
-    )
-    probe: Any = ray.remote(_slice_probe_class())
-    place = {"num_cpus": resources.cpus_per_worker, "num_gpus": resources.gpus_per_worker}
-    workers = [probe.options(**place).remote(setup) for _ in range(2)]
-    result["slices"] = [ray.get(w.held_to.remote(setup.gpu_memory_fraction)) for w in workers]
-    result["enforced"] = bool(result["slices"]) and all(s.get("enforced") for s in result["slices"])
-    result["same_card"] = len({s.get("card_uuid") for s in result["slices"]}) == 1
-    ray.shutdown()
-    (out / "two_workers.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    return 0 if dry or (result["enforced"] and result["same_card"]) else 1
-
-
-class CardWatch:
-    """Polls NVML every 0.2 s for each process's memory on the card; keeps each one's peak."""
-
-    def __init__(self) -> None:
-        self.peaks: dict[str, int] = {}
-        self.card_peak: int | None = None  # the whole card's used memory, all processes
-        self._stop = threading.Event()
-        try:
-            import pynvml  # nvidia-ml-py, on the GPU machines
-
-            pynvml.nvmlInit()
-            self._card = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self._nvml = pynvml
-        except Exception as exc:  # no NVML (a CPU dry run): no per-process figures
-            self.peaks = {"unavailable": str(exc)[:200]}  # type: ignore[dict-item]
-            return
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.2):
-            used = self._nvml.nvmlDeviceGetMemoryInfo(self._card).used // MIB
-            self.card_peak = max(self.card_peak or 0, used)
-            for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._card):
-                if p.usedGpuMemory is not None:
-                    key = str(p.pid)
-                    self.peaks[key] = max(self.peaks.get(key, 0), p.usedGpuMemory // MIB)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def _slice_probe_class() -> type:
-    """``ClientTrainer`` plus one method: raysim's own worker start-up sets the memory slice."""
-    from raysim.runtime.worker import ClientTrainer
-
-    class SliceProbe(ClientTrainer):
-        def held_to(self, fraction: float | None) -> dict[str, Any]:
-            """Allocates 80% of the slice (must succeed) and 110% (must fail with out-of-memory)."""
-            import torch
-
-            report: dict[str, Any] = {"pid": os.getpid(), "device": str(self.device), "fraction": fraction}
-            if self.device.type != "cuda" or fraction is None:
-                report["note"] = "no slice: the worker has the whole device (or runs on the CPU)"
-                return report
-            props = torch.cuda.get_device_properties(self.device)
-            report["card_uuid"] = str(getattr(props, "uuid", ""))
-            report["slice_mib"] = int(fraction * props.total_memory) // MIB
-            report["fits_80pct"] = _allocates(int(0.8 * fraction * props.total_memory), self.device)
-            report["fits_110pct"] = _allocates(int(1.1 * fraction * props.total_memory), self.device)
-            report["peak_allocated_mib"] = torch.cuda.max_memory_allocated(self.device) // MIB
-            report["enforced"] = report["fits_80pct"] and not report["fits_110pct"]
-            return report
-
-    return SliceProbe
-
-
-def _allocates(num_bytes: int, device: Any) -> bool:
-    import torch
-
-    try:
-        block = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    except torch.cuda.OutOfMemoryError:
-        return False
-    del block
-    torch.cuda.empty_cache()
-    return True
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ overhead, 1.00 being none.
 Where the plugin and model vectorize, a third side trains each cohort in chunks at once
 (``bench_vectorized.py``); ``vectorized_vs_plain`` is its time per step over the plain loop's.
 
+Both sides train on ``bench.device``: the CPU, or the GPU a job with ``resources.gpus_per_worker``
+asks for (``auto``), so that on a GPU machine the plain loop is the same loop on the same card.
+
 A benchmark file is a job file plus a ``bench:`` section.
 """
 
@@ -18,7 +21,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -28,7 +31,7 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from raysim.cli.bench_vectorized import VectorizedSide
+from raysim.cli.bench_vectorized import VectorizedSide, synchronize
 from raysim.cli.startup import startup_seconds, startup_table
 from raysim.config import JobConfig, apply_overrides, explain
 from raysim.data.store import ClientStore
@@ -46,6 +49,8 @@ class BenchConfig(BaseModel, frozen=True, extra="forbid"):
     # population sizes: driver memory and sampling time per size (raysim.cli.population_bench)
     populations: list[PositiveInt] = Field(default_factory=list)
     startup: bool = True  # also time start-up, in fresh processes (raysim.cli.startup)
+    # where the plain loop and the vectorized side train (auto: the GPU when the job asks for one)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
@@ -61,7 +66,21 @@ def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, B
     if job.engine.num_rounds <= bench.warmup_rounds:
         raise ConfigError([f"engine.num_rounds must exceed bench.warmup_rounds ({bench.warmup_rounds})"])
     plain_local(job)  # the plain loop can repeat the plugin's local training
+    bench_device(job, bench)
     return job, bench
+
+
+def bench_device(job: JobConfig, bench: BenchConfig) -> torch.device:
+    """Where the plain loop and the vectorized side train.
+
+    Raises:
+        ConfigError: ``bench.device: cuda`` where torch sees no CUDA device.
+    """
+    cuda = torch.cuda.is_available()
+    if bench.device == "cuda" and not cuda:
+        raise ConfigError(["bench.device: cuda, but torch sees no CUDA device here; use cpu or auto"])
+    wants_gpu = bench.device == "cuda" or (bench.device == "auto" and bool(job.resources.gpus_per_worker))
+    return torch.device("cuda" if wants_gpu and cuda else "cpu")
 
 
 def plain_local(job: JobConfig) -> LocalTrainConfig:
@@ -91,13 +110,14 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         return {"populations": run_population_benchmark(path, overrides, bench.populations, console)}
     out = Path(".raysim") / "bench"
     services, state = build(job, MemoryTracker(), None, out)
-    plain = PlainLoop(job, services.store, services.train_pool)
-    vectorized = VectorizedSide.for_job(job, services.store, services.train_pool)
+    device = bench_device(job, bench)
+    plain = PlainLoop(job, services.store, services.train_pool, device)
+    vectorized = VectorizedSide.for_job(job, services.store, services.train_pool, device)
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
     console.print(
         f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
         f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
-        f"timed rounds after {bench.warmup_rounds} warm-up"
+        f"timed rounds after {bench.warmup_rounds} warm-up; plain loop on {device.type}"
     )
     raysim_s, plain_s, overhead_s, tokens, vectorized_s = [], [], [], [], []
     try:
@@ -116,6 +136,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     finally:
         services.backend.shutdown()
     figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
+    figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
     unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
     figures[f"raysim_{unit}_per_s"] = statistics.median(t / r for t, r in zip(tokens, raysim_s))
@@ -151,7 +172,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         )
     if vectorized is not None:
         console.print(
-            f"vectorized ({vectorized.chunk_size.size} clients at once, 1 thread): "
+            f"vectorized ({vectorized.chunk_size.size} clients at once, on {figures['device']}): "
             f"{figures['vectorized_round_s']:.3f} s per round, {figures['vectorized_vs_plain']:.2f}x "
             f"the plain loop's time per step"
         )
@@ -181,15 +202,19 @@ def summarize(
 
 
 class PlainLoop:
-    """The limit: one thread, one model, client data in memory, plain SGD, a float64 sum.
+    """The limit: one thread, one model, client data in memory (on the device), plain SGD, a
+    float64 sum.
 
     Language models train through HuggingFace's own loss (``hf(input_ids, labels=input_ids)``);
     for FedFish the extra Fisher pass runs too and is timed apart (``fisher_s``).
     """
 
-    def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray) -> None:
+    def __init__(
+        self, job: JobConfig, store: ClientStore, pool: np.ndarray, device: torch.device = torch.device("cpu")
+    ) -> None:
         self.job, self.store, self.pool = job, store, pool  # pool: the clients that train
-        self.model = build_job_model(job, store.spec)
+        self.device = device
+        self.model = build_job_model(job, store.spec).to(device)
         self.local = plain_local(job)
         self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.fisher_s: list[float] = []
@@ -214,9 +239,8 @@ class PlainLoop:
                 client_seed(job.seed, round_num, int(c)),
             )
             y = data.arrays.get("y")
-            out.append(
-                (torch.from_numpy(data.arrays["x"].copy()), None if y is None else torch.from_numpy(y.copy()))
-            )
+            x = torch.from_numpy(data.arrays["x"].copy()).to(self.device)
+            out.append((x, None if y is None else torch.from_numpy(y.copy()).to(self.device)))
         return out
 
     def round(self, round_num: int) -> float:
@@ -225,6 +249,7 @@ class PlainLoop:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         data = self._client_data(round_num)
+        synchronize(self.device)
         t0 = time.perf_counter()
         model, start, fisher_s = self.model, self.global_state, 0.0
         total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.items()}
@@ -233,7 +258,7 @@ class PlainLoop:
             model.train()
             optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=local.lr)
             for _ in range(local.epochs):
-                order = torch.randperm(len(x))
+                order = torch.randperm(len(x), device=x.device)
                 for begin in range(0, len(x), local.batch_size):
                     idx = order[begin : begin + local.batch_size]
                     optimizer.zero_grad()
@@ -245,6 +270,7 @@ class PlainLoop:
                 total[k] += (start[k] - v).double() * len(x)
         num_examples = sum(len(x) for x, _ in data)
         self.global_state = {k: start[k] - (total[k] / num_examples).to(v.dtype) for k, v in start.items()}
+        synchronize(self.device)
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
         self.fisher_s.append(fisher_s)
@@ -254,6 +280,7 @@ class PlainLoop:
 
     def _fisher_pass(self, x: torch.Tensor, y: torch.Tensor | None, batch_size: int) -> float:
         """FedFish's extra pass: squared batch gradients summed, at the final local weights."""
+        synchronize(self.device)
         t0 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
         fisher = [torch.zeros_like(p) for p in params]
@@ -264,6 +291,7 @@ class PlainLoop:
             for f, p in zip(fisher, params):
                 if p.grad is not None:  # a parameter the loss does not reach has none
                     f.add_(p.grad**2)
+        synchronize(self.device)
         return time.perf_counter() - t0
 
 

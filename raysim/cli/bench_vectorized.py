@@ -1,10 +1,10 @@
 """``raysim bench``'s vectorized side: each round's cohort trained ``engine.vectorize_chunk``
-clients at once (``raysim.train.vectorized``) on one thread, beside the plain loop's round of the
-same cohort one client after another. Both run the same batches, so the ratio of their round
-times is the ratio of their times per step.
+clients at once (``raysim.train.vectorized``) on one thread (and on the plain loop's device),
+beside the plain loop's round of the same cohort one client after another. Both run the same
+batches, so the ratio of their round times is the ratio of their times per step.
 
 Usage:
-    side = VectorizedSide.for_job(job, store, pool)       # None: the plugin or model cannot
+    side = VectorizedSide.for_job(job, store, pool, device)   # None: the plugin or model cannot
     seconds = side.round(round_num, plain.global_state)   # before the plain loop's round
 """
 
@@ -27,24 +27,40 @@ from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientResult
 
 
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's queued work, so that a clock read after it counts that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class VectorizedSide:
     """The vectorized side of the benchmark: one model, trained from the plain loop's weights."""
 
-    def __init__(self, job: JobConfig, store: ClientStore, pool: np.ndarray, local: LocalTrainConfig) -> None:
-        self.job, self.store, self.pool, self.local = job, store, pool, local
-        self.model = build_job_model(job, store.spec)
-        self.chunk_size = ChunkSize.for_worker(job, self.model, torch.device("cpu"), None)
+    def __init__(  # noqa: PLR0913 (the side's five inputs)
+        self,
+        job: JobConfig,
+        store: ClientStore,
+        pool: np.ndarray,
+        local: LocalTrainConfig,
+        device: torch.device,
+    ) -> None:
+        self.job, self.store, self.pool, self.local, self.device = job, store, pool, local, device
+        self.model = build_job_model(job, store.spec).to(device)
+        self.chunk_size = ChunkSize.for_worker(job, self.model, device, None)
 
     @classmethod
-    def for_job(cls, job: JobConfig, store: ClientStore, pool: np.ndarray) -> VectorizedSide | None:
+    def for_job(
+        cls, job: JobConfig, store: ClientStore, pool: np.ndarray, device: torch.device = torch.device("cpu")
+    ) -> VectorizedSide | None:
         """The side, when the job's plugin and model vectorize; else None."""
         local = getattr(job.algorithm.config, "local", None)
         if not isinstance(local, LocalTrainConfig) or not vectorizes(build_algorithm(job)):
             return None
-        side = cls(job, store, pool, local)
+        side = cls(job, store, pool, local, device)
         if vectorization_blocker(side.model, example_rows(store, side.model)) is not None:
             return None
-        keep_freed_memory()  # as a vectorizing worker on a CPU does
+        if device.type == "cpu":
+            keep_freed_memory()  # as a vectorizing worker on a CPU does
         return side
 
     def round(self, round_num: int, weights: dict[str, torch.Tensor]) -> float:
@@ -65,14 +81,17 @@ class VectorizedSide:
             picked = [datas[i] for i in ids]
             seeds_of = [seeds[i] for i in ids]
             train_local_vectorized(
-                self.model, picked, self.local, seeds=seeds_of, spec=self.store.spec, round_num=round_num
+                self.model, picked, self.local, seeds=seeds_of, spec=self.store.spec, round_num=round_num,
+                device=self.device,
             )
             return [ClientResult({}, 1.0, {}) for _ in ids]
 
+        synchronize(self.device)
         t0 = time.perf_counter()
         chunks = ChunkResults(train_chunk, range(len(datas)), self.chunk_size)  # sized as a worker's
         for i in range(len(datas)):
             chunks.result(i)
+        synchronize(self.device)
         seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)
         return seconds

@@ -33,6 +33,12 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
     vectorize_chunk: int | Literal["auto"] = 16
 
+    @field_validator("vectorize", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, mode: Any) -> Any:
+        """YAML reads a bare ``on``/``off`` (in a file or a ``key=value`` override) as a boolean."""
+        return {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode
+
     @field_validator("vectorize_chunk", mode="plain")
     @classmethod
     def _clients_or_auto(cls, chunk: Any) -> int | Literal["auto"]:

@@ -1,9 +1,10 @@
 """The job's own sections refuse values that would only fail deep inside a run, each in one line."""
 
 import pytest
+import yaml
 from raw_jobs import BASE, problems_of
 
-from raysim.config import JobConfig
+from raysim.config import JobConfig, apply_overrides
 
 
 @pytest.mark.parametrize("uri", ["ftp://host/mlruns", "s3://bucket/mlruns", "sqllite:///mlflow.db"])
@@ -42,3 +43,18 @@ def test_a_chunk_size_is_a_number_of_clients_or_auto_in_one_line(chunk):
 @pytest.mark.parametrize("chunk", [1, 16, "auto"])
 def test_a_number_of_clients_or_auto_is_a_chunk_size(chunk):
     assert JobConfig.from_dict({**BASE, "engine": {"vectorize_chunk": chunk}}).engine.vectorize_chunk == chunk
+
+
+@pytest.mark.parametrize(("written", "mode"), [("on", "on"), ("off", "off"), ("auto", "auto")])
+def test_vectorize_written_bare_in_yaml_or_an_override_is_its_mode(written, mode):
+    """YAML reads a bare ``on``/``off`` as a boolean: ``engine.vectorize=on`` used to be refused
+    as ``Input should be 'auto', 'on' or 'off' (got True)``."""
+    raw = apply_overrides({**BASE}, [f"engine.vectorize={written}"])
+    assert JobConfig.from_dict(raw).engine.vectorize == mode
+    from_file = yaml.safe_load(f"engine: {{vectorize: {written}}}")
+    assert JobConfig.from_dict({**BASE, **from_file}).engine.vectorize == mode
+
+
+def test_vectorize_refuses_other_words_in_one_line():
+    [problem] = problems_of({**BASE, "engine": {"vectorize": "yes please"}})
+    assert problem.startswith("engine.vectorize: Input should be 'auto', 'on' or 'off'")

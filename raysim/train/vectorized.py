@@ -24,6 +24,7 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -199,10 +200,13 @@ def train_local_vectorized(
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
-    for step, clients, index, batch in dropout.over(_steps(plans, tensors, device)):
+    for step, clients, index, members, batch in dropout.over(_steps(plans, tensors, device)):
         part = chunk.take(clients)
-        members = index.tolist()
-        draws = torch.tensor([list(draw(i)) if draw else [] for i in members], device=device)
+        draws = (
+            torch.tensor([list(draw(i)) for i in members], device=device)
+            if draw
+            else torch.zeros(len(members), 0, device=device)
+        )
         for n, gradient in enumerate(gradients):
             dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
             grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
@@ -246,7 +250,7 @@ def squared_gradient_sums(
     one_pass = LocalTrainConfig(batch_size=batch_size)
     plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
     sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
-    for _, clients, index, batch in dropout.over(
+    for _, clients, index, _, batch in dropout.over(
         _steps(plans, [to_tensors(d, device) for d in datas], device)
     ):
         take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
@@ -263,19 +267,33 @@ def squared_gradient_sums(
 
 def _steps(
     plans: list[list[torch.Tensor]], tensors: list[Batch], device: torch.device | str
-) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor, Batch]]:
-    """Each step's groups: the step, the clients (None: all of them), their positions and their
-    stacked batch ``[clients, batch, ...]``. Clients with a batch at the step, grouped by its size
-    (a short last batch trains apart, so BatchNorm never sees padding)."""
+) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor, list[int], Batch]]:
+    """Each step's groups: the step, the clients (None: all of them), their positions (on the
+    device, and as a list) and their stacked batch ``[clients, batch, ...]``. Clients with a batch
+    at the step, grouped by its size (a short last batch trains apart, so BatchNorm never sees
+    padding).
+
+    Every client's rows sit in one tensor per key, and every step's rows are indexed in it by one
+    index tensor, moved to the device once: a step gathers its batch in one kernel per key, where
+    one gather (and one host-to-device copy) per client made a GPU wait on the host."""
     everyone = torch.arange(len(plans), device=device)
-    for step in range(max((len(plan) for plan in plans), default=0)):
-        for members in _groups_by_size(plans, step):
-            clients = None if len(members) == len(plans) else torch.tensor(members, device=device)
-            batch = {
-                key: torch.stack([tensors[i][key][plans[i][step].to(device)] for i in members])
-                for key in tensors[members[0]]
-            }
-            yield step, clients, everyone if clients is None else clients, batch
+    keys = list(tensors[0]) if tensors else []
+    flat = {key: torch.cat([t[key] for t in tensors]) for key in keys}
+    starts = [0, *itertools.accumulate(len(t[keys[0]]) for t in tensors[:-1])] if keys else []
+    groups = [
+        (step, members)
+        for step in range(max((len(plan) for plan in plans), default=0))
+        for members in _groups_by_size(plans, step)
+    ]
+    rows = [torch.cat([plans[i][step] + starts[i] for i in members]) for step, members in groups]
+    on_device = torch.cat(rows).to(device).split([len(r) for r in rows]) if rows else []
+    for (step, members), picked in zip(groups, on_device, strict=True):
+        clients = None if len(members) == len(plans) else torch.tensor(members, device=device)
+        batch = {
+            key: rows_of.index_select(0, picked).view(len(members), -1, *rows_of.shape[1:])
+            for key, rows_of in flat.items()
+        }
+        yield step, clients, everyone if clients is None else clients, members, batch
 
 
 def _batch_plan(

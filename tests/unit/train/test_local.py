@@ -13,6 +13,7 @@ from raysim.train.local import (
     LocalTrainConfig,
     cap_examples,
     iterate_batches,
+    outputs_loss,
     round_lr,
     task_loss,
     train_client,
@@ -92,6 +93,23 @@ def test_causal_lm_loss_ignores_padding_and_shifts():
     loss, correct, count = task_loss(Echo(), batch, spec)
     # targets: [2, 3, 0(pad)] and [3, 4, 4]: 5 real targets, the echo gets 2,3 and 3,4 right (4)
     assert count == 5 and correct == 4
+
+
+def test_causal_lm_loss_is_the_mean_over_shifted_unpadded_targets():
+    """Against the loss written out by hand: every position t < T-1 whose next token is not
+    padding contributes -log softmax(logits[t])[x[t+1]], averaged over those positions."""
+    spec = DataSpec("causal_lm", (6,), 7, pad_token_id=0)
+    logits = torch.randn(3, 6, 7, generator=torch.Generator().manual_seed(0))
+    x = torch.tensor([[1, 2, 3, 4, 5, 6], [2, 3, 0, 0, 0, 0], [6, 5, 4, 3, 2, 1]])
+    terms, right = [], 0
+    for b in range(3):
+        for t in range(5):
+            if x[b, t + 1] != 0:
+                terms.append(-torch.log_softmax(logits[b, t].double(), 0)[x[b, t + 1]])
+                right += int(logits[b, t].argmax() == x[b, t + 1])
+    loss, correct, count = outputs_loss(logits, {"x": x}, spec)
+    assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-6)
+    assert (int(correct), int(count)) == (right, len(terms))
 
 
 def test_default_step_matches_a_hand_written_loop():

@@ -121,7 +121,8 @@ def measure_worker(setup: WorkerSetup, work: ProbeWork) -> WorkerPeak:
 
 def share_of(peak: WorkerPeak) -> float:
     """The ``resources.gpus_per_worker`` that packs as many such workers on a card as fit,
-    rounded down to what Ray counts, so that n of them fit a card in Ray's arithmetic too.
+    rounded down to what Ray counts, so that n of them fit a card in Ray's arithmetic too (past
+    about 100 workers a card, the rounding lets Ray place up to 1% more of them than measured).
 
     Raises:
         ResourceError: one worker's peak does not fit the card, with the numbers and the fix.

@@ -103,7 +103,7 @@ def test_a_measured_gpu_share_packs_the_workers_the_probes_peak_allows(tmp_path,
                    engine={"num_rounds": 2, **engine})  # fmt: skip
     tracker = MemoryTracker()
     result = run(job, output_dir=tmp_path, tracker=tracker)
-    assert result.final["eval/clients/accuracy"] > 0.3
+    assert [step for step, _ in result.history] == [0, 1]
     assert tracker.params["resources.gpus_per_worker"] == "auto"  # the config as written
     tags = {key: float(tracker.tags[key]) for key in ("gpus_per_worker", "gpu_worker_peak_mib",
                                                       "gpu_worker_allocated_mib", "gpu_workers_per_card")}

@@ -21,7 +21,6 @@ Usage:
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -128,10 +127,10 @@ def share_of(peak: WorkerPeak) -> float:
         ResourceError: one worker's peak does not fit the card, with the numbers and the fix.
     """
     try:
-        share = gpu_share(peak.bytes, peak.device_bytes)
+        per_card = round(1 / gpu_share(peak.bytes, peak.device_bytes))  # the share is 1/n
     except MemoryError as exc:
         raise ResourceError(f"resources.gpus_per_worker: auto: {exc}") from None
-    return math.floor(share * RAY_UNITS + 1e-9) / RAY_UNITS
+    return max(1, RAY_UNITS // per_card) / RAY_UNITS
 
 
 def sizing_tags(peak: WorkerPeak, share: float) -> dict[str, str]:

@@ -53,7 +53,9 @@ class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
     backend: Literal["ray", "serial"] = "ray"
     num_workers: int | None = Field(None, ge=1)  # None: one per CPU (or GPU slot) available
     cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0)  # fractional shares one GPU between workers
+    # A fraction shares one GPU between workers; auto: measured, one worker's training on a GPU
+    # before the pool starts, as many workers per card as its peak fits (raysim.runtime.gpu_sizing)
+    gpus_per_worker: float | Literal["auto"] = 0.0
     address: str | None = None  # Ray cluster address; None: RAY_ADDRESS, else a local Ray
     max_worker_restarts: int = Field(3, ge=0)
     # A lost worker (its node gone) whose resources no node offers any more leaves the pool after
@@ -76,12 +78,26 @@ class ResourcesConfig(BaseModel, frozen=True, extra="forbid"):
     def _strategy_name(cls, placement: Any) -> Any:
         return placement.upper() if isinstance(placement, str) else placement  # spread == SPREAD
 
-    @field_validator("gpus_per_worker")
+    @field_validator("gpus_per_worker", mode="plain")
     @classmethod
-    def _schedulable(cls, gpus: float) -> float:
-        if gpus > 1:  # a worker drives one device; Ray refuses fractions above 1
-            raise ValueError("must be at most 1 (a worker uses one GPU; share one with fractions)")
-        return gpus
+    def _schedulable(cls, gpus: Any) -> float | Literal["auto"]:
+        if gpus == "auto":
+            return gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, int | float) or not 0 <= gpus <= 1:
+            # a worker drives one device; Ray refuses fractions above 1
+            raise ValueError(
+                "must be auto (measured) or a share of one GPU from 0 to 1 (a worker uses one GPU; "
+                "share one with fractions)"
+            )
+        return float(gpus)
+
+    @property
+    def gpu_share(self) -> float:
+        """``gpus_per_worker`` as a number: ``auto`` is measured and replaced before any worker
+        starts (``raysim.runtime.gpu_sizing``), so code that places or builds workers reads this."""
+        if self.gpus_per_worker == "auto":
+            raise ValueError("resources.gpus_per_worker: auto is measured before the workers start")
+        return self.gpus_per_worker
 
 
 class TrackingConfig(BaseModel, frozen=True, extra="forbid"):

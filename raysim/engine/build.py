@@ -39,6 +39,7 @@ from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.gpu_sizing import SizedResources, probe_work, sized_resources
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
 from raysim.stored import plain, rebuild
@@ -114,9 +115,9 @@ def start_run(
     state_dir = run_dir / "client_state"
     if checkpoint is not None and checkpoint.state_dir is not None:  # its frozen snapshot
         ClientStateStore(state_dir).restore(checkpoint.state_dir)
-    backend = start_workers(parts, state_dir)
+    backend, sizing = start_sized_workers(parts, state_dir)
     try:
-        tracker.start(parts.job, run_dir, lineage)
+        tracker.start(sizing.with_tags(parts.job), run_dir, lineage)
     except BaseException:
         backend.shutdown()  # no orphaned workers when the tracking store is unreachable
         raise
@@ -194,13 +195,19 @@ def open_parts(job: JobConfig) -> JobParts:
 
 def start_workers(parts: JobParts, state_dir: Path) -> Backend:
     """The workers (serial or Ray actors), each with the job's data and model loaded."""
-    setup = WorkerSetup(
-        job=parts.job.to_dict(),
-        store_path=str(parts.store.path),
-        state_dir=str(state_dir),
-        transfer_stores={name: str(s.path) for name, s in parts.transfer.items()},
-    )
-    return make_backend(parts.job, setup, parts.store)
+    return start_sized_workers(parts, state_dir)[0]
+
+
+def start_sized_workers(parts: JobParts, state_dir: Path) -> tuple[Backend, SizedResources]:
+    """The workers, and their GPU share as measured first (``resources.gpus_per_worker: auto``)."""
+    job, train_sizes = parts.job, parts.store.num_examples("train")
+    setup = WorkerSetup(job.to_dict(), str(parts.store.path), str(state_dir),
+                        {name: str(s.path) for name, s in parts.transfer.items()})  # fmt: skip
+    sized = sized_resources(job.resources, setup, lambda: probe_work(
+        job, parts.algorithm, parts.params, parts.info, train_sizes, parts.train_pool))  # fmt: skip
+    if sized.note:
+        Console(stderr=True).print(sized.note, highlight=False, soft_wrap=True)
+    return make_backend(sized.with_share(job), setup, parts.store), sized
 
 
 def engine_of(
@@ -381,13 +388,10 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
     """The serial backend in-process, or Ray worker actors (Ray is imported only then)."""
     resources = job.resources
     if resources.backend == "serial":
-        if resources.gpus_per_worker > 0 and not torch.cuda.is_available():
+        if resources.gpu_share > 0 and not torch.cuda.is_available():
             raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
-        serial_setup = replace(
-            setup,
-            device="cuda" if resources.gpus_per_worker > 0 else "cpu",
-            num_threads=max(1, int(resources.cpus_per_worker)),
-        )
+        device = "cuda" if resources.gpu_share > 0 else "cpu"
+        serial_setup = replace(setup, device=device, num_threads=max(1, int(resources.cpus_per_worker)))
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)
     from raysim.runtime.ray_backend import RayBackend
 

@@ -36,6 +36,7 @@ from raysim.algorithm import Algorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker, no_gpu
 from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
 from raysim.runtime.ray_session import init_ray
 from raysim.runtime.shipping import DataPlan, NodeView, node_view, stores_to_ship
@@ -89,9 +90,38 @@ def _view_of_this_node(plan: DataPlan) -> NodeView:
     return node_view(plan, node_label())
 
 
+def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: ProbeWork) -> WorkerPeak:
+    """One worker's training measured on a whole GPU of the cluster (``gpus_per_worker: auto``):
+    a task with one GPU finds a GPU node and what it sees of the data; the stores it cannot read
+    are shipped (``resources.ship_data``); then a task on that node trains and measures
+    (``gpu_sizing.measure_worker``), in a process that exits after it, freeing the card.
+
+    Raises:
+        ResourceError: no node of the cluster has a whole GPU, or the probe's own errors.
+    """
+    init_ray(resources)
+    most = max((node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"]), default=0.0)
+    if most < 1:
+        raise ResourceError(no_gpu(f"no node of the Ray cluster has a whole one (the largest has {most:g})"))
+    plan = DataPlan.of(setup, resources.ship_data)
+    node_id, view = _result(ray.remote(num_cpus=0, num_gpus=1)(_gpu_node_view).remote(plan))
+    plan = plan.ship(stores_to_ship(plan, [view]), ray.put)
+    measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(_measure_here)
+    on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return _result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work))
+
+
+def _gpu_node_view(plan: DataPlan) -> tuple[str, NodeView]:
+    return ray.get_runtime_context().get_node_id(), _view_of_this_node(plan)
+
+
+def _measure_here(setup: WorkerSetup, plan: DataPlan, work: ProbeWork) -> WorkerPeak:
+    return measure_worker(plan.resolve(setup, ray.get, node_label()), work)
+
+
 def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
     """Device, threads and GPU memory share of one worker."""
-    gpus = resources.gpus_per_worker
+    gpus = resources.gpu_share
     return replace(
         setup,
         device="cuda" if gpus > 0 else "cpu",
@@ -111,8 +141,8 @@ class RayBackend:
         self.restart_timeout_s = resources.restart_timeout_s
         self.num_workers = placeable_workers(resources, resolve_num_workers(resources))
         bundle = {"CPU": resources.cpus_per_worker}
-        if resources.gpus_per_worker > 0:
-            bundle["GPU"] = resources.gpus_per_worker
+        if resources.gpu_share > 0:
+            bundle["GPU"] = resources.gpu_share
         self.placement = placement_group([bundle] * self.num_workers, strategy=resources.placement)
         try:
             ray.get(self.placement.ready(), timeout=_PLACEMENT_TIMEOUT_S)
@@ -133,7 +163,7 @@ class RayBackend:
         self.workers: list[WorkerHandle] = [
             actor.options(
                 num_cpus=resources.cpus_per_worker,
-                num_gpus=resources.gpus_per_worker,
+                num_gpus=resources.gpu_share,
                 max_restarts=resources.max_worker_restarts,
                 max_task_retries=resources.max_worker_restarts,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -18,20 +18,20 @@ def resolve_num_workers(resources: ResourcesConfig) -> int:
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
     if resources.num_workers is not None:
         wanted = resources.num_workers
-        needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpus_per_worker
+        needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpu_share
         if needs_cpus > cpus + 1e-9 or needs_gpus > gpus + 1e-9:
             raise ResourceError(
-                f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU) "
+                f"{wanted} workers x ({resources.cpus_per_worker} CPU, {resources.gpu_share} GPU) "
                 f"requested, the Ray cluster has {cpus:g} CPU and {gpus:g} GPU; lower "
                 f"resources.num_workers or the per-worker shares"
             )
         return wanted
     by_cpu = int(cpus // resources.cpus_per_worker)
-    by_gpu = int(gpus // resources.gpus_per_worker) if resources.gpus_per_worker > 0 else by_cpu
+    by_gpu = shares_in(gpus, resources.gpu_share) if resources.gpu_share > 0 else by_cpu
     if min(by_cpu, by_gpu) < 1:
         raise ResourceError(
             f"one worker needs {resources.cpus_per_worker} CPU and "
-            f"{resources.gpus_per_worker} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU"
+            f"{resources.gpu_share} GPU; the cluster has {cpus:g} CPU, {gpus:g} GPU"
         )
     return min(by_cpu, by_gpu)
 
@@ -52,7 +52,7 @@ def placeable_workers(resources: ResourcesConfig, wanted: int) -> int:
     if resources.num_workers is None and most:
         return min(wanted, most)
     if wanted > most:
-        one = f"({resources.cpus_per_worker} CPU, {resources.gpus_per_worker} GPU)"
+        one = f"({resources.cpus_per_worker} CPU, {resources.gpu_share} GPU)"
         if strategy == "STRICT_SPREAD":
             what = f"puts each of the {wanted} workers on its own node; {most} node(s) hold a worker {one}"
         else:
@@ -67,6 +67,11 @@ def placeable_workers(resources: ResourcesConfig, wanted: int) -> int:
 def worker_slots(node_resources: dict[str, float], resources: ResourcesConfig) -> int:
     """How many workers one node's total resources hold."""
     slots = int(node_resources.get("CPU", 0.0) // resources.cpus_per_worker)
-    if resources.gpus_per_worker > 0:
-        slots = min(slots, int(node_resources.get("GPU", 0.0) // resources.gpus_per_worker))
+    if resources.gpu_share > 0:
+        slots = min(slots, shares_in(node_resources.get("GPU", 0.0), resources.gpu_share))
     return slots
+
+
+def shares_in(gpus: float, share: float) -> int:
+    """How many ``share``s of a GPU ``gpus`` hold: 5 of 0.2 in 1.0 (``1.0 // 0.2`` is 4.0 in floats)."""
+    return int(gpus / share + 1e-9)

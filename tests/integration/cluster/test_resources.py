@@ -72,3 +72,53 @@ def test_two_workers_share_one_gpu(tmp_path, ray_local):
     )
     for k, v in serial.state.params.items():  # GPU kernels round differently: close, not equal
         assert torch.allclose(v, result.state.params[k], atol=1e-3), k
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a cluster without a GPU")
+def test_a_measured_gpu_share_on_a_cluster_without_gpus_is_refused_before_training(tmp_path, ray_local):
+    job = tiny_job(resources={"backend": "ray", "gpus_per_worker": "auto"})
+    with pytest.raises(ResourceError, match=(
+        r"^resources.gpus_per_worker: auto measures a worker on a GPU, and no node of the Ray cluster has "
+        r"a whole one \(the largest has 0\); set resources.gpus_per_worker to 0"
+    )):  # fmt: skip
+        run(job, output_dir=tmp_path)
+    assert not list(tmp_path.rglob("*.pt"))  # nothing trained
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() == 0, reason="needs a CUDA device")
+def test_a_measured_gpu_share_packs_the_workers_the_probes_peak_allows(tmp_path, ray_local):
+    """gpus_per_worker: auto on Ray: the probe (a task with one GPU) measures one worker's chunk,
+    the run trains with the share gpu_share gives for that peak, and records both; probed again, the same
+    update's allocator peak is the one the run recorded (the CUDA context depends on the card's
+    other processes, so only the allocator's part is compared)."""
+    from raysim.engine.build import open_parts
+    from raysim.engine.tracking import MemoryTracker
+    from raysim.runtime.gpu_sizing import RAY_UNITS, probe_work
+    from raysim.runtime.memory import SAFETY
+    from raysim.runtime.ray_backend import probe_gpu_worker
+
+    job = tiny_job(resources={"backend": "ray", "gpus_per_worker": "auto", "num_workers": None},
+                   engine={"num_rounds": 1, "vectorize": "on", "vectorize_chunk": 4})  # fmt: skip
+    tracker = MemoryTracker()
+    result = run(job, output_dir=tmp_path, tracker=tracker)
+    assert [step for step, _ in result.history] == [0]
+    assert tracker.params["resources.gpus_per_worker"] == "auto"  # the config as written
+    tags = {key: float(tracker.tags[key]) for key in ("gpus_per_worker", "gpu_worker_peak_mib",
+                                                      "gpu_worker_allocated_mib", "gpu_workers_per_card")}
+
+    parts = open_parts(job)
+    setup = WorkerSetup(job.to_dict(), str(parts.store.path), str(tmp_path / "probe_state"))
+    work = probe_work(job, parts.algorithm, parts.params, parts.info, parts.store.num_examples("train"),
+                      parts.train_pool)  # fmt: skip
+    peak = probe_gpu_worker(setup, job.resources, work)
+    assert peak.clients == 4  # one chunk of the four largest clients
+    model_bytes = sum(v.numel() * v.element_size() for v in parts.params.values())
+    assert 3 * model_bytes <= peak.allocated_bytes < 2**30  # weights, gradients, the update: a tiny MLP
+    assert 2**20 < peak.outside_bytes < 8 * 2**30  # a CUDA context: not nothing, not a card
+    assert abs(peak.allocated_bytes / 2**20 - tags["gpu_worker_allocated_mib"]) <= 8
+
+    run_peak = tags["gpu_worker_peak_mib"] * 2**20  # what the run's probe measured, to the MiB
+    workers = int(SAFETY * peak.device_bytes // run_peak)
+    assert tags["gpu_workers_per_card"] == workers and workers * tags["gpus_per_worker"] <= 1
+    assert tags["gpus_per_worker"] == (RAY_UNITS // workers) / RAY_UNITS

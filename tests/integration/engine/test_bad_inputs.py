@@ -52,3 +52,11 @@ def test_a_gpu_request_on_a_machine_without_one_is_refused_before_training(tmp_p
     with pytest.raises(ResourceError, match="gpus_per_worker > 0 but this machine has no CUDA device"):
         run(job, output_dir=tmp_path)
     assert not list(tmp_path.rglob("checkpoint*"))  # nothing trained
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_measured_gpu_share_on_a_machine_without_one_is_refused_before_training(tmp_path):
+    job = tiny_job(resources={"backend": "serial", "gpus_per_worker": "auto"})
+    with pytest.raises(ResourceError, match="auto measures a worker on a GPU, and this machine has none"):
+        run(job, output_dir=tmp_path)
+    assert not list(tmp_path.rglob("checkpoint*"))  # nothing trained

@@ -58,3 +58,26 @@ def test_vectorize_written_bare_in_yaml_or_an_override_is_its_mode(written, mode
 def test_vectorize_refuses_other_words_in_one_line():
     [problem] = problems_of({**BASE, "engine": {"vectorize": "yes please"}})
     assert problem.startswith("engine.vectorize: Input should be 'auto', 'on' or 'off'")
+
+
+@pytest.mark.parametrize("gpus", ["big", 1.5, -0.25, True, None])
+def test_a_gpu_share_is_auto_or_a_fraction_of_one_gpu_in_one_line(gpus):
+    [problem] = problems_of({**BASE, "resources": {"gpus_per_worker": gpus}})
+    assert problem == (
+        "resources.gpus_per_worker: must be auto (measured) or a share of one GPU from 0 to 1 (a worker "
+        f"uses one GPU; share one with fractions) (got {gpus!r})"
+    )
+
+
+@pytest.mark.parametrize(("gpus", "share"), [("auto", "auto"), (0, 0.0), (0.25, 0.25), (1, 1.0)])
+def test_a_gpu_share_of_auto_or_a_fraction_is_taken(gpus, share):
+    resources = JobConfig.from_dict({**BASE, "resources": {"gpus_per_worker": gpus}}).resources
+    assert resources.gpus_per_worker == share
+
+
+def test_auto_has_no_share_to_place_workers_with_until_it_is_measured():
+    resources = JobConfig.from_dict({**BASE, "resources": {"gpus_per_worker": 0.5}}).resources
+    assert resources.gpu_share == 0.5
+    auto = JobConfig.from_dict({**BASE, "resources": {"gpus_per_worker": "auto"}}).resources
+    with pytest.raises(ValueError, match="auto is measured before the workers start"):
+        auto.gpu_share

@@ -1,0 +1,205 @@
+"""``resources.gpus_per_worker: auto``: one worker's training measured on a GPU before the pool
+starts, and the share of a card that packs as many such workers as fit (``memory.gpu_share``).
+
+The probe builds a worker as the backends build theirs (``ClientTrainer``), alone on a whole card,
+and trains the first round's payload on the population's largest client, or, where the worker
+trains in chunks (``engine.vectorize``), on one chunk of the largest clients (with
+``engine.vectorize_chunk: auto``, the probe chunks ``ChunkSize`` measures, then the chunk it
+chooses). The largest, not the first sampled: the share must hold every client a worker meets.
+A worker's peak is the CUDA allocator's peak plus what the process holds outside the allocator
+(the CUDA context and loaded kernels: the card's used memory less the allocator's reserve, so
+other processes on the card count too, which only makes the share smaller).
+
+On Ray the probe runs as a task with one whole GPU (``ray_backend.probe_gpu_worker``), on a GPU
+node, not the driver. Under the serial backend ``auto`` is the whole card: its workers take turns
+in one process.
+
+Usage:
+    work = probe_work(job, algorithm, params, info, num_examples, train_pool)
+    sized = sized_resources(job.resources, setup, lambda: work)   # .resources.gpus_per_worker: 1/n
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.algorithm import Algorithm
+from raysim.config import JobConfig, ResourcesConfig
+from raysim.errors import ResourceError
+from raysim.runtime.chunks import ChunkSize, is_out_of_memory
+from raysim.runtime.memory import MiB, gpu_share, workers_per_gpu
+from raysim.runtime.wire import WorkerSetup
+from raysim.services import RoundOptions
+from raysim.types import Params, Payload, RunInfo
+
+RAY_UNITS = 10_000  # Ray counts a fractional resource in 1/10,000ths of one, rounding to nearest
+
+
+@dataclass(frozen=True)
+class ProbeWork:
+    """What the probe trains: the first round's payload and the clients of one chunk (or one)."""
+
+    payload: Payload
+    client_ids: list[int]
+
+
+@dataclass(frozen=True)
+class WorkerPeak:
+    """One worker's training on a whole GPU, measured."""
+
+    allocated_bytes: float  # the CUDA allocator's peak: model, payload, the update's tensors
+    outside_bytes: float  # held outside the allocator: the CUDA context, loaded kernels
+    device_bytes: float  # the card's memory
+    device_name: str
+    clients: int  # trained at once: 1, or a chunk
+
+    @property
+    def bytes(self) -> float:
+        return self.allocated_bytes + self.outside_bytes
+
+
+def probe_work(job: JobConfig, algorithm: Algorithm[Any], params: Params, info: RunInfo,
+               num_examples: np.ndarray, train_pool: np.ndarray) -> ProbeWork:  # fmt: skip
+    """The round-0 payload of the initial model and the largest clients of the training pool, as
+    many as one chunk holds (one when the job trains clients one by one)."""
+    payload = algorithm.payload(algorithm.init(params, info), 0)
+    engine = job.engine
+    count = 1
+    if engine.vectorize != "off":
+        auto = ChunkSize.PROBE_CLIENTS * ChunkSize.PROBE_CHUNKS  # ChunkSize measures these, then sizes
+        count = auto if engine.vectorize_chunk == "auto" else engine.vectorize_chunk
+    count = max(1, min(count, engine.cohort_size, len(train_pool)))
+    sizes = num_examples[train_pool]
+    largest = np.argsort(-sizes, kind="stable")[:count]  # ties: the lower client id first
+    return ProbeWork(payload, [int(c) for c in train_pool[largest]])
+
+
+def measure_worker(setup: WorkerSetup, work: ProbeWork) -> WorkerPeak:
+    """Builds a worker on this process's GPU, trains ``work`` on it, and reads its peak memory.
+    Its client state goes to a scratch folder: the probe leaves nothing in the run.
+
+    Raises:
+        ResourceError: no CUDA device here; or one client does not fit the whole card.
+    """
+    from raysim.runtime.worker import ClientTrainer  # the worker's imports, only in the probe
+
+    if not torch.cuda.is_available():
+        raise ResourceError(no_gpu("this process has none"))
+    device = torch.device("cuda")
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = ClientTrainer(replace(setup, device="cuda", gpu_memory_fraction=None, state_dir=scratch))
+        ids = work.client_ids if trainer.vectorizes else work.client_ids[:1]
+        torch.cuda.reset_peak_memory_stats(device)
+        report = trainer.train(work.payload, list(enumerate(ids)), 0, RoundOptions())
+        torch.cuda.synchronize(device)
+        allocated, clients = float(torch.cuda.max_memory_allocated(device)), len(ids)
+        chunks = trainer.chunk_size
+        if trainer.vectorizes and chunks.bytes_per_client > 0:  # auto chunks: the one ChunkSize chose
+            clients = chunks.size or 1
+            resident = torch.cuda.memory_allocated(device)  # the model and what it keeps
+            allocated = max(allocated, resident + clients * chunks.bytes_per_client)
+        free, total = torch.cuda.mem_get_info(device)
+        outside = max(0.0, total - free - torch.cuda.memory_reserved(device))
+        name = torch.cuda.get_device_name(device)
+    for failure in report.failures:
+        if is_out_of_memory(failure.error) or isinstance(failure.error, MemoryError):
+            raise ResourceError(
+                f"resources.gpus_per_worker: auto: client {failure.client_id} does not fit even "
+                f"alone on the whole {name} ({total / MiB:,.0f} MiB): {failure.error}; lower the "
+                f"batch size or engine.vectorize_chunk, or use a larger card"
+            )
+        raise failure.error  # the plugin's own failure: round 0 would meet it too
+    return WorkerPeak(allocated, float(outside), float(total), name, clients)
+
+
+def share_of(peak: WorkerPeak) -> float:
+    """The ``resources.gpus_per_worker`` that packs as many such workers on a card as fit,
+    rounded down to what Ray counts, so that n of them fit a card in Ray's arithmetic too (past
+    about 100 workers a card, the rounding lets Ray place up to 1% more of them than measured).
+
+    Raises:
+        ResourceError: one worker's peak does not fit the card, with the numbers and the fix.
+    """
+    try:
+        per_card = round(1 / gpu_share(peak.bytes, peak.device_bytes))  # the share is 1/n
+    except MemoryError as exc:
+        raise ResourceError(f"resources.gpus_per_worker: auto: {exc}") from None
+    return max(1, RAY_UNITS // per_card) / RAY_UNITS
+
+
+def sizing_tags(peak: WorkerPeak, share: float) -> dict[str, str]:
+    """The run's tags for what was measured and chosen."""
+    return {
+        "gpus_per_worker": f"{share:g}",
+        "gpu_worker_peak_mib": f"{peak.bytes / MiB:.0f}",
+        "gpu_worker_allocated_mib": f"{peak.allocated_bytes / MiB:.0f}",
+        "gpu_workers_per_card": str(workers_per_gpu(peak.bytes, peak.device_bytes)),
+    }
+
+
+def describe(peak: WorkerPeak, share: float) -> str:
+    """The console line: the measured peak, its parts and the chosen share."""
+    what = "one client" if peak.clients == 1 else f"a chunk of {peak.clients} clients"
+    return (
+        f"resources.gpus_per_worker: auto: {what} peaks at {peak.bytes / MiB:,.0f} MiB "
+        f"({peak.allocated_bytes / MiB:,.0f} allocated, {peak.outside_bytes / MiB:,.0f} CUDA context) "
+        f"on a {peak.device_name} of {peak.device_bytes / MiB:,.0f} MiB: "
+        f"{workers_per_gpu(peak.bytes, peak.device_bytes)} workers per GPU, {share:g} each"
+    )
+
+
+def no_gpu(where: str) -> str:
+    """The error of ``auto`` where no GPU is: ``where`` says where none was found."""
+    return (
+        f"resources.gpus_per_worker: auto measures a worker on a GPU, and {where}; "
+        f"set resources.gpus_per_worker to 0 (CPU workers) or run where a GPU is"
+    )
+
+
+@dataclass(frozen=True)
+class SizedResources:
+    """The resources the workers start with, and what the run records of their sizing."""
+
+    resources: ResourcesConfig
+    tags: dict[str, str] = field(default_factory=dict)  # the run's tags (MLflow)
+    note: str = ""  # the console line
+
+    def with_share(self, job: JobConfig) -> JobConfig:
+        """The job the workers start from: its resources with the measured share."""
+        return job.model_copy(update={"resources": self.resources})
+
+    def with_tags(self, job: JobConfig) -> JobConfig:
+        """The job the run records: as configured (``auto``), its ``tracking.tags`` plus the sizing's."""
+        tracking = job.tracking.model_copy(update={"tags": job.tracking.tags | self.tags})
+        return job.model_copy(update={"tracking": tracking}) if self.tags else job
+
+
+def sized_resources(resources: ResourcesConfig, setup: WorkerSetup,
+                    work: Callable[[], ProbeWork]) -> SizedResources:  # fmt: skip
+    """``resources`` with ``gpus_per_worker: auto`` measured (``probe_gpu_worker`` on Ray, on
+    the ``work`` made only then), the run's tags and a console line saying so; any other value as
+    it is.
+
+    Raises:
+        ResourceError: no GPU to measure on, or a worker that does not fit a card alone.
+    """
+    if resources.gpus_per_worker != "auto":
+        return SizedResources(resources)
+    if resources.backend == "serial":  # one process: its workers take turns on the whole card
+        if not torch.cuda.is_available():
+            raise ResourceError(no_gpu("this machine has none"))
+        note = "resources.gpus_per_worker: auto: the serial backend's one process takes the whole card"
+        whole = resources.model_copy(update={"gpus_per_worker": 1.0})
+        return SizedResources(whole, {"gpus_per_worker": "1"}, note)
+    from raysim.runtime.ray_backend import probe_gpu_worker
+
+    peak = probe_gpu_worker(setup, resources, work())
+    share = share_of(peak)
+    sized = resources.model_copy(update={"gpus_per_worker": share})
+    return SizedResources(sized, sizing_tags(peak, share), describe(peak, share))

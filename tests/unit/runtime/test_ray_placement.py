@@ -1,0 +1,31 @@
+"""How many workers a cluster's resources hold (the cluster's totals injected, no Ray started)."""
+
+import pytest
+
+from raysim.config import ResourcesConfig
+from raysim.runtime import ray_placement
+from raysim.runtime.ray_placement import resolve_num_workers, shares_in, worker_slots
+
+
+@pytest.mark.parametrize(
+    ("gpus", "share", "held"),
+    [(1.0, 0.2, 5), (2.0, 0.2, 10), (1.0, 0.1, 10), (3.0, 1 / 3, 9), (1.0, 0.1428, 7), (1.0, 0.3, 3)],
+)
+def test_shares_of_a_gpu_are_counted_without_float_floor_division_losing_one(gpus, share, held):
+    assert shares_in(gpus, share) == held  # 1.0 // 0.2 is 4.0
+
+
+def cluster(monkeypatch, **total):
+    monkeypatch.setattr(ray_placement.ray, "cluster_resources", lambda: total)
+
+
+def test_workers_left_to_raysim_fill_the_gpus_at_the_measured_share_capped_by_the_cpus(monkeypatch):
+    cluster(monkeypatch, CPU=64.0, GPU=2.0)
+    assert resolve_num_workers(ResourcesConfig(gpus_per_worker=0.2)) == 10  # 5 a card
+    assert resolve_num_workers(ResourcesConfig(gpus_per_worker=0.2, cpus_per_worker=8)) == 8
+    cluster(monkeypatch, CPU=4.0, GPU=1.0)
+    assert resolve_num_workers(ResourcesConfig(gpus_per_worker=0.125)) == 4
+
+
+def test_a_node_holds_as_many_workers_as_its_gpus_take_shares():
+    assert worker_slots({"CPU": 16.0, "GPU": 1.0}, ResourcesConfig(gpus_per_worker=0.2)) == 5

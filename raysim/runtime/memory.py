@@ -104,6 +104,27 @@ def memory_budget(device: torch.device, gpu_fraction: float | None, cpu_share: f
     return cpu_share * _meminfo_bytes("MemAvailable")
 
 
+# The CUDA allocator keeps one peak per device. Measuring a block resets it, which would erase the
+# peak of the round a ``PhaseTimer`` is reading: the erased peak is kept here and counted back in.
+_erased_peaks: dict[int, int] = {}
+
+
+def _card(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def reset_gpu_peak(device: torch.device) -> None:
+    """Starts a new span for ``gpu_peak``: the round's peak, not the worker's life's."""
+    _erased_peaks.pop(_card(device), None)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def gpu_peak(device: torch.device) -> int:
+    """The allocator's peak on ``device`` since ``reset_gpu_peak``, blocks measured meanwhile by
+    ``PeakMemory`` included."""
+    return max(_erased_peaks.get(_card(device), 0), torch.cuda.max_memory_allocated(device))
+
+
 class PeakMemory:
     """The peak memory a block adds on ``device``, in ``bytes`` after it ends.
 
@@ -120,6 +141,8 @@ class PeakMemory:
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
+            card = _card(self.device)
+            _erased_peaks[card] = gpu_peak(self.device)  # a round's peak so far, kept over the reset
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = float(torch.cuda.memory_allocated(self.device))
         elif _reset_peak_rss():

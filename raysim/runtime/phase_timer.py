@@ -19,6 +19,7 @@ from typing import Literal
 
 import torch
 
+from raysim.runtime.memory import gpu_peak, reset_gpu_peak
 from raysim.types import WorkerTimes
 
 Phase = Literal["broadcast", "data_loading", "training", "reduce"]
@@ -34,7 +35,7 @@ class PhaseTimer:
         self._open: list[Phase] = []
         self.cuda = device if device is not None and device.type == "cuda" else None
         if self.cuda is not None:  # the peak of this round, not of the worker's life
-            torch.cuda.reset_peak_memory_stats(self.cuda)
+            reset_gpu_peak(self.cuda)
 
     @contextmanager
     def phase(self, name: Phase) -> Iterator[None]:
@@ -56,7 +57,7 @@ class PhaseTimer:
 
     def times(self) -> WorkerTimes:
         """The phases so far, the time since creation, and the peak GPU memory (None on a CPU)."""
-        peak = torch.cuda.max_memory_allocated(self.cuda) if self.cuda is not None else None
+        peak = gpu_peak(self.cuda) if self.cuda is not None else None
         return WorkerTimes(
             busy_s=time.perf_counter() - self.started,
             broadcast_s=self.seconds["broadcast"],

@@ -5,9 +5,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from raysim.config import ResourcesConfig
-from raysim.runtime.memory import chunk_that_fits, cpu_memory_share, gpu_share, slice_error, workers_per_gpu
+from raysim.runtime.memory import (
+    PeakMemory,
+    chunk_that_fits,
+    cpu_memory_share,
+    gpu_share,
+    slice_error,
+    workers_per_gpu,
+)
+from raysim.runtime.phase_timer import PhaseTimer
 
 MiB, GiB = 2**20, 2**30
 
@@ -68,3 +77,47 @@ def test_a_slice_that_cannot_hold_the_models_update_is_refused_with_the_share_th
         "with its gradients and optimizer state needs 30,720 MiB; raise it to 1/2 (0.5) or more"
     )
     assert "it does not fit the card" in str(slice_error(30 * GiB, 80 * GiB, 0.5))
+
+
+class FakeAllocator:
+    """The CUDA allocator's counters, as torch.cuda reads and resets them: allocated, and the peak."""
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def install(self, monkeypatch) -> None:
+        def reset(device=None):
+            self.peak = self.allocated
+
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_a_rounds_gpu_peak_survives_a_block_measured_inside_it(monkeypatch):
+    """``ChunkSize``'s probes measure blocks with ``PeakMemory``, which resets the allocator's one
+    peak; the round's ``PhaseTimer`` read that same peak, so a round that peaked before a probe
+    under-reported it (the 900 below read as 300)."""
+    cuda = FakeAllocator()
+    cuda.install(monkeypatch)
+    device = torch.device("cuda:0")
+    cuda.alloc(100)  # the resident model
+    timer = PhaseTimer(device)
+    cuda.alloc(800)  # a client's update peaks at 900...
+    cuda.free(800)
+    with PeakMemory(device) as block:  # ...then a probe chunk adds 200
+        cuda.alloc(200)
+        cuda.free(200)
+    assert block.bytes == 200
+    assert timer.times().gpu_max_allocated_bytes == 900
+    later = PhaseTimer(torch.device("cuda"))  # the next round: a span of its own, same card
+    cuda.alloc(50)
+    assert later.times().gpu_max_allocated_bytes == 150

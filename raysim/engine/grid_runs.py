@@ -125,6 +125,7 @@ def seed_run(store: RunStore, run: Any, metrics: Sequence[str]) -> SeedRun:
         curves=curves,
         params=params,
         seconds=(info.end_time - info.start_time) / 1000 if info.end_time else None,
+        logged=frozenset(run.data.metrics),
     )
 
 

@@ -44,6 +44,7 @@ class SeedRun:
     curves: Mapping[str, Curve] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)  # looked up when no axis has the key
     seconds: float | None = None  # wall time
+    logged: frozenset[str] = frozenset()  # every metric the run logged (named when one is missing)
 
     def value(self, axis: str) -> str | None:
         return self.axes.get(axis, self.params.get(axis))
@@ -229,7 +230,7 @@ def check_metrics(runs: Sequence[SeedRun], metrics: Sequence[str]) -> None:
     for metric in metrics:
         missing = [r.name for r in runs if not r.failed and not r.curves.get(metric)]
         if missing:
-            logged = sorted({k for r in runs for k in r.curves if k.startswith("eval/")})
+            logged = sorted({k for r in runs for k in {*r.logged, *r.curves} if k.startswith("eval/")})
             raise RaysimError(
                 f"{metric} is not logged by {len(missing)} of {len(runs)} runs: {', '.join(missing)}; "
                 f"report a metric all of them logged (evaluation metrics: {', '.join(logged) or 'none'})"

@@ -58,6 +58,8 @@ def paired(table: GridTable, a: str, b: str) -> list[Paired]:
     Raises:
         RaysimError: ``a`` or ``b`` is no row of the table.
     """
+    if a == b:
+        raise RaysimError(f"--paired {a} {b}: name two different {table.row_axis}s")
     unknown = [name for name in (a, b) if name not in table.rows]
     if unknown:
         raise RaysimError(

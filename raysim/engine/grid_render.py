@@ -151,7 +151,7 @@ def cost_markdown(table: GridTable, costs: dict[tuple[str, str], CellCost], targ
     rows = []
     for (row, column), cost in costs.items():
         reached = (
-            [f"{number(cost.rounds_to_target)} ({cost.num_reached}/{cost.num_runs})"]
+            [f"{_short(cost.rounds_to_target)} ({cost.num_reached}/{cost.num_runs})"]
             if target is not None
             else []
         )

@@ -51,7 +51,9 @@ def load_runs(store: RunStore, targets: Sequence[str], metrics: Sequence[str]) -
             if run.data.tags.get(KIND_TAG) not in (SWEEP, REPORT):
                 found.setdefault(run.info.run_id, run)
     parent = parents[0] if len(parents) == 1 and not loose else None
-    return [seed_run(store, run, metrics) for run in found.values()], parent
+    names = [run.info.run_name for run in found.values()]
+    unique = [names.count(run.info.run_name) == 1 for run in found.values()]
+    return [seed_run(store, run, metrics, u) for run, u in zip(found.values(), unique)], parent
 
 
 def sweep_of(store: RunStore, target: str) -> tuple[Any, list[Any] | None]:
@@ -104,7 +106,8 @@ def latest_per_cell(runs: Sequence[Any]) -> list[Any]:
     return list(kept.values())[::-1]  # oldest first
 
 
-def seed_run(store: RunStore, run: Any, metrics: Sequence[str]) -> SeedRun:
+def seed_run(store: RunStore, run: Any, metrics: Sequence[str], unique: bool = True) -> SeedRun:
+    """The run with the curves of ``metrics``; a name several runs share gets an id suffix."""
     tags, info = run.data.tags, run.info
     axes = {k[len(AXIS_PREFIX) :]: v for k, v in tags.items() if k.startswith(AXIS_PREFIX)}
     params = dict(run.data.params)
@@ -119,7 +122,7 @@ def seed_run(store: RunStore, run: Any, metrics: Sequence[str]) -> SeedRun:
             curves[key] = tuple(sorted(latest.items()))
     return SeedRun(
         run_id=info.run_id,
-        name=info.run_name or info.run_id,
+        name=(info.run_name or info.run_id) if unique else f"{info.run_name} ({info.run_id[:8]})",
         axes=axes,
         failed=info.status != "FINISHED",
         curves=curves,

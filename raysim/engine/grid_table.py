@@ -253,12 +253,24 @@ def group_runs(runs: Sequence[SeedRun], rows: str, columns: str | None, select: 
         groups.setdefault(key, []).append(run)
     for key, group in groups.items():
         seeds = [str(r.value("seed")) for r in group]
-        twice = [r.name for r, s in zip(group, seeds) if seeds.count(s) > 1]
+        twice = [r for r, s in zip(group, seeds) if seeds.count(s) > 1]
         if twice:
-            raise RaysimError(f"runs {', '.join(twice)} share every axis and seed: report them apart")
+            names = ", ".join(r.name for r in twice)
+            raise RaysimError(f"runs {names} share {rows}, seed{differing(twice, {rows, 'seed'})}")
         order = ordered(seeds)
         group.sort(key=lambda r: order.index(str(r.value("seed"))))
     return groups
+
+
+def differing(runs: Sequence[SeedRun], placed: set[str]) -> str:
+    """``but differ in KEY (a, b): ...``: the params a set of runs differs in (their own
+    folders and names left out), or ``: report them apart`` when they differ in none."""
+    keys = sorted({k for r in runs for k in r.params if not k.startswith("tracking.")} - placed)
+    differ = {k: ordered(str(r.params.get(k)) for r in runs) for k in keys}
+    listed = [f"{k} ({', '.join(v)})" for k, v in differ.items() if len(v) > 1][:4]
+    if not listed:
+        return " and every axis: report them apart"
+    return f" and every axis but differ in {'; '.join(listed)}: place these with --columns or --select"
 
 
 def choose(

@@ -4,9 +4,12 @@ fedavg at alpha 0.1: 0.5, 0.7 -> 0.6 ± sqrt(0.02) = 0.1414; at 1.0: 0.8, 0.9 ->
 fedprox at 0.1: 0.6, 0.8 -> 0.7 ± 0.1414 (best); at 1.0: 0.82 and a failed seed -> 0.82 (1†),
 below fedavg's 0.85 (best)."""
 
+import pytest
+
 from raysim.engine.grid_paired import paired
 from raysim.engine.grid_render import csv_text, latex, markdown, paired_markdown, seed_band_curves
 from raysim.engine.grid_table import SeedRun, Selection, Statistic, build_table
+from raysim.errors import RaysimError
 
 TEST = "eval/central/accuracy"
 RULE = (
@@ -88,6 +91,8 @@ def test_paired_comparison():
         ("1.0", ("0",), 0, 0, 1),
     ]
     assert [round(p.mean_difference, 9) for p in pairs] == [-0.1, -0.02]
+    with pytest.raises(RaysimError, match="no such variant; the rows are fedavg, fedprox"):
+        paired(table(), "fedavg", "fedyogi")
     assert paired_markdown(pairs).endswith(
         "| column | seeds | fedavg better | ties | fedprox better | mean fedavg − fedprox |\n"
         "|---|---|---|---|---|---|\n"

@@ -124,8 +124,17 @@ def test_bad_inputs_are_one_clear_error_each():
     with pytest.raises(RaysimError, match=r"the runs differ in lr \(0.01, 0.1\): place each with --rows"):
         build_table(grid, TEST, Statistic("final"))
     twice = [seed_run("fedavg", 0, 0.9), seed_run("fedavg", 0, 0.8)]
-    with pytest.raises(RaysimError, match="share every axis and seed"):
+    with pytest.raises(RaysimError, match="share variant, seed and every axis: report them apart"):
         build_table(twice, TEST, Statistic("final"))
+    params = {"variant": "a", "seed": "0"}
+    loose = [
+        SeedRun(lr, lr, {}, curves={TEST: ((0, 0.5),)}, params={**params, "lr": lr, "tracking.run_dir": lr})
+        for lr in ("0.1", "0.2")
+    ]
+    with pytest.raises(
+        RaysimError, match=r"share variant, seed and every axis but differ in lr \(0.1, 0.2\): place"
+    ):
+        build_table(loose, TEST, Statistic("final"))
     with pytest.raises(RaysimError, match="no 'alpha' axis or param in runs"):
         build_table([seed_run("fedavg", 0, 0.9)], TEST, Statistic("final"), columns="alpha")
 

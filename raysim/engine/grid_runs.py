@@ -6,7 +6,7 @@ A sweep is named by its id (the ``raysim.sweep`` tag) or by its parent run (id o
 ``raysim.axis.*`` tags. A cell run twice (a sweep stopped and resumed) counts once: its latest
 finished run, else its latest run. Any other target is resolved as ``raysim compare`` does (a run
 id, an experiment's finished runs, a run name); such runs are grouped by their ``raysim.axis.*``
-tags when they have them, else by their ``variant`` tag (else their name) and their params.
+tags when they have them, else by their ``variant`` tag (else ``job``, else their name) and their params.
 
 Usage:
     store = RunStore(uri)
@@ -111,7 +111,7 @@ def seed_run(store: RunStore, run: Any, metrics: Sequence[str], unique: bool = T
     tags, info = run.data.tags, run.info
     axes = {k[len(AXIS_PREFIX) :]: v for k, v in tags.items() if k.startswith(AXIS_PREFIX)}
     params = dict(run.data.params)
-    params.setdefault("variant", tags.get("variant") or info.run_name or info.run_id)
+    params.setdefault("variant", tags.get("variant") or tags.get("job") or info.run_name or info.run_id)
     curves = {}
     for key in dict.fromkeys(metrics):
         if key in run.data.metrics:

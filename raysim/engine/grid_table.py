@@ -282,7 +282,7 @@ def choose(
         higher = higher_is_better(selection.metric)
         for value, group in candidates.items():
             validation = [statistic.of(r.curves[selection.metric], higher) for r in group if not r.failed]
-            if validation:
+            if validation and not np.isnan(validation).any():  # a diverged value is never chosen
                 scores[value] = float(np.mean(validation))
     chosen = next(iter(candidates))
     if scores:

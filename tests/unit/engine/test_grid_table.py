@@ -81,6 +81,18 @@ def test_selection_chooses_on_validation_and_reports_test():
     )
 
 
+def test_a_diverged_value_is_never_chosen():
+    """lr 0.01 (sorted first) logged a nan validation loss on one seed: lr 0.1 is chosen, although
+    a nan mean compares as neither lower nor higher than 2.0."""
+    runs = [
+        SeedRun(f"{lr}{s}", f"{lr}{s}", {"variant": "a", "seed": str(s), "lr": lr},
+                curves={TEST: ((0, 0.5),), "eval/heldout/loss": ((0, v),)})
+        for lr, s, v in [("0.1", 0, 2.0), ("0.1", 1, 2.0), ("0.01", 0, math.nan), ("0.01", 1, 0.1)]
+    ]  # fmt: skip
+    table = build_table(runs, TEST, Statistic("final"), selection=Selection("lr", "eval/heldout/loss"))
+    assert table.cells["a", "all"].chosen == "0.1"
+
+
 def test_selection_per_row_and_column():
     """Each (variant, alpha) picks its own lr on validation."""
     runs = [

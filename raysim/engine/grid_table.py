@@ -277,6 +277,7 @@ def choose(
     candidates: dict[str, list[SeedRun]], metric: str, statistic: Statistic, selection: Selection | None
 ) -> Cell:
     """The cell of the candidate with the best validation mean (the only one without selection)."""
+    chosen = next(iter(candidates))
     scores = {}
     if selection is not None:
         higher = higher_is_better(selection.metric)
@@ -284,11 +285,9 @@ def choose(
             validation = [statistic.of(r.curves[selection.metric], higher) for r in group if not r.failed]
             if validation and not np.isnan(validation).any():  # a diverged value is never chosen
                 scores[value] = float(np.mean(validation))
-    chosen = next(iter(candidates))
-    if scores:
-        values = ordered(scores)
-        best = max if higher_is_better(selection.metric) else min  # type: ignore[union-attr]
-        chosen = best(values, key=lambda v: scores[v])
+        if scores:
+            best = max if higher else min
+            chosen = best(ordered(scores), key=lambda v: scores[v])  # the first of equal scores
     group = candidates[chosen]
     finished = tuple(r for r in group if not r.failed)
     higher = higher_is_better(metric)

@@ -205,8 +205,8 @@ def check_selection(selection: Selection, metric: str) -> None:
     if is_test and not selection.force_test:
         raise RaysimError(
             f"--on {selection.metric}: a test metric ({', '.join(TEST_SCOPES)} or the reported "
-            f"{scope}); choose on validation data: eval/heldout/... (evaluation.heldout_fraction) "
-            f"or a metric of another split; --force-test-selection to choose on it anyway"
+            f"{scope}); choose on validation data: eval/validation/... (dataset.validation_fraction) or "
+            f"eval/heldout/... (evaluation.heldout_fraction); --force-test-selection to choose on it anyway"
         )
 
 

@@ -110,30 +110,39 @@ def test_bad_reports_are_one_error_each(sweep, capsys):
 
 
 def test_real_runs_of_a_tiny_job_as_loose_runs(tmp_path, capsys, monkeypatch):
-    """Two algorithms x two seeds of a 2-round job: rows by run name, seeds from the params; each
-    cell is the mean of the two runs' final accuracies as MLflow holds them."""
+    """Two learning rates x two seeds of a 2-round job with a validation split: seeds and
+    learning rates from the runs' params; the learning rate with the higher mean final
+    validation accuracy (as MLflow holds them) is chosen, and its mean test accuracy reported."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tracking = {"enabled": True, "experiment": "tiny", "progress": False}
     ids = {
-        (name, seed): run(tiny_job(name=name, seed=seed, algorithm={"name": name}, tracking=tracking,
-                                   engine={"num_rounds": 2}), output_dir=tmp_path / "out").run_id
-        for name in ("fedavg", "fedprox") for seed in (0, 1)
+        (lr, seed): run(tiny_job(name="fedavg", seed=seed, algorithm={"local": {"lr": lr}}, tracking=tracking,
+                                 dataset={"validation_fraction": 0.25}, engine={"num_rounds": 2}),
+                        output_dir=tmp_path / "out").run_id
+        for lr in (0.02, 0.5) for seed in (0, 1)
     }  # fmt: skip
+    metric, valid = "eval/clients/accuracy", "eval/validation/accuracy"
     assert report(uri, "tiny", "--metric", "eval/central/accuracy", "--no-log") == 2  # digits: no central set
     assert "(evaluation metrics: eval/clients/accuracy," in capsys.readouterr().err
-    metric = "eval/clients/accuracy"
-    assert report(uri, "tiny", "--metric", metric, "--format", "csv", "--out", str(tmp_path / "r")) == 0
+    assert report(uri, "tiny", "--metric", metric, "--no-log") == 2
+    assert "differ in algorithm.local.lr (0.02, 0.5): place these with" in capsys.readouterr().err
+    args = ["--select", "algorithm.local.lr", "--on", valid, "--format", "csv", "--out", str(tmp_path / "r")]
+    assert report(uri, "tiny", "--metric", metric, *args) == 0
     out = capsys.readouterr().out
-    rows = {r["row"]: r for r in csv.DictReader(io.StringIO(out[: out.index("wrote")]))}
+    [row] = csv.DictReader(io.StringIO(out[: out.index("wrote")]))
     client = MlflowClient(uri)
-    for name in ("fedavg", "fedprox"):
-        finals = [client.get_run(ids[name, seed]).data.metrics[metric] for seed in (0, 1)]
-        assert rows[name]["num_seeds"] == "2" and rows[name]["seeds"] == "0;1"
-        assert float(rows[name]["mean"]) == pytest.approx(sum(finals) / 2, abs=1e-6)
-    [logged] = [r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-                if r.data.tags.get("raysim.kind") == "report"]  # fmt: skip
-    assert {a.path for a in artifact_repository(uri, logged.info.run_id).list_artifacts()} >= {"table.md"}
-    assert report(uri, "tiny", "--metric", metric, "--format", "csv", "--no-log") == 0
+    logged = {key: client.get_run(run_id).data.metrics for key, run_id in ids.items()}
+    mean = {lr: {m: (logged[lr, 0][m] + logged[lr, 1][m]) / 2 for m in (metric, valid)} for lr in (0.02, 0.5)}
+    chosen = max((0.02, 0.5), key=lambda lr: mean[lr][valid])
+    assert (row["row"], row["num_seeds"], row["seeds"]) == ("fedavg", "2", "0;1")
+    assert float(row["chosen"]) == chosen and float(row["mean"]) == pytest.approx(
+        mean[chosen][metric], abs=1e-6
+    )
+    [made] = [r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+              if r.data.tags.get("raysim.kind") == "report"]  # fmt: skip
+    assert {a.path for a in artifact_repository(uri, made.info.run_id).list_artifacts()} >= {"table.md"}
+    assert report(uri, "tiny", "--metric", metric, "--columns", "algorithm.local.lr", "--format", "csv",
+                  "--no-log") == 0  # the report run is no row  # fmt: skip
     table = capsys.readouterr().out.split("wrote")[0].strip().splitlines()
-    assert [line.split(",")[0] for line in table[1:]] == ["fedavg", "fedprox"]  # no report run
+    assert [line.split(",")[:2] for line in table[1:]] == [["fedavg", "0.02"], ["fedavg", "0.5"]]

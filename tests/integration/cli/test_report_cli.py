@@ -84,13 +84,14 @@ def test_a_sweep_selects_on_validation_and_logs_to_its_parent(sweep, capsys, tmp
     assert "| fedprox | **0.8000 (1†)** |" in markdown and "| 2.0 |" in markdown  # 2 MB up per run
 
 
-def test_the_parent_run_name_names_the_sweep_too(sweep, capsys):
-    uri, _ = sweep
+def test_the_parent_run_name_or_id_names_the_sweep_too(sweep, capsys):
+    uri, parent = sweep
     args = ["--metric", TEST, "--select", "algorithm.local.lr", "--on", VALID, "--no-log", "--paired"]
-    assert report(uri, "grid-sweep", *args, "fedavg", "fedprox") == 0
-    out = capsys.readouterr().out
-    assert "| 0.6300 ± 0.0424 (2) |" in out
-    assert "| all | 1 | 0 | 0 | 1 | -0.2000 |" in out  # seed 0 only: 0.60 - 0.80
+    for target in ("grid-sweep", parent):
+        assert report(uri, target, *args, "fedavg", "fedprox") == 0
+        out = capsys.readouterr().out
+        assert "| 0.6300 ± 0.0424 (2) |" in out
+        assert "| all | 1 | 0 | 0 | 1 | -0.2000 |" in out  # seed 0 only: 0.60 - 0.80
 
 
 def test_bad_reports_are_one_error_each(sweep, capsys):

@@ -17,7 +17,7 @@ import numpy as np
 
 from raysim.errors import ConfigError
 
-_COHORT, _CLIENT, _EVAL, _HELDOUT = 1, 2, 3, 4  # purpose tags keep the streams independent
+_COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION = 1, 2, 3, 4, 5  # purpose tags keep the streams independent
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -44,6 +44,15 @@ def split_population(num_clients: int, heldout_fraction: float, seed: int) -> tu
         return np.arange(num_clients, dtype=np.int64), np.empty(0, np.int64)
     order = np.random.default_rng([seed, _HELDOUT]).permutation(num_clients)
     return np.sort(order[num_heldout:]).astype(np.int64), np.sort(order[:num_heldout]).astype(np.int64)
+
+
+def split_validation(
+    num_train: int, num_validation: int, seed: int, client_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, validation rows) of one client: positions in its stored training rows,
+    each ascending; the validation rows a seeded choice of ``num_validation``."""
+    order = np.random.default_rng([seed, client_id, _VALIDATION]).permutation(num_train)
+    return np.sort(order[num_validation:]), np.sort(order[:num_validation])
 
 
 def client_seed(seed: int, round_num: int, client_id: int) -> int:

@@ -54,7 +54,8 @@ class MapRequest(Generic[R]):
             loss of one's own, e.g. IMA's squared error to one-hot).
         points: parameter sets, e.g. the round's local models or a grid of mixtures.
         clients: client ids, or None for the dataset's central test set (one result).
-        split: "test", "train" or "round" (the client's capped training data of ``round_num``);
+        split: "test", "train", "validation" (``dataset.validation_fraction``'s rows) or "round"
+            (the client's capped training data of ``round_num``);
             with ``clients`` None, "triggered": the central test set with a poisoned job's
             trigger on its images whose label is not the trigger's, labelled with the trigger's
             (``dataset.poison``; accuracy there is the attack success rate; None unpoisoned).
@@ -97,10 +98,10 @@ def check_map_request(request: MapRequest[Any]) -> None:
     """A request is refused on the driver, before any worker sees it (its ``model`` section is
     validated by the engine's ``map_clients``, against the registry)."""
     split = request.split
-    splits = ("test", "train", "round", "triggered")
+    splits = ("test", "train", "validation", "round", "triggered")
     if split not in splits or (split == "round" and request.round_num is None):
-        raise ConfigError([f"map_clients: split must be 'test', 'train', 'round' (with a round_num) "
-                           f"or 'triggered' (clients None), got {split!r}"])  # fmt: skip
+        raise ConfigError([f"map_clients: split must be 'test', 'train', 'validation', 'round' (with a "
+                           f"round_num) or 'triggered' (clients None), got {split!r}"])  # fmt: skip
     if split == "triggered" and request.clients is not None:
         raise ConfigError(["map_clients: split 'triggered' is the central test set's: pass clients=None"])
     if request.paired and (request.clients is None or len(request.clients) != len(request.points)):

@@ -33,7 +33,7 @@ ClientId = int
 Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by state-dict name
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
 Metrics = dict[str, float]
-Split = Literal["train", "test"]
+Split = Literal["train", "validation", "test"]  # validation: dataset.validation_fraction
 Task = Literal["classification", "causal_lm", "regression"]
 # What plugins send and keep: leaves (tensors, arrays, numbers, strings) in dicts, lists, tuples
 # and dataclasses, all of which ``raysim.params`` walks. Updates and aggregates are trees of

@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, track.
+"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, report, track.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from raysim.cli import compare, eval_checkpoint, ls, submit, track
+from raysim.cli import compare, eval_checkpoint, ls, report, submit, track
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     eval_checkpoint.add_parser(sub)
     compare.add_parser(sub)
+    report.add_parser(sub)
     submit.add_parser(sub)
     track.add_parser(sub)
     return parser

@@ -106,6 +106,12 @@ def dataset_options(job: JobConfig) -> DatasetConfig:
     return config
 
 
+def with_validation_split(store: ClientStore, job: JobConfig) -> ClientStore:
+    """The store as the run trains on it: with ``dataset.validation_fraction`` of each client's
+    training rows set apart for validation, chosen by the run seed (the store itself when 0)."""
+    return store.with_validation(dataset_options(job).validation_fraction, job.seed)
+
+
 class TrainingData:
     """A worker's clients' training data as a round trains on it: the seeded subset of
     ``engine.max_client_examples``, with the batch transform of the dataset's ``augment`` and

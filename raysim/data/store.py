@@ -12,6 +12,7 @@ Usage:
 
 from __future__ import annotations
 
+import copy
 import operator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,12 @@ from raysim.data.format import (
     ROWS_FILE,
     read_meta,
     rebuild_hint,
+    split_sizes,
 )
 from raysim.data.integrity import check_sizes
 from raysim.data.partition import IidPartition, PartitionConfig
 from raysim.errors import DataError
+from raysim.sampling import split_validation
 from raysim.types import ClientData, DataSpec, Split
 
 
@@ -52,6 +55,8 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
             not change the store's content and is left out of its hash.
         augment: random crop and flip of image clients' training batches (None: off).
         poison: a backdoor on chosen clients' training batches (None: off).
+        validation_fraction: share of each client's training rows set apart, per run seed, as its
+            validation split (``ClientStore.with_validation``; logged as ``eval/validation/...``).
     """
 
     partition: PartitionConfig = IidPartition(num_clients=100)
@@ -60,10 +65,11 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
     cache_dir: str | None = None
     augment: AugmentConfig | None = None
     poison: PoisonConfig | None = None
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 # Options that leave the store's content alone: left out of its hash (``raysim.data.prepare``).
-NOT_STORED = frozenset({"cache_dir", "augment", "poison"})
+NOT_STORED = frozenset({"cache_dir", "augment", "poison", "validation_fraction"})
 
 
 registry.require_config_base("dataset", DatasetConfig)  # every store is partitioned and cached alike
@@ -144,6 +150,8 @@ class ClientStore:
         self._num_test = counts["num_test"]
         self._index: pq.ParquetFile | None = None  # opened on the first key / histogram lookup
         self._central: pa.Table | None = None
+        self._validation: tuple[float, int] | None = None  # (fraction, seed): with_validation
+        self._num_validation = np.zeros_like(self._num_train)
 
     @classmethod
     def open(cls, path: str | Path) -> ClientStore:
@@ -172,7 +180,20 @@ class ClientStore:
             ) from e
 
     def __reduce__(self) -> tuple:
-        return (type(self).open, (str(self.path),))
+        return (_reopen, (str(self.path), self._validation))
+
+    def with_validation(self, fraction: float, seed: int) -> ClientStore:
+        """This store with ``fraction`` of each client's training rows set apart as its
+        ``validation`` split (rounded as the test split is, at least one training row kept), a
+        choice per client seeded by ``seed`` (``raysim.sampling.split_validation``); the store
+        itself when ``fraction`` is 0. The ``train`` split is then the rest, in stored order."""
+        if fraction == 0:
+            return self
+        view = copy.copy(self)
+        view._validation = (fraction, seed)
+        _, view._num_validation = split_sizes(self._num_train, fraction)
+        view._num_validation.flags.writeable = False
+        return view
 
     def __repr__(self) -> str:
         return f"ClientStore({str(self.path)!r}, num_clients={self.num_clients})"
@@ -188,13 +209,26 @@ class ClientStore:
 
     def num_examples(self, split: Split = "train") -> np.ndarray:
         """Rows per client of ``split``, a read-only (num_clients,) int64 array."""
+        if split == "validation":
+            return self._num_validation
         if split not in ("train", "test"):
-            raise DataError(f"split must be 'train' or 'test', got {split!r}")
+            raise DataError(f"split must be 'train', 'validation' or 'test', got {split!r}")
+        if split == "train" and self._validation is not None:
+            trained = self._num_train - self._num_validation
+            trained.flags.writeable = False
+            return trained
         return self._num_train if split == "train" else self._num_test
 
     def client_data(self, client_id: int, split: Split = "train") -> ClientData:
         """One client's examples of ``split``; touches only that client's rows of the memory map."""
         cid = self._check_id(client_id)
+        if split == "validation" and self._validation is None:
+            raise DataError("split 'validation' needs dataset.validation_fraction > 0 (e.g. 0.1)")
+        if self._validation is not None and split != "test":
+            stored = self._rows.slice(int(self._offset[cid]), int(self._num_train[cid]))
+            _, seed = self._validation
+            train, validation = split_validation(len(stored), int(self._num_validation[cid]), seed, cid)
+            return self._decode(stored.take(validation if split == "validation" else train))
         start = int(self._offset[cid]) + (0 if split == "train" else int(self._num_train[cid]))
         return self._decode(self._rows.slice(start, int(self.num_examples(split)[cid])))
 
@@ -343,3 +377,9 @@ def _concat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
 def map_arrow(path: Path) -> pa.Table:
     """Zero-copy table over a memory-mapped Arrow IPC file: reading it allocates nothing."""
     return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+def _reopen(path: str, validation: tuple[float, int] | None) -> ClientStore:
+    """A store unpickled in another process: reopened, with its validation split."""
+    store = ClientStore.open(path)
+    return store if validation is None else store.with_validation(*validation)

@@ -22,7 +22,7 @@ from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, rea
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
-from raysim.data.augment import check_training_options, dataset_options
+from raysim.data.augment import check_training_options, dataset_options, with_validation_split
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.driver_lock import claim_run_folder, release_run_folder
@@ -165,7 +165,7 @@ def open_parts(job: JobConfig) -> JobParts:
     """Opens the data (preparing it if needed), builds the plugins and the initial model, and
     draws the evaluation plan: every check that needs no worker and no MLflow run."""
     check_installed(job)
-    store = open_dataset(job.dataset.name, job.dataset.config)
+    store = with_validation_split(open_dataset(job.dataset.name, job.dataset.config), job)
     train_pool, heldout = split_population(store.num_clients, job.evaluation.heldout_fraction, job.seed)
     schedule = load_schedule(job, store, train_pool, heldout)
     transfer = open_transfer_stores(job, store)
@@ -314,6 +314,7 @@ def evaluation_plan(
         },
         personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
         backdoor=dataset_options(job).poison is not None,
+        validation=dataset_options(job).validation_fraction > 0,
     )
 
 

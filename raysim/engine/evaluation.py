@@ -1,6 +1,7 @@
-"""Evaluation of the global model: on a central test set, on clients' test splits, on held-out
-clients, with few-shot personalization and on transfer datasets; all spread over the workers. A
-poisoned job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set.
+"""Evaluation of the global model: on a central test set, on clients' test splits (and their
+validation rows, ``dataset.validation_fraction``: ``eval/validation/...``), on held-out clients,
+with few-shot personalization and on transfer datasets; all spread over the workers. A poisoned
+job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set.
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -38,6 +39,7 @@ class EvaluationPlan:
     personalize_transfer: frozenset[str] = frozenset()
     num_skipped: dict[str, int] = field(default_factory=dict)  # scope -> clients left out
     backdoor: bool = False  # dataset.poison: the attack success rate on the triggered test set
+    validation: bool = False  # dataset.validation_fraction: the clients' validation rows too
 
 
 def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: np.ndarray) -> EvaluationPlan:
@@ -75,6 +77,9 @@ def evaluate_global(
         metrics |= backdoor_accuracy(backend, weights)
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
+    if plan.validation and len(plan.clients):
+        rows = evaluate_clients(backend, weights, plan.clients, split="validation")
+        metrics |= summarize_clients(rows, "eval/validation")
     if personalize_round is not None:
         metrics |= evaluate_personalized(backend, weights, plan, personalize_round)
     elif len(plan.heldout):
@@ -120,11 +125,11 @@ def evaluate_personalized(
 
 
 def evaluate_clients(
-    backend: Backend, weights: NumpyParams, clients: np.ndarray, store: str = ""
+    backend: Backend, weights: NumpyParams, clients: np.ndarray, store: str = "", split: str = "test"
 ) -> list[Metrics]:
-    """``weights`` on each client's test split, as rows with ``client_id`` (empty clients skipped)."""
+    """``weights`` on each client's ``split``, as rows with ``client_id`` (empty clients skipped)."""
     ids = tuple(int(c) for c in clients)
-    [rows] = backend.map_clients(MapRequest(EVALUATE, [weights], ids, store=store))
+    [rows] = backend.map_clients(MapRequest(EVALUATE, [weights], ids, split=split, store=store))
     return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if row is not None]
 
 

@@ -20,7 +20,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.algorithm import vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
-from raysim.data.augment import TrainingData
+from raysim.data.augment import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import DataError, NonFiniteError
 from raysim.measure.evaluate import evaluate
@@ -67,7 +67,7 @@ class ClientTrainer:
         self.job = JobConfig.from_dict(setup.job)
         self.device = torch.device(setup.device)
         set_up_arithmetic(self.job.resources, self.device)  # resources.precision, .deterministic
-        self.store = ClientStore.open(setup.store_path)
+        self.store = with_validation_split(ClientStore.open(setup.store_path), self.job)
         self.stores = {"": self.store} | {
             name: ClientStore.open(path) for name, path in setup.transfer_stores.items()
         }

@@ -293,7 +293,7 @@ def test_a_map_request_is_refused_on_the_driver(tmp_path):
     with pytest.raises(ConfigError, match="split must be"):
         MapRequest(EVALUATE, point, [0], split="round")  # no round_num
     with pytest.raises(ConfigError, match="split must be"):
-        MapRequest(EVALUATE, point, [0], split="validation")
+        MapRequest(EVALUATE, point, [0], split="dev")
     with pytest.raises(ConfigError, match="split 'triggered' is the central test set's"):
         MapRequest(EVALUATE, point, [0], split="triggered")
     MapRequest(EVALUATE, point, None, split="triggered")  # dataset.poison's triggered test set

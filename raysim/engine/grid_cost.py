@@ -1,0 +1,61 @@
+"""What a grid table's cells cost: rounds to reach a target value, wall seconds and bytes sent
+(``sys/bytes_up``, ``sys/bytes_down`` summed over rounds), each a mean over the cell's seeds.
+
+Rounds count from 0 in the logs: a value logged at round r was reached after r + 1 rounds (0 for
+the initial model's evaluation, logged at round -1).
+
+Usage:
+    cost = cell_cost(cell, metric, target=0.9)
+    cost.rounds_to_target, cost.num_reached, cost.seconds, cost.bytes_up
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.engine.grid_table import Cell, Curve, higher_is_better
+
+BYTES_UP, BYTES_DOWN = "sys/bytes_up", "sys/bytes_down"
+
+
+def rounds_to_target(curve: Curve, target: float, higher: bool) -> int | None:
+    """Rounds trained when the curve first reaches ``target`` (None: never)."""
+    for step, value in curve:
+        if (value >= target) if higher else (value <= target):
+            return step + 1
+    return None
+
+
+@dataclass(frozen=True)
+class CellCost:
+    rounds_to_target: float  # mean over the seeds that reached it; nan if none did
+    num_reached: int
+    num_runs: int
+    seconds: float  # mean wall time; nan if unknown
+    bytes_up: float  # mean total over rounds; nan if not logged
+    bytes_down: float
+
+
+def cell_cost(cell: Cell, metric: str, target: float | None = None) -> CellCost:
+    """The cell's cost over its finished runs (the chosen value's, under selection)."""
+    reached = []
+    if target is not None:
+        found = [rounds_to_target(r.curves[metric], target, higher_is_better(metric)) for r in cell.runs]
+        reached = [n for n in found if n is not None]
+    return CellCost(
+        rounds_to_target=_mean(reached),
+        num_reached=len(reached),
+        num_runs=len(cell.runs),
+        seconds=_mean([r.seconds for r in cell.runs if r.seconds is not None]),
+        bytes_up=_mean([sum(v for _, v in r.curves[BYTES_UP]) for r in cell.runs if r.curves.get(BYTES_UP)]),
+        bytes_down=_mean(
+            [sum(v for _, v in r.curves[BYTES_DOWN]) for r in cell.runs if r.curves.get(BYTES_DOWN)]
+        ),
+    )
+
+
+def _mean(values: list[float] | list[int]) -> float:
+    return float(np.mean(values)) if values else math.nan

@@ -63,13 +63,17 @@ def load_sweep(
         raise ConfigError([f"sweep: no cell passes --variant {variants or []} --only {only or []}"], source)
     if len(chosen) > spec.max_cells and not confirm:
         raise ConfigError(
-            [f"sweep: {len(chosen)} cells exceed sweep.max_cells ({spec.max_cells}); raise "
-             f"sweep.max_cells, narrow it with --only, or pass --confirm-cells"],  # fmt: skip
+            [
+                f"sweep: {len(chosen)} cells exceed sweep.max_cells ({spec.max_cells}); raise "
+                f"sweep.max_cells, narrow it with --only, or pass --confirm-cells"
+            ],  # fmt: skip
             source,
         )
     job_name = bases[0].origin.job if bases[0].origin is not None else bases[0].name
     jobs = cell_jobs(path, overrides, chosen)
-    return Sweep(sweep_id(job_name, spec, apply_overrides(raw, overrides)), job_name, spec, chosen, len(cells), jobs)
+    return Sweep(
+        sweep_id(job_name, spec, apply_overrides(raw, overrides)), job_name, spec, chosen, len(cells), jobs
+    )
 
 
 def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:

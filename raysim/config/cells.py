@@ -58,6 +58,10 @@ def load_sweep(
     if problems:
         raise ConfigError(problems, source)
     cells = expand_cells(spec, {job.name: job.seed for job in bases})
+    names = [cell.name for cell in cells]
+    if twins := sorted({name for name in names if names.count(name) > 1}):
+        fix = "give the values of an axis distinct names (cells are named by their values' text)"
+        raise ConfigError([f"sweep: more than one cell is named {twins[0]!r}; {fix}"], source)
     chosen = select([c for c in cells if not variants or c.variant in variants], filters)
     if not chosen:
         raise ConfigError([f"sweep: no cell passes --variant {variants or []} --only {only or []}"], source)

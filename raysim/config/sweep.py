@@ -170,7 +170,7 @@ def _show(value: Any) -> str:
 
 
 def _slug(value: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]+", "-", _show(value)).strip("-.") or "x"
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", _show(value)) or "x"
 
 
 def as_yaml(value: Any) -> str:

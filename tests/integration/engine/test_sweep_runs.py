@@ -1,0 +1,72 @@
+"""A tiny sweep on Ray (2 variants x 2 learning rates x 1 seed): the cells run concurrently, each
+a child MLflow run of the sweep's run with the contract's tags; a failing variant does not stop
+the rest; a rerun of the same sweep runs only the cells that did not finish."""
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.config.cells import load_sweep
+from raysim.engine.sweep_runs import run_sweep
+
+
+def sweep_file(tmp_path, uri):
+    job = {
+        "name": "tinysweep",
+        "dataset": {
+            "name": "digits",
+            "partition": {"kind": "dirichlet", "num_clients": 20, "alpha": 0.5, "min_size": 20},
+        },
+        "model": {"name": "mlp", "hidden": [16]},
+        "algorithm": {"name": "fedavg", "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}},
+        "engine": {"num_rounds": 3, "cohort_size": 6},
+        "evaluation": {"every": 1},
+        "resources": {"backend": "serial", "num_workers": 1, "cpus_per_worker": 1},
+        "tracking": {"experiment": "sweeps", "tracking_uri": uri, "log_checkpoint": False},
+        "variants": [
+            {"name": "fedavg"},
+            {"name": "broken", "algorithm": {"name": "diverging_test", "failure": "raise", "every": 1}},
+        ],
+        "sweep": {"seeds": [0], "grid": {"algorithm.local.lr": [0.05, 0.1]}},
+    }
+    path = tmp_path / "tinysweep.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_cells(ray_local, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = load_sweep(sweep_file(tmp_path, uri))
+    outcomes = run_sweep(sweep, tmp_path / "runs", lambda line: None)
+
+    assert {name: o.status for name, o in outcomes.items()} == {
+        "fedavg_lr0.05_seed0": "FINISHED",
+        "fedavg_lr0.1_seed0": "FINISHED",
+        "broken_lr0.05_seed0": "FAILED",
+        "broken_lr0.1_seed0": "FAILED",
+    }
+    assert "fails on purpose" in outcomes["broken_lr0.1_seed0"].error
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("sweeps").experiment_id
+    [parent] = client.search_runs([experiment], "tags.`raysim.kind` = 'sweep'")
+    assert parent.data.tags["raysim.sweep"] == sweep.id and parent.info.status == "FAILED"
+    cells = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    by_cell = {run.data.tags["raysim.cell"]: run for run in cells}
+    assert set(by_cell) == set(outcomes)
+    for name, run in by_cell.items():
+        assert run.info.status == outcomes[name].status and run.info.run_id == outcomes[name].run_id
+        variant, lr = name.split("_")[0], name.split("_")[1].removeprefix("lr")
+        assert {k: v for k, v in run.data.tags.items() if k.startswith("raysim.")} == {
+            "raysim.sweep": sweep.id,
+            "raysim.cell": name,
+            "raysim.axis.variant": variant,
+            "raysim.axis.seed": "0",
+            "raysim.axis.algorithm.local.lr": lr,
+        }
+        assert run.info.run_name == f"tinysweep/{variant} lr={lr} seed=0"
+    finished = [by_cell["fedavg_lr0.05_seed0"].info, by_cell["fedavg_lr0.1_seed0"].info]
+    assert max(r.start_time for r in finished) < min(r.end_time for r in finished)  # they overlapped
+
+    again = run_sweep(load_sweep(sweep_file(tmp_path, uri)), tmp_path / "runs", lambda line: None)
+    assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
+    [same] = client.search_runs([experiment], "tags.`raysim.kind` = 'sweep'")
+    assert same.info.run_id == parent.info.run_id

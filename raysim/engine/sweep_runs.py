@@ -31,6 +31,7 @@ from raysim.stopping import note_stop_request
 from raysim.types import Metrics
 
 Status = Literal["FINISHED", "FAILED", "KILLED", "STOPPED"]
+SHOWN_METRICS = ("eval/central/accuracy", "eval/clients/accuracy")  # a cell's progress line, when logged
 STOPPED_EXIT_CODE = 0  # the SystemExit that ends a cell the median rule stopped
 
 
@@ -166,9 +167,9 @@ def _shipped(job: JobConfig) -> tuple[dict[str, Any], JobOrigin | None]:
 
 
 def cell_resources(job: JobConfig) -> tuple[float, float]:
-    """A cell's share of the cluster: its workers' CPUs and GPU fractions together."""
-    workers = job.resources.num_workers or 1
-    return workers * job.resources.cpus_per_worker, workers * job.resources.gpus_per_worker
+    """A cell's share of the cluster: one worker's CPUs and GPU fraction. The serial backend trains
+    the cell's virtual workers one after another in one process with that many torch threads."""
+    return job.resources.cpus_per_worker, job.resources.gpus_per_worker
 
 
 def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) -> dict[str, CellOutcome]:
@@ -222,10 +223,10 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
 def progress_line(outcome: CellOutcome, count: int, total: int, metric: str | None) -> str:
     """``[3/12] fedavg_lr0.01_seed1 FINISHED in 41 s, eval/central/accuracy 0.912``."""
     head = f"[{count}/{total}] {outcome.cell} {outcome.status} in {outcome.seconds:.0f} s"
-    shown = metric or "eval/central/accuracy"
     if outcome.status == "FAILED":
         return f"{head}: {outcome.error}"
-    return f"{head}, {shown} {outcome.final[shown]:.4g}" if shown in outcome.final else head
+    shown = [key for key in (metric, *SHOWN_METRICS) if key is not None and key in outcome.final][:1]
+    return f"{head}, {shown[0]} {outcome.final[shown[0]]:.4g}" if shown else head
 
 
 def refuse_mixed_tracking(sweep: Sweep) -> None:

@@ -1,7 +1,7 @@
 """A sweep's cells as concurrent Ray tasks on one cluster (docs/sweeps.md says why not Ray Tune).
 
-Each cell is one task that reserves the cell's whole share (its workers' CPUs and GPU fractions)
-and runs the cell's engine inside it with the serial backend: Ray packs the tasks onto the nodes
+Each cell is one task that reserves the cell's share (one worker's CPUs and GPU fraction) and
+runs the cell's engine inside it with the serial backend: Ray packs the tasks onto the nodes
 and queues the rest, and no cell starts a Ray of its own. Each task runs in a fresh worker process
 (``max_calls=1``): a cell's torch threads, MLflow run and stop request die with it.
 
@@ -145,7 +145,7 @@ def refuse_unfit(tasks: list[CellTask]) -> None:
         )
         raise ResourceError(
             f"{len(unfit)} sweep cell(s) do not fit any node ({names}): a cell needs {first.cpus:g} CPU "
-            f"and {first.gpus:g} GPU (resources.num_workers x cpus_per_worker, x gpus_per_worker), "
+            f"and {first.gpus:g} GPU (resources.cpus_per_worker, gpus_per_worker), "
             f"the largest node has {biggest_cpu:g} CPU and {biggest_gpu:g} GPU; lower "
-            f"resources.num_workers or the per-worker shares"
+            f"resources.cpus_per_worker or gpus_per_worker"
         )

@@ -233,7 +233,8 @@ def test_a_bad_config_fails_before_anything_is_submitted(cluster, capsys):
 
 
 def test_a_sweeps_cell_filters_reach_the_job(tmp_path):
-    plan = submit.plan(args(only=["variant=fedavg,seed=1", "seed=2"], confirm_cells=True), [job()], tmp_path, {})
+    options = args(only=["variant=fedavg,seed=1", "seed=2"], confirm_cells=True)
+    plan = submit.plan(options, [job()], tmp_path, {})
     assert shlex.split(plan.entrypoint)[-5:] == [
         "--only", "variant=fedavg,seed=1", "--only", "seed=2", "--confirm-cells",
     ]  # fmt: skip

@@ -27,7 +27,7 @@ from raysim.engine.provenance import source_tags
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
 from raysim.errors import RaysimError
 from raysim.runtime.ray_cells import CellTask, Reporter, run_cell_tasks
-from raysim.stopping import note_stop_request
+from raysim.stopping import clear_stop_request, note_stop_request
 from raysim.types import Metrics
 
 Status = Literal["FINISHED", "FAILED", "KILLED", "STOPPED"]
@@ -76,6 +76,7 @@ def run_cell(
 ) -> CellOutcome:
     """Runs one cell (in its Ray task) with the serial backend; its failure is its outcome. The job
     comes as its mapping (``JobConfig.to_dict``), re-validated here: plugins load in this process."""
+    clear_stop_request()  # the median rule's stop of the cell this process ran before
     job = validate_job(job_dict)
     job = job.model_copy(update={
         "origin": origin,

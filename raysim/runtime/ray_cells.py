@@ -2,8 +2,8 @@
 
 Each cell is one task that reserves the cell's share (one worker's CPUs and GPU fraction) and
 runs the cell's engine inside it with the serial backend: Ray packs the tasks onto the nodes
-and queues the rest, and no cell starts a Ray of its own. Each task runs in a fresh worker process
-(``max_calls=1``): a cell's torch threads, MLflow run and stop request die with it.
+and queues the rest, and no cell starts a Ray of its own. A Ray worker process runs one cell at a
+time and then the next (its imports are paid once); each cell clears what the last one left.
 
 Median stopping (``raysim.runtime.median_stopping``) runs in one small actor that every cell
 reports its metric to.
@@ -94,7 +94,7 @@ def run_cell_tasks(
         raise
 
 
-@ray.remote(max_calls=1, max_retries=0)  # a fresh process per cell; a failed cell is not retried
+@ray.remote(max_retries=0)  # a failed cell is recorded, not retried
 def _run_task(run: Callable[[Reporter | None], Any], reporter: Reporter | None) -> Any:
     return run(reporter)
 

@@ -6,7 +6,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.config.cells import load_sweep
-from raysim.engine.sweep_runs import run_sweep
+from raysim.engine.sweep_runs import SweepRun, run_cell, run_sweep
+from raysim.stopping import clear_stop_request
 
 
 def sweep_file(tmp_path, uri):
@@ -70,3 +71,44 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
     assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
     [same] = client.search_runs([experiment], "tags.`raysim.kind` = 'sweep'")
     assert same.info.run_id == parent.info.run_id
+
+
+def cell_args(tmp_path, uri, **changes):
+    """``run_cell``'s arguments for one cell of the tiny sweep, run in this process."""
+    sweep = load_sweep(sweep_file(tmp_path, uri), [f"{k}={v}" for k, v in changes.items()], ["fedavg"])
+    cell = sweep.cells[0]
+    parent = SweepRun.open(sweep, sweep.jobs[cell.name])
+    job = sweep.jobs[cell.name]
+    return sweep, parent, (job.to_dict(), job.origin, cell.tags(sweep.id), parent.run_id, str(tmp_path))
+
+
+def test_a_cell_the_median_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep, parent, args = cell_args(tmp_path, uri)
+    reports = []
+
+    def report(round_num, value):
+        reports.append(round_num)
+        return round_num == 1
+
+    try:
+        outcome = run_cell(*args, "eval/clients/accuracy", report)
+    finally:
+        clear_stop_request()
+    assert outcome.status == "STOPPED" and reports == [0, 1]  # it stopped at the end of round 1
+    run = MlflowClient(uri).get_run(outcome.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == "median"
+    assert run.data.tags["mlflow.parentRunId"] == parent.run_id
+    assert parent.finished_cells(sweep) == {sweep.cells[0].name}
+
+
+def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep, parent, args = cell_args(tmp_path, uri, **{"engine.schedule": str(tmp_path / "missing.json")})
+    outcome = run_cell(*args, None, None)
+    assert outcome.status == "FAILED" and "missing.json" in outcome.error
+    run = MlflowClient(uri).get_run(outcome.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["mlflow.parentRunId"] == parent.run_id
+    assert run.data.tags["raysim.cell"] == sweep.cells[0].name
+    assert "missing.json" in run.data.tags["raysim.error"]
+    assert parent.finished_cells(sweep) == set()

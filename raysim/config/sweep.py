@@ -38,13 +38,15 @@ FILTER_KEYS = ("variant", "seed")  # what ``--only`` takes besides the sweep's a
 # The tag contract (``raysim report`` reads exactly these). The sweep's parent run: KIND_TAG =
 # SWEEP_KIND and SWEEP_TAG = the sweep's id. Each cell's run: SWEEP_TAG, CELL_TAG = the cell's
 # name, and AXIS_TAG + "variant", + "seed" and + each grid or random axis's dotted key, valued as
-# ``str(value)``. A cell stopped by the median rule also has STOPPED_TAG = "median".
+# ``str(value)``. A cell stopped by the median rule also has STOPPED_TAG = "median"; a failed cell
+# has ERROR_TAG = its error's type and message.
 KIND_TAG = "raysim.kind"
 SWEEP_KIND = "sweep"
 SWEEP_TAG = "raysim.sweep"
 CELL_TAG = "raysim.cell"
 AXIS_TAG = "raysim.axis."
 STOPPED_TAG = "raysim.stopped"
+ERROR_TAG = "raysim.error"
 
 
 class Distribution(BaseModel, frozen=True, extra="forbid"):

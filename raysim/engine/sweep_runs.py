@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from raysim.config import JobConfig, JobOrigin, flatten, validate_job
 from raysim.config.cells import Sweep
-from raysim.config.sweep import CELL_TAG, KIND_TAG, STOPPED_TAG, SWEEP_KIND, SWEEP_TAG
+from raysim.config.sweep import CELL_TAG, ERROR_TAG, KIND_TAG, STOPPED_TAG, SWEEP_KIND, SWEEP_TAG
 from raysim.engine.loop import run
 from raysim.engine.provenance import source_tags
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
@@ -97,22 +97,22 @@ def run_cell(
         tracker.client.set_tag(tracker.run_id, STOPPED_TAG, "median")
         return CellOutcome(job.name, "STOPPED", tracker.run_id, seconds=time.perf_counter() - start)
     except Exception as exc:
-        details = "" if isinstance(exc, RaysimError) else traceback.format_exc()
-        run_id = tracker.run_id
-        if run_id is None and isinstance(tracker, MlflowTracker):  # it failed before its run began
-            run_id = failed_run(tracker, job, tags, parent_run_id, exc)
         error = f"{type(exc).__name__}: {exc}"
-        return CellOutcome(job.name, "FAILED", run_id, seconds=time.perf_counter() - start, error=error,
-                           details=details)  # fmt: skip
+        run_id = tracker.run_id
+        if isinstance(tracker, MlflowTracker):  # a cell that failed before its run began gets one
+            run_id = run_id or failed_run(tracker, job, tags, parent_run_id)
+            tracker.client.set_tag(run_id, ERROR_TAG, error[:5000])
+        details = "" if isinstance(exc, RaysimError) else traceback.format_exc()
+        seconds = time.perf_counter() - start
+        return CellOutcome(job.name, "FAILED", run_id, seconds=seconds, error=error, details=details)
 
 
-def failed_run(tracker: MlflowTracker, job: JobConfig, tags: dict[str, str], parent: str | None,
-               exc: BaseException) -> str:  # fmt: skip
+def failed_run(tracker: MlflowTracker, job: JobConfig, tags: dict[str, str], parent: str | None) -> str:
     """A FAILED child run for a cell that failed before its run started, so that every cell shows."""
-    tags = {**tags, "raysim.error": f"{type(exc).__name__}: {exc}"[:5000]}
-    if parent is not None:
-        tags["mlflow.parentRunId"] = parent
-    run = tracker.client.create_run(tracker.experiment_id(), run_name=job.tracking.run_name, tags=tags)
+    parent_tag = {"mlflow.parentRunId": parent} if parent is not None else {}
+    run = tracker.client.create_run(
+        tracker.experiment_id(), run_name=job.tracking.run_name, tags={**tags, **parent_tag}
+    )
     tracker.client.set_terminated(run.info.run_id, "FAILED")
     return str(run.info.run_id)
 

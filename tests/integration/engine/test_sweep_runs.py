@@ -56,7 +56,8 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
     for name, run in by_cell.items():
         assert run.info.status == outcomes[name].status and run.info.run_id == outcomes[name].run_id
         variant, lr = name.split("_")[0], name.split("_")[1].removeprefix("lr")
-        assert {k: v for k, v in run.data.tags.items() if k.startswith("raysim.")} == {
+        tags = {k: v for k, v in run.data.tags.items() if k.startswith("raysim.") and k != "raysim.error"}
+        assert tags == {
             "raysim.sweep": sweep.id,
             "raysim.cell": name,
             "raysim.axis.variant": variant,
@@ -64,6 +65,8 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
             "raysim.axis.algorithm.local.lr": lr,
         }
         assert run.info.run_name == f"tinysweep/{variant} lr={lr} seed=0"
+        assert ("fails on purpose" in run.data.tags["raysim.error"]) if variant == "broken" else (
+            "raysim.error" not in run.data.tags)  # fmt: skip
     finished = [by_cell["fedavg_lr0.05_seed0"].info, by_cell["fedavg_lr0.1_seed0"].info]
     assert max(r.start_time for r in finished) < min(r.end_time for r in finished)  # they overlapped
 

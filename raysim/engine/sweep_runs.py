@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -210,11 +211,14 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
         outcomes[name] = outcome
         say(progress_line(outcome, len(outcomes), len(todo), metric))
 
-    status = "KILLED"
+    status, start = "KILLED", time.perf_counter()
     try:
         if tasks:
             run_cell_tasks(tasks, first.resources, on_done, stopping)
         status = "FAILED" if any(o.status == "FAILED" for o in outcomes.values()) else "FINISHED"
+        counts = Counter(o.status for o in outcomes.values())
+        ended = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing to run"
+        say(f"sweep {sweep.id}: {ended} in {time.perf_counter() - start:.0f} s")
         return outcomes
     finally:
         if parent is not None:

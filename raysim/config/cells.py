@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
 from raysim.config.job import JobConfig, check_folder_name
@@ -133,7 +132,3 @@ def describe(sweep: Sweep) -> list[str]:
     lines += [f"  {cell.name:<40} {cell.label}" for cell in sweep.cells]
     return lines
 
-
-def as_dict(cell: Cell) -> dict[str, Any]:
-    """A cell's axes as a mapping: variant, the grid and random axes, seed."""
-    return {"variant": cell.variant, **dict(cell.axes), "seed": cell.seed}

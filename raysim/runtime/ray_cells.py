@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayTaskError, TaskCancelledError
+from ray.exceptions import RayTaskError
 
 from raysim.config import ResourcesConfig
 from raysim.config.sweep import StoppingConfig
@@ -72,7 +72,8 @@ def run_cell_tasks(
 ) -> None:
     """Runs every task concurrently, as the cluster's resources allow; ``on_done(name, result)``
     as each ends, ``result`` being what the task returned or the exception it raised (the others
-    go on). Ctrl-C cancels the cells still running (their runs end KILLED) and is raised again.
+    go on). Ctrl-C or SIGTERM cancels the cells still running or queued (their runs end KILLED) and
+is raised again.
 
     Raises:
         ResourceError: a cell needs more CPUs or GPUs than any node of the cluster has.
@@ -89,7 +90,7 @@ def run_cell_tasks(
         while pending:
             [ready], _ = ray.wait(list(pending), num_returns=1)
             on_done(pending.pop(ready), _outcome(ready))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM's exit (raysim.cli.driver)
         cancel(list(pending))
         raise
 
@@ -103,9 +104,8 @@ def _outcome(ref: Any) -> Any:
     """A task's return value, or the exception it raised (a raysim error as itself)."""
     try:
         return ray.get(ref)
-    except RayTaskError as exc:
-        cause = exc.as_instanceof_cause()
-        return getattr(cause, "cause", None) or cause
+    except RayTaskError as exc:  # the cell's own exception, not Ray's wrapper of it
+        return exc.cause if isinstance(exc.cause, BaseException) else exc
     except Exception as exc:  # the task's worker died (out of memory, killed), or it was cancelled
         return exc
 
@@ -119,11 +119,6 @@ def cancel(refs: list[Any], grace_s: float = CANCEL_GRACE_S) -> None:
     left = refs
     while left and time.monotonic() < deadline:
         _, left = ray.wait(left, num_returns=len(left), timeout=max(0.0, deadline - time.monotonic()))
-    for ref in refs:
-        try:
-            ray.get(ref, timeout=0)
-        except (TaskCancelledError, RayTaskError, ray.exceptions.GetTimeoutError, Exception):
-            pass
 
 
 def refuse_unfit(tasks: list[CellTask]) -> None:

@@ -88,7 +88,7 @@ def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:
         if not lacking:
             continue
         close = difflib.get_close_matches(key, sorted(_keys(lacking[0])), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else "; `raysim run FILE --dry-run` shows the keys"
+        hint = f"; did you mean {close[0]!r}?" if close else "; `raysim ls NAME` lists a plugin's keys"
         names = ", ".join(repr(job.name) for job in lacking)
         whom = "any variant" if len(lacking) == len(bases) > 1 else f"variant {names}"
         if len(bases) == 1:

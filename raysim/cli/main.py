@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate and print each variant's resolved config; start nothing",
     )
+    run.add_argument("--only", action="append", metavar="KEY=VALUE,...",
+                     help="a sweep: run only the cells with these axis values, e.g. variant=fedavg,seed=1 "
+                     "(repeatable: a cell runs when it matches one)")  # fmt: skip
+    run.add_argument(
+        "--confirm-cells", action="store_true", help="a sweep: run more cells than sweep.max_cells"
+    )
     run.add_argument(
         "--output-dir",
         default=raysim_home(),
@@ -174,7 +180,16 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_jobs, probes_never_due
+    from raysim.config.cells import has_sweep
 
+    if has_sweep(args.config):
+        from raysim.cli.sweep_command import cmd_sweep
+
+        return cmd_sweep(args)
+    if args.only or args.confirm_cells:
+        raise RaysimError(
+            f"--only and --confirm-cells pick a sweep's cells; {args.config} has no sweep: section"
+        )
     jobs = load_jobs(args.config, args.overrides, args.variant)
     if args.dry_run:
         print(resolved_configs(jobs), end="")

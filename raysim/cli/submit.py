@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     submit.add_argument(
+        "--only", action="append", metavar="KEY=VALUE,...", help="a sweep: run only these cells"
+    )
+    submit.add_argument(
+        "--confirm-cells", action="store_true", help="a sweep: more cells than sweep.max_cells"
+    )
+    submit.add_argument(
         "--output-dir",
         default=raysim_home(),
         help="where run directories (checkpoints) go, made absolute (default: RAYSIM_HOME, else .raysim)",
@@ -90,9 +96,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import load_jobs
+    from raysim.config.cells import has_sweep, load_sweep
     from raysim.runtime import ray_jobs
 
     jobs = load_jobs(args.config, args.overrides, args.variant)  # a bad config fails before any upload
+    if has_sweep(args.config):  # its cells too; they run as tasks on the cluster (docs/sweeps.md)
+        load_sweep(args.config, args.overrides, args.variant, args.only, args.confirm_cells)
     address = dashboard_url(args.address)
     submission = plan(args, jobs, Path.cwd(), os.environ)
     if any(job.tracking.enabled for job in jobs):
@@ -148,7 +157,9 @@ def plan(
     if any(job.tracking.tracking_uri for job in jobs):
         overrides.append(f"tracking.tracking_uri={uri}")
     return Submission(
-        entrypoint=entrypoint(job_path_in(args.config, cwd), overrides, args.variant or []),
+        entrypoint=entrypoint(
+            job_path_in(args.config, cwd), overrides, args.variant or [], sweep_flags(args)
+        ),
         runtime_env=build_runtime_env(cwd, job_env(environ, cwd, uri, output_dir)),
         tracking_uri=uri,
         output_dir=output_dir,
@@ -216,10 +227,18 @@ def job_path_in(config: str, cwd: Path) -> str:
         ) from None
 
 
-def entrypoint(job_path: str, overrides: Sequence[str], variants: Sequence[str]) -> str:
+def entrypoint(
+    job_path: str, overrides: Sequence[str], variants: Sequence[str], flags: Sequence[str] = ()
+) -> str:
     """The shell command the cluster runs: ``python -m raysim run JOB [overrides] [--variant V]``."""
     variant_flags = [flag for name in variants for flag in ("--variant", name)]
-    return shlex.join(["python", "-m", "raysim", "run", job_path, *overrides, *variant_flags])
+    return shlex.join(["python", "-m", "raysim", "run", job_path, *overrides, *variant_flags, *flags])
+
+
+def sweep_flags(args: argparse.Namespace) -> list[str]:
+    """A sweep's ``--only`` and ``--confirm-cells``, handed on to ``raysim run`` on the cluster."""
+    only = [flag for text in getattr(args, "only", None) or [] for flag in ("--only", text)]
+    return only + (["--confirm-cells"] if getattr(args, "confirm_cells", False) else [])
 
 
 def job_env(environ: Mapping[str, str], cwd: Path, tracking_uri: str, output_dir: Path) -> dict[str, str]:

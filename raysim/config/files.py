@@ -17,7 +17,8 @@ def load_jobs(
     path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None
 ) -> list[JobConfig]:
     """Loads a job file: one JobConfig, or one per variant (optionally only those named)."""
-    raw = _read_yaml(Path(path))
+    raw = read_job_file(Path(path))
+    raw.pop("sweep", None)  # its cells are the variants' jobs with its values (raysim.config.cells)
     variants = raw.pop("variants", None) or [None]
     if not isinstance(variants, list):
         raise ConfigError(["variants: must be a list of mappings"], str(path))
@@ -73,7 +74,8 @@ def _merge_variant_problems(problems_by_variant: dict[str, list[str]], checked: 
     return list(dict.fromkeys([*shared, *own]))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_job_file(path: Path) -> dict[str, Any]:
+    """A job file's mapping, as written."""
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:

@@ -219,7 +219,9 @@ class MlflowTracker:
     "active" in between.
     """
 
-    def __init__(self, config: TrackingConfig) -> None:
+    def __init__(
+        self, config: TrackingConfig, parent_run_id: str | None = None, tags: dict[str, str] | None = None
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri(config)
@@ -232,6 +234,8 @@ class MlflowTracker:
         self.sentinel: Sentinel | None = None  # ends the run as KILLED if this process dies
         self.outbox: Outbox | None = None  # a run this tracker started: records wait if the store is away
         self.run_dir: Path | None = None
+        self.parent_run_id = parent_run_id  # a sweep cell's run is the child of the sweep's run,
+        self.tags = dict(tags or {})  # tagged with its axes (raysim.config.sweep)
 
     def experiment_id(self) -> str:
         """The experiment's id; created when missing, by whichever process gets there first."""
@@ -284,13 +288,13 @@ class MlflowTracker:
         import mlflow
 
         mlflow.set_tracking_uri(self.uri)  # the fluent API's store, for start_run and end_run
-        tags = {**source_tags(job), **run_tags(job, run_dir, lineage)}
+        tags = {**source_tags(job), **run_tags(job, run_dir, lineage), **self.tags}
         with outage_as_error(self.uri, "start the run"):  # nothing to keep yet: one clear line
             experiment_id = self.experiment_id()
             if lineage is not None and lineage.continues:
                 run = mlflow.start_run(run_id=lineage.parent_run_id, tags=tags)  # back to RUNNING
             else:
-                parent = lineage.parent_run_id if lineage is not None and lineage.parent_in_store else None
+                parent = lineage.parent_run_id if lineage and lineage.parent_in_store else self.parent_run_id
                 run = mlflow.start_run(
                     experiment_id=experiment_id, run_name=run_name(job), tags=tags, parent_run_id=parent
                 )

@@ -233,7 +233,7 @@ def _job_blocks(text: str) -> list[str]:
     from raysim.config import JobConfig
 
     blocks, _ = _code(text)
-    sections = set(JobConfig.model_fields) | {"variants"}
+    sections = set(JobConfig.model_fields) | {"variants", "sweep"}
     out = []
     for lang, body in blocks:
         raw = yaml.safe_load(body) if lang == "yaml" else None
@@ -249,6 +249,10 @@ def test_job_blocks_validate(doc, first_line, tmp_path):
     [body] = [b for lang, b in _code(doc.read_text())[0] if lang == "yaml" and b.startswith(first_line)]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(deep_merge(_BASE_JOB, yaml.safe_load(body))))
     assert load_jobs(tmp_path / "job.yaml")
+    if "sweep" in yaml.safe_load(body):  # its axes exist in every variant, each cell's job validates
+        from raysim.config.cells import load_sweep
+
+        assert load_sweep(tmp_path / "job.yaml").cells
 
 
 def _quotes(text: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
 own tier or the tiers before it, and only the runtime's Ray modules import Ray: ray_backend.py with
-ray_session.py (``ray.init``) and ray_placement.py (worker counts), and ray_jobs.py, the Ray Jobs
-client of ``raysim submit``. Imports inside functions count too (a lazy import is still a dependency).
+ray_session.py (``ray.init``) and ray_placement.py (worker counts), ray_jobs.py, the Ray Jobs
+client of ``raysim submit``, and ray_cells.py, a sweep's cells as Ray tasks. Imports inside
+functions count too (a lazy import is still a dependency).
 
 The unit tests mirror the package: the tests of ``raysim/train/local.py`` live in
 ``tests/unit/train/``, those of ``raysim/params.py`` in ``tests/unit/test_params.py``.
@@ -80,6 +81,7 @@ def test_only_the_ray_backend_imports_ray():
     )
     assert importers == [
         "raysim.runtime.ray_backend",
+        "raysim.runtime.ray_cells",
         "raysim.runtime.ray_jobs",
         "raysim.runtime.ray_placement",
         "raysim.runtime.ray_session",

@@ -209,3 +209,18 @@ def test_ctrl_c_stops_following_and_the_job_goes_on(head, tmp_path):
     assert "keeps running" in out and f"ray job stop {job_id} --address {head.url}" in out
     client = ray_jobs.connect(head.url, (Path(head.env["HOME"]) / ".ray" / "auth_token").read_text())
     assert ray_jobs.follow(client, job_id, io.StringIO())[0] == "SUCCEEDED"  # it ran to its end
+
+
+def test_a_submitted_sweep_runs_its_chosen_cells_on_the_cluster_as_child_runs(head, tmp_path):
+    sweep = TINY_JOB | {"sweep": {"seeds": [0, 1, 2]}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(sweep))
+    args = ["job.yaml", "--address", head.url, "--tracking-uri", "sqlite:///mlflow.db", "--only", "seed=0",
+            "--only", "seed=2"]  # fmt: skip
+    done = raysim_submit(head, tmp_path, args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tiny_seed0 FINISHED" in done.stdout and "tiny_seed2 FINISHED" in done.stdout
+    store = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = store.search_runs([store.get_experiment_by_name("submit").experiment_id])
+    [parent] = [r for r in runs if r.data.tags.get("raysim.kind") == "sweep"]
+    cells = {r.data.tags["raysim.cell"]: r.info.status for r in runs if r is not parent}
+    assert cells == {"tiny_seed0": "FINISHED", "tiny_seed2": "FINISHED"} and parent.info.status == "FINISHED"

@@ -230,3 +230,11 @@ def test_no_follow_returns_after_the_id(cluster, capsys):
 def test_a_bad_config_fails_before_anything_is_submitted(cluster, capsys):
     assert main(["submit", "job.yaml", "--address", "http://127.0.0.1:8265", "engine.num_round=2"]) == 2
     assert "engine.num_round" in capsys.readouterr().err and "entrypoint" not in cluster
+
+
+def test_a_sweeps_cell_filters_reach_the_job(tmp_path):
+    options = args(only=["variant=fedavg,seed=1", "seed=2"], confirm_cells=True)
+    plan = submit.plan(options, [job()], tmp_path, {})
+    assert shlex.split(plan.entrypoint)[-5:] == [
+        "--only", "variant=fedavg,seed=1", "--only", "seed=2", "--confirm-cells",
+    ]  # fmt: skip

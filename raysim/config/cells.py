@@ -1,0 +1,134 @@
+"""A job file with a ``sweep:`` section as its cells' jobs, every one validated before anything runs.
+
+Usage:
+    sweep = load_sweep("jobs/sweeps/mnist_laptop.yaml", overrides=[], only=["variant=fedavg"])
+    for cell in sweep.cells: sweep.jobs[cell.name]   # the cell's resolved JobConfig
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
+from raysim.config.job import JobConfig, check_folder_name
+from raysim.config.sweep import Cell, SweepConfig, expand_cells, parse_only, parse_sweep, select, sweep_id
+from raysim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep's id, its spec, the cells chosen to run and each one's job (by cell name)."""
+
+    id: str
+    job: str  # the job file's name (its top-level ``name``, else its stem)
+    spec: SweepConfig
+    cells: list[Cell]
+    total: int  # cells before ``--variant`` / ``--only`` filters
+    jobs: dict[str, JobConfig]
+
+
+def has_sweep(path: str | Path) -> bool:
+    """The job file has a ``sweep:`` section."""
+    return "sweep" in read_job_file(Path(path))
+
+
+def load_sweep(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    variants: list[str] | None = None,
+    only: list[str] | None = None,
+    confirm: bool = False,
+) -> Sweep:
+    """The sweep of a job file: its cells (only those the filters pass), each cell's job resolved.
+
+    Raises:
+        ConfigError: a bad sweep section, an axis key a variant lacks (its nearest key named), a
+            cell's invalid value, more cells than ``sweep.max_cells`` without ``confirm``, or no
+            cell passing the filters; every problem at once, before anything runs.
+    """
+    source, overrides = str(path), list(overrides or [])
+    raw = read_job_file(Path(path))
+    spec = parse_sweep(raw.pop("sweep"), source)
+    filters = parse_only(only or [], spec)
+    bases = load_jobs(path, overrides)  # every variant validated, as `raysim run` does without a sweep
+    problems = check_axes(spec, bases)
+    if problems:
+        raise ConfigError(problems, source)
+    cells = expand_cells(spec, {job.name: job.seed for job in bases})
+    names = [cell.name for cell in cells]
+    if twins := sorted({name for name in names if names.count(name) > 1}):
+        fix = "give the values of an axis distinct names (cells are named by their values' text)"
+        raise ConfigError([f"sweep: more than one cell is named {twins[0]!r}; {fix}"], source)
+    chosen = select([c for c in cells if not variants or c.variant in variants], filters)
+    if not chosen:
+        raise ConfigError([f"sweep: no cell passes --variant {variants or []} --only {only or []}"], source)
+    if len(chosen) > spec.max_cells and not confirm:
+        raise ConfigError(
+            [
+                f"sweep: {len(chosen)} cells exceed sweep.max_cells ({spec.max_cells}); raise "
+                f"sweep.max_cells, narrow it with --only, or pass --confirm-cells"
+            ],  # fmt: skip
+            source,
+        )
+    job_name = bases[0].origin.job if bases[0].origin is not None else bases[0].name
+    jobs = cell_jobs(path, overrides, chosen)
+    return Sweep(
+        sweep_id(job_name, spec, apply_overrides(raw, overrides)), job_name, spec, chosen, len(cells), jobs
+    )
+
+
+def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:
+    """One problem per axis key some variant's resolved job lacks, naming that variant's nearest key."""
+    problems = []
+    for key in spec.axis_keys:
+        where = f"sweep.grid.{key}" if key in spec.grid else f"sweep.random.axes.{key}"
+        lacking = [job for job in bases if key not in _keys(job)]
+        if not lacking:
+            continue
+        close = difflib.get_close_matches(key, sorted(_keys(lacking[0])), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else "; `raysim ls NAME` lists a plugin's keys"
+        names = ", ".join(repr(job.name) for job in lacking)
+        whom = "any variant" if len(lacking) == len(bases) > 1 else f"variant {names}"
+        if len(bases) == 1:
+            whom = "the job"
+        problems.append(f"{where}: not a key of {whom}{hint}")
+    return problems
+
+
+def _keys(job: JobConfig) -> set[str]:
+    """Every dotted key of the resolved job, sections included (``algorithm.local``)."""
+    leaves = flatten(job.to_dict())
+    sections = {".".join(key.split(".")[:i]) for key in leaves for i in range(1, key.count(".") + 1)}
+    return set(leaves) | sections
+
+
+def cell_jobs(path: str | Path, overrides: list[str], cells: list[Cell]) -> dict[str, JobConfig]:
+    """Each cell's job: its variant with the cell's values and seed, named (and run-named) by the
+    cell. Every cell's problems are reported at once."""
+    jobs: dict[str, JobConfig] = {}
+    problems: list[str] = []
+    for cell in cells:
+        try:
+            check_folder_name(cell.name)
+            job = load_jobs(path, [*overrides, *cell.overrides()], [cell.variant])[0]
+        except (ConfigError, ValueError) as exc:
+            found = exc.problems if isinstance(exc, ConfigError) else [f"name {cell.name!r}: {exc}"]
+            problems += [f"cell {cell.name}: {p}" for p in found]
+            continue
+        origin = job.origin.job if job.origin is not None else job.name
+        tracking = job.tracking.model_copy(update={"run_name": f"{origin}/{cell.label}"})
+        jobs[cell.name] = job.model_copy(update={"name": cell.name, "tracking": tracking})
+    if problems:
+        raise ConfigError(problems, str(path))
+    return jobs
+
+
+def describe(sweep: Sweep) -> list[str]:
+    """The dry run's listing: one line per cell, then the count."""
+    lines = [f"sweep {sweep.id}: {len(sweep.cells)} cells" + (
+        f" of {sweep.total}" if len(sweep.cells) < sweep.total else "")]  # fmt: skip
+    lines += [f"  {cell.name:<40} {cell.label}" for cell in sweep.cells]
+    return lines
+

@@ -1,0 +1,93 @@
+"""A job file's sweep as its cells' jobs: values, seeds and names applied to each variant, and each
+bad input (an axis a variant lacks, a bad value, too many cells, no cell chosen) one error."""
+
+import pytest
+import yaml
+
+from raysim.config import load_jobs
+from raysim.config.cells import describe, has_sweep, load_sweep
+from raysim.errors import ConfigError
+
+JOB = {
+    "name": "quick",
+    "seed": 9,
+    "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 10}},
+    "model": {"name": "mlp"},
+    "algorithm": {"name": "fedavg", "local": {"lr": 0.5}},
+    "variants": [{"name": "fedavg"}, {"name": "fedprox", "algorithm": {"name": "fedprox", "mu": 0.01}}],
+}
+
+
+def job_file(tmp_path, sweep, **top):
+    path = tmp_path / "quick.yaml"
+    path.write_text(yaml.safe_dump({**JOB, **top, "sweep": sweep}))
+    return path
+
+
+def problems_of(path, **options):
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path, **options)
+    return info.value.problems
+
+
+def test_each_cell_is_its_variant_with_the_cells_values_seed_and_name(tmp_path):
+    path = job_file(tmp_path, {"seeds": [0, 1], "grid": {"algorithm.local.lr": [0.01, 0.1]}})
+    sweep = load_sweep(path, ["engine.num_rounds=2"])
+    assert len(sweep.cells) == sweep.total == 8 and sweep.id.startswith("quick-")
+    job = sweep.jobs["fedprox_lr0.1_seed1"]
+    assert job.name == "fedprox_lr0.1_seed1" and job.seed == 1
+    assert job.algorithm.name == "fedprox" and job.algorithm.config.mu == 0.01
+    assert job.algorithm.config.local.lr == 0.1 and job.engine.num_rounds == 2
+    assert job.tracking.run_name == "quick/fedprox lr=0.1 seed=1"
+    assert job.origin is not None and job.origin.variant == "fedprox"
+    assert describe(sweep)[0] == f"sweep {sweep.id}: 8 cells"
+    assert has_sweep(path) and [j.name for j in load_jobs(path)] == ["fedavg", "fedprox"]  # the base jobs
+
+
+def test_filters_choose_cells_and_the_id_stays(tmp_path):
+    path = job_file(tmp_path, {"seeds": [0, 1], "grid": {"algorithm.local.lr": [0.01, 0.1]}})
+    sweep = load_sweep(path, only=["variant=fedavg,seed=1"])
+    assert [c.name for c in sweep.cells] == ["fedavg_lr0.01_seed1", "fedavg_lr0.1_seed1"]
+    assert sweep.total == 8 and sweep.id == load_sweep(path).id
+    assert [c.name for c in load_sweep(path, variants=["fedprox"], only=["seed=0"]).cells] == [
+        "fedprox_lr0.01_seed0",
+        "fedprox_lr0.1_seed0",
+    ]
+
+
+def test_an_unknown_axis_key_names_the_nearest(tmp_path):
+    problems = problems_of(job_file(tmp_path, {"grid": {"algorithm.local.rl": [0.1]}}))
+    assert problems == [
+        "sweep.grid.algorithm.local.rl: not a key of any variant; did you mean 'algorithm.local.lr'?"
+    ]
+
+
+def test_an_axis_one_variant_lacks_names_that_variant(tmp_path):
+    problems = problems_of(
+        job_file(tmp_path, {"random": {"samples": 2, "axes": {"algorithm.mu": {"choice": [0.1]}}}})
+    )
+    assert len(problems) == 1 and problems[0].startswith(
+        "sweep.random.axes.algorithm.mu: not a key of variant 'fedavg'"
+    )
+
+
+def test_a_bad_value_is_reported_for_each_cell_before_anything_runs(tmp_path):
+    problems = problems_of(job_file(tmp_path, {"grid": {"algorithm.local.lr": [0.1, -1.0]}}))
+    assert len(problems) == 2
+    assert problems[0].startswith("cell fedavg_lr-1_seed9: ") and "algorithm.local.lr" in problems[0]
+
+
+def test_more_cells_than_the_limit_need_the_confirming_flag(tmp_path):
+    path = job_file(tmp_path, {"seeds": [0, 1, 2], "max_cells": 5})
+    problems = problems_of(path)
+    assert problems == [
+        "sweep: 6 cells exceed sweep.max_cells (5); raise sweep.max_cells, narrow it with --only, "
+        "or pass --confirm-cells"
+    ]
+    assert len(load_sweep(path, confirm=True).cells) == 6
+    assert len(load_sweep(path, only=["variant=fedavg"]).cells) == 3  # the chosen cells count
+
+
+def test_no_cell_passing_the_filters_is_an_error(tmp_path):
+    problems = problems_of(job_file(tmp_path, {"seeds": [0]}), only=["seed=4"])
+    assert problems == ["sweep: no cell passes --variant [] --only ['seed=4']"]

@@ -74,6 +74,15 @@ Optional hooks, each used when present:
   vectorizes; ``engine.vectorize`` (off by default) decides whether the worker uses it. Every
   context shares the resident model, loaded with ``payload.params``, which the hook leaves as is.
   A plugin that vectorizes under some options only makes it a property, None under the others.
+- ``personal_model(ctx) -> nn.Module``: the client's own predictor, for the evaluation that
+  uses client state (``eval/personal/...``, on each evaluated training client's test split). The
+  worker builds ``ctx`` as for training, with ``ctx.model`` loaded with the evaluated global
+  params, ``ctx.payload`` holding those params alone, ``ctx.state`` the client's newest state up
+  to the evaluated round (None: it never trained), ``ctx.data`` its whole train split (to
+  fine-tune on) and ``ctx.seed`` a stream of its own. It returns ``ctx.model`` with the personal
+  part applied (a head or BatchNorm layers loaded, a head fine-tuned) or a module around it
+  (FedRoD's generic plus personal head); the worker restores the weights afterwards, as it does
+  after ``client_update``, and the same rules hold.
 - ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
   by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
   checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,
@@ -87,6 +96,7 @@ from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
+from torch import nn
 
 from raysim.aggregate import Aggregator, WeightedMean
 from raysim.checkpoint import CheckpointTrail
@@ -144,6 +154,19 @@ class StagedAlgorithm(Algorithm[A], Protocol[A]):
 def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
     """Whether the plugin overrides the default round loop."""
     return callable(getattr(algorithm, "protocol", None))
+
+
+class PersonalAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose clients predict with a personal part kept in their state."""
+
+    def personal_model(self, ctx: ClientContext) -> nn.Module:
+        """The client's own predictor from the global model and its state (see the module docstring)."""
+        ...
+
+
+def has_personal_model(algorithm: Algorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
+    """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
+    return callable(getattr(algorithm, "personal_model", None))
 
 
 class VectorizedAlgorithm(Algorithm[A], Protocol[A]):

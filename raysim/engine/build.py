@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, resume_state
+from raysim.algorithm import Algorithm, has_personal_model, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.plugins import section_config
@@ -185,7 +185,7 @@ def open_parts(job: JobConfig) -> JobParts:
     for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused
         Console(stderr=True).print(f"warning: {warning}", highlight=False, soft_wrap=True)
     plan = keep_personalizable(
-        evaluation_plan(job, train_pool, heldout, transfer),
+        evaluation_plan(job, train_pool, heldout, transfer, has_personal_model(algorithm)),
         store.num_examples("train"),
         store.num_examples("test"),
     )
@@ -293,9 +293,14 @@ def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> Non
 
 
 def evaluation_plan(
-    job: JobConfig, train_pool: np.ndarray, heldout: np.ndarray, transfer: dict[str, ClientStore]
+    job: JobConfig,
+    train_pool: np.ndarray,
+    heldout: np.ndarray,
+    transfer: dict[str, ClientStore],
+    with_client_state: bool = False,
 ) -> EvaluationPlan:
-    """Which clients each evaluation looks at, drawn once from the run seed."""
+    """Which clients each evaluation looks at, drawn once from the run seed; ``with_client_state``:
+    the evaluated training clients are also evaluated with their own state (``eval/personal``)."""
     evaluation = job.evaluation
     return EvaluationPlan(
         clients=train_pool[sample_eval_clients(len(train_pool), evaluation.clients, job.seed)],
@@ -307,6 +312,7 @@ def evaluation_plan(
         },
         personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
         backdoor=dataset_options(job).poison is not None,
+        with_client_state=with_client_state,
     )
 
 

@@ -149,7 +149,9 @@ class Engine(Generic[A]):
         personalizing = personalize and self.job.evaluation.personalization is not None
         self.on_phase("personalizing" if personalizing else "evaluating")
         with self.timed("evaluation"):
-            return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
+            return evaluate_global(
+                self.backend, state.params, self.plan, round_num if personalize else None, round_num
+            )
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point on each client over all workers (the request was checked when made; its

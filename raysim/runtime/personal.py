@@ -1,5 +1,6 @@
 """A client's own side of a worker: its state typed as the plugin keeps it, its own initial
-model, and few-shot personalization (the global model fine-tuned on a client's data).
+model, few-shot personalization (the global model fine-tuned on a client's data) and the
+evaluation of its own predictor (the plugin's ``personal_model`` of the global model and its state).
 
 ``ClientTrainer`` (``raysim.runtime.worker``) calls these with its resident model; they never
 build a model per client (only ``client_init_params`` builds one, the client's own start).
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import Algorithm
+from raysim.algorithm import Algorithm, PersonalAlgorithm
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
 from raysim.errors import DataError
@@ -22,10 +23,11 @@ from raysim.runtime.builders import build_job_model
 from raysim.sampling import client_seed
 from raysim.stored import from_plain
 from raysim.train.local import LocalTrainConfig, train_local
-from raysim.types import ClientData, DataSpec, Metrics, NumpyParams, Params
+from raysim.types import ClientContext, ClientData, DataSpec, Metrics, NumpyParams, Params, Payload
 
 _PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
 _CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model: yet another stream
+_PERSONAL_MODEL = 0x2545F4914F6CDD1D & (2**63 - 1)  # what personal_model draws (a head's fine-tune)
 
 
 def typed_client_state(algorithm: Algorithm[Any], saved: Any | None, client_id: int) -> object | None:
@@ -96,3 +98,41 @@ def personalize(
             row |= {f"{tag}/{k}": tuned[k] for k in ("accuracy", "loss") if k in tuned}
         out.append(row)
     return out
+
+
+def personal_context(
+    model: nn.Module,
+    source: ClientStore,
+    job: JobConfig,
+    device: torch.device,
+    params: Params,
+    client_id: int,
+    round_num: int,
+    state: object | None,
+) -> ClientContext:
+    """The context ``personal_model`` reads: ``model`` loaded with the global ``params`` (on
+    ``device``) in train mode, the client's whole train split and its state up to ``round_num``."""
+    P.load_into(model, params)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    return ClientContext(
+        client_id=client_id,
+        round_num=round_num,
+        model=model,
+        payload=Payload(P.to_numpy(params)),
+        global_params=params,
+        data=source.client_data(client_id, "train"),
+        state=state,
+        seed=client_seed(job.seed, round_num, client_id) ^ _PERSONAL_MODEL,
+        device=device,
+        spec=source.spec,
+    )
+
+
+def evaluate_personal_model(
+    algorithm: PersonalAlgorithm[Any], ctx: ClientContext, test: ClientData, batch_size: int
+) -> Metrics:
+    """The client's own predictor (``algorithm.personal_model(ctx)``) on its ``test`` split."""
+    torch.manual_seed(ctx.seed)  # dropout in a fine-tune: the same whichever worker runs the client
+    personal = algorithm.personal_model(ctx)
+    return evaluate(personal, test, ctx.spec, ctx.device, batch_size)

@@ -262,6 +262,9 @@ class RayBackend:
     ) -> list[Metrics]:
         return self._per_client("personalize", params, client_ids, config, round_num, store)
 
+    def evaluate_personal(self, params: NumpyParams, client_ids: np.ndarray, round_num: int) -> list[Metrics]:
+        return self._per_client("evaluate_personal", params, client_ids, round_num)
+
     def _per_client(
         self, method: str, params: NumpyParams, client_ids: np.ndarray, *args: Any
     ) -> list[Metrics]:

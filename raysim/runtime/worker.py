@@ -18,7 +18,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.algorithm import vectorizes
+from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.augment import TrainingData
 from raysim.data.store import ClientStore
@@ -28,7 +28,13 @@ from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.personal import client_init_params, personalize, typed_client_state
+from raysim.runtime.personal import (
+    client_init_params,
+    evaluate_personal_model,
+    personal_context,
+    personalize,
+    typed_client_state,
+)
 from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
@@ -234,6 +240,26 @@ class ClientTrainer:
         (``raysim.runtime.personal.personalize``)."""
         return personalize(self.model, self.stores[store], self.job, self.device, params, client_ids,
                            config, round_num)  # fmt: skip
+
+    def evaluate_personal(self, params: NumpyParams, client_ids: list[int], round_num: int) -> list[Metrics]:
+        """Each client's test split under its own predictor: the plugin's ``personal_model`` of the
+        global ``params`` and the client's newest state up to ``round_num`` (clients without a
+        test split are skipped)."""
+        if not has_personal_model(self.algorithm):
+            raise ValueError(f"algorithm {self.job.algorithm.name!r} has no personal_model to evaluate")
+        on_device = {k: torch.as_tensor(v).to(self.device) for k, v in params.items()}  # once
+        rows = []
+        for client_id in client_ids:
+            test = self.store.client_data(client_id, "test")
+            if not len(test):
+                continue
+            state = self._client_state(client_id, round_num + 1)
+            ctx = personal_context(self.model, self.store, self.job, self.device, on_device, client_id,
+                                   round_num, state)  # fmt: skip
+            with local_precision(self.job.resources, self.device):
+                row = evaluate_personal_model(self.algorithm, ctx, test, self._batch_size)
+            rows.append({**row, "client_id": float(client_id)})
+        return rows
 
     def map_units(self, request: MapRequest[R], units: list[tuple[int, int]]) -> list[R | None]:
         """``request.task`` for each (point index, client position) unit, in order.

@@ -7,6 +7,7 @@ Each sampled client, per round (the paper's Algorithm 1):
    the body frozen for ``head_epochs`` epochs;
 2. trains the body with its new head frozen for ``local.epochs`` epochs;
 3. sends the body's delta and keeps its head in its state.
+A straggler's step budget (``ClientContext.step_budget``) covers both phases, the head's first.
 The server averages the bodies (``raysim.train.server_opt``); the global head never trains. Both
 phases use ``local``'s optimizer, lr and batch size (the released code's plocal = 1 head epoch is
 ``head_epochs: 1``; the paper's experiments train the head for 10). A client's predictor is the
@@ -24,7 +25,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client, train_local
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_local
 from raysim.train.model_parts import complete_delta, frozen, head_names, split_parameters, without
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -58,6 +59,12 @@ class PersonalHead:
     head: Params
 
 
+def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> Metrics:
+    """``train_local`` of the client's model on its data this round, shuffled by ``seed``."""
+    return train_local(ctx.model, ctx.data, config, seed=seed, spec=ctx.spec, device=ctx.device,
+                       round_num=ctx.round_num, step_budget=step_budget)  # fmt: skip
+
+
 @register("algorithm", "fedrep")
 class FedRep:
     """FedRep: clients train their own head, then the shared body, which the server averages."""
@@ -80,12 +87,11 @@ class FedRep:
         head_params, body_params = split_parameters(ctx.model, net.head)
         head_config = self.config.local.model_copy(update={"epochs": self.config.head_epochs})
         with frozen(body_params):  # 1. the head, on the global body
-            head_metrics = train_local(
-                ctx.model, ctx.data, head_config, seed=ctx.seed ^ _HEAD_PHASE, spec=ctx.spec,
-                device=ctx.device, round_num=ctx.round_num, step_budget=ctx.step_budget,
-            )  # fmt: skip
-        with frozen(head_params):  # 2. the body, under the client's new head
-            delta, metrics = train_client(ctx, self.config.local)
+            head_metrics = train(ctx, head_config, ctx.seed ^ _HEAD_PHASE, ctx.step_budget)
+        budget = None if ctx.step_budget is None else ctx.step_budget - int(head_metrics["train/steps"])
+        with frozen(head_params):  # 2. the body, under the client's new head, in the steps left
+            metrics = train(ctx, self.config.local, ctx.seed, budget)
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))  # every tensor trains again
         head = PersonalHead(P.clone(net.head.state_dict()))
         metrics["fedrep/head_loss"] = head_metrics["train/loss"]
         return ClientResult(without(delta, head_names(ctx.model, "fedrep")), examples_trained_on(metrics),

@@ -13,6 +13,7 @@ from raysim.engine.loop import run
 
 CASES = {
     "fedbn": {"name": "fedbn"},
+    "fedrep": {"name": "fedrep", "head_epochs": 1},
 }
 
 

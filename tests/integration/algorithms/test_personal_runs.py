@@ -12,6 +12,7 @@ from raysim.config import JobConfig
 from raysim.engine.loop import run
 
 CASES = {
+    "fedbabu": {"name": "fedbabu"},
     "fedbn": {"name": "fedbn"},
     "fedrep": {"name": "fedrep", "head_epochs": 1},
 }

@@ -90,12 +90,21 @@ class ClientTrainer:
         return "ok"
 
     def train(
-        self, payload: Payload, tasks: list[tuple[int, int]], round_num: int, options: RoundOptions
+        self,
+        payload: Payload,
+        tasks: list[tuple[int, int]],
+        round_num: int,
+        options: RoundOptions,
+        per_client: dict[int, Any] | None = None,
     ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
         The probes named in ``options`` measure each client before and after its training.
+        ``per_client`` holds these clients' own payload parts where they travel apart from the
+        shared payload (Ray); None: they are the payload's ``per_client``.
         """
+        if per_client is not None:
+            payload = replace(payload, per_client=per_client)
         self.timer = timer = PhaseTimer(self.device)
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
@@ -199,6 +208,7 @@ class ClientTrainer:
     def _context(self, payload: Payload, params: Params, client_id: int, round_num: int,
                  budget: int | None, data: ClientData | None = None) -> ClientContext:  # fmt: skip
         """The client's context on the resident model (its data read here unless given)."""
+        own = payload.per_client.get(client_id)
         return ClientContext(
             client_id=client_id,
             round_num=round_num,
@@ -212,6 +222,7 @@ class ClientTrainer:
             spec=self.store.spec,
             client_init=lambda: self.client_init(client_id),
             step_budget=budget,
+            client_payload=None if own is None else P.to_device(own, self.device),
         )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:

@@ -76,7 +76,8 @@ def test_the_personal_model_has_the_clients_head_and_the_server_averages_bodies(
     plugin = algo()
     head = {"weight": torch.tensor(W0 * 2).float(), "bias": torch.tensor(B0).float()}
     model = plugin.personal_model(feature_context(X, Y, state=plugin.ClientState(head)))
-    assert torch.equal(model.head.weight, head["weight"]) and np.allclose(model.body.weight.detach().numpy(), V0)
+    assert torch.equal(model.head.weight, head["weight"])
+    assert np.allclose(model.body.weight.detach().numpy(), V0)
 
     params = {k: v.float() for k, v in feature_context(X, Y).global_params.items()}
     state = plugin.init(P.clone(params), RunInfo(2, 2, 1, SPEC3, 0))

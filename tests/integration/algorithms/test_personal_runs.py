@@ -60,3 +60,21 @@ def test_fedfomo_on_ray_matches_the_serial_backend(tmp_path, ray_local):
     for client, model in serial.state.extra.models.items():
         for key, value in model.items():
             assert torch.allclose(on_ray.state.extra.models[client][key], value, atol=1e-5), (client, key)
+
+
+def test_fedfomo_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """The server's models and affinities, and each client's own model, survive a checkpoint."""
+
+    def fedfomo(num_rounds):
+        algorithm = {"name": "fedfomo", "num_peers": 2, "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}}
+        return tiny_job(algorithm=algorithm, engine={"num_rounds": num_rounds, "cohort_size": 4})
+
+    whole = run(fedfomo(3), output_dir=tmp_path / "whole")
+    first = run(fedfomo(2), output_dir=tmp_path / "first")
+    resumed = run(
+        fedfomo(3), resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "r"
+    )
+    assert resumed.state.extra.affinity == whole.state.extra.affinity
+    for client, model in whole.state.extra.models.items():
+        assert all(torch.equal(v, resumed.state.extra.models[client][k]) for k, v in model.items()), client
+    assert resumed.final["eval/personal/accuracy"] == whole.final["eval/personal/accuracy"]

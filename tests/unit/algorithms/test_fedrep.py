@@ -7,6 +7,8 @@ epoch is one SGD step on the mean cross-entropy:
 The client sends V0 - V alone and keeps (W', b'), starting from its state's head when it has one.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -89,3 +91,13 @@ def test_the_personal_model_has_the_clients_head_and_the_server_averages_bodies(
     mean = (2 * results[0].update["body.weight"] + 3 * results[1].update["body.weight"]) / 5
     assert torch.allclose(new.params["body.weight"], params["body.weight"] - mean, atol=1e-6)
     assert torch.equal(new.params["head.weight"], params["head.weight"])  # the global head never trains
+
+
+def test_a_step_budget_covers_both_phases_the_heads_first():
+    """A budget of 2 batches with head_epochs 2 (one full batch an epoch) is spent on the head:
+    the body takes no step, so the client sends a zero delta; a budget of 3 leaves the body one."""
+    spent = algo(head_epochs=2, epochs=3).client_update(replace(feature_context(X, Y), step_budget=2))
+    assert torch.count_nonzero(spent.update["body.weight"]) == 0 and spent.metrics["train/steps"] == 0
+    one_left = algo(head_epochs=2, epochs=3).client_update(replace(feature_context(X, Y), step_budget=3))
+    v, _, _ = reference(2, 1)
+    assert np.allclose(one_left.update["body.weight"].numpy(), V0 - v, atol=1e-5)

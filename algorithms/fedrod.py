@@ -19,8 +19,9 @@ under partial participation: a client first sampled in a later round starts here
 round's trained global head. The server averages the generic model's deltas (FedAvg,
 ``raysim.train.server_opt``), and the global evaluation uses the generic model alone. The personalised
 predictor ``g + p`` is measured on the client's own training data of the round, after its
-training: the client metric ``fedrod/personal_train_accuracy`` (a training accuracy, not a test
-one).
+training (the client metric ``fedrod/personal_train_accuracy``), and, at every evaluation, on each
+evaluated client's test split (``personal_model``: ``eval/personal/...``, the paper's
+personalized accuracy); a client never sampled predicts with ``g + g``, the head it would start from.
 """
 
 from __future__ import annotations
@@ -124,20 +125,38 @@ class PersonalHeadStep:
         return loss
 
 
+class PersonalizedPredictor(nn.Module):
+    """The personalised predictor ``g(f(x)) + p(f(x))``: the generic model plus a personal head."""
+
+    def __init__(self, model: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        net = feature_model(self.model, "fedrod")
+        features = net.features(x)  # (B, D)
+        return net.head(features) + self.head(features)  # (B, C)
+
+
+def personal_head(model: nn.Module, state: PersonalHead | None) -> nn.Module:
+    """The client's personal head: its state's, else a copy of the current global head."""
+    head = copy.deepcopy(feature_model(model, "fedrod").head)
+    if state:
+        head.load_state_dict(state.head)
+    return head
+
+
 @torch.no_grad()
 def personal_train_accuracy(
     model: nn.Module, head: nn.Module, data: ClientData, device: torch.device
 ) -> float:
     """Accuracy of the personalised predictor ``g(f(x)) + p(f(x))`` on ``data``, the client's
     training data (0 when empty)."""
-    model.eval()  # the worker sets train mode again before the next client
-    head.eval()
-    net = feature_model(model, "fedrod")
+    predictor = PersonalizedPredictor(model, head).eval()  # the worker sets train mode again
     correct: torch.Tensor | int = 0
     for batch in iterate_batches(to_tensors(data, device), 512):
-        features = net.features(batch["x"])
-        logits = net.head(features) + head(features)
-        correct = correct + (logits.argmax(-1) == batch["y"]).sum()
+        correct = correct + (predictor(batch["x"]).argmax(-1) == batch["y"]).sum()
     return float(correct) / max(len(data), 1)
 
 
@@ -161,10 +180,7 @@ class FedRoD:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
-        # the current global head: the personal head's first value when the client has none
-        head = copy.deepcopy(feature_model(ctx.model, "fedrod").head)
-        if ctx.state:
-            head.load_state_dict(ctx.state.head)
+        head = personal_head(ctx.model, ctx.state)
         counts = class_counts(ctx.data, ctx.spec.num_classes, self.config.absent_class_count)
         counts = counts.to(ctx.device)
         step = PersonalHeadStep(head, counts, round_lr(self.config.local, ctx.round_num))
@@ -176,6 +192,10 @@ class FedRoD:
             {**metrics, "fedrod/personal_train_accuracy": accuracy},
             state=PersonalHead(P.clone(head.state_dict())),
         )
+
+    def personal_model(self, ctx: ClientContext[None, PersonalHead]) -> nn.Module:
+        """The client's personalised predictor ``g + p``, evaluated on its test split."""
+        return PersonalizedPredictor(ctx.model, personal_head(ctx.model, ctx.state))
 
     def aggregator(self) -> WeightedMean[Params]:
         return WeightedMean(weighted=self.config.weighted)

@@ -61,8 +61,9 @@ Rules every plugin follows:
   ``extra`` fields this plugin's ``init`` makes (a checkpoint of another plugin of the same family
   does; ``resume_state`` below completes any other).
 - ``sys/bytes_down`` counts the tensor and array leaves (inside dicts) of ``payload.params`` and
-  of each ``payload.extra`` field (``sys/bytes_down/<field>``) once per cohort client;
-  ``sys/bytes_up`` those of every ``update``.
+  of each ``payload.extra`` field (``sys/bytes_down/<field>``) once per cohort client, plus
+  each client's own part (``sys/bytes_down/per_client``) once; ``sys/bytes_up`` those of every
+  ``update``.
 
 Optional hooks, each used when present:
 - ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
@@ -74,6 +75,21 @@ Optional hooks, each used when present:
   vectorizes; ``engine.vectorize`` (off by default) decides whether the worker uses it. Every
   context shares the resident model, loaded with ``payload.params``, which the hook leaves as is.
   A plugin that vectorizes under some options only makes it a property, None under the others.
+- ``client_payload(state, round_num, client_id) -> object``: a part of the round's payload for
+  one cohort client alone (its frozen dataclass, arrays as in ``payload.extra``), beside the
+  shared ``payload``: FedFomo sends each client the models of its own peers. The engine asks it
+  for every client of the cohort (driver) and puts the parts in ``Payload.per_client``; a worker
+  receives the shared part once per round and the parts of its own clients only, and
+  ``client_update`` reads its part as ``ctx.client_payload``.
+- ``personal_model(ctx) -> nn.Module``: the client's own predictor, for the evaluation that
+  uses client state (``eval/personal/...``, on each evaluated training client's test split). The
+  worker builds ``ctx`` as for training, with ``ctx.model`` loaded with the evaluated global
+  params, ``ctx.payload`` holding those params alone, ``ctx.state`` the client's newest state up
+  to the evaluated round (None: it never trained), ``ctx.data`` its whole train split (to
+  fine-tune on) and ``ctx.seed`` a stream of its own. It returns ``ctx.model`` with the personal
+  part applied (a head or BatchNorm layers loaded, a head fine-tuned) or a module around it
+  (FedRoD's generic plus personal head); the worker restores the weights afterwards, as it does
+  after ``client_update``, and the same rules hold.
 - ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
   by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
   checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,
@@ -83,10 +99,13 @@ Optional hooks, each used when present:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
+from torch import nn
 
 from raysim.aggregate import Aggregator, WeightedMean
 from raysim.checkpoint import CheckpointTrail
@@ -144,6 +163,30 @@ class StagedAlgorithm(Algorithm[A], Protocol[A]):
 def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
     """Whether the plugin overrides the default round loop."""
     return callable(getattr(algorithm, "protocol", None))
+
+
+def with_client_payloads(
+    algorithm: Algorithm[A], payload: Payload, state: ServerState, round_num: int, cohort: Iterable[int]
+) -> Payload:
+    """The round's payload with each cohort client's own part (the plugin's ``client_payload``
+    hook); the payload as it is for a plugin without one."""
+    hook = getattr(algorithm, "client_payload", None)
+    if not callable(hook):
+        return payload
+    return replace(payload, per_client={int(c): hook(state, round_num, int(c)) for c in cohort})
+
+
+class PersonalAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose clients predict with a personal part kept in their state."""
+
+    def personal_model(self, ctx: ClientContext) -> nn.Module:
+        """The client's own predictor from the global model and its state (see the module docstring)."""
+        ...
+
+
+def has_personal_model(algorithm: Algorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
+    """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
+    return callable(getattr(algorithm, "personal_model", None))
 
 
 class VectorizedAlgorithm(Algorithm[A], Protocol[A]):

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
+    Any,
     Generic,
     Literal,
     Protocol,
@@ -102,11 +103,14 @@ class Payload(Generic[X]):
     ``extra`` is the plugin's own frozen dataclass (None: nothing more), such as SCAFFOLD's
     server control variate or FedGuCci's anchor models; its fields hold numpy arrays or plain
     values in dicts, lists and tuples, and a client reads the arrays as tensors on its device
-    (see ``ClientContext``).
+    (see ``ClientContext``). ``per_client`` maps a cohort client's id to a part for it alone (the
+    plugin's ``client_payload``: FedFomo's peer models), which only the worker holding that
+    client receives and which reaches it as ``ClientContext.client_payload``.
     """
 
     params: NumpyParams
     extra: X = None  # type: ignore[assignment]  # None: the plugin sends nothing more
+    per_client: dict[int, Any] = field(default_factory=dict)  # client id -> its own part
 
 
 @dataclass
@@ -126,6 +130,8 @@ class ClientContext(Generic[X, S]):
     ``step_budget`` caps this client's local batches this round (a straggler that can do only
     part of its work, ``raysim.systems``; None: no cap): ``train_client`` honours it, and a
     plugin calling ``train_local`` itself passes it on.
+    ``client_payload`` is this client's own part of the payload (``Payload.per_client``), its
+    arrays as tensors on ``device``; None where the plugin sends none.
     """
 
     client_id: ClientId
@@ -140,6 +146,7 @@ class ClientContext(Generic[X, S]):
     spec: DataSpec
     client_init: Callable[[], Params] | None = None
     step_budget: int | None = None
+    client_payload: Any = None
 
 
 @dataclass(frozen=True)

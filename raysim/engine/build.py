@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import shutil
 import time
 import uuid
@@ -17,16 +15,16 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, resume_state
+from raysim.algorithm import Algorithm, has_personal_model, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
-from raysim.config.plugins import section_config
 from raysim.config.renames import upgrade_saved_job
 from raysim.data.augment import check_training_options, dataset_options, with_validation_split
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
 from raysim.engine.driver_lock import claim_run_folder, release_run_folder
 from raysim.engine.engine import Engine
+from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
 from raysim.engine.lineage import CHECKPOINTS_DIR, Lineage, decide
 from raysim.engine.model_check import check_model_fits
@@ -41,7 +39,7 @@ from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.gpu_sizing import SizedResources, probe_work, sized_resources
 from raysim.runtime.wire import WorkerSetup
-from raysim.sampling import CohortSchedule, sample_eval_clients, split_population
+from raysim.sampling import CohortSchedule, split_population
 from raysim.stored import plain, rebuild
 from raysim.systems.rounds import SimulatedSystem
 from raysim.types import RunInfo, ServerState
@@ -186,7 +184,7 @@ def open_parts(job: JobConfig) -> JobParts:
     for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused
         Console(stderr=True).print(f"warning: {warning}", highlight=False, soft_wrap=True)
     plan = keep_personalizable(
-        evaluation_plan(job, train_pool, heldout, transfer),
+        evaluation_plan(job, train_pool, heldout, transfer, has_personal_model(algorithm)),
         store.num_examples("train"),
         store.num_examples("test"),
     )
@@ -297,72 +295,6 @@ def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> Non
             f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
             f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
         ])  # fmt: skip
-
-
-def evaluation_plan(
-    job: JobConfig, train_pool: np.ndarray, heldout: np.ndarray, transfer: dict[str, ClientStore]
-) -> EvaluationPlan:
-    """Which clients each evaluation looks at, drawn once from the run seed."""
-    evaluation = job.evaluation
-    return EvaluationPlan(
-        clients=train_pool[sample_eval_clients(len(train_pool), evaluation.clients, job.seed)],
-        heldout=heldout[sample_eval_clients(len(heldout), evaluation.heldout_clients, job.seed)],
-        personalization=evaluation.personalization,
-        transfer={
-            t.name: sample_eval_clients(transfer[t.name].num_clients, t.eval_clients, job.seed)
-            for t in evaluation.transfer
-        },
-        personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
-        backdoor=dataset_options(job).poison is not None,
-        validation=dataset_options(job).validation_fraction > 0,
-    )
-
-
-def tokenizer_identity(store: ClientStore) -> str | None:
-    """What a text store's token ids mean: a digest of its saved tokenizer (None: not text)."""
-    saved = store.meta.get("tokenizer")
-    if not saved:
-        return None
-    digest = hashlib.sha256(json.dumps(saved["config"], sort_keys=True).encode())
-    files = (
-        [p for p in sorted((store.path / saved["file"]).rglob("*")) if p.is_file()]
-        if saved.get("file") and (store.path / saved["file"]).is_dir()
-        else [store.path / saved["file"]]
-        if saved.get("file")
-        else []
-    )
-    for path in files:  # a BPE trained per corpus differs in its merges, not its config
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def open_transfer_stores(job: JobConfig, store: ClientStore) -> dict[str, ClientStore]:
-    """The evaluation-only datasets; each must look like the training data to the model."""
-    stores = {}
-    for i, transfer in enumerate(job.evaluation.transfer):
-        config = section_config("dataset", transfer.dataset, f"evaluation.transfer[{i}].dataset.")
-        other = open_dataset(transfer.dataset["name"], config)
-        if (other.spec.task, other.spec.input_shape, other.spec.num_classes) != (
-            store.spec.task,
-            store.spec.input_shape,
-            store.spec.num_classes,
-        ):
-            raise ConfigError(
-                [
-                    f"evaluation.transfer[{i}]: {transfer.name!r} holds {other.spec}, the "
-                    f"model is built for {store.spec}"
-                ]
-            )
-        if tokenizer_identity(other) != tokenizer_identity(store):
-            raise ConfigError(
-                [
-                    f"evaluation.transfer[{i}]: {transfer.name!r} is tokenized differently "
-                    f"from the training data (the same ids would mean other words); give "
-                    f"both the same tokenizer, e.g. tokenizer: {{kind: hf, name_or_path: ...}}"
-                ]
-            )
-        stores[transfer.name] = other
-    return stores
 
 
 def typed_like(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> ServerState:

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate
+from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate, with_client_payloads
 from raysim.checkpoint import (
     drop_other_snapshots,
     round_checkpoint_name,
@@ -118,8 +118,11 @@ class Engine(Generic[A]):
         # 1. Sample the cohort: a pure function of (seed, round_num), or the fixed schedule.
         cohort = self.cohort(round_num)
         timer.lap("sampling")
-        # 2. One payload for every client; each worker folds its clients into one partial.
-        payload = self.algorithm.payload(state, round_num)
+        # 2. One payload for every client (and a part for each, where the plugin sends one);
+        #    each worker folds its clients into one partial.
+        payload = with_client_payloads(
+            self.algorithm, self.algorithm.payload(state, round_num), state, round_num, cohort
+        )
         timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None
@@ -149,7 +152,9 @@ class Engine(Generic[A]):
         personalizing = personalize and self.job.evaluation.personalization is not None
         self.on_phase("personalizing" if personalizing else "evaluating")
         with self.timed("evaluation"):
-            return evaluate_global(self.backend, state.params, self.plan, round_num if personalize else None)
+            return evaluate_global(
+                self.backend, state.params, self.plan, round_num if personalize else None, round_num
+            )
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point on each client over all workers (the request was checked when made; its

@@ -1,7 +1,9 @@
 """Evaluation of the global model: on a central test set, on clients' test splits (and their
 validation rows, ``dataset.validation_fraction``: ``eval/validation/...``), on held-out clients,
 with few-shot personalization and on transfer datasets; all spread over the workers. A poisoned
-job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set.
+job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set. A plugin
+whose clients keep a personal part (``personal_model``: FedRoD's head, FedBN's BatchNorm layers)
+has each evaluated training client's own predictor measured too (``eval/personal/...``).
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -40,6 +42,7 @@ class EvaluationPlan:
     num_skipped: dict[str, int] = field(default_factory=dict)  # scope -> clients left out
     backdoor: bool = False  # dataset.poison: the attack success rate on the triggered test set
     validation: bool = False  # dataset.validation_fraction: the clients' validation rows too
+    with_client_state: bool = False  # the plugin has personal_model: clients' own predictors too
 
 
 def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: np.ndarray) -> EvaluationPlan:
@@ -59,12 +62,17 @@ def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: n
 
 
 def evaluate_global(
-    backend: Backend, params: Params, plan: EvaluationPlan, personalize_round: int | None = None
+    backend: Backend,
+    params: Params,
+    plan: EvaluationPlan,
+    personalize_round: int | None = None,
+    state_round: int | None = None,
 ) -> Metrics:
     """Central, per-client, held-out, personalized and transfer evaluation, as ``eval/...``.
 
     Personalization and transfer run only with a ``personalize_round`` (they fine-tune per client,
-    seeded by that round).
+    seeded by that round). A plan ``with_client_state`` adds, given the ``state_round`` whose
+    client state (and earlier) applies, each evaluated client's own predictor (``eval/personal``).
     """
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
@@ -77,6 +85,9 @@ def evaluate_global(
         metrics |= backdoor_accuracy(backend, weights)
     if len(plan.clients):
         metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
+        if plan.with_client_state and state_round is not None:
+            rows = backend.evaluate_personal(weights, plan.clients, state_round)
+            metrics |= summarize_clients(rows, "eval/personal")
     if plan.validation and len(plan.clients):
         rows = evaluate_clients(backend, weights, plan.clients, split="validation")
         metrics |= summarize_clients(rows, "eval/validation")

@@ -180,6 +180,7 @@ def columns_for(task: Task, names: Iterable[str]) -> list[Column]:
         Column("± std", (clients + "_std",)),  # over clients; none for perplexity (not logged)
         Column("p10-p90", (clients + "_p10", clients + "_p90"), "range"),
         Column(f"held-out\n{short}", (f"eval/heldout/{metric}",)),
+        Column(f"personal\n{short}", (f"eval/personal/{metric}",)),  # each client's own predictor
     ]
     personalized = sorted({(m[1], int(m[2])) for n in names if (m := _PERSONALIZED.match(n))})
     columns += [

@@ -55,6 +55,11 @@ class Backend(Protocol):
         store: str = "",
     ) -> list[Metrics]: ...
 
+    def evaluate_personal(self, params: NumpyParams, client_ids: np.ndarray, round_num: int) -> list[Metrics]:
+        """Each client's own predictor (the plugin's ``personal_model``, its state up to
+        ``round_num``) on its test split, as rows with ``client_id``."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -164,6 +169,9 @@ class SerialBackend:
         store: str = "",
     ) -> list[Metrics]:
         return self.trainer.personalize(params, [int(c) for c in client_ids], config, round_num, store)
+
+    def evaluate_personal(self, params: NumpyParams, client_ids: np.ndarray, round_num: int) -> list[Metrics]:
+        return self.trainer.evaluate_personal(params, [int(c) for c in client_ids], round_num)
 
     def shutdown(self) -> None:
         pass

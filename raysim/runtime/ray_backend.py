@@ -201,14 +201,21 @@ class RayBackend:
         round_num: int,
         options: RoundOptions,
     ) -> RoundOutput[A]:
-        payload_ref = ray.put(payload)  # ONE copy in the object store for every worker
+        # ONE copy of the shared part in the object store for every worker; each client's own
+        # part goes to the worker that trains it only
+        payload_ref = ray.put(replace(payload, per_client={}))
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
-        reports = self._run_shards(payload_ref, shards, round_num, options)
+        reports = self._run_shards(payload_ref, payload.per_client, shards, round_num, options)
         del payload_ref
         return merge_reports(algorithm, reports, options)
 
     def _run_shards(
-        self, payload_ref: Any, shards: list[list[tuple[int, int]]], round_num: int, options: RoundOptions
+        self,
+        payload_ref: Any,
+        per_client: dict[int, Any],
+        shards: list[list[tuple[int, int]]],
+        round_num: int,
+        options: RoundOptions,
     ) -> list[WorkerReport]:
         """Runs the shards; clients of workers that died for good are re-sharded over the rest.
 
@@ -223,7 +230,11 @@ class RayBackend:
         pending = list(zip(self.workers, shards))
         while pending:
             refs = [
-                (w, shard, w.train.remote(payload_ref, shard, round_num, options))
+                (
+                    w,
+                    shard,
+                    w.train.remote(payload_ref, shard, round_num, options, parts_of(per_client, shard)),
+                )
                 for w, shard in pending
                 if shard
             ]
@@ -292,6 +303,9 @@ class RayBackend:
     ) -> list[Metrics]:
         return self._per_client("personalize", params, client_ids, config, round_num, store)
 
+    def evaluate_personal(self, params: NumpyParams, client_ids: np.ndarray, round_num: int) -> list[Metrics]:
+        return self._per_client("evaluate_personal", params, client_ids, round_num)
+
     def _per_client(
         self, method: str, params: NumpyParams, client_ids: np.ndarray, *args: Any
     ) -> list[Metrics]:
@@ -324,6 +338,11 @@ class RayBackend:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self.placement)
         self.plan = replace(self.plan, stores={})  # frees the shipped files in the object store
+
+
+def parts_of(per_client: dict[int, Any], shard: list[tuple[int, int]]) -> dict[int, Any] | None:
+    """The payload parts of the shard's clients (None: the plugin sends none)."""
+    return {c: per_client[c] for _, c in shard if c in per_client} if per_client else None
 
 
 def _get(refs: Any) -> Any:

@@ -18,24 +18,30 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.algorithm import vectorizes
+from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.augment import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
-from raysim.errors import DataError, NonFiniteError
+from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.personal import (
+    client_init_params,
+    evaluate_personal_model,
+    personal_context,
+    personalize,
+    typed_client_state,
+)
 from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, MapTask, RoundOptions
 from raysim.stopping import honour_stop_request, raise_stop_request
-from raysim.stored import from_plain
-from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
+from raysim.train.local import iterate_batches, to_tensors
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -51,8 +57,6 @@ from raysim.types import (
 if TYPE_CHECKING:
     from raysim.models.anatomy import FeatureModel
 
-_PERSONALIZE = 0x9E3779B97F4A7C15 & (2**63 - 1)  # a separate stream from the client's training
-_CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model: yet another stream
 R = TypeVar("R")  # one ``map_clients`` result
 
 
@@ -86,12 +90,21 @@ class ClientTrainer:
         return "ok"
 
     def train(
-        self, payload: Payload, tasks: list[tuple[int, int]], round_num: int, options: RoundOptions
+        self,
+        payload: Payload,
+        tasks: list[tuple[int, int]],
+        round_num: int,
+        options: RoundOptions,
+        per_client: dict[int, Any] | None = None,
     ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
         The probes named in ``options`` measure each client before and after its training.
+        ``per_client`` holds these clients' own payload parts where they travel apart from the
+        shared payload (Ray); None: they are the payload's ``per_client``.
         """
+        if per_client is not None:
+            payload = replace(payload, per_client=per_client)
         self.timer = timer = PhaseTimer(self.device)
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
@@ -195,6 +208,7 @@ class ClientTrainer:
     def _context(self, payload: Payload, params: Params, client_id: int, round_num: int,
                  budget: int | None, data: ClientData | None = None) -> ClientContext:  # fmt: skip
         """The client's context on the resident model (its data read here unless given)."""
+        own = payload.per_client.get(client_id)
         return ClientContext(
             client_id=client_id,
             round_num=round_num,
@@ -208,6 +222,7 @@ class ClientTrainer:
             spec=self.store.spec,
             client_init=lambda: self.client_init(client_id),
             step_budget=budget,
+            client_payload=None if own is None else P.to_device(own, self.device),
         )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:
@@ -215,22 +230,11 @@ class ClientTrainer:
         keeps the dict of its fields); None the first time."""
         with self.timer.phase("data_loading"):
             saved = self.states.get(client_id, before_round=round_num, device=self.device)
-        kind = getattr(self.algorithm, "ClientState", None)
-        if saved is None or kind is None:
-            return saved
-        try:
-            return from_plain(kind, saved, f"client {client_id}'s state")
-        except ValueError as exc:
-            why = "it was written by another algorithm, or an older version of it"
-            raise DataError(f"{exc}: {why}") from None
+        return typed_client_state(self.algorithm, saved, client_id)
 
     def client_init(self, client_id: int) -> Params:
-        """The client's own random initialisation (``ClientContext.client_init``): the job's model
-        built by its factory under a seed of (run seed, client id), on this worker's device."""
-        seed = client_seed(self.job.seed, 0, client_id) ^ _CLIENT_INIT
-        with torch.random.fork_rng(devices=[]):  # the plugin's torch random stream goes on as it was
-            fresh = build_job_model(self.job, self.store.spec, seed)
-        return {k: v.detach().to(self.device) for k, v in P.model_params(fresh).items()}
+        """The client's own random initialisation (``ClientContext.client_init``)."""
+        return client_init_params(self.job, self.store.spec, client_id, self.device)
 
     def _evaluate(self, data: ClientData) -> Metrics:
         return evaluate(self.model, data, self.store.spec, self.device, self.job.evaluation.batch_size)
@@ -243,44 +247,30 @@ class ClientTrainer:
         round_num: int,
         store: str = "",
     ) -> list[Metrics]:
-        """Each client's test split under the global model and after few-shot fine-tuning.
+        """Each client's test split under the global model and after few-shot fine-tuning
+        (``raysim.runtime.personal.personalize``)."""
+        return personalize(self.model, self.stores[store], self.job, self.device, params, client_ids,
+                           config, round_num)  # fmt: skip
 
-        A client fine-tunes a fresh copy of ``params`` on the first ``fraction`` of its data
-        (from its train split, shuffled by the store's seed) for ``config.epochs`` epochs. Clients
-        with fewer than ``config.min_examples`` examples are skipped.
-        """
-        source = self.stores[store]
-        local = LocalTrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr)
+    def evaluate_personal(self, params: NumpyParams, client_ids: list[int], round_num: int) -> list[Metrics]:
+        """Each client's test split under its own predictor: the plugin's ``personal_model`` of the
+        global ``params`` and the client's newest state up to ``round_num`` (clients without a
+        test split are skipped)."""
+        if not has_personal_model(self.algorithm):
+            raise ValueError(f"algorithm {self.job.algorithm.name!r} has no personal_model to evaluate")
         on_device = {k: torch.as_tensor(v).to(self.device) for k, v in params.items()}  # once
-        out = []
+        rows = []
         for client_id in client_ids:
-            test, pool = source.client_data(client_id, "test"), source.client_data(client_id, "train")
-            if not config.admits(len(pool), len(test)):
+            test = self.store.client_data(client_id, "test")
+            if not len(test):
                 continue
-            P.load_into(self.model, on_device)
-            row = {**self._evaluate(test), "client_id": float(client_id)}
-            seed = client_seed(self.job.seed, round_num, client_id) ^ _PERSONALIZE
-            for fraction in config.fractions:
-                shots = min(int(round(fraction * (len(test) + len(pool)))), len(pool))
-                P.load_into(self.model, on_device)  # every fraction starts from the global model
-                self.model.train()
-                self.model.zero_grad(set_to_none=True)
-                torch.manual_seed(seed)  # dropout: the same whichever worker runs the client
-                if shots:
-                    train_local(
-                        self.model,
-                        ClientData({k: v[:shots] for k, v in pool.arrays.items()}),
-                        local,
-                        seed=seed,
-                        spec=source.spec,
-                        device=self.device,
-                    )
-                tuned = self._evaluate(test)
-                tag = f"personalized_{round(fraction * 100)}"
-                # a regression task has no accuracy
-                row |= {f"{tag}/{k}": tuned[k] for k in ("accuracy", "loss") if k in tuned}
-            out.append(row)
-        return out
+            state = self._client_state(client_id, round_num + 1)
+            ctx = personal_context(self.model, self.store, self.job, self.device, on_device, client_id,
+                                   round_num, state)  # fmt: skip
+            with local_precision(self.job.resources, self.device):
+                row = evaluate_personal_model(self.algorithm, ctx, test, self._batch_size)
+            rows.append({**row, "client_id": float(client_id)})
+        return rows
 
     def map_units(self, request: MapRequest[R], units: list[tuple[int, int]]) -> list[R | None]:
         """``request.task`` for each (point index, client position) unit, in order.

@@ -12,8 +12,9 @@ from raysim.data.prepare import open_dataset
 from raysim.engine.loop import build, run
 from raysim.errors import ConfigError
 from raysim.measure.evaluate import evaluate
+from raysim.runtime.personal import _PERSONALIZE
 from raysim.runtime.wire import WorkerSetup
-from raysim.runtime.worker import _PERSONALIZE, ClientTrainer
+from raysim.runtime.worker import ClientTrainer
 from raysim.sampling import client_seed, split_population
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData

@@ -158,3 +158,17 @@ def test_a_model_without_features_is_refused():
 
     with pytest.raises(TypeError, match=r"fedrod needs a model with features\(x\) and head"):
         algo().client_update(context([[1.0, 2.0]], [0], payload()))
+
+
+def test_the_personal_model_adds_the_clients_head_to_the_generic_model():
+    """personal_model(x) = f W0^T + b0 + f P^T + c with f = x V0^T; without state P, c = W0, b0."""
+    x = np.array([[1.0, -1.0], [0.2, 0.4]])
+    f = x @ V0.T
+    p, c = W0 * 0.5 + 0.1, B0 - 0.2
+    plugin = algo(1)
+    state = plugin.ClientState({"weight": torch.tensor(p).float(), "bias": torch.tensor(c).float()})
+    with torch.no_grad():
+        personal = plugin.personal_model(feature_context(X, Y, state=state))(torch.tensor(x).float())
+        fresh = plugin.personal_model(feature_context(X, Y))(torch.tensor(x).float())
+    assert np.allclose(personal.numpy(), f @ W0.T + B0 + f @ p.T + c, atol=1e-6)
+    assert np.allclose(fresh.numpy(), 2 * (f @ W0.T + B0), atol=1e-6)

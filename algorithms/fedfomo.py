@@ -1,0 +1,210 @@
+"""FedFomo: each client combines the models of the peers that help it most, weighted by first-order
+model optimization (Zhang et al., "Personalized Federated Learning with First Order Model
+Optimization", ICLR 2021, arXiv:2012.08565).
+
+There is no global model. The server keeps every client's latest model and an affinity of each
+client for each peer (the sum of the weights the client gave that peer so far). Each round:
+1. server (``client_payload``): each sampled client receives up to ``num_peers`` models of other
+   clients: the peers of highest affinity, or, with probability epsilon (``epsilon`` less
+   ``epsilon_decay`` per round, not below 0; and always while the client has no affinity yet),
+   peers drawn at random; a client that never trained also receives the initial model;
+2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
+   weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
+   loss on its validation split (the last ``validation_fraction`` of its examples, the PFLlib
+   convention the LSS notes follow), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
+   ``w_n > 0`` (else keeps ``θ_i``), trains on the rest of its examples and uploads its model and
+   its weights;
+3. server: stores the model and adds the weights to the client's affinities.
+
+The shared payload is empty: everything a client receives is its own (``sys/bytes_down/per_client``:
+``num_peers`` models a client, the paper's download cost). The server state holds every client's
+model, so it grows with the population. A client's predictor is its own model (``personal_model``,
+``eval/personal/...``); the global evaluation sees the initial model, which FedFomo never changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import Gather, Gathered
+from raysim.measure.evaluate import evaluate
+from raysim.registry import register
+from raysim.sampling import client_seed
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_local
+from raysim.types import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
+
+
+class FedFomoConfig(BaseModel, frozen=True, extra="forbid"):
+    """FedFomo: clients combine their peers' models, weighted by validation-loss improvement."""
+
+    num_peers: int = Field(5, ge=1)  # M: models a client downloads per round
+    epsilon: float = Field(0.3, ge=0, le=1)  # chance of random peers instead of the top-affinity ones
+    epsilon_decay: float = Field(0.05, ge=0)  # subtracted from epsilon per round
+    validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, never trained on
+    local: LocalTrainConfig = LocalTrainConfig()
+
+
+@dataclass(frozen=True)
+class Affinities:
+    """The server's memory: every client's latest model and its affinity for each peer (ids as
+    strings, as checkpoints keep them)."""
+
+    models: dict[str, Params]
+    affinity: dict[str, dict[str, float]]
+    seed: int  # the run's, for the server's draws of peers
+
+
+@dataclass(frozen=True)
+class Peers:
+    """What one client receives: its peers' ids and models, and the initial model the first time."""
+
+    ids: list[int]
+    models: list[Params]  # tensors on ``ctx.device`` in ``client_update`` (numpy arrays on the way)
+    start: Params | None
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What one client sends: its model after training and the weight it gave each peer."""
+
+    client_id: int
+    model: Params
+    peers: list[int]
+    weights: torch.Tensor  # (num peers,)
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """What a client keeps between rounds: its own model."""
+
+    model: Params
+
+
+def split_validation(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
+    """(train, validation): the last ``fraction`` of the examples (at least one when there are two
+    or more) are the validation split, the same every round."""
+    n = len(data)
+    num_val = min(max(math.ceil(fraction * n), 1), n - 1) if n >= 2 else 0
+    cut = n - num_val
+    return (
+        ClientData({k: v[:cut] for k, v in data.arrays.items()}, data.batch_transform),
+        ClientData({k: v[cut:] for k, v in data.arrays.items()}),
+    )
+
+
+def peer_weights(
+    model: nn.Module, own: Params, peers: list[Params], validation: ClientData, ctx: ClientContext
+) -> torch.Tensor:
+    """``w_n = max(0, (L(own) - L(peer_n)) / ||peer_n - own||)`` on ``validation``, (num peers,);
+    zeros without validation examples. Leaves ``model`` holding ``own``."""
+    if not len(validation) or not peers:
+        return torch.zeros(len(peers))
+
+    def loss(weights: Params) -> float:
+        P.load_into(model, weights)
+        return evaluate(model, validation, ctx.spec, ctx.device)["loss"]
+
+    own_loss = loss(own)
+    weights = []
+    for peer in peers:
+        distance = P.distance(peer, own)
+        weights.append(max(0.0, (own_loss - loss(peer)) / distance) if distance > 0 else 0.0)
+    P.load_into(model, own)
+    return torch.tensor(weights, dtype=torch.float64)
+
+
+@register("algorithm", "fedfomo")
+class FedFomo:
+    """FedFomo: each client moves towards the peers whose models lower its validation loss."""
+
+    Config = FedFomoConfig
+    ClientState = OwnModel
+
+    def __init__(self, config: FedFomoConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[Affinities]:
+        return ServerState(P.clone(params), buffer_keys=info.buffer_keys, extra=Affinities({}, {}, info.seed))
+
+    def payload(self, state: ServerState[Affinities], round_num: int) -> Payload[None]:
+        return Payload({})  # nothing shared: every client's payload is its own
+
+    def client_payload(self, state: ServerState[Affinities], round_num: int, client_id: int) -> Peers:
+        memory = state.extra
+        ids = self.choose_peers(memory, round_num, client_id)
+        start = None if str(client_id) in memory.models else state.params
+        return P.numpy_leaves(Peers(ids, [memory.models[str(j)] for j in ids], start))
+
+    def choose_peers(self, memory: Affinities, round_num: int, client_id: int) -> list[int]:
+        """Up to ``num_peers`` other clients with a model: the highest affinities (ties: lower id)
+        or, epsilon-greedily, a seeded random draw."""
+        candidates = sorted(int(k) for k in memory.models if int(k) != client_id)
+        m = min(self.config.num_peers, len(candidates))
+        rng = np.random.default_rng(client_seed(memory.seed, round_num, client_id))
+        epsilon = max(self.config.epsilon - self.config.epsilon_decay * round_num, 0.0)
+        affinity = memory.affinity.get(str(client_id), {})
+        if not affinity or rng.random() < epsilon:
+            return sorted(int(j) for j in rng.choice(candidates, size=m, replace=False))
+        return sorted(candidates, key=lambda j: (-affinity.get(str(j), 0.0), j))[:m]
+
+    def client_update(self, ctx: ClientContext[None, OwnModel]) -> ClientResult[Upload, OwnModel]:
+        peers: Peers = ctx.client_payload
+        own = ctx.state.model if ctx.state is not None else peers.start
+        if own is None:
+            raise ValueError(f"fedfomo: client {ctx.client_id} has neither a model of its own nor a start")
+        models = peers.models
+        P.load_into(ctx.model, own)  # the worker loaded nothing: the payload shares no params
+        train, validation = split_validation(ctx.data, self.config.validation_fraction)
+        weights = peer_weights(ctx.model, own, models, validation, ctx)
+        if weights.sum() > 0:  # θ_i + Σ w_n (θ_n - θ_i) / Σ w_n
+            share = (weights / weights.sum()).tolist()
+            moved = {k: w + sum(s * (m[k] - w) for s, m in zip(share, models)) for k, w in own.items()}
+            P.load_into(ctx.model, moved)
+        ctx.model.train()
+        metrics = train_local(
+            ctx.model, train, self.config.local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
+            round_num=ctx.round_num, step_budget=ctx.step_budget,
+        )  # fmt: skip
+        model = P.clone(P.model_params(ctx.model))
+        upload = Upload(ctx.client_id, model, peers.ids, weights)
+        metrics["fedfomo/positive_peers"] = float((weights > 0).sum())
+        return ClientResult(upload, examples_trained_on(metrics), metrics, OwnModel(model))
+
+    def personal_model(self, ctx: ClientContext[None, OwnModel]) -> nn.Module:
+        """The client's own model (the initial model when it never trained)."""
+        if ctx.state is not None:
+            P.load_into(ctx.model, ctx.state.model)
+        return ctx.model
+
+    def aggregator(self) -> Gather:
+        return Gather()
+
+    def server_update(
+        self, state: ServerState[Affinities], gathered: Gathered, round_num: int
+    ) -> tuple[ServerState[Affinities], Metrics]:
+        models = dict(state.extra.models)
+        affinity = {k: dict(row) for k, row in state.extra.affinity.items()}
+        for _, result in gathered:
+            upload: Upload = result.update
+            models[str(upload.client_id)] = P.clone(upload.model)
+            row = affinity.setdefault(str(upload.client_id), {})
+            for peer, weight in zip(upload.peers, upload.weights.tolist()):
+                row[str(peer)] = row.get(str(peer), 0.0) + weight
+        extra = replace(state.extra, models=models, affinity=affinity)
+        return replace(state, extra=extra), {"fedfomo/num_models": float(len(models))}

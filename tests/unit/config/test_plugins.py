@@ -1,5 +1,7 @@
 """Plugin sections: a partial section keeps every other default of its plugin, at any depth."""
 
+
+
 from raw_jobs import BASE, problems_of
 
 from raysim.config import JobConfig, apply_overrides, flatten

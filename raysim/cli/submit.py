@@ -5,6 +5,8 @@ The cluster runs ``python -m raysim run JOB ...`` in an uploaded copy of the cur
 the user reads it, not into that copy in Ray's session folder: the MLflow store
 (``MLFLOW_TRACKING_URI``) and the run directories with their checkpoints (``RAYSIM_HOME``), both
 made absolute. The config is validated here first, so a typo fails before anything is uploaded.
+The job's runs are tagged with this checkout's git commit, branch and dirty state (the upload has
+no .git) and with the job's submission id, which raysim picks (``raysim_<hex>``).
 
 Usage:
     raysim submit jobs/quickstart.yaml --address http://127.0.0.1:8265 engine.num_rounds=5
@@ -17,6 +19,7 @@ import ipaddress
 import os
 import shlex
 import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -102,7 +105,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     check_upload_size(Path.cwd())
     token = ray_jobs.auth_token(os.environ, Path.home())
     client = ray_jobs.connect(address, token)
-    job_id = ray_jobs.submit(client, token, submission.entrypoint, submission.runtime_env)
+    job_id = ray_jobs.submit(
+        client, token, submission.entrypoint, submission.runtime_env, submission.submission_id
+    )
     say = partial(console.print, soft_wrap=True, highlight=False, markup=False)
     try:  # from here on, Ctrl-C leaves the submitted job running and says how to reach it
         say(f"submitted Ray job {job_id} to {address}")
@@ -135,13 +140,22 @@ class Submission:
     runtime_env: dict[str, Any]
     tracking_uri: str
     output_dir: Path
+    submission_id: str  # the Ray Job's id, chosen here so that its runs can be tagged with it
 
 
 def plan(
-    args: argparse.Namespace, jobs: Sequence[JobConfig], cwd: Path, environ: Mapping[str, str]
+    args: argparse.Namespace,
+    jobs: Sequence[JobConfig],
+    cwd: Path,
+    environ: Mapping[str, str],
+    submission_id: str | None = None,
 ) -> Submission:
     """The submission of ``raysim submit ARGS`` run in ``cwd``: paths made absolute, the job's own
-    relative tracking URI (which would beat MLFLOW_TRACKING_URI) overridden."""
+    relative tracking URI (which would beat MLFLOW_TRACKING_URI) overridden, the submitting
+    checkout's git state and the submission id (default: a new one) in the job's environment."""
+    from raysim.engine.provenance import submission_env
+
+    submission_id = submission_id or f"raysim_{uuid.uuid4().hex[:16]}"
     uri = tracking_uri_for(jobs, args.tracking_uri, environ, cwd)
     output_dir = absolute(args.output_dir, cwd)
     overrides = list(args.overrides)
@@ -149,9 +163,12 @@ def plan(
         overrides.append(f"tracking.tracking_uri={uri}")
     return Submission(
         entrypoint=entrypoint(job_path_in(args.config, cwd), overrides, args.variant or []),
-        runtime_env=build_runtime_env(cwd, job_env(environ, cwd, uri, output_dir)),
+        runtime_env=build_runtime_env(
+            cwd, job_env(environ, cwd, uri, output_dir) | submission_env(jobs[0], submission_id)
+        ),
         tracking_uri=uri,
         output_dir=output_dir,
+        submission_id=submission_id,
     )
 
 

@@ -45,6 +45,7 @@ from raysim.runtime.sentinel import Sentinel
 from raysim.types import Metrics
 
 _STORE_LOCK_TIMEOUT_S = 600
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 class Tracker(Protocol):
@@ -234,16 +235,19 @@ class MlflowTracker:
         self.run_dir: Path | None = None
 
     def experiment_id(self) -> str:
-        """The experiment's id; created when missing, by whichever process gets there first."""
+        """The experiment's id; created when missing, by whichever process gets there first, and
+        tagged to open in the MLflow UI's model-training view (MLflow 3: else its GenAI view)."""
         from mlflow.exceptions import MlflowException
 
         with store_lock(self.uri):
             found = self.client.get_experiment_by_name(self.experiment)
             if found is not None:
+                if EXPERIMENT_KIND not in found.tags:  # a kind someone chose in the UI stays
+                    self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
                 return found.experiment_id
             try:
                 created = self.client.create_experiment(
-                    self.experiment, artifact_location=artifact_root(self.uri)
+                    self.experiment, artifact_root(self.uri), tags={EXPERIMENT_KIND: MODEL_TRAINING}
                 )
             except MlflowException as exc:  # a tracking server: another run created it meanwhile
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":

@@ -128,7 +128,7 @@ def test_resume_with_another_config_branches_a_child_run(job_repo, tmp_path, tra
     [child] = [r for r in only_run(client) if r.info.run_id != parent.info.run_id]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["resumed_from"] == str(checkpoint) and child.data.tags["resumed_from_round"] == "1"
-    assert child.info.run_name == "tiny/avg" and child.info.status == "FINISHED"
+    assert child.info.run_name == "tiny/avg num_rounds=3 lr=0.05" and child.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(child.info.run_id, "train/loss")] == [2]
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "train/loss")] == [0, 1]
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.engine.links import run_link, ui_base
+from raysim.engine.round_timer import WALL
 from raysim.engine.tables import RunRecord, curve_keys, default_metrics, logged_keys, markdown
 from raysim.engine.tracking import artifact_repository, sqlite_path
 from raysim.errors import RaysimError
@@ -33,7 +34,7 @@ COMPARED_RUNS_TAG = "raysim.compared_runs"
 COMPARISON_KEY_TAG = "raysim.comparison_key"  # a hash of the compared runs and options: one run each
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _MAX_TAG_CHARS = 8000  # MLflow's limit on a tag value
-_ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss")  # the table's clients/s and rounds
+_ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss", WALL)  # the table's clients/s, rounds, time
 
 
 class RunStore:

@@ -12,6 +12,8 @@ from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.config import JobConfig
 from raysim.engine.loop import run
+from raysim.engine.run_store import RunStore
+from raysim.engine.tables import RunRecord
 from raysim.engine.tracking import artifact_repository
 
 LANGUAGE_MODEL = {
@@ -45,7 +47,21 @@ def store(tmp_path_factory):
             for name in ("fedavg", "fedprox")
         ]
         lm = run(JobConfig.from_dict(LANGUAGE_MODEL), output_dir=folder / "out")
+    RUN_TABLE.update({r.run_id: RunRecord.of_result(r).fields() for r in [*runs, lm]})
     return uri, {r.job.name: r.run_id for r in [*runs, lm]}, folder
+
+
+RUN_TABLE: dict = {}  # each run's fields as `raysim run`'s own table shows them
+
+
+def test_compare_shows_the_time_and_rounds_raysim_runs_table_showed(store):
+    """One definition of `time s`: the rounds' wall time, the same read back from MLflow."""
+    uri, ids, _ = store
+    runs, _ = RunStore(uri).resolve(list(ids.values()))
+    for record in RunStore(uri).records(runs, None):
+        shown = RUN_TABLE[record.run_id]
+        assert record.fields()["time_s"] == pytest.approx(shown["time_s"], rel=1e-9)
+        assert record.fields()["rounds"] == shown["rounds"]
 
 
 def compare(store, *args):

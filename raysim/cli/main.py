@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, track.
+"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, runs, track.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -10,10 +10,12 @@ import argparse
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raysim.cli import compare, eval_checkpoint, ls, submit, track
+from raysim.cli import compare, eval_checkpoint, ls, runs, submit, track
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
@@ -65,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         metavar="CHECKPOINT",
-        help="continue from a checkpoint written by an earlier run: in the same MLflow run when only "
-        "engine.num_rounds changed, else in a new run tagged with its parent",
+        help="continue from a checkpoint written by an earlier run (a file, a run folder, or an MLflow "
+        "run id or name: its final.pt): in the same MLflow run when only engine.num_rounds changed, "
+        "else in a new run tagged with its parent",
     )
     run.add_argument(
         "--branch", action="store_true", help="with --resume: always start a new (child) MLflow run"
@@ -108,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     eval_checkpoint.add_parser(sub)
     compare.add_parser(sub)
+    runs.add_parser(sub)
     submit.add_parser(sub)
     track.add_parser(sub)
     return parser
@@ -125,7 +129,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "metrics (analysis/...) and PNGs back to the same run. A model (A, B, C) is final, init, "
         "round:N (the run's checkpoint of round N) or a checkpoint file.",
     )
-    analyze.add_argument("run_id", metavar="RUN_ID", help="the MLflow run id `raysim run` printed")
+    analyze.add_argument("run_id", metavar="RUN_ID", help="an MLflow run id or a run name")
     tools = analyze.add_subparsers(dest="tool", required=True, metavar="TOOL")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -188,9 +192,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise RaysimError("--resume continues one run: pick one with --variant NAME")
     if args.branch and not args.resume:
         raise RaysimError("--branch starts a run from a checkpoint: give it with --resume CHECKPOINT")
-    results = [
-        run(job, resume_from=args.resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
-    ]
+    with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:  # a run's final.pt, fetched
+        resume = resume_checkpoint(args.resume, jobs[0], Path(scratch)) if args.resume else None
+        results = [
+            run(job, resume_from=resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
+        ]
     from raysim.engine.round_timer import time_summary
     from raysim.engine.tables import comparison_table
 
@@ -209,6 +215,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"MLflow runs {', '.join(run_ids)} in {uri}, experiment {experiment!r}", soft_wrap=True)
         print_run_links(console, uri, run_ids)
     return UNSENT_EXIT_CODE if any(has_unsent(r.run_dir) for r in results) else 0
+
+
+def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
+    """``--resume``'s checkpoint: a file, a run folder's ``final.pt``, or a run's (by MLflow run
+    id or name) in the job's store."""
+    from raysim.engine.checkpoint_eval import find_checkpoint
+    from raysim.engine.tracking import tracking_uri
+
+    return str(find_checkpoint(target, tracking_uri(job.tracking), scratch))
 
 
 def resolved_configs(jobs: list[JobConfig]) -> str:

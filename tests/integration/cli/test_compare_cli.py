@@ -137,3 +137,28 @@ def test_unknown_names_and_metrics_are_clear_errors(store, capsys):
     assert "'no-such-run' is no run id, experiment or run name" in err and "'digits'" in err
     assert compare(store, "digits", "--metric", "bleu", "--no-log") == 2
     assert "no compared run logged bleu" in capsys.readouterr().err
+
+
+def test_where_keeps_the_runs_with_that_param_or_tag(store, capsys, tmp_path):
+    uri, ids, _ = store
+    assert compare(store, "digits", "--where", "algorithm=fedprox", "--no-log", "--out", str(tmp_path)) == 0
+    rows = [
+        line.split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.split()[:1] in (["fedavg"], ["fedprox"])
+    ]
+    assert rows == ["fedprox"]
+    assert compare(store, "digits", "--where", "seed=5", "--no-log") == 2
+    assert "no run of digits has seed=5" in capsys.readouterr().err
+
+
+def test_runs_lists_the_stores_runs_newest_first(store, capsys):
+    uri, ids, _ = store
+    assert main(["runs", "digits", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if ids["fedavg"] in line or ids["fedprox"] in line]
+    assert [line.split()[1] for line in lines] == ["fedprox", "fedavg"]  # newest first
+    assert all("FINISHED" in line for line in lines)
+    assert main(["runs", "--where", "algorithm=fedavg", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert ids["fedavg"] in out and ids["fedprox"] not in out and ids["lm"] in out  # the LM is FedAvg too

@@ -94,6 +94,17 @@ def test_resume_continues_the_same_run(job_repo, tmp_path, tracking_uri, capsys)
     assert job["engine"]["num_rounds"] == 4
 
 
+def test_resume_by_run_name_continues_that_run(job_repo, tmp_path, tracking_uri, capsys):
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out")
+    client = MlflowClient(tracking_uri)
+    [first] = only_run(client)
+    raysim_run(job_path, tmp_path / "out", "--resume", "tiny/avg", "engine.num_rounds=3")
+    assert f"continuing MLflow run {first.info.run_id}" in capsys.readouterr().err
+    [run] = only_run(client)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0, 1, 2]
+
+
 def test_a_checkpoint_written_before_the_option_renames_continues_its_run(
     job_repo, tmp_path, tracking_uri, capsys
 ):

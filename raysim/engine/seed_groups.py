@@ -3,8 +3,7 @@
 Two runs belong together when every param but ``seed`` (and the ``tracking`` and ``resources``
 sections: where and how they ran) is equal. A group becomes one record named after its first run
 (its ``seed=N`` part dropped) with ``(N seeds)`` added: each final metric and each round's
-metric is the mean over the seeds that logged it in every run, and the time the mean time. The
-spread over seeds (mean ± std per cell, paired comparisons) is ``raysim report``'s.
+metric is the mean over the seeds that logged it in every run, and the time the mean time.
 
 Usage:
     records = over_seeds(runs, store.records(runs, None))  # runs and records in the same order

@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a job (every variant in it), log to MLflow")
     run.add_argument("config", help="job YAML, e.g. jobs/quickstart.yaml")
-    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.sub=value overrides of every variant, VARIANT:key.sub=value of one (=!unset drops a key)",
+    )
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument(
         "--resume",

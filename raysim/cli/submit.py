@@ -6,7 +6,7 @@ the user reads it, not into that copy in Ray's session folder: the MLflow store
 (``MLFLOW_TRACKING_URI``) and the run directories with their checkpoints (``RAYSIM_HOME``), both
 made absolute. The config is validated here first, so a typo fails before anything is uploaded.
 The job's runs are tagged with this checkout's git commit, branch and dirty state (the upload has
-no .git) and with the job's submission id, which raysim picks (``raysim_<hex>``).
+no .git) and with the job's submission id, which raysim picks (``raysubmit_<hex>``).
 
 Usage:
     raysim submit jobs/quickstart.yaml --address http://127.0.0.1:8265 engine.num_rounds=5
@@ -155,7 +155,7 @@ def plan(
     checkout's git state and the submission id (default: a new one) in the job's environment."""
     from raysim.engine.provenance import submission_env
 
-    submission_id = submission_id or f"raysim_{uuid.uuid4().hex[:16]}"
+    submission_id = submission_id or f"raysubmit_{uuid.uuid4().hex[:16]}"
     uri = tracking_uri_for(jobs, args.tracking_uri, environ, cwd)
     output_dir = absolute(args.output_dir, cwd)
     overrides = list(args.overrides)

@@ -244,7 +244,10 @@ def run_named(client: Any, name: str, uri: str) -> Any:
     query = f"attributes.run_name = '{escaped}'"
     found = [r for r in search_runs(client, experiments, query) if not is_comparison(r)]
     if not found:
-        raise RaysimError(f"no run id or run name {name!r} in {uri}; `raysim runs` lists the store's runs")
+        raise RaysimError(
+            f"no MLflow run id or run name {name!r} in {uri}; `raysim runs` lists the store's runs "
+            f"(or pass --tracking-uri)"
+        )
     if len(found) > 1:
         candidates = "; ".join(f"{r.info.run_id} ({r.info.status}, started {started(r)})" for r in found)
         raise RaysimError(f"{len(found)} runs are named {name!r}: {candidates}; give the run id of one")

@@ -183,7 +183,7 @@ def one_line_error(capsys):
 def test_user_errors_are_one_line_naming_the_fix(finished, tmp_path, capsys):
     result, uri = finished
     assert main(["analyze", "0123abcd", "barrier", "init", "final", "--tracking-uri", uri]) == 2
-    assert "no MLflow run '0123abcd'" in one_line_error(capsys)
+    assert "no MLflow run id or run name '0123abcd'" in one_line_error(capsys)  # a name, else
     assert analyze(finished, "line", "round:7", "final") == 2
     err = one_line_error(capsys)
     assert "no checkpoint of round 7" in err and "[0, 1, 2]" in err and "checkpoint_every" in err

@@ -49,7 +49,7 @@ def test_defaults_land_runs_and_checkpoints_in_the_submitting_directory(tmp_path
         "RAYSIM_SUBMITTED_GIT": "{}",  # a job built in Python has no repository
         "RAYSIM_SUBMISSION_ID": plan.submission_id,
     }
-    assert plan.submission_id.startswith("raysim_")
+    assert plan.submission_id.startswith("raysubmit_")
     excluded = set(plan.runtime_env["excludes"])
     assert {".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"} <= excluded
     assert {"mlflow.db*", "mlruns", "mlartifacts", ".raysim", "*.pt"} <= excluded
@@ -247,11 +247,11 @@ def test_the_job_carries_the_submitting_checkouts_git_state_and_its_submission_i
     subprocess.run([*git, "add", "job.yaml"], check=True)
     subprocess.run([*git, "commit", "-qm", "job"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    plan = submit.plan(args(config="job.yaml"), load_jobs(tmp_path / "job.yaml"), tmp_path, {}, "raysim_7")
+    plan = submit.plan(args(config="job.yaml"), load_jobs(tmp_path / "job.yaml"), tmp_path, {}, "raysubmit_7")
     env = plan.runtime_env["env_vars"]
     git_tags = json.loads(env["RAYSIM_SUBMITTED_GIT"])
     assert (git_tags["mlflow.source.git.commit"], git_tags["git_dirty"]) == (head, "false")
-    assert env["RAYSIM_SUBMISSION_ID"] == plan.submission_id == "raysim_7"
+    assert env["RAYSIM_SUBMISSION_ID"] == plan.submission_id == "raysubmit_7"
 
 
 def test_the_submission_id_given_to_ray_is_the_one_the_runs_are_tagged_with(cluster, capsys):

@@ -110,12 +110,12 @@ def test_the_overrides_are_a_tag_as_typed(tmp_path):
 def test_a_submitted_run_carries_the_submitting_checkouts_git_and_its_submission_id(tmp_path, monkeypatch):
     [job] = load_jobs(write(tmp_path, BASE))  # no repository here: as in the job's uploaded copy
     submitted = {"mlflow.source.git.commit": "abc123", "git_dirty": "true"}
-    for key, value in submission_env(job, "raysim_42").items():
+    for key, value in submission_env(job, "raysubmit_42").items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("RAYSIM_SUBMITTED_GIT", json.dumps(submitted))
     tags = source_tags(job, ["raysim", "run", "job.yaml"])
     source = "mlflow.source.name"
-    assert tags == {source: "raysim run job.yaml", **submitted, "ray.submission_id": "raysim_42"}
+    assert tags == {source: "raysim run job.yaml", **submitted, "ray.submission_id": "raysubmit_42"}
 
 
 def test_a_fresh_clone_with_a_runs_store_files_is_not_dirty(tmp_path):

@@ -40,7 +40,7 @@ def test_a_name_one_run_has_finds_it_and_a_shared_name_lists_the_candidates(stor
     message = str(info.value)
     assert message.startswith("2 runs are named 'study/fedprox': ") and "\n" not in message
     assert all(run_id in message for run_id in made["study/fedprox"])
-    with pytest.raises(RaysimError, match="no run id or run name 'study/fedadam'.*raysim runs"):
+    with pytest.raises(RaysimError, match="no MLflow run id or run name 'study/fedadam'.*raysim runs"):
         run_named(client, "study/fedadam", uri)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from raysim.cli.home import raysim_home
+from raysim.cli.runs import add_where
 from raysim.errors import RaysimError
 
 CURVES, TABLE_CSV, TABLE_MD = "curves.png", "final_metrics.csv", "final_metrics.md"
@@ -51,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--tracking-uri", help="the runs' store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"
     )
+    add_where(compare)
+    compare.add_argument(
+        "--over-seeds",
+        action="store_true",
+        help="runs that differ only in their seed as one row (and curve): the mean over the seeds",
+    )
     compare.add_argument("--no-log", action="store_true", help="write the files only; log no MLflow run")
     compare.set_defaults(handler=cmd_compare)
 
@@ -59,16 +66,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
     from raysim.engine.plots import overlaid_curves
-    from raysim.engine.run_store import RunStore
+    from raysim.engine.run_store import RunStore, matches, parse_where
     from raysim.engine.tables import curve_panels, describe, markdown, summary_tables, write_csv
-    from raysim.engine.tracking import tracking_uri
+    from raysim.engine.tracking_store import tracking_uri
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
     runs, notes = store.resolve(args.targets)
+    if args.where:
+        conditions = parse_where(args.where)
+        runs = [run for run in runs if matches(run, conditions)]
+        if not runs:
+            raise RaysimError(f"no run of {', '.join(args.targets)} has {' and '.join(args.where)}")
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
     records = store.records(runs, args.metric)
+    if args.over_seeds:
+        from raysim.engine.seed_groups import over_seeds
+
+        records = over_seeds(runs, records)
     panels = curve_panels(records, args.metric)
     missing = [m for m in args.metric or [] if m not in {p.metric for p in panels}]
     if missing:

@@ -1,4 +1,5 @@
-"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, report, track.
+"""The ``raysim`` command: run, submit, prepare, ls, ui, server, bench, analyze, eval, compare, runs, report,
+track.
 
 User errors (bad config, missing data, resources) print one clear message and exit 2, without a
 traceback; ``RAYSIM_DEBUG=1`` shows the traceback too.
@@ -10,10 +11,12 @@ import argparse
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raysim.cli import compare, eval_checkpoint, ls, report, submit, track
+from raysim.cli import compare, eval_checkpoint, ls, report, runs, submit, track
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
@@ -60,13 +63,18 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a job (every variant in it), log to MLflow")
     run.add_argument("config", help="job YAML, e.g. jobs/quickstart.yaml")
-    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.sub=value overrides of every variant, VARIANT:key.sub=value of one (=!unset drops a key)",
+    )
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument(
         "--resume",
         metavar="CHECKPOINT",
-        help="continue from a checkpoint written by an earlier run: in the same MLflow run when only "
-        "engine.num_rounds changed, else in a new run tagged with its parent",
+        help="continue from a checkpoint written by an earlier run (a file, a run folder, or an MLflow "
+        "run id or name: its final.pt): in the same MLflow run when only engine.num_rounds changed, "
+        "else in a new run tagged with its parent",
     )
     run.add_argument(
         "--branch", action="store_true", help="with --resume: always start a new (child) MLflow run"
@@ -115,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     eval_checkpoint.add_parser(sub)
     compare.add_parser(sub)
     report.add_parser(sub)
+    runs.add_parser(sub)
     submit.add_parser(sub)
     track.add_parser(sub)
     return parser
@@ -132,7 +141,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "metrics (analysis/...) and PNGs back to the same run. A model (A, B, C) is final, init, "
         "round:N (the run's checkpoint of round N) or a checkpoint file.",
     )
-    analyze.add_argument("run_id", metavar="RUN_ID", help="the MLflow run id `raysim run` printed")
+    analyze.add_argument("run_id", metavar="RUN_ID", help="an MLflow run id or a run name")
     tools = analyze.add_subparsers(dest="tool", required=True, metavar="TOOL")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -204,9 +213,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise RaysimError("--resume continues one run: pick one with --variant NAME")
     if args.branch and not args.resume:
         raise RaysimError("--branch starts a run from a checkpoint: give it with --resume CHECKPOINT")
-    results = [
-        run(job, resume_from=args.resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
-    ]
+    with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:  # a run's final.pt, fetched
+        resume = resume_checkpoint(args.resume, jobs[0], Path(scratch)) if args.resume else None
+        results = [
+            run(job, resume_from=resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
+        ]
     from raysim.engine.round_timer import time_summary
     from raysim.engine.tables import comparison_table
 
@@ -215,7 +226,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (summary := time_summary(r.history)) is not None:
             console.print(f"{r.job.name}: {summary}" if len(results) > 1 else summary, highlight=False)
     from raysim.engine.outbox import UNSENT_EXIT_CODE, has_unsent
-    from raysim.engine.tracking import tracking_uri
+    from raysim.engine.tracking_store import tracking_uri
 
     stores: dict[tuple[str, str], list[str]] = {}  # variants may log to different stores
     for r in results:
@@ -225,6 +236,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"MLflow runs {', '.join(run_ids)} in {uri}, experiment {experiment!r}", soft_wrap=True)
         print_run_links(console, uri, run_ids)
     return UNSENT_EXIT_CODE if any(has_unsent(r.run_dir) for r in results) else 0
+
+
+def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
+    """``--resume``'s checkpoint: a file, a run folder's ``final.pt``, or a run's (by MLflow run
+    id or name) in the job's store."""
+    from raysim.engine.checkpoint_eval import find_checkpoint
+    from raysim.engine.tracking_store import tracking_uri
+
+    return str(find_checkpoint(target, tracking_uri(job.tracking), scratch))
 
 
 def resolved_configs(jobs: list[JobConfig]) -> str:

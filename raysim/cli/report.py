@@ -64,7 +64,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.engine.grid_runs import load_runs, log_report
     from raysim.engine.grid_table import Selection, Statistic, build_table
     from raysim.engine.run_store import RunStore
-    from raysim.engine.tracking import tracking_uri
+    from raysim.engine.tracking_store import tracking_uri
     from raysim.errors import RaysimError
 
     if (args.select is None) != (args.on is None):

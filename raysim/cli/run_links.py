@@ -29,7 +29,7 @@ def print_run_links(out: Console, uri: str, run_ids: list[str]) -> None:
     from mlflow.tracking import MlflowClient
 
     from raysim.engine.links import chart_link, compare_link, run_link, ui_base
-    from raysim.engine.tracking import is_server
+    from raysim.engine.tracking_store import is_server
 
     client = MlflowClient(tracking_uri=uri)
     infos = [client.get_run(run_id).info for run_id in run_ids]

@@ -5,6 +5,8 @@ The cluster runs ``python -m raysim run JOB ...`` in an uploaded copy of the cur
 the user reads it, not into that copy in Ray's session folder: the MLflow store
 (``MLFLOW_TRACKING_URI``) and the run directories with their checkpoints (``RAYSIM_HOME``), both
 made absolute. The config is validated here first, so a typo fails before anything is uploaded.
+The job's runs are tagged with this checkout's git commit, branch and dirty state (the upload has
+no .git) and with the job's submission id, which raysim picks (``raysubmit_<hex>``).
 
 Usage:
     raysim submit jobs/quickstart.yaml --address http://127.0.0.1:8265 engine.num_rounds=5
@@ -17,6 +19,7 @@ import ipaddress
 import os
 import shlex
 import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -111,7 +114,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     check_upload_size(Path.cwd())
     token = ray_jobs.auth_token(os.environ, Path.home())
     client = ray_jobs.connect(address, token)
-    job_id = ray_jobs.submit(client, token, submission.entrypoint, submission.runtime_env)
+    job_id = ray_jobs.submit(
+        client, token, submission.entrypoint, submission.runtime_env, submission.submission_id
+    )
     say = partial(console.print, soft_wrap=True, highlight=False, markup=False)
     try:  # from here on, Ctrl-C leaves the submitted job running and says how to reach it
         say(f"submitted Ray job {job_id} to {address}")
@@ -144,13 +149,22 @@ class Submission:
     runtime_env: dict[str, Any]
     tracking_uri: str
     output_dir: Path
+    submission_id: str  # the Ray Job's id, chosen here so that its runs can be tagged with it
 
 
 def plan(
-    args: argparse.Namespace, jobs: Sequence[JobConfig], cwd: Path, environ: Mapping[str, str]
+    args: argparse.Namespace,
+    jobs: Sequence[JobConfig],
+    cwd: Path,
+    environ: Mapping[str, str],
+    submission_id: str | None = None,
 ) -> Submission:
     """The submission of ``raysim submit ARGS`` run in ``cwd``: paths made absolute, the job's own
-    relative tracking URI (which would beat MLFLOW_TRACKING_URI) overridden."""
+    relative tracking URI (which would beat MLFLOW_TRACKING_URI) overridden, the submitting
+    checkout's git state and the submission id (default: a new one) in the job's environment."""
+    from raysim.engine.provenance import submission_env
+
+    submission_id = submission_id or f"raysubmit_{uuid.uuid4().hex[:16]}"
     uri = tracking_uri_for(jobs, args.tracking_uri, environ, cwd)
     output_dir = absolute(args.output_dir, cwd)
     overrides = list(args.overrides)
@@ -160,9 +174,12 @@ def plan(
         entrypoint=entrypoint(
             job_path_in(args.config, cwd), overrides, args.variant or [], sweep_flags(args)
         ),
-        runtime_env=build_runtime_env(cwd, job_env(environ, cwd, uri, output_dir)),
+        runtime_env=build_runtime_env(
+            cwd, job_env(environ, cwd, uri, output_dir) | submission_env(jobs[0], submission_id)
+        ),
         tracking_uri=uri,
         output_dir=output_dir,
+        submission_id=submission_id,
     )
 
 
@@ -184,7 +201,7 @@ def absolute_tracking_uri(uri: str, cwd: Path) -> str:
     """A tracking URI the job resolves the same way as this shell: a relative SQLite file or plain
     path is taken relative to ``cwd``. The job's own working directory is a temporary copy in Ray's
     session folder, where a relative store would be lost."""
-    from raysim.engine.tracking import absolute_uri
+    from raysim.engine.tracking_store import absolute_uri
 
     if _is_path(uri):  # MLflow's file store
         return str(absolute(uri, cwd))

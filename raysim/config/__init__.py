@@ -11,7 +11,8 @@ Usage:
 
 The rooms: ``job`` (``JobConfig``, validated whole), ``sections`` (the job's own sections),
 ``system`` (the clients as devices), ``plugins`` (sections that name a plugin, and error wording),
-``files`` (YAML, variants, overrides). The names below are the config's public API.
+``files`` (YAML, variants, overrides), ``overrides`` (``VARIANT:key=value`` and ``!unset``).
+The names below are the config's public API.
 """
 
 from raysim.config.files import apply_overrides, deep_merge, flatten, load_jobs

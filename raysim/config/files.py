@@ -10,13 +10,15 @@ from typing import Any
 import yaml
 
 from raysim.config.job import JobConfig, JobOrigin, validate_job
+from raysim.config.overrides import JobLoader, check_targets, drop_unset, overrides_for
 from raysim.errors import ConfigError
 
 
 def load_jobs(
     path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None
 ) -> list[JobConfig]:
-    """Loads a job file: one JobConfig, or one per variant (optionally only those named)."""
+    """Loads a job file: one JobConfig, or one per variant (optionally only those named).
+    ``VARIANT:key=value`` overrides apply to that variant only; ``key: !unset`` drops a key."""
     raw = read_job_file(Path(path))
     raw.pop("sweep", None)  # its cells are the variants' jobs with its values (raysim.config.cells)
     variants = raw.pop("variants", None) or [None]
@@ -25,22 +27,36 @@ def load_jobs(
     jobs: list[JobConfig] = []
     problems_by_variant: dict[str, list[str]] = {}
     merged_all = [_with_variant(raw, variant, index, str(path)) for index, variant in enumerate(variants)]
-    _refuse_duplicate_names([merged.get("name") for merged in merged_all], str(path))
+    names = [merged.get("name") for merged in merged_all]
+    _refuse_duplicate_names(names, str(path))
+    check_targets(overrides or [], [str(n) for n in names] if variants != [None] else [], str(path))
     for variant, merged in zip(variants, merged_all, strict=True):
         if only and merged.get("name") not in only:
             continue
         try:
-            job = validate_job(apply_overrides(merged, overrides or []), str(path))
-            jobs.append(job.model_copy(update={"origin": _origin(Path(path), raw, job, variant)}))
+            own = overrides_for(overrides or [], str(merged.get("name")) if variant is not None else None)
+            job = validate_job(drop_unset(apply_overrides(merged, own)), str(path))
+            origin = _origin(Path(path), raw, job, variant, own)
+            jobs.append(job.model_copy(update={"origin": origin}))
         except ConfigError as exc:
             label = f"variant {merged.get('name')!r}: " if variant is not None else ""
             problems_by_variant[label] = exc.problems
     problems = _merge_variant_problems(problems_by_variant, checked=len(jobs) + len(problems_by_variant))
     if problems:
-        raise ConfigError(problems, str(path))
+        raise ConfigError(problems + _one_variant_hint(overrides or [], problems, jobs), str(path))
     if only and not jobs:
         raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
     return jobs
+
+
+def _one_variant_hint(overrides: list[str], problems: list[str], accepted: list[JobConfig]) -> list[str]:
+    """Where an override every variant got fails on some only, how to aim it at the others."""
+    if not accepted:
+        return []
+    keys = {o: o.partition("=")[0] for o in overrides}
+    failing = [o for o, key in keys.items() if ":" not in key and f": {key}:" in str(problems)]
+    names = ", ".join(job.name for job in accepted)
+    return [f"override {o!r} fits variants {names} only: write {accepted[0].name}:{o}" for o in failing]
 
 
 def _refuse_duplicate_names(names: list[Any], source: str) -> None:
@@ -52,12 +68,13 @@ def _refuse_duplicate_names(names: list[Any], source: str) -> None:
         raise ConfigError([f"variants: more than one is named {name!r}; {fix}" for name in repeated], source)
 
 
-def _origin(path: Path, raw: dict, job: JobConfig, variant: Any) -> JobOrigin:
+def _origin(path: Path, raw: dict, job: JobConfig, variant: Any, overrides: list[str]) -> JobOrigin:
     base_name = raw.get("name")
     return JobOrigin(
         path=str(path.absolute()),
         job=str(base_name) if base_name else path.stem,
         variant=job.name if variant is not None else None,
+        overrides=tuple(overrides),
     )
 
 
@@ -77,7 +94,7 @@ def _merge_variant_problems(problems_by_variant: dict[str, list[str]], checked: 
 def read_job_file(path: Path) -> dict[str, Any]:
     """A job file's mapping, as written."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=JobLoader)  # noqa: S506 (safe, plus !unset)
     except FileNotFoundError:
         raise ConfigError([f"no such job file: {path}"]) from None
     except yaml.YAMLError as exc:
@@ -116,7 +133,8 @@ def deep_merge(base: dict, update: dict) -> dict:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Applies ``a.b.c=value`` overrides; values are parsed as YAML (``0.1``, ``[1, 2]``, ``null``)."""
+    """Applies ``a.b.c=value`` overrides; values are parsed as YAML (``0.1``, ``[1, 2]``, ``null``,
+    ``!unset``: drop the key)."""
     out = copy.deepcopy(raw)
     problems = []
     for item in overrides:
@@ -131,7 +149,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 node[part] = {}
             node = node[part]
         try:
-            node[leaf] = yaml.safe_load(text)
+            node[leaf] = yaml.load(text, Loader=JobLoader)  # noqa: S506 (safe, plus !unset)
         except yaml.YAMLError:
             node[leaf] = text
     if problems:

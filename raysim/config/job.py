@@ -50,6 +50,7 @@ class JobOrigin(BaseModel, frozen=True, extra="forbid"):
     path: str  # the job file, absolute
     job: str  # the file's top-level ``name``, else its stem
     variant: str | None = None  # the variant's name; None for a file without variants
+    overrides: tuple[str, ...] = ()  # the command line's overrides of this variant (prefix dropped)
 
 
 class JobCore(BaseModel, frozen=True, extra="forbid"):

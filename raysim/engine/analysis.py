@@ -33,8 +33,10 @@ from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
-from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker, download_artifact, sqlite_path
-from raysim.engine.tracking import tracking_uri as default_tracking_uri
+from raysim.engine.run_store import RUN_ID, run_named
+from raysim.engine.tracking import RUN_DIR_TAG, MlflowTracker
+from raysim.engine.tracking_store import download_artifact, sqlite_path
+from raysim.engine.tracking_store import tracking_uri as default_tracking_uri
 from raysim.errors import CheckpointError, RaysimError
 from raysim.sampling import sample_eval_clients
 from raysim.services import Services
@@ -66,7 +68,7 @@ class FinishedRun:
         """Finds the run and rebuilds its job's data, plugins and initial model (no processes).
 
         Args:
-            run_id: the MLflow run id ``raysim run`` printed.
+            run_id: the MLflow run id ``raysim run`` printed, or the run's name.
             tracking_uri: the run's store; None: MLFLOW_TRACKING_URI, else ./mlflow.db.
             backend, num_workers: override the job's ``resources`` for the evaluation.
 
@@ -74,7 +76,7 @@ class FinishedRun:
             RaysimError: no such store or run, or the run has no raysim job.
         """
         tracker, run = attach_run(run_id, tracking_uri)
-        uri = tracker.uri
+        uri, run_id = tracker.uri, run.info.run_id
         job = JobConfig.from_dict(deep_merge(read_job(run_id, uri), resources_override(backend, num_workers)))
         run_dir = run.data.tags.get(RUN_DIR_TAG)
         return cls(run_id, tracker, open_parts(job), Path(run_dir) if run_dir else None)
@@ -212,11 +214,12 @@ class FinishedRun:
 
 
 def attach_run(run_id: str, tracking_uri: str | None) -> tuple[MlflowTracker, Any]:
-    """A tracker attached to an existing run, and the MLflow run; ``tracking_uri`` None:
-    MLFLOW_TRACKING_URI, else ./mlflow.db.
+    """A tracker attached to an existing run (by id, or by a name only it has), and the MLflow
+    run; ``tracking_uri`` None: MLFLOW_TRACKING_URI, else ./mlflow.db.
 
     Raises:
-        RaysimError: no such store (a SQLite file that is missing) or no such run in it.
+        RaysimError: no such store (a SQLite file that is missing) or no such run in it, or a
+            name several runs share.
     """
     uri = tracking_uri or default_tracking_uri(TrackingConfig())
     database = sqlite_path(uri)
@@ -226,7 +229,9 @@ def attach_run(run_id: str, tracking_uri: str | None) -> tuple[MlflowTracker, An
             f"to the store the run was logged to"
         )
     tracker = MlflowTracker.attach(run_id, uri)
-    return tracker, find_run(tracker, run_id, uri)
+    if not RUN_ID.fullmatch(run_id):  # a run name, which must name one run
+        tracker.run_id = run_named(tracker.client, run_id, uri).info.run_id
+    return tracker, find_run(tracker, str(tracker.run_id), uri)
 
 
 def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:

@@ -64,25 +64,31 @@ class CheckpointEvaluation:
 
 def find_checkpoint(target: str, tracking_uri: str | None, scratch: Path) -> Path:
     """The checkpoint ``target`` names: a checkpoint file, a run folder's ``final.pt``, or an
-    MLflow run's (downloaded into ``scratch`` when its run folder is gone).
+    MLflow run's, by id or name (downloaded into ``scratch`` when its run folder is gone).
 
     Raises:
         CheckpointError: ``target`` is none of these, or names no final checkpoint.
-        RaysimError: a run id that the store (``tracking_uri``) does not hold.
+        RaysimError: a run id or name that the store (``tracking_uri``) does not hold, or a name
+            several runs share.
     """
     path = Path(target).expanduser()
     if path.is_file():
         return path
     if path.is_dir():
         return run_folder_checkpoint(path)
-    if RUN_ID.fullmatch(target):
+    if RUN_ID.fullmatch(target) or not looks_like_a_path(target):  # a run id, or a run's name
         tracker, run = attach_run(target, tracking_uri)
         run_dir = run.data.tags.get(RUN_DIR_TAG)
-        return final_checkpoint(tracker.uri, target, Path(run_dir) if run_dir else None, scratch)
+        return final_checkpoint(tracker.uri, run.info.run_id, Path(run_dir) if run_dir else None, scratch)
     raise CheckpointError(
-        f"{target} is neither a checkpoint file nor a run folder (nor an MLflow run id); pass a "
-        f"final.pt or round_NNNNN.pt, a run folder (<output-dir>/runs/<run>) or a run id"
+        f"{target} is neither a checkpoint file nor a run folder (nor an MLflow run id or name); "
+        f"pass a final.pt or round_NNNNN.pt, a run folder (<output-dir>/runs/<run>), a run id or name"
     )
+
+
+def looks_like_a_path(target: str) -> bool:
+    """A ``.pt`` file or a folder path (``runs/x/``): not a run name such as ``quickstart/fedavg``."""
+    return target.endswith((".pt", "/")) or target.startswith((".", "/", "~"))
 
 
 def run_folder_checkpoint(folder: Path) -> Path:

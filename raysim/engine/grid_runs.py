@@ -23,7 +23,7 @@ from typing import Any
 
 from raysim.engine.grid_table import SeedRun
 from raysim.engine.run_store import KIND_TAG, RunStore
-from raysim.engine.tracking import artifact_repository
+from raysim.engine.tracking_store import artifact_repository
 
 SWEEP_TAG, CELL_TAG, AXIS_PREFIX = "raysim.sweep", "raysim.cell", "raysim.axis."
 SWEEP, REPORT = "sweep", "report"

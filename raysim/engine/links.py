@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from urllib.parse import quote
 
-from raysim.engine.tracking import is_server
+from raysim.engine.tracking_store import is_server
 
 DEFAULT_UI = "http://127.0.0.1:5000"  # where `raysim ui` serves a local store by default
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from raysim.config import JobConfig
-from raysim.engine.tracking import is_server, sqlite_path, tracking_uri
+from raysim.engine.tracking_store import is_server, sqlite_path, tracking_uri
 from raysim.errors import ResourceError
 
 PROBE_TIMEOUT_S = 5.0

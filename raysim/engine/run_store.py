@@ -18,12 +18,16 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from raysim.engine.links import run_link, ui_base
+from raysim.engine.round_timer import WALL
 from raysim.engine.tables import RunRecord, curve_keys, default_metrics, logged_keys, markdown
-from raysim.engine.tracking import artifact_repository, sqlite_path
+from raysim.engine.tracking_store import artifact_repository, sqlite_path
 from raysim.errors import RaysimError
 from raysim.types import Metrics
 
@@ -31,9 +35,10 @@ KIND_TAG = "raysim.kind"
 COMPARISON = "comparison"
 COMPARED_RUNS_TAG = "raysim.compared_runs"
 COMPARISON_KEY_TAG = "raysim.comparison_key"  # a hash of the compared runs and options: one run each
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id (fullmatch)
+_NEWEST_FIRST = "attributes.start_time DESC"
 _MAX_TAG_CHARS = 8000  # MLflow's limit on a tag value
-_ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss")  # the table's clients/s and rounds
+_ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss", WALL)  # the table's clients/s, rounds, time
 
 
 class RunStore:
@@ -69,7 +74,7 @@ class RunStore:
         return list(runs.values()), notes
 
     def _runs_of(self, target: str, notes: list[str]) -> list[Any]:
-        if _RUN_ID.match(target):
+        if RUN_ID.fullmatch(target):
             run = self._run(target)
             if run is not None:
                 return [run]
@@ -119,17 +124,24 @@ class RunStore:
         return [e.experiment_id for e in self.client.search_experiments()]
 
     def _search(self, experiment_ids: list[str], query: str) -> list[Any]:
-        """Every run matching ``query``, newest first (all pages)."""
-        found: list[Any] = []
-        token = None
-        while True:
-            page = self.client.search_runs(
-                experiment_ids, query, order_by=["attributes.start_time DESC"], page_token=token
-            )
-            found += list(page)
-            token = page.token
-            if not token:
-                return found
+        return search_runs(self.client, experiment_ids, query)
+
+    def listing(self, experiment: str | None = None, where: Sequence[str] = ()) -> list[Any]:
+        """The store's runs (of one experiment, by name or id), newest first, comparisons aside,
+        those matching every ``key=value`` of ``where`` only (``raysim runs``).
+
+        Raises:
+            RaysimError: no such experiment, or a condition that is no ``key=value``.
+        """
+        conditions = parse_where(where)
+        if experiment is None:
+            ids = self._experiment_ids()
+        elif (found := self._experiment(experiment)) is not None:
+            ids = [found.experiment_id]
+        else:
+            names = ", ".join(repr(e.name) for e in self.client.search_experiments())
+            raise RaysimError(f"no experiment {experiment!r} in {self.uri}; experiments: {names or 'none'}")
+        return [r for r in self._search(ids, "") if not is_comparison(r) and matches(r, conditions)]
 
     # --- reading them ----------------------------------------------------------------------------
 
@@ -206,6 +218,74 @@ class RunStore:
     def link(self, experiment_id: str, run_id: str) -> str:
         """The run's page in the MLflow UI: the tracking server's, else ``raysim ui``'s address."""
         return run_link(ui_base(self.uri), experiment_id, run_id)
+
+
+def search_runs(client: Any, experiment_ids: list[str], query: str) -> list[Any]:
+    """Every run matching ``query``, newest first (all pages)."""
+    found: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(experiment_ids, query, order_by=[_NEWEST_FIRST], page_token=token)
+        found += list(page)
+        token = page.token
+        if not token:
+            return found
+
+
+def run_named(client: Any, name: str, uri: str) -> Any:
+    """The one run named ``name`` in the store (comparisons aside): ``--resume`` and ``raysim
+    analyze`` take a run name where they take a run id.
+
+    Raises:
+        RaysimError: no run has that name, or several do (each listed, to pick one by id).
+    """
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    escaped = name.replace("\\", "\\\\").replace("'", "\\'")
+    query = f"attributes.run_name = '{escaped}'"
+    found = [r for r in search_runs(client, experiments, query) if not is_comparison(r)]
+    if not found:
+        raise RaysimError(
+            f"no MLflow run id or run name {name!r} in {uri}; `raysim runs` lists the store's runs "
+            f"(or pass --tracking-uri)"
+        )
+    if len(found) > 1:
+        candidates = "; ".join(f"{r.info.run_id} ({r.info.status}, started {started(r)})" for r in found)
+        raise RaysimError(f"{len(found)} runs are named {name!r}: {candidates}; give the run id of one")
+    return found[0]
+
+
+def started(run: Any) -> str:
+    """The run's start, local time to the minute."""
+    return datetime.fromtimestamp(run.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
+
+
+def parse_where(where: Sequence[str]) -> dict[str, Any]:
+    """``["seed=1", "variant=fedprox"]`` -> ``{"seed": 1, "variant": "fedprox"}``, values as YAML.
+
+    Raises:
+        RaysimError: an item that is no ``key=value``.
+    """
+    conditions: dict[str, Any] = {}
+    for item in where:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RaysimError(f"--where {item!r}: expected key=value, e.g. --where algorithm.local.lr=0.1")
+        conditions[key] = _as_value(value)
+    return conditions
+
+
+def matches(run: Any, conditions: dict[str, Any]) -> bool:
+    """Whether each condition's key is a param (the flattened config) or tag of the run with that
+    value; ``0.10`` matches ``0.1`` (compared as YAML values)."""
+    found = {**run.data.tags, **run.data.params}
+    return all(key in found and _as_value(found[key]) == value for key, value in conditions.items())
+
+
+def _as_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def is_comparison(run: Any) -> bool:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from raysim.engine.plots import Panel, Series
+from raysim.engine.round_timer import WALL
 from raysim.measure.pooling import perplexity
 from raysim.types import Metrics
 
@@ -69,7 +70,7 @@ class RunRecord:
     algorithm: str
     final: Metrics  # the last logged value of every metric
     history: list[tuple[int, Metrics]]  # (round, metrics); may hold only the keys to be drawn
-    seconds: float | None = None  # wall time; None: unknown (a run that did not end)
+    seconds: float | None = None  # the run's duration; None: unknown (a run that did not end)
     run_id: str | None = None
     experiment_id: str | None = None
 
@@ -96,11 +97,17 @@ class RunRecord:
         return max(steps) + 1 if steps else None
 
     def fields(self) -> Metrics:
-        """The final metrics with the run's rounds, seconds and mean clients per second."""
+        """The final metrics with the run's rounds, time and mean clients per second.
+
+        The time is the rounds' wall time summed (``sys/time/wall_s``; a continued run's earlier
+        rounds included), read alike from a run just made and from MLflow: start-up (data,
+        workers, which the first of several runs pays alone) is left out. A run that logged no
+        round times (an older one) shows its duration."""
         rates = [m["sys/clients_per_s"] for _, m in self.history if "sys/clients_per_s" in m]
+        round_times = [m[WALL] for _, m in self.history if WALL in m]
         extra = {
             "rounds": self.rounds,
-            "time_s": self.seconds,
+            "time_s": sum(round_times) if round_times else self.seconds,
             "clients_per_s": sum(rates) / len(rates) if rates else None,
         }
         return {**self.final, **{k: float(v) for k, v in extra.items() if v is not None}}

@@ -20,13 +20,8 @@ Usage:
 from __future__ import annotations
 
 import contextlib
-import os
-import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
-
-from filelock import FileLock, Timeout
 
 from raysim.config import JobConfig, TrackingConfig, flatten
 from raysim.engine.lineage import Lineage, ParentRun
@@ -40,11 +35,19 @@ from raysim.engine.outbox import (
     outage_as_error,
 )
 from raysim.engine.provenance import naming_tags, run_name, source_tags
+from raysim.engine.tracking_store import (
+    artifact_repository,
+    artifact_root,
+    make_relative,
+    sqlite_path,
+    store_lock,
+    tracking_uri,
+)
 from raysim.errors import ResourceError
 from raysim.runtime.sentinel import Sentinel
 from raysim.types import Metrics
 
-_STORE_LOCK_TIMEOUT_S = 600
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
 class Tracker(Protocol):
@@ -60,9 +63,6 @@ class Tracker(Protocol):
 
 
 RUN_DIR_TAG = "run_dir"  # where the run's checkpoints are: ``raysim analyze`` finds them by it
-
-
-ARTIFACTS_DIR = "mlruns"  # a SQLite store's artifacts, beside its database
 
 
 def run_tags(job: JobConfig, run_dir: Path | None = None, lineage: Lineage | None = None) -> dict[str, str]:
@@ -103,114 +103,6 @@ class MemoryTracker:
         self.status = status
 
 
-def tracking_uri(config: TrackingConfig) -> str:
-    """The job's URI, else MLFLOW_TRACKING_URI, else SQLite in the working directory."""
-    return (
-        config.tracking_uri
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    )
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a SQLite tracking URI (query options dropped), None for any other store."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
-
-
-def is_server(uri: str) -> bool:
-    """A tracking server (runs and artifacts over HTTP), not a database this process opens."""
-    return uri.startswith(("http://", "https://"))
-
-
-def absolute_uri(uri: str, cwd: Path | None = None) -> str:
-    """The URI with a relative SQLite path made absolute against ``cwd`` (default: the working
-    directory), so that a process started elsewhere (an MLflow server run in the store's folder, a
-    Ray job) opens the same database; other URIs as they are."""
-    if not uri.startswith("sqlite:///"):
-        return uri
-    path, _, query = uri.removeprefix("sqlite:///").partition("?")
-    database = ((cwd or Path.cwd()) / Path(path).expanduser()).resolve()
-    return f"sqlite:///{database}" + (f"?{query}" if query else "")
-
-
-def artifact_root(uri: str) -> str | None:
-    """For a SQLite store, artifacts go beside the database (not into the working directory)."""
-    database = sqlite_path(uri)
-    return (database.parent / ARTIFACTS_DIR).as_uri() if database is not None else None
-
-
-def resolve_artifact_uri(uri: str, artifact_uri: str) -> str:
-    """A run's artifact location as a reader here can open it: a relative one (what raysim
-    writes into a SQLite store) lies in the database's folder."""
-    database = sqlite_path(uri)
-    if database is None or "://" in artifact_uri or Path(artifact_uri).is_absolute():
-        return artifact_uri
-    return str(database.parent / artifact_uri)
-
-
-def artifact_repository(uri: str, run_id: str) -> Any:
-    """The MLflow artifact repository of a run in the store at ``uri``, wherever the store's
-    folder was copied to: ``.download_artifacts(path, dst)``, ``.list_artifacts()``."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(tracking_uri=uri).get_run(run_id)
-    return get_artifact_repository(resolve_artifact_uri(uri, run.info.artifact_uri), tracking_uri=uri)
-
-
-def download_artifact(uri: str, run_id: str, artifact_path: str, dst: str | Path) -> Path:
-    """Downloads one artifact of a run into ``dst`` (made if missing); returns the local path."""
-    Path(dst).mkdir(parents=True, exist_ok=True)
-    return Path(artifact_repository(uri, run_id).download_artifacts(artifact_path, str(dst)))
-
-
-def _make_relative(database: Path, experiment_id: str) -> None:
-    """Stores an experiment's artifact location relative to the database's folder.
-
-    MLflow has no API for it: ``create_experiment`` turns every local location absolute, which
-    breaks a store copied or moved to another folder. Its runs then get relative locations too
-    (MLflow appends the run id to the experiment's).
-    """
-    with contextlib.closing(sqlite3.connect(database)) as db, db:
-        db.execute(
-            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
-            (f"{ARTIFACTS_DIR}/{experiment_id}", int(experiment_id)),
-        )
-
-
-@contextlib.contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Holds an inter-process lock on a SQLite store (no-op for other stores).
-
-    MLflow creates the SQLite schema and the default experiment when a client first opens the
-    database, without any locking: two runs started at once in a new directory collide on
-    ``CREATE TABLE`` / ``ALTER TABLE`` and one of them crashes. The lock file sits beside the
-    database; the OS releases it when its holder dies.
-
-    Raises:
-        ResourceError: another process held the lock for longer than 10 minutes.
-    """
-    database = sqlite_path(uri)
-    if database is None:
-        yield
-        return
-    database.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(database.with_name(database.name + ".lock"))
-    try:
-        lock.acquire(timeout=_STORE_LOCK_TIMEOUT_S)
-    except Timeout:
-        raise ResourceError(
-            f"the MLflow store {database} stayed locked ({lock.lock_file}) for "
-            f"{_STORE_LOCK_TIMEOUT_S} s by another process; is one stuck?"
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 class MlflowTracker:
     """One MLflow run per simulation: flattened config as params, tags, metrics, artifacts.
 
@@ -238,16 +130,19 @@ class MlflowTracker:
         self.tags = dict(tags or {})  # tagged with its axes (raysim.config.sweep)
 
     def experiment_id(self) -> str:
-        """The experiment's id; created when missing, by whichever process gets there first."""
+        """The experiment's id; created when missing, by whichever process gets there first, and
+        tagged to open in the MLflow UI's model-training view (MLflow 3: else its GenAI view)."""
         from mlflow.exceptions import MlflowException
 
         with store_lock(self.uri):
             found = self.client.get_experiment_by_name(self.experiment)
             if found is not None:
+                if EXPERIMENT_KIND not in found.tags:  # a kind someone chose in the UI stays
+                    self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
                 return found.experiment_id
             try:
                 created = self.client.create_experiment(
-                    self.experiment, artifact_location=artifact_root(self.uri)
+                    self.experiment, artifact_root(self.uri), tags={EXPERIMENT_KIND: MODEL_TRAINING}
                 )
             except MlflowException as exc:  # a tracking server: another run created it meanwhile
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -255,7 +150,7 @@ class MlflowTracker:
             else:
                 database = sqlite_path(self.uri)
                 if database is not None:
-                    _make_relative(database, created)
+                    make_relative(database, created)
                 return created
             existing = self.client.get_experiment_by_name(self.experiment)
             if existing is None:  # created and deleted again in between: let MLflow say why

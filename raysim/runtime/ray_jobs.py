@@ -135,13 +135,18 @@ def _headers(token: str | None) -> dict[str, str]:
 
 
 def submit(
-    client: JobSubmissionClient, token: str | None, entrypoint: str, runtime_env: dict[str, Any]
+    client: JobSubmissionClient,
+    token: str | None,
+    entrypoint: str,
+    runtime_env: dict[str, Any],
+    submission_id: str | None = None,
 ) -> str:
-    """Uploads the working directory (once per content) and starts the job: its submission id."""
+    """Uploads the working directory (once per content) and starts the job (as ``submission_id``,
+    else one Ray picks): its submission id."""
     from ray.exceptions import AuthenticationError
 
     try:
-        return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+        return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id)
     except AuthenticationError:  # should the job API guard uploads and submissions only
         raise RaysimError(auth_error(client.get_address(), token, os.environ)) from None
 

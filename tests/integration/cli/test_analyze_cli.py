@@ -17,7 +17,7 @@ from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.engine.analysis import FinishedRun
 from raysim.engine.loop import START_STEP, run
-from raysim.engine.tracking import artifact_repository
+from raysim.engine.tracking_store import artifact_repository
 from raysim.measure.landscape import line_scan
 from raysim.runtime.builders import build_job_model
 from raysim.sampling import sample_eval_clients
@@ -183,7 +183,7 @@ def one_line_error(capsys):
 def test_user_errors_are_one_line_naming_the_fix(finished, tmp_path, capsys):
     result, uri = finished
     assert main(["analyze", "0123abcd", "barrier", "init", "final", "--tracking-uri", uri]) == 2
-    assert "no MLflow run '0123abcd'" in one_line_error(capsys)
+    assert "no MLflow run id or run name '0123abcd'" in one_line_error(capsys)  # a name, else
     assert analyze(finished, "line", "round:7", "final") == 2
     err = one_line_error(capsys)
     assert "no checkpoint of round 7" in err and "[0, 1, 2]" in err and "checkpoint_every" in err

@@ -12,7 +12,9 @@ from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.config import JobConfig
 from raysim.engine.loop import run
-from raysim.engine.tracking import artifact_repository
+from raysim.engine.run_store import RunStore
+from raysim.engine.tables import RunRecord
+from raysim.engine.tracking_store import artifact_repository
 
 LANGUAGE_MODEL = {
     "name": "lm",
@@ -45,7 +47,21 @@ def store(tmp_path_factory):
             for name in ("fedavg", "fedprox")
         ]
         lm = run(JobConfig.from_dict(LANGUAGE_MODEL), output_dir=folder / "out")
+    RUN_TABLE.update({r.run_id: RunRecord.of_result(r).fields() for r in [*runs, lm]})
     return uri, {r.job.name: r.run_id for r in [*runs, lm]}, folder
+
+
+RUN_TABLE: dict = {}  # each run's fields as `raysim run`'s own table shows them
+
+
+def test_compare_shows_the_time_and_rounds_raysim_runs_table_showed(store):
+    """One definition of `time s`: the rounds' wall time, the same read back from MLflow."""
+    uri, ids, _ = store
+    runs, _ = RunStore(uri).resolve(list(ids.values()))
+    for record in RunStore(uri).records(runs, None):
+        shown = RUN_TABLE[record.run_id]
+        assert record.fields()["time_s"] == pytest.approx(shown["time_s"], rel=1e-9)
+        assert record.fields()["rounds"] == shown["rounds"]
 
 
 def compare(store, *args):
@@ -121,3 +137,28 @@ def test_unknown_names_and_metrics_are_clear_errors(store, capsys):
     assert "'no-such-run' is no run id, experiment or run name" in err and "'digits'" in err
     assert compare(store, "digits", "--metric", "bleu", "--no-log") == 2
     assert "no compared run logged bleu" in capsys.readouterr().err
+
+
+def test_where_keeps_the_runs_with_that_param_or_tag(store, capsys, tmp_path):
+    uri, ids, _ = store
+    assert compare(store, "digits", "--where", "algorithm=fedprox", "--no-log", "--out", str(tmp_path)) == 0
+    rows = [
+        line.split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.split()[:1] in (["fedavg"], ["fedprox"])
+    ]
+    assert rows == ["fedprox"]
+    assert compare(store, "digits", "--where", "seed=5", "--no-log") == 2
+    assert "no run of digits has seed=5" in capsys.readouterr().err
+
+
+def test_runs_lists_the_stores_runs_newest_first(store, capsys):
+    uri, ids, _ = store
+    assert main(["runs", "digits", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if ids["fedavg"] in line or ids["fedprox"] in line]
+    assert [line.split()[1] for line in lines] == ["fedprox", "fedavg"]  # newest first
+    assert all("FINISHED" in line for line in lines)
+    assert main(["runs", "--where", "algorithm=fedavg", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert ids["fedavg"] in out and ids["fedprox"] not in out and ids["lm"] in out  # the LM is FedAvg too

@@ -163,7 +163,7 @@ def test_the_documented_submit_runs_the_job_and_lands_its_run_where_the_user_rea
 
     store = MlflowClient(f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
     [run] = store.search_runs([store.get_experiment_by_name("quickstart").experiment_id])
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.tags["ray.submission_id"] == job_id
     assert Path(run.data.tags["run_dir"]).is_relative_to(tmp_path / "out")
     assert list((tmp_path / "out").rglob("final.pt"))
     assert not list(head.temp_dir.rglob("mlflow.db"))  # nothing landed in the job's working copy

@@ -9,7 +9,8 @@ from jobs import tiny_job
 from raysim import registry
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker, artifact_repository
+from raysim.engine.tracking import MemoryTracker
+from raysim.engine.tracking_store import artifact_repository
 from raysim.errors import CheckpointError, ClientError
 
 

@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli.main import main
-from raysim.engine.tracking import download_artifact
+from raysim.engine.tracking_store import download_artifact
 
 JOB = {
     "name": "tiny",
@@ -94,6 +94,17 @@ def test_resume_continues_the_same_run(job_repo, tmp_path, tracking_uri, capsys)
     assert job["engine"]["num_rounds"] == 4
 
 
+def test_resume_by_run_name_continues_that_run(job_repo, tmp_path, tracking_uri, capsys):
+    job_path, _ = job_repo
+    raysim_run(job_path, tmp_path / "out")
+    client = MlflowClient(tracking_uri)
+    [first] = only_run(client)
+    raysim_run(job_path, tmp_path / "out", "--resume", "tiny/avg", "engine.num_rounds=3")
+    assert f"continuing MLflow run {first.info.run_id}" in capsys.readouterr().err
+    [run] = only_run(client)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0, 1, 2]
+
+
 def test_a_checkpoint_written_before_the_option_renames_continues_its_run(
     job_repo, tmp_path, tracking_uri, capsys
 ):
@@ -128,7 +139,7 @@ def test_resume_with_another_config_branches_a_child_run(job_repo, tmp_path, tra
     [child] = [r for r in only_run(client) if r.info.run_id != parent.info.run_id]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["resumed_from"] == str(checkpoint) and child.data.tags["resumed_from_round"] == "1"
-    assert child.info.run_name == "tiny/avg" and child.info.status == "FINISHED"
+    assert child.info.run_name == "tiny/avg num_rounds=3 lr=0.05" and child.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(child.info.run_id, "train/loss")] == [2]
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "train/loss")] == [0, 1]
 

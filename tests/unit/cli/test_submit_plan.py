@@ -46,7 +46,10 @@ def test_defaults_land_runs_and_checkpoints_in_the_submitting_directory(tmp_path
     assert plan.runtime_env["env_vars"] == {
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
         "RAYSIM_HOME": str(tmp_path / ".raysim"),
+        "RAYSIM_SUBMITTED_GIT": "{}",  # a job built in Python has no repository
+        "RAYSIM_SUBMISSION_ID": plan.submission_id,
     }
+    assert plan.submission_id.startswith("raysubmit_")
     excluded = set(plan.runtime_env["excludes"])
     assert {".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"} <= excluded
     assert {"mlflow.db*", "mlruns", "mlartifacts", ".raysim", "*.pt"} <= excluded
@@ -177,8 +180,8 @@ def cluster(monkeypatch, tmp_path):
     monkeypatch.setattr(ray_jobs, "connect", lambda address, token: calls.setdefault("address", address))
     monkeypatch.setattr(submit, "check_upload_size", lambda root: None)
 
-    def fake_submit(client, token, entrypoint, runtime_env):
-        calls.update(entrypoint=entrypoint, runtime_env=runtime_env)
+    def fake_submit(client, token, entrypoint, runtime_env, submission_id):
+        calls.update(entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id)
         print("(uploaded)")
         return "raysubmit_abc"
 
@@ -238,3 +241,27 @@ def test_a_sweeps_cell_filters_reach_the_job(tmp_path):
     assert shlex.split(plan.entrypoint)[-5:] == [
         "--only", "variant=fedavg,seed=1", "--only", "seed=2", "--confirm-cells",
     ]  # fmt: skip
+
+
+def test_the_job_carries_the_submitting_checkouts_git_state_and_its_submission_id(tmp_path):
+    import json
+    import subprocess
+
+    from raysim.config import load_jobs
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB))
+    subprocess.run([*git, "add", "job.yaml"], check=True)
+    subprocess.run([*git, "commit", "-qm", "job"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    plan = submit.plan(args(config="job.yaml"), load_jobs(tmp_path / "job.yaml"), tmp_path, {}, "raysubmit_7")
+    env = plan.runtime_env["env_vars"]
+    git_tags = json.loads(env["RAYSIM_SUBMITTED_GIT"])
+    assert (git_tags["mlflow.source.git.commit"], git_tags["git_dirty"]) == (head, "false")
+    assert env["RAYSIM_SUBMISSION_ID"] == plan.submission_id == "raysubmit_7"
+
+
+def test_the_submission_id_given_to_ray_is_the_one_the_runs_are_tagged_with(cluster, capsys):
+    assert main(["submit", "job.yaml", "--address", "127.0.0.1:8265"]) == 0
+    assert cluster["submission_id"] == cluster["runtime_env"]["env_vars"]["RAYSIM_SUBMISSION_ID"]

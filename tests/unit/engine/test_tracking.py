@@ -7,7 +7,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raysim.config import JobConfig, TrackingConfig
-from raysim.engine.tracking import MlflowTracker, resolve_artifact_uri
+from raysim.engine.tracking import MlflowTracker
+from raysim.engine.tracking_store import resolve_artifact_uri
 
 NUM_TRIES = 3
 
@@ -89,6 +90,20 @@ def test_a_sqlite_store_keeps_artifact_locations_relative_to_its_folder(store_ur
     assert resolve_artifact_uri(store_uri, "mlruns/1/r/artifacts") == str(folder / "mlruns/1/r/artifacts")
     assert resolve_artifact_uri(store_uri, "/abs/mlruns/1") == "/abs/mlruns/1"  # older stores
     assert resolve_artifact_uri("http://server:5000", "mlruns/1") == "mlruns/1"  # a server resolves its own
+
+
+def test_raysims_experiments_open_in_the_model_training_view(store_uri):
+    """MLflow 3's UI shows an experiment without ``mlflow.experimentKind`` in its GenAI view."""
+    tracker = MlflowTracker(TrackingConfig(tracking_uri=store_uri, experiment="training-view"))
+    created = tracker.client.get_experiment(tracker.experiment_id())
+    assert created.tags["mlflow.experimentKind"] == "custom_model_development"
+    older = tracker.client.create_experiment("older")  # made before raysim tagged its experiments
+    chosen = tracker.client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    for name, experiment_id in (("older", older), ("chosen", chosen)):
+        user = MlflowTracker(TrackingConfig(tracking_uri=store_uri, experiment=name))
+        assert user.experiment_id() == experiment_id
+    assert tracker.client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracker.client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
 
 
 def test_a_full_store_refusing_to_start_the_run_is_one_clear_error(store_uri, monkeypatch):

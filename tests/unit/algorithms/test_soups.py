@@ -68,9 +68,7 @@ def test_one_ingredient_with_the_local_values_is_fedavg_bit_for_bit():
 def test_the_uniform_soup_is_the_mean_of_the_reference_ingredients():
     """Three ingredients, keep: last, no validation: the mean of three GD runs at the drawn lrs."""
     grid = {"lr": [0.05, 0.5, 2.0], "batch_size": [len(X)], "weight_decay": [0.0]}
-    plugin = make(
-        "soups", num_models=3, keep="last", validation_fraction=0.0, grid=grid, local={"epochs": 4}
-    )
+    plugin = make("soups", num_models=3, keep="last", validation_fraction=0.0, grid=grid, local={"epochs": 4})
     soups = plugin_types(plugin)
     lrs = [soups.draw_hyperparameters(plugin.config.grid, 0, i).lr for i in range(3)]
     ingredients = [descend(X, Y, lr, 4)[-1] for lr in lrs]
@@ -121,7 +119,9 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
     plugin.client_update(ctx)
     assert set(seen) == {0.3} and model[1].p == 0.5
     ctx = context(X, Y, payload())  # a linear model has no dropout layer to set
-    with pytest.raises(ValueError, match=r"algorithm.grid.dropout: 0.3 needs nn.Dropout .* grid.dropout: \[0.0\]"):
+    with pytest.raises(
+        ValueError, match=r"algorithm.grid.dropout: 0.3 needs nn.Dropout .* grid.dropout: \[0.0\]"
+    ):
         plugin.client_update(ctx)
 
 
@@ -129,8 +129,16 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
     ("name", "options", "message"),
     [
         ("soups", {"num_models": 0}, "algorithm.num_models: "),
-        ("soups", {"recipe": "greedy", "validation_fraction": 0.0}, "algorithm: recipe: greedy and keep: best_epoch"),
-        ("soups", {"validation_fraction": 0.0}, "algorithm: keep: best_epoch choose by validation .* keep: last"),
+        (
+            "soups",
+            {"recipe": "greedy", "validation_fraction": 0.0},
+            "algorithm: recipe: greedy and keep: best_epoch",
+        ),
+        (
+            "soups",
+            {"validation_fraction": 0.0},
+            "algorithm: keep: best_epoch choose by validation .* keep: last",
+        ),
         ("diwa", {"keep": "last", "validation_fraction": 0.0}, "algorithm: recipe: greedy choose"),
         ("soups", {"grid": {"lr": []}}, "algorithm.grid.lr: "),
         ("soups", {"grid": {"lr": [0.1, -1.0], "dropout": [1.0]}}, "algorithm.grid: .*lr -1.0, dropout 1.0"),

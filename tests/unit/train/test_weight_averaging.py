@@ -47,7 +47,11 @@ def test_a_client_with_one_example_has_nothing_to_hold_back():
 
 
 def test_the_running_mean_weighs_by_count():
-    sets = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([4.0, -1.0])}, {"w": torch.tensor([0.5, 0.0])}]
+    sets = [
+        {"w": torch.tensor([1.0, 2.0])},
+        {"w": torch.tensor([4.0, -1.0])},
+        {"w": torch.tensor([0.5, 0.0])},
+    ]
     counts = [1.0, 3.0, 2.0]
     average = RunningMean()
     for params, count in zip(sets, counts):
@@ -123,6 +127,8 @@ def test_batchnorm_statistics_are_recomputed_at_the_current_weights():
     x = np.array([[1.0, 2.0], [3.0, -2.0], [5.0, 0.0]], np.float32)
     assert recompute_batchnorm(model, ClientData({"x": x, "y": np.zeros(3)}), 8, "cpu")
     bn = model[0]
-    assert np.allclose(bn.running_mean.numpy(), x.mean(0)) and np.allclose(bn.running_var.numpy(), x.var(0, ddof=1))
+    assert np.allclose(bn.running_mean.numpy(), x.mean(0)) and np.allclose(
+        bn.running_var.numpy(), x.var(0, ddof=1)
+    )
     assert bn.momentum == 0.1 and model.training  # update_bn restores both
     assert not recompute_batchnorm(torch.nn.Linear(2, 2), ClientData({"x": x}), 8, "cpu")

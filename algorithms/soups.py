@@ -126,7 +126,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
         ]
         if needs and self.validation_fraction == 0:
             raise ValueError(
-                f"{' and '.join(needs)} choose by validation accuracy: set validation_fraction above 0 "
+                f"{' and '.join(needs)} need validation accuracy: set validation_fraction above 0 "
                 "(0.2 is the notes' choice), or recipe: uniform with keep: last"
             )
         return self

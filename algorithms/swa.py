@@ -57,7 +57,6 @@ from raysim.train.weight_averaging import (
     Segment,
     load_params,
     recompute_batchnorm,
-    snapshot,
     split_validation,
 )
 from raysim.types import (
@@ -78,9 +77,8 @@ class SWAConfig(BaseModel, frozen=True, extra="forbid"):
     num_models: int = Field(4, ge=1)  # snapshots averaged (the LSS paper: 4)
     start_fraction: float = Field(0.0, ge=0, lt=1)  # of the local steps, trained before averaging
     lr_schedule: Literal["constant", "cyclic"] = "constant"
-    swa_lr: float | None = Field(
-        None, gt=0
-    )  # constant: the lr after the start; cyclic: alpha_2. None: local lr
+    # constant: the lr after the start; cyclic: alpha_2, where each interval ends. None: local.lr
+    swa_lr: float | None = Field(None, gt=0)
     recompute_bn: bool = True  # one pass over the training data at the averaged weights
     local: LocalTrainConfig = LocalTrainConfig()  # epochs: the whole local budget (the paper: 4 x 8)
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
@@ -100,9 +98,7 @@ class SWADConfig(BaseModel, frozen=True, extra="forbid"):
     """SWAD: clients upload the dense mean of their iterates in an overfit-aware window (Cha et al. 2021)."""
 
     eval_every: int | None = Field(None, ge=1)  # steps between validation evaluations; None: once per epoch
-    start_window: int = Field(
-        3, ge=1
-    )  # N_s: averaging starts where the loss is the lowest of N_s evaluations
+    start_window: int = Field(3, ge=1)  # N_s: averaging starts at the lowest loss of N_s evaluations
     end_window: int = Field(6, ge=1)  # N_e: it ends once N_e losses in a row exceed tolerance x the start's
     tolerance: float = Field(1.3, ge=1)  # r
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, held back per round
@@ -154,7 +150,7 @@ def swa_step(
         loss = backward(batch)
         optimizer.step()
         if is_snapshot(step_num):
-            average.add(snapshot(model))
+            average.add(P.model_params(model))  # RunningMean copies (to float64)
         return loss
 
     return step
@@ -168,7 +164,7 @@ class _Segments:
         self.open, self.num_closed = RunningMean(), 0
 
     def add_iterate(self, model: nn.Module) -> None:
-        self.open.add(snapshot(model))
+        self.open.add(P.model_params(model))  # RunningMean copies (to float64)
 
     def close(self, model: nn.Module) -> None:
         if self.open.count == 0:

@@ -137,9 +137,9 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
         (
             "soups",
             {"validation_fraction": 0.0},
-            "algorithm: keep: best_epoch choose by validation .* keep: last",
+            "algorithm: keep: best_epoch need validation .* keep: last",
         ),
-        ("diwa", {"keep": "last", "validation_fraction": 0.0}, "algorithm: recipe: greedy choose"),
+        ("diwa", {"keep": "last", "validation_fraction": 0.0}, "algorithm: recipe: greedy need validation"),
         ("soups", {"grid": {"lr": []}}, "algorithm.grid.lr: "),
         ("soups", {"grid": {"lr": [0.1, -1.0], "dropout": [1.0]}}, "algorithm.grid: .*lr -1.0, dropout 1.0"),
         ("soups", {"recipe": "best"}, "algorithm.recipe: .*uniform.*greedy"),

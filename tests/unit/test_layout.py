@@ -11,6 +11,7 @@ The unit tests mirror the package: the tests of ``raysim/train/local.py`` live i
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
@@ -167,3 +168,10 @@ def test_no_plugin_casts_its_types():
             ):
                 casts.append(f"{path.name}:{node.lineno} calls cast")
     assert not casts, casts
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (no packages), so a second test_x.py anywhere
+    under tests/ stops the whole collection ("import file mismatch")."""
+    names = Counter(path.name for path in (RAYSIM.parent / "tests").rglob("test_*.py"))
+    assert not [name for name, n in names.items() if n > 1]

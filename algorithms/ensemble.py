@@ -6,7 +6,8 @@ section 2.10 item 11 and section 3).
 The client models come from ``raysim.train.oneshot.local_models`` (trained in step 0, or read
 from the cache that ``oneshot_fedavg`` and this plugin share; ``oneshot/trained_clients`` says
 which). Every client takes part. Logged at step 0: ``eval/central/accuracy`` and
-``eval/central/loss`` (cross-entropy of the mean logits) on the central test set, and
+``eval/central/loss`` (cross-entropy of the mean logits) on the central test set, the same pooled
+over every client's test split (``eval/clients/*``), and
 ``ensemble/params`` and ``ensemble/mib``, the M models' parameters and float buffers (Table 4's
 M x S). The run's global model stays the initial one: the ensemble is not one parameter set.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from raysim.aggregate import Sum
-from raysim.measure.pooling import weighted_means
+from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.registry import register
 from raysim.services import LABELS, LOGITS, MapRequest, Services
 from raysim.train.local import examples_trained_on, train_client
@@ -71,20 +72,35 @@ class Ensemble:
         size = sum(int(np.asarray(w).size) for model in models for w in model.values())
         metrics |= {"ensemble/params": float(size), "ensemble/mib": size * 4 / 2**20}
         if services.info.has_central_test:
-            metrics |= ensemble_scores(services, models)
+            [central] = ensemble_scores(services, models, None)
+            metrics |= {f"eval/central/{k}": v for k, v in central.items()}
+        clients = list(range(services.info.num_clients))
+        per_client = ensemble_scores(services, models, clients)
+        pooled = pool_rows(per_client)
+        if pooled is not None:
+            metrics |= {f"eval/clients/{k}": pooled[k] for k in ("accuracy", "loss")}
         services.log(metrics, 0)
         return state
 
 
-def ensemble_scores(services: Services[Params | None], models: list[NumpyParams]) -> Metrics:
-    """Accuracy and cross-entropy of the models' mean logits on the central test set."""
-    rows = services.map_clients(MapRequest(LOGITS, models, None))
-    [[labels]] = services.map_clients(MapRequest(LABELS, models[:1], None))
-    if labels is None:
-        return {}
-    logits = torch.stack([torch.as_tensor(row[0]) for row in rows]).mean(dim=0)
-    y = torch.as_tensor(labels).long()
-    return {
-        "eval/central/accuracy": float((logits.argmax(dim=1) == y).float().mean()),
-        "eval/central/loss": float(torch.nn.functional.cross_entropy(logits.float(), y)),
-    }
+def ensemble_scores(
+    services: Services[Params | None], models: list[NumpyParams], clients: list[int] | None
+) -> list[Metrics]:
+    """Accuracy, cross-entropy and examples of the models' mean logits, on the central test set
+    (``clients`` None: one row) or on each client's test split."""
+    rows = services.map_clients(MapRequest(LOGITS, models, clients))
+    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients))
+    out: list[Metrics] = []
+    for position, y in enumerate(labels):
+        if y is None or not len(y):
+            continue
+        logits = torch.stack([torch.as_tensor(row[position]) for row in rows]).float().mean(dim=0)
+        target = torch.as_tensor(y).long()
+        out.append(
+            {
+                "accuracy": float((logits.argmax(dim=1) == target).float().mean()),
+                "loss": float(torch.nn.functional.cross_entropy(logits, target)),
+                "num_examples": float(len(target)),
+            }
+        )
+    return out

@@ -40,7 +40,8 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Gather
 from raysim.errors import ConfigError
-from raysim.measure.pooling import weighted_means
+from raysim.measure import scores
+from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.models.anatomy import parts
 from raysim.models.fused import (
     AdapterKind,
@@ -306,12 +307,14 @@ class FuseFL:
             "fusefl/mib": num_params * 4 / 2**20,
             "fusefl/paper_comm_mib": towers * num_params * 4 / 2**20,
         }
+        model = self.fused_section(services.info, towers)
+        point = [P.to_numpy(weights)]
         if services.info.has_central_test:
-            model = self.fused_section(services.info, towers)
-            [[central]] = services.map_clients(MapRequest(EVALUATE, [P.to_numpy(weights)], None, model=model))
-            if central is not None:
-                metrics |= {f"eval/central/{k}": float(v) for k, v in central.items() if k != "num_examples"}
-        return metrics
+            [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
+            metrics |= scored("eval/central", central)
+        clients = np.arange(services.info.num_clients)
+        [rows] = services.map_clients(MapRequest(EVALUATE, point, clients, model=model))
+        return metrics | scored("eval/clients", pool_rows(rows))
 
     # ---- worker ---------------------------------------------------------------------------------
 
@@ -381,6 +384,13 @@ class FuseFL:
                 labels.append(batch["y"])
         stats = class_statistics(torch.cat(features), torch.cat(labels), ctx.spec.num_classes)
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
+
+
+def scored(prefix: str, row: Metrics | None) -> Metrics:
+    """An evaluation row's scores under ``prefix`` (none without examples)."""
+    if row is None:
+        return {}
+    return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
 
 
 def fused_weights(server: FuseFLServer) -> Params:

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import torch
 
-from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.measure.pooling import weighted_means
 from raysim.registry import register

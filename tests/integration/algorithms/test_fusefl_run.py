@@ -52,7 +52,9 @@ def test_one_shot_methods_share_one_training_of_the_client_models(tmp_path):
     models as an Ensemble that trains them itself; the FedAvg model is their weighted mean."""
     cache = str(tmp_path / "cache")
     local = {"epochs": 1, "batch_size": 16, "lr": 0.1}
-    fedavg = run(job({"name": "oneshot_fedavg", "cache_dir": cache, "local": local}), output_dir=tmp_path / "a")
+    fedavg = run(
+        job({"name": "oneshot_fedavg", "cache_dir": cache, "local": local}), output_dir=tmp_path / "a"
+    )
     cached = run(job({"name": "ensemble", "cache_dir": cache, "local": local}), output_dir=tmp_path / "b")
     fresh = run(job({"name": "ensemble", "cache_dir": str(tmp_path / "other"), "local": local}),
                 output_dir=tmp_path / "c")  # fmt: skip

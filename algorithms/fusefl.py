@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,8 +45,10 @@ from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.models.anatomy import parts
 from raysim.models.fused import (
     AdapterKind,
+    FrozenBN,
     FusedPart,
     FusedStages,
+    StagedNet,
     client_stages,
     fused_net,
     fused_parts,
@@ -90,7 +92,7 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     # middle block below the head (on ResNet-18 that is layer2, the paper's)
     splits: tuple[str, ...] | None = None
     adapter: AdapterKind = "conv1x1"
-    frozen_bn: Literal["eval", "train"] = "eval"
+    frozen_bn: FrozenBN = "eval"
     ccvr: CCVRConfig = CCVRConfig()
 
     @property
@@ -152,43 +154,6 @@ class FuseFLServer:
     fused: Fused
     head: Params
     towers: torch.Tensor  # int64 client ids, in tower order
-
-
-class StagedNet(nn.Module):
-    """Client m's model at stage k (Eq. 5): the frozen fused stages 0..k-1 (none at k = 0), its own
-    adapter and block k, its own upper blocks and head."""
-
-    def __init__(
-        self,
-        lower: FusedStages | None,
-        own: FusedPart,
-        upper: list[nn.Module],
-        head: nn.Module,
-        frozen_bn: str,
-    ) -> None:
-        super().__init__()
-        self.lower = lower
-        self.own = own
-        self.upper = nn.Sequential(*upper)
-        self.head = head
-        self.frozen_bn = frozen_bn
-        if lower is not None:
-            lower.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> StagedNet:
-        super().train(mode)
-        if self.lower is not None and self.frozen_bn == "eval":
-            self.lower.eval()
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lower is None:
-            h = self.own(x)
-        else:
-            with torch.no_grad():  # frozen: no graph through the fused blocks
-                towers = self.lower.tower_outputs(x)
-            h = self.own(towers)
-        return self.head(self.upper(h).flatten(1))
 
 
 @register("algorithm", "fusefl")

@@ -40,6 +40,7 @@ from raysim.registry import register
 from raysim.types import DataSpec
 
 AdapterKind = Literal["conv1x1", "avg"]
+FrozenBN = Literal["eval", "train"]  # what frozen fused blocks' BatchNorm does while clients train
 
 
 class FusedConfig(ModelConfig, frozen=True, extra="forbid"):
@@ -153,6 +154,43 @@ class FusedNet(FusedStages):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return self.head(self.features(x))
+
+
+class StagedNet(nn.Module):
+    """Client m's model at stage k (Eq. 5): the frozen fused stages 0..k-1 (none at k = 0), its own
+    adapter and block k, its own upper blocks and head."""
+
+    def __init__(
+        self,
+        lower: FusedStages | None,
+        own: FusedPart,
+        upper: list[nn.Module],
+        head: nn.Module,
+        frozen_bn: FrozenBN,
+    ) -> None:
+        super().__init__()
+        self.lower = lower
+        self.own = own
+        self.upper = nn.Sequential(*upper)
+        self.head = head
+        self.frozen_bn = frozen_bn
+        if lower is not None:
+            lower.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> StagedNet:
+        super().train(mode)
+        if self.lower is not None and self.frozen_bn == "eval":
+            self.lower.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lower is None:
+            h = self.own(x)
+        else:
+            with torch.no_grad():  # frozen: no graph through the fused blocks
+                towers = self.lower.tower_outputs(x)
+            h = self.own(towers)
+        return self.head(self.upper(h).flatten(1))
 
 
 def stage_output_shapes(stages: Sequence[nn.Module], spec: DataSpec) -> list[tuple[int, ...]]:

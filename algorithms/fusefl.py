@@ -2,7 +2,8 @@
 shared/papers/notes/fusefl.md, docs/papers.md section 5).
 
 The client model (the job's ``model``, narrowed by the job: width 32 for M = 5) is cut at
-``splits`` into K = len(splits) + 1 stages. Stage k (0-based, one engine round each) trains, on
+``splits`` into K = len(splits) + 1 stages (by default K = 2, after the middle block). Stage k
+(0-based, step k; every client, whatever ``engine.num_rounds`` and ``cohort_size`` say) trains, on
 every client, a fresh adapter, block k and everything above it on top of the fused, frozen blocks
 0..k-1; each client uploads its adapter and block k (and its head at the last stage), and the
 server fuses block k by placing the M uploads side by side in client-id order
@@ -11,14 +12,17 @@ head) as client state. After the last stage the heads are averaged and calibrate
 every client's features of the fused model (one more round, ``raysim.train.ccvr``), and the
 fused model is evaluated on the workers as the registered model ``fusefl_fused``.
 
-Frozen fused blocks never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
+Every client starts from the run's initial model (the official code's shared block init; its
+heads are initialised apart, here they start equal too, notes 2.10 item 10). Frozen fused blocks
+never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
 default; normalise with the running statistics as uploaded, notes 2.10 item 5) or "train" (the
 official code's: batch statistics, the client's copy's running statistics overwritten).
 
 Logged per stage (step k): the clients' ``train/*`` means, ``sys/bytes_up`` (adapters and blocks,
 the heads at the last stage), ``sys/bytes_down`` (the fused blocks sent to every client; the
 initial model at stage 0); then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss),
-``eval/central/*`` of the fused model, ``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
+``eval/central/*`` and ``eval/clients/*`` (every client's test split, pooled) of the fused model,
+``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
 MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
 
 Homogeneous clients: every client trains the job's one model. Per-client architectures need a job

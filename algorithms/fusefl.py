@@ -265,11 +265,12 @@ class FuseFL:
         }
 
     def evaluation(self, services: Services[Any], state: ServerState[FuseFLServer]) -> Metrics:
-        """The fused model's size, the paper's communication, and its central evaluation."""
+        """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
         weights = fused_weights(state.extra)
-        num_params = sum(int(w.numel()) for w in weights.values() if w.is_floating_point()) - sum(
-            int(w.numel()) for name, w in weights.items() if "running_" in name
-        )  # parameters only, as Table 4
+        # parameters only, as Table 4: BatchNorm's running statistics and counters left out
+        num_params = sum(
+            int(w.numel()) for name, w in weights.items() if w.is_floating_point() and "running_" not in name
+        )
         towers = len(state.extra.towers)
         metrics: Metrics = {
             "fusefl/params": float(num_params),

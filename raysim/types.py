@@ -208,6 +208,10 @@ class RunInfo:
     seed: int
     buffer_keys: frozenset[str] = frozenset()  # float buffers among the params (BN statistics)
     has_central_test: bool = True  # the dataset holds a central test set
+    # the job's model and dataset sections ({name: ..., **options}): a plugin that composes models
+    # of the job's (FuseFL's fused model) or keys a cache by the data (one-shot local models)
+    model: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

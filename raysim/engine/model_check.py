@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
 from raysim.types import DataSpec
@@ -144,3 +145,16 @@ def _message(model_name: str, dataset_name: str, spec: DataSpec, problem: str) -
     outputs = {"classification": "classes", "regression": "outputs", "causal_lm": "token vocabulary"}
     what = f"{spec.task}, input {spec.input_shape}, {spec.num_classes} {outputs[spec.task]}"
     return f"model: {model_name!r} does not fit dataset {dataset_name!r} ({what}): {problem}"
+
+
+def check_plugin_model(job: JobConfig, model: nn.Module) -> None:
+    """The algorithm Config's optional ``check_model(model) -> list[str]``: the checks that need
+    the job's built model (FuseFL's split points), on the driver before any worker starts.
+
+    Raises:
+        ConfigError: the problems it names.
+    """
+    check = getattr(job.algorithm.config, "check_model", None)
+    problems = check(model) if callable(check) else []
+    if problems:
+        raise ConfigError(problems)

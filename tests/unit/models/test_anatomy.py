@@ -50,6 +50,10 @@ CASES: dict[str, list[tuple[dict, DataSpec]]] = {
     "resnet10": [(TINY_RESNET, CIFAR)],
     "resnet18": [(TINY_RESNET, CIFAR), ({**TINY_RESNET, "norm": "group", "projector": 8}, CIFAR)],
     "resnet26": [(TINY_RESNET, CIFAR)],
+    "fusefl_fused": [
+        ({"base": {"name": "resnet10", **TINY_RESNET}, "splits": ["layer2"], "num_towers": 2}, CIFAR),
+        ({"base": {"name": "mlp", "hidden": [8]}, "num_towers": 3, "adapter": "avg"}, MNIST),
+    ],
     "hf_classifier": [
         ({"arch": arch, **lora}, TEXT)
         for arch in ("bert", "roberta", "distilbert")
@@ -60,7 +64,9 @@ CASES: dict[str, list[tuple[dict, DataSpec]]] = {
     ],
 }
 FLAT = [(name, options, spec) for name, cases in CASES.items() for options, spec in cases]
-BLOCK_MODELS = [case for case in FLAT if not case[0].startswith("hf_")]
+BLOCK_MODELS = [
+    case for case in FLAT if not case[0].startswith("hf_") and case[0] != "fusefl_fused"
+]  # towers: no blocks
 
 
 def build(name: str, options: dict, spec: DataSpec) -> nn.Module:

@@ -1,0 +1,106 @@
+"""The logit Ensemble: the M locally trained client models kept side by side, predicting by the
+mean of their raw logits (FuseFL's "Ensemble" baseline, its upper bound of ensemble and
+distillation one-shot FL; the official code averages logits, not probabilities; notes/fusefl.md
+section 2.10 item 11 and section 3).
+
+The client models come from ``raysim.train.oneshot.local_models`` (trained in step 0, or read
+from the cache that ``oneshot_fedavg`` and this plugin share; ``oneshot/trained_clients`` says
+which). Every client takes part. Logged at step 0: ``eval/central/accuracy`` and
+``eval/central/loss`` (cross-entropy of the mean logits) on the central test set, the same pooled
+over every client's test split (``eval/clients/*``), and
+``ensemble/params`` and ``ensemble/mib``, the M models' parameters and float buffers (Table 4's
+M x S). The run's global model stays the initial one: the ensemble is not one parameter set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raysim.aggregate import Sum
+from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.registry import register
+from raysim.services import LABELS, LOGITS, MapRequest, Services
+from raysim.train.local import examples_trained_on, train_client
+from raysim.train.oneshot import OneShotConfig, local_models
+from raysim.train.server_opt import init_state, params_payload
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    Metrics,
+    NumpyParams,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
+
+BOOKKEEPING = {"client_id", "weight", "seconds"}
+
+
+@register("algorithm", "ensemble")
+class Ensemble:
+    """The logit Ensemble of the M one-shot local models (mean of raw logits)."""
+
+    Config = OneShotConfig
+
+    def __init__(self, config: OneShotConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
+
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
+
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        _, metrics = train_client(ctx, self.config.local)  # the model travels as a kept local model
+        return ClientResult({}, examples_trained_on(metrics), metrics)
+
+    def aggregator(self) -> Sum[Params]:
+        return Sum()
+
+    def server_update(
+        self, state: ServerState[None], aggregate: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        raise RuntimeError("ensemble runs its own protocol; server_update is never called")
+
+    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+        trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
+        models = [trained.models[c] for c in sorted(trained.models)]
+        metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
+        size = sum(int(np.asarray(w).size) for model in models for w in model.values())
+        metrics |= {"ensemble/params": float(size), "ensemble/mib": size * 4 / 2**20}
+        if services.info.has_central_test:
+            [central] = ensemble_scores(services, models, None)
+            metrics |= {f"eval/central/{k}": v for k, v in central.items()}
+        clients = list(range(services.info.num_clients))
+        per_client = ensemble_scores(services, models, clients)
+        pooled = pool_rows(per_client)
+        if pooled is not None:
+            metrics |= {f"eval/clients/{k}": pooled[k] for k in ("accuracy", "loss")}
+        services.log(metrics, 0)
+        return state
+
+
+def ensemble_scores(
+    services: Services[Params | None], models: list[NumpyParams], clients: list[int] | None
+) -> list[Metrics]:
+    """Accuracy, cross-entropy and examples of the models' mean logits, on the central test set
+    (``clients`` None: one row) or on each client's test split."""
+    rows = services.map_clients(MapRequest(LOGITS, models, clients))
+    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients))
+    out: list[Metrics] = []
+    for position, y in enumerate(labels):
+        if y is None or not len(y):
+            continue
+        logits = torch.stack([torch.as_tensor(row[position]) for row in rows]).float().mean(dim=0)
+        target = torch.as_tensor(y).long()
+        out.append(
+            {
+                "accuracy": float((logits.argmax(dim=1) == target).float().mean()),
+                "loss": float(torch.nn.functional.cross_entropy(logits, target)),
+                "num_examples": float(len(target)),
+            }
+        )
+    return out

@@ -1,0 +1,381 @@
+"""FuseFL: one-shot-cost FL by progressive model fusion (Tang et al., NeurIPS 2024;
+shared/papers/notes/fusefl.md, docs/papers.md section 5).
+
+The client model (the job's ``model``, narrowed by the job: width 32 for M = 5) is cut at
+``splits`` into K = len(splits) + 1 stages (by default K = 2, after the middle block). Stage k
+(0-based, step k; every client, whatever ``engine.num_rounds`` and ``cohort_size`` say) trains, on
+every client, a fresh adapter, block k and everything above it on top of the fused, frozen blocks
+0..k-1; each client uploads its adapter and block k (and its head at the last stage), and the
+server fuses block k by placing the M uploads side by side in client-id order
+(``raysim.models.fused``). Between stages a client keeps its own model (warm-started upper blocks,
+head) as client state. After the last stage the heads are averaged and calibrated with CCVR on
+every client's features of the fused model (one more round, ``raysim.train.ccvr``), and the
+fused model is evaluated on the workers as the registered model ``fusefl_fused``.
+
+Every client starts from the run's initial model (the official code's shared block init; its
+heads are initialised apart, here they start equal too, notes 2.10 item 10). Frozen fused blocks
+never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
+default; normalise with the running statistics as uploaded, notes 2.10 item 5) or "train" (the
+official code's: batch statistics, the client's copy's running statistics overwritten).
+
+Logged per stage (step k): the clients' ``train/*`` means, ``sys/bytes_up`` (adapters and blocks,
+the heads at the last stage), ``sys/bytes_down`` (the fused blocks sent to every client; the
+initial model at stage 0); then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss),
+``eval/central/*`` and ``eval/clients/*`` (every client's test split, pooled) of the fused model,
+``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
+MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
+
+Homogeneous clients: every client trains the job's one model. Per-client architectures need a job
+that gives each client a model section and a worker that holds several; ``fused_net`` already
+takes one model per tower (docs/papers.md section 5).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field, PositiveInt, model_validator
+from torch import nn
+
+from raysim import params as P
+from raysim.aggregate import Gather
+from raysim.errors import ConfigError
+from raysim.measure import scores
+from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.models.anatomy import parts
+from raysim.models.fused import (
+    AdapterKind,
+    FrozenBN,
+    FusedPart,
+    FusedStages,
+    StagedNet,
+    client_stages,
+    fused_net,
+    fused_parts,
+    make_adapter,
+    middle_split,
+    num_parameters,
+    stage_output_shapes,
+)
+from raysim.registry import register
+from raysim.services import EVALUATE, MapRequest, Services
+from raysim.train.ccvr import (
+    FeatureStats,
+    calibrate_head,
+    class_statistics,
+    pooled_gaussians,
+    virtual_features,
+)
+from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
+from raysim.train.server_opt import init_state
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorted client ids) -> part
+
+
+class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
+    """CCVR's calibration of the averaged head (notes 2.5, 2.9: the official code's values)."""
+
+    enabled: bool = True  # False: the averaged head as it is
+    samples_per_class: PositiveInt = 5000
+    epochs: PositiveInt = 1
+    batch_size: PositiveInt = 128
+    lr: float | None = Field(None, gt=0)  # None: the local lr
+
+
+class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
+    """FuseFL: K stages of training on the fused frozen lower blocks, then CCVR."""
+
+    local: LocalTrainConfig = LocalTrainConfig()  # per stage: E / K epochs (notes 2.9)
+    # block or stage names of the job's model, bottom-up: ("layer2",) is the paper's K = 2 on
+    # ResNet-18, ("stem", "layer2", "layer3") its K = 4 (notes 2.3); None: K = 2, cut after the
+    # middle block below the head (on ResNet-18 that is layer2, the paper's)
+    splits: tuple[str, ...] | None = None
+    adapter: AdapterKind = "conv1x1"
+    frozen_bn: FrozenBN = "eval"
+    ccvr: CCVRConfig = CCVRConfig()
+
+    @property
+    def num_stages(self) -> int:
+        return 2 if self.splits is None else len(self.splits) + 1
+
+    def split_points(self, model: nn.Module) -> tuple[str, ...]:
+        """``splits``, or by default the middle block's name (a model of one block below its head
+        is cut after it: the second stage is the adapter alone)."""
+        return middle_split(model) if self.splits is None else self.splits
+
+    @model_validator(mode="after")
+    def _distinct(self) -> FuseFLConfig:
+        if self.splits is not None and len(set(self.splits)) != len(self.splits):
+            raise ValueError(
+                f"splits {list(self.splits)} name a split point twice: list each once, bottom-up"
+            )
+        return self
+
+    def check_model(self, model: nn.Module) -> list[str]:
+        """Checked on the driver with the job's model, before any worker starts: the split points
+        exist in it, bottom-up."""
+        try:
+            client_stages(model, self.split_points(model))
+        except ConfigError as err:
+            return [f"algorithm.splits: {problem}" for problem in err.problems]
+        return []
+
+
+@dataclass(frozen=True)
+class StagePayload:
+    """What every client receives: the stage (K: CCVR's statistics), the fused blocks so far, and
+    for CCVR the averaged head."""
+
+    stage: int
+    fused: Fused
+    head: Params
+
+
+@dataclass(frozen=True)
+class StageUpload:
+    """A client's upload: its adapter and block of the stage (``part``), its head at the last stage."""
+
+    part: Params
+    head: Params
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """What a client keeps between stages: its whole model's state dict."""
+
+    params: Params
+
+
+@dataclass(frozen=True)
+class FuseFLServer:
+    """The fused model: its parts by stage and tower, the calibrated head, the towers' client ids."""
+
+    fused: Fused
+    head: Params
+    towers: torch.Tensor  # int64 client ids, in tower order
+
+
+@register("algorithm", "fusefl")
+class FuseFL:
+    """FuseFL: K stages of training on the fused frozen lower blocks, then CCVR (NeurIPS 2024)."""
+
+    Config = FuseFLConfig
+    ClientState = OwnModel
+
+    def __init__(self, config: FuseFLConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[FuseFLServer]:
+        return init_state(params, info, FuseFLServer({}, {}, torch.zeros(0, dtype=torch.int64)))
+
+    def payload(self, state: ServerState[FuseFLServer], round_num: int) -> Payload[StagePayload]:
+        """Stage 0: the initial model (every client starts from it); later: the fused blocks."""
+        extra = P.numpy_leaves(StagePayload(round_num, state.extra.fused, state.extra.head))
+        return Payload(P.to_numpy(state.params) if round_num == 0 else {}, extra=extra)
+
+    def aggregator(self) -> Gather:
+        return Gather()
+
+    def server_update(
+        self, state: ServerState[FuseFLServer], aggregate: Any, round_num: int
+    ) -> tuple[ServerState[FuseFLServer], Metrics]:
+        raise RuntimeError("fusefl runs its own protocol; server_update is never called")
+
+    def protocol(
+        self, services: Services[Any], state: ServerState[FuseFLServer]
+    ) -> ServerState[FuseFLServer]:
+        if services.start_round:
+            raise ConfigError(
+                [f"fusefl cannot resume at round {services.start_round}: run it again from the start"]
+            )
+        towers = np.arange(services.info.num_clients)  # every client, every stage, in id order
+        state = replace(state, extra=FuseFLServer({}, {}, torch.as_tensor(towers, dtype=torch.int64)))
+        heads: list[Params] = []
+        for k in range(self.config.num_stages):
+            payload = self.payload(state, k)
+            out = services.train_cohort(payload, towers, k)
+            uploads = self.complete(out.aggregate, towers, k)
+            fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
+            heads = [u.head for u in uploads]
+            state = replace(state, extra=replace(state.extra, fused=fused))
+            services.log(
+                weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"})
+                | {
+                    "sys/bytes_up": float(out.bytes_up),
+                    "sys/bytes_down": float(
+                        (P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)) * len(towers)
+                    ),
+                },
+                k,
+            )
+        head = {name: torch.stack([h[name] for h in heads]).mean(dim=0) for name in heads[0]}
+        state = replace(state, extra=replace(state.extra, head=head))
+        head, metrics = self.calibrated(services, state, towers)
+        state = replace(state, extra=replace(state.extra, head=head))
+        services.log(metrics | self.evaluation(services, state), self.config.num_stages)
+        return state
+
+    def complete(
+        self, aggregate: list[tuple[int, ClientResult[StageUpload, OwnModel]]], towers: np.ndarray, k: int
+    ) -> list[StageUpload]:
+        """The uploads in tower order; fusion needs every client's."""
+        by_position = dict(aggregate)
+        missing = [int(towers[i]) for i in range(len(towers)) if i not in by_position]
+        if missing:
+            raise RuntimeError(
+                f"fusefl stage {k}: clients {missing} failed; the fused block needs every client's"
+            )
+        return [by_position[i].update for i in range(len(towers))]
+
+    def calibrated(
+        self, services: Services[Any], state: ServerState[FuseFLServer], towers: np.ndarray
+    ) -> tuple[Params, Metrics]:
+        """The averaged head calibrated by CCVR on the clients' fused features (or as it is)."""
+        ccvr = self.config.ccvr
+        if not ccvr.enabled:
+            return state.extra.head, {}
+        out = services.train_cohort(
+            self.payload(state, self.config.num_stages), towers, self.config.num_stages
+        )
+        stats = [result.update for _, result in out.aggregate]
+        means, covs, count = pooled_gaussians(stats)
+        generator = torch.Generator().manual_seed(services.info.seed)
+        x, y = virtual_features(means, covs, count, ccvr.samples_per_class, generator)
+        head = nn.Linear(x.shape[1], services.info.spec.num_classes)
+        P.load_into(head, state.extra.head)
+        lr = ccvr.lr or self.config.local.lr
+        loss = calibrate_head(
+            head, x, y, lr=lr, epochs=ccvr.epochs, batch_size=ccvr.batch_size, generator=generator
+        )
+        return P.clone(P.model_params(head)), {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
+
+    def fused_section(self, info: RunInfo, num_towers: int) -> dict[str, Any]:
+        """The registered ``fusefl_fused`` model section of this run's fused model."""
+        return {
+            "name": "fusefl_fused",
+            "base": info.model,
+            "splits": self.config.splits,
+            "num_towers": num_towers,
+            "adapter": self.config.adapter,
+        }
+
+    def evaluation(self, services: Services[Any], state: ServerState[FuseFLServer]) -> Metrics:
+        """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
+        weights = fused_weights(state.extra)
+        # parameters only, as Table 4: BatchNorm's running statistics and counters left out
+        num_params = sum(
+            int(w.numel()) for name, w in weights.items() if w.is_floating_point() and "running_" not in name
+        )
+        towers = len(state.extra.towers)
+        metrics: Metrics = {
+            "fusefl/params": float(num_params),
+            "fusefl/mib": num_params * 4 / 2**20,
+            "fusefl/paper_comm_mib": towers * num_params * 4 / 2**20,
+        }
+        model = self.fused_section(services.info, towers)
+        point = [P.to_numpy(weights)]
+        if services.info.has_central_test:
+            [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
+            metrics |= scored("eval/central", central)
+        clients = np.arange(services.info.num_clients)
+        [rows] = services.map_clients(MapRequest(EVALUATE, point, clients, model=model))
+        return metrics | scored("eval/clients", pool_rows(rows))
+
+    # ---- worker ---------------------------------------------------------------------------------
+
+    def client_update(self, ctx: ClientContext[StagePayload, OwnModel]) -> ClientResult[Any, OwnModel]:
+        stage = ctx.payload.extra.stage
+        model = copy.deepcopy(ctx.model)  # the resident model is never restructured
+        if ctx.state is not None:
+            model.load_state_dict(ctx.state.params)
+        elif stage:
+            raise RuntimeError(
+                f"client {ctx.client_id} reached fusefl stage {stage} without its model of stage 0"
+            )
+        if stage == self.config.num_stages:
+            return ClientResult(self.feature_stats(ctx, model), 1.0)
+        net = self.staged_net(ctx, model, stage)
+        metrics = train_local(
+            net,
+            ctx.data,
+            self.config.local,
+            seed=ctx.seed,
+            spec=ctx.spec,
+            device=ctx.device,
+            round_num=stage,
+            step_budget=ctx.step_budget,
+        )
+        last = stage == self.config.num_stages - 1
+        upload = StageUpload(
+            part=cpu_copy(net.own.state_dict()), head=cpu_copy(net.head.state_dict()) if last else {}
+        )
+        weight = float(metrics.get("train/num_examples", len(ctx.data)))
+        return ClientResult(upload, weight, metrics, state=OwnModel(cpu_copy(model.state_dict())))
+
+    def staged_net(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, k: int) -> StagedNet:
+        """Client m's stage-k model on ``model``'s own blocks (trained in place)."""
+        splits = self.config.split_points(model)
+        stages = client_stages(model, splits)
+        fused = ctx.payload.extra.fused
+        lower, adapter = None, None
+        if k:
+            num_towers = len(fused["0"])
+            lower = FusedStages(fused_parts([model] * num_towers, splits, self.config.adapter, ctx.spec)[:k])
+            lower.load_state_dict(
+                {
+                    f"stages.{j}.{m}.{name}": w
+                    for j in range(k)
+                    for m, part in fused[str(j)].items()
+                    for name, w in part.items()
+                }
+            )
+            below = stage_output_shapes(stages, ctx.spec)[k - 1]
+            adapter = make_adapter(self.config.adapter, [below] * num_towers, below)
+        own = FusedPart(adapter, stages[k])
+        head = parts(model)["head"]  # type: ignore[arg-type]
+        return StagedNet(lower, own, list(stages[k + 1 :]), head, self.config.frozen_bn).to(ctx.device)
+
+    def feature_stats(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module) -> FeatureStats:
+        """CCVR's per-class statistics of the fused model's features on this client's data."""
+        extra = ctx.payload.extra
+        splits = self.config.split_points(model)
+        net = fused_net([model] * len(extra.fused["0"]), splits, self.config.adapter, ctx.spec)
+        net.load_state_dict(fused_weights(FuseFLServer(extra.fused, extra.head, torch.zeros(0))))
+        net.to(ctx.device).eval()
+        features, labels = [], []
+        with torch.no_grad():
+            for batch in iterate_batches(to_tensors(ctx.data, ctx.device), self.config.ccvr.batch_size):
+                features.append(net.features(batch["x"]))
+                labels.append(batch["y"])
+        stats = class_statistics(torch.cat(features), torch.cat(labels), ctx.spec.num_classes)
+        return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
+
+
+def scored(prefix: str, row: Metrics | None) -> Metrics:
+    """An evaluation row's scores under ``prefix`` (none without examples)."""
+    if row is None:
+        return {}
+    return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
+
+
+def fused_weights(server: FuseFLServer) -> Params:
+    """The fused model's state dict (``fusefl_fused``'s names) from the parts and the head."""
+    weights = {
+        f"stages.{k}.{m}.{name}": w
+        for k, towers in server.fused.items()
+        for m, part in towers.items()
+        for name, w in part.items()
+    }
+    return weights | {f"head.{name}": w for name, w in server.head.items()}
+
+
+def cpu_copy(state: dict[str, torch.Tensor]) -> Params:
+    return {name: t.detach().cpu().clone() for name, t in state.items()}
+
+
+__all__ = ["FuseFL", "FuseFLConfig", "fused_weights", "num_parameters"]

@@ -1,0 +1,72 @@
+"""One-shot FedAvg: every client trains alone once from the shared initial model; the server
+averages the M models' parameters and BatchNorm statistics, weighted by examples (FuseFL's "FedAvg"
+baseline, notes/fusefl.md section 3).
+
+The client models come from ``raysim.train.oneshot.local_models``: trained in step 0, or read
+from the cache when a one-shot method (this one, ``ensemble``) already trained them for the same
+dataset, model, seed, local options and clients; ``oneshot/trained_clients`` says which. Every
+client takes part (``engine.cohort_size`` and ``engine.num_rounds`` are not used). The average is
+the run's global model, evaluated and logged at step 0 like a round's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from raysim.aggregate import Sum
+from raysim.measure.pooling import weighted_means
+from raysim.registry import register
+from raysim.services import Services
+from raysim.train.local import examples_trained_on, train_client
+from raysim.train.oneshot import OneShotConfig, local_models
+from raysim.train.server_opt import init_state, params_payload
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+
+BOOKKEEPING = {"client_id", "weight", "seconds"}
+
+
+@register("algorithm", "oneshot_fedavg")
+class OneShotFedAvg:
+    """One-shot FedAvg: one round of local training, one weighted parameter average."""
+
+    Config = OneShotConfig
+
+    def __init__(self, config: OneShotConfig) -> None:
+        self.config = config
+
+    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
+        return init_state(params, info, None)
+
+    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+        return params_payload(state)
+
+    def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
+        _, metrics = train_client(ctx, self.config.local)  # the model travels as a kept local model
+        return ClientResult({}, examples_trained_on(metrics), metrics)
+
+    def aggregator(self) -> Sum[Params]:
+        return Sum()
+
+    def server_update(
+        self, state: ServerState[None], aggregate: Params | None, round_num: int
+    ) -> tuple[ServerState[None], Metrics]:
+        raise RuntimeError("oneshot_fedavg runs its own protocol; server_update is never called")
+
+    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+        trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
+        total = sum(trained.weights.values())
+        average = {
+            name: torch.stack(
+                [
+                    torch.as_tensor(trained.models[c][name]).double() * (w / total)
+                    for c, w in trained.weights.items()
+                ]
+            ).sum(dim=0)
+            for name in state.params
+        }
+        state = replace(state, params={k: v.to(state.params[k].dtype) for k, v in average.items()})
+        metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
+        services.log(metrics | services.evaluate(state, 0), 0)
+        return state

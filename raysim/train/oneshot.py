@@ -1,0 +1,119 @@
+"""One-shot FL's locally trained client models, trained once and reused (notes/fusefl.md section 3).
+
+One-shot FedAvg, the logit Ensemble and the distillation baselines all start from the same M
+client models, each trained alone from the run's initial model. ``local_models`` trains them in one
+round through the engine and saves them; a later run of any such method with the same cache key
+reads them back and trains nothing.
+
+The cache key is the SHA-256 of the JSON of: the job's dataset section (recipe, partition, split:
+which examples each client holds), its model section (the architecture and initialisation), the run
+seed (the partition's and the initial model's draw, the clients' local seeds), the local training
+options, and the client ids. Whatever else changes (the algorithm's name, its other options,
+evaluation, resources) reuses the models. The folder ``<cache_dir>/<key>/`` holds one file per
+client (``client_<id>.pt``: its model and weight, written atomically) and ``key.json``, the
+key's contents, to read which job made them.
+
+Usage:
+    trained = local_models(services, state.params, config.local, config.cache_dir)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from raysim import params as P
+from raysim.services import RoundOptions, Services
+from raysim.train.local import LocalTrainConfig
+from raysim.types import Metrics, NumpyParams, Params, Payload, RunInfo
+
+
+class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
+    """The clients' one round of local training, shared by the one-shot methods."""
+
+    local: LocalTrainConfig = LocalTrainConfig()
+    # where the trained client models are kept; None: $RAYSIM_HOME (else .raysim)/oneshot_cache
+    cache_dir: str | None = None
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    """The cache folder: ``cache_dir``, else ``$RAYSIM_HOME`` (or ``.raysim``) / oneshot_cache."""
+    return (
+        Path(cache_dir) if cache_dir else Path(os.environ.get("RAYSIM_HOME") or ".raysim") / "oneshot_cache"
+    )
+
+
+def cache_key(info: RunInfo, local: LocalTrainConfig, clients: np.ndarray) -> tuple[str, dict[str, Any]]:
+    """The key of these clients' local models, and what it hashes."""
+    contents = {
+        "dataset": info.dataset,
+        "model": info.model,
+        "seed": info.seed,
+        "local": local.model_dump(mode="json"),
+        "clients": [int(c) for c in clients],
+    }
+    text = json.dumps(contents, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20], contents
+
+
+@dataclass(frozen=True)
+class LocalModels:
+    """The clients' trained models and weights (examples trained on) by client id; the training
+    round's per-client metric rows (none when cached) and its counts and bytes."""
+
+    models: dict[int, NumpyParams]
+    weights: dict[int, float]
+    client_metrics: list[Metrics] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=dict)
+
+
+def local_models(
+    services: Services[Any], params: Params, local: LocalTrainConfig, cache_dir: str | None
+) -> LocalModels:
+    """Every client's model after one round of local training from ``params``, and its weight:
+    read from the cache, or trained (one round, step 0) and saved there. Its ``metrics`` count
+    ``oneshot/trained_clients`` (0 when all were cached) and ``oneshot/cached_clients``, and
+    when trained the round's ``sys/bytes_down`` and ``sys/bytes_up``.
+
+    Raises:
+        RuntimeError: a client failed (the method needs every client's model).
+    """
+    clients = np.arange(services.info.num_clients)
+    key, contents = cache_key(services.info, local, clients)
+    folder = cache_root(cache_dir) / key
+    files = {int(c): folder / f"client_{int(c)}.pt" for c in clients}
+    if all(f.is_file() for f in files.values()):
+        saved = {c: torch.load(f, map_location="cpu", weights_only=True) for c, f in files.items()}
+        models = {c: P.to_numpy(entry["params"]) for c, entry in saved.items()}
+        weights = {c: float(entry["weight"]) for c, entry in saved.items()}
+        counts = {"oneshot/trained_clients": 0.0, "oneshot/cached_clients": float(len(clients))}
+        return LocalModels(models, weights, metrics=counts)
+    payload: Payload[None] = Payload(P.to_numpy(params))
+    out = services.train_cohort(payload, clients, 0, RoundOptions(keep_local_models=True))
+    if out.failures:
+        failed = [f.client_id for f in out.failures]
+        raise RuntimeError(
+            f"one-shot local training: clients {failed} failed; every client's model is needed"
+        )
+    weights = {int(row["client_id"]): float(row["weight"]) for row in out.client_metrics}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "key.json").write_text(json.dumps(contents, indent=2, sort_keys=True, default=str))
+    for client, model in out.local_models.items():
+        partial = files[client].with_suffix(".tmp")
+        torch.save({"params": P.from_numpy(model), "weight": weights[client]}, partial)
+        partial.replace(files[client])  # a reader never sees half a file
+    metrics = {
+        "oneshot/trained_clients": float(len(clients)),
+        "oneshot/cached_clients": 0.0,
+        "sys/bytes_down": float(P.num_bytes(payload.params) * len(clients)),
+        "sys/bytes_up": float(sum(P.num_bytes(m) for m in out.local_models.values())),
+    }
+    return LocalModels(dict(out.local_models), weights, out.client_metrics, metrics)

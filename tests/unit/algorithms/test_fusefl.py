@@ -1,0 +1,84 @@
+"""FuseFL's client side: what a stage trains, freezes and uploads, and the BatchNorm policy of
+the frozen fused blocks (the numbers of the fused forward are checked in tests/unit/models)."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from raysim import params as P
+from raysim import registry
+from raysim.config.plugins import validate_plugin
+from raysim.models import build_model
+from raysim.train.local import train_local
+from raysim.types import ClientContext, ClientData, DataSpec, RunInfo
+
+SPEC = DataSpec("classification", (3, 8, 8), 3)
+SPLITS = ["layer1", "layer2"]  # K = 3 on resnet10: stem+layer1 | layer2 | layer3, layer4, pool
+
+
+def plugin(**options):
+    section = validate_plugin("algorithm", {"name": "fusefl", "splits": SPLITS, **options}, [])
+    return registry.get("algorithm", "fusefl").factory(section.config)
+
+
+def context(algo, model, stage, fused, state, client_id):
+    rng = np.random.default_rng(client_id)
+    data = ClientData({"x": rng.normal(size=(24, 3, 8, 8)).astype(np.float32), "y": rng.integers(0, 3, 24)})
+    payload = algo.payload(replace_state(algo, model, fused), stage)
+    return ClientContext(
+        client_id=client_id, round_num=stage, model=model,
+        payload=replace(payload, extra=P.to_device(payload.extra, "cpu")),
+        global_params={}, data=data, state=state, seed=client_id, device=torch.device("cpu"), spec=SPEC,
+    )  # fmt: skip
+
+
+def replace_state(algo, model, fused):
+    state = algo.init(P.model_params(model), RunInfo(2, 2, 4, SPEC, seed=0))
+    return replace(state, extra=replace(state.extra, fused=fused))
+
+
+def two_clients_through_stage_0(algo):
+    torch.manual_seed(0)
+    model = build_model("resnet10", {"width": 4}, SPEC)
+    results = [algo.client_update(context(algo, model, 0, {}, None, c)) for c in (0, 1)]
+    fused = {"0": {str(m): r.update.part for m, r in enumerate(results)}}
+    return model, fused, results
+
+
+def test_a_stage_uploads_its_adapter_and_block_and_keeps_the_whole_model():
+    algo = plugin()
+    model, fused, results = two_clients_through_stage_0(algo)
+    first = results[0]
+    assert all(name.startswith("block.") for name in first.update.part) and first.update.head == {}
+    assert set(first.state.params) == set(model.state_dict())
+    stage1 = algo.client_update(context(algo, model, 1, fused, first.state, 0))
+    names = set(stage1.update.part)
+    assert {"adapter.map.weight", "adapter.map.bias"} <= names  # 1x1 conv, 2 x 4 channels -> 4
+    assert stage1.update.part["adapter.map.weight"].shape == (4, 8, 1, 1)
+    trained_above = [k for k in stage1.state.params if k.startswith("layers.2")]
+    assert any(not torch.equal(stage1.state.params[k], first.state.params[k]) for k in trained_above)
+    assert stage1.update.head == {}  # the head travels at the last stage only
+
+
+@pytest.mark.parametrize("frozen_bn", ["eval", "train"])
+def test_frozen_blocks_never_train_and_their_batchnorm_follows_the_policy(frozen_bn):
+    algo = plugin(frozen_bn=frozen_bn)
+    model, fused, results = two_clients_through_stage_0(algo)
+    ctx = context(algo, model, 1, fused, results[0].state, 0)
+    client_model = copy.deepcopy(model)
+    client_model.load_state_dict(results[0].state.params)
+    net = algo.staged_net(ctx, client_model, 1)
+    before = {k: v.clone() for k, v in net.lower.state_dict().items()}
+    net.train()
+    assert net.lower.training == (frozen_bn == "train")
+    assert not any(p.requires_grad for p in net.lower.parameters())
+    train_local(net, ctx.data, algo.config.local, seed=0, spec=SPEC)
+    after = net.lower.state_dict()
+    for name, value in before.items():
+        if "running" in name:
+            assert torch.equal(after[name], value) == (frozen_bn == "eval"), name
+        elif value.is_floating_point():
+            assert torch.equal(after[name], value), name

@@ -63,6 +63,7 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
             "raysim.axis.variant": variant,
             "raysim.axis.seed": "0",
             "raysim.axis.algorithm.local.lr": lr,
+            "raysim.overrides": f"algorithm.local.lr={lr} seed=0",  # a cell is its axes as overrides
         }
         assert run.info.run_name == f"tinysweep/{variant} lr={lr} seed=0"
         assert ("fails on purpose" in run.data.tags["raysim.error"]) if variant == "broken" else (

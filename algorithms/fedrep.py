@@ -30,6 +30,7 @@ from raysim.train.model_parts import complete_delta, frozen, head_names, split_p
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
     ClientContext,
+    ClientMetrics,
     ClientResult,
     Metrics,
     Params,
@@ -59,7 +60,7 @@ class PersonalHead:
     head: Params
 
 
-def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> Metrics:
+def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> ClientMetrics:
     """``train_local`` of the client's model on its data this round, shuffled by ``seed``."""
     return train_local(ctx.model, ctx.data, config, seed=seed, spec=ctx.spec, device=ctx.device,
                        round_num=ctx.round_num, step_budget=step_budget)  # fmt: skip

@@ -61,7 +61,17 @@ from raysim.train.local import (
     train_local,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
-from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientMetrics,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RunInfo,
+    ServerState,
+)
 
 Reading = Literal["paper", "lss_code"]
 _WEIGHT = {"paper": 3.0, "lss_code": 1e-3}  # lambda_a and lambda_d (paper E.1; the code's defaults)
@@ -245,7 +255,7 @@ class LSS:
         config, model = self.config, ctx.model
         anchor = {name: p.detach().clone() for name, p in live_params(model).items()}  # f_p
         pool = [anchor] if config.start_in_pool else []
-        runs: list[Metrics] = []
+        runs: list[ClientMetrics] = []
         steps_left = ctx.step_budget
         for i in range(config.num_models):
             if steps_left is not None and steps_left <= 0:
@@ -264,7 +274,7 @@ class LSS:
 
     def _train_ingredient(
         self, ctx: ClientContext[None, None], i: int, frozen: list[Params], anchor: Params, steps: int | None
-    ) -> Metrics:
+    ) -> ClientMetrics:
         """Trains the live model as ingredient ``i`` beside the ``frozen`` members."""
         config = self.config
         num_members = len(frozen) + 1
@@ -297,7 +307,7 @@ class LSS:
         return apply_server_step(state, mean_delta, self.config.server)
 
 
-def _pool_metrics(runs: list[Metrics], pool: list[Params], anchor: Params) -> Metrics:
+def _pool_metrics(runs: list[ClientMetrics], pool: list[Params], anchor: Params) -> ClientMetrics:
     """The ingredients' train metrics (loss and accuracy: step-weighted means; steps: the sum) and
     the pool's shape: ``lss/soup_distance`` (``||soup - f_p||``) and ``lss/spread`` (the mean
     distance of the members to the soup)."""

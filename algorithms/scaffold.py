@@ -12,6 +12,7 @@ local momentum, weight decay and gradient clipping are refused.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -135,7 +136,11 @@ class Scaffold:
         ]
 
     def _result(
-        self, ctx: ClientContext[ServerVariate, ClientVariate], c_i: Params, delta: Params, metrics: Metrics
+        self,
+        ctx: ClientContext[ServerVariate, ClientVariate],
+        c_i: Params,
+        delta: Params,
+        metrics: Mapping[str, float | torch.Tensor],
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
         """The client's update and new variate from its training's ``delta`` and metrics."""
         c = ctx.payload.extra.c

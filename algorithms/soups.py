@@ -62,6 +62,7 @@ from raysim.train.weight_averaging import (
 from raysim.types import (
     ClientContext,
     ClientData,
+    ClientMetrics,
     ClientResult,
     Metrics,
     Params,
@@ -249,7 +250,7 @@ class Soups:
         start = snapshot(model)  # the round's global model, BatchNorm statistics included
         ingredients: list[Params] = []
         accuracies: list[float] = []
-        runs: list[Metrics] = []
+        runs: list[ClientMetrics] = []
         for i in range(config.num_models):
             load_params(model, start)
             best, metrics = self._fine_tune(ctx, train, i, accuracy_of)
@@ -278,7 +279,7 @@ class Soups:
 
     def _fine_tune(
         self, ctx: ClientContext[None, None], train: ClientData, i: int, accuracy_of: _Accuracy | None
-    ) -> tuple[_Best, Metrics]:
+    ) -> tuple[_Best, ClientMetrics]:
         """Ingredient ``i`` from the model's current weights; its kept checkpoint (with ``keep:
         last``, the live model; its accuracy when there is validation) and its train metrics."""
         config = self.config

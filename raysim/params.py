@@ -273,11 +273,19 @@ def is_finite(tree: Any) -> bool:
     One reduction per tensor, on the tensor's device; the flags are combined there, so the
     answer costs one device-to-host sync however many tensors the tree holds.
     """
+    flag = finite_flag(tree)
+    return True if flag is None else bool(flag)
+
+
+@torch.no_grad()
+def finite_flag(tree: Any) -> torch.Tensor | None:
+    """``is_finite`` as a 0-d bool tensor, not yet read back (on the first tensor's device);
+    None for a tree without floating-point tensors."""
     flags = [_finite_flag(t) for _, t in _float_leaves(tree)]
     if not flags:
-        return True
+        return None
     device = flags[0].device
-    return bool(torch.stack([f.to(device) for f in flags]).all())
+    return torch.stack([f.to(device) for f in flags]).all()
 
 
 @torch.no_grad()

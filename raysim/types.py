@@ -34,6 +34,9 @@ ClientId = int
 Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by state-dict name
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
 Metrics = dict[str, float]
+# A client update's metrics: on a GPU the device-side sums stay 0-d tensors, read back once per
+# worker round (``raysim.runtime.finite_checks``), so a client never waits for the card.
+ClientMetrics = dict[str, "float | torch.Tensor"]
 Split = Literal["train", "validation", "test"]  # validation: dataset.validation_fraction
 Task = Literal["classification", "causal_lm", "regression"]
 # What plugins send and keep: leaves (tensors, arrays, numbers, strings) in dicts, lists, tuples
@@ -165,7 +168,7 @@ class ClientResult(Generic[U, S]):
 
     update: U
     weight: float
-    metrics: Metrics = field(default_factory=dict)
+    metrics: Mapping[str, float | torch.Tensor] = field(default_factory=dict)  # ClientMetrics
     state: S | None = None
 
 

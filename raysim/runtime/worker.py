@@ -6,9 +6,8 @@ it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one 
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -28,6 +27,7 @@ from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.device_reads import RetrainRound, RoundChecks, defers_reads, read_metrics
 from raysim.runtime.personal import (
     client_init_params,
     evaluate_personal_model,
@@ -105,7 +105,19 @@ class ClientTrainer:
         """
         if per_client is not None:
             payload = replace(payload, per_client=per_client)
-        self.timer = timer = PhaseTimer(self.device)
+        self.timer = PhaseTimer(self.device)
+        # on a GPU the clients' checks and metrics are read back once per round (device_reads)
+        defer = defers_reads(self.device) and not options.probes and not options.keep_local_models
+        try:
+            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(defer))
+        except RetrainRound:  # an update was not finite: again, each client checked at once
+            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(False))
+        report.times = self.timer.times()
+        return report
+
+    def _train_tasks(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
+                     options: RoundOptions, checks: RoundChecks) -> WorkerReport:  # fmt: skip
+        timer = self.timer
         aggregator = self.algorithm.aggregator()
         report = WorkerReport(partial=aggregator.zero())
         probes = {name: self.probes[name] for name in options.probes}
@@ -114,6 +126,7 @@ class ClientTrainer:
             global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
             payload = replace(payload, extra=P.to_device(payload.extra, self.device))
         chunks = self._chunks(payload, global_params, tasks, round_num, options)
+        client_metrics: list[Mapping[str, float | torch.Tensor]] = []
         for position, client_id in tasks:
             honour_stop_request()  # a SIGTERM the serial backend's client code swallowed
             t0 = time.perf_counter()
@@ -126,13 +139,15 @@ class ClientTrainer:
                         result, rows = self._train_one(
                             payload, global_params, client_id, round_num, probes, budget
                         )
-                    check_finite_result(result)  # before its state is kept or its update folded
+                    checks.check(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     with timer.phase("data_loading"):
                         self.states.put(client_id, round_num, result.state)
             except NonFiniteError as exc:
                 report.failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
                 continue
+            except RetrainRound:
+                raise
             except Exception as exc:  # the driver applies the failure policy
                 raise_stop_request(exc)
                 report.failures.append(client_failure(client_id, position, exc))
@@ -147,10 +162,11 @@ class ClientTrainer:
             report.bytes_up += P.num_bytes(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
             bookkeeping = {"client_id": float(client_id), "weight": result.weight, "seconds": seconds}
-            report.client_metrics.append({**result.metrics, **bookkeeping})
+            client_metrics.append({**result.metrics, **bookkeeping})
         with timer.phase("reduce"):
+            checks.settle()
+            report.client_metrics = read_metrics(client_metrics)
             report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
-        report.times = timer.times()
         return report
 
     def _chunks(self, payload: Payload, params: Params, tasks: list[tuple[int, int]], round_num: int,
@@ -356,22 +372,3 @@ def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics
     view.model.eval()
     with torch.no_grad():
         return hook(view)
-
-
-def check_finite_result(result: ClientResult) -> None:
-    """Refuses a client result whose update or weight holds NaN or infinity.
-
-    One diverging client (a huge learning rate) would otherwise turn the whole aggregate, and so
-    the global model, into NaN. The check is one reduction per tensor and one sync per client.
-
-    Raises:
-        NonFiniteError: naming the tensors that are not finite.
-    """
-    weight_is_finite = math.isfinite(float(result.weight))
-    if weight_is_finite and P.is_finite(result.update):
-        return
-    bad = P.nonfinite_names(result.update) + ([] if weight_is_finite else ["weight"])
-    raise NonFiniteError(
-        f"the client's update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
-        f"its local training diverged (lower the learning rate, or set local.grad_clip)"
-    )

@@ -20,7 +20,7 @@ Usage:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -31,7 +31,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
-from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
+from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
 
 Batch = dict[str, torch.Tensor]
 # A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
@@ -110,7 +110,18 @@ def step_limit(config: LocalTrainConfig, step_budget: int | None) -> int | None:
 def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
     """Moves a client's arrays to ``device`` once; batches are then index views."""
     # Arrays read from a memory map are read-only; torch needs writable memory.
-    return {k: torch.from_numpy(np.require(v, requirements="W")).to(device) for k, v in data.arrays.items()}
+    return {
+        k: to_device(torch.from_numpy(np.require(v, requirements="W")), device)
+        for k, v in data.arrays.items()
+    }
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``; to a GPU through pinned memory without waiting: a pageable copy
+    waits for the card's queue to drain, which would idle it between clients."""
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def iterate_batches(
@@ -121,7 +132,7 @@ def iterate_batches(
     n = len(first)
     # drawn on the CPU (the generator decides), moved to the device once per pass
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    order = order.to(first.device)
+    order = to_device(order, first.device)
     for start in range(0, n, batch_size):
         idx = order[start : start + batch_size]
         yield {k: v[idx] for k, v in tensors.items()}
@@ -208,7 +219,7 @@ def train_local(
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
     step_budget: int | None = None,
-) -> Metrics:
+) -> ClientMetrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
@@ -292,18 +303,22 @@ def _train_metrics(
     seen: torch.Tensor | int,
     num_batches: int,
     num_examples: int,
-) -> Metrics:
-    """Reads the device counters once, at the end of the client."""
-    denominator = max(float(seen), 1.0)
-    return {
-        "train/loss": float(loss_sum) / denominator,
-        "train/accuracy": float(correct) / denominator,
-        "train/steps": float(num_batches),
-        "train/num_examples": float(num_examples),
-    }
+) -> ClientMetrics:
+    """The client's means. On a GPU they stay 0-d tensors: the worker reads a round's clients
+    back at once, so the card's queue is not drained between clients. Elsewhere read here."""
+    counts = {"train/steps": float(num_batches), "train/num_examples": float(num_examples)}
+    if isinstance(loss_sum, torch.Tensor) and loss_sum.device.type == "cuda":
+        denominator = torch.as_tensor(seen, device=loss_sum.device).double().clamp(min=1.0)
+        return {
+            "train/loss": loss_sum.double() / denominator,
+            "train/accuracy": torch.as_tensor(correct, device=loss_sum.device).double() / denominator,
+            **counts,
+        }
+    mean = max(float(seen), 1.0)
+    return {"train/loss": float(loss_sum) / mean, "train/accuracy": float(correct) / mean, **counts}
 
 
-def examples_trained_on(metrics: Metrics) -> float:
+def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
     """The FedAvg family's client weight: the distinct examples this round's local steps visited.
 
     After a full first epoch that is all of the client's examples this round, FedAvg's n_k. When
@@ -314,7 +329,7 @@ def examples_trained_on(metrics: Metrics) -> float:
     Args:
         metrics: ``train_local``'s metrics for the client.
     """
-    return metrics["train/num_examples"]
+    return float(metrics["train/num_examples"])  # a count the host knows: no device read
 
 
 def train_client(
@@ -325,7 +340,7 @@ def train_client(
     after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
-) -> tuple[Params, Metrics]:
+) -> tuple[Params, ClientMetrics]:
     """One client's local work: trains ``ctx.model`` on ``ctx.data`` (seed, device, round and
     step budget from ``ctx``); returns ``delta = global - local`` and ``train_local``'s metrics.
 

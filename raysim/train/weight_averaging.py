@@ -24,7 +24,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.train.local import iterate_batches, to_tensors
-from raysim.types import ClientData, Metrics, Params
+from raysim.types import ClientData, ClientMetrics, Params
 
 _SPLIT_TAG = 0x5A1D  # keeps the validation draw apart from the client's other random streams
 
@@ -192,13 +192,13 @@ def recompute_batchnorm(
     return True
 
 
-def merge_train_metrics(runs: Sequence[Metrics]) -> Metrics:
+def merge_train_metrics(runs: Sequence[ClientMetrics]) -> ClientMetrics:
     """``train_local`` metrics of several runs of one client as one: loss and accuracy are the
     step-weighted means, steps the sum, ``train/num_examples`` the most any run saw."""
-    steps = sum(run["train/steps"] for run in runs)
+    steps = sum(float(run["train/steps"]) for run in runs)  # counts: host floats
     return {
         "train/loss": sum(run["train/loss"] * run["train/steps"] for run in runs) / max(steps, 1.0),
         "train/accuracy": sum(run["train/accuracy"] * run["train/steps"] for run in runs) / max(steps, 1.0),
         "train/steps": float(steps),
-        "train/num_examples": max((run["train/num_examples"] for run in runs), default=0.0),
+        "train/num_examples": max((float(run["train/num_examples"]) for run in runs), default=0.0),
     }

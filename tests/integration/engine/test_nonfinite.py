@@ -14,6 +14,7 @@ from raysim.aggregate import Sum
 from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ClientError, NonFiniteError
+from raysim.runtime import worker as raysim_worker
 from raysim.runtime.client_state import ClientStateStore
 from raysim.stopping import clear_stop_request, note_stop_request
 from raysim.types import ClientResult
@@ -191,3 +192,29 @@ def test_a_stop_request_noted_after_the_last_round_ends_the_run_killed(tmp_path)
     finally:
         clear_stop_request()
     assert stop.value.code == 143 and tracker.status == "KILLED"
+
+
+@pytest.mark.parametrize("inner, retrains", [("fedavg", True), ("scaffold", False)])
+def test_deferred_checks_give_the_run_of_checks_at_once(tmp_path, monkeypatch, inner, retrains):
+    """On a GPU a worker queues its clients' checks (``device_reads``) and trains a round again
+    when one fails; forced here on the CPU, the run must be the one that checks each client at
+    once, bit for bit: the same clients dropped, the same model. SCAFFOLD's clients return state,
+    kept at once, so each is checked at once and no round is trained again."""
+    at_once = run(diverging_job("serial", inner=inner, max_failed_clients=6), output_dir=tmp_path / "a")
+    retrained = []
+    real = raysim_worker.RoundChecks
+
+    def counting(defer):
+        retrained.append(defer)
+        return real(defer)
+
+    monkeypatch.setattr(raysim_worker, "defers_reads", lambda device: True)
+    monkeypatch.setattr(raysim_worker, "RoundChecks", counting)
+    queued = run(diverging_job("serial", inner=inner, max_failed_clients=6), output_dir=tmp_path / "q")
+    assert (retrained.count(False) > 0) == retrains  # a round found a diverged client: again
+    assert [m["sys/nonfinite_clients"] for _, m in queued.history] == [
+        m["sys/nonfinite_clients"] for _, m in at_once.history
+    ]
+    assert [m["train/loss"] for _, m in queued.history] == [m["train/loss"] for _, m in at_once.history]
+    for k, v in at_once.state.params.items():
+        assert torch.equal(v, queued.state.params[k]), k

@@ -23,25 +23,19 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 import yaml
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from raysim.cli.bench_vectorized import VectorizedSide, synchronize
+from raysim.cli.bench_vectorized import VectorizedSide
+from raysim.cli.plain_loop import ParallelPlainLoop, PlainLoop, plain_local
 from raysim.cli.startup import startup_seconds, startup_table
 from raysim.config import JobConfig, apply_overrides, explain
-from raysim.data.store import ClientStore
 from raysim.engine.build import build
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
-from raysim.models.text import HFTokenModel
-from raysim.runtime.builders import build_job_model
-from raysim.sampling import client_seed, sample_cohort
-from raysim.train.local import LocalTrainConfig, cap_examples
 
 
 class BenchConfig(BaseModel, frozen=True, extra="forbid"):
@@ -83,20 +77,6 @@ def bench_device(job: JobConfig, bench: BenchConfig) -> torch.device:
     return torch.device("cuda" if wants_gpu and cuda else "cpu")
 
 
-def plain_local(job: JobConfig) -> LocalTrainConfig:
-    """The plugin's local training section, which the plain loop repeats.
-
-    Raises:
-        ConfigError: the plugin has no ``local`` section of local SGD.
-    """
-    local = getattr(job.algorithm.config, "local", None)
-    if not isinstance(local, LocalTrainConfig):
-        raise ConfigError(
-            [f"algorithm: the plain loop repeats local SGD, and {job.algorithm.name!r} has no local section"]
-        )
-    return local
-
-
 def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
     """Alternates one raysim round and the plain loop's round on the same cohort.
 
@@ -113,13 +93,19 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     device = bench_device(job, bench)
     plain = PlainLoop(job, services.store, services.train_pool, device)
     vectorized = VectorizedSide.for_job(job, services.store, services.train_pool, device)
+    workers = services.backend.num_workers
+    parallel = (  # the ideal measured: the plain loop in one process per worker, on the CPU
+        ParallelPlainLoop(job, services.store, services.train_pool, workers)
+        if device.type == "cpu" and workers > 1
+        else None
+    )
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
     console.print(
         f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
         f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
         f"timed rounds after {bench.warmup_rounds} warm-up; plain loop on {device.type}"
     )
-    raysim_s, plain_s, overhead_s, tokens, vectorized_s = [], [], [], [], []
+    raysim_s, plain_s, overhead_s, tokens, vectorized_s, parallel_s = [], [], [], [], [], []
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
@@ -127,14 +113,18 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
             raysim_round = time.perf_counter() - t0
             vectorized_round = vectorized.round(round_num, plain.global_state) if vectorized else 0.0
             plain_round = plain.round(round_num)
+            parallel_round = parallel.round(round_num) if parallel is not None else 0.0
             if round_num >= bench.warmup_rounds:
                 raysim_s.append(raysim_round)
                 plain_s.append(plain_round)
                 overhead_s.append(metrics["sys/driver_overhead_s"])
                 tokens.append(plain.tokens)
                 vectorized_s.append(vectorized_round)
+                parallel_s.append(parallel_round)
     finally:
         services.backend.shutdown()
+        if parallel is not None:
+            parallel.close()
     figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
     figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
@@ -142,6 +132,10 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     figures[f"raysim_{unit}_per_s"] = statistics.median(t / r for t, r in zip(tokens, raysim_s))
     figures[f"plain_{unit}_per_s"] = statistics.median(t / p for t, p in zip(tokens, plain_s))
     figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
+    if parallel is not None:
+        figures["parallel_plain_round_s"] = statistics.median(parallel_s)
+        figures["ratio_to_parallel_plain"] = statistics.median(r / p for r, p in zip(raysim_s, parallel_s))
+        figures["parallel_plain_rounds_s"] = parallel_s
     if any(plain.fisher_s):
         figures["plain_fisher_share"] = statistics.median(
             f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds :], plain_s)
@@ -201,115 +195,16 @@ def summarize(
     }
 
 
-class PlainLoop:
-    """The limit: one thread, one model, client data in memory (on the device), plain SGD, a
-    float64 sum.
-
-    Language models train through HuggingFace's own loss (``hf(input_ids, labels=input_ids)``);
-    for FedFish the extra Fisher pass runs too and is timed apart (``fisher_s``).
-    """
-
-    def __init__(
-        self, job: JobConfig, store: ClientStore, pool: np.ndarray, device: torch.device = torch.device("cpu")
-    ) -> None:
-        self.job, self.store, self.pool = job, store, pool  # pool: the clients that train
-        self.device = device
-        self.model = build_job_model(job, store.spec).to(device)
-        self.local = plain_local(job)
-        self.global_state = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.fisher_s: list[float] = []
-        self.tokens = 0  # tokens (or examples) trained in the last round
-
-    def _loss(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-        if self.store.spec.task == "causal_lm":
-            assert isinstance(self.model, HFTokenModel)  # the one causal-LM model
-            return self.model.hf(input_ids=x, labels=x).loss
-        assert y is not None  # classification data has labels
-        return F.cross_entropy(self.model(x), y)
-
-    def _client_data(self, round_num: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The cohort's round data, capped exactly as raysim's workers cap it."""
-        job = self.job
-        cohort = self.pool[sample_cohort(len(self.pool), job.engine.cohort_size, job.seed, round_num)]
-        out = []
-        for c in cohort:
-            data = cap_examples(
-                self.store.client_data(int(c), "train"),
-                job.engine.max_client_examples,
-                client_seed(job.seed, round_num, int(c)),
-            )
-            y = data.arrays.get("y")
-            x = torch.from_numpy(data.arrays["x"].copy()).to(self.device)
-            out.append((x, None if y is None else torch.from_numpy(y.copy()).to(self.device)))
-        return out
-
-    def round(self, round_num: int) -> float:
-        """Trains the round's cohort; returns its seconds (data loading excluded)."""
-        job, local = self.job, self.local
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        data = self._client_data(round_num)
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        model, start, fisher_s = self.model, self.global_state, 0.0
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in start.items()}
-        for x, y in data:
-            model.load_state_dict(start)
-            model.train()
-            optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=local.lr)
-            for _ in range(local.epochs):
-                order = torch.randperm(len(x), device=x.device)
-                for begin in range(0, len(x), local.batch_size):
-                    idx = order[begin : begin + local.batch_size]
-                    optimizer.zero_grad()
-                    self._loss(x[idx], None if y is None else y[idx]).backward()
-                    optimizer.step()
-            if job.algorithm.name == "fedfish":
-                fisher_s += self._fisher_pass(x, y, local.batch_size)
-            for k, v in model.state_dict().items():
-                total[k] += (start[k] - v).double() * len(x)
-        num_examples = sum(len(x) for x, _ in data)
-        self.global_state = {k: start[k] - (total[k] / num_examples).to(v.dtype) for k, v in start.items()}
-        synchronize(self.device)
-        seconds = time.perf_counter() - t0
-        torch.set_num_threads(threads)
-        self.fisher_s.append(fisher_s)
-        per_example = self.store.spec.input_shape[0] if self.store.spec.task == "causal_lm" else 1
-        self.tokens = num_examples * local.epochs * per_example
-        return seconds
-
-    def _fisher_pass(self, x: torch.Tensor, y: torch.Tensor | None, batch_size: int) -> float:
-        """FedFish's extra pass: squared batch gradients summed, at the final local weights."""
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        fisher = [torch.zeros_like(p) for p in params]
-        for begin in range(0, len(x), batch_size):
-            batch = slice(begin, begin + batch_size)
-            self.model.zero_grad()
-            self._loss(x[batch], None if y is None else y[batch]).backward()
-            for f, p in zip(fisher, params):
-                if p.grad is not None:  # a parameter the loss does not reach has none
-                    f.add_(p.grad**2)
-        synchronize(self.device)
-        return time.perf_counter() - t0
-
-
 def _table(f: dict[str, Any]) -> Table:
     table = Table(title=f"{f['benchmark']}: seconds per round (median)")
-    for column in (
-        "raysim",
-        "plain loop (1 thread)",
-        f"ideal ({f['num_workers']} workers)",
-        "raysim / ideal",
-        "raysim clients/s",
-    ):
+    parallel = "parallel_plain_round_s" in f
+    columns = ["raysim", "plain loop (1 thread)", f"ideal ({f['num_workers']} workers)", "raysim / ideal"]
+    row = [f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}"]
+    row.append(f"{f['ratio_to_ideal']:.3f}x")
+    if parallel:  # the ideal measured: the plain loop in one process per worker
+        columns += [f"plain loop x{f['num_workers']} processes", "raysim / that"]
+        row += [f"{f['parallel_plain_round_s']:.3f}", f"{f['ratio_to_parallel_plain']:.3f}x"]
+    for column in [*columns, "raysim clients/s"]:
         table.add_column(column, justify="right")
-    table.add_row(
-        f"{f['raysim_round_s']:.3f}",
-        f"{f['plain_round_s']:.3f}",
-        f"{f['ideal_round_s']:.3f}",
-        f"{f['ratio_to_ideal']:.3f}x",
-        f"{f['raysim_clients_per_s']:.1f}",
-    )
+    table.add_row(*row, f"{f['raysim_clients_per_s']:.1f}")
     return table

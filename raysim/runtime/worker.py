@@ -28,6 +28,7 @@ from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
+from raysim.runtime.memory import PeakMemory
 from raysim.runtime.personal import (
     client_init_params,
     evaluate_personal_model,
@@ -123,9 +124,11 @@ class ClientTrainer:
                     if chunks is not None:
                         (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
                     else:
-                        result, rows = self._train_one(
-                            payload, global_params, client_id, round_num, probes, budget
-                        )
+                        with PeakMemory(self.device) as peak:  # reads allocator counters: no device sync
+                            result, rows = self._train_one(
+                                payload, global_params, client_id, round_num, probes, budget
+                            )
+                        report.client_peak_bytes = max(report.client_peak_bytes or 0.0, peak.bytes)
                     check_finite_result(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     with timer.phase("data_loading"):
@@ -145,6 +148,7 @@ class ClientTrainer:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
                 report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model)))
             report.bytes_up += P.num_bytes(result.update)
+            report.params_up += P.num_values(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
             bookkeeping = {"client_id": float(client_id), "weight": result.weight, "seconds": seconds}
             report.client_metrics.append({**result.metrics, **bookkeeping})

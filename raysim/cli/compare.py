@@ -119,7 +119,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.cost:
         files += cost_files(records, folder)
     if not args.no_log:
-        run = store.log_comparison(records, files, [f"metric={m}" for m in args.metric or []])
+        options = [f"metric={m}" for m in args.metric or []] + (["cost"] if args.cost else [])
+        run = store.log_comparison(records, files, options)
         console.print(
             f"logged as MLflow run {run.info.run_id} ({run.info.run_name}): "
             f"{store.link(run.info.experiment_id, run.info.run_id)}",

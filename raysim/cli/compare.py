@@ -115,9 +115,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         files.append(overlaid_curves(panels, "raysim compare: " + shorten(", ".join(names)), folder / CURVES))
     else:  # e.g. runs with evaluation off: nothing per round to draw
         console.print("no curves: the runs logged no per-round evaluation", highlight=False)
-    console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if args.cost:
         files += cost_files(records, folder)
+    console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
         options = [f"metric={m}" for m in args.metric or []] + (["cost"] if args.cost else [])
         run = store.log_comparison(records, files, options)

@@ -4,8 +4,9 @@ step whose work it was (docs/tracking.md, "What a round costs").
 Training, from each cohort trained since the last log (a round, or a protocol's stage):
 ``sys/client_seconds`` (mean seconds of one client update), ``sys/client_peak_bytes`` (the most
 memory one client update added on its worker), ``sys/params_up`` and ``sys/params_down`` (the
-values the updates and the payload carry, as ``sys/bytes_up`` and ``sys/bytes_down`` weigh
-them) and ``sys/macs_per_example`` (one forward pass of the job's model).
+values the updates and the payload carry), ``sys/bytes_up`` and ``sys/bytes_down`` (what they
+weigh: the round loop's own figures, and a protocol's where the plugin logs none) and
+``sys/macs_per_example`` (one forward pass of the job's model).
 
 Inference, with a step's evaluation metrics: ``sys/inference_macs_per_example`` and
 ``sys/inference_params`` of the predictor evaluated since the last log. That is the global model
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from raysim import params as P
+from raysim.engine.metrics import bytes_down
 from raysim.measure.macs import ModelCost, model_cost
 from raysim.types import DataSpec, Metrics, Payload, RoundOutput
 
@@ -53,6 +55,8 @@ class TrainingCost:
     peak_bytes: float | None = None
     params_up: int = 0
     params_down: int = 0
+    bytes_up: int = 0
+    bytes_down: float = 0.0
 
     def add(self, output: RoundOutput[object], payload: Payload, cohort_size: int) -> None:
         self.client_seconds += [row["seconds"] for row in output.client_metrics if "seconds" in row]
@@ -60,11 +64,15 @@ class TrainingCost:
             self.peak_bytes = max(self.peak_bytes or 0.0, output.client_peak_bytes)
         self.params_up += output.params_up
         self.params_down += params_down(payload, cohort_size)
+        self.bytes_up += output.bytes_up
+        self.bytes_down += bytes_down(payload, cohort_size)["sys/bytes_down"]
 
     def metrics(self, trained_model: ModelCost) -> Metrics:
         out = {
             "sys/params_up": float(self.params_up),
             "sys/params_down": float(self.params_down),
+            "sys/bytes_up": float(self.bytes_up),  # as the round loop logs them, for a protocol's steps too
+            "sys/bytes_down": self.bytes_down,
             "sys/macs_per_example": trained_model.macs_per_example,
         }
         if self.client_seconds:

@@ -3,7 +3,8 @@ predictor, from the cost metrics every run logs (``raysim.engine.cost``; docs/tr
 
 One row per run; a column no run has a value for is left out:
 
-- ``client s``: mean seconds of one client update (``sys/client_seconds``, mean over the steps);
+- ``client s``: seconds of one client update, summed over the steps (``sys/client_seconds``): a
+  client's local work over the whole run where every client trains at every step;
 - ``peak MiB``: the most memory one client update added (``sys/client_peak_bytes``, max over steps);
 - ``train MMAC``: MACs of one forward pass per example of the model clients train
   (``sys/macs_per_example``), in millions;
@@ -34,10 +35,10 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
 MiB, M = 2.0**20, 1e6
-SUMMED = ("sys/params_up", "sys/params_down", "sys/bytes_up", "sys/bytes_down")
-MEAN, PEAK = "sys/client_seconds", "sys/client_peak_bytes"
+SECONDS, PEAK = "sys/client_seconds", "sys/client_peak_bytes"
+SUMMED = (SECONDS, "sys/params_up", "sys/params_down", "sys/bytes_up", "sys/bytes_down")
 LAST = ("sys/macs_per_example", "sys/inference_macs_per_example", "sys/inference_params")
-COST_KEYS = (*SUMMED, MEAN, PEAK, *LAST)  # the histories the table reads
+COST_KEYS = (*SUMMED, PEAK, *LAST)  # the histories the table reads
 
 
 def _scaled(unit: float, digits: int) -> Callable[[float], str]:
@@ -45,7 +46,7 @@ def _scaled(unit: float, digits: int) -> Callable[[float], str]:
 
 
 COLUMNS = (
-    Column("client s", (MEAN,), format=_scaled(1.0, 2)),
+    Column("client s", (SECONDS,), format=_scaled(1.0, 2)),
     Column("peak MiB", (PEAK,), format=_scaled(MiB, 1)),
     Column("train MMAC", ("sys/macs_per_example",), format=_scaled(M, 3)),
     Column("up M", ("sys/params_up",), format=_scaled(M, 3)),
@@ -58,11 +59,9 @@ COLUMNS = (
 
 
 def cost_fields(record: RunRecord) -> Metrics:
-    """The run's cost over its logged steps, by metric: sums, mean, max or last value."""
+    """The run's cost over its logged steps, by metric: sums, max or last value."""
     values = {key: [m[key] for _, m in record.history if key in m] for key in COST_KEYS}
     out: Metrics = {key: sum(values[key]) for key in SUMMED if values[key]}
-    if values[MEAN]:
-        out[MEAN] = sum(values[MEAN]) / len(values[MEAN])
     if values[PEAK]:
         out[PEAK] = max(values[PEAK])
     return out | {key: values[key][-1] for key in LAST if values[key]}

@@ -40,6 +40,7 @@ def test_the_fused_model_and_the_ensemble_are_costed_as_evaluated(tmp_path):
     final = history[2]  # after CCVR: the fused model's evaluation
     assert history[0]["sys/macs_per_example"] == MACS  # each client trains its own MLP
     assert final["sys/inference_params"] == final["fusefl/params"]
+    assert final["sys/bytes_up"] > 0  # CCVR's feature statistics: the engine weighs a protocol's steps too
     # 4 first layers (64 -> 16), 4 adapters (4 x 16 -> 16), one head (16 -> 10): wider than one MLP
     assert final["sys/inference_macs_per_example"] == 4 * 64 * 16 + 4 * 64 * 16 + 16 * 10 > MACS
     local = {"epochs": 1, "batch_size": 16, "lr": 0.1}
@@ -49,3 +50,4 @@ def test_the_fused_model_and_the_ensemble_are_costed_as_evaluated(tmp_path):
     assert metrics["sys/inference_macs_per_example"] == 4 * MACS
     assert metrics["sys/inference_params"] == 4 * PARAMS == metrics["ensemble/params"]
     assert metrics["sys/params_up"] == 4 * PARAMS  # the members travel up whole
+    assert metrics["sys/bytes_up"] == 4 * metrics["sys/params_up"]

@@ -51,6 +51,8 @@ def test_the_cohorts_since_the_last_log_are_added_up_then_start_afresh():
         "sys/client_peak_bytes": 100.0,
         "sys/params_up": 30.0,
         "sys/params_down": 10 * 2 + 10 * 1,
+        "sys/bytes_up": 0.0,  # the outputs say they weigh nothing
+        "sys/bytes_down": 4.0 * (10 * 2 + 10 * 1),
         "sys/macs_per_example": MLP_MACS,
     }
     assert costs.take({"train/loss": 1.0}) == {}

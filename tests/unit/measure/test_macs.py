@@ -1,5 +1,6 @@
 """MACs per example and parameter counts against counts by hand."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -26,3 +27,15 @@ def test_counting_leaves_the_model_as_it_was():
     forward_macs(model, torch.randn(3, 4))
     assert model.training  # back in training mode
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics too
+
+
+def test_resnet18_at_32x32_costs_the_published_figures():
+    """FuseFL's notes (section 2.6): ResNet-18 on 32x32 images is 0.555 GMAC and 11,173,962
+    parameters (10 classes)."""
+    from raysim.models import build_model
+    from raysim.types import DataSpec
+
+    model = build_model("resnet18", {}, DataSpec("classification", (3, 32, 32), 10))
+    cost = model_cost(model, torch.zeros(1, 3, 32, 32))
+    assert cost.params == 11_173_962
+    assert cost.macs_per_example / 1e9 == pytest.approx(0.555, abs=0.0005)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,9 +35,13 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
 MiB, M = 2.0**20, 1e6
-SECONDS, PEAK = "sys/client_seconds", "sys/client_peak_bytes"
+SECONDS, PEAK, INFERENCE_MACS = (
+    "sys/client_seconds",
+    "sys/client_peak_bytes",
+    "sys/inference_macs_per_example",
+)
 SUMMED = (SECONDS, "sys/params_up", "sys/params_down", "sys/bytes_up", "sys/bytes_down")
-LAST = ("sys/macs_per_example", "sys/inference_macs_per_example", "sys/inference_params")
+LAST = ("sys/macs_per_example", INFERENCE_MACS, "sys/inference_params")
 COST_KEYS = (*SUMMED, PEAK, *LAST)  # the histories the table reads
 
 
@@ -60,7 +64,13 @@ COLUMNS = (
 
 def cost_fields(record: RunRecord) -> Metrics:
     """The run's cost over its logged steps, by metric: sums, max or last value."""
-    values = {key: [m[key] for _, m in record.history if key in m] for key in COST_KEYS}
+    return run_cost({key: [m[key] for _, m in record.history if key in m] for key in COST_KEYS})
+
+
+def run_cost(values: Mapping[str, Sequence[float]]) -> Metrics:
+    """A run's cost from each cost metric's values, step by step (``COST_KEYS``; a key missing or
+    empty: not logged): the sums, the peak, the last values."""
+    values = {key: values.get(key, ()) for key in COST_KEYS}
     out: Metrics = {key: sum(values[key]) for key in SUMMED if values[key]}
     if values[PEAK]:
         out[PEAK] = max(values[PEAK])

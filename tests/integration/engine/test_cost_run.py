@@ -51,3 +51,12 @@ def test_the_fused_model_and_the_ensemble_are_costed_as_evaluated(tmp_path):
     assert metrics["sys/inference_params"] == 4 * PARAMS == metrics["ensemble/params"]
     assert metrics["sys/params_up"] == 4 * PARAMS  # the members travel up whole
     assert metrics["sys/bytes_up"] == 4 * metrics["sys/params_up"]
+
+
+def test_ray_workers_report_the_same_accounting(tmp_path, ray_local):
+    """Two Ray workers, each in its own process: their reports carry the peak and the values."""
+    ray_job = tiny_job(dataset=FOUR_CLIENTS, engine={"num_rounds": 1, "cohort_size": 4},
+                       resources={"backend": "ray", "num_workers": 2})  # fmt: skip
+    [(_, metrics)] = run(ray_job, output_dir=tmp_path).history
+    assert metrics["sys/client_peak_bytes"] > 0 and metrics["sys/client_seconds"] > 0
+    assert metrics["sys/params_up"] == metrics["sys/params_down"] == 4 * PARAMS

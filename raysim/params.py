@@ -308,6 +308,16 @@ def num_bytes(tree: Tree) -> int:
     return total
 
 
+def num_values(tree: Tree) -> int:
+    """Values (elements) of all tensor or array leaves: the numbers a message carries, whatever
+    their dtype (``num_bytes`` weighs them)."""
+    return sum(
+        leaf.numel() if isinstance(leaf, torch.Tensor) else int(leaf.size)
+        for leaf in leaves(tree)
+        if isinstance(leaf, (torch.Tensor, np.ndarray))
+    )
+
+
 def num_elements(params: Params) -> int:
     return sum(v.numel() for v in params.values())
 

@@ -165,7 +165,9 @@ class Services(Protocol[A_co]):
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point of ``request`` on each of its clients (or the central test set), spread over
-        all workers.
+        all workers. An EVALUATE request's model, or a LOGITS request's P points taken together
+        (an ensemble), is the predictor whose inference cost the next ``log`` with evaluation
+        metrics records.
 
         Returns:
             ``results[p][c]`` for point ``p`` and client position ``c`` (``results[0][c]`` when
@@ -186,7 +188,10 @@ class Services(Protocol[A_co]):
         ...
 
     def log(self, metrics: Metrics, round_num: int) -> None:
-        """Logs metrics at step ``round_num`` (MLflow, the run's history, the progress bar)."""
+        """Logs metrics at step ``round_num`` (MLflow, the run's history, the progress bar), with
+        the cost of the cohorts trained and the predictor evaluated since the last log
+        (``sys/client_*``, ``sys/params_*``, ``sys/inference_*``: ``raysim.engine.cost``); a
+        metric the plugin logs itself under one of those names wins."""
         ...
 
     def checkpoint(self, state: ServerState, round_num: int) -> Path:

@@ -252,6 +252,10 @@ class RoundOutput(Generic[A_co]):
         probe_rows: per probe name, one row per client of what its worker hooks measured.
         local_models: client id -> the client's model after training, when asked to keep them.
         bytes_up: what the clients' updates weigh.
+        params_up: the values (parameters) the clients' updates hold.
+        client_peak_bytes: the most memory one client update added on its worker (CUDA peak
+            allocation on a GPU, peak resident set growth on a CPU); None where none was measured
+            (clients trained in vectorized chunks).
         worker_times: each worker's phases and busy time, in worker order.
         merge_s: the driver's merge of the workers' partials into the aggregate.
     """
@@ -262,6 +266,8 @@ class RoundOutput(Generic[A_co]):
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
+    params_up: int = 0
+    client_peak_bytes: float | None = None
     worker_times: list[WorkerTimes] = field(default_factory=list)
     merge_s: float = 0.0
 

@@ -16,12 +16,17 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raysim.cli.home import raysim_home
 from raysim.cli.runs import add_where
 from raysim.errors import RaysimError
 
+if TYPE_CHECKING:
+    from raysim.engine.tables import RunRecord
+
 CURVES, TABLE_CSV, TABLE_MD = "curves.png", "final_metrics.csv", "final_metrics.md"
+COST_CSV, COST_MD = "cost.csv", "cost.md"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,6 +63,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="runs that differ only in their seed as one row (and curve): the mean over the seeds",
     )
+    compare.add_argument(
+        "--cost",
+        action="store_true",
+        help="also a cost table: seconds and peak memory of a client update, MACs per example, "
+        "parameters and bytes sent up and down, inference cost of the final predictor",
+    )
     compare.add_argument("--no-log", action="store_true", help="write the files only; log no MLflow run")
     compare.set_defaults(handler=cmd_compare)
 
@@ -65,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
+    from raysim.engine.cost_table import COST_KEYS
     from raysim.engine.plots import overlaid_curves
     from raysim.engine.run_store import RunStore, matches, parse_where
     from raysim.engine.tables import curve_panels, describe, markdown, summary_tables, write_csv
@@ -80,7 +92,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise RaysimError(f"no run of {', '.join(args.targets)} has {' and '.join(args.where)}")
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
-    records = store.records(runs, args.metric)
+    records = store.records(runs, args.metric, COST_KEYS if args.cost else ())
     if args.over_seeds:
         from raysim.engine.seed_groups import over_seeds
 
@@ -103,9 +115,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         files.append(overlaid_curves(panels, "raysim compare: " + shorten(", ".join(names)), folder / CURVES))
     else:  # e.g. runs with evaluation off: nothing per round to draw
         console.print("no curves: the runs logged no per-round evaluation", highlight=False)
+    if args.cost:
+        files += cost_files(records, folder)
     console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
-        run = store.log_comparison(records, files, [f"metric={m}" for m in args.metric or []])
+        options = [f"metric={m}" for m in args.metric or []] + (["cost"] if args.cost else [])
+        run = store.log_comparison(records, files, options)
         console.print(
             f"logged as MLflow run {run.info.run_id} ({run.info.run_name}): "
             f"{store.link(run.info.experiment_id, run.info.run_id)}",
@@ -113,6 +128,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
             highlight=False,
         )
     return 0
+
+
+def cost_files(records: Sequence[RunRecord], folder: Path) -> list[Path]:
+    """Prints the cost table and writes it (CSV, Markdown); none where no run logged a cost."""
+    from raysim.cli.console import console
+    from raysim.engine.cost_table import cost_markdown, cost_table, has_costs, write_cost_csv
+
+    if not has_costs(records):
+        console.print("no cost table: the runs logged no cost metrics (sys/params_up, ...)", highlight=False)
+        return []
+    console.print(cost_table(records, "raysim compare (cost)"))
+    markdown = folder / COST_MD
+    markdown.write_text(cost_markdown(records))
+    return [write_cost_csv(records, folder / COST_CSV), markdown]
 
 
 def default_folder(names: Sequence[str], run_ids: Sequence[str]) -> Path:

@@ -79,17 +79,18 @@ def child() -> None:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory: Linux's ``VmHWM``, else ``ru_maxrss``.
+    """This process's peak resident memory: Linux's ``VmHWM`` (with the peaks a client update's
+    measurement reset, ``raysim.runtime.memory.peak_rss_bytes``), else ``ru_maxrss``.
 
     Not ``ru_maxrss`` where ``VmHWM`` exists: Linux carries a process's ``ru_maxrss`` across
     ``exec``, so a child of a large parent starts at the parent's size (measured: a child of a
     1.5 GB process reported 1.5 GB; its ``VmHWM`` 11 MB).
     """
-    try:
-        status = Path("/proc/self/status").read_text()
-        return int(status.split("VmHWM:")[1].split()[0]) / 1024  # kB
-    except (OSError, IndexError, ValueError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; macOS: bytes
+    from raysim.runtime.memory import peak_rss_bytes
+
+    if peak := peak_rss_bytes():
+        return peak / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; macOS: bytes
 
 
 def _run_rounds(job: Any, out: Path) -> dict[str, Any]:

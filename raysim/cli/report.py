@@ -59,7 +59,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
     from raysim.engine import grid_render as render
-    from raysim.engine.grid_cost import BYTES_DOWN, BYTES_UP, cell_cost
+    from raysim.engine.cost_table import COST_KEYS
+    from raysim.engine.grid_cost import cell_cost
     from raysim.engine.grid_paired import paired
     from raysim.engine.grid_runs import load_runs, log_report
     from raysim.engine.grid_table import Selection, Statistic, build_table
@@ -74,7 +75,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     selection = Selection(args.select, args.on, args.force_test_selection) if args.select else None
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
-    metrics = [args.metric, *([args.on] if args.on else []), *([BYTES_UP, BYTES_DOWN] if args.cost else [])]
+    metrics = [args.metric, *([args.on] if args.on else []), *(COST_KEYS if args.cost else [])]
     runs, parent = load_runs(store, args.targets, metrics)
     table = build_table(runs, args.metric, statistic, args.rows, args.columns, selection)
 

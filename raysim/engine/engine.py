@@ -30,6 +30,7 @@ from raysim.checkpoint import (
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
+from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.round_timer import Phase, RoundTimer
@@ -39,7 +40,7 @@ from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, sample_cohort
-from raysim.services import MapRequest, RoundOptions
+from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stopping import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
 from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
@@ -77,6 +78,10 @@ class Engine(Generic[A]):
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
+    costs: CostMeter = field(init=False)  # what is trained and evaluated, logged with its step
+
+    def __post_init__(self) -> None:
+        self.costs = CostMeter(self.info.model, self.store.first_rows(1).arrays["x"], self.store.spec)
 
     # --- the verbs (raysim.services.Services) ---------------------------------------------
 
@@ -108,6 +113,7 @@ class Engine(Generic[A]):
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
+        self.costs.trained(output, payload, len(cohort))
         return output
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
@@ -151,6 +157,7 @@ class Engine(Generic[A]):
         personalize = round_num is not None and round_num >= 0 and self.is_personalization_round(round_num)
         personalizing = personalize and self.job.evaluation.personalization is not None
         self.on_phase("personalizing" if personalizing else "evaluating")
+        self.costs.evaluated()  # the global model
         with self.timed("evaluation"):
             return evaluate_global(
                 self.backend, state.params, self.plan, round_num if personalize else None, round_num
@@ -161,6 +168,8 @@ class Engine(Generic[A]):
         model section is checked here, before any worker sees it)."""
         if request.model is not None:
             section_config("model", request.model, "map_clients model.")
+        if request.task in (EVALUATE, LOGITS):  # the logits of P points: an ensemble of P models
+            self.costs.evaluated(request.model, len(request.points) if request.task == LOGITS else 1)
         return self.backend.map_clients(request)
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:
@@ -209,6 +218,7 @@ class Engine(Generic[A]):
         )  # fmt: skip
 
     def log(self, metrics: Metrics, round_num: int) -> None:
+        metrics = self.costs.take(metrics) | metrics  # a plugin's own figure wins
         self.history.append((round_num, metrics))
         self.tracker.log_metrics(metrics, step=round_num)
 

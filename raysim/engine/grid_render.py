@@ -145,9 +145,10 @@ def paired_markdown(pairs: Sequence[Paired]) -> str:
 
 def cost_markdown(table: GridTable, costs: dict[tuple[str, str], CellCost], target: float | None) -> str:
     """Per cell: rounds to ``target`` (mean over the seeds that reached it, k/n reached), wall
-    seconds and MB sent up and down (means over seeds)."""
+    seconds, MB sent up and down, a client update's seconds (over the run) and peak MiB, and the
+    final predictor's MMACs per example (means over seeds)."""
     header = [table.row_axis, "column", *([f"rounds to {target:g}"] if target is not None else []),
-              "seconds", "MB up", "MB down"]  # fmt: skip
+              "seconds", "MB up", "MB down", "client s", "peak MiB", "infer MMAC"]  # fmt: skip
     rows = []
     for (row, column), cost in costs.items():
         reached = (
@@ -156,7 +157,8 @@ def cost_markdown(table: GridTable, costs: dict[tuple[str, str], CellCost], targ
             else []
         )
         rows.append([row, column, *reached, _short(cost.seconds), _short(cost.bytes_up / 1e6),
-                     _short(cost.bytes_down / 1e6)])  # fmt: skip
+                     _short(cost.bytes_down / 1e6), _short(cost.client_seconds),
+                     _short(cost.peak_bytes / 2**20), _short(cost.inference_macs / 1e6)])  # fmt: skip
     return "\ncost (means over seeds)\n\n" + markdown_grid(header, rows)
 
 

@@ -145,9 +145,12 @@ class RunStore:
 
     # --- reading them ----------------------------------------------------------------------------
 
-    def records(self, runs: Sequence[Any], metrics: Sequence[str] | None) -> list[RunRecord]:
+    def records(
+        self, runs: Sequence[Any], metrics: Sequence[str] | None, extra: Sequence[str] = ()
+    ) -> list[RunRecord]:
         """The runs as records: final metrics, and the histories of the metrics to draw (the
-        ``metrics`` named, else each task's main one) and of those the table derives from."""
+        ``metrics`` named, else each task's main one), of those the table derives from and of
+        the ``extra`` keys (the cost table's)."""
         finals = [
             RunRecord(
                 name=run.info.run_name or run.info.run_id,
@@ -161,7 +164,11 @@ class RunStore:
             for run in runs
         ]
         drawn = list(metrics or default_metrics(finals))
-        wanted = [*_ALWAYS_FETCHED, *(k for m in drawn for _, key in curve_keys(m) for k in logged_keys(key))]
+        wanted = [
+            *_ALWAYS_FETCHED,
+            *extra,
+            *(k for m in drawn for _, key in curve_keys(m) for k in logged_keys(key)),
+        ]
         records = []
         for record in unique_names(finals):
             keys = [key for key in dict.fromkeys(wanted) if key in record.final]

@@ -96,6 +96,7 @@ def merge_reports(
     for rows in probe_rows.values():
         rows.sort(key=lambda row: row["client_id"])  # independent of the sharding
     aggregate = aggregator.result(merged)
+    peaks = [report.client_peak_bytes for report in reports if report.client_peak_bytes is not None]
     return RoundOutput(
         aggregate=aggregate,
         client_metrics=[metrics for report in reports for metrics in report.client_metrics],
@@ -103,6 +104,8 @@ def merge_reports(
         probe_rows=probe_rows,
         local_models={k: v for report in reports for k, v in report.local_models.items()},
         bytes_up=sum(report.bytes_up for report in reports),
+        params_up=sum(report.params_up for report in reports),
+        client_peak_bytes=max(peaks, default=None),
         worker_times=[report.times for report in reports],
         merge_s=time.perf_counter() - start,
     )

@@ -158,6 +158,17 @@ class PeakMemory:
             self.bytes = max(0.0, _status_bytes("VmHWM") - self._start)
 
 
+# Likewise the kernel keeps one peak resident set per process, which a CPU block's measurement
+# resets: the process's peak before the latest reset is kept here for ``peak_rss_bytes``.
+_erased_rss_peak = 0.0
+
+
+def peak_rss_bytes() -> float:
+    """This process's peak resident set over its life (Linux ``VmHWM``), the peaks ``PeakMemory``
+    reset included; 0.0 where the kernel keeps no such count."""
+    return max(_erased_rss_peak, _status_bytes("VmHWM"))
+
+
 def _return_free_heap() -> None:
     """Gives the heap's free pages back to the kernel (glibc's ``malloc_trim``): a worker keeps
     freed memory (``raysim.runtime.chunks.keep_freed_memory``), which would hide a block's use."""
@@ -166,7 +177,10 @@ def _return_free_heap() -> None:
 
 
 def _reset_peak_rss() -> bool:
-    """Resets the kernel's peak resident set of this process (Linux ``clear_refs`` 5)."""
+    """Resets the kernel's peak resident set of this process (Linux ``clear_refs`` 5), the peak so
+    far kept for ``peak_rss_bytes``."""
+    global _erased_rss_peak
+    _erased_rss_peak = peak_rss_bytes()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

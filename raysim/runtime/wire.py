@@ -43,6 +43,8 @@ class WorkerReport:
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
     bytes_up: int = 0
+    params_up: int = 0  # the values those bytes hold
+    client_peak_bytes: float | None = None  # the most memory one client update added (None: not measured)
     times: WorkerTimes = WorkerTimes()  # where the worker's time went
 
 

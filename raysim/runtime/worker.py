@@ -6,6 +6,7 @@ it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -28,6 +29,7 @@ from raysim.runtime.builders import build_algorithm, build_job_model, build_prob
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.device_reads import RetrainRound, RoundChecks, defers_reads, read_metrics
+from raysim.runtime.memory import PeakMemory
 from raysim.runtime.personal import (
     client_init_params,
     evaluate_personal_model,
@@ -136,9 +138,16 @@ class ClientTrainer:
                     if chunks is not None:
                         (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
                     else:
-                        result, rows = self._train_one(
-                            payload, global_params, client_id, round_num, probes, budget
-                        )
+                        # on a GPU every client (allocator counters, no sync); on a CPU the
+                        # round's first: measuring returns the heap, which the next steps refault
+                        measured = self.device.type == "cuda" or report.client_peak_bytes is None
+                        peak = PeakMemory(self.device) if measured else None
+                        with peak or contextlib.nullcontext():
+                            result, rows = self._train_one(
+                                payload, global_params, client_id, round_num, probes, budget
+                            )
+                        if peak is not None:
+                            report.client_peak_bytes = max(report.client_peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     with timer.phase("data_loading"):
@@ -160,6 +169,7 @@ class ClientTrainer:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
                 report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model)))
             report.bytes_up += P.num_bytes(result.update)
+            report.params_up += P.num_values(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
             bookkeeping = {"client_id": float(client_id), "weight": result.weight, "seconds": seconds}
             client_metrics.append({**result.metrics, **bookkeeping})

@@ -115,5 +115,6 @@ def local_models(
         "oneshot/cached_clients": 0.0,
         "sys/bytes_down": float(P.num_bytes(payload.params) * len(clients)),
         "sys/bytes_up": float(sum(P.num_bytes(m) for m in out.local_models.values())),
+        "sys/params_up": float(sum(P.num_values(m) for m in out.local_models.values())),
     }
     return LocalModels(dict(out.local_models), weights, out.client_metrics, metrics)

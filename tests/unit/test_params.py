@@ -134,6 +134,16 @@ def test_num_bytes_counts_every_leaf_of_dataclasses_lists_and_dicts():
     assert P.num_bytes(tree) == 12 + 4 + 24 + 8
 
 
+def test_num_values_counts_the_elements_those_bytes_hold_whatever_their_dtype():
+    tree = {
+        "update": update(1.0, 1.0),
+        "anchors": [torch.zeros(3, dtype=torch.float64)],
+        "arr": np.zeros((2, 2), np.int16),
+        "stage": 3,  # a plain value is no parameter
+    }
+    assert P.num_values(tree) == 3 + 1 + 3 + 4
+
+
 def test_to_cpu_and_to_device_walk_dataclasses():
     moved = P.to_device({"u": Update({"w": np.ones(2, np.float32)}, np.array(3.0))}, "cpu")
     assert type(moved["u"]) is Update and isinstance(moved["u"].delta["w"], torch.Tensor)

@@ -162,3 +162,17 @@ def test_runs_lists_the_stores_runs_newest_first(store, capsys):
     assert main(["runs", "--where", "algorithm=fedavg", "--tracking-uri", uri]) == 0
     out = capsys.readouterr().out
     assert ids["fedavg"] in out and ids["fedprox"] not in out and ids["lm"] in out  # the LM is FedAvg too
+
+
+def test_cost_prints_and_writes_what_each_run_cost(store, capsys, tmp_path):
+    """The tiny MLP (64-16-10, 1,210 parameters, 1,184 MACs an example) with 6 clients a round
+    for 3 rounds: 3 x 6 x 1,210 parameters each way."""
+    uri, ids, _ = store
+    assert compare(store, ids["fedavg"], "--cost", "--no-log", "--out", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "raysim compare (cost)" in out and "peak MiB" in out and "infer MMAC" in out
+    [row] = list(csv.DictReader((tmp_path / "cost.csv").open()))
+    assert float(row["sys/params_up"]) == float(row["sys/params_down"]) == 3 * 6 * 1210
+    assert float(row["sys/macs_per_example"]) == float(row["sys/inference_macs_per_example"]) == 1184
+    assert float(row["sys/client_seconds"]) > 0 and float(row["sys/client_peak_bytes"]) > 0
+    assert (tmp_path / "cost.md").read_text().startswith("| run | algorithm | client s |")

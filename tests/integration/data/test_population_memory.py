@@ -39,8 +39,10 @@ _CHILD = textwrap.dedent(
         })
 
     def peak():
-        # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from this test's process
-        return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024  # kB
+        # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from this test's process;
+        # with the peaks that measuring each client update reset (raysim.runtime.memory)
+        from raysim.runtime.memory import peak_rss_bytes
+        return peak_rss_bytes()
 
     run(job(1000), output_dir=sys.argv[2])
     warm = peak()

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from raysim.engine.cost_table import INFERENCE_MACS, PEAK, SECONDS
 from raysim.engine.grid_cost import BYTES_UP, cell_cost, rounds_to_target
 from raysim.engine.grid_table import Cell, SeedRun
 
@@ -30,3 +31,14 @@ def test_cell_cost_means_over_seeds():
     assert (cost.rounds_to_target, cost.num_reached, cost.num_runs) == (1.5, 2, 3)
     assert cost.seconds == pytest.approx(20.0) and cost.bytes_up == pytest.approx(250.0)
     assert math.isnan(cost.bytes_down)
+
+
+def test_a_cells_client_cost_is_the_mean_over_seeds_of_each_runs_sum_peak_and_last_value():
+    """Seed a: client seconds 1 + 2, peaks 5 and 7, inference 9 then 11; seed b: 6, 3, 13."""
+    a = {SECONDS: ((0, 1.0), (1, 2.0)), PEAK: ((0, 5.0), (1, 7.0)), INFERENCE_MACS: ((0, 9.0), (1, 11.0))}
+    b = {SECONDS: ((0, 6.0),), PEAK: ((0, 3.0),), INFERENCE_MACS: ((0, 13.0),)}
+    runs = (SeedRun("a", "a", {}, curves=a, seconds=1.0), SeedRun("b", "b", {}, curves=b, seconds=1.0))
+    cost = cell_cost(Cell(runs, (0.0, 0.0)), "m")
+    assert cost.client_seconds == pytest.approx((3.0 + 6.0) / 2)
+    assert cost.peak_bytes == pytest.approx((7.0 + 3.0) / 2)
+    assert cost.inference_macs == pytest.approx((11.0 + 13.0) / 2)

@@ -3,7 +3,8 @@ whose own run is that run's child (the tags: ``raysim.config.sweep``).
 
 A rerun of the same sweep (the same id) goes on under the same parent run and skips the cells
 whose run FINISHED (or was stopped by the median rule); failed and interrupted cells run again,
-each in a new run beside its old one.
+each in a new run beside its old one. Without tracking, the driver notes each cell's outcome in a
+ledger file (``<output_dir>/sweeps/<sweep id>.jsonl``) and a rerun skips the ones noted finished.
 
 Usage:
     outcomes = run_sweep(load_sweep("jobs/sweeps/mnist_laptop.yaml"), ".raysim", print)
@@ -11,11 +12,12 @@ Usage:
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -158,6 +160,30 @@ class SweepRun:
         self.tracker.client.set_terminated(self.run_id, status)
 
 
+@dataclass(frozen=True)
+class CellLedger:
+    """An untracked sweep's record of its cells' outcomes, one JSON line per cell run (the cell,
+    its status, final metrics, seconds and error), so that a rerun skips the finished ones."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, sweep: Sweep, output_dir: str | Path) -> CellLedger:
+        return cls(Path(output_dir) / "sweeps" / f"{sweep.id}.jsonl")
+
+    def finished_cells(self) -> set[str]:
+        """Cells noted FINISHED or STOPPED (by the median rule) on an earlier run."""
+        if not self.path.exists():
+            return set()
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return {line["cell"] for line in lines if line["status"] in ("FINISHED", "STOPPED")}
+
+    def note(self, outcome: CellOutcome) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as ledger:
+            ledger.write(json.dumps(asdict(outcome), default=str) + "\n")
+
+
 def _param(key: str, value: str) -> Any:
     from mlflow.entities import Param
 
@@ -182,10 +208,12 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
     first = sweep.jobs[sweep.cells[0].name]
     refuse_mixed_tracking(sweep)
     parent = SweepRun.open(sweep, first) if first.tracking.enabled else None
-    done = parent.finished_cells(sweep) if parent is not None else set()
+    ledger = CellLedger.of(sweep, output_dir)  # used only without tracking
+    done = parent.finished_cells(sweep) if parent is not None else ledger.finished_cells()
     todo = [cell for cell in sweep.cells if cell.name not in done]
+    where = f"MLflow run {parent.run_id}" if parent is not None else f"untracked: outcomes in {ledger.path}"
     say(f"sweep {sweep.id}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} finished before, "
-        f"{len(todo)} to run" + (f" (MLflow run {parent.run_id})" if parent is not None else ""))  # fmt: skip
+        f"{len(todo)} to run ({where})")  # fmt: skip
     stopping = sweep.spec.stopping
     parent_id = parent.run_id if parent is not None else None
     metric = stopping.metric if stopping is not None else None
@@ -211,6 +239,8 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
             name, "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED",
             error=f"{type(result).__name__}: {result}")  # fmt: skip
         outcomes[name] = outcome
+        if parent is None:
+            ledger.note(outcome)
         say(progress_line(outcome, len(outcomes), len(todo), metric))
 
     status, start = "KILLED", time.perf_counter()

@@ -37,13 +37,15 @@ def test_each_setting_adds_its_scope():
             transfer=[{"name": "other", "dataset": {"name": "digits"}}],
         )
     )
-    assert scopes(keys) == {
-        "central", "clients", "personal", "validation", "heldout", "transfer/other", "heldout/personalized_25",
-    }  # fmt: skip
+    assert scopes(keys) == {"central", "clients", "personal", "validation", "heldout", "transfer/other",
+                            "heldout/personalized_25"}  # fmt: skip
 
 
 def test_check_names_the_nearest_key_and_passes_a_logged_one():
     assert check_evaluated("k", "eval/heldout/accuracy", job(heldout_fraction=0.2)) is None
     problem = check_evaluated("k", "eval/clients/acuracy", job())
-    assert problem == "k: 'eval/clients/acuracy' is not an evaluation metric this job logs; did you mean 'eval/clients/accuracy'?"
+    assert problem == (
+        "k: 'eval/clients/acuracy' is not an evaluation metric this job logs; "
+        "did you mean 'eval/clients/accuracy'?"
+    )
     assert "e.g. eval/central/accuracy" in str(check_evaluated("k", "train/loss", job()))

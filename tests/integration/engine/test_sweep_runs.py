@@ -116,3 +116,28 @@ def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(t
     assert run.data.tags["raysim.cell"] == sweep.cells[0].name
     assert "missing.json" in run.data.tags["raysim.error"]
     assert parent.finished_cells(sweep) == set()
+
+
+def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(tmp_path, monkeypatch):
+    """Without MLflow the driver keeps a ledger of outcomes; the cells run here in this process
+    (run_cell_tasks replaced), the rerun runs only the failed cells."""
+    import raysim.engine.sweep_runs as sweep_runs
+
+    def in_process(tasks, resources, on_done, stopping):
+        for task in tasks:
+            on_done(task.name, task.run(None))
+
+    monkeypatch.setattr(sweep_runs, "run_cell_tasks", in_process)
+    path = sweep_file(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    overrides = ["tracking.enabled=false", "engine.num_rounds=1"]
+    lines = []
+    first = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
+    assert {n: o.status for n, o in first.items()} == {
+        "fedavg_lr0.05_seed0": "FINISHED", "fedavg_lr0.1_seed0": "FINISHED",
+        "broken_lr0.05_seed0": "FAILED", "broken_lr0.1_seed0": "FAILED",
+    }  # fmt: skip
+    ledger = next((tmp_path / "runs" / "sweeps").glob("tinysweep-*.jsonl"))
+    assert lines[0].endswith(f"4 cells, 0 finished before, 4 to run (untracked: outcomes in {ledger})")
+    again = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
+    assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
+    assert not (tmp_path / "mlflow.db").exists()

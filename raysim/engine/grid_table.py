@@ -29,7 +29,7 @@ from raysim.errors import RaysimError
 
 Curve = tuple[tuple[int, float], ...]  # (round, value), rounds ascending; round -1: before training
 TEST_SCOPES = ("eval/central/", "eval/clients/", "eval/transfer/")  # metrics of test splits
-_LOWER_IS_BETTER = re.compile(r"(loss|perplexity)(_mean|_p\d+)?$")
+_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|barrier|error)(_mean|_p\d+)?$")
 ALL = "all"  # the one column of a table without a column axis
 
 
@@ -51,7 +51,7 @@ class SeedRun:
 
 
 def higher_is_better(metric: str) -> bool:
-    """Accuracy and scores rise; losses and perplexities fall."""
+    """Accuracy and scores rise; losses, perplexities, barriers and error gaps fall."""
     return not _LOWER_IS_BETTER.search(metric)
 
 

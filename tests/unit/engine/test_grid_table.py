@@ -40,6 +40,8 @@ def test_statistics_of_one_curve():
 def test_direction_of_metrics():
     assert higher_is_better("eval/central/accuracy") and higher_is_better("eval/clients/mcc")
     assert not higher_is_better("train/loss") and not higher_is_better("eval/clients/perplexity_p90")
+    assert not higher_is_better("group_barrier/loss_barrier") and not higher_is_better("barrier/error")
+    assert not higher_is_better("group_barrier/accuracy_barrier")  # a barrier is a drop: lower is better
 
 
 def test_mean_sample_std_best_and_failed_seeds():

@@ -40,7 +40,7 @@ FILTER_KEYS = ("variant", "seed")  # what ``--only`` takes besides the sweep's a
 # The tag contract (``raysim report`` reads exactly these). The sweep's parent run: KIND_TAG =
 # SWEEP_KIND and SWEEP_TAG = the sweep's id. Each cell's run: SWEEP_TAG, CELL_TAG = the cell's
 # name, and AXIS_TAG + "variant", + "seed" and + each grid or random axis's dotted key, valued as
-# ``str(value)``. A cell stopped by the median rule also has STOPPED_TAG = "median"; a failed cell
+# ``str(value)``. A cell stopped early also has STOPPED_TAG = the rule ("median", "asha"); a failed cell
 # has ERROR_TAG = its error's type and message.
 KIND_TAG = "raysim.kind"
 SWEEP_KIND = "sweep"
@@ -89,14 +89,18 @@ class RandomAxes(BaseModel, frozen=True, extra="forbid"):
 
 
 class StoppingConfig(BaseModel, frozen=True, extra="forbid"):
-    """The median stopping rule: after ``grace_rounds`` rounds, a cell whose best ``metric`` so far
-    is worse than the median of the other cells' running averages at the same round stops (once
-    at least ``min_cells`` cells reported that round)."""
+    """Early stopping of clearly losing cells. ``rule: median``: after ``grace_rounds`` rounds, a
+    cell whose best ``metric`` so far is worse than the median of the other cells' running
+    averages at the same round stops (once at least ``min_cells`` cells reported that round).
+    ``rule: asha``: at rungs of ``grace_rounds * reduction_factor**k`` rounds a cell goes on only
+    if its value is in the best ``1 / reduction_factor`` recorded at that rung so far."""
 
     metric: str  # a metric the cells log, e.g. eval/central/accuracy
     mode: Literal["max", "min"]  # max: higher is better
+    rule: Literal["median", "asha"] = "median"
     grace_rounds: int = Field(1, ge=1)  # no cell stops before it logged this many rounds
-    min_cells: int = Field(3, ge=2)  # cells that must have reached the round to compare against
+    min_cells: int = Field(3, ge=2)  # median: cells that must have reached the round to compare against
+    reduction_factor: int = Field(3, ge=2)  # asha: the best 1 / reduction_factor go on at each rung
 
 
 class SweepConfig(BaseModel, frozen=True, extra="forbid"):

@@ -76,6 +76,7 @@ def run_cell(
     output_dir: str,
     metric: str | None,
     report: Reporter | None,
+    rule: str = "median",
 ) -> CellOutcome:
     """Runs one cell (in its Ray task) with the serial backend; its failure is its outcome. The job
     comes as its mapping (``JobConfig.to_dict``), re-validated here: plugins load in this process."""
@@ -97,7 +98,7 @@ def run_cell(
         if not getattr(tracker, "stopped", False):
             raise
         assert isinstance(tracker, CellTracker) and tracker.run_id is not None
-        tracker.client.set_tag(tracker.run_id, STOPPED_TAG, "median")
+        tracker.client.set_tag(tracker.run_id, STOPPED_TAG, rule)
         return CellOutcome(job.name, "STOPPED", tracker.run_id, seconds=time.perf_counter() - start)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -227,6 +228,7 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
                 parent_id,
                 str(output_dir),
                 metric,
+                rule=stopping.rule if stopping is not None else "median",
             ),
             *cell_resources(sweep.jobs[cell.name]),
         )

@@ -2,6 +2,7 @@
 a child MLflow run of the sweep's run with the contract's tags; a failing variant does not stop
 the rest; a rerun of the same sweep runs only the cells that did not finish."""
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -86,7 +87,8 @@ def cell_args(tmp_path, uri, **changes):
     return sweep, parent, (job.to_dict(), job.origin, cell.tags(sweep.id), parent.run_id, str(tmp_path))
 
 
-def test_a_cell_the_median_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path):
+@pytest.mark.parametrize("rule", ["median", "asha"])
+def test_a_cell_the_stopping_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path, rule):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep, parent, args = cell_args(tmp_path, uri)
     reports = []
@@ -96,12 +98,12 @@ def test_a_cell_the_median_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_
         return round_num == 1
 
     try:
-        outcome = run_cell(*args, "eval/clients/accuracy", report)
+        outcome = run_cell(*args, "eval/clients/accuracy", report, rule=rule)
     finally:
         clear_stop_request()
     assert outcome.status == "STOPPED" and reports == [0, 1]  # it stopped at the end of round 1
     run = MlflowClient(uri).get_run(outcome.run_id)
-    assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == "median"
+    assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == rule
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id
     assert parent.finished_cells(sweep) == {sweep.cells[0].name}
 

@@ -160,6 +160,18 @@ class SweepRun:
     def end(self, status: str) -> None:
         self.tracker.client.set_terminated(self.run_id, status)
 
+    def kill_running_cells(self, sweep: Sweep) -> None:
+        """Ends KILLED the cell runs still RUNNING once the sweep stopped: a SIGTERM reaches the
+        driver only, and its cells' workers may be ended before their own clean-up ran."""
+        runs = self.tracker.client.search_runs(
+            [self.tracker.experiment_id()],
+            f"tags.`{SWEEP_TAG}` = '{sweep.id}' and attributes.status = 'RUNNING'",
+            max_results=50000,
+        )
+        for run in runs:
+            if run.info.run_id != self.run_id:
+                self.tracker.client.set_terminated(run.info.run_id, "KILLED")
+
 
 @dataclass(frozen=True)
 class CellLedger:
@@ -256,6 +268,8 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
         return outcomes
     finally:
         if parent is not None:
+            if status == "KILLED":
+                parent.kill_running_cells(sweep)
             parent.end(status)
 
 

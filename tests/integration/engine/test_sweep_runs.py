@@ -143,3 +143,18 @@ def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(
     again = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
     assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_stopped_sweep_ends_the_cell_runs_left_running_killed(tmp_path):
+    """A SIGTERM reaches the driver only: cells whose workers ended before their own clean-up
+    leave RUNNING runs, which the driver ends KILLED (the sweep's own run is left to end())."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep, parent, _ = cell_args(tmp_path, uri)
+    client = MlflowClient(uri)
+    experiment = parent.tracker.experiment_id()
+    orphan = client.create_run(experiment, tags=sweep.cells[0].tags(sweep.id)).info.run_id
+    other = client.create_run(experiment, tags={"raysim.sweep": "another-sweep"}).info.run_id
+    parent.kill_running_cells(sweep)
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert client.get_run(other).info.status == "RUNNING"
+    assert client.get_run(parent.run_id).info.status == "RUNNING"

@@ -168,9 +168,9 @@ class SweepRun:
             f"tags.`{SWEEP_TAG}` = '{sweep.id}' and attributes.status = 'RUNNING'",
             max_results=50000,
         )
-        for run in runs:
-            if run.info.run_id != self.run_id:
-                self.tracker.client.set_terminated(run.info.run_id, "KILLED")
+        for cell_run in runs:
+            if cell_run.info.run_id != self.run_id:
+                self.tracker.client.set_terminated(cell_run.info.run_id, "KILLED")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--metric", required=True, help="the reported metric, e.g. eval/central/accuracy")
     report.add_argument("--rows", default="variant", help="the rows' axis (default: variant)")
     report.add_argument("--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.alpha")
+    report.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                        help="only runs whose axis or param KEY has VALUE (KEY!=VALUE: has not); "
+                        "repeatable, all must hold, e.g. --where variant!=local")
     report.add_argument("--stat", default="final", help="final, best, or last:K (mean of the last K values)")
     report.add_argument("--select", metavar="AXIS", help="the hyperparameter to choose per row and column")
     report.add_argument("--on", metavar="METRIC", help="the validation metric --select chooses on, "
@@ -63,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.engine.grid_cost import cell_cost
     from raysim.engine.grid_paired import paired
     from raysim.engine.grid_runs import load_runs, log_report
-    from raysim.engine.grid_table import Selection, Statistic, build_table
+    from raysim.engine.grid_table import Selection, Statistic, build_table, keep_runs
     from raysim.engine.run_store import RunStore
     from raysim.engine.tracking_store import tracking_uri
     from raysim.errors import RaysimError
@@ -77,6 +80,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
     metrics = [args.metric, *([args.on] if args.on else []), *(COST_KEYS if args.cost else [])]
     runs, parent = load_runs(store, args.targets, metrics)
+    runs = keep_runs(runs, args.where) if args.where else runs
     table = build_table(runs, args.metric, statistic, args.rows, args.columns, selection)
 
     markdown = render.markdown(table)

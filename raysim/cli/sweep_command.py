@@ -24,11 +24,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     from raysim.cli.driver import exit_on_sigterm
     from raysim.engine.sweep_runs import run_sweep  # after --dry-run, which imports no Ray nor MLflow
+    from raysim.stopping import exit_as_requested
 
     exit_on_sigterm()  # the sweep's run ends KILLED; its cells are cancelled, their runs end KILLED
-    outcomes = run_sweep(
-        sweep, args.output_dir, lambda line: console.print(line, highlight=False, soft_wrap=True)
-    )
+    with exit_as_requested():  # SIGTERM's 143, which Ray's wait turns into SystemExit(1)
+        outcomes = run_sweep(
+            sweep, args.output_dir, lambda line: console.print(line, highlight=False, soft_wrap=True)
+        )
     failed = [o for o in outcomes.values() if o.status == "FAILED"]
     for outcome in failed:
         if outcome.details and os.environ.get("RAYSIM_DEBUG"):

@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from raysim.config.evaluated import check_evaluated
 from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
 from raysim.config.job import JobConfig, check_folder_name
 from raysim.config.sweep import Cell, SweepConfig, expand_cells, parse_only, parse_sweep, select, sweep_id
@@ -45,15 +46,16 @@ def load_sweep(
 
     Raises:
         ConfigError: a bad sweep section, an axis key a variant lacks (its nearest key named), a
-            cell's invalid value, more cells than ``sweep.max_cells`` without ``confirm``, or no
-            cell passing the filters; every problem at once, before anything runs.
+            stopping metric a variant does not log (its nearest named), a cell's invalid value,
+            more cells than ``sweep.max_cells`` without ``confirm``, or no cell passing the
+            filters; every problem at once, before anything runs.
     """
     source, overrides = str(path), list(overrides or [])
     raw = read_job_file(Path(path))
     spec = parse_sweep(raw.pop("sweep"), source)
     filters = parse_only(only or [], spec)
     bases = load_jobs(path, overrides)  # every variant validated, as `raysim run` does without a sweep
-    problems = check_axes(spec, bases)
+    problems = check_axes(spec, bases) + check_stopping_metric(spec, bases)
     if problems:
         raise ConfigError(problems, source)
     cells = expand_cells(spec, {job.name: job.seed for job in bases})
@@ -95,6 +97,19 @@ def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:
             whom = "the job"
         problems.append(f"{where}: not a key of {whom}{hint}")
     return problems
+
+
+def check_stopping_metric(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:
+    """A problem when ``sweep.stopping.metric`` is not an evaluation metric every variant logs
+    (the median rule would never see it and no cell would ever stop)."""
+    if spec.stopping is None:
+        return []
+    found = [(job.name, check_evaluated("sweep.stopping.metric", spec.stopping.metric, job)) for job in bases]
+    lacking = [(name, problem) for name, problem in found if problem is not None]
+    if not lacking:
+        return []
+    name, problem = lacking[0]
+    return [problem if len(bases) == 1 else f"{problem} (variant {name!r})"]
 
 
 def _keys(job: JobConfig) -> set[str]:

@@ -5,6 +5,8 @@ one MLflow run, the child of the sweep's parent run.
     sweep:
       seeds: [0, 1, 2]                         # the job's `seed` (default: the job's own)
       grid: {algorithm.local.lr: [0.01, 0.1]}  # every combination of the listed values
+      # a mapping names its values (the cells' names and axis tags use the names):
+      #   grid: {dataset.partition: {shards: {kind: shards}, dir0.1: {kind: dirichlet, alpha: 0.1}}}
       random:                                  # `samples` joint draws, from the sweep's `seed`
         samples: 4
         axes: {algorithm.mu: {log_uniform: [0.001, 0.1]}}
@@ -38,7 +40,7 @@ FILTER_KEYS = ("variant", "seed")  # what ``--only`` takes besides the sweep's a
 # The tag contract (``raysim report`` reads exactly these). The sweep's parent run: KIND_TAG =
 # SWEEP_KIND and SWEEP_TAG = the sweep's id. Each cell's run: SWEEP_TAG, CELL_TAG = the cell's
 # name, and AXIS_TAG + "variant", + "seed" and + each grid or random axis's dotted key, valued as
-# ``str(value)``. A cell stopped by the median rule also has STOPPED_TAG = "median"; a failed cell
+# ``str(value)``. A cell stopped early also has STOPPED_TAG = the rule ("median", "asha"); a failed cell
 # has ERROR_TAG = its error's type and message.
 KIND_TAG = "raysim.kind"
 SWEEP_KIND = "sweep"
@@ -87,19 +89,24 @@ class RandomAxes(BaseModel, frozen=True, extra="forbid"):
 
 
 class StoppingConfig(BaseModel, frozen=True, extra="forbid"):
-    """The median stopping rule: after ``grace_rounds`` rounds, a cell whose best ``metric`` so far
-    is worse than the median of the other cells' running averages at the same round stops (once
-    at least ``min_cells`` cells reported that round)."""
+    """Early stopping of clearly losing cells. ``rule: median``: after ``grace_rounds`` rounds, a
+    cell whose best ``metric`` so far is worse than the median of the other cells' running
+    averages at the same round stops (once at least ``min_cells`` cells reported that round).
+    ``rule: asha``: at rungs of ``grace_rounds * reduction_factor**k`` rounds a cell goes on only
+    if its value is in the best ``1 / reduction_factor`` recorded at that rung so far."""
 
     metric: str  # a metric the cells log, e.g. eval/central/accuracy
     mode: Literal["max", "min"]  # max: higher is better
+    rule: Literal["median", "asha"] = "median"
     grace_rounds: int = Field(1, ge=1)  # no cell stops before it logged this many rounds
-    min_cells: int = Field(3, ge=2)  # cells that must have reached the round to compare against
+    min_cells: int = Field(3, ge=2)  # median: cells that must have reached the round to compare against
+    reduction_factor: int = Field(3, ge=2)  # asha: the best 1 / reduction_factor go on at each rung
 
 
 class SweepConfig(BaseModel, frozen=True, extra="forbid"):
     seeds: list[int] | None = Field(None, min_length=1)  # the job's seed; None: the job's own
-    grid: dict[str, list[Any]] = Field(default_factory=dict)  # dotted key -> its values
+    # dotted key -> its values, or {name: value} to name them (a section's values, say)
+    grid: dict[str, list[Any] | dict[str, Any]] = Field(default_factory=dict)
     random: RandomAxes | None = None
     seed: int = Field(0, ge=0)  # the random axes' draws are a pure function of it
     max_cells: int = Field(DEFAULT_MAX_CELLS, ge=1)  # more cells need --confirm-cells
@@ -109,6 +116,11 @@ class SweepConfig(BaseModel, frozen=True, extra="forbid"):
     def axis_keys(self) -> list[str]:
         """The grid's keys, then the random axes' keys, as written."""
         return [*self.grid, *(self.random.axes if self.random is not None else {})]
+
+    def points(self, key: str) -> list[tuple[str | None, Any]]:
+        """A grid axis's (name, value) pairs; the name is None for a listed value."""
+        values = self.grid[key]
+        return list(values.items()) if isinstance(values, dict) else [(None, v) for v in values]
 
     def identity(self) -> dict[str, Any]:
         """What decides the cells and what they compute (not the limit, nor the stopping rule)."""
@@ -124,6 +136,7 @@ class Cell:
     grid: tuple[tuple[str, Any], ...] = ()  # (dotted key, value) for each grid axis
     drawn: tuple[tuple[str, Any], ...] = ()  # (dotted key, value) for each random axis
     sample: int | None = None  # the random sample's index; None without random axes
+    names: tuple[tuple[str, str], ...] = ()  # (dotted key, name) for each grid axis of named values
 
     @property
     def axes(self) -> tuple[tuple[str, Any], ...]:
@@ -132,7 +145,7 @@ class Cell:
     @property
     def name(self) -> str:
         """The cell's name, fit for a run folder: ``fedavg_lr0.01_seed1`` (``_r2``: random sample 2)."""
-        parts = [self.variant, *(f"{_short(k, self.axes)}{_slug(v)}" for k, v in self.grid)]
+        parts = [self.variant, *(f"{_short(k, self.axes)}{_slug(self.shown(k, v))}" for k, v in self.grid)]
         if self.sample is not None:
             parts.append(f"r{self.sample}")
         return "_".join([*parts, f"seed{self.seed}"])
@@ -140,8 +153,12 @@ class Cell:
     @property
     def label(self) -> str:
         """Readable axes: ``fedavg lr=0.01 mu=0.0123 seed=1``."""
-        axes = [f"{_short(k, self.axes)}={_show(v)}" for k, v in self.axes]
+        axes = [f"{_short(k, self.axes)}={self.shown(k, v)}" for k, v in self.axes]
         return " ".join([self.variant, *axes, f"seed={self.seed}"])
+
+    def shown(self, key: str, value: Any) -> str:
+        """An axis value as text: its name when the grid names its values."""
+        return dict(self.names).get(key) or _show(value)
 
     def value(self, key: str) -> Any:
         """The cell's value on an axis (``variant`` and ``seed`` included)."""
@@ -153,7 +170,7 @@ class Cell:
 
     def tags(self, sweep: str) -> dict[str, str]:
         """The cell run's tags (the tag contract above)."""
-        axes = {"variant": self.variant, "seed": self.seed, **dict(self.axes)}
+        axes = {"variant": self.variant, "seed": self.seed, **dict(self.axes), **dict(self.names)}
         return {SWEEP_TAG: sweep, CELL_TAG: self.name, **{AXIS_TAG + k: str(v) for k, v in axes.items()}}
 
     def overrides(self) -> list[str]:
@@ -228,10 +245,13 @@ def draw_samples(spec: SweepConfig) -> list[tuple[tuple[str, Any], ...]]:
 def expand_cells(spec: SweepConfig, variants: dict[str, int]) -> list[Cell]:
     """Every cell: variants x grid points x random samples x seeds, the seed varying fastest.
     ``variants`` maps each variant's name to its job's seed (the seed without ``sweep.seeds``)."""
-    grid_points = list(itertools.product(*([(k, v) for v in values] for k, values in spec.grid.items())))
+    grid_points = list(itertools.product(*([(k, *p) for p in spec.points(k)] for k in spec.grid)))
     samples: list[tuple[int | None, tuple[tuple[str, Any], ...]]] = list(enumerate(draw_samples(spec)))
     return [
-        Cell(variant, seed, tuple(point), drawn, sample)
+        Cell(
+            variant, seed, tuple((k, v) for k, _, v in point), drawn, sample,
+            tuple((k, name) for k, name, _ in point if name is not None),
+        )  # fmt: skip
         for variant, job_seed in variants.items()
         for point, (sample, drawn) in itertools.product(grid_points, samples or [(None, ())])
         for seed in spec.seeds or [job_seed]
@@ -278,7 +298,7 @@ def matches(cell: Cell, wanted: dict[str, str]) -> bool:
             parsed = yaml.safe_load(text)
         except yaml.YAMLError:
             parsed = text
-        if parsed != value and text != str(value) and text != _show(value):
+        if parsed != value and text not in (str(value), _show(value), dict(cell.names).get(key)):
             return False
     return True
 

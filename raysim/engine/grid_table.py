@@ -29,7 +29,7 @@ from raysim.errors import RaysimError
 
 Curve = tuple[tuple[int, float], ...]  # (round, value), rounds ascending; round -1: before training
 TEST_SCOPES = ("eval/central/", "eval/clients/", "eval/transfer/")  # metrics of test splits
-_LOWER_IS_BETTER = re.compile(r"(loss|perplexity)(_mean|_p\d+)?$")
+_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|barrier|error)(_mean|_p\d+)?$")
 ALL = "all"  # the one column of a table without a column axis
 
 
@@ -51,7 +51,7 @@ class SeedRun:
 
 
 def higher_is_better(metric: str) -> bool:
-    """Accuracy and scores rise; losses and perplexities fall."""
+    """Accuracy and scores rise; losses, perplexities, barriers and error gaps fall."""
     return not _LOWER_IS_BETTER.search(metric)
 
 
@@ -90,11 +90,17 @@ class Statistic:
 
 @dataclass(frozen=True)
 class Selection:
-    """Best-of-grid: ``axis`` chosen per row and column on ``metric``'s statistic, mean over seeds."""
+    """Best-of-grid: ``axis`` chosen per row and column on ``metric``'s statistic, mean over seeds.
+    ``axis`` may name several axes, comma-separated (``algorithm.local.lr,algorithm.server.lr``):
+    their combinations are the candidates, chosen jointly, as a paper tunes two learning rates."""
 
     axis: str
     metric: str
     force_test: bool = False  # choose on a test metric anyway (says so in the rule)
+
+    @property
+    def axes(self) -> list[str]:
+        return [a.strip() for a in self.axis.split(",")]
 
 
 @dataclass(frozen=True)
@@ -183,11 +189,11 @@ def build_table(
         raise RaysimError("no runs to report: name a sweep, an experiment or run ids")
     if selection is not None:
         check_selection(selection, metric)
-    placed = {rows, "seed", *([columns] if columns else []), *([selection.axis] if selection else [])}
+    placed = {rows, "seed", *([columns] if columns else []), *(selection.axes if selection else [])}
     check_placed(runs, placed)
     needed = [metric, *([selection.metric] if selection else [])]
     check_metrics(runs, needed)
-    groups = group_runs(runs, rows, columns, selection.axis if selection else None)
+    groups = group_runs(runs, rows, columns, selection.axes if selection else [])
     row_values = ordered(k[0] for k in groups)
     column_values = ordered(k[1] for k in groups)
     cells = {}
@@ -240,16 +246,17 @@ def check_metrics(runs: Sequence[SeedRun], metrics: Sequence[str]) -> None:
 Group = dict[tuple[str, str, str], list[SeedRun]]
 
 
-def group_runs(runs: Sequence[SeedRun], rows: str, columns: str | None, select: str | None) -> Group:
-    """Runs by (row, column, candidate), each in seed order; two runs of one seed are an error."""
+def group_runs(runs: Sequence[SeedRun], rows: str, columns: str | None, select: Sequence[str] = ()) -> Group:
+    """Runs by (row, column, candidate), each in seed order; two runs of one seed are an error. A
+    candidate is the selected axes' values, joined by ``", "``."""
     groups: Group = {}
-    for axis in [rows, "seed", *([columns] if columns else []), *([select] if select else [])]:
+    for axis in [rows, "seed", *([columns] if columns else []), *select]:
         lacking = [r.name for r in runs if r.value(axis) is None]
         if lacking:
             raise RaysimError(f"no {axis!r} axis or param in runs {', '.join(lacking)}; name another axis")
     for run in runs:
         key = (str(run.value(rows)), str(run.value(columns)) if columns else ALL,
-               str(run.value(select)) if select else "")  # fmt: skip
+               ", ".join(str(run.value(axis)) for axis in select))  # fmt: skip
         groups.setdefault(key, []).append(run)
     for key, group in groups.items():
         seeds = [str(r.value("seed")) for r in group]
@@ -307,3 +314,33 @@ def ordered(values: Iterable[object]) -> list[str]:
         return sorted(distinct, key=float)
     except ValueError:
         return distinct
+
+
+def keep_runs(runs: Sequence[SeedRun], where: Sequence[str]) -> list[SeedRun]:
+    """The runs that meet every condition: ``KEY=VALUE`` (the run's axis or param KEY has VALUE)
+    or ``KEY!=VALUE`` (it has not), values compared as numbers when both are (``0.10`` = ``0.1``).
+
+    Raises:
+        RaysimError: a condition that is neither form, or no run meeting them all.
+    """
+    conditions = []
+    for item in where:
+        key, sep, value = item.partition("=")
+        negated = key.endswith("!")
+        key = key.removesuffix("!")
+        if not sep or not key:
+            raise RaysimError(f"--where {item!r}: expected KEY=VALUE or KEY!=VALUE (--where variant!=local)")
+        conditions.append((key, value, negated))
+    kept = [r for r in runs if all(_same(r.value(k), v) != negated for k, v, negated in conditions)]
+    if not kept:
+        raise RaysimError(f"no run has {' and '.join(where)}")
+    return kept
+
+
+def _same(found: str | None, wanted: str) -> bool:
+    if found is None:
+        return False
+    try:
+        return found == wanted or float(found) == float(wanted)
+    except ValueError:
+        return False

@@ -3,7 +3,8 @@ whose own run is that run's child (the tags: ``raysim.config.sweep``).
 
 A rerun of the same sweep (the same id) goes on under the same parent run and skips the cells
 whose run FINISHED (or was stopped by the median rule); failed and interrupted cells run again,
-each in a new run beside its old one.
+each in a new run beside its old one. Without tracking, the driver notes each cell's outcome in a
+ledger file (``<output_dir>/sweeps/<sweep id>.jsonl``) and a rerun skips the ones noted finished.
 
 Usage:
     outcomes = run_sweep(load_sweep("jobs/sweeps/mnist_laptop.yaml"), ".raysim", print)
@@ -11,11 +12,12 @@ Usage:
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +76,7 @@ def run_cell(
     output_dir: str,
     metric: str | None,
     report: Reporter | None,
+    rule: str = "median",
 ) -> CellOutcome:
     """Runs one cell (in its Ray task) with the serial backend; its failure is its outcome. The job
     comes as its mapping (``JobConfig.to_dict``), re-validated here: plugins load in this process."""
@@ -95,7 +98,7 @@ def run_cell(
         if not getattr(tracker, "stopped", False):
             raise
         assert isinstance(tracker, CellTracker) and tracker.run_id is not None
-        tracker.client.set_tag(tracker.run_id, STOPPED_TAG, "median")
+        tracker.client.set_tag(tracker.run_id, STOPPED_TAG, rule)
         return CellOutcome(job.name, "STOPPED", tracker.run_id, seconds=time.perf_counter() - start)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -157,6 +160,42 @@ class SweepRun:
     def end(self, status: str) -> None:
         self.tracker.client.set_terminated(self.run_id, status)
 
+    def kill_running_cells(self, sweep: Sweep) -> None:
+        """Ends KILLED the cell runs still RUNNING once the sweep stopped: a SIGTERM reaches the
+        driver only, and its cells' workers may be ended before their own clean-up ran."""
+        runs = self.tracker.client.search_runs(
+            [self.tracker.experiment_id()],
+            f"tags.`{SWEEP_TAG}` = '{sweep.id}' and attributes.status = 'RUNNING'",
+            max_results=50000,
+        )
+        for cell_run in runs:
+            if cell_run.info.run_id != self.run_id:
+                self.tracker.client.set_terminated(cell_run.info.run_id, "KILLED")
+
+
+@dataclass(frozen=True)
+class CellLedger:
+    """An untracked sweep's record of its cells' outcomes, one JSON line per cell run (the cell,
+    its status, final metrics, seconds and error), so that a rerun skips the finished ones."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, sweep: Sweep, output_dir: str | Path) -> CellLedger:
+        return cls(Path(output_dir) / "sweeps" / f"{sweep.id}.jsonl")
+
+    def finished_cells(self) -> set[str]:
+        """Cells noted FINISHED or STOPPED (by the median rule) on an earlier run."""
+        if not self.path.exists():
+            return set()
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return {line["cell"] for line in lines if line["status"] in ("FINISHED", "STOPPED")}
+
+    def note(self, outcome: CellOutcome) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as ledger:
+            ledger.write(json.dumps(asdict(outcome), default=str) + "\n")
+
 
 def _param(key: str, value: str) -> Any:
     from mlflow.entities import Param
@@ -182,10 +221,12 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
     first = sweep.jobs[sweep.cells[0].name]
     refuse_mixed_tracking(sweep)
     parent = SweepRun.open(sweep, first) if first.tracking.enabled else None
-    done = parent.finished_cells(sweep) if parent is not None else set()
+    ledger = CellLedger.of(sweep, output_dir)  # used only without tracking
+    done = parent.finished_cells(sweep) if parent is not None else ledger.finished_cells()
     todo = [cell for cell in sweep.cells if cell.name not in done]
+    where = f"MLflow run {parent.run_id}" if parent is not None else f"untracked: outcomes in {ledger.path}"
     say(f"sweep {sweep.id}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} finished before, "
-        f"{len(todo)} to run" + (f" (MLflow run {parent.run_id})" if parent is not None else ""))  # fmt: skip
+        f"{len(todo)} to run ({where})")  # fmt: skip
     stopping = sweep.spec.stopping
     parent_id = parent.run_id if parent is not None else None
     metric = stopping.metric if stopping is not None else None
@@ -199,6 +240,7 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
                 parent_id,
                 str(output_dir),
                 metric,
+                rule=stopping.rule if stopping is not None else "median",
             ),
             *cell_resources(sweep.jobs[cell.name]),
         )
@@ -211,6 +253,8 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
             name, "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED",
             error=f"{type(result).__name__}: {result}")  # fmt: skip
         outcomes[name] = outcome
+        if parent is None:
+            ledger.note(outcome)
         say(progress_line(outcome, len(outcomes), len(todo), metric))
 
     status, start = "KILLED", time.perf_counter()
@@ -224,6 +268,8 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
         return outcomes
     finally:
         if parent is not None:
+            if status == "KILLED":
+                parent.kill_running_cells(sweep)
             parent.end(status)
 
 

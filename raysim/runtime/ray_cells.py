@@ -5,8 +5,8 @@ runs the cell's engine inside it with the serial backend: Ray packs the tasks on
 and queues the rest, and no cell starts a Ray of its own. A Ray worker process runs one cell at a
 time and then the next (its imports are paid once); each cell clears what the last one left.
 
-Median stopping (``raysim.runtime.median_stopping``) runs in one small actor that every cell
-reports its metric to.
+Early stopping (``raysim.runtime.median_stopping``, ``raysim.runtime.asha_stopping``) runs in one
+small actor that every cell reports its metric to.
 
 Usage:
     tasks = [CellTask("fedavg_seed0", partial(run_cell, ...), cpus=1.0, gpus=0.0)]
@@ -26,6 +26,7 @@ from ray.exceptions import RayTaskError
 from raysim.config import ResourcesConfig
 from raysim.config.sweep import StoppingConfig
 from raysim.errors import ResourceError
+from raysim.runtime.asha_stopping import AshaRule
 from raysim.runtime.median_stopping import MedianStoppingRule
 from raysim.runtime.ray_session import init_ray
 
@@ -46,13 +47,19 @@ class CellTask:
 
 @ray.remote(num_cpus=0)
 class _Board:
-    """The median stopping rule, shared by every cell of the sweep."""
+    """The sweep's stopping rule, shared by every cell of the sweep."""
 
     def __init__(self, stopping: StoppingConfig) -> None:
-        self.rule = MedianStoppingRule(stopping.mode, stopping.grace_rounds, stopping.min_cells)
+        self.rule = stopping_rule(stopping)
 
     def report(self, cell: str, round_num: int, value: float) -> bool:
         return self.rule.report(cell, round_num, value)
+
+
+def stopping_rule(stopping: StoppingConfig) -> MedianStoppingRule | AshaRule:
+    if stopping.rule == "asha":
+        return AshaRule(stopping.mode, stopping.grace_rounds, stopping.reduction_factor)
+    return MedianStoppingRule(stopping.mode, stopping.grace_rounds, stopping.min_cells)
 
 
 @dataclass(frozen=True)

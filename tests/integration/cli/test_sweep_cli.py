@@ -34,3 +34,29 @@ def test_sweep_flags_without_a_sweep_and_resume_with_one_are_refused(tmp_path, c
     assert "has no sweep: section" in capsys.readouterr().err
     assert main(["run", write(tmp_path, sweep={"seeds": [0]}), "--resume", "x.pt"]) == 2
     assert "a sweep resumes by itself" in capsys.readouterr().err
+
+
+def test_sigterm_ends_a_sweep_with_143_although_ray_made_it_exit_1(tmp_path, monkeypatch):
+    """Ray's ray.wait runs the SIGTERM handler, catches its SystemExit(143) and raises
+    SystemExit(1) (raysim.stopping); the sweep command ends with the code the stop asked for."""
+    import signal
+
+    import pytest
+
+    import raysim.cli.driver as driver
+    import raysim.engine.sweep_runs as sweep_runs
+    from raysim.stopping import clear_stop_request, note_stop_request
+
+    def stopped_by_sigterm(*args, **kwargs):
+        note_stop_request(143)
+        raise SystemExit(1)
+
+    monkeypatch.setattr(sweep_runs, "run_sweep", stopped_by_sigterm)
+    monkeypatch.setattr(driver, "exit_on_sigterm", lambda: None)  # this process keeps its handler
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", write(tmp_path, sweep={"seeds": [0]})])
+    finally:
+        clear_stop_request()
+    assert exit_info.value.code == 143 and signal.getsignal(signal.SIGTERM) is before

@@ -2,6 +2,7 @@
 a child MLflow run of the sweep's run with the contract's tags; a failing variant does not stop
 the rest; a rerun of the same sweep runs only the cells that did not finish."""
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -86,7 +87,8 @@ def cell_args(tmp_path, uri, **changes):
     return sweep, parent, (job.to_dict(), job.origin, cell.tags(sweep.id), parent.run_id, str(tmp_path))
 
 
-def test_a_cell_the_median_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path):
+@pytest.mark.parametrize("rule", ["median", "asha"])
+def test_a_cell_the_stopping_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path, rule):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep, parent, args = cell_args(tmp_path, uri)
     reports = []
@@ -96,12 +98,12 @@ def test_a_cell_the_median_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_
         return round_num == 1
 
     try:
-        outcome = run_cell(*args, "eval/clients/accuracy", report)
+        outcome = run_cell(*args, "eval/clients/accuracy", report, rule=rule)
     finally:
         clear_stop_request()
     assert outcome.status == "STOPPED" and reports == [0, 1]  # it stopped at the end of round 1
     run = MlflowClient(uri).get_run(outcome.run_id)
-    assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == "median"
+    assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == rule
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id
     assert parent.finished_cells(sweep) == {sweep.cells[0].name}
 
@@ -116,3 +118,43 @@ def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(t
     assert run.data.tags["raysim.cell"] == sweep.cells[0].name
     assert "missing.json" in run.data.tags["raysim.error"]
     assert parent.finished_cells(sweep) == set()
+
+
+def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(tmp_path, monkeypatch):
+    """Without MLflow the driver keeps a ledger of outcomes; the cells run here in this process
+    (run_cell_tasks replaced), the rerun runs only the failed cells."""
+    import raysim.engine.sweep_runs as sweep_runs
+
+    def in_process(tasks, resources, on_done, stopping):
+        for task in tasks:
+            on_done(task.name, task.run(None))
+
+    monkeypatch.setattr(sweep_runs, "run_cell_tasks", in_process)
+    path = sweep_file(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    overrides = ["tracking.enabled=false", "engine.num_rounds=1"]
+    lines = []
+    first = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
+    assert {n: o.status for n, o in first.items()} == {
+        "fedavg_lr0.05_seed0": "FINISHED", "fedavg_lr0.1_seed0": "FINISHED",
+        "broken_lr0.05_seed0": "FAILED", "broken_lr0.1_seed0": "FAILED",
+    }  # fmt: skip
+    ledger = next((tmp_path / "runs" / "sweeps").glob("tinysweep-*.jsonl"))
+    assert lines[0].endswith(f"4 cells, 0 finished before, 4 to run (untracked: outcomes in {ledger})")
+    again = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
+    assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_stopped_sweep_ends_the_cell_runs_left_running_killed(tmp_path):
+    """A SIGTERM reaches the driver only: cells whose workers ended before their own clean-up
+    leave RUNNING runs, which the driver ends KILLED (the sweep's own run is left to end())."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep, parent, _ = cell_args(tmp_path, uri)
+    client = MlflowClient(uri)
+    experiment = parent.tracker.experiment_id()
+    orphan = client.create_run(experiment, tags=sweep.cells[0].tags(sweep.id)).info.run_id
+    other = client.create_run(experiment, tags={"raysim.sweep": "another-sweep"}).info.run_id
+    parent.kill_running_cells(sweep)
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert client.get_run(other).info.status == "RUNNING"
+    assert client.get_run(parent.run_id).info.status == "RUNNING"

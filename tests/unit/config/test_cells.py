@@ -91,3 +91,25 @@ def test_more_cells_than_the_limit_need_the_confirming_flag(tmp_path):
 def test_no_cell_passing_the_filters_is_an_error(tmp_path):
     problems = problems_of(job_file(tmp_path, {"seeds": [0]}), only=["seed=4"])
     assert problems == ["sweep: no cell passes --variant [] --only ['seed=4']"]
+
+
+def test_a_stopping_metric_the_job_does_not_log_is_one_error_naming_the_nearest(tmp_path):
+    stopping = {"metric": "eval/centrl/accuracy", "mode": "max"}
+    problems = problems_of(job_file(tmp_path, {"stopping": stopping}))
+    assert problems == [
+        "sweep.stopping.metric: 'eval/centrl/accuracy' is not an evaluation metric this job logs; "
+        "did you mean 'eval/central/accuracy'? (variant 'fedavg')"
+    ]
+    stopping["metric"] = "eval/central/accuracy"
+    assert len(load_sweep(job_file(tmp_path, {"stopping": stopping})).cells) == 2
+
+
+def test_a_stopping_metric_of_a_scope_the_job_leaves_off_names_its_switch(tmp_path):
+    stopping = {"metric": "eval/validation/accuracy", "mode": "max"}
+    problems = problems_of(job_file(tmp_path, {"stopping": stopping}))
+    assert len(problems) == 1 and problems[0].startswith(
+        "sweep.stopping.metric: 'eval/validation/accuracy' is not an evaluation metric this job "
+        "logs (eval/validation/... needs dataset.validation_fraction > 0)"
+    )
+    on = load_sweep(job_file(tmp_path, {"stopping": stopping}), ["dataset.validation_fraction=0.2"])
+    assert len(on.cells) == 2

@@ -7,6 +7,8 @@ import yaml
 from raw_jobs import BASE, REPO
 
 from raysim.config import JobConfig, apply_overrides, load_jobs
+from raysim.config.cells import has_sweep, load_sweep
+from raysim.config.sweep import parse_sweep
 from raysim.errors import ConfigError
 
 
@@ -72,12 +74,25 @@ def test_every_job_file_in_the_repo_validates():
     from raysim.cli.bench import load_benchmark
 
     paths = sorted((REPO / "jobs").rglob("*.yaml"))
-    assert len(paths) == 42  # a new job file must be added here on purpose
+    assert len(paths) == 45  # a new job file must be added here on purpose
     for path in paths:
         if "bench" in path.relative_to(REPO / "jobs").parts:
             assert load_benchmark(path, [])[0].name, path  # a job plus a bench: section
+        elif has_sweep(path):
+            assert load_sweep(path, only=first_cells(path)).cells, path  # axes checked, one cell each
         else:
             assert load_jobs(path), path
+
+
+def first_cells(path):
+    """``--only`` for each variant's first cell: the first seed and the first value of each axis
+    (its first name when the grid names its values), so a sweep of hundreds of cells checks a few."""
+    spec = parse_sweep(yaml.safe_load(path.read_text())["sweep"])
+    axes = [f"seed={spec.seeds[0]}"] if spec.seeds else []
+    for key in spec.grid:
+        name, value = spec.points(key)[0]
+        axes.append(f"{key}={name if name is not None else value}")
+    return [",".join(axes)] if axes else []
 
 
 def test_two_variants_of_one_name_are_refused_naming_it(tmp_path):

@@ -104,6 +104,17 @@ def test_cell_tags_follow_the_contract():
     }
 
 
+def test_a_grid_mapping_names_its_values_in_cell_names_tags_and_filters():
+    shards, dirichlet = {"kind": "shards"}, {"kind": "dirichlet", "alpha": 0.1}
+    spec = parse_sweep({"seeds": [0], "grid": {"dataset.partition": {"A": shards, "B-dir0.1": dirichlet}}})
+    cells = expand_cells(spec, {"fedavg": 0})
+    assert [c.name for c in cells] == ["fedavg_partitionA_seed0", "fedavg_partitionB-dir0.1_seed0"]
+    assert cells[1].label == "fedavg partition=B-dir0.1 seed=0"
+    assert cells[1].overrides() == ["dataset.partition={alpha: 0.1, kind: dirichlet}", "seed=0"]
+    assert cells[1].tags("s")["raysim.axis.dataset.partition"] == "B-dir0.1"
+    assert select(cells, parse_only(["dataset.partition=B-dir0.1"], spec)) == [cells[1]]
+
+
 @pytest.mark.parametrize("value", [1.0e-05, 0.1, 3, "sgd", [16, 16], True, None, {"kind": "iid"}])
 def test_an_axis_value_goes_through_an_override_unchanged(value):
     assert yaml.safe_load(as_yaml(value)) == value

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from raysim.engine.grid_table import SeedRun, Selection, Statistic, build_table, higher_is_better
+from raysim.engine.grid_table import SeedRun, Selection, Statistic, build_table, higher_is_better, keep_runs
 from raysim.errors import RaysimError
 
 TEST, VALID = "eval/central/accuracy", "eval/heldout/accuracy"
@@ -40,6 +40,8 @@ def test_statistics_of_one_curve():
 def test_direction_of_metrics():
     assert higher_is_better("eval/central/accuracy") and higher_is_better("eval/clients/mcc")
     assert not higher_is_better("train/loss") and not higher_is_better("eval/clients/perplexity_p90")
+    assert not higher_is_better("group_barrier/loss_barrier") and not higher_is_better("barrier/error")
+    assert not higher_is_better("group_barrier/accuracy_barrier")  # a barrier is a drop: lower is better
 
 
 def test_mean_sample_std_best_and_failed_seeds():
@@ -107,6 +109,24 @@ def test_selection_per_row_and_column():
     assert [table.cells["fedavg", a].mean for a in ("0.1", "1.0")] == [0.1, 0.4]
 
 
+def test_two_axes_are_selected_jointly():
+    """The candidates are the (lr, server_lr) pairs, validation (seed 0, seed 1) -> mean:
+    (0.1, 1): 0.5, 0.5 -> 0.5; (0.1, 0.1): 0.7, 0.7 -> 0.7; (0.01, 1): 0.75, 0.85 -> 0.8;
+    (0.01, 0.1): 0.6, 0.6 -> 0.6. (0.01, 1) wins and its test mean (0.3 + 0.5) / 2 = 0.4 is
+    reported, although every other pair tests at 0.9."""
+    pairs = {(0.1, 1): (0.5, 0.5, 0.9, 0.9), (0.1, 0.1): (0.7, 0.7, 0.9, 0.9),
+             (0.01, 1): (0.75, 0.85, 0.3, 0.5), (0.01, 0.1): (0.6, 0.6, 0.9, 0.9)}  # fmt: skip
+    runs = [
+        seed_run("fedavg", seed, tests[seed], valids[seed], lr=lr, server_lr=server)
+        for (lr, server), (*valids, _, _) in pairs.items()
+        for seed, tests in [(0, pairs[lr, server][2:]), (1, pairs[lr, server][2:])]
+    ]
+    table = build_table(runs, TEST, Statistic("final"), selection=Selection("lr,server_lr", VALID))
+    cell = table.cells["fedavg", "all"]
+    assert cell.chosen == "0.01, 1" and cell.mean == pytest.approx(0.4)
+    assert cell.scores == pytest.approx({"0.1, 1": 0.5, "0.1, 0.1": 0.7, "0.01, 1": 0.8, "0.01, 0.1": 0.6})
+
+
 def test_selection_on_a_test_metric_is_refused_unless_forced():
     runs = [seed_run("fedavg", 0, 0.9, 0.6, lr=0.01), seed_run("fedavg", 0, 0.5, 0.8, lr=0.1)]
     with pytest.raises(
@@ -158,3 +178,22 @@ def test_loose_runs_are_grouped_by_params():
             for s in (0, 1) for a in ("0.1", "1.0")]  # fmt: skip
     table = build_table(runs, TEST, Statistic("final"), columns="dataset.alpha")
     assert table.columns == ["0.1", "1.0"] and table.cells["fedavg", "1.0"].mean == pytest.approx(0.55)
+
+
+def test_where_keeps_the_runs_meeting_every_condition():
+    """A Local row that logs no central accuracy is dropped with variant!=local before the table
+    checks that every run logged the metric; numbers match as numbers (0.50 = 0.5)."""
+    runs = [seed_run("local", 0, 0.3, alpha=0.5), seed_run("fedavg", 0, 0.8, alpha=0.5),
+            seed_run("fedavg", 0, 0.9, alpha=100)]  # fmt: skip
+    runs[0] = SeedRun(runs[0].run_id, runs[0].name, runs[0].axes)  # logged nothing
+    with pytest.raises(RaysimError, match="is not logged by 1 of 3 runs"):
+        build_table(runs, TEST, Statistic.parse("final"), columns="alpha")
+    kept = keep_runs(runs, ["variant!=local"])
+    assert kept == runs[1:]
+    table = build_table(kept, TEST, Statistic.parse("final"), columns="alpha")
+    assert table.cells["fedavg", "100"].mean == 0.9
+    assert keep_runs(runs, ["variant!=local", "alpha=0.50"]) == [runs[1]]
+    with pytest.raises(RaysimError, match="no run has variant=moon"):
+        keep_runs(runs, ["variant=moon"])
+    with pytest.raises(RaysimError, match="expected KEY=VALUE or KEY!=VALUE"):
+        keep_runs(runs, ["variant"])

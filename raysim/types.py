@@ -132,6 +132,10 @@ class ClientContext(Generic[X, S]):
     plugin calling ``train_local`` itself passes it on.
     ``client_payload`` is this client's own part of the payload (``Payload.per_client``), its
     arrays as tensors on ``device``; None where the plugin sends none.
+    ``model_section`` is the model section ({name: ..., **options}) of this client's architecture,
+    which ``model`` is (``model_groups`` give clients different ones; {} in a unit test's context).
+    ``model_of(client_id)`` is the worker's resident model of any client's architecture (FuseFL's
+    towers): read its structure, copy it before changing it; None where no worker builds the context.
     """
 
     client_id: ClientId
@@ -147,6 +151,8 @@ class ClientContext(Generic[X, S]):
     client_init: Callable[[], Params] | None = None
     step_budget: int | None = None
     client_payload: Any = None
+    model_section: dict[str, Any] = field(default_factory=dict)
+    model_of: Callable[[ClientId], nn.Module] | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,13 @@ class RunInfo:
     # of the job's (FuseFL's fused model) or keys a cache by the data (one-shot local models)
     model: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
+    # each population client's model section, in client-id order (``model_groups``); empty: every
+    # client trains ``model``
+    client_models: tuple[dict[str, Any], ...] = ()
+
+    def model_of(self, client_id: int) -> dict[str, Any]:
+        """The model section client ``client_id`` trains."""
+        return self.client_models[client_id] if self.client_models else self.model
 
 
 @dataclass(frozen=True)

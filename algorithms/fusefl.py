@@ -216,10 +216,9 @@ class FuseFL:
             )
         info = services.info
         towers = np.arange(info.num_clients)  # every client, every stage, in id order
-        models = tuple(info.model_of(int(c)) for c in towers)
-        mixed = len({repr(m) for m in models}) > 1
+        models = tuple(info.model_of(int(c)) for c in towers) if info.mixes_models else ()
         ids = torch.as_tensor(towers, dtype=torch.int64)
-        state = replace(state, extra=FuseFLServer({}, {}, ids, models if mixed else ()))
+        state = replace(state, extra=FuseFLServer({}, {}, ids, models))
         heads: list[Params] = []
         for k in range(self.config.num_stages):
             payload = self.payload(state, k)

@@ -6,6 +6,7 @@ mean delta as if it were a gradient: ``global <- global - server_lr * mean_delta
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
@@ -225,6 +226,11 @@ class RunInfo:
     def model_of(self, client_id: int) -> dict[str, Any]:
         """The model section client ``client_id`` trains."""
         return self.client_models[client_id] if self.client_models else self.model
+
+    @property
+    def mixes_models(self) -> bool:
+        """Clients train different architectures: no one parameter set fits them all."""
+        return len({json.dumps(m, sort_keys=True, default=str) for m in self.client_models}) > 1
 
 
 @dataclass(frozen=True)

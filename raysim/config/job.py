@@ -118,7 +118,7 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         else None  # the groups' problems are said already
         for kind in PLUGIN_SECTIONS
     }
-    problems += check_mixed_models(groups, sections["algorithm"])
+    problems += check_mixed_models(groups, sections["model"], sections["algorithm"])
     core_raw = {k: v for k, v in raw.items() if k not in (*PLUGIN_SECTIONS, "model_groups")}
     evaluation = core_raw.get("evaluation")
     probes: list[PluginSection | None] = []

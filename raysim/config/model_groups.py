@@ -11,10 +11,12 @@ sections, by a deterministic rule on the client id (FuseFL's mixed ResNet-10/18/
 
 With ``assign: fractions`` group g gets round(fraction_g x N) clients (largest remainder, ties to the
 lower group), placed in client-id order after a permutation seeded by the run seed (``shuffle:
-false``: in client-id order, clients 0.. to the first group). The job's ``model`` (by default the
-first group's) stays the driver's reference: its initial parameters are the run's, and plugins that
-send one model check it. Only a plugin that declares ``MIXED_MODELS = True`` (FuseFL) accepts groups
-of different architectures; one that averages parameters is refused before any training.
+false``: in client-id order, clients 0.. to the first group). The job's ``model`` is one of the
+groups' (by default the first): the driver's reference, whose initial parameters are the run's.
+Only a plugin that declares ``MIXED_MODELS = True`` (FuseFL, the Ensemble) accepts groups of
+different architectures; one that averages parameters is refused before any training. With mixed
+architectures there is no one broadcast: each client starts from its architecture's initial model,
+built from the run seed on every worker.
 """
 
 from __future__ import annotations
@@ -122,10 +124,20 @@ def validate_model_groups(raw: Any, problems: list[str]) -> ModelGroups | None:
     return ModelGroups(models=tuple(m for m in models if m is not None), rule=rule)
 
 
-def check_mixed_models(groups: ModelGroups | None, algorithm: PluginSection | None) -> list[str]:
-    """A plugin that averages parameters needs one architecture: mixed groups are refused unless
+def check_mixed_models(
+    groups: ModelGroups | None, model: PluginSection | None, algorithm: PluginSection | None
+) -> list[str]:
+    """The job's ``model`` is one of the groups (the driver's initial parameters fit some client),
+    and a plugin that averages parameters needs one architecture: mixed groups are refused unless
     the plugin declares ``MIXED_MODELS = True``."""
-    if groups is None or algorithm is None or not groups.is_mixed:
+    if groups is None or model is None or algorithm is None:
+        return []
+    if model_key(model.to_dict()) not in {model_key(m.to_dict()) for m in groups.models}:
+        return [
+            "model: with model_groups it must be one of the groups' models (the driver's reference "
+            "and initial parameters); leave it out to use the first group's"
+        ]
+    if not groups.is_mixed:
         return []
     if getattr(registry.get("algorithm", algorithm.name).factory, "MIXED_MODELS", False):
         return []

@@ -88,6 +88,9 @@ class ClientTrainer:
         for section in {model_key(s): s for s in self.client_models}.values():
             self._model_for(section)
         mixes = len(self.models) > 1  # a vectorized chunk trains one architecture
+        # mixed architectures get no broadcast: each client starts from its architecture's own
+        # initial weights (the run seed's), restored as a broadcast would be
+        self.initial = {key: P.clone(P.model_params(m)) for key, m in self.models.items()} if mixes else {}
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
         self.vectorizes = not self.training.transforms and not mixes and worker_vectorizes(  # data as stored
             self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
@@ -196,6 +199,8 @@ class ClientTrainer:
         model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
             P.load_into(model, global_params)  # in place: the model is never rebuilt
+        elif self.initial:
+            P.load_into(model, self.initial[model_key(self.client_models[client_id])])
         model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
         view = ClientView(

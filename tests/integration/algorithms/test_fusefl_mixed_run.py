@@ -2,6 +2,7 @@
 worker holds both, FuseFL fuses them (bytes and size against hand counts), Ray gives the serial
 backend's fused model, and what cannot run is refused before any worker starts."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from raysim.engine.build import build
 from raysim.engine.loop import run
 from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
+from raysim.models import build_model
 from raysim.runtime.wire import WorkerSetup
 from raysim.runtime.worker import ClientTrainer
 from raysim.services import RoundOptions
@@ -39,16 +41,21 @@ def test_a_worker_holds_every_architecture_and_gives_each_client_its_own(tmp_pat
     client_update = trainer.algorithm.client_update
 
     def recording_update(ctx):
-        seen[ctx.client_id] = (ctx.model, ctx.model_section["hidden"])
-        return client_update(ctx)
+        seen[ctx.client_id] = (ctx.model, ctx.model_section["hidden"], P.clone(P.model_params(ctx.model)))
+        result = client_update(ctx)
+        with torch.no_grad():  # as a plugin training the resident model in place would
+            next(ctx.model.parameters()).add_(1.0)
+        return result
 
     trainer.algorithm.client_update = recording_update
     state = trainer.algorithm.init({}, RunInfo(4, 4, 3, store.spec, seed=3))
     payload = trainer.algorithm.payload(state, 0)  # the protocol's stage 0: no parameters sent
-    report = trainer.train(payload, [(0, 0), (1, 1)], 0, RoundOptions())
+    report = trainer.train(payload, [(0, 0), (1, 1), (2, 2)], 0, RoundOptions())
     assert not report.failures
     assert seen[0][0] is trainer.model_of(0) and seen[0][1] == [16]
     assert seen[1][0] is trainer.model_of(1) and seen[1][1] == [8, 16]
+    for name, value in seen[0][2].items():  # client 2 starts where client 0 did: the seeded init
+        assert torch.equal(seen[2][2][name], value), name
 
 
 def test_fusefl_fuses_two_architectures_on_the_serial_backend_and_on_ray(tmp_path, ray_local):
@@ -101,3 +108,26 @@ def test_a_plain_job_keeps_one_resident_model(tmp_path):
     trainer = ClientTrainer(WorkerSetup(config.to_dict(), str(store.path), str(tmp_path)))
     assert list(trainer.models.values()) == [trainer.model] and trainer.model_of(5) is trainer.model
     assert P.model_params(trainer.model)  # the job's model, as before
+
+
+def test_the_ensemble_of_two_architectures_is_the_mean_of_each_clients_own_logits(tmp_path):
+    """Every client trains its own architecture from that architecture's seeded start; the
+    Ensemble's accuracy on the clients' test splits is the hand-made mean of the cached models' logits."""
+    cache = tmp_path / "cache"
+    local = {"epochs": 1, "batch_size": 16, "lr": 0.1}
+    config = job({"name": "ensemble", "cache_dir": str(cache), "local": local})
+    result = run(config, output_dir=tmp_path / "e")
+    [folder] = cache.iterdir()
+    store = open_dataset(config.dataset.name, config.dataset.config)
+    tests = [store.client_data(c, "test").arrays for c in range(4)]  # eval/clients pools them
+    x = torch.as_tensor(np.concatenate([t["x"] for t in tests])).float()
+    y = torch.as_tensor(np.concatenate([t["y"] for t in tests])).long()
+    logits = []
+    for client, section in enumerate([ONE_LAYER, TWO_LAYERS] * 2):
+        model = build_model("mlp", {"hidden": section["hidden"]}, store.spec).eval()
+        model.load_state_dict(torch.load(folder / f"client_{client}.pt", weights_only=True)["params"])
+        with torch.no_grad():
+            logits.append(model(x))
+    accuracy = float((torch.stack(logits).mean(dim=0).argmax(dim=1) == y).float().mean())
+    assert result.final["eval/clients/accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert result.final["sys/bytes_down"] == 0  # no broadcast: each starts from its own seeded model

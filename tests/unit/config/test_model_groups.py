@@ -82,3 +82,16 @@ def test_an_algorithm_that_averages_parameters_refuses_mixed_architectures():
 def test_a_bad_section_is_one_error_naming_the_key(groups, expected):
     found = problems(**groups)
     assert len(found) == 1 and expected in found[0] and found[0].startswith("model_groups")
+
+
+def test_the_job_model_must_be_one_of_the_groups():
+    raw = {
+        "dataset": {"name": "mnist"},
+        "model": R26,
+        "algorithm": {"name": "fedavg"},
+        "model_groups": {"models": [R10]},
+    }
+    with pytest.raises(ConfigError) as error:
+        JobConfig.from_dict(raw)
+    [problem] = error.value.problems
+    assert problem.startswith("model: with model_groups it must be one of the groups' models")

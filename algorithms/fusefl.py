@@ -61,10 +61,11 @@ from raysim.models.fused import (
     fused_net,
     fused_parts,
     make_adapter,
-    middle_split,
     num_parameters,
+    split_points,
     stage_output_shapes,
     tower_misfits,
+    tower_models,
     tower_shapes,
 )
 from raysim.registry import register
@@ -109,11 +110,6 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     def num_stages(self) -> int:
         return 2 if self.splits is None else len(self.splits) + 1
 
-    def split_points(self, model: nn.Module) -> tuple[str, ...]:
-        """``splits``, or by default the middle block's name (a model of one block below its head
-        is cut after it: the second stage is the adapter alone)."""
-        return middle_split(model) if self.splits is None else self.splits
-
     @model_validator(mode="after")
     def _distinct(self) -> FuseFLConfig:
         if self.splits is not None and len(set(self.splits)) != len(self.splits):
@@ -123,22 +119,19 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
         return self
 
     def check_models(self, models: list[nn.Module], spec: DataSpec) -> list[str]:
-        """Checked on the driver with every model group's model (mixed architectures): the towers
-        can be fused at the split points."""
-        misfits = tower_misfits(models, self.splits, self.adapter, spec)
+        """Checked on the driver with every model group's model (mixed architectures)."""
+        where = list(self.splits) if self.splits else "default (each middle block)"
+        fix = "split at stage boundaries every model has (e.g. [stem, layer2, layer3] for ResNet-10/18/26)"
         return [
-            f"model_groups: the architectures cannot be fused at algorithm.splits "
-            f"{list(self.splits) if self.splits else 'default (each middle block)'}: {problem}; "
-            f"split at stage boundaries every model has (e.g. [stem, layer2, layer3] for ResNet-10/18/26)"
-            + ("" if self.adapter == "conv1x1" else ", or use adapter conv1x1")
-            for problem in misfits
+            f"model_groups: the architectures cannot be fused at algorithm.splits {where}: {problem}; {fix}"
+            for problem in tower_misfits(models, self.splits, self.adapter, spec)
         ]
 
     def check_model(self, model: nn.Module) -> list[str]:
         """Checked on the driver with the job's model, before any worker starts: the split points
         exist in it, bottom-up."""
         try:
-            client_stages(model, self.split_points(model))
+            client_stages(model, split_points(model, self.splits))
         except ConfigError as err:
             return [f"algorithm.splits: {problem}" for problem in err.problems]
         return []
@@ -344,11 +337,11 @@ class FuseFL:
 
     def staged_net(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, k: int) -> StagedNet:
         """Client m's stage-k model on ``model``'s own blocks (trained in place)."""
-        stages = client_stages(model, self.config.split_points(model))
+        stages = client_stages(model, split_points(model, self.config.splits))
         fused = ctx.payload.extra.fused
         lower, adapter = None, None
         if k:
-            towers = tower_models(ctx, model, len(fused["0"]))
+            towers = tower_models(ctx.model_of, model, len(fused["0"]))
             lower = FusedStages(fused_parts(towers, self.config.splits, self.config.adapter, ctx.spec)[:k])
             lower.load_state_dict(
                 {
@@ -367,7 +360,7 @@ class FuseFL:
     def feature_stats(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module) -> FeatureStats:
         """CCVR's per-class statistics of the fused model's features on this client's data."""
         extra = ctx.payload.extra
-        towers = tower_models(ctx, model, len(extra.fused["0"]))
+        towers = tower_models(ctx.model_of, model, len(extra.fused["0"]))
         net = fused_net(towers, self.config.splits, self.config.adapter, ctx.spec)
         net.load_state_dict(fused_weights(FuseFLServer(extra.fused, extra.head, torch.zeros(0))))
         net.to(ctx.device).eval()
@@ -378,16 +371,6 @@ class FuseFL:
                 labels.append(batch["y"])
         stats = class_statistics(torch.cat(features), torch.cat(labels), ctx.spec.num_classes)
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
-
-
-def tower_models(
-    ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, num_towers: int
-) -> list[nn.Module]:
-    """The towers' architectures, tower m being client m's (only their structure is read): the
-    worker's resident models, or ``model`` for every tower where no worker built the context."""
-    if ctx.model_of is None:
-        return [model] * num_towers
-    return [ctx.model_of(m) for m in range(num_towers)]
 
 
 def scored(prefix: str, row: Metrics | None) -> Metrics:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -241,6 +241,14 @@ def split_points(model: nn.Module, splits: Sequence[str] | None) -> tuple[str, .
     return middle_split(model) if splits is None else tuple(splits)
 
 
+def tower_models(
+    model_of: Callable[[int], nn.Module] | None, model: nn.Module, num_towers: int
+) -> list[nn.Module]:
+    """The towers' architectures, tower m being client m's (``ClientContext.model_of``; only their
+    structure is read), or ``model`` for every tower where no worker built the context."""
+    return [model] * num_towers if model_of is None else [model_of(m) for m in range(num_towers)]
+
+
 def tower_shapes(
     towers: Sequence[nn.Module], splits: Sequence[str] | None, spec: DataSpec
 ) -> list[list[tuple[int, ...]]]:
@@ -268,6 +276,7 @@ def tower_misfits(
             what = "outputs" if adapter == "avg" else "spatial sizes"
             problems.append(
                 f"split point {k + 1} gives {what} {at_split} across the towers: they must be equal"
+                + (" (adapter conv1x1 needs only equal spatial sizes)" if adapter == "avg" else "")
             )
     features = {math.prod(s[-1]) for s in shapes}
     heads = {tuple(tuple(w.shape) for w in parts(t)["head"].parameters()) for t in towers}  # type: ignore[arg-type]

@@ -81,7 +81,8 @@ class ClientTrainer:
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
         # resident models by their section's key: the job's, every model group's (built now, each
         # seeded as the job's model), and any other architecture map_clients was asked for
-        self.models: dict[str, nn.Module] = {model_key(self.job.model.to_dict()): self.model}
+        self.model_section = self.job.model.to_dict()  # dumped once: every client's context names it
+        self.models: dict[str, nn.Module] = {model_key(self.model_section): self.model}
         groups = self.job.model_groups
         num_clients, seed = self.store.num_clients, self.job.seed
         self.client_models = () if groups is None else groups.client_models(num_clients, seed)
@@ -237,7 +238,7 @@ class ClientTrainer:
             client_init=lambda: self.client_init(client_id),
             step_budget=budget,
             client_payload=None if own is None else P.to_device(own, self.device),
-            model_section=self.client_models[client_id] if self.client_models else self.job.model.to_dict(),
+            model_section=self.client_models[client_id] if self.client_models else self.model_section,
             model_of=self.model_of,
         )
 

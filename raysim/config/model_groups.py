@@ -75,7 +75,7 @@ class ModelGroups(BaseModel):
         by_remainder = np.argsort(-(shares - counts), kind="stable")
         counts[by_remainder[: num_clients - counts.sum()]] += 1
         groups = np.repeat(np.arange(num_groups), counts)
-        if self.rule.shuffle:
+        if self.rule.shuffle:  # a stream of its own ("model" in ASCII), apart from the partition's
             groups = groups[np.random.default_rng([seed, 0x6D6F64656C]).permutation(num_clients)]
         return groups
 

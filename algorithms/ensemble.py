@@ -14,6 +14,8 @@ M x S). The run's global model stays the initial one: the ensemble is not one pa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -43,6 +45,7 @@ class Ensemble:
     """The logit Ensemble of the M one-shot local models (mean of raw logits)."""
 
     Config = OneShotConfig
+    MIXED_MODELS = True  # the clients' models may be different architectures (model_groups)
 
     def __init__(self, config: OneShotConfig) -> None:
         self.config = config
@@ -71,11 +74,12 @@ class Ensemble:
         metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
         size = sum(int(np.asarray(w).size) for model in models for w in model.values())
         metrics |= {"ensemble/params": float(size), "ensemble/mib": size * 4 / 2**20}
+        sections = [services.info.model_of(c) for c in sorted(trained.models)]
         if services.info.has_central_test:
-            [central] = ensemble_scores(services, models, None)
+            [central] = ensemble_scores(services, models, None, sections)
             metrics |= {f"eval/central/{k}": v for k, v in central.items()}
         clients = list(range(services.info.num_clients))
-        per_client = ensemble_scores(services, models, clients)
+        per_client = ensemble_scores(services, models, clients, sections)
         pooled = pool_rows(per_client)
         if pooled is not None:
             metrics |= {f"eval/clients/{k}": pooled[k] for k in ("accuracy", "loss")}
@@ -84,11 +88,21 @@ class Ensemble:
 
 
 def ensemble_scores(
-    services: Services[Params | None], models: list[NumpyParams], clients: list[int] | None
+    services: Services[Params | None],
+    models: list[NumpyParams],
+    clients: list[int] | None,
+    sections: list[dict[str, Any]] | None = None,
 ) -> list[Metrics]:
     """Accuracy, cross-entropy and examples of the models' mean logits, on the central test set
-    (``clients`` None: one row) or on each client's test split."""
-    rows = services.map_clients(MapRequest(LOGITS, models, clients))
+    (``clients`` None: one row) or on each client's test split; ``sections``: each model's
+    architecture where they differ (model_groups), the points of one architecture mapped together."""
+    if sections is None or len({repr(s) for s in sections}) == 1:
+        rows = services.map_clients(MapRequest(LOGITS, models, clients))
+    else:
+        rows = []
+        for section in {repr(s): s for s in sections}.values():
+            same = [m for m, s in zip(models, sections) if s == section]
+            rows += services.map_clients(MapRequest(LOGITS, same, clients, model=section))
     [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients))
     out: list[Metrics] = []
     for position, y in enumerate(labels):

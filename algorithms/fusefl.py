@@ -25,9 +25,13 @@ initial model at stage 0); then at step K ``ccvr/*`` (the statistics' bytes, the
 ``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
 MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
 
-Homogeneous clients: every client trains the job's one model. Per-client architectures need a job
-that gives each client a model section and a worker that holds several; ``fused_net`` already
-takes one model per tower (docs/papers.md section 5).
+Per-client architectures (the paper's ResNet-10/18/26 mix, notes 2.8): a job's ``model_groups``
+give clients different model sections; tower m is client m's architecture (``ctx.model_of``), and
+conv1x1 adapters read the sum of the towers' channels. The split points must align (the same number
+of stages, the same spatial sizes at every split, one feature size at the top): ``check_models``
+says what does not, on the driver before any worker starts. Each client then starts from its own
+architecture's initial model, built from the run seed on every worker (the official code's shared
+init), so stage 0 sends no parameters (``sys/bytes_down`` 0 at step 0).
 """
 
 from __future__ import annotations
@@ -57,9 +61,12 @@ from raysim.models.fused import (
     fused_net,
     fused_parts,
     make_adapter,
-    middle_split,
     num_parameters,
+    split_points,
     stage_output_shapes,
+    tower_misfits,
+    tower_models,
+    tower_shapes,
 )
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, Services
@@ -72,7 +79,7 @@ from raysim.train.ccvr import (
 )
 from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
 from raysim.train.server_opt import init_state
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
 
 Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorted client ids) -> part
 
@@ -103,11 +110,6 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     def num_stages(self) -> int:
         return 2 if self.splits is None else len(self.splits) + 1
 
-    def split_points(self, model: nn.Module) -> tuple[str, ...]:
-        """``splits``, or by default the middle block's name (a model of one block below its head
-        is cut after it: the second stage is the adapter alone)."""
-        return middle_split(model) if self.splits is None else self.splits
-
     @model_validator(mode="after")
     def _distinct(self) -> FuseFLConfig:
         if self.splits is not None and len(set(self.splits)) != len(self.splits):
@@ -116,11 +118,20 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
             )
         return self
 
+    def check_models(self, models: list[nn.Module], spec: DataSpec) -> list[str]:
+        """Checked on the driver with every model group's model (mixed architectures)."""
+        where = list(self.splits) if self.splits else "default (each middle block)"
+        fix = "split at stage boundaries every model has (e.g. [stem, layer2, layer3] for ResNet-10/18/26)"
+        return [
+            f"model_groups: the architectures cannot be fused at algorithm.splits {where}: {problem}; {fix}"
+            for problem in tower_misfits(models, self.splits, self.adapter, spec)
+        ]
+
     def check_model(self, model: nn.Module) -> list[str]:
         """Checked on the driver with the job's model, before any worker starts: the split points
         exist in it, bottom-up."""
         try:
-            client_stages(model, self.split_points(model))
+            client_stages(model, split_points(model, self.splits))
         except ConfigError as err:
             return [f"algorithm.splits: {problem}" for problem in err.problems]
         return []
@@ -158,6 +169,7 @@ class FuseFLServer:
     fused: Fused
     head: Params
     towers: torch.Tensor  # int64 client ids, in tower order
+    models: tuple[dict[str, Any], ...] = ()  # the towers' model sections where they differ
 
 
 @register("algorithm", "fusefl")
@@ -166,6 +178,7 @@ class FuseFL:
 
     Config = FuseFLConfig
     ClientState = OwnModel
+    MIXED_MODELS = True  # clients may train different architectures (model_groups)
 
     def __init__(self, config: FuseFLConfig) -> None:
         self.config = config
@@ -176,7 +189,8 @@ class FuseFL:
     def payload(self, state: ServerState[FuseFLServer], round_num: int) -> Payload[StagePayload]:
         """Stage 0: the initial model (every client starts from it); later: the fused blocks."""
         extra = P.numpy_leaves(StagePayload(round_num, state.extra.fused, state.extra.head))
-        return Payload(P.to_numpy(state.params) if round_num == 0 else {}, extra=extra)
+        sends_model = round_num == 0 and not state.extra.models  # mixed: each starts from its own
+        return Payload(P.to_numpy(state.params) if sends_model else {}, extra=extra)
 
     def aggregator(self) -> Gather:
         return Gather()
@@ -193,8 +207,11 @@ class FuseFL:
             raise ConfigError(
                 [f"fusefl cannot resume at round {services.start_round}: run it again from the start"]
             )
-        towers = np.arange(services.info.num_clients)  # every client, every stage, in id order
-        state = replace(state, extra=FuseFLServer({}, {}, torch.as_tensor(towers, dtype=torch.int64)))
+        info = services.info
+        towers = np.arange(info.num_clients)  # every client, every stage, in id order
+        models = tuple(info.model_of(int(c)) for c in towers) if info.mixes_models else ()
+        ids = torch.as_tensor(towers, dtype=torch.int64)
+        state = replace(state, extra=FuseFLServer({}, {}, ids, models))
         heads: list[Params] = []
         for k in range(self.config.num_stages):
             payload = self.payload(state, k)
@@ -254,15 +271,16 @@ class FuseFL:
         )
         return P.clone(P.model_params(head)), {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
 
-    def fused_section(self, info: RunInfo, num_towers: int) -> dict[str, Any]:
+    def fused_section(self, info: RunInfo, server: FuseFLServer) -> dict[str, Any]:
         """The registered ``fusefl_fused`` model section of this run's fused model."""
+        mixed = {"towers": list(server.models)} if server.models else {}
         return {
             "name": "fusefl_fused",
             "base": info.model,
             "splits": self.config.splits,
-            "num_towers": num_towers,
+            "num_towers": len(server.towers),
             "adapter": self.config.adapter,
-        }
+        } | mixed
 
     def evaluation(self, services: Services[Any], state: ServerState[FuseFLServer]) -> Metrics:
         """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
@@ -277,7 +295,7 @@ class FuseFL:
             "fusefl/mib": num_params * 4 / 2**20,
             "fusefl/paper_comm_mib": towers * num_params * 4 / 2**20,
         }
-        model = self.fused_section(services.info, towers)
+        model = self.fused_section(services.info, state.extra)
         point = [P.to_numpy(weights)]
         if services.info.has_central_test:
             [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
@@ -319,13 +337,12 @@ class FuseFL:
 
     def staged_net(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, k: int) -> StagedNet:
         """Client m's stage-k model on ``model``'s own blocks (trained in place)."""
-        splits = self.config.split_points(model)
-        stages = client_stages(model, splits)
+        stages = client_stages(model, split_points(model, self.config.splits))
         fused = ctx.payload.extra.fused
         lower, adapter = None, None
         if k:
-            num_towers = len(fused["0"])
-            lower = FusedStages(fused_parts([model] * num_towers, splits, self.config.adapter, ctx.spec)[:k])
+            towers = tower_models(ctx.model_of, model, len(fused["0"]))
+            lower = FusedStages(fused_parts(towers, self.config.splits, self.config.adapter, ctx.spec)[:k])
             lower.load_state_dict(
                 {
                     f"stages.{j}.{m}.{name}": w
@@ -334,8 +351,8 @@ class FuseFL:
                     for name, w in part.items()
                 }
             )
-            below = stage_output_shapes(stages, ctx.spec)[k - 1]
-            adapter = make_adapter(self.config.adapter, [below] * num_towers, below)
+            below = [shapes[k - 1] for shapes in tower_shapes(towers, self.config.splits, ctx.spec)]
+            adapter = make_adapter(self.config.adapter, below, stage_output_shapes(stages, ctx.spec)[k - 1])
         own = FusedPart(adapter, stages[k])
         head = parts(model)["head"]  # type: ignore[arg-type]
         return StagedNet(lower, own, list(stages[k + 1 :]), head, self.config.frozen_bn).to(ctx.device)
@@ -343,8 +360,8 @@ class FuseFL:
     def feature_stats(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module) -> FeatureStats:
         """CCVR's per-class statistics of the fused model's features on this client's data."""
         extra = ctx.payload.extra
-        splits = self.config.split_points(model)
-        net = fused_net([model] * len(extra.fused["0"]), splits, self.config.adapter, ctx.spec)
+        towers = tower_models(ctx.model_of, model, len(extra.fused["0"]))
+        net = fused_net(towers, self.config.splits, self.config.adapter, ctx.spec)
         net.load_state_dict(fused_weights(FuseFLServer(extra.fused, extra.head, torch.zeros(0))))
         net.to(ctx.device).eval()
         features, labels = [], []

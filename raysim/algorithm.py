@@ -57,6 +57,12 @@ Rules every plugin follows:
   versions; the plain dicts that earlier versions saved under the same keys load as they are.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
   defines ``protocol(services, state)`` and drives the engine through ``raysim.services``.
+- Per-client architectures (the job's ``model_groups``) reach only a plugin whose class sets
+  ``MIXED_MODELS = True`` (every other is refused when the job loads). It sends no ``params``:
+  the worker restores each client's architecture's initial weights (the run seed's) instead;
+  ``ctx.model`` is the client's architecture, ``ctx.model_section`` names it, and
+  ``ctx.model_of(client_id)`` is any client's (read it, copy it before changing it); on the
+  driver ``RunInfo.client_models`` / ``model_of`` / ``mixes_models`` say the same.
 - ``raysim run --resume`` replaces ``init``'s state by the checkpoint's, which must hold the
   ``extra`` fields this plugin's ``init`` makes (a checkpoint of another plugin of the same family
   does; ``resume_state`` below completes any other).

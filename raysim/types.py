@@ -6,6 +6,7 @@ mean delta as if it were a gradient: ``global <- global - server_lr * mean_delta
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
@@ -135,6 +136,10 @@ class ClientContext(Generic[X, S]):
     plugin calling ``train_local`` itself passes it on.
     ``client_payload`` is this client's own part of the payload (``Payload.per_client``), its
     arrays as tensors on ``device``; None where the plugin sends none.
+    ``model_section`` is the model section ({name: ..., **options}) of this client's architecture,
+    which ``model`` is (``model_groups`` give clients different ones; {} in a unit test's context).
+    ``model_of(client_id)`` is the worker's resident model of any client's architecture (FuseFL's
+    towers): read its structure, copy it before changing it; None where no worker builds the context.
     """
 
     client_id: ClientId
@@ -150,6 +155,8 @@ class ClientContext(Generic[X, S]):
     client_init: Callable[[], Params] | None = None
     step_budget: int | None = None
     client_payload: Any = None
+    model_section: dict[str, Any] = field(default_factory=dict)
+    model_of: Callable[[ClientId], nn.Module] | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,18 @@ class RunInfo:
     # of the job's (FuseFL's fused model) or keys a cache by the data (one-shot local models)
     model: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
+    # each population client's model section, in client-id order (``model_groups``); empty: every
+    # client trains ``model``
+    client_models: tuple[dict[str, Any], ...] = ()
+
+    def model_of(self, client_id: int) -> dict[str, Any]:
+        """The model section client ``client_id`` trains."""
+        return self.client_models[client_id] if self.client_models else self.model
+
+    @property
+    def mixes_models(self) -> bool:
+        """Clients train different architectures: no one parameter set fits them all."""
+        return len({json.dumps(m, sort_keys=True, default=str) for m in self.client_models}) > 1
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from raysim import registry
+from raysim.config.model_groups import ModelGroups, check_mixed_models, validate_model_groups
 from raysim.config.plugins import PluginSection, explain, validate_plugin, validate_probes
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
@@ -77,16 +78,19 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
     dataset: PluginSection
     model: PluginSection
     algorithm: PluginSection
+    model_groups: ModelGroups | None = None  # per-client architectures (raysim.config.model_groups)
     origin: JobOrigin | None = Field(None, exclude=True)  # set by load_jobs; not part of the config
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the shape of a job file (defaults filled in)."""
-        out = self.model_dump(mode="json", exclude=set[str](PLUGIN_SECTIONS))
+        out = self.model_dump(mode="json", exclude={*PLUGIN_SECTIONS, "model_groups"})
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
         if self.system is None:  # options left unset stay out: the resolved config reads as before
             del out["system"]
+        if self.model_groups is not None:
+            out["model_groups"] = self.model_groups.to_dict()
         if self.evaluation.time_to_target is None:
             del out["evaluation"]["time_to_target"]
         return out
@@ -103,8 +107,19 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         raise ConfigError([f"a job must be a mapping of sections, got {type(raw).__name__}"], source)
     problems = _moved_keys(raw)
     raw = {**raw, "algorithm": refuse_renamed(raw.get("algorithm"), "algorithm", problems)}
-    sections = {kind: validate_plugin(kind, raw.get(kind), problems) for kind in PLUGIN_SECTIONS}
-    core_raw = {k: v for k, v in raw.items() if k not in PLUGIN_SECTIONS}
+    groups = None
+    if "model_groups" in raw:
+        groups = validate_model_groups(raw["model_groups"], problems)
+        if "model" not in raw and groups is not None:  # the first group's model
+            raw = {**raw, "model": groups.models[0].to_dict()}
+    sections = {
+        kind: validate_plugin(kind, raw.get(kind), problems)
+        if kind != "model" or "model" in raw or groups is None and "model_groups" not in raw
+        else None  # the groups' problems are said already
+        for kind in PLUGIN_SECTIONS
+    }
+    problems += check_mixed_models(groups, sections["model"], sections["algorithm"])
+    core_raw = {k: v for k, v in raw.items() if k not in (*PLUGIN_SECTIONS, "model_groups")}
     evaluation = core_raw.get("evaluation")
     probes: list[PluginSection | None] = []
     if isinstance(evaluation, dict) and "probes" in evaluation:
@@ -124,7 +139,7 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     assert core is not None  # it validated, or it added a problem
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
-    return JobConfig(**fields, **sections)
+    return JobConfig(**fields, **sections, model_groups=groups)
 
 
 def check_against_job(sections: list[PluginSection | None], job: JobCore) -> list[str]:

@@ -27,7 +27,7 @@ from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
 from raysim.engine.lineage import CHECKPOINTS_DIR, Lineage, decide
-from raysim.engine.model_check import check_model_fits, check_plugin_model
+from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
 from raysim.engine.simulation import check_time_to_target, open_system
 from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
@@ -173,6 +173,7 @@ def open_parts(job: JobConfig) -> JobParts:
     params = P.clone(P.model_params(model))
     check_model_fits(model, store, job.model.name, job.dataset.name)  # not a failure in round 0
     check_plugin_model(job, model)  # FuseFL's split points
+    client_models = check_model_groups(job, store)  # per-client architectures, FuseFL's alignment
     check_vectorize(job, algorithm, model, store)  # engine.vectorize: on, for a part that cannot
     check_training_options(dataset_options(job), store, job.engine.vectorize)  # augment, poison
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
@@ -180,7 +181,7 @@ def open_parts(job: JobConfig) -> JobParts:
     info = RunInfo(
         len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys,
         has_central_test=bool(store.meta["has_central_test"]),
-        model=job.model.to_dict(), dataset=job.dataset.to_dict(),
+        model=job.model.to_dict(), dataset=job.dataset.to_dict(), client_models=client_models,
     )  # fmt: skip
     check_probes(probes, info)
     for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused

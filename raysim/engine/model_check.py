@@ -158,3 +158,38 @@ def check_plugin_model(job: JobConfig, model: nn.Module) -> None:
     problems = check(model) if callable(check) else []
     if problems:
         raise ConfigError(problems)
+
+
+def check_model_groups(job: JobConfig, store: ClientStore) -> tuple[dict[str, Any], ...]:
+    """Each client's model section (``model_groups``; empty without them), after the checks a
+    group's model needs before any worker starts: it fits the data, every group has a client, the
+    algorithm's ``check_model`` passes on it, and for mixed architectures its ``check_models``
+    (FuseFL: the split points align) and no ``engine.vectorize: on`` (a chunk trains one model).
+
+    Raises:
+        ConfigError: every problem found, with its ``model_groups`` key.
+    """
+    from raysim.runtime.builders import build_section_model
+
+    groups = job.model_groups
+    if groups is None:
+        return ()
+    problems = groups.empty_groups(store.num_clients, job.seed)
+    if groups.is_mixed and job.engine.vectorize == "on":
+        problems.append(
+            "engine.vectorize: on trains one architecture per chunk, but model_groups mixes several; "
+            "set engine.vectorize=off"
+        )
+    models = []
+    for i, group in enumerate(groups.models):
+        model = build_section_model(job, group.to_dict(), store.spec)
+        check_model_fits(model, store, group.name, job.dataset.name)
+        check = getattr(job.algorithm.config, "check_model", None)
+        problems += [f"model_groups.models[{i}]: {p}" for p in (check(model) if callable(check) else [])]
+        models.append(model)
+    check_all = getattr(job.algorithm.config, "check_models", None)
+    if groups.is_mixed and callable(check_all) and not problems:
+        problems += check_all(models, store.spec)
+    if problems:
+        raise ConfigError(problems)
+    return groups.client_models(store.num_clients, job.seed)

@@ -13,9 +13,11 @@ State-dict names: ``stages.<k>.<m>.adapter.*`` and ``stages.<k>.<m>.block.*`` fo
 of tower m, and ``head.*``; a client's upload at stage k is one ``FusedPart``'s state dict.
 
 The towers are given as models (``fused_net(towers, ...)``), one per client, so per-client
-architectures need only towers whose stage outputs have matching spatial sizes (a conv1x1 adapter
-reads the sum of their channels); the registered ``fusefl_fused`` model builds M copies of one
-``base`` model section (homogeneous clients).
+architectures (ResNet-10/18/26 mixed, notes 2.8) need only towers whose stage outputs have the same
+spatial sizes at every split point (a conv1x1 adapter reads the sum of their channels, "avg" needs
+equal outputs) and the same flattened feature size at the top (the head is one, averaged):
+``tower_misfits`` names what does not align. The registered ``fusefl_fused`` model builds M copies
+of one ``base`` model section, or one tower per section of ``towers`` (per-client architectures).
 
 Usage:
     stages = client_stages(model, ("layer2",))       # [stem..layer2.1, layer3.0..pool]
@@ -26,7 +28,9 @@ Usage:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -47,10 +51,12 @@ class FusedConfig(ModelConfig, frozen=True, extra="forbid"):
     """FuseFL's fused model: M towers of one base model joined by adapters at the split points."""
 
     base: dict[str, Any] = Field(default_factory=lambda: {"name": "cnn_mnist"})  # one client's model section
-    # block or stage names, bottom-up; K = len(splits) + 1 stages; None: after the middle block
+    # block or stage names, bottom-up; K = len(splits) + 1 stages; None: after each tower's middle block
     splits: tuple[str, ...] | None = None
     num_towers: PositiveInt = 1  # M, the clients fused
     adapter: AdapterKind = "conv1x1"
+    # one model section per tower (per-client architectures); empty: num_towers copies of base
+    towers: tuple[dict[str, Any], ...] = ()
 
 
 def middle_split(model: nn.Module) -> tuple[str, ...]:
@@ -230,14 +236,67 @@ def make_adapter(
     return ConcatAdapter(sum(shape[0] for shape in tower_shapes), own[0], spatial=len(own) == 3)
 
 
+def split_points(model: nn.Module, splits: Sequence[str] | None) -> tuple[str, ...]:
+    """``splits``, or None: the model's own middle split (ResNet-10/18/26: the end of layer2)."""
+    return middle_split(model) if splits is None else tuple(splits)
+
+
+def tower_models(
+    model_of: Callable[[int], nn.Module] | None, model: nn.Module, num_towers: int
+) -> list[nn.Module]:
+    """The towers' architectures, tower m being client m's (``ClientContext.model_of``; only their
+    structure is read), or ``model`` for every tower where no worker built the context."""
+    return [model] * num_towers if model_of is None else [model_of(m) for m in range(num_towers)]
+
+
+def tower_shapes(
+    towers: Sequence[nn.Module], splits: Sequence[str] | None, spec: DataSpec
+) -> list[list[tuple[int, ...]]]:
+    """Each tower's output shape at each of its stages (the towers are only read)."""
+    return [stage_output_shapes(client_stages(t, split_points(t, splits)), spec) for t in towers]
+
+
+def tower_misfits(
+    towers: Sequence[nn.Module], splits: Sequence[str] | None, adapter: AdapterKind, spec: DataSpec
+) -> list[str]:
+    """What keeps these client models from being fused: a different number of stages, different
+    spatial sizes at a split point ("avg": any different shape), a different flattened feature
+    size at the top, or heads of different shapes (the fused head is their average)."""
+    shapes = tower_shapes(towers, splits, spec)
+    if len({len(s) for s in shapes}) > 1:
+        return [
+            f"the towers have {sorted({len(s) for s in shapes})} stages: "
+            f"name the same number of split points in each"
+        ]
+    problems = []
+    for k in range(len(shapes[0]) - 1):
+        at_split = [s[k] for s in shapes]
+        joined = at_split if adapter == "avg" else [shape[1:] for shape in at_split]
+        if len(set(joined)) > 1:
+            what = "outputs" if adapter == "avg" else "spatial sizes"
+            problems.append(
+                f"split point {k + 1} gives {what} {at_split} across the towers: they must be equal"
+                + (" (adapter conv1x1 needs only equal spatial sizes)" if adapter == "avg" else "")
+            )
+    features = {math.prod(s[-1]) for s in shapes}
+    heads = {tuple(tuple(w.shape) for w in parts(t)["head"].parameters()) for t in towers}  # type: ignore[arg-type]
+    if len(features) > 1 or len(heads) > 1:
+        problems.append(
+            f"the towers' top features ({sorted(features)} values) or heads differ in size: the fused "
+            f"model has one head, the towers' average, so the last stage's width must be equal"
+        )
+    return problems
+
+
 def fused_parts(
-    towers: Sequence[nn.Module], splits: Sequence[str], adapter: AdapterKind, spec: DataSpec
+    towers: Sequence[nn.Module], splits: Sequence[str] | None, adapter: AdapterKind, spec: DataSpec
 ) -> list[list[FusedPart]]:
-    """Per stage, each tower's part: copies of its blocks, a fresh adapter from stage 2 on."""
-    stages = [client_stages(copy.deepcopy(tower), splits) for tower in towers]
+    """Per stage, each tower's part: copies of its blocks, a fresh adapter from stage 2 on
+    (``splits`` None: each tower's middle split)."""
+    stages = [client_stages(copy.deepcopy(tower), split_points(tower, splits)) for tower in towers]
     shapes = [stage_output_shapes(tower_stages, spec) for tower_stages in stages]
     out: list[list[FusedPart]] = []
-    for k in range(len(splits) + 1):
+    for k in range(len(stages[0])):
         below = [tower_shapes[k - 1] for tower_shapes in shapes] if k else []
         out.append(
             [
@@ -249,7 +308,7 @@ def fused_parts(
 
 
 def fused_net(
-    towers: Sequence[nn.Module], splits: Sequence[str], adapter: AdapterKind, spec: DataSpec
+    towers: Sequence[nn.Module], splits: Sequence[str] | None, adapter: AdapterKind, spec: DataSpec
 ) -> FusedNet:
     """F_fus of these client models (copied), the first one's head (copied) as the shared head."""
     head = copy.deepcopy(parts(towers[0])["head"])  # type: ignore[arg-type]
@@ -263,10 +322,16 @@ def num_parameters(model: nn.Module) -> int:
 
 @register("model", "fusefl_fused", config=FusedConfig)
 def build_fused(config: FusedConfig, spec: DataSpec) -> FusedNet:
-    """FuseFL's fused model of ``num_towers`` copies of ``base`` (loaded with the clients' blocks)."""
+    """FuseFL's fused model of ``num_towers`` copies of ``base``, or of the ``towers`` (loaded with
+    the clients' blocks)."""
     from raysim.models import build_model
 
-    base = build_model(str(config.base["name"]), config.base, spec)
-    param_groups(base)  # type: ignore[arg-type]  # a model whose blocks miss tensors fails here, by name
-    splits = middle_split(base) if config.splits is None else config.splits
-    return fused_net([base] * config.num_towers, splits, config.adapter, spec)
+    sections = config.towers or (config.base,)
+    built = {json.dumps(s, sort_keys=True, default=str): s for s in sections}
+    models = {key: build_model(str(s["name"]), s, spec) for key, s in built.items()}
+    for model in models.values():
+        param_groups(model)  # type: ignore[arg-type]  # a model whose blocks miss tensors fails here, by name
+    towers = [models[json.dumps(s, sort_keys=True, default=str)] for s in sections]
+    return fused_net(
+        towers if config.towers else towers * config.num_towers, config.splits, config.adapter, spec
+    )

@@ -50,3 +50,24 @@ def build_job_model(job: JobConfig, spec: DataSpec, seed: int | None = None) -> 
                 f"{spec.num_classes} classes): {exc}"
             ]
         ) from exc
+
+
+def build_section_model(job: JobConfig, section: dict[str, Any], spec: DataSpec) -> torch.nn.Module:
+    """The model of a model section ({name: ..., **options}: a ``model_groups`` entry, or a model
+    a plugin composes), seeded by ``job.seed`` as the job's model is: every process builds
+    identical weights, and a section equal to the job's ``model`` builds the job's model.
+
+    Raises:
+        ConfigError: the model does not fit the dataset, or its options are not the plugin's.
+    """
+    from raysim.models import build_model
+
+    entry = registry.get("model", str(section["name"]))
+    config = entry.config.model_validate({k: v for k, v in section.items() if k != "name"})
+    torch.manual_seed(job.seed)
+    try:
+        return build_model(entry.name, config, spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(
+            [f"model {section['name']!r} cannot be built for dataset {job.dataset.name!r}: {exc}"]
+        ) from exc

@@ -17,15 +17,15 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim import registry
 from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
+from raysim.config.model_groups import model_key
 from raysim.data.augment import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.probe import ClientView, Probe
-from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, build_section_model
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.device_reads import RetrainRound, RoundChecks, defers_reads, read_metrics
@@ -81,9 +81,21 @@ class ClientTrainer:
         self.algorithm = build_algorithm(self.job)
         self.probes = build_probes(self.job)
         self.model = build_job_model(self.job, self.store.spec).to(self.device)
-        self.composed: dict[str, nn.Module] = {}  # other architectures map_clients was asked for
+        # resident models by their section's key: the job's, every model group's (built now, each
+        # seeded as the job's model), and any other architecture map_clients was asked for
+        self.model_section = self.job.model.to_dict()  # dumped once: every client's context names it
+        self.models: dict[str, nn.Module] = {model_key(self.model_section): self.model}
+        groups = self.job.model_groups
+        num_clients, seed = self.store.num_clients, self.job.seed
+        self.client_models = () if groups is None else groups.client_models(num_clients, seed)
+        for section in {model_key(s): s for s in self.client_models}.values():
+            self._model_for(section)
+        mixes = len(self.models) > 1  # a vectorized chunk trains one architecture
+        # mixed architectures get no broadcast: each client starts from its architecture's own
+        # initial weights (the run seed's), restored as a broadcast would be
+        self.initial = {key: P.clone(P.model_params(m)) for key, m in self.models.items()} if mixes else {}
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
-        self.vectorizes = not self.training.transforms and worker_vectorizes(  # a chunk takes data as stored
+        self.vectorizes = not self.training.transforms and not mixes and worker_vectorizes(  # data as stored
             self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
         self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
@@ -167,7 +179,7 @@ class ClientTrainer:
                 report.probe_rows[name].append(row)
             if options.keep_local_models:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
-                report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model)))
+                report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model_of(client_id))))
             report.bytes_up += P.num_bytes(result.update)
             report.params_up += P.num_values(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
@@ -211,16 +223,19 @@ class ClientTrainer:
         step_budget: int | None = None,
     ) -> tuple[ClientResult, dict[str, Metrics]]:
         seed = client_seed(self.job.seed, round_num, client_id)
+        model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
-            P.load_into(self.model, global_params)  # in place: the model is never rebuilt
-        self.model.zero_grad(set_to_none=True)
+            P.load_into(model, global_params)  # in place: the model is never rebuilt
+        elif self.initial:
+            P.load_into(model, self.initial[model_key(self.client_models[client_id])])
+        model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
         view = ClientView(
-            client_id, round_num, self.model, data, self._evaluate,
+            client_id, round_num, model, data, self._evaluate,
             lambda: self.store.client_data(client_id, "test"),
         )  # fmt: skip
         before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
-        self.model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
+        model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         with local_precision(self.job.resources, self.device):
@@ -238,7 +253,7 @@ class ClientTrainer:
         return ClientContext(
             client_id=client_id,
             round_num=round_num,
-            model=self.model,
+            model=self.model_of(client_id),
             payload=payload,
             global_params=params,
             data=data if data is not None else self.round_data(client_id, round_num),
@@ -249,6 +264,8 @@ class ClientTrainer:
             client_init=lambda: self.client_init(client_id),
             step_budget=budget,
             client_payload=None if own is None else P.to_device(own, self.device),
+            model_section=self.client_models[client_id] if self.client_models else self.model_section,
+            model_of=self.model_of,
         )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:
@@ -331,20 +348,18 @@ class ClientTrainer:
             return self.round_data(client_id, request.round_num)
         return source.client_data(client_id, request.split)  # type: ignore[arg-type]
 
+    def model_of(self, client_id: int) -> nn.Module:
+        """The resident model of the client's architecture (the job's model without model groups)."""
+        return self._model_for(self.client_models[client_id]) if self.client_models else self.model
+
     def _model_for(self, section: dict[str, Any] | None) -> nn.Module:
         """The resident model, or (built once, then kept) a model of another architecture."""
         if section is None:
             return self.model
-        key = repr(sorted(section.items()))
-        if key not in self.composed:
-            from raysim.models import build_model
-
-            options = {k: v for k, v in section.items() if k != "name"}
-            entry = registry.get("model", str(section["name"]))
-            config = entry.config.model_validate(options)
-            torch.manual_seed(self.job.seed)
-            self.composed[key] = build_model(entry.name, config, self.store.spec).to(self.device)
-        return self.composed[key]
+        key = model_key(section)
+        if key not in self.models:
+            self.models[key] = build_section_model(self.job, section, self.store.spec).to(self.device)
+        return self.models[key]
 
 
 @torch.no_grad()

@@ -60,6 +60,8 @@ def cache_key(info: RunInfo, local: LocalTrainConfig, clients: np.ndarray) -> tu
         "local": local.model_dump(mode="json"),
         "clients": [int(c) for c in clients],
     }
+    if info.client_models:  # model_groups: each client's architecture (absent: keys as before)
+        contents["client_models"] = [info.model_of(int(c)) for c in clients]
     text = json.dumps(contents, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20], contents
 
@@ -96,7 +98,8 @@ def local_models(
         weights = {c: float(entry["weight"]) for c, entry in saved.items()}
         counts = {"oneshot/trained_clients": 0.0, "oneshot/cached_clients": float(len(clients))}
         return LocalModels(models, weights, metrics=counts)
-    payload: Payload[None] = Payload(P.to_numpy(params))
+    # mixed architectures: each client starts from its own architecture's initial model
+    payload: Payload[None] = Payload({} if services.info.mixes_models else P.to_numpy(params))
     out = services.train_cohort(payload, clients, 0, RoundOptions(keep_local_models=True))
     if out.failures:
         failed = [f.client_id for f in out.failures]

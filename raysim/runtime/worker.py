@@ -10,9 +10,8 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -29,6 +28,7 @@ from raysim.runtime.builders import build_algorithm, build_job_model, build_prob
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.device_reads import RetrainRound, RoundChecks, defers_reads, read_metrics
+from raysim.runtime.map_tasks import compute_task
 from raysim.runtime.memory import PeakMemory
 from raysim.runtime.personal import (
     client_init_params,
@@ -41,15 +41,13 @@ from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
 from raysim.sampling import client_seed
-from raysim.services import MapRequest, MapTask, RoundOptions
+from raysim.services import MapRequest, RoundOptions
 from raysim.stopping import honour_stop_request, raise_stop_request
-from raysim.train.local import iterate_batches, to_tensors
 from raysim.types import (
     ClientContext,
     ClientData,
     ClientFailure,
     ClientResult,
-    DataSpec,
     Metrics,
     NumpyParams,
     Params,
@@ -57,7 +55,7 @@ from raysim.types import (
 )
 
 if TYPE_CHECKING:
-    from raysim.models.anatomy import FeatureModel
+    pass
 
 R = TypeVar("R")  # one ``map_clients`` result
 
@@ -330,7 +328,7 @@ class ClientTrainer:
                 P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in weights.items()})
                 loaded = point
             data = self._unit_data(request, source, position)
-            out.append(_compute(request.task, model, data, source.spec, self.device, self._batch_size)
+            out.append(compute_task(request.task, model, data, source.spec, self.device, self._batch_size)
                        if data is not None and len(data) else None)  # fmt: skip
         return out
 
@@ -360,35 +358,6 @@ class ClientTrainer:
         if key not in self.models:
             self.models[key] = build_section_model(self.job, section, self.store.spec).to(self.device)
         return self.models[key]
-
-
-@torch.no_grad()
-def _compute(
-    task: MapTask[Any],
-    model: nn.Module,
-    data: ClientData,
-    spec: DataSpec,
-    device: torch.device,
-    batch_size: int,
-) -> Any:
-    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order.
-
-    Returns:
-        The task's ``R`` (Metrics for EVALUATE, an array otherwise); typed Any because mypy cannot
-        tie a branch on ``task.name`` to ``R``, and the Ray path returns Any from ``ray.get`` anyway.
-    """
-    if task.name == "evaluate":
-        return evaluate(model, data, spec, device, batch_size)
-    if task.name == "labels":
-        if "y" not in data.arrays:
-            raise ValueError("map_clients labels: this dataset's examples have no labels ('y')")
-        return np.asarray(data.arrays["y"])
-    model.eval()
-    forward = cast("FeatureModel", model).features if task.name == "features" else model  # models/ anatomy
-    outputs = [
-        forward(batch["x"]).float().cpu() for batch in iterate_batches(to_tensors(data, device), batch_size)
-    ]
-    return torch.cat(outputs).numpy()
 
 
 def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:

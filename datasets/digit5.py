@@ -43,6 +43,9 @@ class Digit5Config(DatasetConfig, frozen=True, extra="forbid"):
         size: the side every image is resized to (the LSS code: 32; IMA: 28).
         max_per_domain: at most this many images of each domain's split (a seeded choice; the
             LSS code draws 25,000 train and 9,000 test images a domain); None keeps all.
+        source_split: keep the source's train/test split; False merges a domain's images and
+            leaves the split to ``test_fraction`` (the LSS code merges them and splits each
+            client 75/25 by label: ``test_fraction: 0.25``, ``stratify_test: true``).
         partition: one client per domain by default; ``domain_dirichlet`` for IMA's label skew
             within each domain.
     """
@@ -52,6 +55,7 @@ class Digit5Config(DatasetConfig, frozen=True, extra="forbid"):
     mode: Literal["L", "RGB"] = "RGB"
     size: PositiveInt = 32
     max_per_domain: PositiveInt | None = None
+    source_split: bool = True
     partition: PartitionConfig = DomainPartition(column="domain")
 
 
@@ -69,5 +73,5 @@ class Digit5:
         cfg = self.config
         size = (cfg.size, cfg.size)
         return domain_examples(
-            Path(cfg.root), list(cfg.domains), cfg.mode, size, cfg.max_per_domain, cfg.seed
+            Path(cfg.root), list(cfg.domains), cfg.mode, size, cfg.max_per_domain, cfg.seed, cfg.source_split
         )

@@ -43,6 +43,9 @@ class DomainNetConfig(DatasetConfig, frozen=True, extra="forbid"):
         size: the side every image is resized to.
         max_per_domain: at most this many images of each domain's split (a seeded choice);
             None keeps all.
+        source_split: keep the source's train/test split; False merges a domain's images and
+            leaves the split to ``test_fraction`` (the LSS code merges them and splits each
+            client 75/25 by label: ``test_fraction: 0.25``, ``stratify_test: true``).
         partition: one client per domain by default.
     """
 
@@ -50,6 +53,7 @@ class DomainNetConfig(DatasetConfig, frozen=True, extra="forbid"):
     domains: DomainNames = DOMAINS
     size: PositiveInt = 64
     max_per_domain: PositiveInt | None = None
+    source_split: bool = True
     partition: PartitionConfig = DomainPartition(column="domain")
 
 
@@ -66,4 +70,6 @@ class DomainNet:
         """Reads every domain's images (key column ``domain``; ``is_test`` from the lists)."""
         cfg = self.config
         size = (cfg.size, cfg.size)
-        return domain_examples(Path(cfg.root), list(cfg.domains), "RGB", size, cfg.max_per_domain, cfg.seed)
+        return domain_examples(
+            Path(cfg.root), list(cfg.domains), "RGB", size, cfg.max_per_domain, cfg.seed, cfg.source_split
+        )

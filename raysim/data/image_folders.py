@@ -159,10 +159,17 @@ def read_images(files: list[ImageFile], mode: str, size: tuple[int, int]) -> np.
 
 
 def domain_examples(
-    root: Path, domains: list[str], mode: str, size: tuple[int, int], max_per_domain: int | None, seed: int
+    root: Path,
+    domains: list[str],
+    mode: str,
+    size: tuple[int, int],
+    max_per_domain: int | None,
+    seed: int,
+    source_split: bool = True,
 ) -> Examples:
     """Every image of ``domains`` as ``Examples`` with key column ``domain`` (and ``is_test``
-    where the source fixes the split), normalised by the training images' statistics.
+    where the source fixes the split and ``source_split`` keeps it), normalised by the training
+    images' statistics (all images' when the split is left to the store).
 
     Raises:
         DataError: ``root`` or a domain is missing or empty, or some domains fix a split and
@@ -172,7 +179,7 @@ def domain_examples(
         raise DataError(f"dataset.root: there is no folder {root}; put the data there (layout: docs/data.md)")
     files = [f for d in domains for f in subsample(list_domain(root, d), max_per_domain, seed)]
     fixed = {f.domain for f in files if f.is_test is not None}
-    if fixed and fixed != set(domains):
+    if source_split and fixed and fixed != set(domains):
         raise DataError(
             f"dataset.domains: {', '.join(sorted(fixed))} fix a train/test split and "
             f"{', '.join(sorted(set(domains) - fixed))} do not; give every domain the same layout"
@@ -182,8 +189,8 @@ def domain_examples(
     images = read_images(files, mode, size)
     labels = np.array([label_of[f.class_name] for f in files], np.int64)
     keys = {"domain": pa.array([f.domain for f in files], pa.string())}
-    is_test = np.array([bool(f.is_test) for f in files])
-    if fixed:
+    is_test = np.array([bool(f.is_test) and source_split for f in files])
+    if fixed and source_split:
         keys["is_test"] = pa.array(is_test)
     mean, std = channel_stats(images[~is_test])  # the training images': no test leakage
     spec = DataSpec("classification", tuple(images.shape[1:]), len(classes))

@@ -99,3 +99,22 @@ def test_domainnet_follows_the_official_lists(tmp_path, only_loaded_recipes):
     assert [store.client_key(c) for c in (0, 1)] == ["clipart", "sketch"]
     assert store.num_examples("train").tolist() == [4, 4] and store.num_examples("test").tolist() == [2, 2]
     assert store.spec.input_shape == (3, 6, 6) and store.spec.num_classes == 2
+
+
+def test_digit5_merged_as_the_lss_code_then_split_by_label(tmp_path, only_loaded_recipes):
+    """source_split false: each domain's 30 images merged; test_fraction 0.2 keeps 6 test rows per
+    client, stratified over its 10 digits of 3 images each (0.6 a digit: 6 digits get one)."""
+    digit5_tree(tmp_path / "digit5")
+    config = recipe("digit5").Digit5Config(
+        root=str(tmp_path / "digit5"),
+        domains=("MNIST", "SVHN"),
+        size=8,
+        source_split=False,
+        test_fraction=0.2,
+        stratify_test=True,
+        cache_dir=str(tmp_path / "c"),
+    )
+    store = open_dataset("digit5", config)
+    assert store.num_examples("test").tolist() == [6, 6] and store.num_examples("train").tolist() == [24, 24]
+    for client in (0, 1):
+        assert np.bincount(store.client_data(client, "test").arrays["y"], minlength=10).max() == 1

@@ -43,7 +43,8 @@ def test_detail_flattens_sections_to_dotted_keys_with_their_own_defaults():
 
 def test_detail_of_a_tagged_union_and_of_an_optional_section():
     digits = rows("datasets", "digits")
-    assert digits["partition.kind"].allowed == "iid | dirichlet | shards | natural | domain | domain_dirichlet"
+    kinds = "iid | dirichlet | shards | natural | domain | domain_dirichlet"
+    assert digits["partition.kind"].allowed == kinds
     assert "dirichlet(num_clients, alpha, min_size, max_size)" in digits["partition.kind"].description
     assert digits["partition.num_clients"].default == "100"
     assert digits["seed"].description.startswith("seeds the partition and the split")  # Attributes: docs

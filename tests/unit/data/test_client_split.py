@@ -93,3 +93,12 @@ def test_the_option_off_leaves_the_store_name_as_before():
         "digits", DatasetConfig(partition=IidPartition(num_clients=3))
     )
     assert store_path("digits", on) != store_path("digits", off)
+
+
+def test_text_stores_refuse_a_stratified_split():
+    from pydantic import ValidationError
+
+    from raysim.data.text.recipes import TextDatasetConfig
+
+    with pytest.raises(ValidationError, match="stratify_test"):
+        TextDatasetConfig(stratify_test=True)

@@ -50,11 +50,23 @@ def num_test_rows(
     partition: Partition, order: np.ndarray, is_test: np.ndarray | None, test_fraction: float
 ) -> np.ndarray:
     """(num_clients,) test rows per client: the plain rule's, or the ``is_test`` rows of each
-    client's run of ``order``."""
+    client's run of ``order``.
+
+    Raises:
+        DataError: the source's split leaves a client no training row (it could not train).
+    """
     if is_test is None:
         return split_sizes(partition.sizes, test_fraction)[1]
     tests_before = np.concatenate([[0], np.cumsum(is_test[order], dtype=np.int64)])
-    return tests_before[partition.offsets[1:]] - tests_before[partition.offsets[:-1]]
+    num_test = tests_before[partition.offsets[1:]] - tests_before[partition.offsets[:-1]]
+    no_train = np.flatnonzero((num_test == partition.sizes) & (partition.sizes > 0))
+    if len(no_train):
+        raise DataError(
+            f"{len(no_train)} clients (the first: client {no_train[0]}) hold only test rows of the "
+            "source's train/test split and could not train; give each client more rows (fewer "
+            "dataset.partition.clients_per_domain, a larger min_size) or set dataset.source_split: false"
+        )
+    return num_test
 
 
 def stratified_test_rows(

@@ -102,3 +102,10 @@ def test_text_stores_refuse_a_stratified_split():
 
     with pytest.raises(ValidationError, match="stratify_test"):
         TextDatasetConfig(stratify_test=True)
+
+
+def test_a_client_left_only_test_rows_by_the_source_split_is_refused(tmp_path):
+    """Client 1 holds rows 2 and 3, both marked test: it could not train."""
+    table = examples(np.zeros(4, np.int64), is_test=pa.array([False, True, True, True]))
+    with pytest.raises(DataError, match=r"the first: client 1\) hold only test rows"):
+        write_store(table, Partition(np.arange(4), [2, 2]), 0.5, 0, tmp_path)

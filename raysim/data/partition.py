@@ -92,8 +92,26 @@ class DomainPartition(BaseModel, frozen=True, extra="forbid"):
     clients_per_domain: PositiveInt = 1
 
 
+class DomainDirichletPartition(BaseModel, frozen=True, extra="forbid"):
+    """Feature and label skew (IMA's Digit-Five/PACS "+FS" rows, shared/papers/notes/ima.md
+    section 5.1): each domain, in sorted order, gets ``clients_per_domain`` clients and is split
+    over them by Dirichlet(alpha) label skew, as ``dirichlet`` splits a whole dataset (each of
+    its clients holds ``min_size`` rows)."""
+
+    kind: Literal["domain_dirichlet"] = "domain_dirichlet"
+    column: str
+    clients_per_domain: PositiveInt = 20
+    alpha: PositiveFloat = 0.1
+    min_size: NonNegativeInt = 10
+
+
 PartitionConfig = Annotated[
-    IidPartition | DirichletPartition | ShardsPartition | NaturalPartition | DomainPartition,
+    IidPartition
+    | DirichletPartition
+    | ShardsPartition
+    | NaturalPartition
+    | DomainPartition
+    | DomainDirichletPartition,
     Field(discriminator="kind"),
 ]
 
@@ -177,6 +195,9 @@ def partition(
         return _natural(_require(keys, config.kind, f"the key column {config.column!r}"))
     if isinstance(config, DomainPartition):
         return _domain(config, _require(keys, config.kind, f"the key column {config.column!r}"), rng)
+    if isinstance(config, DomainDirichletPartition):
+        keys = _require(keys, config.kind, f"the key column {config.column!r}")
+        return _domain_dirichlet(config, _require(labels, config.kind, "labels (column 'y')"), keys, rng)
     raise DataError(f"unknown partition config {config!r}")
 
 
@@ -301,6 +322,29 @@ def _domain(config: DomainPartition, keys: np.ndarray, rng: np.random.Generator)
     order = _group_shuffled(inverse, rng)  # rows by domain, shuffled: an iid split of each domain
     sizes = np.concatenate([_even_sizes(int(n), per_domain) for n in domain_sizes])
     return Partition(order, sizes, [str(n) for n in names for _ in range(per_domain)])
+
+
+def _domain_dirichlet(
+    config: DomainDirichletPartition, labels: np.ndarray, keys: np.ndarray, rng: np.random.Generator
+) -> Partition:
+    """Each domain's rows split by ``_dirichlet`` over its own clients, one domain after another
+    from the same ``rng``."""
+    names, inverse, _ = _unique(keys)
+    per_domain = config.clients_per_domain
+    within = DirichletPartition(num_clients=per_domain, alpha=config.alpha, min_size=config.min_size)
+    orders, sizes = [], []
+    for d, name in enumerate(names):
+        rows = np.flatnonzero(inverse == d)
+        try:
+            part = _dirichlet(within, labels[rows], rng)
+        except DataError as e:  # its fix names this partition's key
+            hint = str(e).replace("partition.num_clients", "partition.clients_per_domain")
+            raise DataError(f"domain_dirichlet partition, domain {str(name)!r}: {hint}") from None
+        orders.append(rows[part.order])
+        sizes.append(part.sizes)
+    return Partition(
+        np.concatenate(orders), np.concatenate(sizes), [str(n) for n in names for _ in range(per_domain)]
+    )
 
 
 def _group_shuffled(group_of_row: np.ndarray, rng: np.random.Generator) -> np.ndarray:

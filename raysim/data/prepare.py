@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
 from raysim import registry
+from raysim.data.client_split import choose_test_rows, num_test_rows
 from raysim.data.format import (
     BATCH_ROWS,
     CENTRAL_FILE,
@@ -37,7 +38,6 @@ from raysim.data.format import (
     SPLIT_STREAM,
     default_cache_root,
     is_complete,
-    split_sizes,
     write_meta,
 )
 from raysim.data.integrity import FULL_CHECK_BYTES, store_bytes, verify_store
@@ -73,6 +73,7 @@ def write_store(
     path: str | Path,
     *,
     source: dict[str, Any] | None = None,
+    stratify: bool = False,
 ) -> Path:
     """Writes a client store (layout in the module docstring) into the directory ``path``.
 
@@ -83,6 +84,9 @@ def write_store(
         seed: seeds the per-client train/test shuffle.
         path: the directory to write; created if needed.
         source: what the store was built from (recipe name, config), recorded in meta.json.
+        stratify: draw each client's test rows class by class
+            (``raysim.data.client_split.stratified_test_rows``). A table with an ``is_test``
+            column fixes the split instead, and ``test_fraction`` is not used.
 
     Returns:
         ``path``.
@@ -90,9 +94,11 @@ def write_store(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     _check_examples(examples, partition)
-    order = _shuffle_within_clients(partition, seed)
+    is_test = choose_test_rows(examples.table, examples.spec, partition, test_fraction, seed, stratify)
+    order = _shuffle_within_clients(partition, seed, is_test)
+    num_test = num_test_rows(partition, order, is_test, test_fraction)
     _write_arrow(examples.table, order, path / ROWS_FILE)
-    has_label_hist = _write_client_index(examples, partition, order, test_fraction, path)
+    has_label_hist = _write_client_index(examples, partition, order, num_test, path)
     if examples.central_test is not None:
         _write_arrow(examples.central_test, None, path / CENTRAL_FILE)
     write_meta(
@@ -128,8 +134,9 @@ def _token_range(examples: Examples) -> dict[str, int]:
     return {"max_token_id": int(max(highest))} if highest else {}
 
 
-def _shuffle_within_clients(partition: Partition, seed: int) -> np.ndarray:
-    """``partition.order`` with each client's rows in a seeded random order (train rows first).
+def _shuffle_within_clients(partition: Partition, seed: int, is_test: np.ndarray | None = None) -> np.ndarray:
+    """``partition.order`` with each client's rows in a seeded random order (train rows first:
+    with ``is_test``, the rows it marks go last).
 
     By client, then by a random key: one lexsort per block of whole clients (``_client_blocks``),
     so that the temporaries are a block's, not the population's; the keys are drawn block after
@@ -140,7 +147,11 @@ def _shuffle_within_clients(partition: Partition, seed: int) -> np.ndarray:
     for first, last, start, stop in _client_blocks(partition.sizes):
         client_of_row = np.repeat(np.arange(first, last), partition.sizes[first:last])
         shuffle_key = rng.random(stop - start)
-        order[start:stop] = partition.order[start:stop][np.lexsort((shuffle_key, client_of_row))]
+        rows = partition.order[start:stop]
+        keys = (
+            (shuffle_key, client_of_row) if is_test is None else (shuffle_key, is_test[rows], client_of_row)
+        )
+        order[start:stop] = rows[np.lexsort(keys)]
     return order
 
 
@@ -155,7 +166,7 @@ def _client_blocks(sizes: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
 
 
 def _write_client_index(
-    examples: Examples, partition: Partition, order: np.ndarray, test_fraction: float, path: Path
+    examples: Examples, partition: Partition, order: np.ndarray, num_test: np.ndarray, path: Path
 ) -> bool:
     """Writes clients.parquet, one row group per block of clients (``_client_blocks``: a block's
     arrays at a time, never the population's), and counts.npy; returns whether the index has
@@ -169,7 +180,7 @@ def _write_client_index(
     writer: pq.ParquetWriter | None = None
     with open(path / COUNTS_FILE, "r+b") as counts_file:
         for span in _client_blocks(partition.sizes):
-            block = _index_block(partition, order, labels, examples.spec.num_classes, test_fraction, span)
+            block = _index_block(partition, order, labels, examples.spec.num_classes, num_test, span)
             for row, name in enumerate(("offset", "num_train", "num_test")):
                 counts_file.seek(counts_start + 8 * (row * partition.num_clients + span[0]))
                 counts_file.write(block[name].to_numpy().tobytes())
@@ -186,13 +197,14 @@ def _index_block(
     order: np.ndarray,
     labels: np.ndarray | None,
     num_classes: int,
-    test_fraction: float,
+    num_test_of_client: np.ndarray,
     clients_and_rows: tuple[int, int, int, int],
 ) -> dict[str, pa.Array]:
     """The index's columns for one of ``_client_blocks``: clients ``first:last``, rows ``start:stop``."""
     first, last, start, stop = clients_and_rows
     sizes = partition.sizes[first:last]
-    num_train, num_test = split_sizes(sizes, test_fraction)
+    num_test = num_test_of_client[first:last]
+    num_train = sizes - num_test
     offsets = start + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     block = {
         "client_id": pa.array(np.arange(first, last, dtype=np.int64)),
@@ -334,7 +346,15 @@ def prepare_store(recipe_name: str, config: BaseModel) -> Path:
     try:
         examples = recipe.load_examples()
         part = partition_table(config.partition, examples.table, config.seed)
-        write_store(examples, part, config.test_fraction, config.seed, tmp, source=source)
+        write_store(
+            examples,
+            part,
+            config.test_fraction,
+            config.seed,
+            tmp,
+            source=source,
+            stratify=config.stratify_test,
+        )
         _publish(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

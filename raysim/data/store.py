@@ -57,6 +57,9 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
         poison: a backdoor on chosen clients' training batches (None: off).
         validation_fraction: share of each client's training rows set apart, per run seed, as its
             validation split (``ClientStore.with_validation``; logged as ``eval/validation/...``).
+        stratify_test: each client's test split drawn class by class, so that it holds the
+            client's labels in the proportions its train split does (the LSS code's split;
+            ``raysim.data.client_split``); False: drawn at random.
     """
 
     partition: PartitionConfig = IidPartition(num_clients=100)
@@ -66,6 +69,9 @@ class DatasetConfig(BaseModel, frozen=True, extra="forbid"):
     augment: AugmentConfig | None = None
     poison: PoisonConfig | None = None
     validation_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # Left out of dumps when off: the store cache path hashes the dump, and stores prepared
+    # before this option existed must keep theirs.
+    stratify_test: bool = Field(False, exclude_if=lambda value: not value)
 
 
 # Options that leave the store's content alone: left out of its hash (``raysim.data.prepare``).
@@ -81,7 +87,9 @@ class Examples:
 
     Attributes:
         table: column ``x`` (fixed_size_list of uint8 or float32 for flattened images, list<int>
-            for tokens), ``y`` (int64) and any key columns used by partitioners.
+            for tokens), ``y`` (int64) and any key columns used by partitioners; optionally
+            ``is_test`` (bool), a split the source fixes (each client's test split is then its
+            ``is_test`` rows, and ``test_fraction`` is not used).
         spec: shapes and classes the model is built for.
         central_test: optional central test set with columns ``x`` and ``y``.
         mean: per-channel mean applied at read time (images on the [0, 1] scale), or None.

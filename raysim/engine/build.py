@@ -187,7 +187,7 @@ def open_parts(job: JobConfig) -> JobParts:
     for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused
         Console(stderr=True).print(f"warning: {warning}", highlight=False, soft_wrap=True)
     plan = keep_personalizable(
-        evaluation_plan(job, train_pool, heldout, transfer, has_personal_model(algorithm)),
+        evaluation_plan(job, train_pool, heldout, transfer, has_personal_model(algorithm), store),
         store.num_examples("train"),
         store.num_examples("test"),
     )

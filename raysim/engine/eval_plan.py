@@ -15,6 +15,7 @@ from raysim.config.plugins import section_config
 from raysim.data.augment import dataset_options
 from raysim.data.prepare import open_dataset
 from raysim.data.store import ClientStore
+from raysim.engine.domain_scores import client_domains
 from raysim.engine.evaluation import EvaluationPlan
 from raysim.errors import ConfigError
 from raysim.sampling import sample_eval_clients
@@ -26,12 +27,15 @@ def evaluation_plan(
     heldout: np.ndarray,
     transfer: dict[str, ClientStore],
     with_client_state: bool = False,
+    store: ClientStore | None = None,
 ) -> EvaluationPlan:
     """Which clients each evaluation looks at, drawn once from the run seed; ``with_client_state``:
-    the evaluated training clients are also evaluated with their own state (``eval/personal``)."""
+    the evaluated training clients are also evaluated with their own state (``eval/personal``);
+    ``store``: the training data, whose domains (if partitioned by domain) group them (``eval/domain``)."""
     evaluation = job.evaluation
+    clients = train_pool[sample_eval_clients(len(train_pool), evaluation.clients, job.seed)]
     return EvaluationPlan(
-        clients=train_pool[sample_eval_clients(len(train_pool), evaluation.clients, job.seed)],
+        clients=clients,
         heldout=heldout[sample_eval_clients(len(heldout), evaluation.heldout_clients, job.seed)],
         personalization=evaluation.personalization,
         transfer={
@@ -42,6 +46,7 @@ def evaluation_plan(
         backdoor=dataset_options(job).poison is not None,
         validation=dataset_options(job).validation_fraction > 0,
         with_client_state=with_client_state,
+        domain_of=client_domains(store, clients) if store is not None else {},
     )
 
 

@@ -3,7 +3,8 @@ validation rows, ``dataset.validation_fraction``: ``eval/validation/...``), on h
 with few-shot personalization and on transfer datasets; all spread over the workers. A poisoned
 job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set. A plugin
 whose clients keep a personal part (``personal_model``: FedRoD's head, FedBN's BatchNorm layers)
-has each evaluated training client's own predictor measured too (``eval/personal/...``).
+has each evaluated training client's own predictor measured too (``eval/personal/...``). A store
+partitioned by domain adds each domain's accuracy (``eval/domain/...``, ``raysim.engine.domain_scores``).
 
 Per-client results are summarised as the example-weighted mean (``eval/clients/accuracy``), the
 unweighted mean over clients and the distribution over clients (std, 10th/50th/90th percentile).
@@ -22,6 +23,7 @@ import numpy as np
 
 from raysim import params as P
 from raysim.config import PersonalizationConfig, TimeToTargetConfig
+from raysim.engine.domain_scores import summarize_domains
 from raysim.errors import ConfigError
 from raysim.measure import scores
 from raysim.measure.pooling import pool_rows
@@ -43,6 +45,7 @@ class EvaluationPlan:
     backdoor: bool = False  # dataset.poison: the attack success rate on the triggered test set
     validation: bool = False  # dataset.validation_fraction: the clients' validation rows too
     with_client_state: bool = False  # the plugin has personal_model: clients' own predictors too
+    domain_of: dict[int, str] = field(default_factory=dict)  # evaluated client -> domain: eval/domain/*
 
 
 def keep_personalizable(plan: EvaluationPlan, num_train: np.ndarray, num_test: np.ndarray) -> EvaluationPlan:
@@ -84,7 +87,8 @@ def evaluate_global(
     if plan.backdoor:
         metrics |= backdoor_accuracy(backend, weights)
     if len(plan.clients):
-        metrics |= summarize_clients(evaluate_clients(backend, weights, plan.clients))
+        rows = evaluate_clients(backend, weights, plan.clients)
+        metrics |= summarize_clients(rows) | summarize_domains(rows, plan.domain_of)
         if plan.with_client_state and state_round is not None:
             rows = backend.evaluate_personal(weights, plan.clients, state_round)
             metrics |= summarize_clients(rows, "eval/personal")

@@ -44,6 +44,8 @@ class TextDatasetConfig(DatasetConfig, frozen=True, extra="forbid"):
     num_buckets: int = Field(64, ge=1, le=65_536)
     buffer_docs: int = Field(2_000, ge=1)
     checkpoint_docs: int = Field(500_000, ge=1)
+    # The streaming writer splits documents or sequences, not labelled rows: nothing to stratify.
+    stratify_test: Literal[False] = Field(False, exclude_if=lambda value: not value)
 
 
 def hf_records(

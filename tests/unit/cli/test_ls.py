@@ -20,7 +20,7 @@ def test_overview_lines_show_type_default_and_literal_choices():
     assert "fisher_mode: train|eval = train" in lines
     assert "local: {epochs, batch_size, lr, lr_decay, +7}" in lines  # a nested section, compact
     (digits,) = ls.find("digits", "datasets")
-    assert "partition: {iid|dirichlet|shards|natural|domain} = iid" in digits.lines
+    assert "partition: {iid|dirichlet|shards|natural|domain|domain_dirichlet} = iid" in digits.lines
     assert "cache_dir: str | null = null" in digits.lines
     (fedadam,) = ls.find("fedadam", "algorithms")
     assert any(line.startswith("server: {kind, lr,") and line.endswith("= adam") for line in fedadam.lines)
@@ -43,7 +43,8 @@ def test_detail_flattens_sections_to_dotted_keys_with_their_own_defaults():
 
 def test_detail_of_a_tagged_union_and_of_an_optional_section():
     digits = rows("datasets", "digits")
-    assert digits["partition.kind"].allowed == "iid | dirichlet | shards | natural | domain"
+    kinds = "iid | dirichlet | shards | natural | domain | domain_dirichlet"
+    assert digits["partition.kind"].allowed == kinds
     assert "dirichlet(num_clients, alpha, min_size, max_size)" in digits["partition.kind"].description
     assert digits["partition.num_clients"].default == "100"
     assert digits["seed"].description.startswith("seeds the partition and the split")  # Attributes: docs
@@ -55,7 +56,7 @@ def test_detail_of_a_tagged_union_and_of_an_optional_section():
 def test_partitioners_are_listed_with_their_options(capsys):
     assert main(["ls", "partitioners"]) == 0
     out = capsys.readouterr().out
-    for name in ("iid", "dirichlet", "shards", "natural", "domain"):
+    for name in ("iid", "dirichlet", "shards", "natural", "domain", "domain_dirichlet"):
         assert f"│ {name} " in out
     assert "alpha: float = 0.5" in out and "classes_per_client: int = 2" in out and "fedavg" not in out
     assert main(["ls", "partitioners", "dirichlet"]) == 0

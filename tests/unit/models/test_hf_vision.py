@@ -15,7 +15,7 @@ import torch
 
 from raysim import params as P
 from raysim.errors import ConfigError
-from raysim.models import build_model
+from raysim.models import build_model, param_groups
 from raysim.models.hf_vision import HFImageModel
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData, DataSpec
@@ -114,6 +114,8 @@ def test_a_pretrained_model_loads_with_a_fresh_head_for_the_jobs_classes(tmp_pat
         logits = model(images())
         assert logits.shape == (2, 3)
         assert torch.equal(model.head(model.features(images())), logits)
+    # FedRep, FedBABU and FedRoD find the head by name
+    assert {plain_name(k) for k in param_groups(model)["head"]} == head
 
 
 def test_a_saved_head_for_the_jobs_classes_is_kept(tmp_path):

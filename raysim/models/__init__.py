@@ -22,7 +22,7 @@ from torch import nn
 
 from raysim import registry
 from raysim.errors import CheckpointError, ConfigError
-from raysim.models import classic, fused, hf_causal_lm, hf_classifier, resnet, vision  # noqa: F401  (imported to run their @register)
+from raysim.models import classic, fused, hf_causal_lm, hf_classifier, hf_vision, resnet, vision  # noqa: F401  (imported to run their @register)
 from raysim.models.anatomy import BlockModel, FeatureModel, param_groups, split_blocks
 from raysim.models.weights import InitFromConfig, ModelConfig, load_weights
 from raysim.registry import plugin_config

@@ -1,4 +1,4 @@
-"""LoRA adapters on the HuggingFace text models, through peft (Hu et al., ICLR 2022, arXiv:2106.09685).
+"""LoRA adapters on HuggingFace text and image models, through peft (Hu et al., arXiv:2106.09685).
 
 With a ``lora`` section, the base model is frozen and only the adapters train (plus, for a
 classifier with ``train_head``, its head, and with ``bias`` "all" or "lora_only", biases).
@@ -31,6 +31,9 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
     "bert": ["query", "value"],
     "roberta": ["query", "value"],
     "distilbert": ["q_lin", "v_lin"],
+    "vit": ["q_proj", "v_proj"],  # transformers 5 names (4 had "query", "value")
+    # ResNet has no attention: every convolution (stem, blocks, shortcuts) gets a low-rank conv.
+    "resnet": ["convolution"],
 }
 
 
@@ -99,7 +102,7 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
     """The module names to adapt, checked against ``hf`` before peft sees them.
 
     A name is valid when it matches at least one layer outside the head, and every layer it
-    matches is one LoRA can adapt (Linear, GPT-2's Conv1D, Embedding).
+    matches is one LoRA can adapt (Linear, GPT-2's Conv1D, Embedding, Conv2d).
 
     Raises:
         ConfigError: listing the invalid names and the valid ones.
@@ -108,7 +111,7 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
     from transformers.pytorch_utils import Conv1D
 
     model_type = hf.config.model_type
-    adaptable = (nn.Linear, nn.Embedding, Conv1D)
+    adaptable = (nn.Linear, nn.Embedding, Conv1D, nn.Conv2d)
     modules = [
         (name, module)
         for name, module in hf.named_modules()
@@ -135,7 +138,7 @@ def resolve_targets(hf: PreTrainedModel, targets: list[str] | None, head: list[s
         trained_whole = f" (the head {head} trains whole, as train_head asks)" if head else ""
         raise ConfigError(
             [
-                f"model.lora.target_modules: {bad} name no Linear, Conv1D or Embedding layer of "
+                f"model.lora.target_modules: {bad} name no Linear, Conv1D, Embedding or Conv2d layer of "
                 f"this {model_type!r} model; choose from {available}{trained_whole}"
             ]
         )

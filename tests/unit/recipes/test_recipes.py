@@ -49,6 +49,34 @@ def test_mnist_holds_out_a_stratified_central_test():
     assert examples.mean == (0.1307,) and examples.std == (0.3081,)
 
 
+def test_mnist_sets_pretraining_digits_apart_from_the_clients():
+    """pretrain_size: 1000 splits the 4,000 client digits into 3,000 and 1,000 (100 per class),
+    disjoint and together the default's 4,000, with the default's central test set either way."""
+    mnist = recipe("mnist")
+    whole = mnist.Mnist(mnist.MnistConfig()).load_examples()
+    clients = mnist.Mnist(mnist.MnistConfig(pretrain_size=1000)).load_examples()
+    pretrain = mnist.Mnist(mnist.MnistConfig(pretrain_size=1000, part="pretrain")).load_examples()
+    assert (clients.table.num_rows, pretrain.table.num_rows) == (3000, 1000)
+    assert np.bincount(pretrain.table.column("y").to_numpy()).tolist() == [100] * 10
+
+    def rows(examples) -> list[bytes]:
+        return [row.tobytes() for row in x_of(examples.table).reshape(-1, 784)]
+
+    assert not set(rows(clients)) & set(rows(pretrain))
+    assert sorted(rows(clients) + rows(pretrain)) == sorted(rows(whole))
+    for examples in (clients, pretrain):
+        assert examples.central_test.equals(whole.central_test)
+
+
+def test_mnist_defaults_keep_the_stores_hash_and_bad_parts_are_refused():
+    mnist = recipe("mnist")
+    assert not {"pretrain_size", "part"} & mnist.MnistConfig().model_dump().keys()
+    with pytest.raises(ValueError, match="part 'pretrain' needs digits set apart: set pretrain_size > 0"):
+        mnist.MnistConfig(part="pretrain")
+    with pytest.raises(ValueError, match="leave no digit of the 5,000 for the clients; lower pretrain_size"):
+        mnist.MnistConfig(pretrain_size=4000)
+
+
 def test_mnist_store_end_to_end(tmp_path, only_loaded_recipes):
     mnist = recipe("mnist")
     partition = DirichletPartition(num_clients=20, alpha=0.5)

@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from raysim.aggregate import Sum
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import LABELS, LOGITS, MapRequest, Services
-from raysim.train.local import examples_trained_on, train_client
-from raysim.train.oneshot import OneShotConfig, local_models
+from raysim.train.oneshot import OneShotConfig, keep_local_model, local_models
 from raysim.train.server_opt import init_state, params_payload
 from raysim.types import (
     ClientContext,
@@ -34,8 +33,6 @@ from raysim.types import (
     RunInfo,
     ServerState,
 )
-
-BOOKKEEPING = {"client_id", "weight", "seconds"}
 
 
 @register("algorithm", "ensemble")
@@ -54,8 +51,7 @@ class Ensemble:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        _, metrics = train_client(ctx, self.config.local)  # the model travels as a kept local model
-        return ClientResult({}, examples_trained_on(metrics), metrics)
+        return keep_local_model(ctx, self.config.local)
 
     def aggregator(self) -> Sum[Params]:
         return Sum()
@@ -68,7 +64,7 @@ class Ensemble:
     def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         models = [trained.models[c] for c in sorted(trained.models)]
-        metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
+        metrics = trained.summary
         size = sum(int(np.asarray(w).size) for model in models for w in model.values())
         metrics |= {"ensemble/params": float(size), "ensemble/mib": size * 4 / 2**20}
         if services.info.has_central_test:

@@ -330,7 +330,8 @@ def _compute(
     device: torch.device,
     batch_size: int,
 ) -> Any:
-    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order.
+    """Loss and accuracy, or the model's outputs / ``features`` / the labels / the inputs of every
+    example, in order.
 
     Returns:
         The task's ``R`` (Metrics for EVALUATE, an array otherwise); typed Any because mypy cannot
@@ -342,6 +343,8 @@ def _compute(
         if "y" not in data.arrays:
             raise ValueError("map_clients labels: this dataset's examples have no labels ('y')")
         return np.asarray(data.arrays["y"])
+    if task.name == "inputs":
+        return np.asarray(data.arrays["x"])
     model.eval()
     forward = cast("FeatureModel", model).features if task.name == "features" else model  # models/ anatomy
     outputs = [

@@ -6,7 +6,8 @@ section 2.10 item 11 and section 3).
 The client models come from ``raysim.train.oneshot.local_models`` (trained in step 0, or read
 from the cache that ``oneshot_fedavg`` and this plugin share; ``oneshot/trained_clients`` says
 which). Every client takes part. Logged at step 0: ``eval/central/accuracy`` and
-``eval/central/loss`` (cross-entropy of the mean logits) on the central test set, the same pooled
+``eval/central/loss`` (cross-entropy of the mean logits) on the central test set (and a poisoned
+job's ``eval/central/backdoor_accuracy`` on its triggered test set), the same pooled
 over every client's test split (``eval/clients/*``), and
 ``ensemble/params`` and ``ensemble/mib``, the M models' parameters and float buffers (Table 4's
 M x S). The run's global model stays the initial one: the ensemble is not one parameter set.
@@ -70,6 +71,8 @@ class Ensemble:
         if services.info.has_central_test:
             [central] = ensemble_scores(services, models, None)
             metrics |= {f"eval/central/{k}": v for k, v in central.items()}
+            for triggered in ensemble_scores(services, models, None, "triggered"):  # a poisoned job's
+                metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
         clients = list(range(services.info.num_clients))
         per_client = ensemble_scores(services, models, clients)
         pooled = pool_rows(per_client)
@@ -80,12 +83,16 @@ class Ensemble:
 
 
 def ensemble_scores(
-    services: Services[Params | None], models: list[NumpyParams], clients: list[int] | None
+    services: Services[Params | None],
+    models: list[NumpyParams],
+    clients: list[int] | None,
+    split: str = "test",
 ) -> list[Metrics]:
     """Accuracy, cross-entropy and examples of the models' mean logits, on the central test set
-    (``clients`` None: one row) or on each client's test split."""
-    rows = services.map_clients(MapRequest(LOGITS, models, clients))
-    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients))
+    (``clients`` None: one row) or on each client's test split; ``split`` "triggered": on a
+    poisoned job's triggered central test set (no row when the job is not poisoned)."""
+    rows = services.map_clients(MapRequest(LOGITS, models, clients, split))
+    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients, split))
     out: list[Metrics] = []
     for position, y in enumerate(labels):
         if y is None or not len(y):

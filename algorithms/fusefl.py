@@ -282,6 +282,10 @@ class FuseFL:
         if services.info.has_central_test:
             [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
             metrics |= scored("eval/central", central)
+            # a poisoned job's attack success rate, as the engine logs it for one global model
+            [[triggered]] = services.map_clients(MapRequest(EVALUATE, point, None, "triggered", model=model))
+            if triggered is not None:
+                metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
         clients = np.arange(services.info.num_clients)
         [rows] = services.map_clients(MapRequest(EVALUATE, point, clients, model=model))
         return metrics | scored("eval/clients", pool_rows(rows))

@@ -82,3 +82,18 @@ def test_dense_refuses_a_model_without_batchnorm_before_any_worker(tmp_path):
         build(tiny_job(algorithm={"name": "dense"}), MemoryTracker(), None, tmp_path)
     assert "algorithm.synthesis.bn" in str(error.value) and "BatchNorm" in str(error.value)
     assert not (tmp_path / "client_state").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["ensemble", "fusefl"])
+def test_a_poisoned_job_logs_the_backdoor_accuracy_of_the_ensemble_and_the_fused_model(tmp_path, algorithm):
+    """Both score models the engine's evaluation does not see (M models, the fused towers), so
+    each measures the triggered central test set itself, as the engine does for one model."""
+    poisoned = FOUR_CLIENTS | {"central_test_size": 200, "poison": {"clients": [0, 1], "trigger_size": 4}}
+    section = {"name": algorithm, "local": LOCAL} | (
+        {"cache_dir": str(tmp_path / "c")} if algorithm == "ensemble" else {}
+    )
+    result = run(
+        tiny_job(algorithm=section, dataset=poisoned, engine={"cohort_size": 4}), output_dir=tmp_path
+    )
+    logged = result.history[-1][1]
+    assert 0.0 <= logged["eval/central/backdoor_accuracy"] <= 1.0 and "eval/central/accuracy" in logged

@@ -8,10 +8,13 @@ The generator's loss (DENSE Eq. 4-6, the code's ``bn``, ``oh`` and ``adv`` weigh
 
     bn * sum over the teachers' BatchNorm layers of ||mu(x) - mu_run||_2 + ||var(x) - var_run||_2
   + oh * CE(ensemble(x), y)                                 y drawn uniformly over the classes
-  + adv * -mean(1[argmax student(x) = argmax ensemble(x)] * KL(ensemble(x) || student(x)))
+  + adv * -mean(1[argmax student(x) != argmax ensemble(x)] * KL(ensemble(x) || student(x)))
 
-The last term pushes samples the student already agrees on towards the ensemble's decision
-boundary, where the two distributions differ most (DENSE's diversity / boundary-support term).
+The last term rewards images on which the student and the ensemble disagree (DENSE's adversarial
+term: synthetic data the student has not learned yet). Settled from DENSE's code where the paper
+is terse: the mask is on disagreement, the generator is re-initialized (normal, std 0.02) before
+every epoch's synthesis, and the BatchNorm term is the unsquared L2 norm of the moments' gaps.
+Not reproduced: the code's random crop and flip of the synthetic views and of the pool's images.
 
 Usage:
     with BatchNormStatistics(teachers) as statistics:
@@ -115,17 +118,32 @@ class BatchNormStatistics:
             handle.remove()
 
 
+@torch.no_grad()
+def reset_generator(generator: Generator, rng: torch.Generator) -> None:
+    """DENSE's re-initialization before each synthesis: conv and linear weights ~ N(0, 0.02²) with
+    zero biases, BatchNorm scales ~ N(1, 0.02²) with zero shifts."""
+    for module in generator.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            module.weight.copy_(0.02 * torch.randn(module.weight.shape, generator=rng))
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.BatchNorm2d) and module.affine:
+            module.weight.copy_(1 + 0.02 * torch.randn(module.weight.shape, generator=rng))
+            module.bias.zero_()
+
+
 def adversarial_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Minus the per-sample KL(softmax(teacher) || softmax(student)), averaged over the batch,
-    counting only the samples where the two agree on the class (the others count 0)."""
-    agree = (student_logits.argmax(dim=1) == teacher_logits.argmax(dim=1)).float()
+    counting only the samples where the two disagree on the class (the others count 0), as DENSE's
+    code masks it (``helpers/synthesizers.py``)."""
+    disagree = (student_logits.argmax(dim=1) != teacher_logits.argmax(dim=1)).float()
     divergence = F.kl_div(
         F.log_softmax(student_logits, dim=1),
         F.log_softmax(teacher_logits, dim=1),
         log_target=True,
         reduction="none",
     ).sum(dim=1)
-    return -(divergence * agree).mean()
+    return -(divergence * disagree).mean()
 
 
 def generator_loss(
@@ -154,9 +172,11 @@ def synthesize(
     num_classes: int,
     rng: torch.Generator,
 ) -> tuple[torch.Tensor, float]:
-    """One epoch's synthesis: ``config.steps`` Adam steps on the generator and a fresh latent batch
+    """One epoch's synthesis: ``config.steps`` Adam steps on the (re-initialized) generator and a
+    fresh latent batch
     towards ``generator_loss``; returns the batch of images whose loss was lowest (detached) and
     that loss."""
+    reset_generator(generator, rng)
     z = torch.randn(config.batch_size, config.latent_dim, generator=rng).requires_grad_(True)
     labels = torch.randint(num_classes, (config.batch_size,), generator=rng)
     optimizer = torch.optim.Adam([*generator.parameters(), z], lr=config.lr, betas=(0.5, 0.999))

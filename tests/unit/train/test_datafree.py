@@ -14,6 +14,7 @@ from raysim.train.datafree import (
     adversarial_loss,
     distill_on_pool,
     generator_loss,
+    reset_generator,
     synthesize,
 )
 from raysim.train.distill import ensemble_logits, kd_loss
@@ -57,26 +58,44 @@ def test_batchnorm_statistics_loss_is_the_l2_distance_of_batch_moments_to_runnin
     assert all(not layer._forward_hooks for model in models for layer in model.modules())  # removed on exit
 
 
-def test_adversarial_term_is_minus_the_mean_kl_over_the_samples_where_student_and_ensemble_agree():
+def test_adversarial_term_is_minus_the_mean_kl_over_the_samples_where_student_and_ensemble_disagree():
     student = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, 0.0, 0.1]], dtype=torch.float64)
     ensemble = torch.tensor([[1.0, 0.5, 0.0], [1.0, 0.0, 0.0], [3.0, 0.0, 1.0]], dtype=torch.float64)
     s, t = student.numpy(), ensemble.numpy()
     p_s = np.exp(s) / np.exp(s).sum(1, keepdims=True)
     p_t = np.exp(t) / np.exp(t).sum(1, keepdims=True)
     kl = np.sum(p_t * (np.log(p_t) - np.log(p_s)), axis=1)
-    agree = np.array([1.0, 0.0, 1.0])  # row 1: the student says class 1, the ensemble class 0
-    assert float(adversarial_loss(student, ensemble)) == pytest.approx(-np.mean(kl * agree), rel=1e-10)
+    disagree = np.array([0.0, 1.0, 0.0])  # row 1: the student says class 1, the ensemble class 0
+    assert float(adversarial_loss(student, ensemble)) == pytest.approx(-np.mean(kl * disagree), rel=1e-10)
 
 
 def test_generator_makes_standardized_images_of_the_data_shape():
     generator = Generator(latent_dim=8, width=4, image_shape=(1, 8, 12))
-    images = generator(torch.randn(16, 8))
+    images = generator(torch.randn(16, 8)).detach()
     assert images.shape == (16, 1, 8, 12)
     assert float(images.mean()) == pytest.approx(0.0, abs=1e-5) and float(
         images.std(unbiased=False)
     ) == pytest.approx(1.0, abs=1e-3)
     with pytest.raises(ValueError, match="multiples of 4"):
         Generator(latent_dim=8, width=4, image_shape=(1, 10, 8))
+
+
+def test_reset_draws_dcgan_weights_from_the_generator_seed():
+    """Conv and linear weights ~ N(0, 0.02²), biases 0, BatchNorm scales ~ N(1, 0.02²): the same
+    seed gives the same generator, whatever it held before."""
+    first, second = Generator(16, 8, (1, 8, 8)), Generator(16, 8, (1, 8, 8))
+    with torch.no_grad():
+        second.project.weight.add_(1.0)
+    reset_generator(first, torch.Generator().manual_seed(3))
+    reset_generator(second, torch.Generator().manual_seed(3))
+    for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    weight = first.project.weight
+    assert abs(float(weight.mean())) < 0.002 and float(weight.std()) == pytest.approx(0.02, rel=0.05)
+    assert float(first.project.bias.abs().max()) == 0.0
+    assert float(first.body[0].weight.std()) == pytest.approx(0.02, rel=0.3) and float(
+        first.body[0].weight.mean()
+    ) == pytest.approx(1.0, abs=0.01)
 
 
 def tiny_synthesis(steps):
@@ -99,7 +118,8 @@ def test_generator_steps_decrease_its_loss_and_the_lowest_loss_batch_is_kept():
     assert best < 0.95 * first
     teachers, student = [teacher(0), teacher(1)], teacher(2)
     rng = torch.Generator().manual_seed(1)
-    torch.randn(16, 8, generator=rng)  # the latent batch, drawn first
+    reset_generator(Generator(latent_dim=8, width=4, image_shape=(1, 8, 8)), rng)  # draws first
+    torch.randn(16, 8, generator=rng)  # the latent batch, then the labels
     labels = torch.randint(3, (16,), generator=rng)
     with BatchNormStatistics(teachers) as statistics, torch.no_grad():
         again = generator_loss(

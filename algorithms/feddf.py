@@ -9,8 +9,9 @@ initializes its fusion) and follows ``raysim.train.distill.distill_on_set``: Ada
 cosine annealing over at most 10^4 steps of KL to the ensemble's averaged logits, early stopped
 on a labelled validation set (patience 10^3 steps), the best student kept.
 
-The transfer set is ``transfer.split`` of every client of ``transfer.store`` (an
-``evaluation.transfer`` dataset's name, or "" for the job's own clients); a seeded
+The transfer set is ``transfer.split`` of every client of the job's store, or with
+``transfer.store`` (an ``evaluation.transfer`` dataset's name) that dataset's central test set
+(read before any training: a store the job lacks is refused first); a seeded
 ``transfer.validation_share`` of its rows, with labels, is the server's validation set, the rest
 is used without labels. The default, the clients' test splits, keeps the training data and the
 central test set out of it. Logged at step 0: the global (distilled) model's evaluation,
@@ -19,14 +20,16 @@ central test set out of it. Logged at step 0: the global (distilled) model's eva
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
+from raysim import params as P
 from raysim.aggregate import Sum
+from raysim.errors import ConfigError
 from raysim.models import build_with_params
 from raysim.registry import register
 from raysim.services import INPUTS, LABELS, LOGITS, MapRequest, Services
@@ -48,7 +51,7 @@ from raysim.types import (
 class TransferSetConfig(BaseModel, frozen=True, extra="forbid"):
     """The server's unlabeled transfer data and its labelled validation share."""
 
-    store: str = ""  # an evaluation.transfer dataset's name; "": the job's own clients
+    store: str = ""  # an evaluation.transfer dataset's name (its central test set); "": the job's clients
     split: Literal["test", "train", "validation"] = "test"  # whose rows, of every client
     validation_share: float = Field(0.2, ge=0, lt=1)  # rows kept, labelled, for early stopping; 0: none
 
@@ -87,20 +90,19 @@ class FedDF:
         raise RuntimeError("feddf runs its own protocol; server_update is never called")
 
     def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+        transfer = read_transfer_set(services, self.config.transfer, state.params)  # before training
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
-        inputs, teacher_logits, labels = transfer_set(
-            services, [trained.models[c] for c in sorted(trained.models)], self.config.transfer
-        )
-        rows = np.random.default_rng([services.info.seed, 0xFEDDF]).permutation(len(inputs))
-        held = rows[: int(round(self.config.transfer.validation_share * len(inputs)))]
+        teacher = transfer.mean_logits(services, [trained.models[c] for c in sorted(trained.models)])
+        rows = np.random.default_rng([services.info.seed, 0xFEDDF]).permutation(len(transfer.x))
+        held = rows[: int(round(self.config.transfer.validation_share * len(rows)))]
         used = rows[len(held) :]
         student = build_with_params(
             services.info.model, services.info.spec, average_models(trained, state.params)
         )
+        validation = (transfer.x[held], transfer.y[held]) if len(held) else None
         generator = torch.Generator().manual_seed(services.info.seed)
-        validation = (inputs[held], labels[held]) if len(held) else None
         report = distill_on_set(
-            student, inputs[used], teacher_logits[used], validation, self.config.distill, generator
+            student, transfer.x[used], teacher[used], validation, self.config.distill, generator
         )
         own = student.state_dict()
         state = replace(state, params={k: own[k].detach().clone() for k in state.params})
@@ -115,22 +117,42 @@ class FedDF:
         return state
 
 
-def transfer_set(
-    services: Services[Params | None], models: list[NumpyParams], transfer: TransferSetConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The transfer rows of every client of ``transfer.store`` in client order: inputs, the models'
-    mean logits on them (computed on the workers), labels (used only for validation)."""
+@dataclass(frozen=True)
+class TransferSet:
+    """The transfer rows in client order (``x``, and ``y`` for validation only) and the request
+    that reads them, whose clients with rows are ``kept``."""
+
+    request: MapRequest[np.ndarray]
+    kept: list[int]
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def mean_logits(self, services: Services[Params | None], models: list[NumpyParams]) -> torch.Tensor:
+        """The mean of ``models``' logits on the rows, computed on the workers, (n, C)."""
+        logits = services.map_clients(replace(self.request, points=models))  # [point][client] (n_c, C)
+        return torch.cat(
+            [torch.stack([torch.as_tensor(row[i]) for row in logits]).float().mean(dim=0) for i in self.kept]
+        )
+
+
+def read_transfer_set(
+    services: Services[Params | None], transfer: TransferSetConfig, params: Params
+) -> TransferSet:
+    """Every client's ``transfer.split`` rows of the job's store, or with ``transfer.store`` that
+    transfer dataset's central test set (``params`` is a placeholder point: the rows need one).
+
+    Raises:
+        ConfigError: a store the job lacks (from ``map_clients``), or no rows there.
+    """
     clients = list(range(services.info.num_clients)) if not transfer.store else None
-    request = MapRequest(LOGITS, models, clients, split=transfer.split, store=transfer.store)
-    logits = services.map_clients(request)
-    [inputs] = services.map_clients(replace(request, task=INPUTS, points=models[:1]))
-    [labels] = services.map_clients(replace(request, task=LABELS, points=models[:1]))
+    request = MapRequest(LOGITS, [P.to_numpy(params)], clients, split=transfer.split, store=transfer.store)
+    [inputs] = services.map_clients(replace(request, task=INPUTS))
+    [labels] = services.map_clients(replace(request, task=LABELS))
     kept = [i for i, x in enumerate(inputs) if x is not None]
     if not kept:
-        raise ValueError(f"feddf: the transfer set (algorithm.transfer: {transfer}) holds no rows")
-    mean_logits = [torch.stack([torch.as_tensor(row[i]) for row in logits]).float().mean(dim=0) for i in kept]
-    return (
-        torch.cat([torch.as_tensor(inputs[i]) for i in kept]).float(),
-        torch.cat(mean_logits),
-        torch.cat([torch.as_tensor(labels[i]) for i in kept]).long(),
-    )
+        where = f"transfer dataset {transfer.store!r}" if transfer.store else "the clients"
+        raise ConfigError(
+            [f"algorithm.transfer: no {transfer.split!r} rows in {where}; choose another split"]
+        )
+    x = torch.cat([torch.as_tensor(inputs[i]) for i in kept]).float()
+    return TransferSet(request, kept, x, torch.cat([torch.as_tensor(labels[i]) for i in kept]).long())

@@ -97,3 +97,12 @@ def test_a_poisoned_job_logs_the_backdoor_accuracy_of_the_ensemble_and_the_fused
     )
     logged = result.history[-1][1]
     assert 0.0 <= logged["eval/central/backdoor_accuracy"] <= 1.0 and "eval/central/accuracy" in logged
+
+
+def test_feddf_refuses_a_transfer_store_the_job_lacks_before_training_any_client(tmp_path):
+    cache = tmp_path / "cache"
+    section = {"name": "feddf", "cache_dir": str(cache), "local": LOCAL, "transfer": {"store": "cifar"}}
+    with pytest.raises(ConfigError) as error:
+        run(tiny_job(algorithm=section, dataset=FOUR_CLIENTS, engine={"cohort_size": 4}), output_dir=tmp_path)
+    assert "'cifar'" in str(error.value) and "evaluation.transfer" in str(error.value)
+    assert not cache.exists()  # no client was trained

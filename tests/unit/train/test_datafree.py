@@ -94,7 +94,9 @@ def test_reset_draws_dcgan_weights_from_the_generator_seed():
     assert abs(float(weight.mean())) < 0.002 and float(weight.std()) == pytest.approx(0.02, rel=0.05)
     assert float(first.project.bias.detach().abs().max()) == 0.0
     scale = first.body[0].weight.detach()  # the first BatchNorm's
-    assert float(scale.std()) == pytest.approx(0.02, rel=0.3) and float(scale.mean()) == pytest.approx(1.0, abs=0.01)
+    assert float(scale.std()) == pytest.approx(0.02, rel=0.3) and float(scale.mean()) == pytest.approx(
+        1.0, abs=0.01
+    )
 
 
 def tiny_synthesis(steps):

@@ -15,7 +15,8 @@ The transfer set is ``transfer.split`` of every client of the job's store, or wi
 ``transfer.validation_share`` of its rows, with labels, is the server's validation set, the rest
 is used without labels. The default, the clients' test splits, keeps the training data and the
 central test set out of it. Logged at step 0: the global (distilled) model's evaluation,
-``feddf/steps``, ``feddf/best_step``, ``feddf/validation_accuracy`` and ``feddf/loss``.
+``feddf/steps``, ``feddf/best_step``, ``feddf/loss``, ``feddf/transfer_examples`` and (with a
+validation share) ``feddf/validation_accuracy``.
 """
 
 from __future__ import annotations
@@ -109,10 +110,9 @@ class FedDF:
         metrics = {
             "feddf/steps": float(report.steps),
             "feddf/best_step": float(report.best_step),
-            "feddf/validation_accuracy": report.best_accuracy,
             "feddf/loss": report.last_loss,
             "feddf/transfer_examples": float(len(used)),
-        }
+        } | ({"feddf/validation_accuracy": report.best_accuracy} if validation is not None else {})
         services.log(trained.summary | metrics | services.evaluate(state, 0), 0)
         return state
 

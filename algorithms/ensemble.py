@@ -6,7 +6,8 @@ section 2.10 item 11 and section 3).
 The client models come from ``raysim.train.oneshot.local_models`` (trained in step 0, or read
 from the cache that ``oneshot_fedavg`` and this plugin share; ``oneshot/trained_clients`` says
 which). Every client takes part. Logged at step 0: ``eval/central/accuracy`` and
-``eval/central/loss`` (cross-entropy of the mean logits) on the central test set, the same pooled
+``eval/central/loss`` (cross-entropy of the mean logits) on the central test set (and a poisoned
+job's ``eval/central/backdoor_accuracy`` on its triggered test set), the same pooled
 over every client's test split (``eval/clients/*``), and
 ``ensemble/params`` and ``ensemble/mib``, the M models' parameters and float buffers (Table 4's
 M x S). The run's global model stays the initial one: the ensemble is not one parameter set.
@@ -20,11 +21,10 @@ import numpy as np
 import torch
 
 from raysim.aggregate import Sum
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import LABELS, LOGITS, MapRequest, Services
-from raysim.train.local import examples_trained_on, train_client
-from raysim.train.oneshot import OneShotConfig, local_models
+from raysim.train.oneshot import OneShotConfig, keep_local_model, local_models
 from raysim.train.server_opt import init_state, params_payload
 from raysim.types import (
     ClientContext,
@@ -36,8 +36,6 @@ from raysim.types import (
     RunInfo,
     ServerState,
 )
-
-BOOKKEEPING = {"client_id", "weight", "seconds"}
 
 
 @register("algorithm", "ensemble")
@@ -57,8 +55,7 @@ class Ensemble:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        _, metrics = train_client(ctx, self.config.local)  # the model travels as a kept local model
-        return ClientResult({}, examples_trained_on(metrics), metrics)
+        return keep_local_model(ctx, self.config.local)
 
     def aggregator(self) -> Sum[Params]:
         return Sum()
@@ -71,13 +68,15 @@ class Ensemble:
     def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         models = [trained.models[c] for c in sorted(trained.models)]
-        metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
+        metrics = trained.summary
         size = sum(int(np.asarray(w).size) for model in models for w in model.values())
         metrics |= {"ensemble/params": float(size), "ensemble/mib": size * 4 / 2**20}
         sections = [services.info.model_of(c) for c in sorted(trained.models)]
         if services.info.has_central_test:
             [central] = ensemble_scores(services, models, None, sections)
             metrics |= {f"eval/central/{k}": v for k, v in central.items()}
+            for triggered in ensemble_scores(services, models, None, sections, "triggered"):  # poisoned job
+                metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
         clients = list(range(services.info.num_clients))
         per_client = ensemble_scores(services, models, clients, sections)
         pooled = pool_rows(per_client)
@@ -92,18 +91,21 @@ def ensemble_scores(
     models: list[NumpyParams],
     clients: list[int] | None,
     sections: list[dict[str, Any]] | None = None,
+    split: str = "test",
 ) -> list[Metrics]:
     """Accuracy, cross-entropy and examples of the models' mean logits, on the central test set
     (``clients`` None: one row) or on each client's test split; ``sections``: each model's
-    architecture where they differ (model_groups), the points of one architecture mapped together."""
+    architecture where they differ (model_groups), the points of one architecture mapped together;
+    ``split`` "triggered": on a poisoned job's triggered central test set (no row when the job is
+    not poisoned)."""
     if sections is None or len({repr(s) for s in sections}) == 1:
-        rows = services.map_clients(MapRequest(LOGITS, models, clients))
+        rows = services.map_clients(MapRequest(LOGITS, models, clients, split))
     else:
         rows = []
         for section in {repr(s): s for s in sections}.values():
             same = [m for m, s in zip(models, sections) if s == section]
-            rows += services.map_clients(MapRequest(LOGITS, same, clients, model=section))
-    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients))
+            rows += services.map_clients(MapRequest(LOGITS, same, clients, split, model=section))
+    [labels] = services.map_clients(MapRequest(LABELS, models[:1], clients, split))
     out: list[Metrics] = []
     for position, y in enumerate(labels):
         if y is None or not len(y):

@@ -289,17 +289,18 @@ class FuseFL:
         num_params = sum(
             int(w.numel()) for name, w in weights.items() if w.is_floating_point() and "running_" not in name
         )
-        towers = len(state.extra.towers)
-        metrics: Metrics = {
-            "fusefl/params": float(num_params),
-            "fusefl/mib": num_params * 4 / 2**20,
-            "fusefl/paper_comm_mib": towers * num_params * 4 / 2**20,
-        }
+        mib, towers = num_params * 4 / 2**20, len(state.extra.towers)
+        metrics: Metrics = {"fusefl/params": float(num_params), "fusefl/mib": mib}
+        metrics["fusefl/paper_comm_mib"] = towers * mib  # Table 13's M x |F_fus|
         model = self.fused_section(services.info, state.extra)
         point = [P.to_numpy(weights)]
         if services.info.has_central_test:
             [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
             metrics |= scored("eval/central", central)
+            # a poisoned job's attack success rate, as the engine logs it for one global model
+            [[triggered]] = services.map_clients(MapRequest(EVALUATE, point, None, "triggered", model=model))
+            if triggered is not None:
+                metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
         clients = np.arange(services.info.num_clients)
         [rows] = services.map_clients(MapRequest(EVALUATE, point, clients, model=model))
         return metrics | scored("eval/clients", pool_rows(rows))

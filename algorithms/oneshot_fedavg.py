@@ -13,18 +13,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from raysim.aggregate import Sum
-from raysim.measure.pooling import weighted_means
 from raysim.registry import register
 from raysim.services import Services
-from raysim.train.local import examples_trained_on, train_client
-from raysim.train.oneshot import OneShotConfig, local_models
+from raysim.train.oneshot import OneShotConfig, average_models, keep_local_model, local_models
 from raysim.train.server_opt import init_state, params_payload
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
-
-BOOKKEEPING = {"client_id", "weight", "seconds"}
 
 
 @register("algorithm", "oneshot_fedavg")
@@ -43,8 +37,7 @@ class OneShotFedAvg:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        _, metrics = train_client(ctx, self.config.local)  # the model travels as a kept local model
-        return ClientResult({}, examples_trained_on(metrics), metrics)
+        return keep_local_model(ctx, self.config.local)
 
     def aggregator(self) -> Sum[Params]:
         return Sum()
@@ -56,17 +49,6 @@ class OneShotFedAvg:
 
     def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
-        total = sum(trained.weights.values())
-        average = {
-            name: torch.stack(
-                [
-                    torch.as_tensor(trained.models[c][name]).double() * (w / total)
-                    for c, w in trained.weights.items()
-                ]
-            ).sum(dim=0)
-            for name in state.params
-        }
-        state = replace(state, params={k: v.to(state.params[k].dtype) for k, v in average.items()})
-        metrics = weighted_means(trained.client_metrics, "weight", BOOKKEEPING) | trained.metrics
-        services.log(metrics | services.evaluate(state, 0), 0)
+        state = replace(state, params=average_models(trained, state.params))
+        services.log(trained.summary | services.evaluate(state, 0), 0)
         return state

@@ -15,13 +15,14 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast
 
 import torch
 
 from raysim.params import tree_map
-from raysim.types import A_co, ClientResult, Tree
+from raysim.types import A_co, ClientResult, Metrics, Tree
 
 # A partial aggregate. Only the aggregator that made it reads it (workers fold into it, the driver
 # merges), so its type is the aggregator's own; STYLE's one type parameter per class goes to the
@@ -143,3 +144,17 @@ class Gather:
 def _own_copy(leaf: Any) -> Any:
     """A detached copy of a tensor leaf; other leaves (numbers, strings) are immutable already."""
     return leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
+
+
+def weighted_means(rows: Sequence[Metrics], weight: str, skip: Collection[str] = ()) -> Metrics:
+    """Every entry of the rows but ``weight`` and ``skip``, averaged over the rows that carry it,
+    weighted by their ``weight`` entry (0 where those weights are all 0). The round loop and
+    the one-shot methods average the clients' train metrics so, by client weight;
+    ``raysim.measure.pooling.pool_rows`` the means by examples."""
+    keys = sorted({k for row in rows for k in row} - {weight, *skip})
+    out: Metrics = {}
+    for key in keys:
+        having = [row for row in rows if key in row]
+        total = sum(row[weight] for row in having)
+        out[key] = sum(row[key] * row[weight] for row in having) / total if total else 0.0
+    return out

@@ -36,13 +36,14 @@ R = TypeVar("R")  # what ``map_clients`` gives for one point on one client
 class MapTask(Generic[R]):
     """What ``map_clients`` computes for a point on a client; ``R`` is that result's type."""
 
-    name: Literal["evaluate", "logits", "features", "labels"]
+    name: Literal["evaluate", "logits", "features", "labels", "inputs"]
 
 
 EVALUATE: MapTask[Metrics] = MapTask("evaluate")  # loss, accuracy, num_examples
 LOGITS: MapTask[np.ndarray] = MapTask("logits")  # (n, ...) the model's outputs, example by example
 FEATURES: MapTask[np.ndarray] = MapTask("features")  # (n, d) the model's ``features(x)``
 LABELS: MapTask[np.ndarray] = MapTask("labels")  # (n,) the data's ``y``, to score LOGITS with
+INPUTS: MapTask[np.ndarray] = MapTask("inputs")  # (n, ...) the data's ``x`` as models read it (FedDF)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class MapRequest(Generic[R]):
     """``task`` for each parameter point on each client; checked when made, on the driver.
 
     Attributes:
-        task: ``EVALUATE``, ``LOGITS``, ``FEATURES`` or ``LABELS`` (to score ``LOGITS`` with a
-            loss of one's own, e.g. IMA's squared error to one-hot).
+        task: ``EVALUATE``, ``LOGITS``, ``FEATURES``, ``LABELS`` (to score ``LOGITS`` with a
+            loss of one's own, e.g. IMA's squared error to one-hot) or ``INPUTS`` (the examples
+            themselves, in the same order, for server-side training on them: FedDF).
         points: parameter sets, e.g. the round's local models or a grid of mixtures.
         clients: client ids, or None for the dataset's central test set (one result).
         split: "test", "train", "validation" (``dataset.validation_fraction``'s rows) or "round"

@@ -35,7 +35,7 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_glob
 from raysim.engine.metrics import round_metrics
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.engine.tracking import Tracker
-from raysim.errors import ClientError, NonFiniteError
+from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
@@ -168,6 +168,11 @@ class Engine(Generic[A]):
         model section is checked here, before any worker sees it)."""
         if request.model is not None:
             section_config("model", request.model, "map_clients model.")
+        if request.store and request.store not in self.plan.transfer:
+            raise ConfigError(
+                [f"map_clients store {request.store!r}: not a transfer dataset of this job; name one of "
+                 f"evaluation.transfer ({sorted(self.plan.transfer)}) or '' for the job's own clients"]
+            )  # fmt: skip
         if request.task in (EVALUATE, LOGITS):  # the logits of P points: an ensemble of P models
             self.costs.evaluated(request.model, len(request.points) if request.task == LOGITS else 1)
         return self.backend.map_clients(request)

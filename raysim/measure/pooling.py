@@ -7,8 +7,8 @@ Pooling weights each mean by its row's examples, sums the statistics and finishe
 them, and takes the perplexity of the pooled loss: the pooled row is the row the concatenated
 examples would give. Every place that pools rows uses ``pool_rows``: the engine's evaluation of
 clients, the scans of ``raysim.measure.landscape``, the ``local_accuracy`` probe and the Local baseline.
-``weighted_means`` is its arithmetic for any weight: the round loop averages the clients' train
-metrics with it, by client weight.
+``weighted_means`` (``raysim.aggregate``) is its arithmetic for any weight: the round loop and the
+one-shot methods average the clients' train metrics with it, by client weight.
 
 Usage:
     pooled = pool_rows(rows)             # None when no row has examples
@@ -18,8 +18,9 @@ Usage:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable
 
+from raysim.aggregate import weighted_means
 from raysim.measure import scores
 from raysim.types import Metrics
 
@@ -57,14 +58,3 @@ def pool_rows(rows: Iterable[Metrics | None]) -> Metrics | None:
     return out | finished | {"num_examples": float(sum(row["num_examples"] for row in kept))}
 
 
-def weighted_means(rows: Sequence[Metrics], weight: str, skip: Collection[str] = ()) -> Metrics:
-    """Every entry of the rows but ``weight`` and ``skip``, averaged over the rows that carry it,
-    weighted by their ``weight`` entry (0 where those weights are all 0). The round loop averages
-    the clients' train metrics so, by client weight; ``pool_rows`` the means by examples."""
-    keys = sorted({k for row in rows for k in row} - {weight, *skip})
-    out: Metrics = {}
-    for key in keys:
-        having = [row for row in rows if key in row]
-        total = sum(row[weight] for row in having)
-        out[key] = sum(row[key] * row[weight] for row in having) / total if total else 0.0
-    return out

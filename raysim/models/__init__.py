@@ -25,6 +25,7 @@ from raysim.errors import CheckpointError, ConfigError
 from raysim.models import classic, fused, hf_causal_lm, hf_classifier, hf_vision, resnet, vision  # noqa: F401  (imported to run their @register)
 from raysim.models.anatomy import BlockModel, FeatureModel, param_groups, split_blocks
 from raysim.models.weights import InitFromConfig, ModelConfig, load_weights
+from raysim.params import load_into
 from raysim.registry import plugin_config
 from raysim.types import DataSpec
 
@@ -34,6 +35,7 @@ __all__ = [
     "InitFromConfig",
     "ModelConfig",
     "build_model",
+    "build_with_params",
     "load_weights",
     "param_groups",
     "split_blocks",
@@ -74,6 +76,14 @@ def build_model(name: str, options: Mapping[str, Any] | BaseModel, spec: DataSpe
             load_weights(model, init.path, strip_prefix=init.strip_prefix, skip=init.skip)
         except CheckpointError as exc:
             raise ConfigError([f"model.init_from: {exc}"]) from exc
+    return model
+
+
+def build_with_params(section: Mapping[str, Any], spec: DataSpec, params: Mapping[str, Any]) -> nn.Module:
+    """A job's ``model:`` section built (``build_model``) and loaded with ``params`` (every tensor
+    that travels: parameters and float buffers), e.g. a client's model on the driver (FedDF, DENSE)."""
+    model = build_model(str(section["name"]), section, spec)
+    load_into(model, dict(params))
     return model
 
 

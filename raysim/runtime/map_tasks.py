@@ -1,5 +1,5 @@
 """What a worker computes for a ``map_clients`` request on one unit of data (a client's split, a
-round's batch, the central test set): its loss and accuracy, or its outputs, features or labels."""
+round's batch, the central test set): its loss and accuracy, or its outputs, features, labels or inputs."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def compute_task(
     device: torch.device,
     batch_size: int,
 ) -> Any:
-    """Loss and accuracy, or the model's outputs / ``features`` / the labels of every example, in order.
+    """Loss and accuracy, or the model's outputs / ``features`` / the labels / the inputs of every
+    example, in order.
 
     Returns:
         The task's ``R`` (Metrics for EVALUATE, an array otherwise); typed Any because mypy cannot
@@ -39,6 +40,8 @@ def compute_task(
         if "y" not in data.arrays:
             raise ValueError("map_clients labels: this dataset's examples have no labels ('y')")
         return np.asarray(data.arrays["y"])
+    if task.name == "inputs":
+        return np.asarray(data.arrays["x"])
     model.eval()
     forward = cast("FeatureModel", model).features if task.name == "features" else model  # models/ anatomy
     outputs = [

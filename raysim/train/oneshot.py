@@ -13,8 +13,13 @@ evaluation, resources) reuses the models. The folder ``<cache_dir>/<key>/`` hold
 client (``client_<id>.pt``: its model and weight, written atomically) and ``key.json``, the
 key's contents, to read which job made them.
 
+What the one-shot plugins share beyond that is here too, as plain functions: the client update
+that trains and keeps its model (``keep_local_model``), the training round's summary
+(``LocalModels.summary``) and the weighted parameter average (``average_models``).
+
 Usage:
     trained = local_models(services, state.params, config.local, config.cache_dir)
+    services.log(trained.summary, 0)
 """
 
 from __future__ import annotations
@@ -31,9 +36,13 @@ import torch
 from pydantic import BaseModel
 
 from raysim import params as P
+from raysim.aggregate import weighted_means
 from raysim.services import RoundOptions, Services
-from raysim.train.local import LocalTrainConfig
-from raysim.types import Metrics, NumpyParams, Params, Payload, RunInfo
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.types import ClientContext, ClientResult, Metrics, NumpyParams, Params, Payload, RunInfo
+
+# a client row's entries that are no training metrics
+BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
 
 
 class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
@@ -75,6 +84,36 @@ class LocalModels:
     weights: dict[int, float]
     client_metrics: list[Metrics] = field(default_factory=list)
     metrics: Metrics = field(default_factory=dict)
+
+    @property
+    def summary(self) -> Metrics:
+        """The training round's client metrics averaged by client weight (none when cached), with
+        its counts and bytes: what a one-shot method logs at step 0 beside its own."""
+        return weighted_means(self.client_metrics, "weight", BOOKKEEPING) | self.metrics
+
+
+def keep_local_model(ctx: ClientContext[None, None], local: LocalTrainConfig) -> ClientResult[Params, None]:
+    """A one-shot client's update: trains from the payload and sends no update; the trained model
+    travels as a kept local model (``RoundOptions(keep_local_models=True)``, ``local_models``)."""
+    _, metrics = train_client(ctx, local)
+    return ClientResult({}, examples_trained_on(metrics), metrics)
+
+
+def average_models(trained: LocalModels, like: Params) -> Params:
+    """The clients' models averaged, parameters and float buffers (BatchNorm statistics) alike,
+    weighted by examples trained on (one-shot FedAvg); in float64, cast back to ``like``'s dtypes."""
+    total = sum(trained.weights.values())
+    return {
+        name: torch.stack(
+            [
+                torch.as_tensor(trained.models[c][name]).double() * (w / total)
+                for c, w in trained.weights.items()
+            ]
+        )
+        .sum(dim=0)
+        .to(like[name].dtype)
+        for name in like
+    }
 
 
 def local_models(

@@ -11,6 +11,8 @@ REQUIRED_OPTIONS = {
     ("dataset", "hf_images"): {"path": "x"},
     ("dataset", "stackoverflow"): {"data_files": "x"},
     ("dataset", "glue"): {"task": "sst2"},
+    ("dataset", "digit5"): {"root": "x"},
+    ("dataset", "domainnet"): {"root": "x"},
     ("algorithm", "ima"): {"inner": {"name": "fedavg"}, "average_from": 0},
 }
 

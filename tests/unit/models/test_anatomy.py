@@ -34,6 +34,33 @@ TEXT = DataSpec("classification", (12,), 3, pad_token_id=0)
 LM = DataSpec("causal_lm", (12,), 50, pad_token_id=0)
 TINY_RESNET = {"width": 4}
 SMALL_IMAGES = DataSpec("classification", (3, 64, 64), 7)  # AlexNet's pools need 63x63
+RGB16 = DataSpec("classification", (3, 16, 16), 3)
+_TINY: dict[str, str] = {}
+
+
+def tiny_pretrained(kind: str) -> str:
+    """A save_pretrained directory of a tiny random ResNet or ViT, written once per session."""
+    if kind not in _TINY:
+        import tempfile
+
+        from transformers import (
+            ResNetConfig,
+            ResNetForImageClassification,
+            ViTConfig,
+            ViTForImageClassification,
+        )
+
+        torch.manual_seed(123)
+        if kind == "resnet":
+            config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+            model = ResNetForImageClassification(config)
+        else:
+            config = ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=2, intermediate_size=64)  # fmt: skip
+            model = ViTForImageClassification(config)
+        _TINY[kind] = tempfile.mkdtemp(prefix=f"raysim-tiny-{kind}-")
+        model.save_pretrained(_TINY[kind])
+    return _TINY[kind]
 
 # Every registered model, with the options worth covering; LoRA wraps the HF models in peft.
 CASES: dict[str, list[tuple[dict, DataSpec]]] = {
@@ -62,6 +89,9 @@ CASES: dict[str, list[tuple[dict, DataSpec]]] = {
     "hf_causal_lm": [
         ({"arch": arch, **lora}, LM) for arch in ("gpt2", "llama") for lora in ({}, {"lora": {}})
     ],
+    # tiny transformers configs saved once (``tiny_pretrained``): the real ResNet/ViT are too big here
+    "hf_resnet": [({"pretrained_path": "tiny:resnet", **lora}, RGB16) for lora in ({}, {"lora": {}})],
+    "hf_vit": [({"pretrained_path": "tiny:vit", **lora}, RGB16) for lora in ({}, {"lora": {}})],
 }
 FLAT = [(name, options, spec) for name, cases in CASES.items() for options, spec in cases]
 BLOCK_MODELS = [
@@ -70,6 +100,9 @@ BLOCK_MODELS = [
 
 
 def build(name: str, options: dict, spec: DataSpec) -> nn.Module:
+    path = options.get("pretrained_path", "")
+    if path.startswith("tiny:"):
+        options = {**options, "pretrained_path": tiny_pretrained(path.removeprefix("tiny:"))}
     torch.manual_seed(0)
     return build_model(name, options, spec)
 

@@ -41,6 +41,8 @@ _TINY: dict[str, str] = {}
 def tiny_pretrained(kind: str) -> str:
     """A save_pretrained directory of a tiny random ResNet or ViT, written once per session."""
     if kind not in _TINY:
+        import atexit
+        import shutil
         import tempfile
 
         from transformers import (
@@ -59,6 +61,7 @@ def tiny_pretrained(kind: str) -> str:
                                num_attention_heads=2, intermediate_size=64)  # fmt: skip
             model = ViTForImageClassification(config)
         _TINY[kind] = tempfile.mkdtemp(prefix=f"raysim-tiny-{kind}-")
+        atexit.register(shutil.rmtree, _TINY[kind], True)
         model.save_pretrained(_TINY[kind])
     return _TINY[kind]
 

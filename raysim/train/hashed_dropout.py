@@ -1,9 +1,12 @@
 """Dropout for vectorized training: each client's masks a pure function of its seed.
 
 ``vmap``'s own randomness draws one stream for the whole chunk, so a client's masks would depend
-on which clients share its chunk (and so on the worker count). Here every mask element is a
-counter-based hash (splitmix64) of the client's key, the step, the dropout call within the step
-and the element's index: the same client draws the same masks in any chunk, at any position.
+on which clients share its chunk (and so on the worker count). Here every mask element is drawn
+from a counter-based hash (splitmix64) of the client's key, the step, the dropout call within the
+step and the element's index: the same client draws the same masks in any chunk, at any position.
+One 64-bit hash gives four elements 16 bits each (a keep probability exact to 2**-16): the hash's
+integer arithmetic over every element cost a third of a vectorized step on the CPU benchmark's
+CNN, a quarter of the elements a quarter of that.
 They are not the masks ``torch.manual_seed(ctx.seed)`` gives the sequential loop, so a model with
 dropout trains vectorized to a different (equally distributed) result.
 
@@ -15,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -45,13 +49,22 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
-def hashed_uniform(key: torch.Tensor, counter: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
-    """Uniform floats in [0, 1) of ``shape``, a pure function of ``key`` (an int64 tensor, one
-    per client under vmap), ``counter`` and each element's index."""
-    index = torch.arange(shape.numel(), device=device, dtype=torch.int64).view(shape)
+def hashed_words(key: torch.Tensor, counter: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """Uniform integers in [0, 2**16) of ``shape`` (int64), a pure function of ``key`` (an int64
+    tensor, one per client under vmap), ``counter`` and each element's index: element ``i`` is
+    the ``i % 4``-th 16 bits of the hash of word ``i // 4``."""
+    count = shape.numel()
+    words = torch.arange((count + 3) // 4, device=device, dtype=torch.int64)
     stream = splitmix64(key * _signed(_GOLDEN) + counter)  # one stream per (key, counter)
-    bits = _shift_right(splitmix64(index ^ stream), 40)  # the top 24 bits
-    return bits.to(torch.float32) * 2.0**-24
+    hashes = splitmix64(words ^ stream)
+    quarters = torch.arange(0, 64, 16, device=device, dtype=torch.int64)
+    # an arithmetic shift copies the sign bit into the top, which the mask drops again
+    return ((hashes.unsqueeze(-1) >> quarters) & 0xFFFF).flatten()[:count].view(shape)
+
+
+def hashed_uniform(key: torch.Tensor, counter: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """Uniform floats in [0, 1) on the grid of 2**-16, ``hashed_words`` scaled."""
+    return hashed_words(key, counter, shape, device).to(torch.float32) * 2.0**-16
 
 
 class HashedDropout:
@@ -86,7 +99,7 @@ class HashedDropout:
                 return x
             counter = self.step * _CALLS_PER_STEP + self._calls
             self._calls += 1
-            keep = hashed_uniform(self.keys, counter, x.shape, x.device) >= layer.p
-            return x * keep.to(x.dtype) / (1.0 - layer.p)
+            keep = hashed_words(self.keys, counter, x.shape, x.device) >= math.ceil(layer.p * 2**16)
+            return torch.where(keep, x * (1.0 / (1.0 - layer.p)), 0.0)
 
         return forward

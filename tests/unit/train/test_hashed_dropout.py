@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.train.hashed_dropout import hashed_uniform
+from raysim.train.hashed_dropout import HashedDropout, hashed_uniform, hashed_words
 from raysim.train.local import LocalTrainConfig
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
@@ -35,6 +35,28 @@ def test_draws_are_uniform_and_differ_by_key_and_counter():
     other_counter = hashed_uniform(torch.tensor(12345), 8, torch.Size([1000]), torch.device("cpu"))
     assert abs(float(torch.corrcoef(torch.stack([draws[:1000], other_key]))[0, 1])) < 0.1
     assert not torch.equal(draws[:1000], other_counter)
+
+
+def test_the_four_draws_of_one_hash_are_uncorrelated_and_on_the_16_bit_grid():
+    words = hashed_words(torch.tensor(777), 3, torch.Size([400_000]), torch.device("cpu"))
+    assert int(words.min()) >= 0 and int(words.max()) < 2**16
+    quarters = words.view(-1, 4).double()  # the four 16-bit parts of each 64-bit hash
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert abs(float(torch.corrcoef(torch.stack([quarters[:, a], quarters[:, b]]))[0, 1])) < 0.01
+    draws = hashed_uniform(torch.tensor(777), 3, torch.Size([400_000]), torch.device("cpu"))
+    assert torch.equal(draws * 2**16, words.float())
+
+
+def test_hashed_dropout_keeps_one_minus_p_and_scales_the_kept():
+    model = nn.Sequential(nn.Dropout(0.1))
+    dropout = HashedDropout(model)
+    for _ in dropout.over(iter([(0,)])):
+        dropout.begin_forward(torch.tensor(7))
+        out = model(torch.ones(400_000))
+    kept = out != 0
+    assert abs(float(kept.float().mean()) - 0.9) < 0.003
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / 0.9))
 
 
 def test_a_clients_training_is_the_same_in_any_chunk_at_any_position():

@@ -5,9 +5,12 @@ Optimization", ICLR 2021, arXiv:2012.08565).
 There is no global model. The server keeps every client's latest model and an affinity of each
 client for each peer (the sum of the weights the client gave that peer so far). Each round:
 1. server (``client_payload``): each sampled client receives up to ``num_peers`` models of other
-   clients: the peers of highest affinity, or, with probability epsilon (``epsilon`` less
-   ``epsilon_decay`` per round, not below 0; and always while the client has no affinity yet),
-   peers drawn at random; a client that never trained also receives the initial model;
+   clients, chosen epsilon-greedily slot by slot as the authors' code does (NVlabs/FedFomo,
+   ``get_federating_clients``, with its ``EPSILON`` 0.3 and ``EPSILON_DECAY`` 0.05 a round): each
+   slot takes the next peer of a random order with probability epsilon (``epsilon`` less
+   ``epsilon_decay`` per round, not below 0), else the next of highest affinity, skipping peers
+   already taken; all at random while the client has no affinity yet. A client that never
+   trained also receives the initial model;
 2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
    weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
    loss on its validation split (the last ``validation_fraction`` of its examples, the PFLlib
@@ -152,16 +155,22 @@ class FedFomo:
         return P.numpy_leaves(Peers(ids, [memory.models[str(j)] for j in ids], start))
 
     def choose_peers(self, memory: Affinities, round_num: int, client_id: int) -> list[int]:
-        """Up to ``num_peers`` other clients with a model: the highest affinities (ties: lower id)
-        or, epsilon-greedily, a seeded random draw."""
+        """Up to ``num_peers`` other clients with a model, slot by slot: with probability epsilon
+        the next of a seeded random order, else the next of highest affinity (ties: lower id)."""
         candidates = sorted(int(k) for k in memory.models if int(k) != client_id)
         m = min(self.config.num_peers, len(candidates))
         rng = np.random.default_rng(client_seed(memory.seed, round_num, client_id))
-        epsilon = max(self.config.epsilon - self.config.epsilon_decay * round_num, 0.0)
+        shuffled = [int(j) for j in rng.permutation(candidates)]
         affinity = memory.affinity.get(str(client_id), {})
-        if not affinity or rng.random() < epsilon:
-            return sorted(int(j) for j in rng.choice(candidates, size=m, replace=False))
-        return sorted(candidates, key=lambda j: (-affinity.get(str(j), 0.0), j))[:m]
+        if not affinity:
+            return sorted(shuffled[:m])
+        epsilon = max(self.config.epsilon - self.config.epsilon_decay * round_num, 0.0)
+        ranked = sorted(candidates, key=lambda j: (-affinity.get(str(j), 0.0), j))
+        chosen: list[int] = []
+        for explore in rng.random(m) < epsilon:
+            source = shuffled if explore else ranked
+            chosen.append(next(j for j in source if j not in chosen))
+        return chosen
 
     def client_update(self, ctx: ClientContext[None, OwnModel]) -> ClientResult[Upload, OwnModel]:
         peers: Peers = ctx.client_payload

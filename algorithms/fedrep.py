@@ -9,10 +9,11 @@ Each sampled client, per round (the paper's Algorithm 1):
 3. sends the body's delta and keeps its head in its state.
 A straggler's step budget (``ClientContext.step_budget``) covers both phases, the head's first.
 The server averages the bodies (``raysim.train.server_opt``); the global head never trains. Both
-phases use ``local``'s optimizer, lr and batch size (the released code's plocal = 1 head epoch is
-``head_epochs: 1``; the paper's experiments train the head for 10). A client's predictor is the
-global body with its own head (``personal_model``), measured on its test split at every
-evaluation (``eval/personal/...``).
+phases use ``local``'s optimizer, lr and batch size. The defaults are the authors' CIFAR-10 runs
+(lgcollins/FedRep, ``scripts/FedRep_cifar10_*.sh``: ``--local_ep 11 --local_rep_ep 1``, so 10 head
+epochs and 1 body epoch); the LSS code's FedRep (PFLlib, plocal = 1) is ``head_epochs: 1``. A
+client's predictor is the global body with its own head (``personal_model``), measured on its test
+split at every evaluation (``eval/personal/...``).
 """
 
 from __future__ import annotations

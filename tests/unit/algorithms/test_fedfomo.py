@@ -102,6 +102,41 @@ def test_the_server_sends_top_affinity_peers_and_the_start_to_newcomers_only():
     assert plugin.client_payload(state, 0, 0).ids == newcomer.ids  # the same draw every time
 
 
+def original_e_greedy(candidates, affinity, m, epsilon, rng):
+    """NVlabs/FedFomo's ``get_federating_clients`` (e_greedy), written out: per slot one draw; an
+    exploring slot pops the next of a random order, else the next of highest affinity; a peer
+    already chosen is popped and skipped."""
+    rand_clients = [int(j) for j in rng.permutation(candidates)]
+    top = sorted(candidates, key=lambda j: (-affinity[str(j)], j))
+    chosen = []
+    for explore in rng.random(m):
+        while True:
+            peer = rand_clients.pop(0) if explore < epsilon else top.pop(0)
+            if peer not in chosen:
+                chosen.append(peer)
+                break
+    return chosen
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.5, 1.0])
+def test_each_peer_slot_explores_with_probability_epsilon_as_the_authors_code(epsilon):
+    from raysim.sampling import client_seed
+
+    plugin = algo(num_peers=4, epsilon=epsilon, epsilon_decay=0.0)
+    state = plugin.init(tensors(W0, B0), RunInfo(10, 2, 3, SPEC, 0))
+    models = {str(c): tensors(W0 + c, B0) for c in range(1, 10)}
+    affinity = {str(c): 0.1 * c for c in range(2, 10)}
+    memory = replace(state.extra, models=models, affinity={"1": affinity})
+    got = [plugin.choose_peers(memory, r, 1) for r in range(20)]
+    candidates = list(range(2, 10))
+    rngs = [np.random.default_rng(client_seed(memory.seed, r, 1)) for r in range(20)]
+    assert got == [original_e_greedy(candidates, affinity, 4, epsilon, rng) for rng in rngs]
+    if epsilon == 0.0:
+        assert got[0] == [9, 8, 7, 6]
+    mixed = sum(peers != [9, 8, 7, 6] for peers in got)
+    assert (mixed == 0) == (epsilon == 0.0)
+
+
 def test_the_server_keeps_each_model_and_adds_the_weights_to_the_affinity():
     plugin = algo()
     state = plugin.init(tensors(W0, B0), RunInfo(4, 2, 3, SPEC, 0))

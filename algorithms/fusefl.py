@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field, PositiveInt, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import Gather
+from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
 from raysim.measure import scores
 from raysim.measure.pooling import pool_rows, weighted_means
@@ -79,7 +79,17 @@ from raysim.train.ccvr import (
 )
 from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
 from raysim.train.server_opt import init_state
-from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RoundOutput,
+    RunInfo,
+    ServerState,
+)
 
 Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorted client ids) -> part
 
@@ -184,52 +194,37 @@ class FuseFL:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState[FuseFLServer]:
-        return init_state(params, info, FuseFLServer({}, {}, torch.zeros(0, dtype=torch.int64)))
+        """Every client is a tower, in id order (each of its own architecture when they differ)."""
+        towers = range(info.num_clients)
+        models = tuple(info.model_of(c) for c in towers) if info.mixes_models else ()
+        ids = torch.as_tensor(list(towers), dtype=torch.int64)
+        return init_state(params, info, FuseFLServer({}, {}, ids, models))
 
-    def payload(self, state: ServerState[FuseFLServer], round_num: int) -> Payload[StagePayload]:
+    def payload(self, state: ServerState[FuseFLServer], stage: int) -> Payload[StagePayload]:
         """Stage 0: the initial model (every client starts from it); later: the fused blocks."""
-        extra = P.numpy_leaves(StagePayload(round_num, state.extra.fused, state.extra.head))
-        sends_model = round_num == 0 and not state.extra.models  # mixed: each starts from its own
+        extra = P.numpy_leaves(StagePayload(stage, state.extra.fused, state.extra.head))
+        sends_model = stage == 0 and not state.extra.models  # mixed: each starts from its own
         return Payload(P.to_numpy(state.params) if sends_model else {}, extra=extra)
 
-    def aggregator(self) -> Gather:
-        return Gather()
-
-    def server_update(
-        self, state: ServerState[FuseFLServer], aggregate: Any, round_num: int
-    ) -> tuple[ServerState[FuseFLServer], Metrics]:
-        raise RuntimeError("fusefl runs its own protocol; server_update is never called")
-
     def protocol(
-        self, services: Services[Any], state: ServerState[FuseFLServer]
+        self, services: Services[Gathered], state: ServerState[FuseFLServer]
     ) -> ServerState[FuseFLServer]:
         if services.start_round:
             raise ConfigError(
                 [f"fusefl cannot resume at round {services.start_round}: run it again from the start"]
             )
-        info = services.info
-        towers = np.arange(info.num_clients)  # every client, every stage, in id order
-        models = tuple(info.model_of(int(c)) for c in towers) if info.mixes_models else ()
-        ids = torch.as_tensor(towers, dtype=torch.int64)
-        state = replace(state, extra=FuseFLServer({}, {}, ids, models))
+        towers = state.extra.towers.numpy()  # every client, every stage
         heads: list[Params] = []
         for k in range(self.config.num_stages):
+            # stage k: every client trains block k on the fused blocks below; the server fuses them
             payload = self.payload(state, k)
             out = services.train_cohort(payload, towers, k)
             uploads = self.complete(out.aggregate, towers, k)
             fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
             heads = [u.head for u in uploads]
             state = replace(state, extra=replace(state.extra, fused=fused))
-            services.log(
-                weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"})
-                | {
-                    "sys/bytes_up": float(out.bytes_up),
-                    "sys/bytes_down": float(
-                        (P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)) * len(towers)
-                    ),
-                },
-                k,
-            )
+            services.log(stage_metrics(out, payload, len(towers)), k)
+        # the last stage's heads averaged, then calibrated on the fused model's features
         head = {name: torch.stack([h[name] for h in heads]).mean(dim=0) for name in heads[0]}
         state = replace(state, extra=replace(state.extra, head=head))
         head, metrics = self.calibrated(services, state, towers)
@@ -250,7 +245,7 @@ class FuseFL:
         return [by_position[i].update for i in range(len(towers))]
 
     def calibrated(
-        self, services: Services[Any], state: ServerState[FuseFLServer], towers: np.ndarray
+        self, services: Services[Gathered], state: ServerState[FuseFLServer], towers: np.ndarray
     ) -> tuple[Params, Metrics]:
         """The averaged head calibrated by CCVR on the clients' fused features (or as it is)."""
         ccvr = self.config.ccvr
@@ -331,10 +326,10 @@ class FuseFL:
         )
         last = stage == self.config.num_stages - 1
         upload = StageUpload(
-            part=cpu_copy(net.own.state_dict()), head=cpu_copy(net.head.state_dict()) if last else {}
+            part=P.clone(net.own.state_dict()), head=P.clone(net.head.state_dict()) if last else {}
         )
         weight = float(metrics.get("train/num_examples", len(ctx.data)))
-        return ClientResult(upload, weight, metrics, state=OwnModel(cpu_copy(model.state_dict())))
+        return ClientResult(upload, weight, metrics, state=OwnModel(P.clone(model.state_dict())))
 
     def staged_net(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, k: int) -> StagedNet:
         """Client m's stage-k model on ``model``'s own blocks (trained in place)."""
@@ -374,6 +369,15 @@ class FuseFL:
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
 
 
+def stage_metrics(out: RoundOutput[Gathered], payload: Payload[StagePayload], num_clients: int) -> Metrics:
+    """A stage's clients' train means and its bytes: the uploads, and the payload to every client."""
+    sent = P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)
+    return weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"}) | {
+        "sys/bytes_up": float(out.bytes_up),
+        "sys/bytes_down": float(sent * num_clients),
+    }
+
+
 def scored(prefix: str, row: Metrics | None) -> Metrics:
     """An evaluation row's scores under ``prefix`` (none without examples)."""
     if row is None:
@@ -390,10 +394,6 @@ def fused_weights(server: FuseFLServer) -> Params:
         for name, w in part.items()
     }
     return weights | {f"head.{name}": w for name, w in server.head.items()}
-
-
-def cpu_copy(state: dict[str, torch.Tensor]) -> Params:
-    return {name: t.detach().cpu().clone() for name, t in state.items()}
 
 
 __all__ = ["FuseFL", "FuseFLConfig", "fused_weights", "num_parameters"]

@@ -12,11 +12,11 @@ from raysim.errors import ConfigError
 from raysim.types import DataSpec
 
 if TYPE_CHECKING:
-    from raysim.algorithm import Algorithm
+    from raysim.algorithm import AnyAlgorithm
     from raysim.probe import Probe
 
 
-def build_algorithm(job: JobConfig) -> Algorithm[Any]:
+def build_algorithm(job: JobConfig) -> AnyAlgorithm[Any]:
     """The job's plugin; its aggregate type is known only to the plugin (looked up by name)."""
     return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
 

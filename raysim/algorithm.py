@@ -67,8 +67,8 @@ Rules every plugin follows:
   receives, with which a GPU worker's memory is measured (``first_payload``: the initial params,
   none with per-client architectures). ``server_update`` is only ever called by
   ``services.run_round``, which needs every round-loop method (``local`` defines them and a
-  protocol). A class of neither shape is refused when registered, naming what it lacks
-  (``check_plugin_class``).
+  protocol). A plugin of neither shape is refused when the job builds it, before any worker
+  starts, naming what it lacks (``check_shape``).
 - Per-client architectures (the job's ``model_groups``) reach only a plugin whose class sets
   ``MIXED_MODELS = True`` (every other is refused when the job loads). It sends no ``params``:
   the worker restores each client's architecture's initial weights (the run seed's) instead;
@@ -206,8 +206,9 @@ def runs_rounds(algorithm: AnyAlgorithm[A]) -> TypeGuard[Algorithm[A]]:
     return all(callable(getattr(algorithm, name, None)) for name in ROUND_LOOP_METHODS)
 
 
-def check_plugin_class(name: str, plugin: type) -> None:
-    """Refuses an algorithm class that is neither shape, naming the methods it lacks.
+def check_shape(name: str, plugin: object) -> None:
+    """Refuses a plugin that has neither shape, naming the methods it lacks (checked when the job's
+    plugin is built, so a wrapper that delegates to an inner plugin has what the inner has).
 
     Raises:
         TypeError: neither every round-loop method nor ``protocol`` and ``client_update``.
@@ -216,7 +217,7 @@ def check_plugin_class(name: str, plugin: type) -> None:
     missing = [method for method in required if not callable(getattr(plugin, method, None))]
     if missing:
         raise TypeError(
-            f"algorithm {name!r}: {plugin.__name__} lacks {', '.join(missing)}; a plugin defines "
+            f"algorithm {name!r}: {type(plugin).__name__} lacks {', '.join(missing)}; a plugin defines "
             f"{', '.join(ROUND_LOOP_METHODS)} (the round loop), or protocol and client_update "
             f"(its own protocol; docs/writing-a-plugin.md)"
         )

@@ -86,8 +86,6 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
 
     ``config`` defaults to the factory's ``Config`` attribute. The same factory may be registered
     under several names with different configs (FedAdam and FedYogi are FedOpt with other defaults).
-    An algorithm class must have one of the contract's two shapes (``raysim.algorithm``): the
-    round loop's methods, or a ``protocol``.
     """
 
     def decorate(factory: Factory) -> Factory:
@@ -96,10 +94,6 @@ def register(kind: Kind, name: str, *, config: type[BaseModel] | None = None) ->
             raise TypeError(f"{kind} {name!r} needs a Config (pydantic model) to be registered")
         if "name" in options.model_fields:  # a job's `name:` picks the plugin: unsettable
             raise TypeError(f"{kind} {name!r}: its Config may not have a field called 'name'")
-        if kind == "algorithm" and isinstance(factory, type):  # either shape, or which method is missing
-            from raysim.algorithm import check_plugin_class
-
-            check_plugin_class(name, factory)
         base = _config_bases.get(kind)
         if base is not None and not issubclass(options, base):  # e.g. every model takes init_from
             raise TypeError(f"{kind} {name!r}: its Config must subclass {base.__module__}.{base.__name__}")

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, PositiveInt, model_validator
+from pydantic import BaseModel, model_validator
 from torch import nn
 
 from raysim import params as P
@@ -61,7 +61,6 @@ from raysim.models.fused import (
     fused_net,
     fused_parts,
     make_adapter,
-    num_parameters,
     split_points,
     stage_output_shapes,
     tower_misfits,
@@ -70,13 +69,7 @@ from raysim.models.fused import (
 )
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, Services
-from raysim.train.ccvr import (
-    FeatureStats,
-    calibrate_head,
-    class_statistics,
-    pooled_gaussians,
-    virtual_features,
-)
+from raysim.train.ccvr import CCVRConfig, FeatureStats, calibrated_head, class_statistics
 from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
 from raysim.train.server_opt import init_state
 from raysim.types import (
@@ -92,16 +85,6 @@ from raysim.types import (
 )
 
 Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorted client ids) -> part
-
-
-class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
-    """CCVR's calibration of the averaged head (notes 2.5, 2.9: the official code's values)."""
-
-    enabled: bool = True  # False: the averaged head as it is
-    samples_per_class: PositiveInt = 5000
-    epochs: PositiveInt = 1
-    batch_size: PositiveInt = 128
-    lr: float | None = Field(None, gt=0)  # None: the local lr
 
 
 class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
@@ -251,20 +234,12 @@ class FuseFL:
         ccvr = self.config.ccvr
         if not ccvr.enabled:
             return state.extra.head, {}
-        out = services.train_cohort(
-            self.payload(state, self.config.num_stages), towers, self.config.num_stages
-        )
+        k = self.config.num_stages  # step K: the clients' class statistics of fused features
+        out = services.train_cohort(self.payload(state, k), towers, k)
         stats = [result.update for _, result in out.aggregate]
-        means, covs, count = pooled_gaussians(stats)
-        generator = torch.Generator().manual_seed(services.info.seed)
-        x, y = virtual_features(means, covs, count, ccvr.samples_per_class, generator)
-        head = nn.Linear(x.shape[1], services.info.spec.num_classes)
-        P.load_into(head, state.extra.head)
-        lr = ccvr.lr or self.config.local.lr
-        loss = calibrate_head(
-            head, x, y, lr=lr, epochs=ccvr.epochs, batch_size=ccvr.batch_size, generator=generator
-        )
-        return P.clone(P.model_params(head)), {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
+        lr, info = ccvr.lr or self.config.local.lr, services.info
+        head, loss = calibrated_head(state.extra.head, stats, info.spec.num_classes, ccvr, lr, info.seed)
+        return head, {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
 
     def fused_section(self, info: RunInfo, server: FuseFLServer) -> dict[str, Any]:
         """The registered ``fusefl_fused`` model section of this run's fused model."""
@@ -277,7 +252,7 @@ class FuseFL:
             "adapter": self.config.adapter,
         } | mixed
 
-    def evaluation(self, services: Services[Any], state: ServerState[FuseFLServer]) -> Metrics:
+    def evaluation(self, services: Services[object], state: ServerState[FuseFLServer]) -> Metrics:
         """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
         weights = fused_weights(state.extra)
         # parameters only, as Table 4: BatchNorm's running statistics and counters left out
@@ -339,14 +314,7 @@ class FuseFL:
         if k:
             towers = tower_models(ctx.model_of, model, len(fused["0"]))
             lower = FusedStages(fused_parts(towers, self.config.splits, self.config.adapter, ctx.spec)[:k])
-            lower.load_state_dict(
-                {
-                    f"stages.{j}.{m}.{name}": w
-                    for j in range(k)
-                    for m, part in fused[str(j)].items()
-                    for name, w in part.items()
-                }
-            )
+            lower.load_state_dict(part_weights(fused))  # the stages below k: all there are yet
             below = [shapes[k - 1] for shapes in tower_shapes(towers, self.config.splits, ctx.spec)]
             adapter = make_adapter(self.config.adapter, below, stage_output_shapes(stages, ctx.spec)[k - 1])
         own = FusedPart(adapter, stages[k])
@@ -385,15 +353,16 @@ def scored(prefix: str, row: Metrics | None) -> Metrics:
     return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
 
 
+def part_weights(fused: Fused) -> Params:
+    """The fused stages' state dict (``FusedStages``' names: ``stages.<k>.<m>.<name>``)."""
+    return {
+        f"stages.{k}.{m}.{n}": w
+        for k, towers in fused.items()
+        for m, part in towers.items()
+        for n, w in part.items()
+    }
+
+
 def fused_weights(server: FuseFLServer) -> Params:
     """The fused model's state dict (``fusefl_fused``'s names) from the parts and the head."""
-    weights = {
-        f"stages.{k}.{m}.{name}": w
-        for k, towers in server.fused.items()
-        for m, part in towers.items()
-        for name, w in part.items()
-    }
-    return weights | {f"head.{name}": w for name, w in server.head.items()}
-
-
-__all__ = ["FuseFL", "FuseFLConfig", "fused_weights", "num_parameters"]
+    return part_weights(server.fused) | {f"head.{name}": w for name, w in server.head.items()}

@@ -66,8 +66,8 @@ Rules every plugin follows:
   ``[(cohort position, ClientResult), ...]``) and ``payload(state, 0)``, what its first cohort
   receives, with which a GPU worker's memory is measured (``first_payload``: the initial params,
   none with per-client architectures). ``server_update`` is only ever called by
-  ``services.run_round``, which needs every round-loop method (``local`` defines them and a
-  protocol). A plugin of neither shape is refused when the job builds it, before any worker
+  ``services.run_round``, which needs every round-loop method: a protocol that runs standard
+  rounds defines them all. A plugin of neither shape is refused when the job builds it, before any worker
   starts, naming what it lacks (``check_shape``).
 - Per-client architectures (the job's ``model_groups``) reach only a plugin whose class sets
   ``MIXED_MODELS = True`` (every other is refused when the job loads). It sends no ``params``:
@@ -173,8 +173,8 @@ class Algorithm(Protocol[A]):
 
 class StagedAlgorithm(Protocol):
     """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot): its
-    options, its clients' work and the protocol; ``init`` and ``aggregator`` when it needs its own
-    (``fresh_state``, ``aggregator_of``)."""
+    options, its clients' work and the protocol; ``init``, ``aggregator`` and ``payload`` only where
+    it needs its own (``fresh_state``, ``aggregator_of``, ``first_payload``)."""
 
     @property
     def Config(self) -> type[BaseModel]:

@@ -30,7 +30,7 @@ from pydantic import Field
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import Sum
+from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
 from raysim.models import build_with_params
 from raysim.registry import register
@@ -43,8 +43,8 @@ from raysim.train.datafree import (
     synthesize,
 )
 from raysim.train.oneshot import OneShotConfig, average_models, keep_local_model, local_models
-from raysim.train.server_opt import init_state, params_payload
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.train.server_opt import init_state
+from raysim.types import ClientContext, ClientResult, Params, RunInfo, ServerState
 
 
 class DenseConfig(OneShotConfig, frozen=True, extra="forbid"):
@@ -87,21 +87,10 @@ class Dense:
             )  # fmt: skip
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return params_payload(state)
-
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def aggregator(self) -> Sum[Params]:
-        return Sum()
-
-    def server_update(
-        self, state: ServerState[None], aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState[None], Metrics]:
-        raise RuntimeError("dense runs its own protocol; server_update is never called")
-
-    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
         config, info = self.config, services.info
         trained = local_models(services, state.params, config.local, config.cache_dir)
         teachers = [

@@ -20,22 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.aggregate import Sum
+from raysim.aggregate import Gathered
 from raysim.measure.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import LABELS, LOGITS, MapRequest, Services
 from raysim.train.oneshot import OneShotConfig, keep_local_model, local_models
-from raysim.train.server_opt import init_state, params_payload
-from raysim.types import (
-    ClientContext,
-    ClientResult,
-    Metrics,
-    NumpyParams,
-    Params,
-    Payload,
-    RunInfo,
-    ServerState,
-)
+from raysim.types import ClientContext, ClientResult, Metrics, NumpyParams, Params, ServerState
 
 
 @register("algorithm", "ensemble")
@@ -48,24 +38,10 @@ class Ensemble:
     def __init__(self, config: OneShotConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
-        return init_state(params, info, None)
-
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return params_payload(state)
-
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def aggregator(self) -> Sum[Params]:
-        return Sum()
-
-    def server_update(
-        self, state: ServerState[None], aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState[None], Metrics]:
-        raise RuntimeError("ensemble runs its own protocol; server_update is never called")
-
-    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         models = [trained.models[c] for c in sorted(trained.models)]
         metrics = trained.summary
@@ -87,7 +63,7 @@ class Ensemble:
 
 
 def ensemble_scores(
-    services: Services[Params | None],
+    services: Services[object],
     models: list[NumpyParams],
     clients: list[int] | None,
     sections: list[dict[str, Any]] | None = None,

@@ -29,24 +29,14 @@ import torch
 from pydantic import BaseModel, Field
 
 from raysim import params as P
-from raysim.aggregate import Sum
+from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
 from raysim.models import build_with_params
 from raysim.registry import register
 from raysim.services import INPUTS, LABELS, LOGITS, MapRequest, Services
 from raysim.train.distill import DistillConfig, distill_on_set
 from raysim.train.oneshot import OneShotConfig, average_models, keep_local_model, local_models
-from raysim.train.server_opt import init_state, params_payload
-from raysim.types import (
-    ClientContext,
-    ClientResult,
-    Metrics,
-    NumpyParams,
-    Params,
-    Payload,
-    RunInfo,
-    ServerState,
-)
+from raysim.types import ClientContext, ClientResult, NumpyParams, Params, ServerState
 
 
 class TransferSetConfig(BaseModel, frozen=True, extra="forbid"):
@@ -73,24 +63,10 @@ class FedDF:
     def __init__(self, config: FedDFConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
-        return init_state(params, info, None)
-
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return params_payload(state)
-
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def aggregator(self) -> Sum[Params]:
-        return Sum()
-
-    def server_update(
-        self, state: ServerState[None], aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState[None], Metrics]:
-        raise RuntimeError("feddf runs its own protocol; server_update is never called")
-
-    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
         transfer = read_transfer_set(services, self.config.transfer, state.params)  # before training
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         teacher = transfer.mean_logits(services, [trained.models[c] for c in sorted(trained.models)])
@@ -127,7 +103,7 @@ class TransferSet:
     x: torch.Tensor
     y: torch.Tensor
 
-    def mean_logits(self, services: Services[Params | None], models: list[NumpyParams]) -> torch.Tensor:
+    def mean_logits(self, services: Services[object], models: list[NumpyParams]) -> torch.Tensor:
         """The mean of ``models``' logits on the rows, computed on the workers, (n, C)."""
         logits = services.map_clients(replace(self.request, points=models))  # [point][client] (n_c, C)
         return torch.cat(
@@ -135,9 +111,7 @@ class TransferSet:
         )
 
 
-def read_transfer_set(
-    services: Services[Params | None], transfer: TransferSetConfig, params: Params
-) -> TransferSet:
+def read_transfer_set(services: Services[object], transfer: TransferSetConfig, params: Params) -> TransferSet:
     """Every client's ``transfer.split`` rows of the job's store, or with ``transfer.store`` that
     transfer dataset's central test set (``params`` is a placeholder point: the rows need one).
 

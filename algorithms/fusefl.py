@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, PositiveInt, model_validator
+from pydantic import BaseModel, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.aggregate import Gather
+from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
 from raysim.measure import scores
 from raysim.measure.pooling import pool_rows, weighted_means
@@ -61,7 +61,6 @@ from raysim.models.fused import (
     fused_net,
     fused_parts,
     make_adapter,
-    num_parameters,
     split_points,
     stage_output_shapes,
     tower_misfits,
@@ -70,28 +69,22 @@ from raysim.models.fused import (
 )
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, Services
-from raysim.train.ccvr import (
-    FeatureStats,
-    calibrate_head,
-    class_statistics,
-    pooled_gaussians,
-    virtual_features,
-)
+from raysim.train.ccvr import CCVRConfig, FeatureStats, calibrated_head, class_statistics
 from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
 from raysim.train.server_opt import init_state
-from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import (
+    ClientContext,
+    ClientResult,
+    DataSpec,
+    Metrics,
+    Params,
+    Payload,
+    RoundOutput,
+    RunInfo,
+    ServerState,
+)
 
 Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorted client ids) -> part
-
-
-class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
-    """CCVR's calibration of the averaged head (notes 2.5, 2.9: the official code's values)."""
-
-    enabled: bool = True  # False: the averaged head as it is
-    samples_per_class: PositiveInt = 5000
-    epochs: PositiveInt = 1
-    batch_size: PositiveInt = 128
-    lr: float | None = Field(None, gt=0)  # None: the local lr
 
 
 class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
@@ -184,52 +177,37 @@ class FuseFL:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState[FuseFLServer]:
-        return init_state(params, info, FuseFLServer({}, {}, torch.zeros(0, dtype=torch.int64)))
+        """Every client is a tower, in id order (each of its own architecture when they differ)."""
+        towers = range(info.num_clients)
+        models = tuple(info.model_of(c) for c in towers) if info.mixes_models else ()
+        ids = torch.as_tensor(list(towers), dtype=torch.int64)
+        return init_state(params, info, FuseFLServer({}, {}, ids, models))
 
-    def payload(self, state: ServerState[FuseFLServer], round_num: int) -> Payload[StagePayload]:
+    def payload(self, state: ServerState[FuseFLServer], stage: int) -> Payload[StagePayload]:
         """Stage 0: the initial model (every client starts from it); later: the fused blocks."""
-        extra = P.numpy_leaves(StagePayload(round_num, state.extra.fused, state.extra.head))
-        sends_model = round_num == 0 and not state.extra.models  # mixed: each starts from its own
+        extra = P.numpy_leaves(StagePayload(stage, state.extra.fused, state.extra.head))
+        sends_model = stage == 0 and not state.extra.models  # mixed: each starts from its own
         return Payload(P.to_numpy(state.params) if sends_model else {}, extra=extra)
 
-    def aggregator(self) -> Gather:
-        return Gather()
-
-    def server_update(
-        self, state: ServerState[FuseFLServer], aggregate: Any, round_num: int
-    ) -> tuple[ServerState[FuseFLServer], Metrics]:
-        raise RuntimeError("fusefl runs its own protocol; server_update is never called")
-
     def protocol(
-        self, services: Services[Any], state: ServerState[FuseFLServer]
+        self, services: Services[Gathered], state: ServerState[FuseFLServer]
     ) -> ServerState[FuseFLServer]:
         if services.start_round:
             raise ConfigError(
                 [f"fusefl cannot resume at round {services.start_round}: run it again from the start"]
             )
-        info = services.info
-        towers = np.arange(info.num_clients)  # every client, every stage, in id order
-        models = tuple(info.model_of(int(c)) for c in towers) if info.mixes_models else ()
-        ids = torch.as_tensor(towers, dtype=torch.int64)
-        state = replace(state, extra=FuseFLServer({}, {}, ids, models))
+        towers = state.extra.towers.numpy()  # every client, every stage
         heads: list[Params] = []
         for k in range(self.config.num_stages):
+            # stage k: every client trains block k on the fused blocks below; the server fuses them
             payload = self.payload(state, k)
             out = services.train_cohort(payload, towers, k)
             uploads = self.complete(out.aggregate, towers, k)
             fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
             heads = [u.head for u in uploads]
             state = replace(state, extra=replace(state.extra, fused=fused))
-            services.log(
-                weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"})
-                | {
-                    "sys/bytes_up": float(out.bytes_up),
-                    "sys/bytes_down": float(
-                        (P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)) * len(towers)
-                    ),
-                },
-                k,
-            )
+            services.log(stage_metrics(out, payload, len(towers)), k)
+        # the last stage's heads averaged, then calibrated on the fused model's features
         head = {name: torch.stack([h[name] for h in heads]).mean(dim=0) for name in heads[0]}
         state = replace(state, extra=replace(state.extra, head=head))
         head, metrics = self.calibrated(services, state, towers)
@@ -250,26 +228,18 @@ class FuseFL:
         return [by_position[i].update for i in range(len(towers))]
 
     def calibrated(
-        self, services: Services[Any], state: ServerState[FuseFLServer], towers: np.ndarray
+        self, services: Services[Gathered], state: ServerState[FuseFLServer], towers: np.ndarray
     ) -> tuple[Params, Metrics]:
         """The averaged head calibrated by CCVR on the clients' fused features (or as it is)."""
         ccvr = self.config.ccvr
         if not ccvr.enabled:
             return state.extra.head, {}
-        out = services.train_cohort(
-            self.payload(state, self.config.num_stages), towers, self.config.num_stages
-        )
+        k = self.config.num_stages  # step K: the clients' class statistics of fused features
+        out = services.train_cohort(self.payload(state, k), towers, k)
         stats = [result.update for _, result in out.aggregate]
-        means, covs, count = pooled_gaussians(stats)
-        generator = torch.Generator().manual_seed(services.info.seed)
-        x, y = virtual_features(means, covs, count, ccvr.samples_per_class, generator)
-        head = nn.Linear(x.shape[1], services.info.spec.num_classes)
-        P.load_into(head, state.extra.head)
-        lr = ccvr.lr or self.config.local.lr
-        loss = calibrate_head(
-            head, x, y, lr=lr, epochs=ccvr.epochs, batch_size=ccvr.batch_size, generator=generator
-        )
-        return P.clone(P.model_params(head)), {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
+        lr, info = ccvr.lr or self.config.local.lr, services.info
+        head, loss = calibrated_head(state.extra.head, stats, info.spec.num_classes, ccvr, lr, info.seed)
+        return head, {"ccvr/bytes_up": float(out.bytes_up), "ccvr/loss": loss}
 
     def fused_section(self, info: RunInfo, server: FuseFLServer) -> dict[str, Any]:
         """The registered ``fusefl_fused`` model section of this run's fused model."""
@@ -282,7 +252,7 @@ class FuseFL:
             "adapter": self.config.adapter,
         } | mixed
 
-    def evaluation(self, services: Services[Any], state: ServerState[FuseFLServer]) -> Metrics:
+    def evaluation(self, services: Services[object], state: ServerState[FuseFLServer]) -> Metrics:
         """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
         weights = fused_weights(state.extra)
         # parameters only, as Table 4: BatchNorm's running statistics and counters left out
@@ -331,10 +301,10 @@ class FuseFL:
         )
         last = stage == self.config.num_stages - 1
         upload = StageUpload(
-            part=cpu_copy(net.own.state_dict()), head=cpu_copy(net.head.state_dict()) if last else {}
+            part=P.clone(net.own.state_dict()), head=P.clone(net.head.state_dict()) if last else {}
         )
         weight = float(metrics.get("train/num_examples", len(ctx.data)))
-        return ClientResult(upload, weight, metrics, state=OwnModel(cpu_copy(model.state_dict())))
+        return ClientResult(upload, weight, metrics, state=OwnModel(P.clone(model.state_dict())))
 
     def staged_net(self, ctx: ClientContext[StagePayload, OwnModel], model: nn.Module, k: int) -> StagedNet:
         """Client m's stage-k model on ``model``'s own blocks (trained in place)."""
@@ -344,14 +314,7 @@ class FuseFL:
         if k:
             towers = tower_models(ctx.model_of, model, len(fused["0"]))
             lower = FusedStages(fused_parts(towers, self.config.splits, self.config.adapter, ctx.spec)[:k])
-            lower.load_state_dict(
-                {
-                    f"stages.{j}.{m}.{name}": w
-                    for j in range(k)
-                    for m, part in fused[str(j)].items()
-                    for name, w in part.items()
-                }
-            )
+            lower.load_state_dict(part_weights(fused))  # the stages below k: all there are yet
             below = [shapes[k - 1] for shapes in tower_shapes(towers, self.config.splits, ctx.spec)]
             adapter = make_adapter(self.config.adapter, below, stage_output_shapes(stages, ctx.spec)[k - 1])
         own = FusedPart(adapter, stages[k])
@@ -374,6 +337,15 @@ class FuseFL:
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
 
 
+def stage_metrics(out: RoundOutput[Gathered], payload: Payload[StagePayload], num_clients: int) -> Metrics:
+    """A stage's clients' train means and its bytes: the uploads, and the payload to every client."""
+    sent = P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)
+    return weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"}) | {
+        "sys/bytes_up": float(out.bytes_up),
+        "sys/bytes_down": float(sent * num_clients),
+    }
+
+
 def scored(prefix: str, row: Metrics | None) -> Metrics:
     """An evaluation row's scores under ``prefix`` (none without examples)."""
     if row is None:
@@ -381,19 +353,16 @@ def scored(prefix: str, row: Metrics | None) -> Metrics:
     return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
 
 
+def part_weights(fused: Fused) -> Params:
+    """The fused stages' state dict (``FusedStages``' names: ``stages.<k>.<m>.<name>``)."""
+    return {
+        f"stages.{k}.{m}.{n}": w
+        for k, towers in fused.items()
+        for m, part in towers.items()
+        for n, w in part.items()
+    }
+
+
 def fused_weights(server: FuseFLServer) -> Params:
     """The fused model's state dict (``fusefl_fused``'s names) from the parts and the head."""
-    weights = {
-        f"stages.{k}.{m}.{name}": w
-        for k, towers in server.fused.items()
-        for m, part in towers.items()
-        for name, w in part.items()
-    }
-    return weights | {f"head.{name}": w for name, w in server.head.items()}
-
-
-def cpu_copy(state: dict[str, torch.Tensor]) -> Params:
-    return {name: t.detach().cpu().clone() for name, t in state.items()}
-
-
-__all__ = ["FuseFL", "FuseFLConfig", "fused_weights", "num_parameters"]
+    return part_weights(server.fused) | {f"head.{name}": w for name, w in server.head.items()}

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from raysim.aggregate import Sum
+from raysim.aggregate import Gathered
 from raysim.registry import register
 from raysim.services import Services
 from raysim.train.oneshot import OneShotConfig, average_models, keep_local_model, local_models
-from raysim.train.server_opt import init_state, params_payload
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import ClientContext, ClientResult, Params, ServerState
 
 
 @register("algorithm", "oneshot_fedavg")
@@ -30,24 +29,10 @@ class OneShotFedAvg:
     def __init__(self, config: OneShotConfig) -> None:
         self.config = config
 
-    def init(self, params: Params, info: RunInfo) -> ServerState[None]:
-        return init_state(params, info, None)
-
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
-        return params_payload(state)
-
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def aggregator(self) -> Sum[Params]:
-        return Sum()
-
-    def server_update(
-        self, state: ServerState[None], aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState[None], Metrics]:
-        raise RuntimeError("oneshot_fedavg runs its own protocol; server_update is never called")
-
-    def protocol(self, services: Services[Params | None], state: ServerState[None]) -> ServerState[None]:
+    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         state = replace(state, params=average_models(trained, state.params))
         services.log(trained.summary | services.evaluate(state, 0), 0)

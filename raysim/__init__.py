@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from raysim.aggregate import Aggregator, Gather, Sum, WeightedMean
-    from raysim.algorithm import Algorithm
+    from raysim.algorithm import Algorithm, StagedAlgorithm
     from raysim.config import JobConfig, load_jobs
     from raysim.data.store import ClientStore, DatasetConfig, Examples
     from raysim.engine.loop import RunResult, run
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 _MODULES = {  # the module each public name is imported from
     "raysim.aggregate": ("Aggregator", "Gather", "Sum", "WeightedMean"),
-    "raysim.algorithm": ("Algorithm",),
+    "raysim.algorithm": ("Algorithm", "StagedAlgorithm"),
     "raysim.config": ("JobConfig", "load_jobs"),
     "raysim.data.store": ("ClientStore", "DatasetConfig", "Examples"),
     "raysim.engine.loop": ("RunResult", "run"),
@@ -118,6 +118,7 @@ __all__ = [
     "RunResult",
     "ServerState",
     "Services",
+    "StagedAlgorithm",
     "Sum",
     "WeightedMean",
     "evaluate",

@@ -8,6 +8,8 @@ driver   ``init`` -> per round: ``payload`` -> [workers: ``client_update`` folde
          ``aggregator``] -> ``server_update``
 worker   ``client_update(ctx)`` runs once per sampled client, on a resident model into which the
          worker has already loaded ``payload.params``.
+staged   ``protocol(services, state)`` replaces the rounds (a ``StagedAlgorithm``, below); its
+         ``services.train_cohort`` runs ``client_update`` on the workers as a round does.
 
 Where each part runs:
 - ``Config`` (a frozen pydantic model) is the job's ``algorithm:`` section less its ``name``.
@@ -55,8 +57,18 @@ Rules every plugin follows:
   after the one ``init`` made for this run (``stored.rebuild``; the engine's ``typed_like``): a
   checkpoint whose fields differ is refused, naming both. So a state field keeps its name across
   versions; the plain dicts that earlier versions saved under the same keys load as they are.
-- A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods)
-  defines ``protocol(services, state)`` and drives the engine through ``raysim.services``.
+- A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods) is a
+  ``StagedAlgorithm``: it defines ``protocol(services, state)`` and drives the engine through
+  ``raysim.services``. It must define ``Config``, ``client_update`` (the workers run it for the
+  protocol's ``services.train_cohort``) and ``protocol``. The rest is optional, each with a
+  default the engine uses instead: ``init`` (``fresh_state``: a copy of the initial params, no
+  ``extra``), ``aggregator`` (``aggregator_of``: ``Gather``, so ``train_cohort``'s aggregate is
+  ``[(cohort position, ClientResult), ...]``) and ``payload(state, 0)``, what its first cohort
+  receives, with which a GPU worker's memory is measured (``first_payload``: the initial params,
+  none with per-client architectures). ``server_update`` is only ever called by
+  ``services.run_round``, which needs every round-loop method: a protocol that runs standard
+  rounds defines them all. A plugin of neither shape is refused when the job builds it, before any worker
+  starts, naming what it lacks (``check_shape``).
 - Per-client architectures (the job's ``model_groups``) reach only a plugin whose class sets
   ``MIXED_MODELS = True`` (every other is refused when the job loads). It sends no ``params``:
   the worker restores each client's architecture's initial weights (the run seed's) instead;
@@ -107,13 +119,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeAlias, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
 from torch import nn
 
-from raysim.aggregate import Aggregator, WeightedMean
+from raysim import params as P
+from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.checkpoint import CheckpointTrail
 from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -158,17 +171,86 @@ class Algorithm(Protocol[A]):
         ...
 
 
-class StagedAlgorithm(Algorithm[A], Protocol[A]):
-    """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot)."""
+class StagedAlgorithm(Protocol):
+    """An algorithm that replaces the round loop with its own protocol (FuseFL, one-shot): its
+    options, its clients' work and the protocol; ``init``, ``aggregator`` and ``payload`` only where
+    it needs its own (``fresh_state``, ``aggregator_of``, ``first_payload``)."""
 
-    def protocol(self, services: Services[A], state: ServerState) -> ServerState:
-        """Runs the whole method with the engine's verbs."""
+    @property
+    def Config(self) -> type[BaseModel]:
+        """The plugin's own options: a frozen pydantic model, validated from the job's section."""
+        ...
+
+    def client_update(self, ctx: ClientContext) -> ClientResult:
+        """One client's local work (worker), run by the protocol's ``services.train_cohort``."""
+        ...
+
+    def protocol(self, services: Services[Any], state: ServerState) -> ServerState:
+        """Runs the whole method with the engine's verbs; returns the final server state."""
         ...
 
 
-def has_protocol(algorithm: Algorithm[A]) -> TypeGuard[StagedAlgorithm[A]]:
-    """Whether the plugin overrides the default round loop."""
+# either shape of plugin: the round loop's methods, or its own protocol
+AnyAlgorithm: TypeAlias = Algorithm[A] | StagedAlgorithm
+ROUND_LOOP_METHODS = ("init", "payload", "client_update", "aggregator", "server_update")
+STAGED_METHODS = ("client_update", "protocol")
+
+
+def has_protocol(algorithm: AnyAlgorithm[A]) -> TypeGuard[StagedAlgorithm]:
+    """Whether the plugin replaces the round loop with its own protocol."""
     return callable(getattr(algorithm, "protocol", None))
+
+
+def runs_rounds(algorithm: AnyAlgorithm[A]) -> TypeGuard[Algorithm[A]]:
+    """Whether the plugin defines the round loop's methods (a staged plugin may, too)."""
+    return all(callable(getattr(algorithm, name, None)) for name in ROUND_LOOP_METHODS)
+
+
+def check_shape(name: str, plugin: object) -> None:
+    """Refuses a plugin that has neither shape, naming the methods it lacks (checked when the job's
+    plugin is built, so a wrapper that delegates to an inner plugin has what the inner has).
+
+    Raises:
+        TypeError: neither every round-loop method nor ``protocol`` and ``client_update``.
+    """
+    required = STAGED_METHODS if callable(getattr(plugin, "protocol", None)) else ROUND_LOOP_METHODS
+    missing = [method for method in required if not callable(getattr(plugin, method, None))]
+    if missing:
+        raise TypeError(
+            f"algorithm {name!r}: {type(plugin).__name__} lacks {', '.join(missing)}; a plugin defines "
+            f"{', '.join(ROUND_LOOP_METHODS)} (the round loop), or protocol and client_update "
+            f"(its own protocol; docs/writing-a-plugin.md)"
+        )
+
+
+def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> ServerState:
+    """The server state before round 0: the plugin's ``init``; else (a staged plugin without
+    one) a copy of the initial params and nothing more."""
+    hook = getattr(algorithm, "init", None)
+    if callable(hook):
+        state: ServerState = hook(params, info)
+        return state
+    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=None)
+
+
+def first_payload(algorithm: AnyAlgorithm[A], state: ServerState, info: RunInfo) -> Payload:
+    """What the first cohort receives: the plugin's ``payload`` of round 0; else (a staged plugin
+    without one) the initial params, or none where clients start from their own architectures."""
+    hook = getattr(algorithm, "payload", None)
+    if callable(hook):
+        payload: Payload = hook(state, 0)
+        return payload
+    return Payload({} if info.mixes_models else P.to_numpy(state.params))
+
+
+def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
+    """How ``train_cohort`` folds client results: the plugin's ``aggregator``; else (a staged
+    plugin without one) ``Gather``, every result kept for the protocol to read."""
+    hook = getattr(algorithm, "aggregator", None)
+    if callable(hook):
+        aggregator: Aggregator[Any] = hook()
+        return aggregator
+    return Gather()
 
 
 def with_client_payloads(
@@ -190,7 +272,7 @@ class PersonalAlgorithm(Algorithm[A], Protocol[A]):
         ...
 
 
-def has_personal_model(algorithm: Algorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
+def has_personal_model(algorithm: AnyAlgorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
     """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
     return callable(getattr(algorithm, "personal_model", None))
 
@@ -203,12 +285,12 @@ class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
         ...
 
 
-def vectorizes(algorithm: Algorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
+def vectorizes(algorithm: AnyAlgorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
     """Whether the plugin's client update can train a chunk of clients at once."""
     return callable(getattr(algorithm, "vectorized_update", None))
 
 
-def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Params | None:
+def pseudo_gradient(algorithm: AnyAlgorithm[A], aggregate: A, params: Params) -> Params | None:
     """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook;
     else, for a ``WeightedMean`` aggregator (a weighted mean of deltas is a mean delta), the
     aggregate itself when its tensors are keyed like ``params``; else None (no pure aggregate)."""
@@ -218,7 +300,7 @@ def pseudo_gradient(algorithm: Algorithm[A], aggregate: A, params: Params) -> Pa
     if callable(hook):
         return hook(aggregate)
     if (
-        isinstance(algorithm.aggregator(), WeightedMean)
+        isinstance(aggregator_of(algorithm), WeightedMean)
         and isinstance(aggregate, dict)
         and aggregate
         and set(aggregate) <= set(params)
@@ -234,7 +316,7 @@ def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
 
 
 def resume_state(
-    algorithm: Algorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
+    algorithm: AnyAlgorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
 ) -> ServerState:
     """The state a resumed run starts from: the plugin's ``resume_state(saved, fresh, trail)``
     hook; else the checkpoint's state as saved."""

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from raysim.errors import ConfigError, RaysimError
 
 if TYPE_CHECKING:
-    from raysim.algorithm import Algorithm
+    from raysim.algorithm import Algorithm, StagedAlgorithm
     from raysim.probe import Probe
 
 Kind = Literal["algorithm", "dataset", "model", "probe"]
@@ -41,8 +41,8 @@ _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
 PROBE_MODULES = ("raysim.measure.barrier", "raysim.measure.connectivity")  # the built-in probes' modules
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What register accepts: a type checker holds plugins and probes to their protocols here (any
-# aggregate type: each plugin has its own).
-AlgorithmFactory = TypeVar("AlgorithmFactory", bound="Callable[[Any], Algorithm[Any]]")
+# aggregate type: each plugin has its own; an algorithm of either shape).
+AlgorithmFactory = TypeVar("AlgorithmFactory", bound="Callable[[Any], Algorithm[Any] | StagedAlgorithm]")
 ProbeFactory = TypeVar("ProbeFactory", bound="Callable[[Any], Probe]")
 Factory = TypeVar("Factory", bound=Callable[..., object])
 

@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from raysim import params as P
+from raysim.algorithm import fresh_state
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.config.renames import upgrade_saved_job
@@ -95,7 +96,7 @@ class FinishedRun:
                 file that is not a checkpoint of this job's model.
         """
         if ref == "init":  # the seeded model, as the algorithm starts from it
-            return P.to_numpy(self.parts.algorithm.init(self.parts.params, self.parts.info).params)
+            return P.to_numpy(fresh_state(self.parts.algorithm, self.parts.params, self.parts.info).params)
         return self._load(self.checkpoint_path(ref))
 
     def checkpoint_path(self, ref: str) -> Path:

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, has_personal_model, resume_state
+from raysim.algorithm import AnyAlgorithm, fresh_state, has_personal_model, resume_state
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.renames import upgrade_saved_job
@@ -54,7 +54,7 @@ class JobParts:
     job: JobConfig
     store: ClientStore
     transfer: dict[str, ClientStore]
-    algorithm: Algorithm[Any]
+    algorithm: AnyAlgorithm[Any]
     probes: dict[str, Probe]
     params: P.Params  # the initial model, rebuilt from the seed
     info: RunInfo
@@ -257,14 +257,19 @@ def load_schedule(
 
 
 def initial_state(
-    algorithm: Algorithm[Any], params: P.Params, info: RunInfo, job: JobConfig, checkpoint: Checkpoint | None
+    algorithm: AnyAlgorithm[Any],
+    params: P.Params,
+    info: RunInfo,
+    job: JobConfig,
+    checkpoint: Checkpoint | None,
 ) -> tuple[ServerState, int]:
-    """The plugin's fresh state, or a checkpoint's (completed by the plugin's ``resume_state``).
+    """The plugin's fresh state (``fresh_state``), or a checkpoint's (completed by the plugin's
+    ``resume_state``).
 
     Returns:
         The state and the first round to run.
     """
-    fresh = algorithm.init(params, info)
+    fresh = fresh_state(algorithm, params, info)
     if checkpoint is None:
         return fresh, 0
     path, last_round = str(checkpoint.path), checkpoint.round_num

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, pseudo_gradient, pure_aggregate, with_client_payloads
+from raysim.algorithm import AnyAlgorithm, pseudo_gradient, pure_aggregate, runs_rounds, with_client_payloads
 from raysim.checkpoint import (
     drop_other_snapshots,
     round_checkpoint_name,
@@ -59,7 +59,7 @@ class Engine(Generic[A]):
     """Everything one run is made of, built once by ``engine.build``."""
 
     job: JobConfig
-    algorithm: Algorithm[A]
+    algorithm: AnyAlgorithm[A]
     store: ClientStore
     backend: Backend
     tracker: Tracker
@@ -118,6 +118,12 @@ class Engine(Generic[A]):
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
         """One round: sample, broadcast, train and fold on workers, update the server, probe."""
+        algorithm = self.algorithm
+        if not runs_rounds(algorithm):
+            raise TypeError(
+                f"algorithm {self.job.algorithm.name!r} runs its own protocol without the round loop's "
+                f"payload and server_update: its protocol cannot call services.run_round"
+            )
         t0 = time.perf_counter()
         self.round_timer = timer = RoundTimer(round_num)  # where the time goes, to ``end_round``
         self.on_phase("training")
@@ -126,9 +132,8 @@ class Engine(Generic[A]):
         timer.lap("sampling")
         # 2. One payload for every client (and a part for each, where the plugin sends one);
         #    each worker folds its clients into one partial.
-        payload = with_client_payloads(
-            self.algorithm, self.algorithm.payload(state, round_num), state, round_num, cohort
-        )
+        shared = algorithm.payload(state, round_num)
+        payload = with_client_payloads(algorithm, shared, state, round_num, cohort)
         timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None
@@ -140,7 +145,7 @@ class Engine(Generic[A]):
         output = self.train_cohort(payload, cohort, round_num, options)
         timer.add_cohort(output, self.backend.is_concurrent)
         # 3. Merge happened in the backend; the server updates from the aggregate.
-        new_state, metrics = self.algorithm.server_update(state, output.aggregate, round_num)
+        new_state, metrics = algorithm.server_update(state, output.aggregate, round_num)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
         metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, has_protocol
+from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
@@ -20,7 +20,7 @@ from raysim.types import RunInfo
 
 
 def open_system(
-    job: JobConfig, store: ClientStore, train_pool: np.ndarray, params: P.Params, algorithm: Algorithm[Any]
+    job: JobConfig, store: ClientStore, train_pool: np.ndarray, params: P.Params, algorithm: AnyAlgorithm[Any]
 ) -> SimulatedSystem | None:
     """The simulated clock of ``job`` (None without a ``system`` section).
 

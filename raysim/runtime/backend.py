@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from raysim.algorithm import Algorithm
+from raysim.algorithm import AnyAlgorithm, aggregator_of
 from raysim.config import PersonalizationConfig
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
@@ -34,7 +34,7 @@ class Backend(Protocol):
 
     def train_cohort(
         self,
-        algorithm: Algorithm[A],
+        algorithm: AnyAlgorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,
@@ -82,11 +82,11 @@ def shard_cohort(
 
 
 def merge_reports(
-    algorithm: Algorithm[A], reports: list[WorkerReport], options: RoundOptions
+    algorithm: AnyAlgorithm[A], reports: list[WorkerReport], options: RoundOptions
 ) -> RoundOutput[A]:
     """Merges worker partials in worker order (canonical), then takes the aggregate."""
     start = time.perf_counter()
-    aggregator = algorithm.aggregator()
+    aggregator = aggregator_of(algorithm)
     merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:
@@ -149,7 +149,7 @@ class SerialBackend:
 
     def train_cohort(
         self,
-        algorithm: Algorithm[A],
+        algorithm: AnyAlgorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,

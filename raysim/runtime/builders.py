@@ -7,18 +7,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from raysim import registry
+from raysim.algorithm import check_shape
 from raysim.config import JobConfig, PluginSection
 from raysim.errors import ConfigError
 from raysim.types import DataSpec
 
 if TYPE_CHECKING:
-    from raysim.algorithm import Algorithm
+    from raysim.algorithm import AnyAlgorithm
     from raysim.probe import Probe
 
 
-def build_algorithm(job: JobConfig) -> Algorithm[Any]:
-    """The job's plugin; its aggregate type is known only to the plugin (looked up by name)."""
-    return registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
+def build_algorithm(job: JobConfig) -> AnyAlgorithm[Any]:
+    """The job's plugin; its aggregate type is known only to the plugin (looked up by name).
+
+    Raises:
+        TypeError: a plugin with neither of the contract's shapes, naming what it lacks.
+    """
+    algorithm = registry.get("algorithm", job.algorithm.name).factory(job.algorithm.config)
+    check_shape(job.algorithm.name, algorithm)
+    return algorithm
 
 
 def build_probes(job: JobConfig) -> dict[str, Probe]:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithm import Algorithm, vectorizes
+from raysim.algorithm import AnyAlgorithm, vectorizes
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
@@ -49,7 +49,7 @@ log = logging.getLogger("raysim")
 
 
 def vectorize_blocker(
-    algorithm: Algorithm, model: nn.Module, algorithm_name: str, store: ClientStore | None = None
+    algorithm: AnyAlgorithm, model: nn.Module, algorithm_name: str, store: ClientStore | None = None
 ) -> str | None:
     """What keeps this plugin and model from training clients in chunks (None: nothing); with the
     store, the model's forward runs on its first rows too (``vectorization_blocker``)."""
@@ -70,7 +70,7 @@ def example_rows(store: ClientStore | None, model: nn.Module) -> torch.Tensor | 
 
 
 def worker_vectorizes(
-    job: JobConfig, algorithm: Algorithm, model: nn.Module, device: torch.device, store: ClientStore
+    job: JobConfig, algorithm: AnyAlgorithm, model: nn.Module, device: torch.device, store: ClientStore
 ) -> bool:
     """Whether a worker trains its rounds in chunks: ``engine.vectorize`` is not off and neither
     plugin nor model is in the way. On a CPU the worker then keeps freed memory for reuse."""
@@ -102,7 +102,7 @@ def keep_freed_memory() -> None:
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
-def check_vectorize(job: JobConfig, algorithm: Algorithm, model: nn.Module, store: ClientStore) -> None:
+def check_vectorize(job: JobConfig, algorithm: AnyAlgorithm, model: nn.Module, store: ClientStore) -> None:
     """Refuses ``engine.vectorize: on`` for a job that cannot vectorize, naming the part.
 
     Raises:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm
+from raysim.algorithm import AnyAlgorithm, first_payload, fresh_state
 from raysim.config import JobConfig, ResourcesConfig
 from raysim.errors import ResourceError
 from raysim.runtime.chunks import ChunkSize, is_out_of_memory
@@ -64,11 +64,11 @@ class WorkerPeak:
         return self.allocated_bytes + self.outside_bytes
 
 
-def probe_work(job: JobConfig, algorithm: Algorithm[Any], params: Params, info: RunInfo,
+def probe_work(job: JobConfig, algorithm: AnyAlgorithm[Any], params: Params, info: RunInfo,
                num_examples: np.ndarray, train_pool: np.ndarray) -> ProbeWork:  # fmt: skip
     """The round-0 payload of the initial model and the largest clients of the training pool, as
     many as one chunk holds (one when the job trains clients one by one)."""
-    payload = algorithm.payload(algorithm.init(params, info), 0)
+    payload = first_payload(algorithm, fresh_state(algorithm, params, info), info)
     engine = job.engine
     count = 1
     if engine.vectorize != "off":

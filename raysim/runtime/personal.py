@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import Algorithm, PersonalAlgorithm
+from raysim.algorithm import AnyAlgorithm, PersonalAlgorithm
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
 from raysim.errors import DataError
@@ -30,7 +30,7 @@ _CLIENT_INIT = 0x5851F42D4C957F2D & (2**63 - 1)  # a client's own initial model:
 _PERSONAL_MODEL = 0x2545F4914F6CDD1D & (2**63 - 1)  # what personal_model draws (a head's fine-tune)
 
 
-def typed_client_state(algorithm: Algorithm[Any], saved: Any | None, client_id: int) -> object | None:
+def typed_client_state(algorithm: AnyAlgorithm[Any], saved: Any | None, client_id: int) -> object | None:
     """A client's stored state (the dict of its fields) as the plugin's ``ClientState``; None the
     first time, and the dict as stored where the plugin names no type.
 

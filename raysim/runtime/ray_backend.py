@@ -32,7 +32,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from raysim.algorithm import Algorithm
+from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
@@ -195,7 +195,7 @@ class RayBackend:
 
     def train_cohort(
         self,
-        algorithm: Algorithm[A],
+        algorithm: AnyAlgorithm[A],
         payload: Payload,
         cohort: np.ndarray,
         round_num: int,

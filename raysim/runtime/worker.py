@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import has_personal_model, vectorizes
+from raysim.algorithm import aggregator_of, has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.config.model_groups import model_key
 from raysim.data.augment import TrainingData, with_validation_split
@@ -130,7 +130,7 @@ class ClientTrainer:
     def _train_tasks(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
                      options: RoundOptions, checks: RoundChecks) -> WorkerReport:  # fmt: skip
         timer = self.timer
-        aggregator = self.algorithm.aggregator()
+        aggregator = aggregator_of(self.algorithm)
         report = WorkerReport(partial=aggregator.zero())
         probes = {name: self.probes[name] for name in options.probes}
         report.probe_rows = {name: [] for name in probes}

@@ -10,9 +10,8 @@ cross-entropy and plain SGD.
 
 Usage:
     stats = class_statistics(features, labels, num_classes)     # on each client
-    means, covs = pooled_gaussians(stats_of_every_client)        # on the server
-    x, y = virtual_features(means, covs, 5000, generator)
-    calibrate_head(head, x, y, lr=0.01, epochs=1, batch_size=128, generator=generator)
+    head, loss = calibrated_head(head, stats_of_every_client, num_classes, CCVRConfig(), lr=0.01, seed=0)
+    # the server's step, in parts: pooled_gaussians, virtual_features, calibrate_head
 """
 
 from __future__ import annotations
@@ -21,7 +20,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, Field, PositiveInt
 from torch import nn
+
+from raysim import params as P
+
+
+class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
+    """CCVR's calibration of FuseFL's averaged head (notes 2.5, 2.9: the official code's values)."""
+
+    enabled: bool = True  # False: the averaged head as it is
+    samples_per_class: PositiveInt = 5000
+    epochs: PositiveInt = 1
+    batch_size: PositiveInt = 128
+    lr: float | None = Field(None, gt=0)  # None: the clients' local lr (FuseFL's local.lr)
 
 
 @dataclass(frozen=True)
@@ -102,3 +114,20 @@ def calibrate_head(
             losses.append(float(loss.detach()))
         mean_loss = sum(losses) / len(losses)
     return mean_loss
+
+
+def calibrated_head(
+    head: P.Params, stats: Sequence[FeatureStats], num_classes: int, config: CCVRConfig, lr: float, seed: int
+) -> tuple[P.Params, float]:
+    """The server's CCVR step: the clients' statistics pooled into class Gaussians, virtual
+    features drawn from them (seeded by ``seed``) and the linear ``head`` trained on them; returns
+    the calibrated head and the last epoch's mean loss."""
+    means, covs, count = pooled_gaussians(stats)
+    generator = torch.Generator().manual_seed(seed)
+    x, y = virtual_features(means, covs, count, config.samples_per_class, generator)
+    linear = nn.Linear(x.shape[1], num_classes)
+    P.load_into(linear, head)
+    loss = calibrate_head(
+        linear, x, y, lr=lr, epochs=config.epochs, batch_size=config.batch_size, generator=generator
+    )
+    return P.clone(P.model_params(linear)), loss

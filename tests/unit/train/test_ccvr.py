@@ -1,10 +1,18 @@
 """CCVR against hand computations: pooled class Gaussians equal numpy's over all features, the
-virtual features follow them, and one calibration step is the hand-written softmax gradient."""
+virtual features follow them, one calibration step is the hand-written softmax gradient, and the
+server's whole step turns a head that cannot tell two classes apart into one that can."""
 
 import numpy as np
 import torch
 
-from raysim.train.ccvr import calibrate_head, class_statistics, pooled_gaussians, virtual_features
+from raysim.train.ccvr import (
+    CCVRConfig,
+    calibrate_head,
+    calibrated_head,
+    class_statistics,
+    pooled_gaussians,
+    virtual_features,
+)
 
 
 def test_pooled_statistics_are_the_means_and_covariances_of_all_features():
@@ -48,3 +56,21 @@ def test_one_calibration_step_is_the_hand_written_cross_entropy_gradient():
     residual = (p - torch.nn.functional.one_hot(y, 2)) / 3  # d mean CE / d logits
     torch.testing.assert_close(head.weight.detach(), w0 - 0.1 * residual.T @ x)
     torch.testing.assert_close(head.bias.detach(), b0 - 0.1 * residual.sum(0))
+
+
+def test_the_servers_step_calibrates_a_blind_head_on_two_clients_statistics_and_leaves_it_unchanged():
+    """Class 0 around (-3, 0), class 1 around (3, 0), one class per client; a zero head scores
+    both alike (loss ln 2). After CCVR the head puts each class mean on its own side."""
+    rng = np.random.default_rng(1)
+    stats = [
+        class_statistics(torch.tensor(rng.normal(size=(50, 2)) + [3.0 * s, 0.0]), torch.full((50,), c), 2)
+        for c, s in ((0, -1), (1, 1))
+    ]
+    blind = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
+    config = CCVRConfig(samples_per_class=200, epochs=3, batch_size=32)
+    head, loss = calibrated_head(blind, stats, 2, config, lr=0.5, seed=0)
+    logits = torch.tensor([[-3.0, 0.0], [3.0, 0.0]]) @ head["weight"].T + head["bias"]
+    assert logits.argmax(dim=1).tolist() == [0, 1] and loss < np.log(2)
+    assert not blind["weight"].any()  # the head passed in stays as it was
+    again, _ = calibrated_head(blind, stats, 2, config, lr=0.5, seed=0)
+    assert all(torch.equal(again[k], head[k]) for k in head)  # a pure function of the seed

@@ -140,11 +140,6 @@ class LocalOnly:
     def aggregator(self) -> Sum[Params]:
         return Sum()
 
-    def server_update(
-        self, state: ServerState[TrainedClients], aggregate: Params | None, round_num: int
-    ) -> tuple[ServerState[TrainedClients], Metrics]:
-        return state, {}  # no aggregation: the global model is the initial one
-
     def protocol(
         self, services: Services[Params | None], state: ServerState[TrainedClients]
     ) -> ServerState[TrainedClients]:

@@ -39,7 +39,7 @@ def two_workers(out: Path, dry: bool) -> int:
     """A Ray run of two workers per GPU, then the slice each worker is held to."""
     import ray
 
-    from raysim.cli.bench import load_benchmark
+    from raysim.cli.bench_file import load_benchmark
     from raysim.engine.build import build
     from raysim.engine.tracking import MemoryTracker
     from raysim.runtime.ray_backend import worker_setup_for

@@ -64,7 +64,7 @@ def _measure(step: str, path: str | Path, overrides: list[str], scratch: str) ->
 def child() -> None:
     """In the measuring process: ``STEP PATH SCRATCH OVERRIDES...``; prints one JSON line."""
     step, path, scratch, *overrides = sys.argv[1:]
-    from raysim.cli.bench import load_benchmark
+    from raysim.cli.bench_file import load_benchmark
 
     job, _ = load_benchmark(path, overrides)
     t0 = time.perf_counter()

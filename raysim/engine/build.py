@@ -37,7 +37,8 @@ from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.gpu_sizing import SizedResources, probe_work, sized_resources
+from raysim.runtime.gpu_auto import SizedResources, sized_resources
+from raysim.runtime.gpu_sizing import probe_work
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, split_population
 from raysim.stored import plain, rebuild

@@ -11,26 +11,26 @@ A worker's peak is the CUDA allocator's peak plus what the process holds outside
 other processes on the card count too, which only makes the share smaller).
 
 On Ray the probe runs as a task with one whole GPU (``ray_backend.probe_gpu_worker``), on a GPU
-node, not the driver. Under the serial backend ``auto`` is the whole card: its workers take turns
-in one process.
+node, not the driver; ``gpu_auto.sized_resources`` chooses the probe or, under the serial backend,
+the whole card.
 
 Usage:
     work = probe_work(job, algorithm, params, info, num_examples, train_pool)
-    sized = sized_resources(job.resources, setup, lambda: work)   # .resources.gpus_per_worker: 1/n
+    peak = measure_worker(setup, work)          # on a process with the whole card
+    share = share_of(peak)                      # resources.gpus_per_worker: 1/n
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from raysim.algorithm import AnyAlgorithm, first_payload, fresh_state
-from raysim.config import JobConfig, ResourcesConfig
+from raysim.config import JobConfig
 from raysim.errors import ResourceError
 from raysim.runtime.chunks import ChunkSize, is_out_of_memory
 from raysim.runtime.memory import MiB, gpu_share, workers_per_gpu
@@ -160,46 +160,3 @@ def no_gpu(where: str) -> str:
         f"resources.gpus_per_worker: auto measures a worker on a GPU, and {where}; "
         f"set resources.gpus_per_worker to 0 (CPU workers) or run where a GPU is"
     )
-
-
-@dataclass(frozen=True)
-class SizedResources:
-    """The resources the workers start with, and what the run records of their sizing."""
-
-    resources: ResourcesConfig
-    tags: dict[str, str] = field(default_factory=dict)  # the run's tags (MLflow)
-    note: str = ""  # the console line
-
-    def with_share(self, job: JobConfig) -> JobConfig:
-        """The job the workers start from: its resources with the measured share."""
-        return job.model_copy(update={"resources": self.resources})
-
-    def with_tags(self, job: JobConfig) -> JobConfig:
-        """The job the run records: as configured (``auto``), its ``tracking.tags`` plus the sizing's."""
-        tracking = job.tracking.model_copy(update={"tags": job.tracking.tags | self.tags})
-        return job.model_copy(update={"tracking": tracking}) if self.tags else job
-
-
-def sized_resources(resources: ResourcesConfig, setup: WorkerSetup,
-                    work: Callable[[], ProbeWork]) -> SizedResources:  # fmt: skip
-    """``resources`` with ``gpus_per_worker: auto`` measured (``probe_gpu_worker`` on Ray, on
-    the ``work`` made only then), the run's tags and a console line saying so; any other value as
-    it is.
-
-    Raises:
-        ResourceError: no GPU to measure on, or a worker that does not fit a card alone.
-    """
-    if resources.gpus_per_worker != "auto":
-        return SizedResources(resources)
-    if resources.backend == "serial":  # one process: its workers take turns on the whole card
-        if not torch.cuda.is_available():
-            raise ResourceError(no_gpu("this machine has none"))
-        note = "resources.gpus_per_worker: auto: the serial backend's one process takes the whole card"
-        whole = resources.model_copy(update={"gpus_per_worker": 1.0})
-        return SizedResources(whole, {"gpus_per_worker": "1"}, note)
-    from raysim.runtime.ray_backend import probe_gpu_worker
-
-    peak = probe_gpu_worker(setup, resources, work())
-    share = share_of(peak)
-    sized = resources.model_copy(update={"gpus_per_worker": share})
-    return SizedResources(sized, sizing_tags(peak, share), describe(peak, share))

@@ -174,7 +174,7 @@ def _paths(text: str) -> list[str]:
 
 @pytest.mark.parametrize("doc,path", _doc_items(_paths, "path"))
 def test_quoted_paths_exist_and_job_files_validate(doc, path):
-    from raysim.cli.bench import load_benchmark
+    from raysim.cli.bench_file import load_benchmark
     from raysim.config import load_jobs
 
     matches = sorted(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []

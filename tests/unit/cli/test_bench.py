@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from raysim.cli.bench import bench_device, load_benchmark
+from raysim.cli.bench_file import bench_device, load_benchmark
 from raysim.errors import ConfigError
 
 JOB = "jobs/bench/pfl_cifar10_gpu.yaml"  # asks for a GPU: resources.gpus_per_worker 0.25

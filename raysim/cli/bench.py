@@ -2,9 +2,12 @@
 
 The plain loop is the limit: one process, one thread, the model built once, every client's data
 already in memory as tensors, and nothing else. It trains the same cohorts with the same
-hyper-parameters, one round after each raysim round. Its time divided by raysim's worker count is
-the ideal parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's
-overhead, 1.00 being none.
+hyper-parameters, one round after each raysim round. Its time divided by the cores raysim's
+workers train on (``training_cores``: workers times their threads on a CPU) is the linear ideal
+parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's overhead,
+1.00 being none, together with what the cores themselves lose. On a CPU with more than one core
+the ideal is also measured (``ParallelPlainLoop``: the plain loop in one process per core), and
+raysim / that is the engine's overhead alone.
 
 Where the plugin and model vectorize, a third side trains each cohort in chunks at once
 (``bench_vectorized.py``); ``vectorized_vs_plain`` is its time per step over the plain loop's.
@@ -52,10 +55,10 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     device = bench_device(job, bench)
     plain = PlainLoop(job, services.store, services.train_pool, device)
     vectorized = VectorizedSide.for_job(job, services.store, services.train_pool, device)
-    workers = services.backend.num_workers
-    parallel = (  # the ideal measured: the plain loop in one process per worker, on the CPU
-        ParallelPlainLoop(job, services.store, services.train_pool, workers)
-        if device.type == "cpu" and workers > 1
+    cores = training_cores(job, services.backend.num_workers, device)
+    parallel = (  # the ideal measured: the plain loop in one process per core raysim trains on
+        ParallelPlainLoop(job, services.store, services.train_pool, cores)
+        if device.type == "cpu" and cores > 1
         else None
     )
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
@@ -84,7 +87,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         services.backend.shutdown()
         if parallel is not None:
             parallel.close()
-    figures = summarize(job, services.backend.num_workers, raysim_s, plain_s)
+    figures = summarize(job, services.backend.num_workers, cores, raysim_s, plain_s)
     figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
     unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
@@ -115,7 +118,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     )
     console.print(
         f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
-        f"{figures[f'plain_{unit}_per_s']:.0f} (x{services.backend.num_workers} workers ideal); "
+        f"{figures[f'plain_{unit}_per_s']:.0f} (x{cores} cores ideal); "
         f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal"
     )
     if "plain_fisher_share" in figures:
@@ -133,19 +136,29 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     return figures
 
 
+def training_cores(job: JobConfig, num_workers: int, device: torch.device) -> int:
+    """The cores raysim's workers train on, over which the ideal divides the plain loop: on the
+    CPU under Ray, each worker's threads (``resources.cpus_per_worker``, as the worker sets them);
+    else one per worker (a GPU's workers share its card, the serial backend's take turns)."""
+    if device.type == "cpu" and job.resources.backend == "ray":
+        return num_workers * max(1, int(job.resources.cpus_per_worker))
+    return num_workers
+
+
 def summarize(
-    job: JobConfig, num_workers: int, raysim_s: list[float], plain_s: list[float]
+    job: JobConfig, num_workers: int, cores: int, raysim_s: list[float], plain_s: list[float]
 ) -> dict[str, Any]:
-    """Medians per round, and the median of the per-round ratios raysim / (plain / workers)."""
+    """Medians per round, and the median of the per-round ratios raysim / (plain / cores)."""
     raysim, plain = statistics.median(raysim_s), statistics.median(plain_s)
-    ratios = [r / (p / num_workers) for r, p in zip(raysim_s, plain_s)]
+    ratios = [r / (p / cores) for r, p in zip(raysim_s, plain_s)]
     return {
         "benchmark": job.name,
         "num_workers": num_workers,
+        "cores": cores,
         "timed_rounds": len(raysim_s),
         "raysim_round_s": raysim,
         "plain_round_s": plain,
-        "ideal_round_s": plain / num_workers,
+        "ideal_round_s": plain / cores,
         "ratio_to_ideal": statistics.median(ratios),
         "raysim_clients_per_s": job.engine.cohort_size / raysim,
         "plain_clients_per_s": job.engine.cohort_size / plain,
@@ -157,11 +170,11 @@ def summarize(
 def _table(f: dict[str, Any]) -> Table:
     table = Table(title=f"{f['benchmark']}: seconds per round (median)")
     parallel = "parallel_plain_round_s" in f
-    columns = ["raysim", "plain loop (1 thread)", f"ideal ({f['num_workers']} workers)", "raysim / ideal"]
+    columns = ["raysim", "plain loop (1 thread)", f"ideal ({f['cores']} cores)", "raysim / ideal"]
     row = [f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}"]
     row.append(f"{f['ratio_to_ideal']:.3f}x")
-    if parallel:  # the ideal measured: the plain loop in one process per worker
-        columns += [f"plain loop x{f['num_workers']} processes", "raysim / that"]
+    if parallel:  # the ideal measured: the plain loop in one process per core
+        columns += [f"plain loop x{f['cores']} processes", "raysim / that"]
         row += [f"{f['parallel_plain_round_s']:.3f}", f"{f['ratio_to_parallel_plain']:.3f}x"]
     for column in [*columns, "raysim clients/s"]:
         table.add_column(column, justify="right")

@@ -1,9 +1,9 @@
 """The plain loop: ``raysim bench``'s limit, one process training clients one after another.
 
 ``PlainLoop`` is one thread, one model, client data in memory, plain SGD and nothing else.
-``ParallelPlainLoop`` runs it in as many processes as raysim has workers, each on its share of the
+``ParallelPlainLoop`` runs it in one process per core raysim trains on, each on its share of the
 cohort, started together: the loop's parallel time measured on this machine. The plain loop's time
-divided by the worker count assumes the cores scale perfectly; two cores training at once share
+divided by the cores assumes they scale perfectly; two cores training at once share
 the last-level cache and the memory bandwidth (on a VM they may be two threads of one core), and
 this side shows by how much, with nothing of raysim running (no engine, no Ray, no transfers).
 """

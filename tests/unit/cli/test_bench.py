@@ -1,28 +1,29 @@
-"""``raysim bench``'s device: the plain loop and the vectorized side train where the job's GPU is."""
+"""``raysim bench``'s ideal: the plain loop's time over the cores raysim's workers train on."""
 
 import pytest
 import torch
 
-from raysim.cli.bench_file import bench_device, load_benchmark
-from raysim.errors import ConfigError
+from raysim.cli.bench import summarize, training_cores
+from raysim.cli.bench_file import load_benchmark
 
-JOB = "jobs/bench/pfl_cifar10_gpu.yaml"  # asks for a GPU: resources.gpus_per_worker 0.25
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_cuda_asked_where_torch_sees_none_is_one_error_naming_the_key():
-    with pytest.raises(ConfigError, match=r"bench\.device: cuda, but torch sees no CUDA device"):
-        load_benchmark(JOB, ["bench.device=cuda"])
+JOB = "jobs/bench/pfl_cifar10.yaml"  # Ray workers on the CPU, one thread each
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_auto_follows_the_job_and_falls_back_to_the_cpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    job, bench = load_benchmark(JOB, [])
-    assert bench_device(job, bench).type == "cuda"
-    job, bench = load_benchmark(JOB, ["resources.gpus_per_worker=0"])
-    assert bench_device(job, bench).type == "cpu"  # a CPU job's loop stays on the CPU
-    job, bench = load_benchmark(JOB, ["bench.device=cpu"])
-    assert bench_device(job, bench).type == "cpu"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    job, bench = load_benchmark(JOB, [])
-    assert bench_device(job, bench).type == "cpu"  # auto on a machine without a GPU
+def test_the_ideal_counts_each_workers_threads_on_the_cpu_and_one_per_worker_elsewhere():
+    job, _ = load_benchmark(JOB, [])
+    assert training_cores(job, 2, CPU) == 2
+    two_threads, _ = load_benchmark(JOB, ["resources.cpus_per_worker=2"])
+    assert training_cores(two_threads, 1, CPU) == 2 and training_cores(two_threads, 3, CPU) == 6
+    assert training_cores(two_threads, 1, CUDA) == 1  # a card's workers share the card
+    serial, _ = load_benchmark(JOB, ["resources.backend=serial", "resources.cpus_per_worker=2"])
+    assert training_cores(serial, 2, CPU) == 2  # the serial backend's workers take turns
+
+
+def test_raysim_over_the_ideal_is_the_median_of_each_rounds_ratio_to_plain_over_cores():
+    job, _ = load_benchmark(JOB, [])
+    raysim_s, plain_s = [3.0, 2.0, 4.0], [4.0, 4.0, 4.0]
+    figures = summarize(job, 1, 2, raysim_s, plain_s)
+    assert figures["ideal_round_s"] == pytest.approx(2.0)  # the plain loop's median over 2 cores
+    assert figures["ratio_to_ideal"] == pytest.approx(1.5)  # rounds 1.5, 1.0, 2.0
+    assert (figures["num_workers"], figures["cores"]) == (1, 2)

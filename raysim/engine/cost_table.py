@@ -1,7 +1,9 @@
 """What runs cost, side by side (``raysim compare --cost``): their training and their final
 predictor, from the cost metrics every run logs (``raysim.engine.cost``; docs/tracking.md).
 
-One row per run; a column no run has a value for is left out:
+One row per run (a mean over seeds, ``raysim compare --over-seeds``: each cell the mean ± the sample
+std of its seeds' costs, each run's cost computed first); a column no run has a value for is left
+out:
 
 - ``client s``: seconds of one client update, summed over the steps (``sys/client_seconds``): a
   client's local work over the whole run where every client trains at every step;
@@ -26,6 +28,7 @@ import csv
 import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from statistics import fmean, stdev
 from typing import TYPE_CHECKING
 
 from raysim.engine.tables import Column, RunRecord
@@ -63,8 +66,24 @@ COLUMNS = (
 
 
 def cost_fields(record: RunRecord) -> Metrics:
-    """The run's cost over its logged steps, by metric: sums, max or last value."""
+    """The run's cost over its logged steps, by metric: sums, max or last value; a mean over seeds:
+    the mean of its seeds' costs (each key every seed has)."""
+    if record.members:
+        return {key: fmean(values) for key, values in _seed_costs(record).items()}
     return run_cost({key: [m[key] for _, m in record.history if key in m] for key in COST_KEYS})
+
+
+def cost_spread(record: RunRecord) -> Metrics:
+    """The sample standard deviation of each cost over the record's seeds; empty for one run."""
+    if len(record.members) < 2:
+        return {}
+    return {key: stdev(values) for key, values in _seed_costs(record).items()}
+
+
+def _seed_costs(record: RunRecord) -> dict[str, list[float]]:
+    """Each cost key every seed of the record logged, with the seeds' values."""
+    costs = [cost_fields(member) for member in record.members]
+    return {key: [c[key] for c in costs] for key in COST_KEYS if all(key in c for c in costs)}
 
 
 def run_cost(values: Mapping[str, Sequence[float]]) -> Metrics:
@@ -81,8 +100,17 @@ def cost_rows(records: Sequence[RunRecord]) -> tuple[list[str], list[list[str]]]
     """Headers and one row of cells per run (name, algorithm, then the columns with a value)."""
     fields = [cost_fields(r) for r in records]
     kept = [c for c in COLUMNS if any(c.has_value(f) for f in fields)]
-    rows = [[r.name, r.algorithm, *(c.cell(f) for c in kept)] for r, f in zip(records, fields, strict=True)]
+    rows = [
+        [r.name, r.algorithm, *(_cell(c, f, cost_spread(r)) for c in kept)]
+        for r, f in zip(records, fields, strict=True)
+    ]
     return ["run", "algorithm", *(c.header for c in kept)], rows
+
+
+def _cell(column: Column, fields: Metrics, spread: Metrics) -> str:
+    """The column's value, with `` ± std`` where the row is a mean over seeds."""
+    key = column.keys[0]
+    return column.cell(fields) + (f" ± {column.format(spread[key])}" if key in spread else "")
 
 
 def has_costs(records: Sequence[RunRecord]) -> bool:
@@ -113,13 +141,15 @@ def cost_markdown(records: Sequence[RunRecord]) -> str:
 
 
 def write_cost_csv(records: Sequence[RunRecord], path: Path) -> Path:
-    """One row per run, one column per cost metric (full names, in the metrics' own units)."""
+    """One row per run, one column per cost metric (full names, in the metrics' own units), then
+    one ``<metric>:std`` column each: the std over a row's seeds, empty for one run."""
+    keys = [c.keys[0] for c in COLUMNS]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["run", "run_id", "algorithm", *(c.keys[0] for c in COLUMNS)])
+    writer.writerow(["run", "run_id", "algorithm", *keys, *(f"{key}:std" for key in keys)])
     for record in records:
-        fields = cost_fields(record)
-        values = [repr(fields[c.keys[0]]) if c.keys[0] in fields else "" for c in COLUMNS]
+        fields, spread = cost_fields(record), cost_spread(record)
+        values = [repr(m[key]) if key in m else "" for m in (fields, spread) for key in keys]
         writer.writerow([record.name, record.run_id or "", record.algorithm, *values])
     path.write_text(buffer.getvalue())
     return path

@@ -3,7 +3,8 @@
 Two runs belong together when every param but ``seed`` (and the ``tracking`` and ``resources``
 sections: where and how they ran) is equal. A group becomes one record named after its first run
 (its ``seed=N`` part dropped) with ``(N seeds)`` added: each final metric and each round's
-metric is the mean over the seeds that logged it in every run, and the time the mean time.
+metric is the mean over the seeds that logged it in every run, and the time the mean time; the
+seeds' own records stay in its ``members`` (the cost table's mean ± std).
 
 Usage:
     records = over_seeds(runs, store.records(runs, None))  # runs and records in the same order
@@ -55,6 +56,7 @@ def mean_record(name: str, members: Sequence[RunRecord]) -> RunRecord:
         seconds=fmean(seconds) if len(seconds) == len(members) else None,
         run_id=",".join(str(m.run_id) for m in members),
         experiment_id=first.experiment_id,
+        members=tuple(members),
     )
 
 

@@ -73,6 +73,7 @@ class RunRecord:
     seconds: float | None = None  # the run's duration; None: unknown (a run that did not end)
     run_id: str | None = None
     experiment_id: str | None = None
+    members: tuple[RunRecord, ...] = ()  # a mean over seeds: the seeds' own records (seed_groups)
 
     @classmethod
     def of_result(cls, result: RunResult) -> RunRecord:

@@ -32,3 +32,4 @@ def test_runs_differing_only_in_their_seed_are_averaged_and_others_kept():
     assert mean.final["eval/central/accuracy"] == pytest.approx((0.8 + 0.9) / 2, rel=1e-12)
     assert mean.history == [(0, {"train/loss": pytest.approx(2.0, rel=1e-12)})]  # rounds all logged
     assert mean.seconds == pytest.approx(15.0, rel=1e-12)
+    assert mean.members == (records[0], records[2]) and alone.members == ()  # for the cost table's std

@@ -40,6 +40,7 @@ from raysim.train.datafree import (
     Generator,
     SynthesisConfig,
     distill_on_pool,
+    pool_targets,
     synthesize,
 )
 from raysim.train.oneshot import OneShotConfig, average_models, keep_local_model, local_models
@@ -74,6 +75,8 @@ class Dense:
     """DENSE: a generator against the client ensemble, an image pool, and KD into one model."""
 
     Config = DenseConfig
+    # a job that names no model gets one with BatchNorm, which the statistics loss reads
+    DEFAULT_MODEL = {"name": "resnet10", "width": 16}
 
     def __init__(self, config: DenseConfig) -> None:
         self.config = config
@@ -107,6 +110,7 @@ class Dense:
         optimizer = torch.optim.SGD(student.parameters(), lr=config.lr, momentum=0.9)
         rng = torch.Generator().manual_seed(info.seed)
         pool: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []  # the ensemble's logits on the pool, batch for batch
         kd = generated = float("nan")
         with BatchNormStatistics(teachers) as statistics:
             for _ in range(config.epochs):
@@ -114,9 +118,11 @@ class Dense:
                     generator, teachers, student, statistics, config.synthesis, info.spec.num_classes, rng
                 )
                 pool.append(images)
+                targets.append(pool_targets(teachers, images))
                 kd = distill_on_pool(
-                    student, teachers, torch.cat(pool), optimizer, config.batch_size, config.temperature, rng
-                )
+                    student, torch.cat(pool), torch.cat(targets), optimizer, config.batch_size,
+                    config.temperature, rng,
+                )  # fmt: skip
         own = student.state_dict()
         state = replace(state, params={k: own[k].detach().clone() for k in state.params})
         metrics = {

@@ -35,6 +35,7 @@ class Digits:
     """sklearn load_digits: 1,797 real 1x8x8 digits, 10 classes."""
 
     Config = DigitsConfig
+    DEFAULT_MODEL = {"name": "mlp", "hidden": [64]}  # a job that names no model (and no plugin's)
 
     def __init__(self, config: DigitsConfig) -> None:
         self.config = config

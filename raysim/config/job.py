@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -112,6 +113,8 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         groups = validate_model_groups(raw["model_groups"], problems)
         if "model" not in raw and groups is not None:  # the first group's model
             raw = {**raw, "model": groups.models[0].to_dict()}
+    elif "model" not in raw and (default := plugin_default_model(raw)) is not None:
+        raw = {**raw, "model": default}
     sections = {
         kind: validate_plugin(kind, raw.get(kind), problems)
         if kind != "model" or "model" in raw or groups is None and "model_groups" not in raw
@@ -140,6 +143,21 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections, model_groups=groups)
+
+
+def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The model section of a job that names none: the algorithm plugin's ``DEFAULT_MODEL`` (the
+    model it needs, as DENSE needs BatchNorm), else the dataset recipe's, else None (the job's
+    ``model`` stays required). A class attribute read here, as ``MIXED_MODELS`` is; a job's own
+    ``model`` always wins."""
+    for kind in ("algorithm", "dataset"):
+        section = raw.get(kind)
+        name = section.get("name") if isinstance(section, dict) else None
+        if isinstance(name, str) and name in registry.names(kind):
+            default = getattr(registry.get(kind, name).factory, "DEFAULT_MODEL", None)
+            if default is not None:
+                return copy.deepcopy(dict(default))
+    return None
 
 
 def check_against_job(sections: list[PluginSection | None], job: JobCore) -> list[str]:

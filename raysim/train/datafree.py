@@ -19,6 +19,8 @@ Not reproduced: the code's random crop and flip of the synthetic views and of th
 Usage:
     with BatchNormStatistics(teachers) as statistics:
         images, loss = synthesize(generator, teachers, student, statistics, config, num_classes, rng)
+    pool, targets = torch.cat([pool, images]), torch.cat([targets, pool_targets(teachers, images)])
+    kd = distill_on_pool(student, pool, targets, optimizer, batch_size, temperature, rng)
 """
 
 from __future__ import annotations
@@ -97,9 +99,7 @@ class BatchNormStatistics:
     def _record(self, layer: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         assert isinstance(layer, nn.BatchNorm2d) and layer.running_mean is not None
         assert layer.running_var is not None
-        x = inputs[0]
-        mean = x.mean(dim=(0, 2, 3))
-        variance = x.permute(1, 0, 2, 3).flatten(1).var(dim=1, unbiased=False)
+        variance, mean = torch.var_mean(inputs[0], dim=(0, 2, 3), unbiased=False)
         self.terms[id(layer)] = torch.linalg.vector_norm(
             mean - layer.running_mean
         ) + torch.linalg.vector_norm(variance - layer.running_var)
@@ -173,13 +173,14 @@ def synthesize(
     rng: torch.Generator,
 ) -> tuple[torch.Tensor, float]:
     """One epoch's synthesis: ``config.steps`` Adam steps on the (re-initialized) generator and a
-    fresh latent batch
-    towards ``generator_loss``; returns the batch of images whose loss was lowest (detached) and
-    that loss."""
+    fresh latent batch towards ``generator_loss``; returns the batch of images whose loss was
+    lowest (detached) and that loss. Gradients are taken for the generator and the latent batch
+    only: the teachers' and the student's weight gradients would be work thrown away."""
     reset_generator(generator, rng)
     z = torch.randn(config.batch_size, config.latent_dim, generator=rng).requires_grad_(True)
     labels = torch.randint(num_classes, (config.batch_size,), generator=rng)
-    optimizer = torch.optim.Adam([*generator.parameters(), z], lr=config.lr, betas=(0.5, 0.999))
+    trained = [*generator.parameters(), z]
+    optimizer = torch.optim.Adam(trained, lr=config.lr, betas=(0.5, 0.999))
     for model in (*teachers, student):
         model.eval()
     generator.train()
@@ -191,32 +192,38 @@ def synthesize(
         value = float(loss.detach())
         if value < best_loss:
             best_loss, best = value, images.detach().clone()
-        loss.backward()
+        for tensor, grad in zip(trained, torch.autograd.grad(loss, trained), strict=True):
+            tensor.grad = grad
         optimizer.step()
     return best, best_loss
 
 
+@torch.no_grad()
+def pool_targets(teachers: Sequence[nn.Module], images: torch.Tensor) -> torch.Tensor:
+    """The ensemble's logits on a batch joining the pool, computed once: the teachers are fixed
+    and the pool's images are not augmented, so every later pass would compute the same."""
+    for model in teachers:
+        model.eval()
+    return ensemble_logits(teachers, images)
+
+
 def distill_on_pool(
     student: nn.Module,
-    teachers: Sequence[nn.Module],
     pool: torch.Tensor,
+    targets: torch.Tensor,
     optimizer: torch.optim.Optimizer,
     batch_size: int,
     temperature: float,
     rng: torch.Generator,
 ) -> float:
     """One pass of the student over the shuffled pool, each minibatch one step of ``kd_loss``
-    towards the ensemble (teachers in eval mode, no gradients); the mean loss."""
-    for model in teachers:
-        model.eval()
+    towards the ensemble's logits ``targets`` (``pool_targets``, row for row); the mean loss."""
     student.train()
     order, losses = torch.randperm(len(pool), generator=rng), []
     for start in range(0, len(pool), batch_size):
-        x = pool[order[start : start + batch_size]]
-        with torch.no_grad():
-            target = ensemble_logits(teachers, x)
+        rows = order[start : start + batch_size]
         optimizer.zero_grad(set_to_none=True)
-        loss = kd_loss(student(x), target, temperature)
+        loss = kd_loss(student(pool[rows]), targets[rows], temperature)
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))

@@ -14,6 +14,7 @@ from raysim.train.datafree import (
     adversarial_loss,
     distill_on_pool,
     generator_loss,
+    pool_targets,
     reset_generator,
     synthesize,
 )
@@ -135,9 +136,34 @@ def test_one_pass_over_the_pool_steps_the_student_on_the_kd_loss_to_the_ensemble
     reference = teacher(2).train()
     pool = torch.randn(8, 1, 8, 8)
     optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
-    loss = distill_on_pool(student, teachers, pool, optimizer, 8, 3.0, torch.Generator().manual_seed(0))
+    targets = pool_targets(teachers, pool)
+    loss = distill_on_pool(student, pool, targets, optimizer, 8, 3.0, torch.Generator().manual_seed(0))
     expected = kd_loss(reference(pool), ensemble_logits(teachers, pool).detach(), 3.0)
     expected.backward()
     assert loss == pytest.approx(float(expected), rel=1e-5)
     for got, before in zip(student.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), (before - 0.1 * before.grad).detach())
+
+
+def test_pool_targets_are_the_ensembles_eval_mode_logits_and_carry_no_graph():
+    """Computed once per batch joining the pool: the mean of the teachers' logits with their
+    running statistics (eval mode, even if a teacher was left in train mode)."""
+    teachers = [teacher(0), teacher(1).train()]
+    images = torch.randn(6, 1, 8, 8, requires_grad=True)
+    got = pool_targets(teachers, images)
+    for model in teachers:
+        model.eval()
+    torch.testing.assert_close(got, ensemble_logits(teachers, images).detach())
+    assert not got.requires_grad
+
+
+def test_synthesis_leaves_the_teachers_and_student_without_gradients():
+    """The generator's steps differentiate only the generator and its latent batch: no weight
+    gradient of a teacher or the student is computed (their .grad stays unset)."""
+    teachers, student = [teacher(0), teacher(1)], teacher(2)
+    generator = Generator(latent_dim=8, width=4, image_shape=(1, 8, 8))
+    config = SynthesisConfig(latent_dim=8, width=4, steps=2, batch_size=4)
+    with BatchNormStatistics(teachers) as statistics:
+        synthesize(generator, teachers, student, statistics, config, 3, torch.Generator().manual_seed(1))
+    assert all(p.grad is None for model in (*teachers, student) for p in model.parameters())
+    assert all(p.grad is not None for p in generator.parameters())

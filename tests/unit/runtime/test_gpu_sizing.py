@@ -7,11 +7,9 @@ import pytest
 from raysim.config import JobConfig
 from raysim.errors import ResourceError
 from raysim.runtime.gpu_sizing import WorkerPeak, probe_work, share_of
-from raysim.runtime.wire import WorkerSetup
 from raysim.types import Payload
 
-MiB, GiB = 2**20, 2**30
-SETUP = WorkerSetup(job={}, store_path="s", state_dir="d")
+GiB = 2**30
 JOB = {
     "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 10}},
     "model": {"name": "mlp"},
@@ -76,9 +74,5 @@ def test_the_probe_trains_the_largest_client_or_a_chunk_of_the_largest():
     assert work_for({"vectorize": "auto", "vectorize_chunk": 3}).client_ids == [1, 7, 6]
     assert len(work_for({"vectorize": "on", "vectorize_chunk": "auto"}).client_ids) == 4  # ChunkSize's probes
     assert work_for({"vectorize": "on", "vectorize_chunk": 16, "cohort_size": 2}).client_ids == [1, 7]
-
-
-def never_asked():
-    raise AssertionError("the probe's work is made only for auto on Ray")
 
 

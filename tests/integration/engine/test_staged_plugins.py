@@ -21,6 +21,18 @@ from raysim.types import ClientResult, Payload
 FOUR_CLIENTS = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}
 
 
+@pytest.fixture
+def register(monkeypatch):
+    """Registers a test plugin for one test only. The registry is the process's: a plugin left in
+    it would reach the tests that walk every registered algorithm (a broken one on purpose here)."""
+
+    def add(name, factory):
+        monkeypatch.setitem(registry._entries["algorithm"], name, None)  # the key goes at teardown
+        registry.register("algorithm", name)(factory)
+
+    return add
+
+
 def job(name):
     """4 clients of digits; 5 rounds, which a staged plugin may ignore."""
     return tiny_job(
@@ -71,8 +83,10 @@ class NoClientUpdate:
         return state
 
 
-def test_a_staged_plugin_with_only_client_update_and_protocol_runs_end_to_end_and_is_listed(tmp_path):
-    registry.register("algorithm", "average_once_test")(AverageOnce)
+def test_a_staged_plugin_with_only_client_update_and_protocol_runs_end_to_end_and_is_listed(
+    tmp_path, register
+):
+    register("average_once_test", AverageOnce)
     assert "average_once_test" in registry.names("algorithm")
     result = run(job("average_once_test"), output_dir=tmp_path)
     assert [step for step, _ in result.history] == [0]
@@ -84,14 +98,14 @@ def test_a_staged_plugin_with_only_client_update_and_protocol_runs_end_to_end_an
     assert (result.run_dir / "checkpoints" / "final.pt").exists()
 
 
-def test_a_staged_plugin_without_the_round_loops_methods_cannot_run_a_standard_round(tmp_path):
-    registry.register("algorithm", "rounds_without_methods_test")(RoundsWithoutTheirMethods)
+def test_a_staged_plugin_without_the_round_loops_methods_cannot_run_a_standard_round(tmp_path, register):
+    register("rounds_without_methods_test", RoundsWithoutTheirMethods)
     with pytest.raises(TypeError, match=r"without the round loop's payload and server_update"):
         run(job("rounds_without_methods_test"), output_dir=tmp_path)
 
 
-def test_a_plugin_without_client_update_is_refused_naming_it_before_any_worker(tmp_path):
-    registry.register("algorithm", "no_client_update_test")(NoClientUpdate)
+def test_a_plugin_without_client_update_is_refused_naming_it_before_any_worker(tmp_path, register):
+    register("no_client_update_test", NoClientUpdate)
     with pytest.raises(TypeError, match=r"'no_client_update_test': NoClientUpdate lacks client_update;"):
         build(job("no_client_update_test"), MemoryTracker(), None, tmp_path)
     assert not any(tmp_path.iterdir())  # no run folder, no client state

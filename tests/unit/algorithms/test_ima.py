@@ -249,10 +249,11 @@ def test_inner_config_errors_name_the_inner_key():
     assert both.startswith("algorithm.inner.local: set lr_decay or lr_schedule, not both")
 
 
-def test_what_ima_cannot_wrap_is_refused():
+def test_what_ima_cannot_wrap_is_refused(monkeypatch):
     assert "not itself" in problems({"inner": {"name": "ima"}})[0]
     staged = type("StagedTest", (), {"protocol": lambda self, services, state: state})
     fedavg_config = registry.get("algorithm", "fedavg").config
+    monkeypatch.setitem(registry._entries["algorithm"], "staged_for_ima_test", None)  # gone at teardown
     registry.register("algorithm", "staged_for_ima_test", config=fedavg_config)(staged)
     assert "runs its own protocol" in problems({"inner": {"name": "staged_for_ima_test"}})[0]
     [sums] = problems({"inner": {"name": "scaffold"}, "placement": "before_server_optimizer"})

@@ -1,28 +1,15 @@
 """The digit5 and domainnet recipes on generated folder trees in their layouts (tiny PNGs)."""
 
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from raysim import registry
 from raysim.data.partition import DomainDirichletPartition
 from raysim.data.prepare import open_dataset
 from raysim.engine.domain_scores import client_domains
 from raysim.errors import DataError
-
-
-def recipe(stem: str) -> ModuleType:
-    registry.load_plugin_file(registry.REPO_ROOT / "datasets" / f"{stem}.py", "datasets")
-    return sys.modules[f"raysim_plugins.datasets.{stem}"]
-
-
-@pytest.fixture
-def only_loaded_recipes(monkeypatch):
-    monkeypatch.setattr(registry, "load_builtins", lambda: None)
 
 
 def png(path: Path, value: int, mode: str) -> None:
@@ -38,7 +25,7 @@ def digit5_tree(root: Path) -> None:
                 png(root / domain / split / str(digit) / f"{i}.png", 20 * digit + i, mode)
 
 
-def test_digit5_gives_one_client_per_domain_with_its_test_images(tmp_path, only_loaded_recipes):
+def test_digit5_gives_one_client_per_domain_with_its_test_images(tmp_path, only_loaded_recipes, recipe):
     digit5_tree(tmp_path / "digit5")
     config = recipe("digit5").Digit5Config(
         root=str(tmp_path / "digit5"), domains=("SVHN", "MNIST"), size=8, cache_dir=str(tmp_path / "c")
@@ -52,7 +39,7 @@ def test_digit5_gives_one_client_per_domain_with_its_test_images(tmp_path, only_
     assert client_domains(store, np.array([1, 0])) == {1: "SVHN", 0: "MNIST"}
 
 
-def test_digit5_with_label_skew_inside_each_domain(tmp_path, only_loaded_recipes):
+def test_digit5_with_label_skew_inside_each_domain(tmp_path, only_loaded_recipes, recipe):
     digit5_tree(tmp_path / "digit5")
     config = recipe("digit5").Digit5Config(
         root=str(tmp_path / "digit5"),
@@ -67,7 +54,7 @@ def test_digit5_with_label_skew_inside_each_domain(tmp_path, only_loaded_recipes
     assert set(client_domains(store, np.arange(6)).values()) == {"MNIST", "SVHN"}
 
 
-def test_digit5_names_an_empty_domain_folder(tmp_path, only_loaded_recipes):
+def test_digit5_names_an_empty_domain_folder(tmp_path, only_loaded_recipes, recipe):
     digit5_tree(tmp_path / "digit5")
     (tmp_path / "digit5" / "USPS").mkdir()
     config = recipe("digit5").Digit5Config(
@@ -77,12 +64,12 @@ def test_digit5_names_an_empty_domain_folder(tmp_path, only_loaded_recipes):
         open_dataset("digit5", config)
 
 
-def test_repeated_domains_are_a_config_error():
+def test_repeated_domains_are_a_config_error(recipe):
     with pytest.raises(ValueError, match="MNIST listed more than once"):
         recipe("digit5").Digit5Config(root="x", domains=("MNIST", "SVHN", "MNIST"))
 
 
-def test_domainnet_follows_the_official_lists(tmp_path, only_loaded_recipes):
+def test_domainnet_follows_the_official_lists(tmp_path, only_loaded_recipes, recipe):
     root = tmp_path / "domainnet"
     for domain in ("clipart", "sketch"):
         lines = {"train": [], "test": []}
@@ -101,7 +88,7 @@ def test_domainnet_follows_the_official_lists(tmp_path, only_loaded_recipes):
     assert store.spec.input_shape == (3, 6, 6) and store.spec.num_classes == 2
 
 
-def test_digit5_merged_as_the_lss_code_then_split_by_label(tmp_path, only_loaded_recipes):
+def test_digit5_merged_as_the_lss_code_then_split_by_label(tmp_path, only_loaded_recipes, recipe):
     """source_split false: each domain's 30 images merged; test_fraction 0.2 keeps 6 test rows per
     client, stratified over its 10 digits of 3 images each (0.6 a digit: 6 digits get one)."""
     digit5_tree(tmp_path / "digit5")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from types import ModuleType
 
 # Before anything imports HuggingFace `datasets`, which reads these once: a failing hub lookup
 # otherwise hangs for ~50 s.
@@ -15,29 +13,16 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from raysim import registry  # noqa: E402
 from raysim.data.partition import DirichletPartition, DomainPartition, IidPartition  # noqa: E402
 from raysim.data.prepare import open_dataset  # noqa: E402
 from raysim.errors import DataError  # noqa: E402
-
-
-def recipe(stem: str) -> ModuleType:
-    """Loads datasets/<stem>.py the way the registry does, without scanning every plugin."""
-    registry.load_plugin_file(registry.REPO_ROOT / "datasets" / f"{stem}.py", "datasets")
-    return sys.modules[f"raysim_plugins.datasets.{stem}"]
-
-
-@pytest.fixture
-def only_loaded_recipes(monkeypatch):
-    # open_dataset looks recipes up by name; skip the scan of models and algorithms.
-    monkeypatch.setattr(registry, "load_builtins", lambda: None)
 
 
 def x_of(table) -> np.ndarray:
     return table.column("x").combine_chunks().flatten().to_numpy()
 
 
-def test_mnist_holds_out_a_stratified_central_test():
+def test_mnist_holds_out_a_stratified_central_test(recipe):
     mnist = recipe("mnist")
     examples = mnist.Mnist(mnist.MnistConfig()).load_examples()
     assert examples.table.num_rows == 4000 and examples.central_test.num_rows == 1000
@@ -49,7 +34,7 @@ def test_mnist_holds_out_a_stratified_central_test():
     assert examples.mean == (0.1307,) and examples.std == (0.3081,)
 
 
-def test_mnist_sets_pretraining_digits_apart_from_the_clients():
+def test_mnist_sets_pretraining_digits_apart_from_the_clients(recipe):
     """pretrain_size: 1000 splits the 4,000 client digits into 3,000 and 1,000 (100 per class),
     disjoint and together the default's 4,000, with the default's central test set either way."""
     mnist = recipe("mnist")
@@ -68,7 +53,7 @@ def test_mnist_sets_pretraining_digits_apart_from_the_clients():
         assert examples.central_test.equals(whole.central_test)
 
 
-def test_mnist_defaults_keep_the_stores_hash_and_bad_parts_are_refused():
+def test_mnist_defaults_keep_the_stores_hash_and_bad_parts_are_refused(recipe):
     mnist = recipe("mnist")
     assert not {"pretrain_size", "part"} & mnist.MnistConfig().model_dump().keys()
     with pytest.raises(ValueError, match="part 'pretrain' needs digits set apart: set pretrain_size > 0"):
@@ -77,7 +62,7 @@ def test_mnist_defaults_keep_the_stores_hash_and_bad_parts_are_refused():
         mnist.MnistConfig(pretrain_size=4000)
 
 
-def test_mnist_store_end_to_end(tmp_path, only_loaded_recipes):
+def test_mnist_store_end_to_end(tmp_path, only_loaded_recipes, recipe):
     mnist = recipe("mnist")
     partition = DirichletPartition(num_clients=20, alpha=0.5)
     store = open_dataset("mnist", mnist.MnistConfig(cache_dir=str(tmp_path), partition=partition))
@@ -90,7 +75,7 @@ def test_mnist_store_end_to_end(tmp_path, only_loaded_recipes):
     assert store.label_histogram(0).sum() == store.num_examples("train")[0]
 
 
-def test_digits_rescales_to_uint8():
+def test_digits_rescales_to_uint8(recipe):
     digits = recipe("digits")
     examples = digits.Digits(digits.DigitsConfig()).load_examples()
     assert examples.table.num_rows == 1797 and examples.central_test is None
@@ -102,7 +87,7 @@ def test_digits_rescales_to_uint8():
     assert held.table.num_rows == 1697 and held.central_test.num_rows == 100
 
 
-def test_digits_store(tmp_path, only_loaded_recipes):
+def test_digits_store(tmp_path, only_loaded_recipes, recipe):
     digits = recipe("digits")
     config = digits.DigitsConfig(cache_dir=str(tmp_path), partition=IidPartition(num_clients=10))
     store = open_dataset("digits", config)
@@ -111,7 +96,7 @@ def test_digits_store(tmp_path, only_loaded_recipes):
     assert store.num_examples("train")[0] + store.num_examples("test")[0] == 180  # 1797 / 10
 
 
-def test_synthetic_images_are_seeded():
+def test_synthetic_images_are_seeded(recipe):
     synthetic = recipe("synthetic_images")
     config = synthetic.SyntheticImagesConfig(num_examples=300, shape=(3, 8, 8), central_test_size=50)
     first, again = (synthetic.SyntheticImages(config).load_examples() for _ in range(2))
@@ -151,7 +136,7 @@ def write_parquet(datasets, path, images, labels, domains=None) -> str:
     return str(path)
 
 
-def test_hf_images_on_local_parquet(tmp_path, hf_offline):
+def test_hf_images_on_local_parquet(tmp_path, hf_offline, recipe):
     rng = np.random.default_rng(0)
     train = rng.integers(0, 256, (12, 4, 6, 3), dtype=np.uint8)  # (n, H, W, C) as PIL gives
     test = rng.integers(0, 256, (3, 4, 6, 3), dtype=np.uint8)
@@ -176,7 +161,7 @@ def test_hf_images_on_local_parquet(tmp_path, hf_offline):
     assert np.allclose(examples.std, (train / 255).std(axis=(0, 1, 2)))
 
 
-def test_hf_images_domain_store_and_grayscale(tmp_path, hf_offline, only_loaded_recipes):
+def test_hf_images_domain_store_and_grayscale(tmp_path, hf_offline, only_loaded_recipes, recipe):
     gray = np.arange(8 * 5 * 5, dtype=np.uint8).reshape(8, 5, 5)
     files = {
         "train": write_parquet(hf_offline, tmp_path / "g.parquet", gray, [0, 1] * 4, ["x"] * 3 + ["y"] * 5)
@@ -198,7 +183,7 @@ def test_hf_images_domain_store_and_grayscale(tmp_path, hf_offline, only_loaded_
     assert store.central_test() is None
 
 
-def test_hf_images_of_different_sizes_are_an_error(tmp_path, hf_offline):
+def test_hf_images_of_different_sizes_are_an_error(tmp_path, hf_offline, recipe):
     images = [np.zeros((4, 4, 3), np.uint8), np.zeros((5, 4, 3), np.uint8)]
     files = {"train": write_parquet(hf_offline, tmp_path / "t.parquet", images, [0, 1])}
     hf = recipe("hf_images")
@@ -207,7 +192,7 @@ def test_hf_images_of_different_sizes_are_an_error(tmp_path, hf_offline):
         hf.HfImages(config).load_examples()
 
 
-def test_hf_images_mode_resize_and_center_crop(tmp_path, hf_offline):
+def test_hf_images_mode_resize_and_center_crop(tmp_path, hf_offline, recipe):
     from PIL import Image
 
     grey = np.arange(2 * 8 * 12, dtype=np.uint8).reshape(2, 8, 12)  # (n, H, W): 8 high, 12 wide
@@ -231,7 +216,7 @@ def test_hf_images_mode_resize_and_center_crop(tmp_path, hf_offline):
     assert np.array_equal(x_of(cropped.table), grey[:, 2:6, 4:8].ravel())
 
 
-def test_hf_images_resize_options_are_checked_and_left_out_of_the_store_hash():
+def test_hf_images_resize_options_are_checked_and_left_out_of_the_store_hash(recipe):
     hf = recipe("hf_images")
     with pytest.raises(ValueError, match="center_crop 300 is larger than the resized 256x256"):
         hf.HfImagesConfig(path="x", resize=(256, 256), center_crop=300)

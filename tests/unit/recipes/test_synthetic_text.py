@@ -1,7 +1,6 @@
 """The synthetic_text recipe: seeded, one client per stream, packed by the real text writer."""
 
 import numpy as np
-from test_recipes import only_loaded_recipes, recipe  # noqa: F401 (a fixture)
 
 from raysim.data.prepare import open_dataset
 
@@ -13,7 +12,7 @@ def config(module, tmp_path, **fields):
     )  # fmt: skip
 
 
-def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(tmp_path):
+def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(tmp_path, recipe):
     module = recipe("synthetic_text")
     first, again = (list(module.SyntheticText(config(module, tmp_path)).documents()) for _ in range(2))
     other = list(module.SyntheticText(config(module, tmp_path, seed=1)).documents())
@@ -25,7 +24,7 @@ def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(tmp_path)
     assert max(np.unique(words, return_counts=True)[1]) / len(words) > 50 / 5_000
 
 
-def test_a_store_of_packed_sequences_one_client_per_stream(tmp_path, only_loaded_recipes):  # noqa: F811
+def test_a_store_of_packed_sequences_one_client_per_stream(tmp_path, only_loaded_recipes, recipe):
     module = recipe("synthetic_text")
     store = open_dataset("synthetic_text", config(module, tmp_path))
     assert store.spec.task == "causal_lm" and store.spec.input_shape == (32,)

@@ -1,0 +1,1 @@
+"""``raysim bench``: raysim against a plain PyTorch loop, population sizes, start-up seconds."""

@@ -1,0 +1,59 @@
+"""A benchmark file: a job file plus a ``bench:`` section, read and checked before anything runs
+(``raysim bench``'s rounds in ``bench.py``, its population sizes in ``population_bench.py``).
+
+Usage:
+    job, bench = load_benchmark("jobs/bench/pfl_cifar10.yaml", ["engine.num_rounds=4"])
+    device = bench_device(job, bench)   # where the plain loop and the vectorized side train
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, Field, PositiveInt, ValidationError
+
+from raysim.bench.plain_loop import plain_local
+from raysim.config import JobConfig, apply_overrides, explain
+from raysim.errors import ConfigError
+
+
+class BenchConfig(BaseModel, frozen=True, extra="forbid"):
+    warmup_rounds: int = Field(1, ge=0)
+    # population sizes: driver memory and sampling time per size (raysim.bench.population_bench)
+    populations: list[PositiveInt] = Field(default_factory=list)
+    startup: bool = True  # also time start-up, in fresh processes (raysim.bench.startup)
+    # where the plain loop and the vectorized side train (auto: the GPU when the job asks for one)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
+    raw = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"no benchmark file (a YAML mapping) at {path}"])
+    raw = apply_overrides(raw, overrides)
+    try:
+        bench = BenchConfig.model_validate(raw.pop("bench", {}) or {})
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, BenchConfig, "bench."), str(path)) from None
+    job = JobConfig.from_dict(raw, str(path))
+    if job.engine.num_rounds <= bench.warmup_rounds:
+        raise ConfigError([f"engine.num_rounds must exceed bench.warmup_rounds ({bench.warmup_rounds})"])
+    plain_local(job)  # the plain loop can repeat the plugin's local training
+    bench_device(job, bench)
+    return job, bench
+
+
+def bench_device(job: JobConfig, bench: BenchConfig) -> torch.device:
+    """Where the plain loop and the vectorized side train.
+
+    Raises:
+        ConfigError: ``bench.device: cuda`` where torch sees no CUDA device.
+    """
+    cuda = torch.cuda.is_available()
+    if bench.device == "cuda" and not cuda:
+        raise ConfigError(["bench.device: cuda, but torch sees no CUDA device here; use cpu or auto"])
+    wants_gpu = bench.device == "cuda" or (bench.device == "auto" and bool(job.resources.gpus_per_worker))
+    return torch.device("cuda" if wants_gpu and cuda else "cpu")

@@ -1,0 +1,182 @@
+"""``raysim bench``: raysim's seconds per round against a plain PyTorch loop, in one run.
+
+The plain loop is the limit: one process, one thread, the model built once, every client's data
+already in memory as tensors, and nothing else. It trains the same cohorts with the same
+hyper-parameters, one round after each raysim round. Its time divided by the cores raysim's
+workers train on (``training_cores``: workers times their threads on a CPU) is the linear ideal
+parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's overhead,
+1.00 being none, together with what the cores themselves lose. On a CPU with more than one core
+the ideal is also measured (``ParallelPlainLoop``: the plain loop in one process per core), and
+raysim / that is the engine's overhead alone.
+
+Where the plugin and model vectorize, a third side trains each cohort in chunks at once
+(``bench_vectorized.py``); ``vectorized_vs_plain`` is its time per step over the plain loop's.
+
+Both sides train on ``bench.device``: the CPU, or the GPU a job with ``resources.gpus_per_worker``
+asks for (``auto``), so that on a GPU machine the plain loop is the same loop on the same card.
+
+A benchmark file is a job file plus a ``bench:`` section (``raysim.bench.bench_file``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from raysim.bench.bench_file import bench_device, load_benchmark
+from raysim.bench.bench_vectorized import VectorizedSide
+from raysim.bench.plain_loop import ParallelPlainLoop, PlainLoop
+from raysim.bench.startup import startup_seconds, startup_table
+from raysim.config import JobConfig
+from raysim.engine.build import build
+from raysim.tracking.tracker import MemoryTracker
+
+
+def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
+    """Alternates one raysim round and the plain loop's round on the same cohort.
+
+    Interleaving exposes both to the same machine conditions (shared or throttled CPUs drift by
+    tens of percent over a minute), so their ratio is measured, not their luck.
+    """
+    job, bench = load_benchmark(path, overrides)
+    if bench.populations:  # a population file measures memory per size, not seconds per round
+        from raysim.bench.population_bench import run_population_benchmark
+
+        return {"populations": run_population_benchmark(path, overrides, bench.populations, console)}
+    out = Path(".raysim") / "bench"
+    services, state = build(job, MemoryTracker(), None, out)
+    device = bench_device(job, bench)
+    plain = PlainLoop(job, services.store, services.train_pool, device)
+    vectorized = VectorizedSide.for_job(job, services.store, services.train_pool, device)
+    cores = training_cores(job, services.backend.num_workers, device)
+    parallel = (  # the ideal measured: the plain loop in one process per core raysim trains on
+        ParallelPlainLoop(job, services.store, services.train_pool, cores)
+        if device.type == "cpu" and cores > 1
+        else None
+    )
+    timed_rounds = job.engine.num_rounds - bench.warmup_rounds
+    console.print(
+        f"[bold]{job.name}[/]: {services.store.num_clients} clients, cohort "
+        f"{job.engine.cohort_size}, {services.backend.num_workers} workers, {timed_rounds} "
+        f"timed rounds after {bench.warmup_rounds} warm-up; plain loop on {device.type}"
+    )
+    raysim_s, plain_s, overhead_s, tokens, vectorized_s, parallel_s = [], [], [], [], [], []
+    try:
+        for round_num in range(job.engine.num_rounds):
+            t0 = time.perf_counter()
+            state, metrics = services.run_round(state, round_num)
+            raysim_round = time.perf_counter() - t0
+            vectorized_round = vectorized.round(round_num, plain.global_state) if vectorized else 0.0
+            plain_round = plain.round(round_num)
+            parallel_round = parallel.round(round_num) if parallel is not None else 0.0
+            if round_num >= bench.warmup_rounds:
+                raysim_s.append(raysim_round)
+                plain_s.append(plain_round)
+                overhead_s.append(metrics["sys/driver_overhead_s"])
+                tokens.append(plain.tokens)
+                vectorized_s.append(vectorized_round)
+                parallel_s.append(parallel_round)
+    finally:
+        services.backend.shutdown()
+        if parallel is not None:
+            parallel.close()
+    figures = summarize(job, services.backend.num_workers, cores, raysim_s, plain_s)
+    figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    figures["driver_overhead_s"] = statistics.median(overhead_s)
+    unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
+    figures[f"raysim_{unit}_per_s"] = statistics.median(t / r for t, r in zip(tokens, raysim_s))
+    figures[f"plain_{unit}_per_s"] = statistics.median(t / p for t, p in zip(tokens, plain_s))
+    figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
+    if parallel is not None:
+        figures["parallel_plain_round_s"] = statistics.median(parallel_s)
+        figures["ratio_to_parallel_plain"] = statistics.median(r / p for r, p in zip(raysim_s, parallel_s))
+        figures["parallel_plain_rounds_s"] = parallel_s
+    if any(plain.fisher_s):
+        figures["plain_fisher_share"] = statistics.median(
+            f / p for f, p in zip(plain.fisher_s[bench.warmup_rounds :], plain_s)
+        )
+    if vectorized is not None:
+        figures["vectorized_round_s"] = statistics.median(vectorized_s)
+        figures["vectorized_vs_plain"] = statistics.median(v / p for v, p in zip(vectorized_s, plain_s))
+        figures["vectorized_rounds_s"] = vectorized_s
+    console.print(_table(figures))
+    if bench.startup:
+        figures |= startup_seconds(job)
+        console.print(startup_table(figures))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{job.name}.json").write_text(json.dumps(figures, indent=2))
+    console.print(
+        f"outside the workers (broadcast, transfer, merge, server step): "
+        f"{figures['driver_overhead_s']:.3f} s per round (median)"
+    )
+    console.print(
+        f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
+        f"{figures[f'plain_{unit}_per_s']:.0f} (x{cores} cores ideal); "
+        f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal"
+    )
+    if "plain_fisher_share" in figures:
+        console.print(
+            f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
+            f"round (both sides run it)"
+        )
+    if vectorized is not None:
+        console.print(
+            f"vectorized ({vectorized.chunk_size.size} clients at once, on {figures['device']}): "
+            f"{figures['vectorized_round_s']:.3f} s per round, {figures['vectorized_vs_plain']:.2f}x "
+            f"the plain loop's time per step"
+        )
+    console.print(f"figures written to {out / f'{job.name}.json'}")
+    return figures
+
+
+def training_cores(job: JobConfig, num_workers: int, device: torch.device) -> int:
+    """The cores raysim's workers train on, over which the ideal divides the plain loop: on the
+    CPU under Ray, each worker's threads (``resources.cpus_per_worker``, as the worker sets them);
+    else one per worker (a GPU's workers share its card, the serial backend's take turns)."""
+    if device.type == "cpu" and job.resources.backend == "ray":
+        return num_workers * max(1, int(job.resources.cpus_per_worker))
+    return num_workers
+
+
+def summarize(
+    job: JobConfig, num_workers: int, cores: int, raysim_s: list[float], plain_s: list[float]
+) -> dict[str, Any]:
+    """Medians per round, and the median of the per-round ratios raysim / (plain / cores)."""
+    raysim, plain = statistics.median(raysim_s), statistics.median(plain_s)
+    ratios = [r / (p / cores) for r, p in zip(raysim_s, plain_s)]
+    return {
+        "benchmark": job.name,
+        "num_workers": num_workers,
+        "cores": cores,
+        "timed_rounds": len(raysim_s),
+        "raysim_round_s": raysim,
+        "plain_round_s": plain,
+        "ideal_round_s": plain / cores,
+        "ratio_to_ideal": statistics.median(ratios),
+        "raysim_clients_per_s": job.engine.cohort_size / raysim,
+        "plain_clients_per_s": job.engine.cohort_size / plain,
+        "raysim_rounds_s": raysim_s,
+        "plain_rounds_s": plain_s,
+    }
+
+
+def _table(f: dict[str, Any]) -> Table:
+    table = Table(title=f"{f['benchmark']}: seconds per round (median)")
+    parallel = "parallel_plain_round_s" in f
+    columns = ["raysim", "plain loop (1 thread)", f"ideal ({f['cores']} cores)", "raysim / ideal"]
+    row = [f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}"]
+    row.append(f"{f['ratio_to_ideal']:.3f}x")
+    if parallel:  # the ideal measured: the plain loop in one process per core
+        columns += [f"plain loop x{f['cores']} processes", "raysim / that"]
+        row += [f"{f['parallel_plain_round_s']:.3f}", f"{f['ratio_to_parallel_plain']:.3f}x"]
+    for column in [*columns, "raysim clients/s"]:
+        table.add_column(column, justify="right")
+    table.add_row(*row, f"{f['raysim_clients_per_s']:.1f}")
+    return table

@@ -1,0 +1,1 @@
+"""A sweep's cells run as one parent run and its children, concurrently on Ray, with early stopping."""

@@ -1,0 +1,29 @@
+"""``raysim bench``'s ideal: the plain loop's time over the cores raysim's workers train on."""
+
+import pytest
+import torch
+
+from raysim.bench.bench_file import load_benchmark
+from raysim.bench.round_bench import summarize, training_cores
+
+JOB = "jobs/bench/pfl_cifar10.yaml"  # Ray workers on the CPU, one thread each
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_the_ideal_counts_each_workers_threads_on_the_cpu_and_one_per_worker_elsewhere():
+    job, _ = load_benchmark(JOB, [])
+    assert training_cores(job, 2, CPU) == 2
+    two_threads, _ = load_benchmark(JOB, ["resources.cpus_per_worker=2"])
+    assert training_cores(two_threads, 1, CPU) == 2 and training_cores(two_threads, 3, CPU) == 6
+    assert training_cores(two_threads, 1, CUDA) == 1  # a card's workers share the card
+    serial, _ = load_benchmark(JOB, ["resources.backend=serial", "resources.cpus_per_worker=2"])
+    assert training_cores(serial, 2, CPU) == 2  # the serial backend's workers take turns
+
+
+def test_raysim_over_the_ideal_is_the_median_of_each_rounds_ratio_to_plain_over_cores():
+    job, _ = load_benchmark(JOB, [])
+    raysim_s, plain_s = [3.0, 2.0, 4.0], [4.0, 4.0, 4.0]
+    figures = summarize(job, 1, 2, raysim_s, plain_s)
+    assert figures["ideal_round_s"] == pytest.approx(2.0)  # the plain loop's median over 2 cores
+    assert figures["ratio_to_ideal"] == pytest.approx(1.5)  # rounds 1.5, 1.0, 2.0
+    assert (figures["num_workers"], figures["cores"]) == (1, 2)

@@ -1,5 +1,5 @@
 """The exceptions MLflow's client raises when its store is away or full, built as MLflow builds
-them, for tests that inject them (tests/unit/engine/test_outbox.py, tests/integration/tracking/)."""
+them, for tests that inject them (tests/unit/tracking/test_outbox.py, tests/integration/tracking/)."""
 
 import errno
 import sqlite3

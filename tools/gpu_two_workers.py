@@ -39,11 +39,11 @@ def two_workers(out: Path, dry: bool) -> int:
     """A Ray run of two workers per GPU, then the slice each worker is held to."""
     import ray
 
-    from raysim.cli.bench_file import load_benchmark
+    from raysim.bench.bench_file import load_benchmark
     from raysim.engine.build import build
-    from raysim.engine.tracking import MemoryTracker
     from raysim.runtime.ray_backend import worker_setup_for
     from raysim.runtime.wire import WorkerSetup
+    from raysim.tracking.tracker import MemoryTracker
 
     job, _ = load_benchmark(REPO / BENCH_JOB, DRY_RUN if dry else TWO_WORKERS)
     resources = job.resources

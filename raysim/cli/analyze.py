@@ -34,7 +34,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from raysim.engine.analysis import FinishedRun
 from raysim.errors import RaysimError
 from raysim.measure.landscape import (
     Curve,
@@ -46,6 +45,7 @@ from raysim.measure.landscape import (
 from raysim.measure.landscape_plots import plot_curve, plot_plane
 from raysim.measure.points import evaluate_points
 from raysim.measure.weight_space import mix
+from raysim.results.analysis import FinishedRun
 from raysim.types import Metrics
 
 BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers

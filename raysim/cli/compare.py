@@ -23,7 +23,7 @@ from raysim.cli.runs import add_where
 from raysim.errors import RaysimError
 
 if TYPE_CHECKING:
-    from raysim.engine.tables import RunRecord
+    from raysim.results.tables import RunRecord
 
 CURVES, TABLE_CSV, TABLE_MD = "curves.png", "final_metrics.csv", "final_metrics.md"
 COST_CSV, COST_MD = "cost.csv", "cost.md"
@@ -76,11 +76,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
-    from raysim.engine.cost_table import COST_KEYS
     from raysim.engine.plots import overlaid_curves
-    from raysim.engine.run_store import RunStore, matches, parse_where
-    from raysim.engine.tables import curve_panels, describe, markdown, summary_tables, write_csv
-    from raysim.engine.tracking_store import tracking_uri
+    from raysim.results.cost_table import COST_KEYS
+    from raysim.results.run_store import RunStore, matches, parse_where
+    from raysim.results.tables import curve_panels, describe, markdown, summary_tables, write_csv
+    from raysim.tracking.tracking_store import tracking_uri
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
@@ -94,7 +94,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
     records = store.records(runs, args.metric, COST_KEYS if args.cost else ())
     if args.over_seeds:
-        from raysim.engine.seed_groups import over_seeds
+        from raysim.results.seed_groups import over_seeds
 
         records = over_seeds(runs, records)
     panels = curve_panels(records, args.metric)
@@ -133,7 +133,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cost_files(records: Sequence[RunRecord], folder: Path) -> list[Path]:
     """Prints the cost table and writes it (CSV, Markdown); none where no run logged a cost."""
     from raysim.cli.console import console
-    from raysim.engine.cost_table import cost_markdown, cost_table, has_costs, write_cost_csv
+    from raysim.results.cost_table import cost_markdown, cost_table, has_costs, write_cost_csv
 
     if not has_costs(records):
         console.print("no cost table: the runs logged no cost metrics (sys/params_up, ...)", highlight=False)

@@ -12,7 +12,7 @@ import sys
 import threading
 from types import FrameType
 
-from raysim.stopping import note_stop_request
+from raysim.stop_request import note_stop_request
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
@@ -32,7 +32,7 @@ def exit_on_sigterm() -> None:
 
     def terminate(signum: int, frame: FrameType | None) -> None:
         note_stop_request(SIGTERM_EXIT_CODE)  # honoured at the next client or round end if this
-        sys.exit(SIGTERM_EXIT_CODE)  # exit is lost where it lands (raysim.stopping)
+        sys.exit(SIGTERM_EXIT_CODE)  # exit is lost where it lands (raysim.stop_request)
 
     if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
         signal.signal(signal.SIGTERM, terminate)

@@ -1,5 +1,5 @@
 """``raysim eval CHECKPOINT_OR_RUN [key=value ...]``: a checkpoint's global model evaluated, no
-training, logged as a child MLflow run of its run (``raysim.engine.checkpoint_eval``) and printed
+training, logged as a child MLflow run of its run (``raysim.results.checkpoint_eval``) and printed
 as a table."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.table import Table
 from raysim.cli.console import console
 
 if TYPE_CHECKING:  # imported when the command runs: `raysim --help` stays fast
-    from raysim.engine.checkpoint_eval import CheckpointEvaluation
+    from raysim.results.checkpoint_eval import CheckpointEvaluation
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from raysim.engine.checkpoint_eval import evaluate_checkpoint, find_checkpoint
+    from raysim.results.checkpoint_eval import evaluate_checkpoint, find_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="raysim-eval-") as scratch:  # a downloaded final.pt
         path = find_checkpoint(args.target, args.tracking_uri, Path(scratch))

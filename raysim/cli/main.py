@@ -219,14 +219,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             run(job, resume_from=resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
         ]
     from raysim.engine.round_timer import time_summary
-    from raysim.engine.tables import comparison_table
+    from raysim.results.tables import comparison_table
 
     console.print(comparison_table(results))
     for r in results:  # where each run's time went (its chart: time_per_round.png)
         if (summary := time_summary(r.history)) is not None:
             console.print(f"{r.job.name}: {summary}" if len(results) > 1 else summary, highlight=False)
-    from raysim.engine.outbox import UNSENT_EXIT_CODE, has_unsent
-    from raysim.engine.tracking_store import tracking_uri
+    from raysim.tracking.outbox import UNSENT_EXIT_CODE, has_unsent
+    from raysim.tracking.tracking_store import tracking_uri
 
     stores: dict[tuple[str, str], list[str]] = {}  # variants may log to different stores
     for r in results:
@@ -241,8 +241,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
     """``--resume``'s checkpoint: a file, a run folder's ``final.pt``, or a run's (by MLflow run
     id or name) in the job's store."""
-    from raysim.engine.checkpoint_eval import find_checkpoint
-    from raysim.engine.tracking_store import tracking_uri
+    from raysim.results.checkpoint_eval import find_checkpoint
+    from raysim.tracking.tracking_store import tracking_uri
 
     return str(find_checkpoint(target, tracking_uri(job.tracking), scratch))
 
@@ -344,7 +344,7 @@ def store_summary(store: ClientStore) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from raysim.cli.bench import run_benchmark
+    from raysim.bench.round_bench import run_benchmark
 
     run_benchmark(args.config, args.overrides, console)
     return 0

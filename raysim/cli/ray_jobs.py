@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from raysim.errors import RaysimError
-from raysim.stopping import raise_stop_request
+from raysim.stop_request import raise_stop_request
 
 if TYPE_CHECKING:
     from ray.job_submission import JobStatus, JobSubmissionClient

@@ -61,15 +61,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
-    from raysim.engine import grid_render as render
-    from raysim.engine.cost_table import COST_KEYS
-    from raysim.engine.grid_cost import cell_cost
-    from raysim.engine.grid_paired import paired
-    from raysim.engine.grid_runs import load_runs, log_report
-    from raysim.engine.grid_table import Selection, Statistic, build_table, keep_runs
-    from raysim.engine.run_store import RunStore
-    from raysim.engine.tracking_store import tracking_uri
     from raysim.errors import RaysimError
+    from raysim.results import grid_render as render
+    from raysim.results.cost_table import COST_KEYS
+    from raysim.results.grid_cost import cell_cost
+    from raysim.results.grid_paired import paired
+    from raysim.results.grid_runs import load_runs, log_report
+    from raysim.results.grid_table import Selection, Statistic, build_table, keep_runs
+    from raysim.results.run_store import RunStore
+    from raysim.tracking.tracking_store import tracking_uri
 
     if (args.select is None) != (args.on is None):
         raise RaysimError("--select AXIS and --on VALIDATION_METRIC go together (e.g. --select "

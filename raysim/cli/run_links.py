@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def print_experiment_links(base: str, experiment: dict | None) -> None:
-    from raysim.engine.links import chart_link
+    from raysim.tracking.links import chart_link
 
     if experiment is not None:
         console.print(
@@ -28,8 +28,8 @@ def print_run_links(out: Console, uri: str, run_ids: list[str]) -> None:
     experiment's runs as charts and, for several runs, MLflow's compare view of them."""
     from mlflow.tracking import MlflowClient
 
-    from raysim.engine.links import chart_link, compare_link, run_link, ui_base
-    from raysim.engine.tracking_store import is_server
+    from raysim.tracking.links import chart_link, compare_link, run_link, ui_base
+    from raysim.tracking.tracking_store import is_server
 
     client = MlflowClient(tracking_uri=uri)
     infos = [client.get_run(run_id).info for run_id in run_ids]

@@ -49,8 +49,8 @@ def add_where(parser: argparse.ArgumentParser) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
-    from raysim.engine.run_store import RunStore
-    from raysim.engine.tracking_store import tracking_uri
+    from raysim.results.run_store import RunStore
+    from raysim.tracking.tracking_store import tracking_uri
 
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
     found = store.listing(args.experiment, args.where)
@@ -62,8 +62,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def runs_table(runs: list[Any], experiments: dict[str, str]) -> Table:
-    from raysim.engine.provenance import OVERRIDES
-    from raysim.engine.run_store import started
+    from raysim.results.run_store import started
+    from raysim.tracking.provenance import OVERRIDES
 
     table = Table(title="raysim runs (newest first)", title_justify="left")
     for column in COLUMNS:  # ids whole, to copy; the rest folds to fit the terminal

@@ -1,7 +1,7 @@
 """``raysim submit JOB.yaml --address http://HOST:8265``: run a job on a Ray cluster as a Ray Job.
 
 The cluster runs ``python -m raysim run JOB ...`` in an uploaded copy of the current directory
-(Ray's ``working_dir``; ``raysim.runtime.ray_jobs`` talks to Ray). What the job writes goes where
+(Ray's ``working_dir``; ``raysim.cli.ray_jobs`` talks to Ray). What the job writes goes where
 the user reads it, not into that copy in Ray's session folder: the MLflow store
 (``MLFLOW_TRACKING_URI``) and the run directories with their checkpoints (``RAYSIM_HOME``), both
 made absolute. The config is validated here first, so a typo fails before anything is uploaded.
@@ -97,10 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from raysim.cli import ray_jobs
     from raysim.cli.console import console
     from raysim.config import load_jobs
     from raysim.config.cells import has_sweep, load_sweep
-    from raysim.runtime import ray_jobs
 
     jobs = load_jobs(args.config, args.overrides, args.variant)  # a bad config fails before any upload
     if has_sweep(args.config):  # its cells too; they run as tasks on the cluster (docs/sweeps.md)
@@ -162,7 +162,7 @@ def plan(
     """The submission of ``raysim submit ARGS`` run in ``cwd``: paths made absolute, the job's own
     relative tracking URI (which would beat MLFLOW_TRACKING_URI) overridden, the submitting
     checkout's git state and the submission id (default: a new one) in the job's environment."""
-    from raysim.engine.provenance import submission_env
+    from raysim.tracking.provenance import submission_env
 
     submission_id = submission_id or f"raysubmit_{uuid.uuid4().hex[:16]}"
     uri = tracking_uri_for(jobs, args.tracking_uri, environ, cwd)
@@ -201,7 +201,7 @@ def absolute_tracking_uri(uri: str, cwd: Path) -> str:
     """A tracking URI the job resolves the same way as this shell: a relative SQLite file or plain
     path is taken relative to ``cwd``. The job's own working directory is a temporary copy in Ray's
     session folder, where a relative store would be lost."""
-    from raysim.engine.tracking_store import absolute_uri
+    from raysim.tracking.tracking_store import absolute_uri
 
     if _is_path(uri):  # MLflow's file store
         return str(absolute(uri, cwd))
@@ -344,7 +344,7 @@ def check_store_for_cluster(uri: str, address: str, local: bool, explicit: bool)
 
 def check_upload_size(root: Path, limit: int | None = None) -> None:
     """Raises RaysimError naming the biggest entries when ``root`` is over Ray's upload limit."""
-    from raysim.runtime.ray_jobs import UPLOAD_LIMIT, upload_sizes
+    from raysim.cli.ray_jobs import UPLOAD_LIMIT, upload_sizes
 
     limit = UPLOAD_LIMIT if limit is None else limit
     sizes = upload_sizes(root, EXCLUDES)

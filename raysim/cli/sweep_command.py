@@ -23,8 +23,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("\n".join(describe(sweep)))
         return 0
     from raysim.cli.driver import exit_on_sigterm
-    from raysim.engine.sweep_runs import run_sweep  # after --dry-run, which imports no Ray nor MLflow
-    from raysim.stopping import exit_as_requested
+    from raysim.stop_request import exit_as_requested
+    from raysim.sweep.sweep_runs import run_sweep  # after --dry-run, which imports no Ray nor MLflow
 
     exit_on_sigterm()  # the sweep's run ends KILLED; its cells are cancelled, their runs end KILLED
     with exit_as_requested():  # SIGTERM's 143, which Ray's wait turns into SystemExit(1)

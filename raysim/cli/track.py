@@ -1,7 +1,7 @@
 """``raysim track upload RUN_FOLDER``: sends what a run could not log to its MLflow store.
 
 A run whose tracking store was unreachable or full when it ended saves the records the store did
-not take in its folder (``tracking_unsent.jsonl``, see ``raysim.engine.outbox``) and says which
+not take in its folder (``tracking_unsent.jsonl``, see ``raysim.tracking.outbox``) and says which
 command sends them. This is that command: it sends them, in order, to the same MLflow run, ends
 that run with the status the run ended with, and notes each record sent, so that running it again
 sends nothing twice (docs/tracking.md).
@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
-    from raysim.engine.outbox import UPLOADED_FILE, read_unsent, summary, upload
-    from raysim.engine.tracking import MlflowTracker
+    from raysim.tracking.outbox import UPLOADED_FILE, read_unsent, summary, upload
+    from raysim.tracking.tracker import MlflowTracker
 
     folder = Path(args.run_folder)
     unsent = read_unsent(folder)

@@ -87,8 +87,14 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from raysim.config import TrackingConfig
-    from raysim.engine.links import ui_base
-    from raysim.engine.tracking_store import absolute_uri, artifact_root, is_server, sqlite_path, tracking_uri
+    from raysim.tracking.links import ui_base
+    from raysim.tracking.tracking_store import (
+        absolute_uri,
+        artifact_root,
+        is_server,
+        sqlite_path,
+        tracking_uri,
+    )
 
     uri = absolute_uri(args.tracking_uri or tracking_uri(TrackingConfig()))  # the server runs elsewhere
     if is_server(uri):  # a tracking server already serves its UI: nothing to start
@@ -121,7 +127,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from raysim.engine.tracking_store import absolute_uri, artifact_root
+    from raysim.tracking.tracking_store import absolute_uri, artifact_root
 
     uri = absolute_uri(args.backend_store_uri or local_store_uri())  # the server runs in its folder
     destination = args.artifacts_destination or artifact_root(uri) or (Path.cwd() / "mlartifacts").as_uri()
@@ -154,7 +160,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def local_store_uri() -> str:
     """MLFLOW_TRACKING_URI when it names a store (not a server), else SQLite in the working directory."""
-    from raysim.engine.tracking_store import is_server
+    from raysim.tracking.tracking_store import is_server
 
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     return uri if uri and not is_server(uri) else f"sqlite:///{Path.cwd() / 'mlflow.db'}"
@@ -211,7 +217,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 def store_folder(uri: str | None) -> Path | None:
     """The folder of a SQLite store's database (None for other stores)."""
-    from raysim.engine.tracking_store import sqlite_path
+    from raysim.tracking.tracking_store import sqlite_path
 
     database = sqlite_path(uri) if uri else None
     return database.parent if database is not None else None

@@ -19,18 +19,15 @@ from raysim.algorithm import AnyAlgorithm, fresh_state, has_personal_model, resu
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.renames import upgrade_saved_job
-from raysim.data.augment import check_training_options, dataset_options, with_validation_split
 from raysim.data.prepare import open_dataset
+from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
-from raysim.engine.driver_lock import claim_run_folder, release_run_folder
 from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
-from raysim.engine.lineage import CHECKPOINTS_DIR, Lineage, decide
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
-from raysim.engine.simulation import check_time_to_target, open_system
-from raysim.engine.tracking import MemoryTracker, MlflowTracker, Tracker
+from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
@@ -43,6 +40,9 @@ from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, split_population
 from raysim.stored import plain, rebuild
 from raysim.systems.rounds import SimulatedSystem
+from raysim.tracking.driver_lock import claim_run_folder, release_run_folder
+from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide
+from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import RunInfo, ServerState
 
 
@@ -75,7 +75,7 @@ def build(
 
     Everything that can be checked is checked before Ray workers or an MLflow run exist. A resumed
     run continues the MLflow run (and run folder) of its checkpoint, or branches a new one from it
-    (``raysim.engine.lineage``; ``branch`` forces the latter).
+    (``raysim.tracking.lineage``; ``branch`` forces the latter).
     """
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down

@@ -34,15 +34,15 @@ from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
 from raysim.engine.metrics import round_metrics
 from raysim.engine.round_timer import Phase, RoundTimer
-from raysim.engine.tracking import Tracker
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, sample_cohort
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
-from raysim.stopping import honour_stop_request
+from raysim.stop_request import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
+from raysim.tracking.tracker import Tracker
 from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")

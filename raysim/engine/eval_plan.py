@@ -12,8 +12,8 @@ import numpy as np
 
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
-from raysim.data.augment import dataset_options
 from raysim.data.prepare import open_dataset
+from raysim.data.round_data import dataset_options
 from raysim.data.store import ClientStore
 from raysim.engine.domain_scores import client_domains
 from raysim.engine.evaluation import EvaluationPlan

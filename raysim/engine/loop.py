@@ -16,14 +16,14 @@ from typing import TypeVar
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
 from raysim.engine.build import build
-from raysim.engine.driver_lock import release_run_folder
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.plots import learning_curve, time_per_round
 from raysim.engine.preflight import check_output_dir
 from raysim.engine.progress import RoundProgress
-from raysim.engine.tracking import Tracker
 from raysim.sampling import CohortSchedule
-from raysim.stopping import exit_as_requested, honour_stop_request
+from raysim.stop_request import exit_as_requested, honour_stop_request
+from raysim.tracking.driver_lock import release_run_folder
+from raysim.tracking.tracker import Tracker
 from raysim.types import Metrics, ServerState
 
 A = TypeVar("A")  # the algorithm's aggregate type

@@ -23,8 +23,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from raysim.config import JobConfig
-from raysim.engine.tracking_store import is_server, sqlite_path, tracking_uri
 from raysim.errors import ResourceError
+from raysim.tracking.tracking_store import is_server, sqlite_path, tracking_uri
 
 PROBE_TIMEOUT_S = 5.0
 # Database servers MLflow can use as its store, by URI scheme (``postgresql+psycopg2`` -> ``postgresql``).

@@ -19,7 +19,7 @@ from raysim import params as P
 from raysim.algorithm import aggregator_of, has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.config.model_groups import model_key
-from raysim.data.augment import TrainingData, with_validation_split
+from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
@@ -42,7 +42,7 @@ from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, RoundOptions
-from raysim.stopping import honour_stop_request, raise_stop_request
+from raysim.stop_request import honour_stop_request, raise_stop_request
 from raysim.types import (
     ClientContext,
     ClientData,

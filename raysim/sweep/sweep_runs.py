@@ -27,7 +27,7 @@ from raysim.config.cells import Sweep
 from raysim.config.sweep import CELL_TAG, ERROR_TAG, KIND_TAG, STOPPED_TAG, SWEEP_KIND, SWEEP_TAG
 from raysim.engine.loop import run
 from raysim.errors import RaysimError
-from raysim.stopping import clear_stop_request, note_stop_request
+from raysim.stop_request import clear_stop_request, note_stop_request
 from raysim.sweep.ray_cells import CellTask, Reporter, run_cell_tasks
 from raysim.tracking.provenance import source_tags
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker

@@ -138,18 +138,6 @@ def iterate_batches(
         yield {k: v[idx] for k, v in tensors.items()}
 
 
-def cap_examples(data: ClientData, max_examples: int | None, seed: int) -> ClientData:
-    """The client's examples this round: all, or one seeded random subset of ``max_examples``.
-
-    The engine applies it (``engine.max_client_examples``) before ``client_update`` and before
-    measuring the client-server barrier; a pure function of ``seed``.
-    """
-    if max_examples is None or len(data) <= max_examples:
-        return data
-    keep = np.sort(np.random.default_rng([seed, 0x5EED]).permutation(len(data))[:max_examples])
-    return ClientData({k: v[keep] for k, v in data.arrays.items()})
-
-
 def lr_schedule(config: LocalTrainConfig) -> Schedule:
     """The client lr schedule: ``lr_schedule``, else ``lr_decay`` per round (``exponential``)."""
     return config.lr_schedule if config.lr_schedule is not None else Exponential(decay=config.lr_decay)

@@ -44,7 +44,7 @@ _SHELL = ("", "bash", "sh", "shell", "console")
 _MAKE = re.compile(r"(?<![\w./-])make ([a-z][\w-]*)")
 _PATH = re.compile(r"(?<![\w./~<-])((?:raysim|algorithms|datasets|jobs|tests|docs)/[\w./{},*-]*\w)")
 # a module named inside its room, as architecture.md's run diagram does (engine/loop.py): raysim/...
-_ROOMS = "cli|config|data|engine|measure|models|runtime|systems|train"
+_ROOMS = "|".join(sorted(p.name for p in (REPO / "raysim").iterdir() if (p / "__init__.py").is_file()))
 _ROOM_PATH = re.compile(rf"(?<![\w./~<-])((?:{_ROOMS})/\w+\.py)")
 _CONFIG_KEY = re.compile(r"^(engine|evaluation|resources|tracking)((?:\.\w+)+)")
 _QUOTED = re.compile(r"<!-- quoted from (\S+) -->\s*\n```[\w-]*\n(.*?)^```", re.M | re.S)
@@ -174,7 +174,7 @@ def _paths(text: str) -> list[str]:
 
 @pytest.mark.parametrize("doc,path", _doc_items(_paths, "path"))
 def test_quoted_paths_exist_and_job_files_validate(doc, path):
-    from raysim.cli.bench_file import load_benchmark
+    from raysim.bench.bench_file import load_benchmark
     from raysim.config import load_jobs
 
     matches = sorted(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []

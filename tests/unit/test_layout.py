@@ -1,8 +1,8 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
-own tier or the tiers before it, and only the runtime's Ray modules import Ray: ray_backend.py with
-ray_session.py (``ray.init``) and ray_placement.py (worker counts), ray_jobs.py, the Ray Jobs
-client of ``raysim submit``, and ray_cells.py, a sweep's cells as Ray tasks. Imports inside
-functions count too (a lazy import is still a dependency).
+own tier or the tiers before it, and only five modules import Ray: the runtime's ray_backend.py
+with ray_session.py (``ray.init``) and ray_placement.py (worker counts), the sweep's ray_cells.py
+(a sweep's cells as Ray tasks) and the CLI's ray_jobs.py (the Ray Jobs client of ``raysim
+submit``). Imports inside functions count too (a lazy import is still a dependency).
 
 The unit tests mirror the package: the tests of ``raysim/train/local.py`` live in
 ``tests/unit/train/``, those of ``raysim/params.py`` in ``tests/unit/test_params.py``.
@@ -28,14 +28,18 @@ TIERS = {
     "data": 3,
     "models": 3,
     "runtime": 4,
-    "engine": 5,
-    "cli": 6,
+    "tracking": 5,
+    "engine": 6,
+    "results": 7,
+    "sweep": 7,
+    "bench": 7,
+    "cli": 8,
 }
 FRONT_DOORS = {"__init__.py", "__main__.py"}  # re-export the public API / call the CLI
 
 
 def tier(module: str) -> int:
-    """``raysim.engine.loop`` -> 5; ``raysim.params`` (or ``raysim``) -> the contract's 0."""
+    """``raysim.engine.loop`` -> 6; ``raysim.params`` (or ``raysim``) -> the contract's 0."""
     parts = module.split(".")
     return TIERS.get(parts[1], 0) if len(parts) > 1 else 0
 
@@ -76,23 +80,23 @@ def test_every_module_imports_only_its_tier_or_earlier_ones():
     assert not wrong, "\n".join(wrong)
 
 
-def test_only_the_ray_backend_imports_ray():
+def test_only_the_five_ray_modules_import_ray():
     importers = sorted(
         name for name, path in modules() if any(t == "ray" or t.startswith("ray.") for t in imports(path))
     )
     assert importers == [
+        "raysim.cli.ray_jobs",
         "raysim.runtime.ray_backend",
-        "raysim.runtime.ray_cells",
-        "raysim.runtime.ray_jobs",
         "raysim.runtime.ray_placement",
         "raysim.runtime.ray_session",
+        "raysim.sweep.ray_cells",
     ]
 
 
 def test_the_tiers_are_the_packages_that_exist():
     packages = {p.name for p in RAYSIM.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages == set(TIERS) - {"contract"}
-    assert tier("raysim.engine.loop") == 5 and tier("raysim.params") == 0 and tier("raysim") == 0
+    assert tier("raysim.engine.loop") == 6 and tier("raysim.params") == 0 and tier("raysim") == 0
 
 
 MAX_LINES = 400  # a module longer than this holds more than one concern: split it by concern
@@ -140,7 +144,7 @@ def test_no_two_modules_share_a_name():
 
 
 def test_a_rooms_test_file_is_named_for_a_module_of_that_room():
-    """``tests/unit/engine/test_tables.py`` tests ``raysim/engine/tables.py``; an aspect may follow
+    """``tests/unit/results/test_tables.py`` tests ``raysim/results/tables.py``; an aspect may follow
     the module's name (``test_backend_sharding.py``)."""
     misnamed = []
     for path in sorted(UNIT.rglob("test_*.py")):

@@ -10,8 +10,8 @@ from jobs import tiny_job
 from raysim.config import JobConfig
 from raysim.engine.build import build, open_parts
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
+from raysim.tracking.tracker import MemoryTracker
 
 FOUR_CLIENTS = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}
 LOCAL = {"epochs": 1, "batch_size": 16, "lr": 0.1}

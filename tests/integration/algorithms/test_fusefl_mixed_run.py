@@ -11,12 +11,12 @@ from raysim import params as P
 from raysim.data.prepare import open_dataset
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
 from raysim.models import build_model
 from raysim.runtime.wire import WorkerSetup
 from raysim.runtime.worker import ClientTrainer
 from raysim.services import RoundOptions
+from raysim.tracking.tracker import MemoryTracker
 from raysim.types import RunInfo
 
 FOUR_CLIENTS = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}

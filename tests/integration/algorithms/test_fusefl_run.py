@@ -12,8 +12,8 @@ import torch
 from jobs import tiny_job
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ConfigError
+from raysim.tracking.tracker import MemoryTracker
 
 FOUR_CLIENTS = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}
 

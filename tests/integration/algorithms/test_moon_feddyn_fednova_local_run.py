@@ -16,10 +16,10 @@ from raysim import params as P
 from raysim.data.prepare import open_dataset
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.runtime.builders import build_job_model
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import client_seed
+from raysim.tracking.tracker import MemoryTracker
 from raysim.train.local import train_local
 
 DIGITS = {"name": "digits", "central_test_size": 200}

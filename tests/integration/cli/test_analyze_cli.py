@@ -15,12 +15,12 @@ from mlflow.tracking import MlflowClient
 
 from jobs import tiny_job
 from raysim.cli.main import main
-from raysim.engine.analysis import FinishedRun
 from raysim.engine.loop import START_STEP, run
-from raysim.engine.tracking_store import artifact_repository
 from raysim.measure.landscape import line_scan
+from raysim.results.analysis import FinishedRun
 from raysim.runtime.builders import build_job_model
 from raysim.sampling import sample_eval_clients
+from raysim.tracking.tracking_store import artifact_repository
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.config import JobConfig
 from raysim.engine.loop import run
-from raysim.engine.run_store import RunStore
-from raysim.engine.tables import RunRecord
-from raysim.engine.tracking_store import artifact_repository
+from raysim.results.run_store import RunStore
+from raysim.results.tables import RunRecord
+from raysim.tracking.tracking_store import artifact_repository
 
 LANGUAGE_MODEL = {
     "name": "lm",

@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.data.prepare import open_dataset
-from raysim.engine.checkpoint_eval import evaluate_checkpoint
 from raysim.engine.loop import run
+from raysim.results.checkpoint_eval import evaluate_checkpoint
 from raysim.runtime.builders import build_job_model
 from raysim.sampling import split_population
 

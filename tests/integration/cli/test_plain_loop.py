@@ -4,9 +4,9 @@ together the whole cohort, and the round's time is the slowest process's."""
 import torch
 
 from jobs import tiny_job
-from raysim.cli.plain_loop import ParallelPlainLoop, PlainLoop
+from raysim.bench.plain_loop import ParallelPlainLoop, PlainLoop
 from raysim.engine.build import build
-from raysim.engine.tracking import MemoryTracker
+from raysim.tracking.tracker import MemoryTracker
 
 
 def test_shares_split_the_cohort_and_parallel_processes_train_them(tmp_path):

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from jobs import tiny_job
 from raysim.cli.main import main
 from raysim.engine.loop import run
-from raysim.engine.tracking_store import artifact_repository
+from raysim.tracking.tracking_store import artifact_repository
 
 TEST, VALID = "eval/central/accuracy", "eval/heldout/accuracy"
 # (variant, lr, seed) -> (final test accuracy, final validation accuracy); None: the cell failed

@@ -38,14 +38,14 @@ def test_sweep_flags_without_a_sweep_and_resume_with_one_are_refused(tmp_path, c
 
 def test_sigterm_ends_a_sweep_with_143_although_ray_made_it_exit_1(tmp_path, monkeypatch):
     """Ray's ray.wait runs the SIGTERM handler, catches its SystemExit(143) and raises
-    SystemExit(1) (raysim.stopping); the sweep command ends with the code the stop asked for."""
+    SystemExit(1) (raysim.stop_request); the sweep command ends with the code the stop asked for."""
     import signal
 
     import pytest
 
     import raysim.cli.driver as driver
-    import raysim.engine.sweep_runs as sweep_runs
-    from raysim.stopping import clear_stop_request, note_stop_request
+    import raysim.sweep.sweep_runs as sweep_runs
+    from raysim.stop_request import clear_stop_request, note_stop_request
 
     def stopped_by_sigterm(*args, **kwargs):
         note_stop_request(143)

@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/integration/jobs.py
 from jobs import tiny_job  # noqa: E402
 from raysim.engine.build import build  # noqa: E402
-from raysim.engine.tracking import MemoryTracker  # noqa: E402
+from raysim.tracking.tracker import MemoryTracker  # noqa: E402
 
 NODE = {"include_dashboard": False, "node_ip_address": "127.0.0.1"}
 RESTART_TIMEOUT_S = 2.0

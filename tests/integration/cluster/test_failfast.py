@@ -272,7 +272,7 @@ def test_the_console_shows_raysims_output_and_warnings_not_start_up_notices(shor
 
 def test_ctrl_c_ends_the_run_as_killed(tmp_path, monkeypatch):
     from raysim.engine import loop
-    from raysim.engine.tracking import MemoryTracker
+    from raysim.tracking.tracker import MemoryTracker
 
     def interrupted(engine, state, bar=None):
         raise KeyboardInterrupt

@@ -93,10 +93,10 @@ def test_a_measured_gpu_share_packs_the_workers_the_probes_peak_allows(tmp_path,
     update's allocator peak is the one the run recorded (the CUDA context depends on the card's
     other processes, so only the allocator's part is compared)."""
     from raysim.engine.build import open_parts
-    from raysim.engine.tracking import MemoryTracker
     from raysim.runtime.gpu_sizing import RAY_UNITS, probe_work
     from raysim.runtime.memory import SAFETY
     from raysim.runtime.ray_backend import probe_gpu_worker
+    from raysim.tracking.tracker import MemoryTracker
 
     job = tiny_job(resources={"backend": "ray", "gpus_per_worker": "auto", "num_workers": None},
                    engine={"num_rounds": 1, "vectorize": "on", "vectorize_chunk": 4})  # fmt: skip

@@ -193,7 +193,7 @@ def ctrl_c_delivered() -> None:
 
 
 def test_ctrl_c_stops_following_and_the_job_goes_on(head, tmp_path):
-    from raysim.runtime import ray_jobs
+    from raysim.cli import ray_jobs
 
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(TINY_JOB))
     follower = subprocess.Popen(

@@ -9,9 +9,9 @@ from jobs import tiny_job
 from raysim import registry
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
-from raysim.engine.tracking_store import artifact_repository
 from raysim.errors import CheckpointError, ClientError
+from raysim.tracking.tracker import MemoryTracker
+from raysim.tracking.tracking_store import artifact_repository
 
 
 def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tmp_path, tracking_uri, ray_local):

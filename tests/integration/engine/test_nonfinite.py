@@ -12,11 +12,11 @@ from raysim import params as P
 from raysim import registry
 from raysim.aggregate import Sum
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.errors import ClientError, NonFiniteError
 from raysim.runtime import worker as raysim_worker
 from raysim.runtime.client_state import ClientStateStore
-from raysim.stopping import clear_stop_request, note_stop_request
+from raysim.stop_request import clear_stop_request, note_stop_request
+from raysim.tracking.tracker import MemoryTracker
 from raysim.types import ClientResult
 
 BACKENDS = ["serial", "ray"]

@@ -15,11 +15,11 @@ from raysim import params as P
 from raysim import registry
 from raysim.engine.build import build
 from raysim.engine.loop import START_STEP, run
-from raysim.engine.tracking import MemoryTracker
 from raysim.errors import CheckpointError, ConfigError
 from raysim.probe import ProbeConfig
 from raysim.runtime.builders import build_job_model
 from raysim.services import EVALUATE, FEATURES, LOGITS, MapRequest, RoundOptions
+from raysim.tracking.tracker import MemoryTracker
 from raysim.types import Payload
 
 BARRIER = {"probes": [{"name": "client_server_barrier"}]}

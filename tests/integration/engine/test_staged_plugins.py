@@ -14,7 +14,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.engine.build import build, open_parts
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
+from raysim.tracking.tracker import MemoryTracker
 from raysim.train.local import LocalTrainConfig, train_client
 from raysim.types import ClientResult, Payload
 

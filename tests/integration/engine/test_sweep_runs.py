@@ -7,8 +7,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.config.cells import load_sweep
-from raysim.engine.sweep_runs import SweepRun, run_cell, run_sweep
-from raysim.stopping import clear_stop_request
+from raysim.stop_request import clear_stop_request
+from raysim.sweep.sweep_runs import SweepRun, run_cell, run_sweep
 
 
 def sweep_file(tmp_path, uri):
@@ -123,7 +123,7 @@ def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(t
 def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(tmp_path, monkeypatch):
     """Without MLflow the driver keeps a ledger of outcomes; the cells run here in this process
     (run_cell_tasks replaced), the rerun runs only the failed cells."""
-    import raysim.engine.sweep_runs as sweep_runs
+    import raysim.sweep.sweep_runs as sweep_runs
 
     def in_process(tasks, resources, on_done, stopping):
         for task in tasks:

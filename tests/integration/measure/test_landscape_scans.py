@@ -15,11 +15,11 @@ from jobs import tiny_job
 from raysim import params as P
 from raysim.engine.build import build
 from raysim.engine.loop import run
-from raysim.engine.tracking import MemoryTracker
 from raysim.measure import landscape as L
 from raysim.measure import landscape_plots
 from raysim.runtime.builders import build_job_model
 from raysim.services import LABELS, MapRequest
+from raysim.tracking.tracker import MemoryTracker
 
 CLIENTS = [0, 3, 7]
 

@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 
 from raysim.cli.main import main
 from raysim.engine.engine import Engine
-from raysim.engine.outbox import UNSENT_EXIT_CODE, UNSENT_FILE, UPLOADED_FILE
-from raysim.engine.tracking_store import artifact_repository
+from raysim.tracking.outbox import UNSENT_EXIT_CODE, UNSENT_FILE, UPLOADED_FILE
+from raysim.tracking.tracking_store import artifact_repository
 
 TESTS = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(TESTS))  # tests/mlflow_failures.py

@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli.main import main
-from raysim.engine.tracking_store import download_artifact
+from raysim.tracking.tracking_store import download_artifact
 
 JOB = {
     "name": "tiny",

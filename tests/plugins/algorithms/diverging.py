@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from raysim import registry
-from raysim.stopping import note_stop_request
+from raysim.stop_request import note_stop_request
 from raysim.train.local import LocalTrainConfig
 from raysim.types import ClientContext, ClientResult
 

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raysim.cli import submit
+from raysim.cli import ray_jobs, submit
 from raysim.cli.main import main
 from raysim.config import JobConfig
 from raysim.errors import ConfigError, RaysimError
-from raysim.runtime import ray_jobs
 
 JOB = {
     "name": "tiny",

@@ -71,7 +71,7 @@ def test_file_errors_are_config_errors(tmp_path):
 
 
 def test_every_job_file_in_the_repo_validates():
-    from raysim.cli.bench_file import load_benchmark
+    from raysim.bench.bench_file import load_benchmark
 
     paths = sorted((REPO / "jobs").rglob("*.yaml"))
     assert len(paths) == 53  # a new job file must be added here on purpose

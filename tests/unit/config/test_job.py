@@ -132,7 +132,7 @@ def test_a_benchmark_needs_a_plugin_with_local_training(tmp_path, monkeypatch):
     from pydantic import BaseModel
 
     from raysim import registry
-    from raysim.cli.bench_file import load_benchmark
+    from raysim.bench.bench_file import load_benchmark
 
     class NoLocal(BaseModel, frozen=True, extra="forbid"):
         stages: int = 2

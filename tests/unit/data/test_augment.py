@@ -4,13 +4,11 @@ client, batch), and no transform at all when neither augment nor poison is set."
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 
 from raysim.config.sections import AugmentConfig, PoisonConfig
-from raysim.data.augment import TrainingTransform, check_training_options, crop_and_flip, training_transform
+from raysim.data.augment import TrainingTransform, crop_and_flip, training_transform
 from raysim.data.store import DatasetConfig
-from raysim.errors import ConfigError
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData, DataSpec
 
@@ -97,42 +95,6 @@ def test_train_local_hands_every_batch_and_its_number_to_the_transform():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(9, 3))
     train_local(model, data, LocalTrainConfig(epochs=2, batch_size=2), seed=0, spec=IMAGES)
     assert seen == [(0, 2), (1, 2), (2, 1), (3, 2), (4, 2), (5, 1)]
-
-
-def store_of(spec, num_clients=4):
-    return SimpleNamespace(spec=spec, num_clients=num_clients, mean=None, std=None)
-
-
-@pytest.mark.parametrize(
-    "options, vectorize, key",
-    [
-        ({"augment": AugmentConfig()}, "off", "dataset.augment: works on image classification"),
-        ({"poison": PoisonConfig(clients=[0])}, "off", "dataset.poison: works on image classification"),
-    ],
-)
-def test_non_image_data_is_refused_naming_the_key(options, vectorize, key):
-    text = DataSpec(task="causal_lm", input_shape=(16,), num_classes=50)
-    with pytest.raises(ConfigError, match=key):
-        check_training_options(DatasetConfig(**options), store_of(text), vectorize)
-
-
-@pytest.mark.parametrize(
-    "poison, key",
-    [
-        (PoisonConfig(clients=[1, 4]), "dataset.poison.clients: client 4 is outside the population"),
-        (PoisonConfig(clients=[0], target=3), "dataset.poison.target: label 3 is out of range"),
-        (PoisonConfig(clients=[0], trigger_size=4), "dataset.poison.trigger_size: 4 pixels do not fit"),
-    ],
-)
-def test_bad_poisoning_is_refused_naming_the_key(poison, key):
-    with pytest.raises(ConfigError, match=key):
-        check_training_options(DatasetConfig(poison=poison), store_of(IMAGES), "off")
-
-
-def test_a_vectorized_round_is_refused_with_augmentation():
-    with pytest.raises(ConfigError, match="dataset.augment: .*set engine.vectorize to auto or off"):
-        check_training_options(DatasetConfig(augment=AugmentConfig()), store_of(IMAGES), "on")
-    check_training_options(DatasetConfig(augment=AugmentConfig()), store_of(IMAGES), "auto")
 
 
 def test_the_options_leave_the_stores_hash_alone():

@@ -11,7 +11,6 @@ from raysim import params as P
 from raysim.measure.evaluate import evaluate
 from raysim.train.local import (
     LocalTrainConfig,
-    cap_examples,
     iterate_batches,
     outputs_loss,
     round_lr,
@@ -34,16 +33,6 @@ def data(n=12):
 def model():
     torch.manual_seed(0)
     return nn.Linear(3, 2)
-
-
-def test_cap_is_one_seeded_subset_of_distinct_rows():
-    full = data(12)
-    a, b = cap_examples(full, 5, seed=9), cap_examples(full, 5, seed=9)
-    assert len(a) == 5 and np.array_equal(a.arrays["x"], b.arrays["x"])
-    rows = {tuple(r) for r in a.arrays["x"].tolist()}
-    assert len(rows) == 5 and rows <= {tuple(r) for r in full.arrays["x"].tolist()}
-    assert not np.array_equal(a.arrays["x"], cap_examples(full, 5, seed=10).arrays["x"])
-    assert cap_examples(full, 50, seed=9) is full
 
 
 def test_lr_decays_per_round():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from raysim.stopping import clear_stop_request, honour_stop_request, note_stop_request, raise_stop_request
+from raysim.stop_request import clear_stop_request, honour_stop_request, note_stop_request, raise_stop_request
 
 
 def test_a_noted_stop_is_honoured_with_its_exit_code_until_cleared():

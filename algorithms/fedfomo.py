@@ -13,7 +13,7 @@ client for each peer (the sum of the weights the client gave that peer so far). 
    trained also receives the initial model;
 2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
    weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
-   loss on its validation split (the last ``validation_fraction`` of its examples, the PFLlib
+   loss on its validation split (the last ``scoring_fraction`` of its examples, the PFLlib
    convention the LSS notes follow), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
    ``w_n > 0`` (else keeps ``θ_i``), trains on the rest of its examples and uploads its model and
    its weights;
@@ -59,7 +59,7 @@ class FedFomoConfig(BaseModel, frozen=True, extra="forbid"):
     num_peers: int = Field(5, ge=1)  # M: models a client downloads per round
     epsilon: float = Field(0.3, ge=0, le=1)  # chance of random peers instead of the top-affinity ones
     epsilon_decay: float = Field(0.05, ge=0)  # subtracted from epsilon per round
-    validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, never trained on
+    scoring_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, never trained on
     local: LocalTrainConfig = LocalTrainConfig()
 
 
@@ -99,7 +99,7 @@ class OwnModel:
     model: Params
 
 
-def split_validation(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
+def split_for_scoring(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
     """(train, validation): the last ``fraction`` of the examples (at least one when there are two
     or more) are the validation split, the same every round."""
     n = len(data)
@@ -179,7 +179,7 @@ class FedFomo:
             raise ValueError(f"fedfomo: client {ctx.client_id} has neither a model of its own nor a start")
         models = peers.models
         P.load_into(ctx.model, own)  # the worker loaded nothing: the payload shares no params
-        train, validation = split_validation(ctx.data, self.config.validation_fraction)
+        train, validation = split_for_scoring(ctx.data, self.config.scoring_fraction)
         weights = peer_weights(ctx.model, own, models, validation, ctx)
         if weights.sum() > 0:  # θ_i + Σ w_n (θ_n - θ_i) / Σ w_n
             share = (weights / weights.sum()).tolist()

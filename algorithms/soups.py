@@ -4,7 +4,7 @@ The LSS paper (Chen et al., NeurIPS 2024, arXiv:2410.23660, sec. 4.1 and notes/l
 these weight-averaging fine-tuning methods into FL by changing only the client's local training;
 the server stays FedAvg (``raysim.train.server_opt``). Each round a client:
 
-1. holds back ``validation_fraction`` of its examples (seeded per client and round);
+1. holds back ``selection_fraction`` of its examples (seeded per client and round) to choose by;
 2. fine-tunes ``num_models`` ingredients from the round's global model, each with its own seed and
    hyper-parameters drawn from ``grid`` (the LSS paper: 32 runs of ``local.epochs`` = 8, lr
    {1e-4, 5e-4, 1e-5}, batch {32, 64, 128}, weight decay {5e-4, 5e-5, 5e-6}, dropout {0, 0.1, 0.3});
@@ -53,10 +53,10 @@ from raysim.train.local import (
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.weight_averaging import (
     greedy_soup,
+    hold_back_for_selection,
     load_params,
     merge_train_metrics,
     snapshot,
-    split_round_validation,
     uniform_mean,
 )
 from raysim.types import (
@@ -109,7 +109,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
     num_models: int = Field(32, ge=1)  # ingredients per client and round (the LSS paper: 32)
     recipe: Literal["uniform", "greedy"] = "uniform"
     keep: Literal["best_epoch", "last"] = "best_epoch"  # each ingredient's checkpoint
-    validation_fraction: float = Field(0.2, ge=0, lt=1)  # of each client's examples, held back per round
+    selection_fraction: float = Field(0.2, ge=0, lt=1)  # of each client's examples, held back per round
     grid: HyperGrid = HyperGrid()
     local: LocalTrainConfig = LocalTrainConfig()  # epochs and optimizer; lr, batch, decay from grid
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
@@ -125,9 +125,9 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
             )
             if used
         ]
-        if needs and self.validation_fraction == 0:
+        if needs and self.selection_fraction == 0:
             raise ValueError(
-                f"{' and '.join(needs)} need validation accuracy: set validation_fraction above 0 "
+                f"{' and '.join(needs)} need validation accuracy: set selection_fraction above 0 "
                 "(0.2 is the notes' choice), or recipe: uniform with keep: last"
             )
         return self
@@ -242,8 +242,8 @@ class Soups:
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         config, model = self.config, ctx.model
-        if config.validation_fraction > 0:
-            train, validation = split_round_validation(ctx.data, config.validation_fraction, ctx.seed)
+        if config.selection_fraction > 0:
+            train, validation = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
             accuracy_of: _Accuracy | None = _Accuracy(validation, ctx)
         else:
             train, accuracy_of = ctx.data, None

@@ -55,9 +55,9 @@ from raysim.train.weight_averaging import (
     LossValley,
     RunningMean,
     Segment,
+    hold_back_for_selection,
     load_params,
     recompute_batchnorm,
-    split_round_validation,
 )
 from raysim.types import (
     ClientContext,
@@ -101,7 +101,7 @@ class SWADConfig(BaseModel, frozen=True, extra="forbid"):
     start_window: int = Field(3, ge=1)  # N_s: averaging starts at the lowest loss of N_s evaluations
     end_window: int = Field(6, ge=1)  # N_e: it ends once N_e losses in a row exceed tolerance x the start's
     tolerance: float = Field(1.3, ge=1)  # r
-    validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, held back per round
+    selection_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, held back per round
     recompute_bn: bool = True
     local: LocalTrainConfig = LocalTrainConfig()  # epochs: the whole local budget (the LSS paper: SWA's 32)
     server: ServerOptimizerConfig = ServerOptimizerConfig()
@@ -276,7 +276,7 @@ class SWAD:
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         config = self.config
-        train, validation = split_round_validation(ctx.data, config.validation_fraction, ctx.seed)
+        train, validation = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
         valley = LossValley(config.start_window, config.end_window, config.tolerance)
 
         def validation_loss(model: nn.Module) -> float:

@@ -68,6 +68,10 @@ RENAMED: tuple[Renamed, ...] = (
         for schedule in ("local.lr_schedule", "local.epochs_schedule")
     ),
     Renamed("ima", "exploration.start_round", "exploration.from_round"),
+    # "validation" is dataset.validation_fraction's split, fixed for the run; the examples a
+    # soup or SWAD holds back each round to choose by, and those FedFomo scores peers on, differ
+    *(Renamed(plugin, "validation_fraction", "selection_fraction") for plugin in ("soups", "diwa", "swad")),
+    Renamed("fedfomo", "validation_fraction", "scoring_fraction"),
 )
 
 

@@ -6,7 +6,7 @@ a client's validation split, a running mean of parameter sets, the greedy soup's
 SWAD's overfit-aware averaging window (``LossValley``).
 
 Usage:
-    train, val = split_round_validation(ctx.data, 0.2, ctx.seed)      # seeded per client and round
+    train, val = hold_back_for_selection(ctx.data, 0.2, ctx.seed)      # seeded per client and round
     average = RunningMean(); average.add(P.model_params(model)); load_params(model, average.mean())
     chosen = greedy_soup(val_accuracies, lambda members: soup_accuracy(members))
 """
@@ -29,7 +29,7 @@ from raysim.types import ClientData, ClientMetrics, Params
 _SPLIT_TAG = 0x5A1D  # keeps the validation draw apart from the client's other random streams
 
 
-def split_round_validation(data: ClientData, fraction: float, seed: int) -> tuple[ClientData, ClientData]:
+def hold_back_for_selection(data: ClientData, fraction: float, seed: int) -> tuple[ClientData, ClientData]:
     """``(train, validation)``: ``round(fraction * n)`` of the client's examples (at least one, and
     one left to train on) held back at random, a pure function of ``seed`` (the client's seed, drawn
     from the run seed, the round and the client). The training part keeps the data's batch
@@ -42,7 +42,7 @@ def split_round_validation(data: ClientData, fraction: float, seed: int) -> tupl
     if n < 2:
         raise ValueError(
             f"a client with {n} example(s) cannot hold back a validation split: raise the "
-            "partition's min_size, or set algorithm.validation_fraction: 0 where the method allows it"
+            "partition's min_size, or set algorithm.selection_fraction: 0 where the method allows it"
         )
     num_val = min(max(1, round(fraction * n)), n - 1)
     order = np.random.default_rng([seed, _SPLIT_TAG]).permutation(n)

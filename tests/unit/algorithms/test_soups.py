@@ -14,7 +14,7 @@ from reference import B0, W0, context, grad, payload, plugin_types
 
 from raysim import registry
 from raysim.config.plugins import validate_plugin
-from raysim.train.weight_averaging import split_round_validation
+from raysim.train.weight_averaging import hold_back_for_selection
 
 RNG = np.random.default_rng(3)
 X = RNG.normal(0, 1, (40, 2))
@@ -60,7 +60,7 @@ def test_one_ingredient_with_the_local_values_is_fedavg_bit_for_bit():
     local = {"optimizer": "adam", "lr": 0.01, "weight_decay": 5e-4, "batch_size": 4, "epochs": 3}
     grid = {"lr": [0.01], "batch_size": [4], "weight_decay": [5e-4]}
     fedavg = make("fedavg", local=local).client_update(context(X, Y, payload())).update
-    options = {"num_models": 1, "keep": "last", "validation_fraction": 0.0, "grid": grid, "local": local}
+    options = {"num_models": 1, "keep": "last", "selection_fraction": 0.0, "grid": grid, "local": local}
     soup = make("soups", **options).client_update(context(X, Y, payload())).update
     assert all(torch.equal(fedavg[k], soup[k]) for k in fedavg)
 
@@ -68,7 +68,7 @@ def test_one_ingredient_with_the_local_values_is_fedavg_bit_for_bit():
 def test_the_uniform_soup_is_the_mean_of_the_reference_ingredients():
     """Three ingredients, keep: last, no validation: the mean of three GD runs at the drawn lrs."""
     grid = {"lr": [0.05, 0.5, 2.0], "batch_size": [len(X)], "weight_decay": [0.0]}
-    plugin = make("soups", num_models=3, keep="last", validation_fraction=0.0, grid=grid, local={"epochs": 4})
+    plugin = make("soups", num_models=3, keep="last", selection_fraction=0.0, grid=grid, local={"epochs": 4})
     soups = plugin_types(plugin)
     lrs = [soups.draw_hyperparameters(plugin.config.grid, 0, i).lr for i in range(3)]
     ingredients = [descend(X, Y, lr, 4)[-1] for lr in lrs]
@@ -86,7 +86,7 @@ def test_the_greedy_soup_and_best_epochs_match_the_reference(name):
     plugin = make(name, num_models=4, grid=grid, local={"epochs": 5}, **options)
     soups = plugin_types(plugin)
     ctx = context(X, Y, payload())
-    train, val = split_round_validation(ctx.data, 0.2, ctx.seed)
+    train, val = hold_back_for_selection(ctx.data, 0.2, ctx.seed)
     xt, yt = train.arrays["x"].astype(np.float64), train.arrays["y"]
     xv, yv = val.arrays["x"].astype(np.float64), val.arrays["y"]
     ingredients, scores = [], []
@@ -113,7 +113,7 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
     ctx.model = model
     ctx.global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     grid = {"lr": [0.1], "batch_size": [8], "weight_decay": [0.0], "dropout": [0.3]}
-    plugin = make("soups", num_models=1, keep="last", validation_fraction=0.0, grid=grid)
+    plugin = make("soups", num_models=1, keep="last", selection_fraction=0.0, grid=grid)
     seen = []
     model[1].register_forward_pre_hook(lambda module, args: seen.append(module.p))
     plugin.client_update(ctx)
@@ -131,15 +131,15 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
         ("soups", {"num_models": 0}, "algorithm.num_models: "),
         (
             "soups",
-            {"recipe": "greedy", "validation_fraction": 0.0},
+            {"recipe": "greedy", "selection_fraction": 0.0},
             "algorithm: recipe: greedy and keep: best_epoch",
         ),
         (
             "soups",
-            {"validation_fraction": 0.0},
+            {"selection_fraction": 0.0},
             "algorithm: keep: best_epoch need validation .* keep: last",
         ),
-        ("diwa", {"keep": "last", "validation_fraction": 0.0}, "algorithm: recipe: greedy need validation"),
+        ("diwa", {"keep": "last", "selection_fraction": 0.0}, "algorithm: recipe: greedy need validation"),
         ("soups", {"grid": {"lr": []}}, "algorithm.grid.lr: "),
         ("soups", {"grid": {"lr": [0.1, -1.0], "dropout": [1.0]}}, "algorithm.grid: .*lr -1.0, dropout 1.0"),
         ("soups", {"recipe": "best"}, "algorithm.recipe: .*uniform.*greedy"),

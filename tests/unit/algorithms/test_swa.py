@@ -15,7 +15,7 @@ from reference import B0, W0, context, grad, payload, plugin_types
 
 from raysim import registry
 from raysim.config.plugins import validate_plugin
-from raysim.train.weight_averaging import split_round_validation
+from raysim.train.weight_averaging import hold_back_for_selection
 
 X = np.array([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.3], [2.0, 0.1], [0.3, 0.3], [-0.7, -1.2]])
 Y = np.array([1, 0, 1, 0, 0, 1])
@@ -125,7 +125,7 @@ def test_swad_uploads_the_mean_of_the_iterates_in_the_reference_window():
     options = {"eval_every": 1, "start_window": 2, "end_window": 2, "tolerance": 1.02, "recompute_bn": False}
     plugin = make("swad", **options, local={"lr": 2.0, "batch_size": 1000, "epochs": 40})
     ctx = context(x, y, payload())
-    train, val = split_round_validation(ctx.data, 0.2, ctx.seed)
+    train, val = hold_back_for_selection(ctx.data, 0.2, ctx.seed)
     xt, yt = train.arrays["x"].astype(np.float64), train.arrays["y"]
     iterates = descend(xt, yt, [2.0] * 40)
     losses = [cross_entropy(theta, val.arrays["x"].astype(np.float64), val.arrays["y"]) for theta in iterates]
@@ -153,7 +153,7 @@ def test_swad_recomputes_batchnorm_statistics_at_the_averaged_weights():
         return {k: start[k] - delta[k] for k in delta}, ctx
 
     local, ctx = local_model(True)
-    train = split_round_validation(ctx.data, 0.2, ctx.seed)[0].arrays["x"]
+    train = hold_back_for_selection(ctx.data, 0.2, ctx.seed)[0].arrays["x"]
     inputs = torch.from_numpy(train) @ local["0.weight"].T + local["0.bias"]
     assert torch.allclose(local["1.running_mean"], inputs.mean(0), atol=1e-6)
     without, _ = local_model(False)
@@ -167,7 +167,7 @@ def test_swad_recomputes_batchnorm_statistics_at_the_averaged_weights():
         ("swa", {"start_fraction": 1.0}, "algorithm.start_fraction: "),
         ("swa", {"lr_schedule": "cyclic"}, "algorithm: .*cyclic .* set swa_lr below local.lr"),
         ("swa", {"lr_schedule": "cyclic", "swa_lr": 0.5}, "algorithm: .*swa_lr below local.lr \\(0.05\\)"),
-        ("swad", {"validation_fraction": 0.0}, "algorithm.validation_fraction: "),
+        ("swad", {"selection_fraction": 0.0}, "algorithm.selection_fraction: "),
         ("swad", {"tolerance": 0.9}, "algorithm.tolerance: "),
         ("swad", {"start_window": 0}, "algorithm.start_window: "),
     ],

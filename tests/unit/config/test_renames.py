@@ -33,6 +33,9 @@ FEDGMA_IN_IMA = {"name": "ima", "average_from": 1, "inner": {"name": "fedgma", "
         ),
         ({"name": "moon", "negative": "initial"}, "negative: value renamed: shared_init (was initial)"),
         ({"name": "fedadam", "server": {"initial_second_moment": "tau_squared"}}, "eps_squared (was tau_"),
+        ({"name": "swad", "validation_fraction": 0.1}, "renamed to algorithm.selection_fraction"),
+        ({"name": "diwa", "validation_fraction": 0.1}, "renamed to algorithm.selection_fraction"),
+        ({"name": "fedfomo", "validation_fraction": 0.1}, "renamed to algorithm.scoring_fraction"),
     ],
 )
 def test_a_renamed_plugin_option_is_refused_once_naming_its_new_key(algorithm, problem):
@@ -63,6 +66,8 @@ SAVED_BEFORE_RENAMES = [
      {"average_from": 2, "inner": {"name": "feddyn", "reading": "paper"}}),
     ({"name": "fedfa", "anchor_loss_start_round": 1, "local": {"epochs_schedule": {"start_round": 4}}},
      {"anchor_loss_from": 1, "local": {"epochs_schedule": {"from_round": 4}}}),
+    ({"name": "soups", "validation_fraction": 0.3}, {"selection_fraction": 0.3}),
+    ({"name": "fedfomo", "validation_fraction": 0.3}, {"scoring_fraction": 0.3}),
 ]  # fmt: skip
 
 

@@ -9,8 +9,8 @@ from raysim.train.weight_averaging import (
     RunningMean,
     Segment,
     greedy_soup,
+    hold_back_for_selection,
     recompute_batchnorm,
-    split_round_validation,
     uniform_mean,
 )
 from raysim.types import ClientData
@@ -25,25 +25,25 @@ def test_the_validation_split_is_a_seeded_partition_of_the_client_data():
         return batch
 
     whole = ClientData(data(10).arrays, batch_transform=transform)
-    train, val = split_round_validation(whole, 0.2, seed=4)
+    train, val = hold_back_for_selection(whole, 0.2, seed=4)
     assert len(train) == 8 and len(val) == 2
     assert sorted(np.concatenate([train.arrays["y"], val.arrays["y"]]).tolist()) == list(range(10))
     assert np.array_equal(train.arrays["x"][:, 0] / 2, train.arrays["y"])  # rows stay whole
     assert train.batch_transform is transform and val.batch_transform is None  # no augmentation on val
-    again = split_round_validation(whole, 0.2, seed=4)[1]
+    again = hold_back_for_selection(whole, 0.2, seed=4)[1]
     assert np.array_equal(again.arrays["y"], val.arrays["y"])
-    others = {tuple(split_round_validation(whole, 0.2, seed=s)[1].arrays["y"]) for s in range(20)}
+    others = {tuple(hold_back_for_selection(whole, 0.2, seed=s)[1].arrays["y"]) for s in range(20)}
     assert len(others) > 5  # another client or round, another split
 
 
 @pytest.mark.parametrize(("n", "fraction", "num_val"), [(2, 0.2, 1), (3, 0.9, 2), (100, 0.25, 25)])
 def test_the_split_keeps_one_example_on_each_side(n, fraction, num_val):
-    assert len(split_round_validation(data(n), fraction, 0)[1]) == num_val
+    assert len(hold_back_for_selection(data(n), fraction, 0)[1]) == num_val
 
 
 def test_a_client_with_one_example_has_nothing_to_hold_back():
     with pytest.raises(ValueError, match="1 example.*min_size"):
-        split_round_validation(data(1), 0.2, 0)
+        hold_back_for_selection(data(1), 0.2, 0)
 
 
 def test_the_running_mean_weighs_by_count():

@@ -19,9 +19,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from torch import nn
 
+from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client, train_context
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context
 from raysim.train.model_parts import complete_delta, frozen, head_names, split_parameters, without
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -66,7 +67,8 @@ class FedBABU:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         head_params, _ = split_parameters(ctx.model, feature_model(ctx.model, "fedbabu").head)
         with frozen(head_params):
-            delta, metrics = train_client(ctx, self.config.local)
+            metrics = train_context(ctx, self.config.local)
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))  # the head's too, once thawed
         return ClientResult(
             without(delta, head_names(ctx.model, "fedbabu")), examples_trained_on(metrics), metrics
         )

@@ -13,6 +13,7 @@ layer, the paper's main personalization protocol.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -21,7 +22,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_local
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context
 from raysim.train.model_parts import complete_delta, frozen, head_names, split_parameters, without
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -66,11 +67,8 @@ class FedBABU:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         head_params, _ = split_parameters(ctx.model, feature_model(ctx.model, "fedbabu").head)
         with frozen(head_params):
-            metrics = train_local(
-                ctx.model, ctx.data, self.config.local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
-                round_num=ctx.round_num, step_budget=ctx.step_budget,
-            )  # fmt: skip
-        delta = P.delta(ctx.global_params, P.model_params(ctx.model))
+            metrics = train_context(ctx, self.config.local)
+        delta = P.delta(ctx.global_params, P.model_params(ctx.model))  # the head's too, once thawed
         return ClientResult(
             without(delta, head_names(ctx.model, "fedbabu")), examples_trained_on(metrics), metrics
         )
@@ -80,7 +78,8 @@ class FedBABU:
         _, body_params = split_parameters(ctx.model, feature_model(ctx.model, "fedbabu").head)
         finetune = self.config.local.model_copy(update={"epochs": self.config.finetune_epochs})
         with frozen(body_params if self.config.finetune_part == "head" else []):
-            train_local(ctx.model, ctx.data, finetune, seed=ctx.seed, spec=ctx.spec, device=ctx.device)
+            # fine-tuning for an evaluation: the round-0 lr, and no straggler's budget
+            train_context(replace(ctx, round_num=0, step_budget=None), finetune)
         return ctx.model
 
     def aggregator(self) -> WeightedMean[Params]:

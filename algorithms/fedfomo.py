@@ -40,7 +40,7 @@ from raysim.aggregate import Gather, Gathered
 from raysim.measure.evaluate import evaluate
 from raysim.registry import register
 from raysim.sampling import client_seed
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_local
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -186,10 +186,7 @@ class FedFomo:
             moved = {k: w + sum(s * (m[k] - w) for s, m in zip(share, models)) for k, w in own.items()}
             P.load_into(ctx.model, moved)
         ctx.model.train()
-        metrics = train_local(
-            ctx.model, train, self.config.local, seed=ctx.seed, spec=ctx.spec, device=ctx.device,
-            round_num=ctx.round_num, step_budget=ctx.step_budget,
-        )  # fmt: skip
+        metrics = train_context(replace(ctx, data=train), self.config.local)
         model = P.clone(P.model_params(ctx.model))
         upload = Upload(ctx.client_id, model, peers.ids, weights)
         metrics["fedfomo/positive_peers"] = float((weights > 0).sum())

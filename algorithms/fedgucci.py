@@ -11,8 +11,9 @@ first, the round's own starting model included), each client minimises (Eq. 13, 
     l(w) + (beta / n) * sum_j l(alpha_j w + (1 - alpha_j) a_j)
 
 on the same mini-batch. The interpolated terms run through ``torch.func.functional_call`` on
-``alpha w + (1 - alpha) a.detach()`` over the trainable parameters, so autograd gives the live
-weights ``alpha * grad l(m_j)`` and the anchors nothing. ``update_mode``:
+``alpha w + (1 - alpha) a.detach()`` over the trainable parameters, so autograd gives the live weights
+``alpha * grad l(m_j)`` and the anchors nothing. The terms are written once, as a ``ClientChange``'s
+passes, for the sequential and the vectorized trainer. ``update_mode``:
 - ``sequential`` (default, the authors' code, notes 3.2.1): per batch one optimizer step on the
   task loss, then one step per anchor (newest first) on that anchor's term at the already
   updated weights: 1 + n steps, each with momentum and weight decay.
@@ -34,6 +35,7 @@ anchors travel in ``payload.extra.anchors``, so the engine counts them apart as
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -49,25 +51,24 @@ from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
 from raysim.registry import register
 from raysim.stored import from_plain, plain
-from raysim.train.local import (
-    Backward,
-    Batch,
+from raysim.train.client_change import (
     BatchLoss,
-    LocalStep,
-    LocalTrainConfig,
-    LossFn,
-    examples_trained_on,
-    task_loss,
-    train_client,
+    ClientChange,
+    Draws,
+    Losses,
+    Pass,
+    TaskLoss,
+    Weights,
+    task_pass,
 )
+from raysim.train.local import Backward, Batch, LocalStep, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
-from raysim.train.sharpness import SamConfig, sam_descend
-from raysim.train.vectorized import Losses, Pass, Stacked, TaskLoss, task_pass, train_clients
+from raysim.train.sharpness import SamConfig, sam_descend, sam_step
+from raysim.train.vectorized import train_clients
 from raysim.types import (
     ClientContext,
     ClientResult,
-    DataSpec,
     Metrics,
     Params,
     Payload,
@@ -140,31 +141,32 @@ class FedGuCciPlusConfig(FedGuCciConfig, frozen=True):
 
 
 class Connectivity:
-    """One client's connectivity terms ``(beta / n) * l(alpha_j w + (1 - alpha_j) a_j)``.
+    """One client's connectivity terms ``(beta / n) * l(alpha_j w + (1 - alpha_j) a_j)``, as passes.
+
+    A pass sees the client's weights and buffers and the task loss ``task`` at any weights (the
+    trainer's: FedLC's calibrated loss in FedGuCci+); the alphas reach it as the batch's draws.
 
     Args:
+        model: the client's (resident) model, whose mode the eval-mode pass switches.
         anchors: the n anchors' trainable tensors, newest first, on the model's device.
         beta: the weight of the whole connectivity loss (shared by the n terms).
         alpha: the fixed interpolation coefficient, or None to draw alpha_j ~ U(0, 1) at every
             ``redraw`` (once per batch).
-        task: the task loss evaluated at the interpolated weights.
-        spec: what ``task`` needs to know about the data.
         rng: where uniform alphas come from.
-        eval_buffers: None for the interpolated pass in train mode with (copies of) the live
-            model's buffers; else run it in eval mode with these buffers (the code's quirk).
+        eval_buffers: None for the interpolated pass in train mode with (copies of) the client's
+            buffers; else run it in eval mode with these buffers (the code's quirk).
     """
 
     def __init__(
         self,
+        model: nn.Module,
         anchors: list[Params],
         beta: float,
         alpha: float | None,
-        task: LossFn,
-        spec: DataSpec,
         rng: np.random.Generator,
         eval_buffers: Params | None = None,
     ) -> None:
-        self.anchors, self.beta, self.alpha, self.task, self.spec = anchors, beta, alpha, task, spec
+        self.model, self.anchors, self.beta, self.alpha = model, anchors, beta, alpha
         self.rng, self.eval_buffers = rng, eval_buffers
         self.alphas = [alpha if alpha is not None else 0.5] * len(anchors)
         self.redraw()
@@ -175,96 +177,64 @@ class Connectivity:
             self.alphas = self.rng.uniform(0.0, 1.0, size=len(self.anchors)).tolist()
         return self.alphas
 
-    def term(self, j: int) -> LossFn:
-        """Anchor ``j``'s term as a ``LossFn``: a connectivity step's objective (sequential)."""
+    def change(self, update_mode: Literal["sequential", "joint"]) -> ClientChange:
+        """The client's change: a task step then one step per anchor (``sequential``), or Eq. 13's
+        one joint step; the alphas are drawn once per batch."""
+        terms = tuple(self.term(j) for j in range(len(self.anchors)))
+        passes = (task_pass, *terms) if update_mode == "sequential" else (self.joint,)
+        return ClientChange(passes=passes, draw=self.redraw)
 
-        def loss_fn(model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
-            loss, correct, count = self.interpolated_loss(model, batch, j)
-            return loss * (self.beta / len(self.anchors)), correct, count
+    def term(self, j: int) -> Pass:
+        """Anchor ``j``'s term: a connectivity step's objective (sequential)."""
+        scale = self.beta / len(self.anchors)
 
-        return loss_fn
+        def term(task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) -> Losses:
+            losses = self.interpolated_loss(task, weights, buffers, draws, j)
+            return losses[0] * scale, losses
 
-    def total(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """All terms summed: the ``extra_loss`` of the joint objective."""
-        losses = [self.interpolated_loss(model, batch, j)[0] for j in range(len(self.anchors))]
-        return torch.stack(losses).sum() * (self.beta / len(self.anchors))
+        return term
 
-    def interpolated_loss(self, model: nn.Module, batch: Batch, j: int) -> BatchLoss:
+    def joint(self, task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) -> Losses:
+        """Eq. 13: the task loss plus all terms (joint)."""
+        total, losses = task_pass(task, weights, buffers, draws)
+        terms = [
+            self.interpolated_loss(task, weights, buffers, draws, j)[0] for j in range(len(self.anchors))
+        ]
+        return total + torch.stack(terms).sum() * (self.beta / len(self.anchors)), losses
+
+    def interpolated_loss(
+        self, task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws, j: int
+    ) -> BatchLoss:
         """The task loss at ``alpha_j w + (1 - alpha_j) a_j``; the gradient reaches w only."""
-        alpha, anchor = self.alphas[j], self.anchors[j]
-        weights = {
-            name: alpha * p + (1.0 - alpha) * anchor[name].detach()
-            for name, p in model.named_parameters()
-            if p.requires_grad
-        }
+        alpha, anchor = draws[j], self.anchors[j]
+        mixed = {name: alpha * p + (1.0 - alpha) * anchor[name].detach() for name, p in weights.items()}
         if self.eval_buffers is None:  # copies: the statistics this pass would update are dropped
-            buffers = {name: b.clone() for name, b in model.named_buffers()}
-            return self.task(P.at_weights(model, weights | buffers), batch, self.spec)
-        was_training = model.training
-        model.eval()
+            return task(mixed, {name: b.clone() for name, b in buffers.items()})
+        was_training = self.model.training
+        self.model.eval()
         try:
-            return self.task(P.at_weights(model, weights | self.eval_buffers), batch, self.spec)
+            return task(mixed, self.eval_buffers)
         finally:
-            model.train(was_training)
+            self.model.train(was_training)
 
 
-def sequential_step(conn: Connectivity, sam: SamConfig | None, add_clean_gradient: bool = False) -> LocalStep:
-    """The authors' loop (notes 3.2.1): a task step, then one step per anchor, newest first, each
-    at SAM's perturbed point when ``sam`` is set (``add_clean_gradient``, ``reading: fedgucci_code``:
-    the code's connectivity steps on the clean plus the perturbed gradient)."""
-
-    def step(
-        model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
-    ) -> BatchLoss:
-        conn.redraw()
-        loss = sam_descend(model, batch, optimizer, backward, sam)
-        for j in range(len(conn.anchors)):
-            term = conn.term(j)
-            sam_descend(model, batch, optimizer, backward, sam, term, add_clean_gradient=add_clean_gradient)
-        return loss
-
-    return step
-
-
-def joint_step(conn: Connectivity, sam: SamConfig | None) -> LocalStep:
-    """Eq. 13 in one step (notes 3.2.2): the connectivity terms ride in ``extra_loss``
-    (``conn.total``); this only draws the batch's alphas first, so both SAM passes share them."""
+def sam_steps(sam: SamConfig | None, num_passes: int, add_clean_gradient: bool) -> LocalStep | None:
+    """How each pass takes its step: SAM's (or a plain one when ``sam`` is None). With
+    ``add_clean_gradient`` (``reading: fedgucci_code``, notes 3.3 item 2) the connectivity steps,
+    every batch's passes after its first, step on the clean plus the perturbed gradient."""
+    if sam is None:
+        return None
+    if not add_clean_gradient:
+        return sam_step(**sam.model_dump())
+    passes = itertools.count()
 
     def step(
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
     ) -> BatchLoss:
-        conn.redraw()
-        return sam_descend(model, batch, optimizer, backward, sam)
+        connectivity = next(passes) % num_passes > 0
+        return sam_descend(model, batch, optimizer, backward, sam, add_clean_gradient=connectivity)
 
     return step
-
-
-def stacked_term(conn: Connectivity, j: int, model: nn.Module) -> Pass:
-    """``conn.term(j)`` as a vectorized ``Pass``: a client's alphas arrive as ``draws``."""
-    anchor, scale = conn.anchors[j], conn.beta / len(conn.anchors)
-
-    def term(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
-        weights = {name: draws[j] * p + (1.0 - draws[j]) * anchor[name] for name, p in params.items()}
-        if conn.eval_buffers is None:  # copies: the statistics this pass would update are dropped
-            losses = task(weights, {name: b.clone() for name, b in buffers.items()})
-        else:  # the code's quirk: eval mode, the round's global buffers (the worker resets the mode)
-            model.eval()
-            losses = task(weights, conn.eval_buffers)
-            model.train()
-        return losses[0] * scale, losses
-
-    return term
-
-
-def stacked_joint(conn: Connectivity, terms: list[Pass]) -> Pass:
-    """The joint objective for a client of a chunk: the task loss plus ``conn.total``."""
-
-    def joint(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
-        total, losses = task_pass(task, params, buffers, draws)
-        connectivity = torch.stack([term(task, params, buffers, draws)[1][0] for term in terms]).sum()
-        return total + connectivity * (conn.beta / len(conn.anchors)), losses
-
-    return joint
 
 
 @dataclass(frozen=True)
@@ -333,14 +303,10 @@ class FedGuCci:
     def client_update(self, ctx: ClientContext[Anchors, None]) -> ClientResult[Params, None]:
         config = self.config
         calibration = config.logit_calibration
-        task = fedlc_loss(ctx, calibration.strength) if calibration is not None else task_loss
-        conn = self._connectivity(ctx, task)
-        if config.update_mode == "sequential":
-            step = sequential_step(conn, config.sam, add_clean_gradient=config.reading == "fedgucci_code")
-            delta, metrics = train_client(ctx, config.local, loss_fn=task, step=step)
-        else:
-            step = joint_step(conn, config.sam)
-            delta, metrics = train_client(ctx, config.local, loss_fn=task, extra_loss=conn.total, step=step)
+        change = self.change(ctx)
+        step = sam_steps(config.sam, len(change.passes), add_clean_gradient=config.reading == "fedgucci_code")
+        task = fedlc_loss(ctx, calibration.strength) if calibration is not None else None
+        delta, metrics = train_client(ctx, config.local, change=change, loss_fn=task, step=step)
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     @property
@@ -350,14 +316,14 @@ class FedGuCci:
         return self._vectorized_update if plain else None
 
     def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[ClientResult]:
-        conns = [self._connectivity(ctx, task_loss) for ctx in ctxs]  # each client's alpha stream
-        terms = [stacked_term(conns[0], j, ctxs[0].model) for j in range(len(conns[0].anchors))]
-        sequential = self.config.update_mode == "sequential"  # a task step, then one per anchor
-        passes = [task_pass, *terms] if sequential else [stacked_joint(conns[0], terms)]
-        trained = train_clients(ctxs, self.config.local, passes=passes, draw=lambda i: conns[i].redraw())
+        trained = train_clients(ctxs, self.config.local, change=self.change)
         return [ClientResult(delta, examples_trained_on(metrics), metrics) for delta, metrics in trained]
 
-    def _connectivity(self, ctx: ClientContext[Anchors, None], task: LossFn) -> Connectivity:
+    def change(self, ctx: ClientContext[Anchors, None]) -> ClientChange:
+        """The client's connectivity terms towards the anchors, with its own alpha stream."""
+        return self._connectivity(ctx).change(self.config.update_mode)
+
+    def _connectivity(self, ctx: ClientContext[Anchors, None]) -> Connectivity:
         config = self.config
         trainable = {name: p for name, p in ctx.model.named_parameters() if p.requires_grad}
         older = ctx.payload.extra.anchors  # tensors on ctx.device already
@@ -370,11 +336,10 @@ class FedGuCci:
             floats = {name for name, b in ctx.model.named_buffers() if b.is_floating_point()}
             eval_buffers = {name: v for name, v in ctx.global_params.items() if name in floats}
         return Connectivity(
+            ctx.model,
             anchors,
             config.beta,
             config.fixed_alpha,
-            task,
-            ctx.spec,
             np.random.default_rng([ctx.seed, 0xA1FA]),  # alphas apart from the shuffling stream
             eval_buffers,
         )

@@ -1,20 +1,20 @@
 """FedProx: FedAvg plus a proximal term in local training (Li et al., MLSys 2020, arXiv:1812.06127).
 
 Each client minimises ``loss(w) + (mu / 2) * ||w - w_global||^2`` over its trainable parameters;
-the term's gradient ``mu (w - w_global)`` is added to each gradient after the backward pass.
+the term's gradient ``mu (w - w_global)`` is added to each gradient after the backward pass. The
+term is written once, as a ``ClientChange``, for the sequential and the vectorized trainer.
 """
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, Field
-from torch import nn
 
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.client_change import ClientChange, GradientEdit, Weights
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
-from raysim.train.vectorized import GradientEdit, Stacked, train_clients
+from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -27,22 +27,11 @@ class FedProxConfig(BaseModel, frozen=True, extra="forbid"):
     weighted: bool = True
 
 
-def proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]) -> AfterBackward:
-    """``after_backward`` adding mu·(w − anchor), the gradient of (mu/2)·||w − anchor||²."""
+def proximal_gradient(mu: float, anchor: Weights) -> GradientEdit:
+    """A gradient edit adding mu·(w − anchor), the gradient of (mu/2)·||w − anchor||²."""
 
-    def after_backward(model: nn.Module) -> None:
-        for name, p in model.named_parameters():
-            if p.requires_grad and p.grad is not None:
-                p.grad.add_(p.detach() - anchor[name], alpha=mu)
-
-    return after_backward
-
-
-def stacked_proximal_gradient(mu: float, anchor: dict[str, torch.Tensor]) -> GradientEdit:
-    """``proximal_gradient`` for a chunk of clients: every client shares the anchor."""
-
-    def edit(params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
-        return {k: g.add(params[k] - anchor[k], alpha=mu) for k, g in grads.items()}
+    def edit(weights: Weights, grads: Weights, own: Weights) -> Weights:
+        return {k: g.add(weights[k] - anchor[k], alpha=mu) for k, g in grads.items()}
 
     return edit
 
@@ -62,16 +51,18 @@ class FedProx:
     def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
         return params_payload(state)
 
+    def change(self, ctx: ClientContext[None, None]) -> ClientChange:
+        """The proximal term towards the round's global model."""
+        return ClientChange(edit=proximal_gradient(self.config.mu, ctx.global_params))
+
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        proximal = proximal_gradient(self.config.mu, ctx.global_params)
-        delta, metrics = train_client(ctx, self.config.local, after_backward=proximal)
+        delta, metrics = train_client(ctx, self.config.local, change=self.change(ctx))
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def vectorized_update(self, ctxs: list[ClientContext[None, None]]) -> list[ClientResult[Params, None]]:
-        proximal = stacked_proximal_gradient(self.config.mu, ctxs[0].global_params)
         return [
             ClientResult(delta, examples_trained_on(metrics), metrics)
-            for delta, metrics in train_clients(ctxs, self.config.local, edit_gradients=proximal)
+            for delta, metrics in train_clients(ctxs, self.config.local, change=self.change)
         ]
 
     def aggregator(self) -> WeightedMean[Params]:

@@ -18,7 +18,7 @@ split at every evaluation (``eval/personal/...``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, Field
 from torch import nn
@@ -26,7 +26,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_local
+from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context
 from raysim.train.model_parts import complete_delta, frozen, head_names, split_parameters, without
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -62,9 +62,8 @@ class PersonalHead:
 
 
 def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> ClientMetrics:
-    """``train_local`` of the client's model on its data this round, shuffled by ``seed``."""
-    return train_local(ctx.model, ctx.data, config, seed=seed, spec=ctx.spec, device=ctx.device,
-                       round_num=ctx.round_num, step_budget=step_budget)  # fmt: skip
+    """``train_context`` of the client, shuffled by ``seed`` within ``step_budget``."""
+    return train_context(replace(ctx, seed=seed, step_budget=step_budget), config)
 
 
 @register("algorithm", "fedrep")

@@ -70,7 +70,7 @@ from raysim.models.fused import (
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, Services
 from raysim.train.ccvr import CCVRConfig, FeatureStats, calibrated_head, class_statistics
-from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_local
+from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_context
 from raysim.train.server_opt import init_state
 from raysim.types import (
     ClientContext,
@@ -289,16 +289,7 @@ class FuseFL:
         if stage == self.config.num_stages:
             return ClientResult(self.feature_stats(ctx, model), 1.0)
         net = self.staged_net(ctx, model, stage)
-        metrics = train_local(
-            net,
-            ctx.data,
-            self.config.local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=stage,
-            step_budget=ctx.step_budget,
-        )
+        metrics = train_context(replace(ctx, model=net, round_num=stage), self.config.local)  # lr by stage
         last = stage == self.config.num_stages - 1
         upload = StageUpload(
             part=P.clone(net.own.state_dict()), head=P.clone(net.head.state_dict()) if last else {}

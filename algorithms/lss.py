@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -58,7 +59,7 @@ from raysim.train.local import (
     LossFn,
     examples_trained_on,
     task_loss,
-    train_local,
+    train_context,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -285,17 +286,11 @@ class LSS:
         # the first ingredient shuffles as FedAvg does, so N = 1 is FedAvg's run
         shuffle = np.random.SeedSequence([ctx.seed, _SHUFFLE_TAG, i]).generate_state(1)[0]
         seed = ctx.seed if i == 0 else int(shuffle)
-        return train_local(
-            ctx.model,
-            ctx.data,
+        return train_context(
+            replace(ctx, seed=seed, step_budget=steps),
             config.local.model_copy(update={"epochs": config.ingredient_epochs(i)}),
-            seed=seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
             extra_loss=regularizer(config, anchor, frozen),
             step=mixing_step(frozen, coefficients) if frozen else None,
-            step_budget=steps,
         )
 
     def aggregator(self) -> WeightedMean[Params]:

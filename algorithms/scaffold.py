@@ -7,7 +7,8 @@ Option II of the paper. With server variate ``c`` and client variate ``c_i`` (ze
 - the server: ``x <- x - eta_g * mean(delta)``, ``c <- c + (1 / N) * sum(dc)`` over the clients
   that reported (N: the population).
 Means are unweighted by default, as in the paper. Option II's variate assumes plain local SGD, so
-local momentum, weight decay and gradient clipping are refused.
+local momentum, weight decay and gradient clipping are refused. The correction is written once, as
+a ``ClientChange``, for the sequential and the vectorized trainer.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from pydantic import BaseModel, model_validator
-from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, round_lr, train_client
+from raysim.train.client_change import ClientChange, Weights
+from raysim.train.local import LocalTrainConfig, examples_trained_on, round_lr, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
-from raysim.train.vectorized import Stacked, train_clients
+from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -77,16 +78,14 @@ class ScaffoldUpdate:
     dc: Params  # c_i+ - c_i, unweighted
 
 
-def drift_correction(c: Params, c_i: Params) -> AfterBackward:
-    """``after_backward`` adding ``c - c_i`` to every trainable parameter's gradient."""
-    correction = {k: c[k] - c_i[k] for k in c}
+def corrected_gradient(weights: Weights, grads: Weights, correction: Weights) -> Weights:
+    """The corrected gradient ``g(y) - c_i + c``, given the client's ``c - c_i``."""
+    return {k: g + correction[k] for k, g in grads.items()}
 
-    def after_backward(model: nn.Module) -> None:
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                p.grad.add_(correction[name])
 
-    return after_backward
+def drift_correction(c: Params, c_i: Params) -> ClientChange:
+    """Adds ``c - c_i`` to every trainable parameter's gradient; ``c - c_i`` is the client's own."""
+    return ClientChange(edit=corrected_gradient, own={k: c[k] - c_i[k] for k in c})
 
 
 def client_variate(ctx: ClientContext[ServerVariate, ClientVariate]) -> Params:
@@ -116,34 +115,29 @@ class Scaffold:
     def client_update(
         self, ctx: ClientContext[ServerVariate, ClientVariate]
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
-        c, c_i = ctx.payload.extra.c, client_variate(ctx)  # c on ctx.device already
-        delta, metrics = train_client(ctx, self.config.local, after_backward=drift_correction(c, c_i))
-        return self._result(ctx, c_i, delta, metrics)
+        delta, metrics = train_client(ctx, self.config.local, change=self.change(ctx))
+        return self._result(ctx, delta, metrics)
 
     def vectorized_update(
         self, ctxs: list[ClientContext[ServerVariate, ClientVariate]]
     ) -> list[ClientResult[ScaffoldUpdate, ClientVariate]]:
-        c, variates = ctxs[0].payload.extra.c, [client_variate(ctx) for ctx in ctxs]
-        correction = {k: torch.stack([c[k] - c_i[k] for c_i in variates]) for k in c}
-
-        def edit(params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
-            return {k: g + correction[k].index_select(0, clients) for k, g in grads.items()}
-
-        trained = train_clients(ctxs, self.config.local, edit_gradients=edit)
+        trained = train_clients(ctxs, self.config.local, change=self.change)
         return [
-            self._result(ctx, c_i, delta, metrics)
-            for ctx, c_i, (delta, metrics) in zip(ctxs, variates, trained, strict=True)
+            self._result(ctx, delta, metrics) for ctx, (delta, metrics) in zip(ctxs, trained, strict=True)
         ]
+
+    def change(self, ctx: ClientContext[ServerVariate, ClientVariate]) -> ClientChange:
+        """The drift correction ``c - c_i`` (c on ctx.device already)."""
+        return drift_correction(ctx.payload.extra.c, client_variate(ctx))
 
     def _result(
         self,
         ctx: ClientContext[ServerVariate, ClientVariate],
-        c_i: Params,
         delta: Params,
         metrics: Mapping[str, float | torch.Tensor],
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
         """The client's update and new variate from its training's ``delta`` and metrics."""
-        c = ctx.payload.extra.c
+        c, c_i = ctx.payload.extra.c, client_variate(ctx)
         steps = metrics["train/steps"]
         if steps > 0:  # option II: c_i+ = c_i - c + delta / (K lr)
             lr = round_lr(self.config.local, ctx.round_num)

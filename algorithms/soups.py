@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -48,7 +48,7 @@ from raysim.train.local import (
     LocalStep,
     LocalTrainConfig,
     examples_trained_on,
-    train_local,
+    train_context,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.weight_averaging import (
@@ -296,17 +296,7 @@ class Soups:
         if accuracy_of is not None and config.keep == "best_epoch":
             step = best_epoch_step(math.ceil(len(train) / hyper.batch_size), best, accuracy_of)
         with dropout_rate(ctx.model, hyper.dropout):
-            metrics = train_local(
-                ctx.model,
-                train,
-                local,
-                seed=seed,
-                spec=ctx.spec,
-                device=ctx.device,
-                round_num=ctx.round_num,
-                step=step,
-                step_budget=ctx.step_budget,
-            )
+            metrics = train_context(replace(ctx, data=train, seed=seed), local, step=step)
         if config.keep == "last":
             accuracy = accuracy_of(ctx.model) if accuracy_of is not None else -math.inf
             return _Best(snapshot(ctx.model), accuracy), metrics

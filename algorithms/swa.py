@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -48,7 +49,7 @@ from raysim.train.local import (
     examples_trained_on,
     round_epochs,
     round_lr,
-    train_local,
+    train_context,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.weight_averaging import (
@@ -230,20 +231,14 @@ class SWA:
         alpha_2 = alpha_1 if config.swa_lr is None else config.swa_lr
         is_cyclic = config.lr_schedule == "cyclic"
         average = RunningMean()
-        metrics = train_local(
-            ctx.model,
-            ctx.data,
+        metrics = train_context(
+            ctx,
             config.local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
             step=swa_step(
                 lambda step: swa_lr(step, snapshots, start, alpha_1, alpha_2, is_cyclic),
                 set(snapshots).__contains__,
                 average,
             ),
-            step_budget=ctx.step_budget,
         )
         mean = average.mean() if average.count else None
         delta = upload(ctx, mean, config.recompute_bn, ctx.data, config.local.batch_size)
@@ -286,17 +281,7 @@ class SWAD:
 
         segments = _Segments(valley, validation_loss)
         eval_every = config.eval_every or math.ceil(len(train) / config.local.batch_size)
-        metrics = train_local(
-            ctx.model,
-            train,
-            config.local,
-            seed=ctx.seed,
-            spec=ctx.spec,
-            device=ctx.device,
-            round_num=ctx.round_num,
-            step=swad_step(segments, eval_every),
-            step_budget=ctx.step_budget,
-        )
+        metrics = train_context(replace(ctx, data=train), config.local, step=swad_step(segments, eval_every))
         segments.close(ctx.model)  # the iterates since the last evaluation
         delta = upload(ctx, valley.finish(), config.recompute_bn, train, config.local.batch_size)
         metrics |= _window_metrics(valley, eval_every)

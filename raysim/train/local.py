@@ -1,13 +1,13 @@
 """The shared local trainer that every plugin builds on (evaluation is ``raysim.measure.evaluate``).
 
-Plugins vary local training through hooks rather than subclassing. Three shape the objective:
-``loss_fn(model, batch, spec)`` replaces the task loss (logit calibration), ``extra_loss(model,
-batch)`` adds a term to it (FedGuCci's connectivity loss) and ``after_backward(model)`` edits the
-gradients (SCAFFOLD's control-variate correction, FedProx's proximal gradient). The fourth,
-``step``, says what one batch does with that objective: one backward pass and one optimizer step
-(``gradient_step``, the default), two passes (SAM, ``raysim.train.sharpness.sam_step``) or several
-optimizer steps (FedGuCci's step per anchor). Batching, the lr, ``max_steps`` and the metrics
-stay in ``train_local`` whatever the step.
+Plugins vary local training through hooks rather than subclassing. A ``change``
+(``raysim.train.client_change.ClientChange``), written over tensors by name, serves the vectorized
+trainer too: a gradient ``edit`` (FedProx, SCAFFOLD) and each batch's ``passes`` (FedGuCci's step
+per anchor). Model hooks serve one client at a time: ``loss_fn`` replaces the task loss (logit
+calibration), ``extra_loss`` adds a term (MOON's) and ``after_backward`` edits ``.grad`` (FedDyn's).
+``step`` says how each pass takes its optimizer step: one backward and one step (``gradient_step``,
+the default) or two backwards (SAM, ``raysim.train.sharpness.sam_step``). Batching, the lr,
+``max_steps`` and the metrics stay in ``train_local`` whatever the step.
 
 A client that can do only part of its local work this round (a straggler, ``raysim.systems``)
 has a ``step_budget`` on its context, which caps its batches whatever config the plugin passes.
@@ -15,6 +15,7 @@ has a ``step_budget`` on its context, which caps its batches whatever config the
 Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
     delta, metrics = train_client(ctx, config)          # the FedAvg client's local work
+    metrics = train_context(replace(ctx, data=train), config)   # no delta: a part of its data
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
+from raysim.train.client_change import BatchLoss, ClientChange, Draws, Pass, edit_model_gradients, model_pass
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
 
 Batch = dict[str, torch.Tensor]
-# A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
-BatchLoss = tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | int]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
 AfterBackward = Callable[[nn.Module], None]
 LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
@@ -44,20 +44,20 @@ LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
 class Backward(Protocol):
     """Leaves the gradient of the local objective on ``batch``, at the current weights, in ``.grad``.
 
-    Zeroes the gradients, computes ``loss_fn`` (the trainer's task loss when None) plus
-    ``extra_loss``, back-propagates, then applies ``after_backward`` and ``grad_clip``. Returns the
-    loss without ``extra_loss``, for the metrics.
+    Zeroes the gradients, computes the pass's objective (over ``loss_fn``, the trainer's task loss
+    when None) plus ``extra_loss``, back-propagates, then applies ``after_backward``, the change's
+    ``edit`` and ``grad_clip``. Returns the task loss, for the metrics.
     """
 
     def __call__(self, batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss: ...
 
 
 class LocalStep(Protocol):
-    """What one batch does in ``train_local``: the gradients it takes and the optimizer steps.
+    """What one pass of a batch does in ``train_local``: the gradients it takes and the optimizer step.
 
     It replaces "zero_grad, forward, loss, backward, step": it calls ``backward`` once or more
-    and ``optimizer.step()`` once or more, and returns the loss its metrics should count (the
-    first pass's, at the weights the batch started from). ``max_steps`` counts batches.
+    and ``optimizer.step()``, and returns the loss its metrics should count (the first
+    backward's, at the weights the pass started from). ``max_steps`` counts batches.
     """
 
     def __call__(
@@ -207,6 +207,7 @@ def train_local(
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
     step_budget: int | None = None,
+    change: ClientChange = ClientChange(),
 ) -> ClientMetrics:
     """Trains ``model`` in place on one client's data; returns train metrics.
 
@@ -224,8 +225,10 @@ def train_local(
         extra_loss: a term added to the loss before every backward pass.
         after_backward: edits the gradients after every backward pass, before clipping.
         loss_fn: replaces ``task_loss``.
-        step: what one batch does (``gradient_step`` when None).
+        step: what each pass of a batch does (``gradient_step`` when None).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
+        change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` after
+            ``after_backward``, one ``step`` per pass, ``draw`` once per batch.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -239,7 +242,7 @@ def train_local(
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     backward = _objective_backward(
-        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward
+        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward, change
     )
     take_step = step or gradient_step
     num_epochs = round_epochs(config, round_num)
@@ -253,7 +256,9 @@ def train_local(
     for step_num, batch in enumerate(batches):
         if data.batch_transform is not None:  # augmentation, poisoning: drawn per (client, round, batch)
             batch = data.batch_transform(batch, step_num)
-        loss, num_correct, num_items = take_step(model, batch, optimizer, backward)
+        draws = change.next_draws()
+        losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in change.passes]
+        loss, num_correct, num_items = losses[0]
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
         num_batches, num_used = num_batches + 1, num_used + len(next(iter(batch.values())))
@@ -268,21 +273,31 @@ def _objective_backward(
     task: LossFn,
     extra_loss: ExtraLoss | None,
     after_backward: AfterBackward | None,
-) -> Backward:
-    """The ``Backward`` of one client's training: its loss, its hooks and gradient clipping."""
+    change: ClientChange,
+) -> Callable[[Pass, Draws], Backward]:
+    """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
+    its hooks and gradient clipping."""
 
-    def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
-        loss, num_correct, num_items = (loss_fn or task)(model, batch, spec)
-        total = loss + extra_loss(model, batch) if extra_loss is not None else loss
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        if after_backward is not None:
-            after_backward(model)
-        if config.grad_clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        return loss, num_correct, num_items
+    def backward_of(one_pass: Pass, draws: Draws) -> Backward:
+        def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
+            def model_loss(module: nn.Module) -> BatchLoss:
+                return (loss_fn or task)(module, batch, spec)
 
-    return backward
+            total, (loss, num_correct, num_items) = model_pass(one_pass, model, model_loss, draws)
+            if extra_loss is not None:
+                total = total + extra_loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            if after_backward is not None:
+                after_backward(model)
+            edit_model_gradients(change, model)
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            return loss, num_correct, num_items
+
+        return backward
+
+    return backward_of
 
 
 def _train_metrics(
@@ -320,23 +335,21 @@ def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
     return float(metrics["train/num_examples"])  # a count the host knows: no device read
 
 
-def train_client(
+def train_context(
     ctx: ClientContext,
     config: LocalTrainConfig,
     *,
+    change: ClientChange = ClientChange(),
     extra_loss: ExtraLoss | None = None,
     after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
-) -> tuple[Params, ClientMetrics]:
-    """One client's local work: trains ``ctx.model`` on ``ctx.data`` (seed, device, round and
-    step budget from ``ctx``); returns ``delta = global - local`` and ``train_local``'s metrics.
-
-    The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
-    examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
-    The hooks are ``train_local``'s.
-    """
-    metrics = train_local(
+) -> ClientMetrics:
+    """``train_local`` of ``ctx.model`` on ``ctx.data`` with the seed, device, round and step budget
+    of ``ctx``; returns the metrics. A plugin training something else states it on the context:
+    ``replace(ctx, data=train)`` (a part of its data), ``replace(ctx, model=net)``, ``replace(ctx,
+    seed=s, step_budget=left)``. The hooks are ``train_local``'s."""
+    return train_local(
         ctx.model,
         ctx.data,
         config,
@@ -349,5 +362,32 @@ def train_client(
         loss_fn=loss_fn,
         step=step,
         step_budget=ctx.step_budget,
+        change=change,
+    )
+
+
+def train_client(
+    ctx: ClientContext,
+    config: LocalTrainConfig,
+    *,
+    change: ClientChange = ClientChange(),
+    extra_loss: ExtraLoss | None = None,
+    after_backward: AfterBackward | None = None,
+    loss_fn: LossFn | None = None,
+    step: LocalStep | None = None,
+) -> tuple[Params, ClientMetrics]:
+    """One client's local work, ``train_context``; returns ``delta = global - local`` and the metrics.
+
+    The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
+    examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
+    """
+    metrics = train_context(
+        ctx,
+        config,
+        change=change,
+        extra_loss=extra_loss,
+        after_backward=after_backward,
+        loss_fn=loss_fn,
+        step=step,
     )
     return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics

@@ -8,9 +8,10 @@ client keeps ``train_local``'s semantics: its own shuffling (drawn from its seed
 an epoch (no drop_last), the lr of the round, gradient clipping and SGD (momentum, weight decay)
 or Adam as ``torch.optim`` computes them. A step trains only the clients that still have a batch,
 grouped by batch size, so a client that has run out of batches does not move and its optimizer
-state does not change, and BatchNorm sees exactly its own batch (no padding). Plugins change the
-objective through ``edit_gradients`` (``after_backward``'s counterpart) and ``passes`` (one
-optimizer step each per batch: ``train_local``'s ``step``), fed per client by ``draw``.
+state does not change, and BatchNorm sees exactly its own batch (no padding). Plugins change
+training through the ``ClientChange`` they also give ``train_local`` (``raysim.train.client_change``:
+a gradient ``edit`` and per-batch ``passes``, run under ``vmap``); ``edit_gradients`` watches the
+stacked gradients (FedFish's Fisher sums).
 
 What cannot vectorize is refused by ``raysim.train.vectorizable.vectorization_blocker``: randomness
 inside the model other than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from
@@ -19,7 +20,7 @@ client's ``batch_transform``, which draws per batch one client at a time.
 
 Usage:
     results = train_clients(ctxs, LocalTrainConfig(lr=0.1))      # [(delta, metrics)] per client
-    results = train_clients(ctxs, local, edit_gradients=proximal)  # FedProx's term
+    results = train_clients(ctxs, local, change=self.change)       # each context's ClientChange
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raysim import params as P
+from raysim.train.client_change import (
+    ClientChange,
+    Losses,
+    Pass,
+    edit_stacked_gradients,
+    stack_own,
+    task_pass,
+)
 from raysim.train.hashed_dropout import HashedDropout
 from raysim.train.local import (
     Batch,
@@ -48,23 +57,10 @@ from raysim.train.vectorizable import vectorization_blocker
 from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
 
 Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...]
-# Edits the gradients of the clients training this step (the stacks hold only them; ``clients``
-# are their positions in the chunk): SCAFFOLD's correction, FedProx's proximal gradient.
-GradientEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
-
-# randomness ``HashedDropout`` does not draw per client (plain ``nn.Dropout`` it does)
-TaskLoss = Callable[[Stacked, Stacked], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-Losses = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-# One optimizer step's objective for one client (vmapped: its own tensors, no client axis): from
-# ``task`` (the task loss at any weights and buffers), the client's params and buffers and its
-# draws for the batch (``draw``), the loss to differentiate and the task loss its metrics count.
-Pass = Callable[[TaskLoss, Stacked, Stacked, torch.Tensor], Losses]
-
-
-def task_pass(task: TaskLoss, params: Stacked, buffers: Stacked, draws: torch.Tensor) -> Losses:
-    """The default pass: the task loss at the client's weights (``gradient_step``'s objective)."""
-    losses = task(params, buffers)
-    return losses[0], losses
+# Sees (and may edit) the gradients of the clients training this step (the stacks hold only them;
+# ``clients`` are their positions in the chunk), after the change's ``edit``: FedFish's sums.
+StackedEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
+ChangeOf = Callable[[ClientContext], ClientChange]  # the plugin's change for one client
 
 
 @dataclass
@@ -95,9 +91,8 @@ def train_clients(
     ctxs: Sequence[ClientContext],
     config: LocalTrainConfig,
     *,
-    edit_gradients: GradientEdit | None = None,
-    passes: Sequence[Pass] = (task_pass,),
-    draw: Callable[[int], Sequence[float]] | None = None,
+    change: ChangeOf | None = None,
+    edit_gradients: StackedEdit | None = None,
 ) -> list[tuple[Params, Metrics]]:
     """``train_client`` for every context at once: ``(delta, metrics)`` per client, in order.
 
@@ -105,7 +100,7 @@ def train_clients(
     broadcast weights, which it keeps); each brings its data, seed and step budget. The hooks are
     ``train_local_vectorized``'s.
     """
-    trained, metrics = train_contexts(ctxs, config, edit_gradients=edit_gradients, passes=passes, draw=draw)
+    trained, metrics = train_contexts(ctxs, config, change=change, edit_gradients=edit_gradients)
     return [(client_delta(ctx, trained, i), metrics[i]) for i, ctx in enumerate(ctxs)]
 
 
@@ -113,12 +108,12 @@ def train_contexts(
     ctxs: Sequence[ClientContext],
     config: LocalTrainConfig,
     *,
-    edit_gradients: GradientEdit | None = None,
-    passes: Sequence[Pass] = (task_pass,),
-    draw: Callable[[int], Sequence[float]] | None = None,
+    change: ChangeOf | None = None,
+    edit_gradients: StackedEdit | None = None,
 ) -> tuple[Stacked, list[Metrics]]:
     """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, and
-    their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass)."""
+    their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass).
+    ``change(ctx)`` is the client's ``ClientChange``, the one its ``train_client`` is given."""
     first = ctxs[0]
     return train_local_vectorized(
         first.model,
@@ -129,9 +124,8 @@ def train_contexts(
         device=first.device,
         round_num=first.round_num,
         step_budgets=[ctx.step_budget for ctx in ctxs],
+        changes=[change(ctx) for ctx in ctxs] if change is not None else None,
         edit_gradients=edit_gradients,
-        passes=passes,
-        draw=draw,
     )
 
 
@@ -165,15 +159,15 @@ def train_local_vectorized(
     device: torch.device | str = "cpu",
     round_num: int = 0,
     step_budgets: Sequence[int | None] | None = None,
-    edit_gradients: GradientEdit | None = None,
-    passes: Sequence[Pass] = (task_pass,),
-    draw: Callable[[int], Sequence[float]] | None = None,
+    changes: Sequence[ClientChange] | None = None,
+    edit_gradients: StackedEdit | None = None,
 ) -> tuple[Stacked, list[Metrics]]:
     """``train_local`` of ``model``'s current weights on each client's data, all at once.
 
-    Each batch takes one optimizer step per pass in ``passes`` (``train_local``'s ``step``:
-    FedGuCci's task step, then one per anchor); the metrics count the first pass's task loss.
-    ``draw(i)`` gives client ``i``'s numbers for its next batch, which every pass receives.
+    ``changes`` (one per client, or None) are what each client's ``train_local`` is given: the
+    first's ``edit`` and ``passes`` run for every client under ``vmap``, with each client's own
+    ``own`` tensors and ``draw``. Each batch takes one optimizer step per pass; the metrics count
+    the first pass's task loss.
 
     Returns:
         Every client's trained ``params.model_params`` stacked (trainable parameters and float
@@ -195,6 +189,9 @@ def train_local_vectorized(
     chunk = _stack(model, len(datas), config)
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
     dropout = HashedDropout(model)
+    changes = list(changes) if changes is not None else [ClientChange()] * len(datas)
+    change, own = changes[0], stack_own(changes)
+    passes = change.passes
     objectives = [_objective(model, frozen, spec, dropout, one_pass) for one_pass in passes]
     gradients = [vmap(grad(objective, has_aux=True), randomness="error") for objective in objectives]
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
@@ -202,14 +199,12 @@ def train_local_vectorized(
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
     for step, clients, index, members, batch in dropout.over(_steps(plans, tensors, device)):
         part = chunk.take(clients)
-        draws = (
-            torch.tensor([list(draw(i)) for i in members], device=device)
-            if draw
-            else torch.zeros(len(members), 0, device=device)
-        )
+        draws = torch.tensor([list(changes[i].next_draws()) for i in members], device=device)  # (K, #draws)
+        part_own = {k: v.index_select(0, index) for k, v in own.items()}
         for n, gradient in enumerate(gradients):
             dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
             grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
+            grads = edit_stacked_gradients(change, part.params, grads, part_own)
             if edit_gradients is not None:
                 grads = edit_gradients(part.params, grads, index)
             if config.grad_clip is not None:

@@ -123,8 +123,23 @@ def batch():
     return {"x": torch.tensor(X), "y": torch.tensor(Y)}
 
 
-def connectivity(anchors, alpha, beta=1.0):
-    return module().Connectivity(anchors, beta, alpha, task_loss, SPEC, np.random.default_rng(0))
+def connectivity(model, anchors, alpha, beta=1.0):
+    return module().Connectivity(model, anchors, beta, alpha, np.random.default_rng(0))
+
+
+def run_pass(one_pass, model, batch, conn):
+    """``one_pass`` at the live model's weights: the task loss at other weights by functional_call."""
+    weights = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    buffers = dict(model.named_buffers())
+
+    def task(at, at_buffers):
+        return task_loss(P.at_weights(model, at | at_buffers), batch, SPEC)
+
+    return one_pass(task, weights, buffers, conn.alphas)
+
+
+def interpolated(conn, model, batch, j):
+    return run_pass(lambda *args: (None, conn.interpolated_loss(*args, j)), model, batch, conn)[1]
 
 
 def grads(model):
@@ -134,7 +149,7 @@ def grads(model):
 def test_alpha_one_gives_the_task_loss_and_its_gradient():
     model = mlp()
     anchor = {k: torch.randn_like(v) for k, v in model.named_parameters()}
-    loss = connectivity([anchor], alpha=1.0).interpolated_loss(model, batch(), 0)[0]
+    loss = interpolated(connectivity(model, [anchor], alpha=1.0), model, batch(), 0)[0]
     loss.backward()
     conn_grads = grads(model)
     model.zero_grad()
@@ -149,7 +164,7 @@ def test_an_anchor_equal_to_w_gives_the_task_loss_at_any_alpha():
     anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
     plain = task_loss(model, batch(), SPEC)[0]
     for alpha in (0.0, 0.3, 0.5):
-        loss = connectivity([anchor], alpha).interpolated_loss(model, batch(), 0)[0]
+        loss = interpolated(connectivity(model, [anchor], alpha), model, batch(), 0)[0]
         assert torch.allclose(loss, plain, atol=1e-12)
 
 
@@ -161,8 +176,8 @@ def test_the_gradient_is_alpha_times_the_gradient_at_the_interpolated_point(alph
     anchors = [
         {k: torch.randn_like(v).requires_grad_(True) for k, v in model.named_parameters()} for _ in range(2)
     ]
-    conn = connectivity(anchors, alpha, beta)
-    loss = conn.term(1)(model, batch(), SPEC)[0]
+    conn = connectivity(model, anchors, alpha, beta)
+    loss = run_pass(conn.term(1), model, batch(), conn)[0]
     loss.backward()
 
     scratch = copy.deepcopy(model)
@@ -176,11 +191,11 @@ def test_the_gradient_is_alpha_times_the_gradient_at_the_interpolated_point(alph
 
 
 def test_uniform_alphas_are_redrawn_per_batch_in_the_unit_interval():
-    conn = module().Connectivity([{}, {}, {}], 0.1, None, task_loss, SPEC, np.random.default_rng(0))
+    conn = module().Connectivity(mlp(), [{}, {}, {}], 0.1, None, np.random.default_rng(0))
     first = list(conn.alphas)
     conn.redraw()
     assert len(first) == 3 and all(0 <= a <= 1 for a in first + conn.alphas) and first != conn.alphas
-    fixed = module().Connectivity([{}, {}], 0.1, 0.5, task_loss, SPEC, np.random.default_rng(0))
+    fixed = module().Connectivity(mlp(), [{}, {}], 0.1, 0.5, np.random.default_rng(0))
     fixed.redraw()
     assert fixed.alphas == [0.5, 0.5]
 
@@ -365,8 +380,8 @@ def test_eval_mode_runs_the_interpolated_pass_with_the_global_buffers():
     reference = copy.deepcopy(ctx.model).eval()  # the global model
     with torch.no_grad():
         ctx.model[0].running_mean.add_(1.0)  # live statistics that moved away from the global ones
-    conn = algo._connectivity(ctx, task_loss)
-    loss = conn.interpolated_loss(ctx.model, batch_f32(), 0)[0]  # anchor 1 == w: the global model
+    conn = algo._connectivity(ctx)
+    loss = interpolated(conn, ctx.model, batch_f32(), 0)[0]  # anchor 1 == w: the global model
     expected = F.cross_entropy(reference(batch_f32()["x"]), batch_f32()["y"])
     assert torch.allclose(loss, expected, atol=1e-6) and ctx.model.training
 

@@ -1,0 +1,117 @@
+"""A plugin's change to local training, stated once for both trainers: ``ClientChange``.
+
+A change is written over one client's tensors by name, with no client axis. ``train_local``
+applies it to the model's named parameters; ``train_local_vectorized`` applies the same functions
+under ``torch.func.vmap`` to a chunk's stacked parameters. It has two parts, either optional:
+
+- ``edit(weights, grads, own) -> grads`` edits the gradients after every backward pass, before
+  clipping: FedProx's proximal gradient, SCAFFOLD's control-variate correction.
+- ``passes``: each batch takes one optimizer step per pass. A pass returns the objective to
+  differentiate from ``task`` (the task loss at any weights and buffers), the client's weights
+  and buffers and its ``draws`` for the batch: FedGuCci's task step then one step per anchor, or
+  its joint loss. The default, ``(task_pass,)``, is the plain task loss.
+
+``own`` holds the client's own tensors (SCAFFOLD's ``c - c_i``); the vectorized trainer stacks
+them along the client axis. What else the functions use (FedProx's mu and anchor, FedGuCci's
+anchors) is shared: a chunk's clients all run its first client's functions. ``draw`` gives the
+client's numbers for its next batch (FedGuCci's alphas), drawn on the host once per batch.
+
+Usage:
+    change = ClientChange(edit=proximal_gradient(mu, ctx.global_params))
+    delta, metrics = train_client(ctx, config, change=change)
+    results = train_clients(ctxs, config, change=lambda ctx: ClientChange(...))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import vmap
+
+from raysim import params as P
+
+Weights = dict[str, torch.Tensor]  # one client's tensors by name (no client axis)
+# A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
+BatchLoss = tuple[torch.Tensor, torch.Tensor | int, torch.Tensor | int]
+TaskLoss = Callable[[Weights, Weights], BatchLoss]  # the task loss on the batch at (weights, buffers)
+# the objective to differentiate, and the task loss the metrics count
+Losses = tuple[torch.Tensor, BatchLoss]
+# the client's numbers for a batch: Python floats in train_local, a tensor row under vmap
+Draws = Sequence[float] | torch.Tensor
+Pass = Callable[[TaskLoss, Weights, Weights, Draws], Losses]
+GradientEdit = Callable[[Weights, Weights, Weights], Weights]  # (weights, grads, own) -> grads
+
+
+def task_pass(task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) -> Losses:
+    """The default pass: the task loss at the client's weights (``gradient_step``'s objective)."""
+    losses = task(weights, buffers)
+    return losses[0], losses
+
+
+@dataclass(frozen=True)
+class ClientChange:
+    """One client's change to local training (see the module docstring).
+
+    Attributes:
+        edit: ``(weights, grads, own) -> grads``, after every backward pass, before clipping;
+            pure (no state, no in-place writes), as ``vmap`` runs it.
+        own: the client's own tensors that ``edit`` reads.
+        passes: one optimizer step each per batch; the metrics count the first pass's task loss.
+        draw: the client's numbers for its next batch, which every pass receives.
+    """
+
+    edit: GradientEdit | None = None
+    own: Weights = field(default_factory=dict)
+    passes: tuple[Pass, ...] = (task_pass,)
+    draw: Callable[[], Sequence[float]] | None = None
+
+    def next_draws(self) -> Sequence[float]:
+        """The client's numbers for its next batch (none without ``draw``)."""
+        return self.draw() if self.draw is not None else ()
+
+
+def edit_model_gradients(change: ClientChange, model: nn.Module) -> None:
+    """``change.edit`` on ``model``'s ``.grad`` (``train_local``'s side)."""
+    if change.edit is None:
+        return
+    named = {name: p for name, p in model.named_parameters() if p.grad is not None}
+    grads = {name: p.grad for name, p in named.items() if p.grad is not None}
+    edited = change.edit({name: p.detach() for name, p in named.items()}, grads, change.own)
+    for name, p in named.items():
+        p.grad = edited[name]
+
+
+def model_pass(
+    one_pass: Pass, model: nn.Module, model_loss: Callable[[nn.Module], BatchLoss], draws: Draws
+) -> Losses:
+    """``one_pass`` on the live ``model`` (``train_local``'s side): ``task`` at the model's own
+    trainable parameters and buffers is ``model_loss(model)`` itself; at any other weights it runs
+    the model through ``functional_call`` (``params.at_weights``), so autograd reaches them."""
+    if one_pass is task_pass:  # the plain objective: no dicts to build
+        return task_pass(lambda weights, buffers: model_loss(model), {}, {}, draws)
+    weights: Weights = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    buffers = dict(model.named_buffers())
+
+    def task(at: Weights, at_buffers: Weights) -> BatchLoss:
+        if at is weights and at_buffers is buffers:
+            return model_loss(model)
+        return model_loss(P.at_weights(model, at | at_buffers))
+
+    return one_pass(task, weights, buffers, draws)
+
+
+def stack_own(changes: Sequence[ClientChange]) -> Weights:
+    """The clients' ``own`` tensors stacked along the client axis (``[clients, ...]``)."""
+    return {k: torch.stack([change.own[k] for change in changes]) for k in changes[0].own}
+
+
+def edit_stacked_gradients(change: ClientChange, params: Weights, grads: Weights, own: Weights) -> Weights:
+    """``change.edit`` for the clients of a step at once (``train_local_vectorized``'s side):
+    ``params``, ``grads`` and ``own`` stacked ``[clients, ...]``."""
+    if change.edit is None:
+        return grads
+    edited: Weights = vmap(change.edit)(params, grads, own)
+    return edited

@@ -18,9 +18,10 @@ never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
 default; normalise with the running statistics as uploaded, notes 2.10 item 5) or "train" (the
 official code's: batch statistics, the client's copy's running statistics overwritten).
 
-Logged per stage (step k): the clients' ``train/*`` means, ``sys/bytes_up`` (adapters and blocks,
-the heads at the last stage), ``sys/bytes_down`` (the fused blocks sent to every client; the
-initial model at stage 0); then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss),
+Logged per stage (step k): the stage's cohort metrics (``services.round_metrics``): the clients'
+``train/*`` means, ``sys/bytes_up`` (adapters and blocks, the heads at the last stage),
+``sys/bytes_down`` (the fused blocks sent to every client; the initial model at stage 0) and per
+payload part; then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss),
 ``eval/central/*`` and ``eval/clients/*`` (every client's test split, pooled) of the fused model,
 ``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
 MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
@@ -49,7 +50,7 @@ from raysim import params as P
 from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
 from raysim.measure import scores
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import pool_rows
 from raysim.models.anatomy import parts
 from raysim.models.fused import (
     AdapterKind,
@@ -79,7 +80,6 @@ from raysim.types import (
     Metrics,
     Params,
     Payload,
-    RoundOutput,
     RunInfo,
     ServerState,
 )
@@ -206,7 +206,7 @@ class FuseFL:
             fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
             heads = [u.head for u in uploads]
             state = replace(state, extra=replace(state.extra, fused=fused))
-            services.log(stage_metrics(out, payload, len(towers)), k)
+            services.log(services.round_metrics(out, payload), k)
         # the last stage's heads averaged, then calibrated on the fused model's features
         head = {name: torch.stack([h[name] for h in heads]).mean(dim=0) for name in heads[0]}
         state = replace(state, extra=replace(state.extra, head=head))
@@ -335,15 +335,6 @@ class FuseFL:
                 labels.append(batch["y"])
         stats = class_statistics(torch.cat(features), torch.cat(labels), ctx.spec.num_classes)
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
-
-
-def stage_metrics(out: RoundOutput[Gathered], payload: Payload[StagePayload], num_clients: int) -> Metrics:
-    """A stage's clients' train means and its bytes: the uploads, and the payload to every client."""
-    sent = P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)
-    return weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"}) | {
-        "sys/bytes_up": float(out.bytes_up),
-        "sys/bytes_down": float(sent * num_clients),
-    }
 
 
 def scored(prefix: str, row: Metrics | None) -> Metrics:

@@ -41,7 +41,7 @@ from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.errors import NonFiniteError
 from raysim.measure import scores
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import pool_rows
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
@@ -57,7 +57,6 @@ from raysim.types import (
     ServerState,
 )
 
-_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})  # per-client rows' non-metrics
 # a local model's evaluation rows: on the central test set, on its own client's test split
 EvalRows = tuple[Metrics | None, Metrics | None]
 
@@ -160,13 +159,9 @@ class LocalOnly:
         payload: Payload[Recall | None] = self.payload(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))
-        reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
+        reported = [client.client_id for client in output.clients]  # failed clients kept nothing
         now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
-        # the clients' train metrics, averaged by client weight as the round loop averages them
-        metrics = weighted_means(output.client_metrics, "weight", _BOOKKEEPING) | {
-            "sys/bytes_down": float(P.num_bytes(payload.params) * len(cohort)),
-            "sys/failed_clients": float(len(output.failures)),
-        }
+        metrics = services.round_metrics(output, payload)  # as the round loop reports its cohort
         if due:
             rows = local_model_rows(services, output.local_models)
             if round_num == services.info.num_rounds - 1:  # the last round: every client's model

@@ -161,6 +161,13 @@ class Services(Protocol[A_co]):
         """One standard round (sample, broadcast, train, server update, probes when due)."""
         ...
 
+    def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
+        """A trained cohort's metrics, as the round loop logs them: the clients' own metrics averaged
+        by client weight (``train/*``), what ``payload`` weighs over the cohort (``sys/bytes_down``,
+        and per payload part ``sys/bytes_down/<part>``), what the updates weigh (``sys/bytes_up``)
+        and the clients that failed (``sys/failed_clients``, ``sys/nonfinite_clients``)."""
+        ...
+
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model's evaluation (``eval/...``), personalization and transfer when due."""
         ...

@@ -32,7 +32,7 @@ from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
-from raysim.engine.metrics import round_metrics
+from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
@@ -148,7 +148,7 @@ class Engine(Generic[A]):
         new_state, metrics = algorithm.server_update(state, output.aggregate, round_num)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
-        metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+        metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
@@ -156,6 +156,10 @@ class Engine(Generic[A]):
             with self.timed("evaluation"):  # a probe measures the round, as an evaluation does
                 metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
         return new_state, metrics
+
+    def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
+        """A trained cohort's metrics (``raysim.engine.metrics.round_metrics``)."""
+        return round_metrics(output, payload)
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""

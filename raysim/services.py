@@ -172,6 +172,18 @@ class Services(Protocol[A_co]):
         """The global model's evaluation (``eval/...``), personalization and transfer when due."""
         ...
 
+    def evaluate_weights(
+        self, points: Sequence[NumpyParams], sections: Sequence[dict[str, Any]] | None = None
+    ) -> Metrics:
+        """Any weights evaluated as the job's evaluation plan evaluates the global model (central
+        test set, a poisoned job's triggered one, the plan's clients, their validation rows, the
+        held-out clients; ``eval/...`` as ``evaluate`` logs them, without personalization): one
+        point is a model, several an ensemble predicting by their mean raw logits (accuracy and
+        cross-entropy). ``sections``: each point's model section (a network the plugin composed,
+        FuseFL's fused model; the clients' architectures under ``model_groups``); None: the job's.
+        """
+        ...
+
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point of ``request`` on each of its clients (or the central test set), spread over
         all workers. An EVALUATE request's model, or a LOGITS request's P points taken together

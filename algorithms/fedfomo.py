@@ -37,6 +37,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Gather, Gathered
+from raysim.algorithm import init_state
 from raysim.measure.evaluate import evaluate
 from raysim.registry import register
 from raysim.sampling import client_seed
@@ -143,7 +144,7 @@ class FedFomo:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState[Affinities]:
-        return ServerState(P.clone(params), buffer_keys=info.buffer_keys, extra=Affinities({}, {}, info.seed))
+        return init_state(params, info, Affinities({}, {}, info.seed))
 
     def payload(self, state: ServerState[Affinities], round_num: int) -> Payload[None]:
         return Payload({})  # nothing shared: every client's payload is its own

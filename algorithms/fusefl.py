@@ -18,12 +18,13 @@ never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
 default; normalise with the running statistics as uploaded, notes 2.10 item 5) or "train" (the
 official code's: batch statistics, the client's copy's running statistics overwritten).
 
-Logged per stage (step k): the clients' ``train/*`` means, ``sys/bytes_up`` (adapters and blocks,
-the heads at the last stage), ``sys/bytes_down`` (the fused blocks sent to every client; the
-initial model at stage 0); then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss),
-``eval/central/*`` and ``eval/clients/*`` (every client's test split, pooled) of the fused model,
-``fusefl/params`` and ``fusefl/mib`` (|F_fus|, parameters,
-MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
+Logged per stage (step k): the stage's cohort metrics (``services.round_metrics``): the clients'
+``train/*`` means, ``sys/bytes_up`` (adapters and blocks, the heads at the last stage),
+``sys/bytes_down`` (the fused blocks sent to every client; the initial model at stage 0) and per
+payload part; then at step K ``ccvr/*`` (the statistics' bytes, the calibration loss), the
+fused model's ``eval/central/*`` and ``eval/clients/*`` as the job's evaluation plan gives a
+global model's (``services.evaluate_weights``), ``fusefl/params`` and ``fusefl/mib`` (|F_fus|,
+parameters, MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
 
 Per-client architectures (the paper's ResNet-10/18/26 mix, notes 2.8): a job's ``model_groups``
 give clients different model sections; tower m is client m's architecture (``ctx.model_of``), and
@@ -48,8 +49,6 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import Gathered
 from raysim.errors import ConfigError
-from raysim.measure import scores
-from raysim.measure.pooling import pool_rows, weighted_means
 from raysim.models.anatomy import parts
 from raysim.models.fused import (
     AdapterKind,
@@ -68,7 +67,7 @@ from raysim.models.fused import (
     tower_shapes,
 )
 from raysim.registry import register
-from raysim.services import EVALUATE, MapRequest, Services
+from raysim.services import Services
 from raysim.train.ccvr import CCVRConfig, FeatureStats, calibrated_head, class_statistics
 from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_context
 from raysim.train.server_opt import init_state
@@ -79,7 +78,6 @@ from raysim.types import (
     Metrics,
     Params,
     Payload,
-    RoundOutput,
     RunInfo,
     ServerState,
 )
@@ -206,7 +204,7 @@ class FuseFL:
             fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
             heads = [u.head for u in uploads]
             state = replace(state, extra=replace(state.extra, fused=fused))
-            services.log(stage_metrics(out, payload, len(towers)), k)
+            services.log(services.round_metrics(out, payload), k)
         # the last stage's heads averaged, then calibrated on the fused model's features
         head = {name: torch.stack([h[name] for h in heads]).mean(dim=0) for name in heads[0]}
         state = replace(state, extra=replace(state.extra, head=head))
@@ -253,7 +251,7 @@ class FuseFL:
         } | mixed
 
     def evaluation(self, services: Services[object], state: ServerState[FuseFLServer]) -> Metrics:
-        """The fused model's size, the paper's communication, and its evaluation (central, clients)."""
+        """The fused model's size, the paper's communication, and its evaluation (the job's plan)."""
         weights = fused_weights(state.extra)
         # parameters only, as Table 4: BatchNorm's running statistics and counters left out
         num_params = sum(
@@ -262,18 +260,8 @@ class FuseFL:
         mib, towers = num_params * 4 / 2**20, len(state.extra.towers)
         metrics: Metrics = {"fusefl/params": float(num_params), "fusefl/mib": mib}
         metrics["fusefl/paper_comm_mib"] = towers * mib  # Table 13's M x |F_fus|
-        model = self.fused_section(services.info, state.extra)
-        point = [P.to_numpy(weights)]
-        if services.info.has_central_test:
-            [[central]] = services.map_clients(MapRequest(EVALUATE, point, None, model=model))
-            metrics |= scored("eval/central", central)
-            # a poisoned job's attack success rate, as the engine logs it for one global model
-            [[triggered]] = services.map_clients(MapRequest(EVALUATE, point, None, "triggered", model=model))
-            if triggered is not None:
-                metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
-        clients = np.arange(services.info.num_clients)
-        [rows] = services.map_clients(MapRequest(EVALUATE, point, clients, model=model))
-        return metrics | scored("eval/clients", pool_rows(rows))
+        section = self.fused_section(services.info, state.extra)
+        return metrics | services.evaluate_weights([P.to_numpy(weights)], [section])
 
     # ---- worker ---------------------------------------------------------------------------------
 
@@ -326,22 +314,6 @@ class FuseFL:
                 labels.append(batch["y"])
         stats = class_statistics(torch.cat(features), torch.cat(labels), ctx.spec.num_classes)
         return FeatureStats(*(t.cpu() for t in (stats.count, stats.total, stats.outer)))
-
-
-def stage_metrics(out: RoundOutput[Gathered], payload: Payload[StagePayload], num_clients: int) -> Metrics:
-    """A stage's clients' train means and its bytes: the uploads, and the payload to every client."""
-    sent = P.num_bytes(payload.params) + P.num_bytes(payload.extra.fused)
-    return weighted_means(out.client_metrics, "weight", {"client_id", "weight", "seconds"}) | {
-        "sys/bytes_up": float(out.bytes_up),
-        "sys/bytes_down": float(sent * num_clients),
-    }
-
-
-def scored(prefix: str, row: Metrics | None) -> Metrics:
-    """An evaluation row's scores under ``prefix`` (none without examples)."""
-    if row is None:
-        return {}
-    return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
 
 
 def part_weights(fused: Fused) -> Params:

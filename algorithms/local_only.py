@@ -16,8 +16,8 @@ models and logs
 - ``eval/local/accuracy``, ``eval/local/loss``: the mean over those models on the central test set
   (when the dataset has one), and ``eval/local/num_clients``, how many;
 - ``eval/local/clients/accuracy``, ``eval/local/clients/loss``: each model on its own client's test
-  split, the clients' examples pooled as ``eval/clients/*`` are (``raysim.measure.pooling.pool_rows``), and
-  the mean over clients (``_mean``);
+  split, summarized as ``eval/clients/*`` are (``raysim.measure.pooling.summarize_clients``): the
+  clients' examples pooled, the mean over clients (``_mean``) and the spread (``_std``, ``_p10`` ...);
 and so for the dataset's scores (``eval/local/mcc``, ``eval/local/clients/mcc``: MCC, F1, Pearson)
 and without accuracy for a regression task.
 In an intermediate evaluation round those models are the round's cohort's (only they travel to
@@ -41,7 +41,7 @@ from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.errors import NonFiniteError
 from raysim.measure import scores
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import summarize_clients
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
@@ -57,7 +57,6 @@ from raysim.types import (
     ServerState,
 )
 
-_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})  # per-client rows' non-metrics
 # a local model's evaluation rows: on the central test set, on its own client's test split
 EvalRows = tuple[Metrics | None, Metrics | None]
 
@@ -160,13 +159,9 @@ class LocalOnly:
         payload: Payload[Recall | None] = self.payload(state, round_num) if starts_shared else Payload({})
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))
-        reported = [int(m["client_id"]) for m in output.client_metrics]  # failed clients kept nothing
+        reported = [client.client_id for client in output.clients]  # failed clients kept nothing
         now_trained = torch.unique(torch.cat([trained, torch.tensor(reported, dtype=torch.int64)]))
-        # the clients' train metrics, averaged by client weight as the round loop averages them
-        metrics = weighted_means(output.client_metrics, "weight", _BOOKKEEPING) | {
-            "sys/bytes_down": float(P.num_bytes(payload.params) * len(cohort)),
-            "sys/failed_clients": float(len(output.failures)),
-        }
+        metrics = services.round_metrics(output, payload)  # as the round loop reports its cohort
         if due:
             rows = local_model_rows(services, output.local_models)
             if round_num == services.info.num_rounds - 1:  # the last round: every client's model
@@ -206,7 +201,7 @@ def local_model_rows(services: Services[Params | None], models: dict[int, NumpyP
 
 def local_model_metrics(rows: list[EvalRows]) -> Metrics:
     """``eval/local/*``: the mean over the models on the central test set, and each on its own
-    client's test split, the clients' examples pooled and the mean over clients (``_mean``)."""
+    client's test split, summarized as ``eval/clients/*`` are."""
     metrics: Metrics = {}
     central_rows = [scores.without_sums(row) for row, _ in rows if row is not None]
     if central_rows:  # None: the dataset has no central test set
@@ -214,11 +209,4 @@ def local_model_metrics(rows: list[EvalRows]) -> Metrics:
         for key in sorted({k for row in central_rows for k in row} - {"num_examples"}):
             metrics[f"eval/local/{key}"] = float(np.mean([row[key] for row in central_rows if key in row]))
     own_rows = [row for _, row in rows if row is not None and row["num_examples"] > 0]
-    pooled = pool_rows(own_rows)
-    if pooled is not None:
-        metrics["eval/local/clients/num_clients"] = float(len(own_rows))
-        for key in sorted(set(scores.without_sums(pooled)) - {"num_examples"}):
-            metrics[f"eval/local/clients/{key}"] = pooled[key]
-            values = [row[key] for row in own_rows if key in row]
-            metrics[f"eval/local/clients/{key}_mean"] = float(np.mean(values))
-    return metrics
+    return metrics | summarize_clients(own_rows, "eval/local/clients")  # as eval/clients/* are

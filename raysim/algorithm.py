@@ -132,6 +132,7 @@ from raysim.services import Services
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 A = TypeVar("A")  # the plugin's aggregate: what its aggregator results in, what server_update takes
+E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
 
 
 @runtime_checkable
@@ -223,6 +224,13 @@ def check_shape(name: str, plugin: object) -> None:
         )
 
 
+def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
+    """The server state before round 0: a copy of ``params``, no optimizer moments yet, and the
+    plugin's own ``extra`` (None where it keeps nothing more). Every fresh state is built here:
+    a plugin's ``init`` calls it (``raysim.train.server_opt`` re-exports it), as ``fresh_state`` does."""
+    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
+
+
 def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> ServerState:
     """The server state before round 0: the plugin's ``init``; else (a staged plugin without
     one) a copy of the initial params and nothing more."""
@@ -230,7 +238,7 @@ def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> Se
     if callable(hook):
         state: ServerState = hook(params, info)
         return state
-    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=None)
+    return init_state(params, info, None)
 
 
 def first_payload(algorithm: AnyAlgorithm[A], state: ServerState, info: RunInfo) -> Payload:

@@ -161,8 +161,27 @@ class Services(Protocol[A_co]):
         """One standard round (sample, broadcast, train, server update, probes when due)."""
         ...
 
+    def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
+        """A trained cohort's metrics, as the round loop logs them: the clients' own metrics averaged
+        by client weight (``train/*``), what ``payload`` weighs over the cohort (``sys/bytes_down``,
+        and per payload part ``sys/bytes_down/<part>``), what the updates weigh (``sys/bytes_up``)
+        and the clients that failed (``sys/failed_clients``, ``sys/nonfinite_clients``)."""
+        ...
+
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model's evaluation (``eval/...``), personalization and transfer when due."""
+        ...
+
+    def evaluate_weights(
+        self, points: Sequence[NumpyParams], sections: Sequence[dict[str, Any]] | None = None
+    ) -> Metrics:
+        """Any weights evaluated as the job's evaluation plan evaluates the global model (central
+        test set, a poisoned job's triggered one, the plan's clients, their validation rows, the
+        held-out clients; ``eval/...`` as ``evaluate`` logs them, without personalization): one
+        point is a model, several an ensemble predicting by their mean raw logits (accuracy and
+        cross-entropy). ``sections``: each point's model section (a network the plugin composed,
+        FuseFL's fused model; the clients' architectures under ``model_groups``); None: the job's.
+        """
         ...
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:

@@ -261,12 +261,24 @@ class WorkerTimes:
 
 
 @dataclass(frozen=True)
+class TrainedClient:
+    """A client that trained: what the engine knows of it, kept apart from the plugin's metrics."""
+
+    client_id: int
+    weight: float  # its ``ClientResult.weight``
+    seconds: float  # its client update's wall time
+    metrics: Metrics = field(default_factory=dict)  # its ``ClientResult.metrics``, as returned
+
+
+@dataclass(frozen=True)
 class RoundOutput(Generic[A_co]):
-    """A trained cohort: the merged aggregate plus what the engine reports about the round.
+    """A trained cohort: the merged aggregate plus what the engine reports about the round. A
+    worker answers with its share of the round in the same shape (``raysim.runtime.wire.WorkerReport``:
+    its partial as the aggregate, its own times), which the backend merges into this.
 
     Attributes:
         aggregate: the aggregator's ``result`` of the merged partials.
-        client_metrics: per client, the plugin's metrics plus ``client_id``, ``weight``, ``seconds``.
+        clients: each client that trained, in worker order (``cohort_size`` counts the failed too).
         failures: clients dropped this round.
         probe_rows: per probe name, one row per client of what its worker hooks measured.
         local_models: client id -> the client's model after training, when asked to keep them.
@@ -280,7 +292,7 @@ class RoundOutput(Generic[A_co]):
     """
 
     aggregate: A_co
-    client_metrics: list[Metrics] = field(default_factory=list)
+    clients: list[TrainedClient] = field(default_factory=list)
     failures: list[ClientFailure] = field(default_factory=list)
     probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
     local_models: dict[int, NumpyParams] = field(default_factory=dict)
@@ -289,6 +301,11 @@ class RoundOutput(Generic[A_co]):
     client_peak_bytes: float | None = None
     worker_times: list[WorkerTimes] = field(default_factory=list)
     merge_s: float = 0.0
+
+    @property
+    def cohort_size(self) -> int:
+        """The clients the cohort's payload went to: each of them either trained or failed."""
+        return len(self.clients) + len(self.failures)
 
 
 # ---- what plugins require of the model and the data ------------------------------------------

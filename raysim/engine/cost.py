@@ -59,7 +59,7 @@ class TrainingCost:
     bytes_down: float = 0.0
 
     def add(self, output: RoundOutput[object], payload: Payload, cohort_size: int) -> None:
-        self.client_seconds += [row["seconds"] for row in output.client_metrics if "seconds" in row]
+        self.client_seconds += [client.seconds for client in output.clients]
         if output.client_peak_bytes is not None:
             self.peak_bytes = max(self.peak_bytes or 0.0, output.client_peak_bytes)
         self.params_up += output.params_up

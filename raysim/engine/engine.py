@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -31,8 +31,9 @@ from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
 from raysim.engine.cost import CostMeter
-from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global
-from raysim.engine.metrics import round_metrics
+from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
+from raysim.engine.metrics import round_metrics, round_timing
+from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.probe import Probe, ProbeRound, is_due
@@ -43,7 +44,7 @@ from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.tracker import Tracker
-from raysim.types import Metrics, Payload, RoundOutput, RunInfo, ServerState
+from raysim.types import Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 log = logging.getLogger("raysim")
 # A training loss above this says the run diverges while its model is still finite (so nothing
@@ -148,7 +149,7 @@ class Engine(Generic[A]):
         new_state, metrics = algorithm.server_update(state, output.aggregate, round_num)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
-        metrics |= round_metrics(output, payload, len(cohort), time.perf_counter() - t0)
+        metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
@@ -156,6 +157,10 @@ class Engine(Generic[A]):
             with self.timed("evaluation"):  # a probe measures the round, as an evaluation does
                 metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
         return new_state, metrics
+
+    def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
+        """A trained cohort's metrics (``raysim.engine.metrics.round_metrics``)."""
+        return round_metrics(output, payload)
 
     def evaluate(self, state: ServerState, round_num: int | None = None) -> Metrics:
         """The global model evaluated; personalization and transfer too when due."""
@@ -167,6 +172,19 @@ class Engine(Generic[A]):
             return evaluate_global(
                 self.backend, state.params, self.plan, round_num if personalize else None, round_num
             )
+
+    def evaluate_weights(
+        self, points: Sequence[NumpyParams], sections: Sequence[dict[str, Any]] | None = None
+    ) -> Metrics:
+        """Any weights as the evaluation plan evaluates the global model (``evaluate_predictor``);
+        their sections are checked here, before any worker sees them."""
+        for section in sections or ():
+            section_config("model", section, "evaluate_weights model.")
+        predictor = Predictor.of(points, sections)
+        self.on_phase("evaluating")
+        self.costs.evaluated(predictor.section, len(predictor.points))  # an ensemble: M models
+        with self.timed("evaluation"):
+            return evaluate_predictor(self.backend, predictor, self.plan)
 
     def map_clients(self, request: MapRequest[R]) -> list[list[R | None]]:
         """Each point on each client over all workers (the request was checked when made; its

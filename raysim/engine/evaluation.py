@@ -24,11 +24,10 @@ import numpy as np
 from raysim import params as P
 from raysim.config import PersonalizationConfig, TimeToTargetConfig
 from raysim.engine.domain_scores import summarize_domains
+from raysim.engine.predictor import Predictor
 from raysim.errors import ConfigError
-from raysim.measure import scores
-from raysim.measure.pooling import pool_rows
+from raysim.measure.pooling import scored, summarize_clients
 from raysim.runtime.backend import Backend
-from raysim.services import EVALUATE, MapRequest
 from raysim.types import Metrics, NumpyParams, Params
 
 
@@ -79,36 +78,42 @@ def evaluate_global(
     """
     t0 = time.perf_counter()
     weights = P.to_numpy(params)
-    metrics: Metrics = {}
-    [[central]] = backend.map_clients(MapRequest(EVALUATE, [weights], None))
-    if central is not None:  # None: the dataset has no central test data
-        reported = scores.without_sums(central)
-        metrics |= {f"eval/central/{k}": v for k, v in reported.items() if k != "num_examples"}
-    if plan.backdoor:
-        metrics |= backdoor_accuracy(backend, weights)
-    if len(plan.clients):
-        rows = evaluate_clients(backend, weights, plan.clients)
-        metrics |= summarize_clients(rows) | summarize_domains(rows, plan.domain_of)
-        if plan.with_client_state and state_round is not None:
-            rows = backend.evaluate_personal(weights, plan.clients, state_round)
-            metrics |= summarize_clients(rows, "eval/personal")
-    if plan.validation and len(plan.clients):
-        rows = evaluate_clients(backend, weights, plan.clients, split="validation")
-        metrics |= summarize_clients(rows, "eval/validation")
-    if personalize_round is not None:
+    # the held-out clients are personalized instead, where that is due
+    metrics = evaluate_predictor(backend, Predictor.of([weights]), plan, heldout=personalize_round is None)
+    if plan.with_client_state and state_round is not None and len(plan.clients):
+        rows = backend.evaluate_personal(weights, plan.clients, state_round)
+        metrics |= summarize_clients(rows, "eval/personal")
+    if personalize_round is not None:  # after the plain evaluation: its eval/clients/* win
         metrics |= evaluate_personalized(backend, weights, plan, personalize_round)
-    elif len(plan.heldout):
-        metrics |= summarize_clients(evaluate_clients(backend, weights, plan.heldout), "eval/heldout")
     metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
 
 
-def backdoor_accuracy(backend: Backend, weights: NumpyParams) -> Metrics:
-    """``eval/central/backdoor_accuracy``: of the central test images whose label is not the
-    trigger's, the share the model assigns the trigger's label once stamped (``dataset.poison``)."""
-    [[triggered]] = backend.map_clients(MapRequest(EVALUATE, [weights], None, split="triggered"))
-    return {} if triggered is None else {"eval/central/backdoor_accuracy": triggered["accuracy"]}
+def evaluate_predictor(
+    backend: Backend, predictor: Predictor, plan: EvaluationPlan, heldout: bool = True
+) -> Metrics:
+    """Any predictor evaluated as the plan says (``Services.evaluate_weights``): on the central test
+    set (``eval/central/*``) and a poisoned job's triggered one (``backdoor_accuracy``), the plan's
+    clients' test splits (``eval/clients/*``, by domain too) and validation rows, and the held-out
+    clients' test splits (with ``heldout``)."""
+    [central] = predictor.rows(backend, None)
+    metrics = scored("eval/central", central)  # none: the dataset has no central test data
+    if plan.backdoor:
+        # of the central test images whose label is not the trigger's, the share the predictor
+        # assigns the trigger's label once stamped (``dataset.poison``)
+        [triggered] = predictor.rows(backend, None, "triggered")
+        if triggered is not None:
+            metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
+    if len(plan.clients):
+        rows = evaluate_clients(backend, predictor, plan.clients)
+        metrics |= summarize_clients(rows) | summarize_domains(rows, plan.domain_of)
+    if plan.validation and len(plan.clients):
+        rows = evaluate_clients(backend, predictor, plan.clients, split="validation")
+        metrics |= summarize_clients(rows, "eval/validation")
+    if heldout and len(plan.heldout):
+        metrics |= summarize_clients(evaluate_clients(backend, predictor, plan.heldout), "eval/heldout")
+    return metrics
 
 
 def evaluate_personalized(
@@ -122,7 +127,7 @@ def evaluate_personalized(
         rows = (
             backend.personalize(weights, plan.heldout, config, round_num)
             if config
-            else evaluate_clients(backend, weights, plan.heldout)
+            else evaluate_clients(backend, Predictor.of([weights]), plan.heldout)
         )
         metrics |= summarize_clients(rows, "eval/heldout")
     elif config is not None:  # nobody held out: personalize the evaluated training clients
@@ -133,44 +138,19 @@ def evaluate_personalized(
         rows = (
             backend.personalize(weights, clients, config, round_num, name)
             if config and name in plan.personalize_transfer
-            else evaluate_clients(backend, weights, clients, store=name)
+            else evaluate_clients(backend, Predictor.of([weights]), clients, store=name)
         )
         metrics |= summarize_clients(rows, f"eval/transfer/{name}")
     return metrics
 
 
 def evaluate_clients(
-    backend: Backend, weights: NumpyParams, clients: np.ndarray, store: str = "", split: str = "test"
+    backend: Backend, predictor: Predictor, clients: np.ndarray, store: str = "", split: str = "test"
 ) -> list[Metrics]:
-    """``weights`` on each client's ``split``, as rows with ``client_id`` (empty clients skipped)."""
+    """The predictor on each client's ``split``, as rows with ``client_id`` (empty clients skipped)."""
     ids = tuple(int(c) for c in clients)
-    [rows] = backend.map_clients(MapRequest(EVALUATE, [weights], ids, split=split, store=store))
+    rows = predictor.rows(backend, ids, split, store)
     return [{**row, "client_id": float(c)} for c, row in zip(ids, rows) if row is not None]
-
-
-_SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported
-_NOT_METRICS = frozenset({"client_id", "num_examples"})
-
-
-def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
-    """Per metric: the clients' examples pooled (``raysim.measure.pooling.pool_rows``: example-weighted
-    means, scores from the summed statistics) and the unweighted mean over clients (``_mean``);
-    for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
-    pooled = pool_rows(per_client)
-    if pooled is None:
-        return {}
-    out: Metrics = {f"{scope}/num_clients": float(len(per_client))}
-    for key in sorted(set(scores.without_sums(pooled)) - _NOT_METRICS):
-        values = np.array([m[key] for m in per_client if key in m])
-        out |= {f"{scope}/{key}": pooled[key], f"{scope}/{key}_mean": float(values.mean())}
-        if key in _SPREAD:
-            out |= {
-                f"{scope}/{key}_std": float(values.std()),
-                f"{scope}/{key}_p10": float(np.percentile(values, 10)),
-                f"{scope}/{key}_p50": float(np.percentile(values, 50)),
-                f"{scope}/{key}_p90": float(np.percentile(values, 90)),
-            }
-    return out
 
 
 class TimeToTarget:

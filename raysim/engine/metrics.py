@@ -1,40 +1,54 @@
-"""The metrics every round reports: client metrics averaged over the cohort, and system metrics."""
+"""A trained cohort's metrics, computed here for the round loop and every staged plugin alike
+(``Services.round_metrics``), and the round loop's own timing of its round."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from raysim import params as P
-from raysim.measure.pooling import weighted_means
 from raysim.stored import plain
-from raysim.types import Metrics, Payload, RoundOutput
-
-_BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
+from raysim.types import Metrics, Payload, RoundOutput, TrainedClient
 
 
-def round_metrics(output: RoundOutput[object], payload: Payload, cohort_size: int, seconds: float) -> Metrics:
-    """Every client metric averaged, weighted by client weight, over the clients that report it;
-    and system metrics."""
-    clients = output.client_metrics
-    metrics = weighted_means(clients, "weight", _BOOKKEEPING)
-    busy = [times.busy_s for times in output.worker_times]
-    busiest = max(busy, default=0.0)
-    mean_busy = float(np.mean(busy)) if busy else 0.0
+def round_metrics(output: RoundOutput[object], payload: Payload) -> Metrics:
+    """The clients' own metrics averaged by client weight (``client_means``); what the payload
+    weighs over the cohort (``bytes_down``) and what the updates weigh; the clients that failed."""
     return (
-        metrics
-        | bytes_down(payload, cohort_size)
+        client_means(output.clients)
+        | bytes_down(payload, output.cohort_size)
         | {
-            "sys/round_s": seconds,
-            "sys/clients_per_s": len(clients) / seconds if seconds > 0 else 0.0,
             "sys/bytes_up": float(output.bytes_up),
             "sys/failed_clients": float(len(output.failures)),  # dropped, non-finite ones included
             "sys/nonfinite_clients": float(sum(f.stage == "update_check" for f in output.failures)),
-            "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
-            "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
-            "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
-            "sys/num_workers": float(len(busy)),
         }
     )
+
+
+def round_timing(output: RoundOutput[object], seconds: float) -> Metrics:
+    """Where a round loop's round of ``seconds`` went: the clients per second, and the workers'
+    balance (each worker's busy time, in ``output.worker_times``)."""
+    busy = [times.busy_s for times in output.worker_times]
+    busiest = max(busy, default=0.0)
+    mean_busy = float(np.mean(busy)) if busy else 0.0
+    return {
+        "sys/round_s": seconds,
+        "sys/clients_per_s": len(output.clients) / seconds if seconds > 0 else 0.0,
+        "sys/worker_imbalance": busiest / mean_busy if mean_busy > 0 else 1.0,
+        "sys/worker_busy_s": busiest,  # the slowest worker's time training its clients
+        "sys/driver_overhead_s": max(seconds - busiest, 0.0),  # broadcast, transfer, merge, server
+        "sys/num_workers": float(len(busy)),
+    }
+
+
+def client_means(clients: list[TrainedClient]) -> Metrics:
+    """Every metric of the clients, averaged over the clients that report it, weighted by their
+    weight (0 where those weights are all 0)."""
+    out: Metrics = {}
+    for key in sorted({k for client in clients for k in client.metrics}):
+        having = [client for client in clients if key in client.metrics]
+        total = sum(client.weight for client in having)
+        out[key] = sum(client.metrics[key] * client.weight for client in having) / total if total else 0.0
+    return out
 
 
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:

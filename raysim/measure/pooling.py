@@ -1,4 +1,6 @@
-"""Per-client evaluation rows pooled into one: the row of all their examples together.
+"""Per-client evaluation rows pooled into one, the row of all their examples together, and
+summarized as ``eval/...`` metrics (``summarize_clients``, ``scored``) for every predictor evaluated:
+the engine's global model, ``Services.evaluate_weights``' predictors and the Local baseline's models.
 
 An evaluation row (``raysim.measure.evaluate.evaluate``) holds means over its examples (``loss``, and
 ``accuracy`` where the task has one), ``num_examples`` (tokens for a causal LM) and the additive
@@ -7,8 +9,7 @@ Pooling weights each mean by its row's examples, sums the statistics and finishe
 them, and takes the perplexity of the pooled loss: the pooled row is the row the concatenated
 examples would give. Every place that pools rows uses ``pool_rows``: the engine's evaluation of
 clients, the scans of ``raysim.measure.landscape``, the ``local_accuracy`` probe and the Local baseline.
-``weighted_means`` (``raysim.aggregate``) is its arithmetic for any weight: the round loop and the
-one-shot methods average the clients' train metrics with it, by client weight.
+``weighted_means`` (``raysim.aggregate``) is its arithmetic for any weight.
 
 Usage:
     pooled = pool_rows(rows)             # None when no row has examples
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+
+import numpy as np
 
 from raysim.aggregate import weighted_means
 from raysim.measure import scores
@@ -58,3 +61,34 @@ def pool_rows(rows: Iterable[Metrics | None]) -> Metrics | None:
     return out | finished | {"num_examples": float(sum(row["num_examples"] for row in kept))}
 
 
+def scored(prefix: str, row: Metrics | None) -> Metrics:
+    """An evaluation row's scores under ``prefix`` (``eval/central``): its means and finished
+    scores, not its sums or size; none without a row (no such data)."""
+    if row is None:
+        return {}
+    return {f"{prefix}/{k}": float(v) for k, v in scores.without_sums(row).items() if k != "num_examples"}
+
+
+_SPREAD = ("accuracy", "loss")  # metrics whose distribution over clients is reported
+_NOT_METRICS = frozenset({"client_id", "num_examples"})
+
+
+def summarize_clients(per_client: list[Metrics], scope: str = "eval/clients") -> Metrics:
+    """Per metric: the clients' examples pooled (``pool_rows``: example-weighted means, scores
+    from the summed statistics) and the unweighted mean over clients (``_mean``);
+    for accuracy and loss also the spread over clients (std, 10th / 50th / 90th percentile)."""
+    pooled = pool_rows(per_client)
+    if pooled is None:
+        return {}
+    out: Metrics = {f"{scope}/num_clients": float(len(per_client))}
+    for key in sorted(set(scores.without_sums(pooled)) - _NOT_METRICS):
+        values = np.array([m[key] for m in per_client if key in m])
+        out |= {f"{scope}/{key}": pooled[key], f"{scope}/{key}_mean": float(values.mean())}
+        if key in _SPREAD:
+            out |= {
+                f"{scope}/{key}_std": float(values.std()),
+                f"{scope}/{key}_p10": float(np.percentile(values, 10)),
+                f"{scope}/{key}_p50": float(np.percentile(values, 50)),
+                f"{scope}/{key}_p90": float(np.percentile(values, 90)),
+            }
+    return out

@@ -84,13 +84,14 @@ def shard_cohort(
 def merge_reports(
     algorithm: AnyAlgorithm[A], reports: list[WorkerReport], options: RoundOptions
 ) -> RoundOutput[A]:
-    """Merges worker partials in worker order (canonical), then takes the aggregate."""
+    """Merges the workers' shares of the round (their partials in worker order, canonical), then
+    takes the aggregate."""
     start = time.perf_counter()
     aggregator = aggregator_of(algorithm)
     merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:
-        merged = aggregator.merge(merged, report.partial)
+        merged = aggregator.merge(merged, report.aggregate)
         for name, rows in report.probe_rows.items():
             probe_rows[name] += rows
     for rows in probe_rows.values():
@@ -99,14 +100,14 @@ def merge_reports(
     peaks = [report.client_peak_bytes for report in reports if report.client_peak_bytes is not None]
     return RoundOutput(
         aggregate=aggregate,
-        client_metrics=[metrics for report in reports for metrics in report.client_metrics],
+        clients=[client for report in reports for client in report.clients],
         failures=[failure for report in reports for failure in report.failures],
         probe_rows=probe_rows,
         local_models={k: v for report in reports for k, v in report.local_models.items()},
         bytes_up=sum(report.bytes_up for report in reports),
         params_up=sum(report.params_up for report in reports),
         client_peak_bytes=max(peaks, default=None),
-        worker_times=[report.times for report in reports],
+        worker_times=[times for report in reports for times in report.worker_times],
         merge_s=time.perf_counter() - start,
     )
 

@@ -3,7 +3,7 @@
 On a CPU a read costs nothing and each client's update is checked at once. On a GPU a read waits
 for every kernel queued before it, so reading once per client would leave the card idle while
 the worker prepares the next client. There ``RoundChecks`` queues each client's finiteness flag
-on the card and reads the round's flags, and ``read_metrics`` the round's metrics, back at once.
+on the card and reads the round's flags, and ``read_clients`` the round's metrics, back at once.
 
 A check can be queued only while nothing of the round has been kept: a client that returns state
 (kept at once) settles the queued flags first and ends queueing for the round. In the rare round
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from raysim import params as P
 from raysim.errors import NonFiniteError
-from raysim.types import ClientResult, Metrics
+from raysim.types import ClientResult, TrainedClient
 
 
 def defers_reads(device: torch.device) -> bool:
@@ -88,12 +89,31 @@ def check_finite_result(result: ClientResult) -> None:
     )
 
 
-def read_metrics(rows: list[Mapping[str, float | torch.Tensor]]) -> list[Metrics]:
-    """``rows`` with every tensor value read back as a float, all of them in one read."""
-    tensors = [v.detach().reshape(()) for row in rows for v in row.values() if isinstance(v, torch.Tensor)]
-    read = torch.stack([t.to(tensors[0].device, torch.float64) for t in tensors]).tolist() if tensors else []
-    values = iter(read)
+@dataclass(frozen=True)
+class UnreadClient:
+    """A trained client as the worker records it, its weight and metrics maybe still tensors on
+    the device (``read_clients`` reads the round's back at once)."""
+
+    client_id: int
+    weight: float | torch.Tensor
+    seconds: float
+    metrics: Mapping[str, float | torch.Tensor]
+
+
+def read_clients(clients: list[UnreadClient]) -> list[TrainedClient]:
+    """The clients with every tensor of their weights and metrics read back as a float, all of
+    them in one read."""
+    values = iter(read_floats([v for c in clients for v in (c.weight, *c.metrics.values())]))
     return [
-        {k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in r.items()}
-        for r in rows
+        TrainedClient(c.client_id, next(values), c.seconds, {k: next(values) for k in c.metrics})
+        for c in clients
     ]
+
+
+def read_floats(values: list[float | torch.Tensor]) -> list[float]:
+    """``values`` as floats, every tensor (one value each) read back in one read."""
+    tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    read = iter(
+        torch.stack([t.to(tensors[0].device, torch.float64) for t in tensors]).tolist() if tensors else []
+    )
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]

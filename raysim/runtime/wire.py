@@ -12,9 +12,9 @@ import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from raysim.types import ClientFailure, Metrics, NumpyParams, WorkerTimes
+from raysim.types import ClientFailure, RoundOutput
 
 if TYPE_CHECKING:
     from raysim.aggregate import Partial
@@ -33,19 +33,9 @@ class WorkerSetup:
     gpu_memory_fraction: float | None = None
 
 
-@dataclass
-class WorkerReport:
-    """One worker's answer for one round."""
-
-    partial: Partial
-    client_metrics: list[Metrics] = field(default_factory=list)
-    failures: list[ClientFailure] = field(default_factory=list)
-    probe_rows: dict[str, list[Metrics]] = field(default_factory=dict)
-    local_models: dict[int, NumpyParams] = field(default_factory=dict)
-    bytes_up: int = 0
-    params_up: int = 0  # the values those bytes hold
-    client_peak_bytes: float | None = None  # the most memory one client update added (None: not measured)
-    times: WorkerTimes = WorkerTimes()  # where the worker's time went
+# One worker's answer for one round: its share of the round in the round's own shape, its
+# partial as the aggregate and its times alone (``merge_reports`` makes the round's of them).
+WorkerReport: TypeAlias = "RoundOutput[Partial]"
 
 
 # Code a plugin calls into: raysim itself, the standard library and installed packages (torch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,7 +27,7 @@ from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, build_section_model
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
-from raysim.runtime.device_reads import RetrainRound, RoundChecks, defers_reads, read_metrics
+from raysim.runtime.device_reads import RetrainRound, RoundChecks, UnreadClient, defers_reads, read_clients
 from raysim.runtime.map_tasks import compute_task
 from raysim.runtime.memory import PeakMemory
 from raysim.runtime.personal import (
@@ -52,6 +52,7 @@ from raysim.types import (
     NumpyParams,
     Params,
     Payload,
+    RoundOutput,
 )
 
 if TYPE_CHECKING:
@@ -124,21 +125,24 @@ class ClientTrainer:
             report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(defer))
         except RetrainRound:  # an update was not finite: again, each client checked at once
             report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(False))
-        report.times = self.timer.times()
-        return report
+        return replace(report, worker_times=[self.timer.times()])
 
     def _train_tasks(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
                      options: RoundOptions, checks: RoundChecks) -> WorkerReport:  # fmt: skip
         timer = self.timer
         aggregator = aggregator_of(self.algorithm)
-        report = WorkerReport(partial=aggregator.zero())
+        partial = aggregator.zero()
         probes = {name: self.probes[name] for name in options.probes}
-        report.probe_rows = {name: [] for name in probes}
+        probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}
+        failures: list[ClientFailure] = []
+        local_models: dict[int, NumpyParams] = {}
+        trained: list[UnreadClient] = []  # their tensors read back once, after the round
+        bytes_up = params_up = 0
+        peak_bytes: float | None = None
         with timer.phase("broadcast"):  # once per round, not per client: the payload on this device
             global_params = {k: torch.as_tensor(v).to(self.device) for k, v in payload.params.items()}
             payload = replace(payload, extra=P.to_device(payload.extra, self.device))
         chunks = self._chunks(payload, global_params, tasks, round_num, options)
-        client_metrics: list[Mapping[str, float | torch.Tensor]] = []
         for position, client_id in tasks:
             honour_stop_request()  # a SIGTERM the serial backend's client code swallowed
             t0 = time.perf_counter()
@@ -150,44 +154,45 @@ class ClientTrainer:
                     else:
                         # on a GPU every client (allocator counters, no sync); on a CPU the
                         # round's first: measuring returns the heap, which the next steps refault
-                        measured = self.device.type == "cuda" or report.client_peak_bytes is None
+                        measured = self.device.type == "cuda" or peak_bytes is None
                         peak = PeakMemory(self.device) if measured else None
                         with peak or contextlib.nullcontext():
                             result, rows = self._train_one(
                                 payload, global_params, client_id, round_num, probes, budget
                             )
                         if peak is not None:
-                            report.client_peak_bytes = max(report.client_peak_bytes or 0.0, peak.bytes)
+                            peak_bytes = max(peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
                 if result.state is not None:
                     with timer.phase("data_loading"):
                         self.states.put(client_id, round_num, result.state)
             except NonFiniteError as exc:
-                report.failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
+                failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
                 continue
             except RetrainRound:
                 raise
             except Exception as exc:  # the driver applies the failure policy
                 raise_stop_request(exc)
-                report.failures.append(client_failure(client_id, position, exc))
+                failures.append(client_failure(client_id, position, exc))
                 continue
             with timer.phase("reduce"):
-                report.partial = aggregator.add(report.partial, position, result)
+                partial = aggregator.add(partial, position, result)
             for name, row in rows.items():
-                report.probe_rows[name].append(row)
+                probe_rows[name].append(row)
             if options.keep_local_models:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
-                report.local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model_of(client_id))))
-            report.bytes_up += P.num_bytes(result.update)
-            report.params_up += P.num_values(result.update)
+                local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model_of(client_id))))
+            bytes_up += P.num_bytes(result.update)
+            params_up += P.num_values(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
-            bookkeeping = {"client_id": float(client_id), "weight": result.weight, "seconds": seconds}
-            client_metrics.append({**result.metrics, **bookkeeping})
+            trained.append(UnreadClient(client_id, result.weight, seconds, result.metrics))
         with timer.phase("reduce"):
             checks.settle()
-            report.client_metrics = read_metrics(client_metrics)
-            report.partial = P.to_cpu(report.partial)  # one device-to-host copy per worker per round
-        return report
+            clients = read_clients(trained)
+            partial = P.to_cpu(partial)  # one device-to-host copy per worker per round
+        return RoundOutput(
+            partial, clients, failures, probe_rows, local_models, bytes_up, params_up, peak_bytes
+        )
 
     def _chunks(self, payload: Payload, params: Params, tasks: list[tuple[int, int]], round_num: int,
                 options: RoundOptions) -> ChunkResults | None:  # fmt: skip

@@ -36,13 +36,9 @@ import torch
 from pydantic import BaseModel
 
 from raysim import params as P
-from raysim.aggregate import weighted_means
 from raysim.services import RoundOptions, Services
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.types import ClientContext, ClientResult, Metrics, NumpyParams, Params, Payload, RunInfo
-
-# a client row's entries that are no training metrics
-BOOKKEEPING = frozenset({"client_id", "weight", "seconds"})
 
 
 class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
@@ -77,19 +73,13 @@ def cache_key(info: RunInfo, local: LocalTrainConfig, clients: np.ndarray) -> tu
 
 @dataclass(frozen=True)
 class LocalModels:
-    """The clients' trained models and weights (examples trained on) by client id; the training
-    round's per-client metric rows (none when cached) and its counts and bytes."""
+    """The clients' trained models and weights (examples trained on) by client id, and what a
+    one-shot method logs at step 0 beside its own (``summary``): the training round's metrics
+    (``services.round_metrics``, its uploads the models; none when cached) and the counts."""
 
     models: dict[int, NumpyParams]
     weights: dict[int, float]
-    client_metrics: list[Metrics] = field(default_factory=list)
-    metrics: Metrics = field(default_factory=dict)
-
-    @property
-    def summary(self) -> Metrics:
-        """The training round's client metrics averaged by client weight (none when cached), with
-        its counts and bytes: what a one-shot method logs at step 0 beside its own."""
-        return weighted_means(self.client_metrics, "weight", BOOKKEEPING) | self.metrics
+    summary: Metrics = field(default_factory=dict)
 
 
 def keep_local_model(ctx: ClientContext[None, None], local: LocalTrainConfig) -> ClientResult[Params, None]:
@@ -120,9 +110,10 @@ def local_models(
     services: Services[Any], params: Params, local: LocalTrainConfig, cache_dir: str | None
 ) -> LocalModels:
     """Every client's model after one round of local training from ``params``, and its weight:
-    read from the cache, or trained (one round, step 0) and saved there. Its ``metrics`` count
+    read from the cache, or trained (one round, step 0) and saved there. Its ``summary`` counts
     ``oneshot/trained_clients`` (0 when all were cached) and ``oneshot/cached_clients``, and
-    when trained the round's ``sys/bytes_down`` and ``sys/bytes_up``.
+    when trained holds the round's metrics, the models as what the clients upload
+    (``sys/bytes_up``, ``sys/params_up``).
 
     Raises:
         RuntimeError: a client failed (the method needs every client's model).
@@ -136,7 +127,7 @@ def local_models(
         models = {c: P.to_numpy(entry["params"]) for c, entry in saved.items()}
         weights = {c: float(entry["weight"]) for c, entry in saved.items()}
         counts = {"oneshot/trained_clients": 0.0, "oneshot/cached_clients": float(len(clients))}
-        return LocalModels(models, weights, metrics=counts)
+        return LocalModels(models, weights, counts)
     # mixed architectures: each client starts from its own architecture's initial model
     payload: Payload[None] = Payload({} if services.info.mixes_models else P.to_numpy(params))
     out = services.train_cohort(payload, clients, 0, RoundOptions(keep_local_models=True))
@@ -145,18 +136,19 @@ def local_models(
         raise RuntimeError(
             f"one-shot local training: clients {failed} failed; every client's model is needed"
         )
-    weights = {int(row["client_id"]): float(row["weight"]) for row in out.client_metrics}
+    weights = {client.client_id: client.weight for client in out.clients}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "key.json").write_text(json.dumps(contents, indent=2, sort_keys=True, default=str))
     for client, model in out.local_models.items():
         partial = files[client].with_suffix(".tmp")
         torch.save({"params": P.from_numpy(model), "weight": weights[client]}, partial)
         partial.replace(files[client])  # a reader never sees half a file
-    metrics = {
-        "oneshot/trained_clients": float(len(clients)),
-        "oneshot/cached_clients": 0.0,
-        "sys/bytes_down": float(P.num_bytes(payload.params) * len(clients)),
+    # the update is empty: what a one-shot client uploads is its model, kept apart
+    uploads = {
         "sys/bytes_up": float(sum(P.num_bytes(m) for m in out.local_models.values())),
         "sys/params_up": float(sum(P.num_values(m) for m in out.local_models.values())),
     }
-    return LocalModels(dict(out.local_models), weights, out.client_metrics, metrics)
+    counts = {"oneshot/trained_clients": float(len(clients)), "oneshot/cached_clients": 0.0}
+    return LocalModels(
+        dict(out.local_models), weights, services.round_metrics(out, payload) | uploads | counts
+    )

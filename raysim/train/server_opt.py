@@ -23,7 +23,8 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from raysim import params as P
-from raysim.types import Metrics, OptState, Params, Payload, RunInfo, ServerState
+from raysim.algorithm import init_state as init_state  # re-exported: the FedAvg family's init calls it
+from raysim.types import Metrics, OptState, Params, Payload, ServerState
 
 E = TypeVar("E")  # the plugin's ``ServerState.extra``
 
@@ -126,12 +127,6 @@ def _update(
         m_hat = m / (1 - c.beta1**step)
         v_hat = v / (1 - c.beta2**step)
     return w - c.lr * m_hat / (v_hat.sqrt() + c.eps), m, v
-
-
-def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
-    """The server state before round 0: a copy of ``params``, no optimizer moments yet, and the
-    plugin's own ``extra`` (None where it keeps nothing more)."""
-    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
 
 
 def params_payload(state: ServerState[E]) -> Payload[None]:

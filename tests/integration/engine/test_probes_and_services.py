@@ -108,7 +108,7 @@ def test_kept_local_models_average_to_the_fedavg_model(tmp_path):
     payload = engine.algorithm.payload(state, 0)
     output = engine.train_cohort(payload, cohort, 0, RoundOptions(keep_local_models=True))
     new, _ = engine.algorithm.server_update(state, output.aggregate, 0)
-    weights = {int(m["client_id"]): m["weight"] for m in output.client_metrics}
+    weights = {client.client_id: client.weight for client in output.clients}
     assert sorted(output.local_models) == sorted(int(c) for c in cohort)
     for key, value in new.params.items():
         mean = sum(weights[c] * output.local_models[c][key] for c in weights) / sum(weights.values())

@@ -53,7 +53,7 @@ def test_the_cap_sets_each_clients_examples_and_weight(tmp_path):
     from raysim.types import Payload
 
     report = trainer.train(Payload(payload_params), [(0, 3), (1, 4)], round_num=0, options=RoundOptions())
-    assert [m["weight"] for m in report.client_metrics] == [7.0, 7.0]
+    assert [client.weight for client in report.clients] == [7.0, 7.0]
     a, b = trainer.round_data(3, 0), trainer.round_data(3, 1)
     assert len(a) == 7 and not np.array_equal(a.arrays["x"], b.arrays["x"])  # a new subset each round
 

@@ -15,9 +15,10 @@ import torch
 from reference import B0, SPEC, W0, context, grad, payload, plugin_types
 
 from raysim import registry
+from raysim.engine.metrics import round_metrics
 from raysim.errors import NonFiniteError
 from raysim.services import RoundOptions
-from raysim.types import Payload, RoundOutput, RunInfo
+from raysim.types import Payload, RoundOutput, RunInfo, TrainedClient
 
 LR = 0.3
 X, Y = np.array([[1.0, 2.0], [-0.5, 1.0]]), np.array([0, 1])
@@ -79,8 +80,11 @@ class FakeServices:
             self.payloads.append(payload)
         models = {int(c): {"weight": np.full((2, 2), float(c), np.float32)} for c in cohort}
         models = models if keep_local_models else {}
-        rows = [{"train/loss": 1.0 + c, "weight": 1.0 + c, "client_id": float(c)} for c in cohort]
-        return RoundOutput(aggregate={}, client_metrics=rows, local_models=models)
+        clients = [TrainedClient(int(c), 1.0 + c, 0.0, {"train/loss": 1.0 + c}) for c in cohort]
+        return RoundOutput(aggregate={}, clients=clients, local_models=models)
+
+    def round_metrics(self, output, payload):
+        return round_metrics(output, payload)
 
     def is_eval_round(self, round_num):
         return round_num in self.eval_rounds

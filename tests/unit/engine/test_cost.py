@@ -10,7 +10,7 @@ import torch
 import raysim.models
 from raysim.engine.cost import CostMeter, params_down
 from raysim.engine.metrics import bytes_down
-from raysim.types import DataSpec, Payload, RoundOutput
+from raysim.types import DataSpec, Payload, RoundOutput, TrainedClient
 
 SPEC = DataSpec("classification", (64,), 10)
 MLP = {"name": "mlp", "hidden": [16]}
@@ -36,15 +36,10 @@ def test_params_down_counts_the_shared_payload_per_client_and_each_own_part_once
 
 def test_the_cohorts_since_the_last_log_are_added_up_then_start_afresh():
     costs = meter()
-    rows = [
-        {"client_id": 0.0, "weight": 1.0, "seconds": 1.0},
-        {"client_id": 1.0, "weight": 1.0, "seconds": 3.0},
-    ]
+    clients = [TrainedClient(0, 1.0, seconds=1.0), TrainedClient(1, 1.0, seconds=3.0)]
     payload = Payload({"w": np.zeros(10, np.float32)})
-    costs.trained(RoundOutput(None, client_metrics=rows, params_up=20, client_peak_bytes=100.0), payload, 2)
-    costs.trained(
-        RoundOutput(None, client_metrics=rows[:1], params_up=10, client_peak_bytes=50.0), payload, 1
-    )
+    costs.trained(RoundOutput(None, clients, params_up=20, client_peak_bytes=100.0), payload, 2)
+    costs.trained(RoundOutput(None, clients[:1], params_up=10, client_peak_bytes=50.0), payload, 1)
     logged = costs.take({"train/loss": 1.0})
     assert logged == {
         "sys/client_seconds": pytest.approx((1.0 + 3.0 + 1.0) / 3),

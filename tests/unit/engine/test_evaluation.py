@@ -1,24 +1,13 @@
-"""Summaries of per-client evaluation and the client-server barrier, against hand values."""
+"""The client-server barrier and time to target, against hand values."""
 
 from dataclasses import replace
 
 import pytest
 
 from raysim.config import TimeToTargetConfig
-from raysim.engine.evaluation import TimeToTarget, summarize_clients
+from raysim.engine.evaluation import TimeToTarget
 from raysim.errors import ConfigError
 from raysim.measure.barrier import summarize_barrier
-
-
-def test_client_summary_weights_by_examples_and_spreads_over_clients():
-    out = summarize_clients(
-        [{"accuracy": 1.0, "loss": 0.0, "num_examples": 3}, {"accuracy": 0.0, "loss": 2.0, "num_examples": 1}]
-    )
-    assert out["eval/clients/accuracy"] == pytest.approx(0.75)  # (3*1 + 1*0) / 4
-    assert out["eval/clients/accuracy_mean"] == pytest.approx(0.5)
-    assert out["eval/clients/accuracy_std"] == pytest.approx(0.5)
-    assert out["eval/clients/loss"] == pytest.approx(0.5)
-    assert out["eval/clients/num_clients"] == 2
 
 
 def test_barrier_is_the_mean_gap_between_global_and_local_on_each_clients_data():

@@ -19,7 +19,7 @@ from torch import nn
 
 from raysim.measure import scores
 from raysim.measure.evaluate import evaluate
-from raysim.measure.pooling import pool_rows, weighted_means
+from raysim.measure.pooling import pool_rows, scored, summarize_clients, weighted_means
 from raysim.types import ClientData, DataSpec
 
 SPLITS = [np.arange(0, 13), np.arange(13, 20), np.arange(20, 41)]  # three clients
@@ -99,3 +99,20 @@ def test_weighted_means_average_each_entry_over_the_rows_that_carry_it():
         "train/extra": pytest.approx(5.0),  # the one row that has it
     }
     assert weighted_means([{"weight": 0.0, "x": 2.0}], "weight") == {"x": 0.0}
+
+
+def test_client_summary_weights_by_examples_and_spreads_over_clients():
+    out = summarize_clients(
+        [{"accuracy": 1.0, "loss": 0.0, "num_examples": 3}, {"accuracy": 0.0, "loss": 2.0, "num_examples": 1}]
+    )
+    assert out["eval/clients/accuracy"] == pytest.approx(0.75)  # (3*1 + 1*0) / 4
+    assert out["eval/clients/accuracy_mean"] == pytest.approx(0.5)
+    assert out["eval/clients/accuracy_std"] == pytest.approx(0.5)
+    assert out["eval/clients/loss"] == pytest.approx(0.5)
+    assert out["eval/clients/num_clients"] == 2
+
+
+def test_a_rows_scores_go_under_the_prefix_without_its_sums_or_size():
+    row = {"accuracy": 0.5, "loss": 1.25, "num_examples": 8.0}
+    assert scored("eval/central", row) == {"eval/central/accuracy": 0.5, "eval/central/loss": 1.25}
+    assert scored("eval/central", None) == {}  # no such data

@@ -16,9 +16,9 @@ from scipy.stats import pearsonr
 from sklearn.metrics import f1_score, matthews_corrcoef
 from torch import nn
 
-from raysim.engine.evaluation import summarize_clients
 from raysim.measure import scores
 from raysim.measure.evaluate import evaluate
+from raysim.measure.pooling import summarize_clients
 from raysim.types import ClientData, DataSpec
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from raysim.errors import NonFiniteError
-from raysim.runtime.device_reads import RetrainRound, RoundChecks, read_metrics
-from raysim.types import ClientResult
+from raysim.runtime.device_reads import RetrainRound, RoundChecks, UnreadClient, read_clients
+from raysim.types import ClientResult, TrainedClient
 
 
 def result(value: float, state: object | None = None, weight: float = 1.0) -> ClientResult:
@@ -55,14 +55,22 @@ def test_checks_not_deferred_name_the_tensors_at_once():
         RoundChecks(defer=False).check(result(math.nan))
 
 
-def test_read_metrics_reads_tensors_as_floats_in_their_places():
-    rows = [
-        {"train/loss": torch.tensor(0.25, dtype=torch.float64), "train/steps": 3.0},
-        {"train/loss": torch.tensor(1.5), "train/accuracy": torch.tensor([0.75]), "client_id": 7},
+def test_read_clients_reads_weights_and_metrics_as_floats_in_their_places():
+    clients = [
+        UnreadClient(
+            3, 2.0, 0.5, {"train/loss": torch.tensor(0.25, dtype=torch.float64), "train/steps": 3.0}
+        ),
+        UnreadClient(
+            7,
+            torch.tensor(4.0),
+            1.5,
+            {"train/loss": torch.tensor(1.5), "train/accuracy": torch.tensor([0.75])},
+        ),
     ]
-    assert read_metrics(rows) == [
-        {"train/loss": 0.25, "train/steps": 3.0},
-        {"train/loss": 1.5, "train/accuracy": 0.75, "client_id": 7.0},
+    read = read_clients(clients)
+    assert read == [
+        TrainedClient(3, 2.0, 0.5, {"train/loss": 0.25, "train/steps": 3.0}),
+        TrainedClient(7, 4.0, 1.5, {"train/loss": 1.5, "train/accuracy": 0.75}),
     ]
-    assert read_metrics([{"a": 1.0}]) == [{"a": 1.0}]
-    assert all(type(v) is float for row in read_metrics(rows) for v in row.values())
+    assert all(type(v) is float for c in read for v in (c.weight, *c.metrics.values()))
+    assert read_clients([UnreadClient(1, 1.0, 0.0, {})]) == [TrainedClient(1, 1.0, 0.0, {})]

@@ -54,9 +54,10 @@ A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Engine(Generic[A]):
-    """Everything one run is made of, built once by ``engine.build``."""
+    """Everything one run is made of, built once by ``engine.build`` (by keyword: its fields are many,
+    several of one type)."""
 
     job: JobConfig
     algorithm: AnyAlgorithm[A]

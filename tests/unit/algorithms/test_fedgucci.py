@@ -329,7 +329,7 @@ def bn_net():
 
 def bn_context(algo, state):
     ctx = context(X, Y, algo.payload(state, 0))
-    ctx.model = bn_net()
+    ctx = replace(ctx, model=bn_net())
     P.load_into(ctx.model, state.params)
     return ctx
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import torch
@@ -75,6 +75,8 @@ from raysim.types import (
     ServerState,
     require_classification,
 )
+
+Result: TypeAlias = ClientResult[Params, None]  # what a client sends
 
 
 class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
@@ -326,7 +328,7 @@ class FedGuCci:
             anchors.append(initial)
         return anchors
 
-    def payload(self, state: ServerState[Anchors], round_num: int) -> Payload[Anchors]:
+    def payload(self, state: ServerState[Anchors], round_num: int, info: RunInfo) -> Payload[Anchors]:
         older = Anchors(state.extra.anchors[1:])  # anchor 1 is the params
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(older))
 
@@ -344,12 +346,12 @@ class FedGuCci:
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     @property
-    def vectorized_update(self) -> Callable[[list[ClientContext[Anchors, None]]], list[ClientResult]] | None:
+    def vectorized_update(self) -> Callable[[list[ClientContext[Anchors, None]]], list[Result]] | None:
         """``client_update`` for a chunk; None with SAM or logit calibration, which do not vectorize."""
         plain = self.config.sam is None and self.config.logit_calibration is None
         return self._vectorized_update if plain else None
 
-    def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[ClientResult]:
+    def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[Result]:
         conns = [self._connectivity(ctx, task_loss) for ctx in ctxs]  # each client's alpha stream
         terms = [stacked_term(conns[0], j, ctxs[0].model) for j in range(len(conns[0].anchors))]
         sequential = self.config.update_mode == "sequential"  # a task step, then one per anchor
@@ -383,7 +385,7 @@ class FedGuCci:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[Anchors], mean_delta: Params | None, round_num: int
+        self, state: ServerState[Anchors], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[Anchors], Metrics]:
         """FedAvg, then the new global model becomes anchor 1 (also when nobody reported: the
         code pushes the global model at every round's start)."""

@@ -61,7 +61,9 @@ class PersonalHead:
     head: Params
 
 
-def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> ClientMetrics:
+def train(
+    ctx: ClientContext[None, PersonalHead], config: LocalTrainConfig, seed: int, step_budget: int | None
+) -> ClientMetrics:
     """``train_local`` of the client's model on its data this round, shuffled by ``seed``."""
     return train_local(ctx.model, ctx.data, config, seed=seed, spec=ctx.spec, device=ctx.device,
                        round_num=ctx.round_num, step_budget=step_budget)  # fmt: skip
@@ -81,7 +83,7 @@ class FedRep:
         require_classification(info, "algorithm fedrep", "its personal head is a classifier")
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
@@ -109,6 +111,6 @@ class FedRep:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, complete_delta(mean_delta, state.params), self.config.server)

@@ -56,9 +56,10 @@ X = TypeVar("X")
 S = TypeVar("S")
 U = TypeVar("U")
 E = TypeVar("E")
-# what one client receives alone (``client_payload``, FedFomo's peers): None for every plugin that
-# sends no such part, so that ``ClientContext[X, S]`` keeps meaning what it did
-C = DefaultedTypeVar("C", default=None)
+# what one client receives alone (``client_payload``, FedFomo's peers), which a plugin that sends it
+# names: ``ClientContext[X, S, C]``; by default unchecked, so ``ClientContext[X, S]`` (every plugin
+# that sends no such part) and a bare ``ClientContext`` (the worker's) keep meaning what they did
+C = DefaultedTypeVar("C", default=Any)
 
 
 @dataclass(frozen=True)

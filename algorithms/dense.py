@@ -93,7 +93,9 @@ class Dense:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
+    def protocol(
+        self, services: Services[Gathered[ClientResult[Params, None]]], state: ServerState[None]
+    ) -> ServerState[None]:
         config, info = self.config, services.info
         trained = local_models(services, state.params, config.local, config.cache_dir)
         teachers = [

@@ -38,7 +38,9 @@ class Ensemble:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
+    def protocol(
+        self, services: Services[Gathered[ClientResult[Params, None]]], state: ServerState[None]
+    ) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         models = [trained.models[c] for c in sorted(trained.models)]
         size = sum(int(np.asarray(w).size) for model in models for w in model.values())

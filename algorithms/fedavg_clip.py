@@ -51,7 +51,7 @@ class FedAvgClip:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)  # the params, and no state beyond them
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
@@ -65,7 +65,7 @@ class FedAvgClip:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         lr = self.config.server.lr * self.config.server_lr_decay**round_num
         server = self.config.server.model_copy(update={"lr": lr})

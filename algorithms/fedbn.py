@@ -64,7 +64,7 @@ class FedBN:
             ])  # fmt: skip
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, LocalBatchNorm]) -> ClientResult[Params, LocalBatchNorm]:
@@ -84,6 +84,6 @@ class FedBN:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, complete_delta(mean_delta, state.params), self.config.server)

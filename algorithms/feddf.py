@@ -66,7 +66,9 @@ class FedDF:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
+    def protocol(
+        self, services: Services[Gathered[ClientResult[Params, None]]], state: ServerState[None]
+    ) -> ServerState[None]:
         transfer = read_transfer_set(services, self.config.transfer, state.params)  # before training
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         teacher = transfer.mean_logits(services, [trained.models[c] for c in sorted(trained.models)])

@@ -21,7 +21,7 @@ stay as above.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -47,10 +47,13 @@ class FedDynConfig(BaseModel, frozen=True, extra="forbid"):
 
 @dataclass(frozen=True)
 class FedDynServer:
-    """The server's state beyond the params (``ServerState.extra``)."""
+    """The server's state beyond the params (``ServerState.extra``); m, the population, is the run's
+    (``RunInfo.num_clients``)."""
+
+    # older checkpoints also hold m as num_clients: resuming ignores it (``stored.rebuild``)
+    RETIRED_FIELDS: ClassVar[frozenset[str]] = frozenset({"num_clients"})
 
     h: Params  # the server's correction (trainable parameters only)
-    num_clients: int  # m, the population
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,9 @@ class FedDyn:
 
     def init(self, params: Params, info: RunInfo) -> ServerState[FedDynServer]:
         h = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
-        return init_state(params, info, FedDynServer(h=h, num_clients=info.num_clients))
+        return init_state(params, info, FedDynServer(h=h))
 
-    def payload(self, state: ServerState[FedDynServer], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[FedDynServer], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(
@@ -135,14 +138,14 @@ class FedDyn:
         return {k: v / sums.weight for k, v in sums.delta.items()}
 
     def server_update(
-        self, state: ServerState[FedDynServer], sums: FedDynUpdate | None, round_num: int
+        self, state: ServerState[FedDynServer], sums: FedDynUpdate | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[FedDynServer], Metrics]:
         if sums is None or float(sums.weight) == 0:
             return state, {}
         alpha = self.config.alpha
         mean_delta = self.pseudo_gradient(sums)
         server = state.extra
-        share = float(sums.count) / server.num_clients  # |S| / m
+        share = float(sums.count) / info.num_clients  # |S| / m
         # h - alpha (1/m) sum_i (w_i - w_g) = h + alpha (|S|/m) mean(w_g - w_i)
         h = {k: v + alpha * share * mean_delta[k] for k, v in server.h.items()}
         params = {k: w - mean_delta[k] - (h[k] / alpha if k in h else 0.0) for k, w in state.params.items()}

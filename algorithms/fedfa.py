@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -81,10 +82,20 @@ class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
 
 @dataclass(frozen=True)
 class FeatureAnchors:
-    """The global class anchors (``ServerState.extra``, and ``Payload.extra`` to every client)."""
+    """The global class anchors (``ServerState.extra``)."""
+
+    # older checkpoints also hold the run seed as anchor_seed: resuming ignores it (``stored.rebuild``)
+    RETIRED_FIELDS: ClassVar[frozenset[str]] = frozenset({"anchor_seed"})
 
     anchors: torch.Tensor  # (C, D); empty until the first cohort reports (D is the workers')
-    anchor_seed: int  # draws the starting anchors (``initial_anchors``)
+
+
+@dataclass(frozen=True)
+class AnchorPayload:
+    """What every client receives beside the params (``Payload.extra``)."""
+
+    anchors: torch.Tensor  # FeatureAnchors.anchors
+    anchor_seed: int  # the run seed: draws the starting anchors (``initial_anchors``)
 
 
 @dataclass(frozen=True)
@@ -206,12 +217,15 @@ class FedFA:
     def init(self, params: Params, info: RunInfo) -> ServerState[FeatureAnchors]:
         require_classification(info, "algorithm fedfa", "it keeps one feature anchor per class")
         # D is known to the workers only (from the model): the first cohort builds the anchors
-        return init_state(params, info, FeatureAnchors(torch.zeros(0), info.seed))
+        return init_state(params, info, FeatureAnchors(torch.zeros(0)))
 
-    def payload(self, state: ServerState[FeatureAnchors], round_num: int) -> Payload[FeatureAnchors]:
-        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
+    def payload(
+        self, state: ServerState[FeatureAnchors], round_num: int, info: RunInfo
+    ) -> Payload[AnchorPayload]:
+        extra = AnchorPayload(state.extra.anchors, info.seed)
+        return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(extra))
 
-    def client_update(self, ctx: ClientContext[FeatureAnchors, None]) -> ClientResult[AnchoredDelta, None]:
+    def client_update(self, ctx: ClientContext[AnchorPayload, None]) -> ClientResult[AnchoredDelta, None]:
         head = feature_model(ctx.model, "fedfa").head
         anchors = ctx.payload.extra.anchors
         if anchors.numel() == 0:
@@ -241,7 +255,7 @@ class FedFA:
         return mean.delta
 
     def server_update(
-        self, state: ServerState[FeatureAnchors], mean: AnchoredDelta | None, round_num: int
+        self, state: ServerState[FeatureAnchors], mean: AnchoredDelta | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[FeatureAnchors], Metrics]:
         if mean is None:
             return state, {}

@@ -110,7 +110,10 @@ class FisherWeightedMean:
 
     def add(self, acc: _FisherSums, position: int, result: ClientResult[FisherUpdate, None]) -> _FisherSums:
         w = float(result.weight)
-        copy = lambda t: t.detach().to(self.dtype, copy=True)  # noqa: E731 (folded in place below)
+
+        def copy(t: torch.Tensor) -> torch.Tensor:  # a copy of its own: folded in place below
+            return t.detach().to(self.dtype, copy=True)
+
         delta = {k: copy(v) for k, v in result.update.delta.items()}
         given = result.update.fisher
         fisher = {k: copy(given[k]) if k in given else torch.zeros_like(d) for k, d in delta.items()}
@@ -124,7 +127,12 @@ class FisherWeightedMean:
             return right
         if right.num is None:
             return left
-        add = lambda a, b: {k: a[k].add_(b[k].to(a[k].device)) for k in a}  # noqa: E731
+
+        def add(a: Params | None, b: Params | None) -> Params | None:
+            if a is None or b is None:  # never: den and avg are set together with num
+                return a if b is None else b
+            return {k: a[k].add_(b[k].to(a[k].device)) for k in a}
+
         return _FisherSums(
             add(left.num, right.num),
             add(left.den, right.den),
@@ -254,7 +262,7 @@ class FedFish:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FisherUpdate, None]:
@@ -323,7 +331,7 @@ class FedFish:
         return aggregate.pseudo_grad
 
     def server_update(
-        self, state: ServerState[None], aggregate: FisherAggregate | None, round_num: int
+        self, state: ServerState[None], aggregate: FisherAggregate | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         if aggregate is None:
             return state, {}

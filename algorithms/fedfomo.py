@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar, TypeAlias
 
 import numpy as np
 import torch
@@ -69,9 +70,11 @@ class Affinities:
     """The server's memory: every client's latest model and its affinity for each peer (ids as
     strings, as checkpoints keep them)."""
 
+    # older checkpoints also hold the run seed as seed: resuming ignores it (``stored.rebuild``)
+    RETIRED_FIELDS: ClassVar[frozenset[str]] = frozenset({"seed"})
+
     models: dict[str, Params]
     affinity: dict[str, dict[str, float]]
-    seed: int  # the run's, for the server's draws of peers
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class OwnModel:
     model: Params
 
 
+Result: TypeAlias = ClientResult[Upload, OwnModel]  # what a client sends, and ``Gather`` keeps
+
+
 def split_for_scoring(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
     """(train, validation): the last ``fraction`` of the examples (at least one when there are two
     or more) are the validation split, the same every round."""
@@ -113,7 +119,11 @@ def split_for_scoring(data: ClientData, fraction: float) -> tuple[ClientData, Cl
 
 
 def peer_weights(
-    model: nn.Module, own: Params, peers: list[Params], validation: ClientData, ctx: ClientContext
+    model: nn.Module,
+    own: Params,
+    peers: list[Params],
+    validation: ClientData,
+    ctx: ClientContext[None, OwnModel, Peers],
 ) -> torch.Tensor:
     """``w_n = max(0, (L(own) - L(peer_n)) / ||peer_n - own||)`` on ``validation``, (num peers,);
     zeros without validation examples. Leaves ``model`` holding ``own``."""
@@ -144,23 +154,25 @@ class FedFomo:
         self.config = config
 
     def init(self, params: Params, info: RunInfo) -> ServerState[Affinities]:
-        return init_state(params, info, Affinities({}, {}, info.seed))
+        return init_state(params, info, Affinities({}, {}))
 
-    def payload(self, state: ServerState[Affinities], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[Affinities], round_num: int, info: RunInfo) -> Payload[None]:
         return Payload({})  # nothing shared: every client's payload is its own
 
-    def client_payload(self, state: ServerState[Affinities], round_num: int, client_id: int) -> Peers:
+    def client_payload(
+        self, state: ServerState[Affinities], round_num: int, client_id: int, info: RunInfo
+    ) -> Peers:
         memory = state.extra
-        ids = self.choose_peers(memory, round_num, client_id)
+        ids = self.choose_peers(memory, info.seed, round_num, client_id)
         start = None if str(client_id) in memory.models else state.params
         return P.numpy_leaves(Peers(ids, [memory.models[str(j)] for j in ids], start))
 
-    def choose_peers(self, memory: Affinities, round_num: int, client_id: int) -> list[int]:
+    def choose_peers(self, memory: Affinities, seed: int, round_num: int, client_id: int) -> list[int]:
         """Up to ``num_peers`` other clients with a model, slot by slot: with probability epsilon
         the next of a seeded random order, else the next of highest affinity (ties: lower id)."""
         candidates = sorted(int(k) for k in memory.models if int(k) != client_id)
         m = min(self.config.num_peers, len(candidates))
-        rng = np.random.default_rng(client_seed(memory.seed, round_num, client_id))
+        rng = np.random.default_rng(client_seed(seed, round_num, client_id))  # the run's seed
         shuffled = [int(j) for j in rng.permutation(candidates)]
         affinity = memory.affinity.get(str(client_id), {})
         if not affinity:
@@ -173,8 +185,10 @@ class FedFomo:
             chosen.append(next(j for j in source if j not in chosen))
         return chosen
 
-    def client_update(self, ctx: ClientContext[None, OwnModel]) -> ClientResult[Upload, OwnModel]:
-        peers: Peers = ctx.client_payload
+    def client_update(self, ctx: ClientContext[None, OwnModel, Peers]) -> ClientResult[Upload, OwnModel]:
+        peers = ctx.client_payload
+        if peers is None:
+            raise ValueError(f"fedfomo: client {ctx.client_id} received no peers (client_payload)")
         own = ctx.state.model if ctx.state is not None else peers.start
         if own is None:
             raise ValueError(f"fedfomo: client {ctx.client_id} has neither a model of its own nor a start")
@@ -199,16 +213,16 @@ class FedFomo:
             P.load_into(ctx.model, ctx.state.model)
         return ctx.model
 
-    def aggregator(self) -> Gather:
+    def aggregator(self) -> Gather[Result]:
         return Gather()
 
     def server_update(
-        self, state: ServerState[Affinities], gathered: Gathered, round_num: int
+        self, state: ServerState[Affinities], gathered: Gathered[Result], round_num: int, info: RunInfo
     ) -> tuple[ServerState[Affinities], Metrics]:
         models = dict(state.extra.models)
         affinity = {k: dict(row) for k, row in state.extra.affinity.items()}
         for _, result in gathered:
-            upload: Upload = result.update
+            upload = result.update
             models[str(upload.client_id)] = P.clone(upload.model)
             row = affinity.setdefault(str(upload.client_id), {})
             for peer, weight in zip(upload.peers, upload.weights.tolist()):

@@ -115,7 +115,7 @@ class FedGMA:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[GMAUpdate, None]:
@@ -154,7 +154,7 @@ class FedGMA:
         }
 
     def server_update(
-        self, state: ServerState[None], sums: GMAUpdate | None, round_num: int
+        self, state: ServerState[None], sums: GMAUpdate | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         if sums is None or float(sums.count) == 0:  # nobody trained: keep the model
             return state, {}

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import torch
@@ -76,6 +76,8 @@ from raysim.types import (
     ServerState,
     require_classification,
 )
+
+Result: TypeAlias = ClientResult[Params, None]  # what a client sends
 
 
 class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
@@ -296,7 +298,7 @@ class FedGuCci:
             anchors.append(initial)
         return anchors
 
-    def payload(self, state: ServerState[Anchors], round_num: int) -> Payload[Anchors]:
+    def payload(self, state: ServerState[Anchors], round_num: int, info: RunInfo) -> Payload[Anchors]:
         older = Anchors(state.extra.anchors[1:])  # anchor 1 is the params
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(older))
 
@@ -310,12 +312,12 @@ class FedGuCci:
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     @property
-    def vectorized_update(self) -> Callable[[list[ClientContext[Anchors, None]]], list[ClientResult]] | None:
+    def vectorized_update(self) -> Callable[[list[ClientContext[Anchors, None]]], list[Result]] | None:
         """``client_update`` for a chunk; None with SAM or logit calibration, which do not vectorize."""
         plain = self.config.sam is None and self.config.logit_calibration is None
         return self._vectorized_update if plain else None
 
-    def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[ClientResult]:
+    def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[Result]:
         trained = train_clients(ctxs, self.config.local, change=self.change)
         return [ClientResult(delta, examples_trained_on(metrics), metrics) for delta, metrics in trained]
 
@@ -348,7 +350,7 @@ class FedGuCci:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[Anchors], mean_delta: Params | None, round_num: int
+        self, state: ServerState[Anchors], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[Anchors], Metrics]:
         """FedAvg, then the new global model becomes anchor 1 (also when nobody reported: the
         code pushes the global model at every round's start)."""

@@ -81,7 +81,7 @@ class FedNova:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FedNovaUpdate, None]:
@@ -110,7 +110,7 @@ class FedNova:
         return normalized | {k: v / sums.weight for k, v in sums.buffers.items()}
 
     def server_update(
-        self, state: ServerState[None], sums: FedNovaUpdate | None, round_num: int
+        self, state: ServerState[None], sums: FedNovaUpdate | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         if sums is None or float(sums.weight) == 0:
             return state, {}

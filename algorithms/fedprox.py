@@ -48,7 +48,7 @@ class FedProx:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def change(self, ctx: ClientContext[None, None]) -> ClientChange:
@@ -69,6 +69,6 @@ class FedProx:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)

@@ -61,7 +61,9 @@ class PersonalHead:
     head: Params
 
 
-def train(ctx: ClientContext, config: LocalTrainConfig, seed: int, step_budget: int | None) -> ClientMetrics:
+def train(
+    ctx: ClientContext[None, PersonalHead], config: LocalTrainConfig, seed: int, step_budget: int | None
+) -> ClientMetrics:
     """``train_context`` of the client, shuffled by ``seed`` within ``step_budget``."""
     return train_context(replace(ctx, seed=seed, step_budget=step_budget), config)
 
@@ -80,7 +82,7 @@ class FedRep:
         require_classification(info, "algorithm fedrep", "its personal head is a classifier")
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
@@ -108,6 +110,6 @@ class FedRep:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, complete_delta(mean_delta, state.params), self.config.server)

@@ -136,7 +136,8 @@ class PersonalizedPredictor(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         net = feature_model(self.model, "fedrod")
         features = net.features(x)  # (B, D)
-        return net.head(features) + self.head(features)  # (B, C)
+        logits: torch.Tensor = net.head(features) + self.head(features)  # (B, C)
+        return logits
 
 
 def personal_head(model: nn.Module, state: PersonalHead | None) -> nn.Module:
@@ -176,7 +177,7 @@ class FedRoD:
         )
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, PersonalHead]) -> ClientResult[Params, PersonalHead]:
@@ -201,6 +202,6 @@ class FedRoD:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)

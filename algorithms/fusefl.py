@@ -181,14 +181,14 @@ class FuseFL:
         ids = torch.as_tensor(list(towers), dtype=torch.int64)
         return init_state(params, info, FuseFLServer({}, {}, ids, models))
 
-    def payload(self, state: ServerState[FuseFLServer], stage: int) -> Payload[StagePayload]:
+    def payload(self, state: ServerState[FuseFLServer], stage: int, info: RunInfo) -> Payload[StagePayload]:
         """Stage 0: the initial model (every client starts from it); later: the fused blocks."""
         extra = P.numpy_leaves(StagePayload(stage, state.extra.fused, state.extra.head))
         sends_model = stage == 0 and not state.extra.models  # mixed: each starts from its own
         return Payload(P.to_numpy(state.params) if sends_model else {}, extra=extra)
 
     def protocol(
-        self, services: Services[Gathered], state: ServerState[FuseFLServer]
+        self, services: Services[Gathered[ClientResult[Any, OwnModel]]], state: ServerState[FuseFLServer]
     ) -> ServerState[FuseFLServer]:
         if services.start_round:
             raise ConfigError(
@@ -198,7 +198,7 @@ class FuseFL:
         heads: list[Params] = []
         for k in range(self.config.num_stages):
             # stage k: every client trains block k on the fused blocks below; the server fuses them
-            payload = self.payload(state, k)
+            payload = self.payload(state, k, services.info)
             out = services.train_cohort(payload, towers, k)
             uploads = self.complete(out.aggregate, towers, k)
             fused = {**state.extra.fused, str(k): {str(m): u.part for m, u in enumerate(uploads)}}
@@ -226,14 +226,17 @@ class FuseFL:
         return [by_position[i].update for i in range(len(towers))]
 
     def calibrated(
-        self, services: Services[Gathered], state: ServerState[FuseFLServer], towers: np.ndarray
+        self,
+        services: Services[Gathered[ClientResult[Any, OwnModel]]],
+        state: ServerState[FuseFLServer],
+        towers: np.ndarray,
     ) -> tuple[Params, Metrics]:
         """The averaged head calibrated by CCVR on the clients' fused features (or as it is)."""
         ccvr = self.config.ccvr
         if not ccvr.enabled:
             return state.extra.head, {}
         k = self.config.num_stages  # step K: the clients' class statistics of fused features
-        out = services.train_cohort(self.payload(state, k), towers, k)
+        out = services.train_cohort(self.payload(state, k, services.info), towers, k)
         stats = [result.update for _, result in out.aggregate]
         lr, info = ccvr.lr or self.config.local.lr, services.info
         head, loss = calibrated_head(state.extra.head, stats, info.spec.num_classes, ccvr, lr, info.seed)

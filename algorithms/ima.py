@@ -172,7 +172,8 @@ def never_averages(config: IMAConfig, rounds: int) -> list[str]:
 
 def build_inner(config: IMAConfig) -> Algorithm[Any]:
     """The inner plugin, built from its explored config."""
-    return registry.get("algorithm", config.inner.name).factory(explored(config))
+    inner: Algorithm[Any] = registry.get("algorithm", config.inner.name).factory(explored(config))
+    return inner
 
 
 @register("algorithm", "ima")
@@ -195,8 +196,8 @@ class IMA(Generic[A]):
             raise ConfigError(problems)
         return _with_window(self.inner.init(params, info), [])
 
-    def payload(self, state: ServerState[IMAState[object]], round_num: int) -> Payload[object]:
-        return self.inner.payload(_inner_state(state), round_num)
+    def payload(self, state: ServerState[IMAState[object]], round_num: int, info: RunInfo) -> Payload[object]:
+        return self.inner.payload(_inner_state(state), round_num, info)
 
     def client_update(self, ctx: ClientContext[object, object]) -> ClientResult[object, object]:
         return self.inner.client_update(ctx)
@@ -205,18 +206,18 @@ class IMA(Generic[A]):
         return self.inner.aggregator()
 
     def server_update(
-        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int
+        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int, info: RunInfo
     ) -> tuple[ServerState[IMAState[object]], Metrics]:
         config, window = self.config, state.extra.window
         if round_num == config.average_from and config.reset_server_opt_state:
             state = replace(state, opt_state=OptState())
         if aggregate is None:  # nobody reported: the inner keeps its model, the window its models
-            new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num)
+            new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num, info)
             active = self._active(round_num, window)
             return _with_window(new, window), metrics | {"ima/active": float(active)}
         if config.placement == "before_server_optimizer":
-            return self._before_server_optimizer(state, aggregate, round_num)
-        new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num)
+            return self._before_server_optimizer(state, aggregate, round_num, info)
+        new, metrics = self.inner.server_update(_inner_state(state), aggregate, round_num, info)
         window = [*window, dict(new.params)][-config.window :]
         active = self._active(round_num, window)
         params = mean_model(window) if active else new.params
@@ -229,7 +230,7 @@ class IMA(Generic[A]):
         return round_num >= self.config.average_from and len(window) == self.config.window
 
     def _before_server_optimizer(
-        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int
+        self, state: ServerState[IMAState[object]], aggregate: A, round_num: int, info: RunInfo
     ) -> tuple[ServerState[IMAState[object]], Metrics]:
         """The window of pure aggregates; from t_s the server optimizer's target is their mean."""
         inner = self.inner
@@ -240,7 +241,7 @@ class IMA(Generic[A]):
         active = self._active(round_num, window)
         target = mean_model(window) if active else fma
         mean_delta = {k: state.params[k] - target[k] for k in aggregate} if active else aggregate
-        new, metrics = inner.server_update(_inner_state(state), mean_delta, round_num)
+        new, metrics = inner.server_update(_inner_state(state), mean_delta, round_num, info)
         metrics |= {"ima/active": float(active), "ima/shift_norm": P.distance(fma, target)}
         return _with_window(new, window), metrics
 

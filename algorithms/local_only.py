@@ -102,7 +102,9 @@ class LocalOnly:
     def init(self, params: Params, info: RunInfo) -> ServerState[TrainedClients]:
         return init_state(params, info, TrainedClients(torch.zeros(0, dtype=torch.int64)))
 
-    def payload(self, state: ServerState[TrainedClients], round_num: int) -> Payload[Recall | None]:
+    def payload(
+        self, state: ServerState[TrainedClients], round_num: int, info: RunInfo
+    ) -> Payload[Recall | None]:
         """The shared initial model, from which a client without a model of its own starts."""
         return Payload(P.to_numpy(state.params))
 
@@ -156,7 +158,9 @@ class LocalOnly:
         trained = state.extra.trained
         everyone_has_one = bool(np.isin(cohort, trained.numpy()).all())
         starts_shared = self.config.start_from == "shared_init" and not everyone_has_one
-        payload: Payload[Recall | None] = self.payload(state, round_num) if starts_shared else Payload({})
+        payload: Payload[Recall | None] = Payload({})
+        if starts_shared:
+            payload = self.payload(state, round_num, services.info)
         due = services.is_eval_round(round_num)  # the local models come to the driver only then
         output = services.train_cohort(payload, cohort, round_num, RoundOptions(keep_local_models=due))
         reported = [client.client_id for client in output.clients]  # failed clients kept nothing

@@ -179,7 +179,10 @@ def squared_simplex_volume(squared_edges: torch.Tensor) -> torch.Tensor:
     cm = F.pad(squared_edges, (0, 1, 0, 1), value=1.0)
     corner = torch.zeros_like(cm)
     corner[n, n] = 1.0
-    return torch.linalg.det(cm - corner).abs() / (math.factorial(n - 1) ** 2 * 2 ** (n - 1))
+    volume_squared: torch.Tensor = torch.linalg.det(cm - corner).abs() / (
+        math.factorial(n - 1) ** 2 * 2 ** (n - 1)
+    )
+    return volume_squared
 
 
 def regularizer(config: LSSConfig, anchor: Params, frozen: list[Params]) -> ExtraLoss | None:
@@ -249,7 +252,7 @@ class LSS:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
@@ -297,7 +300,7 @@ class LSS:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)
 

@@ -154,7 +154,7 @@ class Moon:
         return init_state(params, info, initial)
 
     def payload(
-        self, state: ServerState[InitialModel | None], round_num: int
+        self, state: ServerState[InitialModel | None], round_num: int, info: RunInfo
     ) -> Payload[InitialModel | None]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(state.extra))
 
@@ -193,6 +193,10 @@ class Moon:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[InitialModel | None], mean_delta: Params | None, round_num: int
+        self,
+        state: ServerState[InitialModel | None],
+        mean_delta: Params | None,
+        round_num: int,
+        info: RunInfo,
     ) -> tuple[ServerState[InitialModel | None], Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)

@@ -32,7 +32,9 @@ class OneShotFedAvg:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         return keep_local_model(ctx, self.config.local)
 
-    def protocol(self, services: Services[Gathered], state: ServerState[None]) -> ServerState[None]:
+    def protocol(
+        self, services: Services[Gathered[ClientResult[Params, None]]], state: ServerState[None]
+    ) -> ServerState[None]:
         trained = local_models(services, state.params, self.config.local, self.config.cache_dir)
         state = replace(state, params=average_models(trained, state.params))
         services.log(trained.summary | services.evaluate(state, 0), 0)

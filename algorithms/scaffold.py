@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, model_validator
@@ -49,10 +50,13 @@ class ScaffoldConfig(BaseModel, frozen=True, extra="forbid"):
 
 @dataclass(frozen=True)
 class ScaffoldServer:
-    """The server's state beyond the params (``ServerState.extra``)."""
+    """The server's state beyond the params (``ServerState.extra``); N, the population, is the run's
+    (``RunInfo.num_clients``)."""
+
+    # older checkpoints also hold N as num_clients: resuming ignores it (``stored.rebuild``)
+    RETIRED_FIELDS: ClassVar[frozenset[str]] = frozenset({"num_clients"})
 
     c: Params  # the server control variate (trainable parameters only)
-    num_clients: int  # N, the population
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,11 @@ class Scaffold:
 
     def init(self, params: Params, info: RunInfo) -> ServerState[ScaffoldServer]:
         variate = {k: torch.zeros_like(v) for k, v in params.items() if k not in info.buffer_keys}
-        return init_state(params, info, ScaffoldServer(c=variate, num_clients=info.num_clients))
+        return init_state(params, info, ScaffoldServer(c=variate))
 
-    def payload(self, state: ServerState[ScaffoldServer], round_num: int) -> Payload[ServerVariate]:
+    def payload(
+        self, state: ServerState[ScaffoldServer], round_num: int, info: RunInfo
+    ) -> Payload[ServerVariate]:
         return Payload(P.to_numpy(state.params), extra=P.numpy_leaves(ServerVariate(state.extra.c)))
 
     def client_update(
@@ -161,12 +167,12 @@ class Scaffold:
         return {k: v / sums.weight for k, v in sums.delta.items()}
 
     def server_update(
-        self, state: ServerState[ScaffoldServer], sums: ScaffoldUpdate | None, round_num: int
+        self, state: ServerState[ScaffoldServer], sums: ScaffoldUpdate | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[ScaffoldServer], Metrics]:
         if sums is None:
             return state, {}
         mean_delta = self.pseudo_gradient(sums)
         state, metrics = apply_server_step(state, mean_delta, self.config.server)
         server = state.extra
-        c = {k: v + sums.dc[k] / server.num_clients for k, v in server.c.items()}
+        c = {k: v + sums.dc[k] / info.num_clients for k, v in server.c.items()}
         return replace(state, extra=replace(server, c=c)), metrics

@@ -27,7 +27,7 @@ grid's only values, ``keep: last`` and no validation split is FedAvg's local run
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -84,17 +84,13 @@ class HyperGrid(BaseModel, frozen=True, extra="forbid"):
 
     @model_validator(mode="after")
     def _in_range(self) -> "HyperGrid":
-        bad = [
-            f"{key} {value}"
-            for key, values, ok in (
-                ("lr", self.lr, lambda v: v > 0),
-                ("batch_size", self.batch_size, lambda v: v >= 1),
-                ("weight_decay", self.weight_decay, lambda v: v >= 0),
-                ("dropout", self.dropout, lambda v: 0 <= v < 1),
-            )
-            for value in values
-            if not ok(value)
+        ranges: list[tuple[str, Sequence[float], Callable[[float], bool]]] = [
+            ("lr", self.lr, lambda v: v > 0),
+            ("batch_size", self.batch_size, lambda v: v >= 1),
+            ("weight_decay", self.weight_decay, lambda v: v >= 0),
+            ("dropout", self.dropout, lambda v: 0 <= v < 1),
         ]
+        bad = [f"{key} {value}" for key, values, ok in ranges for value in values if not ok(value)]
         if bad:
             raise ValueError(
                 f"out of range: {', '.join(bad)} "
@@ -237,7 +233,7 @@ class Soups:
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         return init_state(params, info, None)
 
-    def payload(self, state: ServerState[None], round_num: int) -> Payload[None]:
+    def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
@@ -308,6 +304,6 @@ class Soups:
         return WeightedMean(weighted=self.config.weighted)
 
     def server_update(
-        self, state: ServerState[None], mean_delta: Params | None, round_num: int
+        self, state: ServerState[None], mean_delta: Params | None, round_num: int, info: RunInfo
     ) -> tuple[ServerState[None], Metrics]:
         return apply_server_step(state, mean_delta, self.config.server)

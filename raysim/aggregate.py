@@ -29,7 +29,8 @@ from raysim.types import A_co, ClientResult, Metrics, Tree
 # aggregate, and the partial is left unchecked at this seam, by name.
 Partial: TypeAlias = Any
 T = TypeVar("T", bound=Tree)  # the structure of the updates an aggregator sums
-Gathered = list[tuple[int, ClientResult]]  # (cohort position, result), by position
+R = TypeVar("R", bound=ClientResult[Any, Any])  # what a ``Gather`` keeps: the plugin's ClientResult[U, S]
+Gathered: TypeAlias = list[tuple[int, R]]  # (cohort position, result), by position
 
 
 class Aggregator(Protocol[A_co]):
@@ -118,26 +119,27 @@ class Sum(Generic[T]):
         return tree_map(lambda t: t.to(torch.float32), acc.total)
 
 
-class Gather:
+class Gather(Generic[R]):
     """Keeps every result with its cohort position, ordered by position (FuseFL composes blocks).
 
-    ``result`` returns ``[(position, ClientResult), ...]``; a position indexes the round's cohort,
+    ``R`` is the plugin's result type (``Gather[ClientResult[Upload, OwnModel]]``); ``result``
+    returns ``[(position, result), ...]`` (``Gathered[R]``); a position indexes the round's cohort,
     so a plugin knows which client sent what even when failed clients were dropped.
     """
 
-    def zero(self) -> Gathered:
+    def zero(self) -> Gathered[R]:
         return []
 
-    def add(self, acc: Gathered, position: int, result: ClientResult) -> Gathered:
+    def add(self, acc: Gathered[R], position: int, result: ClientResult) -> Gathered[R]:
         # copies: an update may be a view of the worker's resident model, which the next
         # client overwrites
-        kept = replace(result, update=tree_map(_own_copy, result.update))
+        kept = cast(R, replace(result, update=tree_map(_own_copy, result.update)))  # the plugin's R
         return [*acc, (position, kept)]
 
-    def merge(self, left: Gathered, right: Gathered) -> Gathered:
+    def merge(self, left: Gathered[R], right: Gathered[R]) -> Gathered[R]:
         return sorted([*left, *right], key=lambda item: item[0])
 
-    def result(self, acc: Gathered) -> Gathered:
+    def result(self, acc: Gathered[R]) -> Gathered[R]:
         return sorted(acc, key=lambda item: item[0])
 
 

@@ -16,8 +16,11 @@ Where each part runs:
 - Every worker builds its own instance from the job config: nothing the driver sets on ``self``
   reaches ``client_update``. Round-varying data travels in ``Payload.extra`` or derives from
   ``ctx.round_num``.
-- ``init(params, info)`` runs once, on the driver; workers never see ``RunInfo`` and derive what
-  they need from ``ctx.model`` and ``ctx.spec``. ``aggregator()`` runs on workers and driver.
+- The driver's methods receive the run's facts (``RunInfo``) last: ``init(params, info)``,
+  ``payload(state, round_num, info)``, ``client_payload(state, round_num, client_id, info)``,
+  ``server_update(state, aggregate, round_num, info)``; so server state keeps no run fact (seed,
+  population, sizes). Workers never see ``RunInfo``: they derive what they need from ``ctx.model``,
+  ``ctx.spec`` and the payload. ``aggregator()`` runs on workers and driver.
 
 Rules every plugin follows:
 - ``client_update`` may change the values of ``ctx.model``'s trainable parameters and float
@@ -45,81 +48,67 @@ Rules every plugin follows:
 - Plugin state is typed: each plugin declares frozen dataclasses for what it keeps in
   ``ServerState.extra``, sends in ``Payload.extra``, sends as ``ClientResult.update`` and keeps per
   client, and annotates its methods with them (``ServerState[E]``, ``Payload[X]``,
-  ``ClientContext[X, S]``, ``ClientResult[U, S]``; None where it keeps or sends nothing more).
+  ``ClientContext[X, S]``, ``ClientResult[U, S]``; None where it keeps or sends nothing more;
+  ``ClientContext[X, S, C]`` where it sends a ``client_payload`` of type C).
 - Per-client persistent state goes in ``ClientResult.state`` and comes back as ``ctx.state``
-  (None the first time); it is kept outside the workers, so it survives worker restarts. A plugin
-  with client state names its type as the class attribute ``ClientState``.
+  (None the first time), its type named by the class attribute ``ClientState``; it is kept
+  outside the workers, so it survives worker restarts.
 - Persistence: checkpoints and the client-state store are read back with a weights-only
   ``torch.load``, so they hold plain values only. A state dataclass crosses as the dict of its
   fields (``stored.plain``), whose fields hold tensors, numbers, strings and dicts / lists /
   tuples of them (anything else is refused when saved). Reading back, the worker rebuilds client
   state as ``ClientState`` (``stored.from_plain``), and resuming rebuilds ``ServerState.extra``
   after the one ``init`` made for this run (``stored.rebuild``; the engine's ``typed_like``): a
-  checkpoint whose fields differ is refused, naming both. So a state field keeps its name across
-  versions; the plain dicts that earlier versions saved under the same keys load as they are.
+  checkpoint whose fields differ is refused, naming both (a plugin's ``resume_state`` may complete
+  it first: another plugin's, an older one's). So a state field keeps its name across
+  versions; the plain dicts that earlier versions saved under the same keys load as they are, and
+  a field a later version drops is named in the dataclass's ``RETIRED_FIELDS``
+  (``stored.retired_fields``): an older checkpoint that holds it resumes, the value unread.
 - A plugin whose method is not "R identical rounds" (FuseFL's stages, one-shot methods) is a
-  ``StagedAlgorithm``: it defines ``protocol(services, state)`` and drives the engine through
-  ``raysim.services``. It must define ``Config``, ``client_update`` (the workers run it for the
-  protocol's ``services.train_cohort``) and ``protocol``. The rest is optional, each with a
-  default the engine uses instead: ``init`` (``fresh_state``: a copy of the initial params, no
-  ``extra``), ``aggregator`` (``aggregator_of``: ``Gather``, so ``train_cohort``'s aggregate is
-  ``[(cohort position, ClientResult), ...]``) and ``payload(state, 0)``, what its first cohort
-  receives, with which a GPU worker's memory is measured (``first_payload``: the initial params,
-  none with per-client architectures). ``server_update`` is only ever called by
-  ``services.run_round``, which needs every round-loop method: a protocol that runs standard
-  rounds defines them all. A plugin of neither shape is refused when the job builds it, before any worker
-  starts, naming what it lacks (``check_shape``).
+  ``StagedAlgorithm``: ``Config``, ``client_update`` and ``protocol(services, state)``, which drives
+  the engine through ``raysim.services``; ``init``, ``aggregator`` and ``payload`` are optional
+  (``fresh_state``, ``aggregator_of``, ``first_payload`` say what stands in), and
+  ``services.run_round`` needs every round-loop method. A plugin of neither shape is refused when
+  the job builds it, before any worker starts, naming what it lacks (``check_shape``).
 - Per-client architectures (the job's ``model_groups``) reach only a plugin whose class sets
   ``MIXED_MODELS = True`` (every other is refused when the job loads). It sends no ``params``:
   the worker restores each client's architecture's initial weights (the run seed's) instead;
   ``ctx.model`` is the client's architecture, ``ctx.model_section`` names it, and
   ``ctx.model_of(client_id)`` is any client's (read it, copy it before changing it); on the
   driver ``RunInfo.client_models`` / ``model_of`` / ``mixes_models`` say the same.
-- ``raysim run --resume`` replaces ``init``'s state by the checkpoint's, which must hold the
-  ``extra`` fields this plugin's ``init`` makes (a checkpoint of another plugin of the same family
-  does; ``resume_state`` below completes any other).
 - ``sys/bytes_down`` counts the tensor and array leaves (inside dicts) of ``payload.params`` and
   of each ``payload.extra`` field (``sys/bytes_down/<field>``) once per cohort client, plus
   each client's own part (``sys/bytes_down/per_client``) once; ``sys/bytes_up`` those of every
   ``update``.
 
-Optional hooks, each used when present:
-- ``pseudo_gradient(aggregate) -> Params``: the round's mean delta, when the aggregate is not
-  itself that (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure the pure
-  aggregate ``global - pseudo_gradient`` with it.
-- ``vectorized_update(ctxs) -> list[ClientResult]``: ``client_update`` for a chunk of clients at
-  once (``raysim.train.vectorized.train_clients``), each result what ``client_update(ctx)`` would
-  return within float tolerance. Its presence declares that the plugin's client update
-  vectorizes; ``engine.vectorize`` (off by default) decides whether the worker uses it. Every
-  context shares the resident model, loaded with ``payload.params``, which the hook leaves as is.
-  A plugin that vectorizes under some options only makes it a property, None under the others.
-- ``client_payload(state, round_num, client_id) -> object``: a part of the round's payload for
-  one cohort client alone (its frozen dataclass, arrays as in ``payload.extra``), beside the
-  shared ``payload``: FedFomo sends each client the models of its own peers. The engine asks it
-  for every client of the cohort (driver) and puts the parts in ``Payload.per_client``; a worker
-  receives the shared part once per round and the parts of its own clients only, and
-  ``client_update`` reads its part as ``ctx.client_payload``.
-- ``personal_model(ctx) -> nn.Module``: the client's own predictor, for the evaluation that
-  uses client state (``eval/personal/...``, on each evaluated training client's test split). The
-  worker builds ``ctx`` as for training, with ``ctx.model`` loaded with the evaluated global
-  params, ``ctx.payload`` holding those params alone, ``ctx.state`` the client's newest state up
-  to the evaluated round (None: it never trained), ``ctx.data`` its whole train split (to
-  fine-tune on) and ``ctx.seed`` a stream of its own. It returns ``ctx.model`` with the personal
-  part applied (a head or BatchNorm layers loaded, a head fine-tuned) or a module around it
-  (FedRoD's generic plus personal head); the worker restores the weights afterwards, as it does
-  after ``client_update``, and the same rules hold.
-- ``resume_state(saved, fresh, trail) -> ServerState``: completes a checkpoint's state written
-  by an older plugin or another of its family; ``saved.extra`` is plain (the dict of fields the
-  checkpoint holds, or {} / None), ``fresh`` is what ``init`` made for this run,
-  ``trail`` a ``raysim.checkpoint.CheckpointTrail``: the earlier rounds' states beside the
-  checkpoint (IMA branching from a FedAvg checkpoint fills its window with them).
+Every name the engine reads from a plugin, required or optional; each is read only through the
+function named here (a hook's full contract is its Protocol's docstring, below):
+
+name              read from   type                                             read by
+----------------- ----------- ------------------------------------------------ ----------------------
+Config            class       ``type[BaseModel]``: frozen, ``extra="forbid"``  ``registry.register``
+init ... protocol instance    ``Algorithm`` / ``StagedAlgorithm``'s methods    ``check_shape`` ...
+ClientState       class       the frozen dataclass of its client state         ``client_state_type``
+MIXED_MODELS      class       ``bool`` (absent: False)                         ``accepts_mixed_models``
+DEFAULT_MODEL     class       ``Mapping[str, Any]``: a model section           ``default_model``
+check_job         any Config  ``(job: JobCore) -> list[str]``: problems        ``job_problems``
+check_model       Config      ``(model: nn.Module) -> list[str]``              ``model_problems``
+check_models      Config      ``(models: list[nn.Module], spec) -> list[str]`` ``models_problems``
+local             Config      ``LocalTrainConfig``: the plain loop's SGD       ``local_section``
+pseudo_gradient   instance    ``PseudoGradientAlgorithm``                      ``pseudo_gradient``
+vectorized_update instance    ``VectorizedAlgorithm`` (or None)                ``vectorizes``
+client_payload    instance    ``ClientPayloadAlgorithm``                       ``with_client_payloads``
+personal_model    instance    ``PersonalAlgorithm``                            ``has_personal_model``
+resume_state      instance    ``ResumingAlgorithm``                            ``resume_state``
+RETIRED_FIELDS    state class ``ClassVar[frozenset[str]]``                     ``stored.retired_fields``
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, Protocol, TypeAlias, TypeGuard, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel
@@ -129,7 +118,10 @@ from raysim import params as P
 from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.checkpoint import CheckpointTrail
 from raysim.services import Services
-from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
+from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
+
+if TYPE_CHECKING:
+    from raysim.config import JobCore
 
 A = TypeVar("A")  # the plugin's aggregate: what its aggregator results in, what server_update takes
 E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
@@ -154,7 +146,7 @@ class Algorithm(Protocol[A]):
         """The server state before round 0, from the initial global params."""
         ...
 
-    def payload(self, state: ServerState, round_num: int) -> Payload:
+    def payload(self, state: ServerState, round_num: int, info: RunInfo) -> Payload:
         """What every sampled client receives this round (driver)."""
         ...
 
@@ -166,7 +158,9 @@ class Algorithm(Protocol[A]):
         """How client results reduce; the same object type on every worker and the driver."""
         ...
 
-    def server_update(self, state: ServerState, aggregate: A, round_num: int) -> tuple[ServerState, Metrics]:
+    def server_update(
+        self, state: ServerState, aggregate: A, round_num: int, info: RunInfo
+    ) -> tuple[ServerState, Metrics]:
         """The new server state from the round's merged aggregate (the aggregator's result of
         no client at all when nobody reported: None for ``WeightedMean`` and ``Sum``)."""
         ...
@@ -197,14 +191,20 @@ ROUND_LOOP_METHODS = ("init", "payload", "client_update", "aggregator", "server_
 STAGED_METHODS = ("client_update", "protocol")
 
 
+def _hook(plugin: object, name: str) -> Callable[..., Any] | None:
+    """``plugin.name`` where it is a method (a hook may be a property that is None)."""
+    hook = getattr(plugin, name, None)
+    return hook if callable(hook) else None
+
+
 def has_protocol(algorithm: AnyAlgorithm[A]) -> TypeGuard[StagedAlgorithm]:
     """Whether the plugin replaces the round loop with its own protocol."""
-    return callable(getattr(algorithm, "protocol", None))
+    return _hook(algorithm, "protocol") is not None
 
 
 def runs_rounds(algorithm: AnyAlgorithm[A]) -> TypeGuard[Algorithm[A]]:
     """Whether the plugin defines the round loop's methods (a staged plugin may, too)."""
-    return all(callable(getattr(algorithm, name, None)) for name in ROUND_LOOP_METHODS)
+    return all(_hook(algorithm, name) is not None for name in ROUND_LOOP_METHODS)
 
 
 def check_shape(name: str, plugin: object) -> None:
@@ -214,8 +214,8 @@ def check_shape(name: str, plugin: object) -> None:
     Raises:
         TypeError: neither every round-loop method nor ``protocol`` and ``client_update``.
     """
-    required = STAGED_METHODS if callable(getattr(plugin, "protocol", None)) else ROUND_LOOP_METHODS
-    missing = [method for method in required if not callable(getattr(plugin, method, None))]
+    required = STAGED_METHODS if _hook(plugin, "protocol") is not None else ROUND_LOOP_METHODS
+    missing = [method for method in required if _hook(plugin, method) is None]
     if missing:
         raise TypeError(
             f"algorithm {name!r}: {type(plugin).__name__} lacks {', '.join(missing)}; a plugin defines "
@@ -234,8 +234,7 @@ def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
 def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> ServerState:
     """The server state before round 0: the plugin's ``init``; else (a staged plugin without
     one) a copy of the initial params and nothing more."""
-    hook = getattr(algorithm, "init", None)
-    if callable(hook):
+    if (hook := _hook(algorithm, "init")) is not None:
         state: ServerState = hook(params, info)
         return state
     return init_state(params, info, None)
@@ -244,9 +243,8 @@ def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> Se
 def first_payload(algorithm: AnyAlgorithm[A], state: ServerState, info: RunInfo) -> Payload:
     """What the first cohort receives: the plugin's ``payload`` of round 0; else (a staged plugin
     without one) the initial params, or none where clients start from their own architectures."""
-    hook = getattr(algorithm, "payload", None)
-    if callable(hook):
-        payload: Payload = hook(state, 0)
+    if (hook := _hook(algorithm, "payload")) is not None:
+        payload: Payload = hook(state, 0, info)
         return payload
     return Payload({} if info.mixes_models else P.to_numpy(state.params))
 
@@ -254,48 +252,61 @@ def first_payload(algorithm: AnyAlgorithm[A], state: ServerState, info: RunInfo)
 def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
     """How ``train_cohort`` folds client results: the plugin's ``aggregator``; else (a staged
     plugin without one) ``Gather``, every result kept for the protocol to read."""
-    hook = getattr(algorithm, "aggregator", None)
-    if callable(hook):
+    if (hook := _hook(algorithm, "aggregator")) is not None:
         aggregator: Aggregator[Any] = hook()
         return aggregator
     return Gather()
 
 
-def with_client_payloads(
-    algorithm: Algorithm[A], payload: Payload, state: ServerState, round_num: int, cohort: Iterable[int]
-) -> Payload:
-    """The round's payload with each cohort client's own part (the plugin's ``client_payload``
-    hook); the payload as it is for a plugin without one."""
-    hook = getattr(algorithm, "client_payload", None)
-    if not callable(hook):
-        return payload
-    return replace(payload, per_client={int(c): hook(state, round_num, int(c)) for c in cohort})
+# ---- the plugin class's and its Config's optional names --------------------------------------
+def client_state_type(algorithm: object) -> type | None:
+    """``ClientState``, the type a worker rebuilds stored client state as; None: it stays plain."""
+    kind = getattr(algorithm, "ClientState", None)
+    return kind if isinstance(kind, type) else None
 
 
-class PersonalAlgorithm(Algorithm[A], Protocol[A]):
-    """An algorithm whose clients predict with a personal part kept in their state."""
+def accepts_mixed_models(plugin_class: object) -> bool:
+    """``MIXED_MODELS``: whether per-client architectures (``model_groups``) may reach the plugin."""
+    return getattr(plugin_class, "MIXED_MODELS", False) is True
 
-    def personal_model(self, ctx: ClientContext) -> nn.Module:
-        """The client's own predictor from the global model and its state (see the module docstring)."""
+
+def default_model(plugin_class: object) -> dict[str, Any] | None:
+    """A copy of ``DEFAULT_MODEL``, the model a job that names none trains (DENSE's BatchNorm)."""
+    default = getattr(plugin_class, "DEFAULT_MODEL", None)
+    return None if default is None else copy.deepcopy(dict(default))
+
+
+def job_problems(config: BaseModel, job: JobCore) -> list[str]:
+    """``config.check_job(job)``: IMA's ``average_from`` against ``engine.num_rounds``, say."""
+    check = _hook(config, "check_job")
+    return list(check(job)) if check is not None else []
+
+
+def model_problems(config: BaseModel, model: nn.Module) -> list[str]:
+    """``config.check_model(model)`` on a built model of the job (FuseFL's split points)."""
+    check = _hook(config, "check_model")
+    return list(check(model)) if check is not None else []
+
+
+def models_problems(config: BaseModel, models: list[nn.Module], spec: DataSpec) -> list[str]:
+    """``config.check_models(models, spec)`` across mixed architectures (FuseFL's split points)."""
+    check = _hook(config, "check_models")
+    return list(check(models, spec)) if check is not None else []
+
+
+def local_section(config: BaseModel) -> object | None:
+    """``config.local``, the local SGD (``LocalTrainConfig``) the bench's plain loop repeats."""
+    return getattr(config, "local", None)
+
+
+# ---- the optional hooks ------------------------------------------------------------------------
+class PseudoGradientAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose aggregate is not itself the round's mean delta."""
+
+    def pseudo_gradient(self, aggregate: A) -> Params:
+        """The round's mean delta (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure
+        the pure aggregate ``global - pseudo_gradient`` with it."""
         ...
-
-
-def has_personal_model(algorithm: AnyAlgorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
-    """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
-    return callable(getattr(algorithm, "personal_model", None))
-
-
-class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
-    """An algorithm whose client update also runs for a chunk of clients at once."""
-
-    def vectorized_update(self, ctxs: list[ClientContext]) -> list[ClientResult]:
-        """``client_update`` of every context, in order, trained together."""
-        ...
-
-
-def vectorizes(algorithm: AnyAlgorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
-    """Whether the plugin's client update can train a chunk of clients at once."""
-    return callable(getattr(algorithm, "vectorized_update", None))
 
 
 def pseudo_gradient(algorithm: AnyAlgorithm[A], aggregate: A, params: Params) -> Params | None:
@@ -304,9 +315,9 @@ def pseudo_gradient(algorithm: AnyAlgorithm[A], aggregate: A, params: Params) ->
     aggregate itself when its tensors are keyed like ``params``; else None (no pure aggregate)."""
     if aggregate is None:
         return None
-    hook = getattr(algorithm, "pseudo_gradient", None)
-    if callable(hook):
-        return hook(aggregate)
+    if (hook := _hook(algorithm, "pseudo_gradient")) is not None:
+        mean_delta: Params = hook(aggregate)
+        return mean_delta
     if (
         isinstance(aggregator_of(algorithm), WeightedMean)
         and isinstance(aggregate, dict)
@@ -323,10 +334,75 @@ def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
     return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}
 
 
+class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose client update also runs for a chunk of clients at once."""
+
+    def vectorized_update(self, ctxs: list[ClientContext]) -> list[ClientResult]:
+        """``client_update`` of every context, in order, trained together (``train_clients``) within
+        float tolerance, on the resident model, which it leaves as loaded; ``engine.vectorize``
+        decides whether a worker uses it. Where only some options vectorize, a property, else None."""
+        ...
+
+
+def vectorizes(algorithm: AnyAlgorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
+    """Whether the plugin's client update can train a chunk of clients at once."""
+    return _hook(algorithm, "vectorized_update") is not None
+
+
+class ClientPayloadAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm that sends each cohort client a part of the payload for it alone."""
+
+    def client_payload(self, state: ServerState, round_num: int, client_id: int, info: RunInfo) -> object:
+        """One cohort client's own part beside the shared ``payload`` (a frozen dataclass, arrays as
+        in ``payload.extra``): FedFomo's peer models. A worker receives its own clients' parts only
+        (``Payload.per_client``); ``client_update`` reads one as ``ctx.client_payload``."""
+        ...
+
+
+def with_client_payloads(
+    algorithm: Algorithm[A],
+    payload: Payload,
+    state: ServerState,
+    round_num: int,
+    cohort: Iterable[int],
+    info: RunInfo,
+) -> Payload:
+    """The round's payload with each cohort client's own part (the plugin's ``client_payload``
+    hook); the payload as it is for a plugin without one."""
+    if (hook := _hook(algorithm, "client_payload")) is None:
+        return payload
+    return replace(payload, per_client={int(c): hook(state, round_num, int(c), info) for c in cohort})
+
+
+class PersonalAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm whose clients predict with a personal part kept in their state."""
+
+    def personal_model(self, ctx: ClientContext) -> nn.Module:
+        """The client's own predictor (``eval/personal/...``). ``ctx`` is as for training, its model
+        loaded with the evaluated global params, ``state`` the newest up to then (None: never
+        trained), ``data`` the whole train split; it returns ``ctx.model`` with the personal part
+        applied or a module around it (FedRoD's two heads), as ``client_update`` may change it."""
+        ...
+
+
+def has_personal_model(algorithm: AnyAlgorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
+    """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
+    return _hook(algorithm, "personal_model") is not None
+
+
+class ResumingAlgorithm(Algorithm[A], Protocol[A]):
+    """An algorithm that completes a checkpoint's state another plugin or an older one wrote."""
+
+    def resume_state(self, saved: ServerState, fresh: ServerState, trail: CheckpointTrail) -> ServerState:
+        """``saved.extra`` is plain (the checkpoint's dict of fields, or {} / None), ``fresh`` is
+        ``init``'s, ``trail`` the states beside the checkpoint (IMA fills its window from them)."""
+        ...
+
+
 def resume_state(
     algorithm: AnyAlgorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
 ) -> ServerState:
     """The state a resumed run starts from: the plugin's ``resume_state(saved, fresh, trail)``
     hook; else the checkpoint's state as saved."""
-    hook = getattr(algorithm, "resume_state", None)
-    return hook(saved, fresh, trail) if callable(hook) else saved
+    hook = _hook(algorithm, "resume_state")
+    return hook(saved, fresh, trail) if hook is not None else saved

@@ -5,6 +5,10 @@ weights-only ``torch.load`` reads). Plugin state crosses as the plain dict of it
 fields (``plain``), under the field names, and comes back as the plugin's type: ``rebuild`` after
 the server state ``init`` made for this run, ``from_plain`` for the type a plugin names as its
 ``ClientState``.
+
+A state dataclass that drops a field names it in ``RETIRED_FIELDS`` (a ``ClassVar[frozenset[str]]``):
+a checkpoint an earlier version wrote still holds it, and ``rebuild`` reads past it (SCAFFOLD's
+population, now the run's ``RunInfo.num_clients``); any other difference is still refused.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def from_plain(kind: type[T], saved: object, where: str) -> T:
         ValueError: ``saved`` is no dict with exactly ``kind``'s fields; names both.
     """
     names = [f.name for f in dataclasses.fields(cast(Any, kind)) if f.init]
-    if not isinstance(saved, dict) or set(saved) != set(names):
+    if not isinstance(saved, dict) or set(saved) - retired_fields(kind) != set(names):
         held = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{where} holds {held}, but {kind.__name__} keeps {sorted(names)}")
     hints = _field_hints(cast(type, kind))
@@ -81,11 +85,17 @@ def rebuild(template: T, saved: object, where: str) -> T:
     return cast(T, saved)
 
 
+def retired_fields(kind: type) -> frozenset[str]:
+    """The fields that earlier versions of the state dataclass ``kind`` kept and it no longer does."""
+    retired: frozenset[str] = getattr(kind, "RETIRED_FIELDS", frozenset())
+    return retired
+
+
 def _fields(
     template: DataclassInstance, saved: object, where: str
 ) -> list[tuple[dataclasses.Field[Any], object]]:
     own = [f for f in dataclasses.fields(template) if f.init]
-    if not isinstance(saved, dict) or set(saved) != {f.name for f in own}:
+    if not isinstance(saved, dict) or set(saved) - retired_fields(type(template)) != {f.name for f in own}:
         kind = type(template).__name__
         raise ValueError(f"{where} holds {_shape(saved)}, but {kind} keeps {sorted(f.name for f in own)}")
     return [(f, saved[f.name]) for f in own]

@@ -25,6 +25,7 @@ from typing import (
 import numpy as np
 import torch
 from torch import nn
+from typing_extensions import TypeVar as DefaultedTypeVar
 
 from raysim.errors import ConfigError
 
@@ -55,6 +56,10 @@ X = TypeVar("X")
 S = TypeVar("S")
 U = TypeVar("U")
 E = TypeVar("E")
+# what one client receives alone (``client_payload``, FedFomo's peers), which a plugin that sends it
+# names: ``ClientContext[X, S, C]``; by default unchecked, so ``ClientContext[X, S]`` (every plugin
+# that sends no such part) and a bare ``ClientContext`` (the worker's) keep meaning what they did
+C = DefaultedTypeVar("C", default=Any)
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,8 @@ class Payload(Generic[X]):
     per_client: dict[int, Any] = field(default_factory=dict)  # client id -> its own part
 
 
-@dataclass
-class ClientContext(Generic[X, S]):
+@dataclass(frozen=True)
+class ClientContext(Generic[X, S, C]):
     """Everything a plugin's ``client_update`` may use; built by the worker for each client.
 
     The worker has already loaded ``payload.params`` into ``model`` (in train mode, no
@@ -140,6 +145,7 @@ class ClientContext(Generic[X, S]):
     which ``model`` is (``model_groups`` give clients different ones; {} in a unit test's context).
     ``model_of(client_id)`` is the worker's resident model of any client's architecture (FuseFL's
     towers): read its structure, copy it before changing it; None where no worker builds the context.
+    Frozen: a context is one client's view of one round; derive another with ``dataclasses.replace``.
     """
 
     client_id: ClientId
@@ -154,7 +160,7 @@ class ClientContext(Generic[X, S]):
     spec: DataSpec
     client_init: Callable[[], Params] | None = None
     step_budget: int | None = None
-    client_payload: Any = None
+    client_payload: C | None = None
     model_section: dict[str, Any] = field(default_factory=dict)
     model_of: Callable[[ClientId], nn.Module] | None = None
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from raysim.algorithm import vectorizes
+from raysim.algorithm import local_section, vectorizes
 from raysim.config import JobConfig
 from raysim.data.round_data import cap_examples
 from raysim.data.store import ClientStore
@@ -54,7 +54,7 @@ class VectorizedSide:
         cls, job: JobConfig, store: ClientStore, pool: np.ndarray, device: torch.device = torch.device("cpu")
     ) -> VectorizedSide | None:
         """The side, when the job's plugin and model vectorize; else None."""
-        local = getattr(job.algorithm.config, "local", None)
+        local = local_section(job.algorithm.config)
         if not isinstance(local, LocalTrainConfig) or not vectorizes(build_algorithm(job)):
             return None
         side = cls(job, store, pool, local, device)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim.algorithm import local_section
 from raysim.bench.bench_vectorized import synchronize
 from raysim.config import JobConfig
 from raysim.data.round_data import cap_examples
@@ -37,7 +38,7 @@ def plain_local(job: JobConfig) -> LocalTrainConfig:
     Raises:
         ConfigError: the plugin has no ``local`` section of local SGD.
     """
-    local = getattr(job.algorithm.config, "local", None)
+    local = local_section(job.algorithm.config)
     if not isinstance(local, LocalTrainConfig):
         raise ConfigError(
             [f"algorithm: the plain loop repeats local SGD, and {job.algorithm.name!r} has no local section"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -148,15 +147,16 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
 def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The model section of a job that names none: the algorithm plugin's ``DEFAULT_MODEL`` (the
     model it needs, as DENSE needs BatchNorm), else the dataset recipe's, else None (the job's
-    ``model`` stays required). A class attribute read here, as ``MIXED_MODELS`` is; a job's own
-    ``model`` always wins."""
+    ``model`` stays required). A job's own ``model`` always wins."""
+    from raysim.algorithm import default_model  # the contract imports torch: only once a job loads
+
     for kind in ("algorithm", "dataset"):
         section = raw.get(kind)
         name = section.get("name") if isinstance(section, dict) else None
         if isinstance(name, str) and name in registry.names(kind):
-            default = getattr(registry.get(kind, name).factory, "DEFAULT_MODEL", None)
+            default = default_model(registry.get(kind, name).factory)
             if default is not None:
-                return copy.deepcopy(dict(default))
+                return default
     return None
 
 
@@ -164,11 +164,12 @@ def check_against_job(sections: list[PluginSection | None], job: JobCore) -> lis
     """Each plugin Config's optional ``check_job(job: JobCore) -> list[str]``: the checks that need
     the job's own sections (IMA's ``average_from`` against ``engine.num_rounds``), so that the dry
     run reports them too, all at once, before any training."""
+    from raysim.algorithm import job_problems  # the contract imports torch: only once a job loads
+
     problems: list[str] = []
     for section in sections:
-        check = getattr(section.config, "check_job", None) if section is not None else None
-        if callable(check):
-            problems += check(job)
+        if section is not None:
+            problems += job_problems(section.config, job)
     return problems
 
 

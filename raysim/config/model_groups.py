@@ -139,7 +139,9 @@ def check_mixed_models(
         ]
     if not groups.is_mixed:
         return []
-    if getattr(registry.get("algorithm", algorithm.name).factory, "MIXED_MODELS", False):
+    from raysim.algorithm import accepts_mixed_models  # the contract imports torch: only once a job loads
+
+    if accepts_mixed_models(registry.get("algorithm", algorithm.name).factory):
         return []
     return [
         f"model_groups: algorithm {algorithm.name!r} needs one architecture for every client (it "

@@ -223,10 +223,23 @@ def engine_of(
 ) -> Engine[Any]:
     """The engine over a job's parts once their workers run: its verbs log to ``tracker``."""
     target = parts.job.evaluation.time_to_target
-    return Engine(parts.job, parts.algorithm, parts.store, backend, tracker, parts.info, run_dir,
-                  state_dir, parts.plan, parts.train_pool, parts.probes, parts.schedule,
-                  start_round, system=system,
-                  targets=None if target is None else TimeToTarget(target))  # fmt: skip
+    return Engine(
+        job=parts.job,
+        algorithm=parts.algorithm,
+        store=parts.store,
+        backend=backend,
+        tracker=tracker,
+        info=parts.info,
+        run_dir=run_dir,
+        state_dir=state_dir,
+        plan=parts.plan,
+        train_pool=parts.train_pool,
+        probes=parts.probes,
+        schedule=parts.schedule,
+        start_round=start_round,
+        system=system,
+        targets=None if target is None else TimeToTarget(target),
+    )
 
 
 def check_installed(job: JobConfig) -> None:

@@ -55,9 +55,10 @@ A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Engine(Generic[A]):
-    """Everything one run is made of, built once by ``engine.build``."""
+    """Everything one run is made of, built once by ``engine.build`` (by keyword: its fields are many,
+    several of one type)."""
 
     job: JobConfig
     algorithm: AnyAlgorithm[A]
@@ -133,8 +134,8 @@ class Engine(Generic[A]):
         timer.lap("sampling")
         # 2. One payload for every client (and a part for each, where the plugin sends one);
         #    each worker folds its clients into one partial.
-        shared = algorithm.payload(state, round_num)
-        payload = with_client_payloads(algorithm, shared, state, round_num, cohort)
+        shared = algorithm.payload(state, round_num, self.info)
+        payload = with_client_payloads(algorithm, shared, state, round_num, cohort, self.info)
         timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None
@@ -146,7 +147,7 @@ class Engine(Generic[A]):
         output = self.train_cohort(payload, cohort, round_num, options)
         timer.add_cohort(output, self.backend.is_concurrent)
         # 3. Merge happened in the backend; the server updates from the aggregate.
-        new_state, metrics = algorithm.server_update(state, output.aggregate, round_num)
+        new_state, metrics = algorithm.server_update(state, output.aggregate, round_num, self.info)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
         metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)

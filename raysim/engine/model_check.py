@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.algorithm import model_problems, models_problems
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
@@ -154,8 +155,7 @@ def check_plugin_model(job: JobConfig, model: nn.Module) -> None:
     Raises:
         ConfigError: the problems it names.
     """
-    check = getattr(job.algorithm.config, "check_model", None)
-    problems = check(model) if callable(check) else []
+    problems = model_problems(job.algorithm.config, model)
     if problems:
         raise ConfigError(problems)
 
@@ -184,12 +184,10 @@ def check_model_groups(job: JobConfig, store: ClientStore) -> tuple[dict[str, An
     for i, group in enumerate(groups.models):
         model = build_section_model(job, group.to_dict(), store.spec)
         check_model_fits(model, store, group.name, job.dataset.name)
-        check = getattr(job.algorithm.config, "check_model", None)
-        problems += [f"model_groups.models[{i}]: {p}" for p in (check(model) if callable(check) else [])]
+        problems += [f"model_groups.models[{i}]: {p}" for p in model_problems(job.algorithm.config, model)]
         models.append(model)
-    check_all = getattr(job.algorithm.config, "check_models", None)
-    if groups.is_mixed and callable(check_all) and not problems:
-        problems += check_all(models, store.spec)
+    if groups.is_mixed and not problems:
+        problems += models_problems(job.algorithm.config, models, store.spec)
     if problems:
         raise ConfigError(problems)
     return groups.client_models(store.num_clients, job.seed)

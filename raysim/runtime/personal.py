@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import AnyAlgorithm, PersonalAlgorithm
+from raysim.algorithm import AnyAlgorithm, PersonalAlgorithm, client_state_type
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
 from raysim.errors import DataError
@@ -37,7 +37,7 @@ def typed_client_state(algorithm: AnyAlgorithm[Any], saved: Any | None, client_i
     Raises:
         DataError: the stored fields are not the plugin's (another algorithm wrote them).
     """
-    kind = getattr(algorithm, "ClientState", None)
+    kind = client_state_type(algorithm)
     if saved is None or kind is None:
         return saved
     try:

@@ -1,13 +1,25 @@
 """The plugins' checks on the model and the data (raysim/types.py): ``feature_model`` and
-``require_classification``, with the messages that name the fix."""
+``require_classification``, with the messages that name the fix; a ``ClientContext`` is frozen."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from raysim.errors import ConfigError
 from raysim.models.anatomy import FeatureModel as AnatomyFeatureModel
-from raysim.types import DataSpec, FeatureModel, RunInfo, feature_model, require_classification
+from raysim.types import (
+    ClientContext,
+    ClientData,
+    DataSpec,
+    FeatureModel,
+    Payload,
+    RunInfo,
+    feature_model,
+    require_classification,
+)
 
 
 class Split(nn.Module):
@@ -69,3 +81,15 @@ def test_require_classification_refuses_other_tasks_with_who_and_why(where):
 
 def test_require_classification_accepts_classification():
     require_classification(DataSpec("classification", (2,), 3), "algorithm moon", "cross-entropy")
+
+
+def test_a_client_context_is_frozen_and_replace_derives_another():
+    spec = DataSpec(task="classification", input_shape=(3,), num_classes=2)
+    data = ClientData({"x": np.zeros((2, 3), np.float32), "y": np.zeros(2, np.int64)})
+    ctx: ClientContext[None, None] = ClientContext(
+        0, 0, Split(), Payload({}), {}, data, None, 7, torch.device("cpu"), spec
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.step_budget = 3  # type: ignore[misc]  # what a plugin must not do
+    capped = dataclasses.replace(ctx, step_budget=3)
+    assert (capped.step_budget, ctx.step_budget, capped.seed) == (3, None, 7)

@@ -48,8 +48,8 @@ def test_a_worker_holds_every_architecture_and_gives_each_client_its_own(tmp_pat
         return result
 
     trainer.algorithm.client_update = recording_update
-    state = trainer.algorithm.init({}, RunInfo(4, 4, 3, store.spec, seed=3))
-    payload = trainer.algorithm.payload(state, 0)  # the protocol's stage 0: no parameters sent
+    info = RunInfo(4, 4, 3, store.spec, seed=3)
+    payload = trainer.algorithm.payload(trainer.algorithm.init({}, info), 0, info)  # stage 0: no parameters
     report = trainer.train(payload, [(0, 0), (1, 1), (2, 2)], 0, RoundOptions())
     assert not report.failures
     assert seen[0][0] is trainer.model_of(0) and seen[0][1] == [16]

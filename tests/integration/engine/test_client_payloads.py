@@ -31,7 +31,8 @@ class TagsBack:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def client_payload(self, state, round_num, client_id):
+    def client_payload(self, state, round_num, client_id, info):
+        assert 0 <= client_id < info.num_clients  # the run's facts reach the server half
         return Tag(client_id, np.ones(client_id + 1, np.float32) * (round_num + 1))
 
     def client_update(self, ctx):
@@ -43,7 +44,7 @@ class TagsBack:
     def aggregator(self):
         return Sum()
 
-    def server_update(self, state, total, round_num):
+    def server_update(self, state, total, round_num, info):
         return state, {"own/matched": float(total["ids"]), "own/sum": float(total["sum"])}
 
 
@@ -78,4 +79,5 @@ def test_a_plugin_without_client_payload_sends_one_payload():
 
     fedavg = registry.get("algorithm", "fedavg")
     payload = Payload({"w": np.zeros(2, np.float32)})
-    assert with_client_payloads(fedavg.factory(fedavg.config()), payload, None, 0, [1, 2]) is payload
+    plugin = fedavg.factory(fedavg.config())
+    assert with_client_payloads(plugin, payload, None, 0, [1, 2], None) is payload

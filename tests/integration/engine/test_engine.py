@@ -198,8 +198,8 @@ class OneShotAverage:
         import numpy as np
 
         everyone = np.arange(services.info.num_clients)
-        output = services.train_cohort(self.payload(state, 0), everyone, 0)
-        state, metrics = self.server_update(state, output.aggregate, 0)
+        output = services.train_cohort(self.payload(state, 0, services.info), everyone, 0)
+        state, metrics = self.server_update(state, output.aggregate, 0, services.info)
         services.log(metrics | services.evaluate(state) | {"oneshot/clients": float(len(everyone))}, 0)
         return state
 

@@ -127,8 +127,8 @@ class NanProtocol:
         return getattr(self.inner, name)
 
     def protocol(self, services, state):
-        output = services.train_cohort(self.payload(state, 0), np.arange(4), 0)
-        state, metrics = self.server_update(state, output.aggregate, 0)
+        output = services.train_cohort(self.payload(state, 0, services.info), np.arange(4), 0)
+        state, metrics = self.server_update(state, output.aggregate, 0, services.info)
         services.log(metrics, 0)
         return type(state)({k: v * math.nan for k, v in state.params.items()})
 

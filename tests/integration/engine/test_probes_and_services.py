@@ -105,9 +105,9 @@ def test_kept_local_models_average_to_the_fedavg_model(tmp_path):
     """FedAvg (server SGD, lr 1): new global = sum_i w_i local_i / sum_i w_i over the cohort."""
     engine, state = built(tiny_job(), tmp_path)
     cohort = engine.cohort(0)
-    payload = engine.algorithm.payload(state, 0)
+    payload = engine.algorithm.payload(state, 0, engine.info)
     output = engine.train_cohort(payload, cohort, 0, RoundOptions(keep_local_models=True))
-    new, _ = engine.algorithm.server_update(state, output.aggregate, 0)
+    new, _ = engine.algorithm.server_update(state, output.aggregate, 0, engine.info)
     weights = {client.client_id: client.weight for client in output.clients}
     assert sorted(output.local_models) == sorted(int(c) for c in cohort)
     for key, value in new.params.items():
@@ -153,7 +153,7 @@ class SendsNoParams:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def payload(self, state, round_num):
+    def payload(self, state, round_num, info):
         return Payload({}, extra={"weights": P.to_numpy(state.params)})
 
     def client_update(self, ctx):

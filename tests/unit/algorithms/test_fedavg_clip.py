@@ -17,6 +17,8 @@ from raysim.types import ClientResult, RunInfo
 
 X, Y, LR = np.array([[1.0, -2.0]]), np.array([1]), 0.5
 
+INFO = RunInfo(num_clients=2, cohort_size=2, num_rounds=3, spec=SPEC, seed=0)  # the run's facts
+
 
 def make(**options):
     entry = registry.get("algorithm", "fedavg_clip")
@@ -50,7 +52,7 @@ def test_the_server_lr_decays_per_round():
     acc = agg.zero()
     for position, scale in enumerate([1.0, 3.0]):
         acc = agg.add(acc, position, ClientResult({k: scale * v for k, v in d.items()}, weight=1.0))
-    new, metrics = plugin.server_update(state, agg.result(acc), round_num=2)
+    new, metrics = plugin.server_update(state, agg.result(acc), round_num=2, info=INFO)
     assert np.allclose(new.params["weight"].numpy(), W0 - 0.5, atol=1e-6)
     assert np.allclose(new.params["bias"].numpy(), B0 - 0.5, atol=1e-6)
     assert metrics["server/lr"] == 0.25

@@ -23,6 +23,8 @@ X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -0.7], [0.8, 0.1]])
 Y = np.array([0, 2, 1, 1])
 BN_NAMES = {"1.weight", "1.bias", "1.running_mean", "1.running_var"}
 
+INFO = RunInfo(2, 2, 1, SPEC, 0)  # the run's facts
+
 
 def bn_model() -> nn.Module:
     torch.manual_seed(0)
@@ -102,7 +104,7 @@ def test_the_server_averages_all_but_batchnorm_which_keeps_its_global_value():
     acc = agg.zero()
     for i, result in enumerate(results):
         acc = agg.add(acc, i, result)
-    new, _ = plugin.server_update(state, agg.result(acc), 0)
+    new, _ = plugin.server_update(state, agg.result(acc), 0, INFO)
     mean = (2 * results[0].update["2.weight"] + 4 * results[1].update["2.weight"]) / 6
     assert torch.allclose(new.params["2.weight"], start["2.weight"] - mean, atol=1e-6)
     for name in BN_NAMES:

@@ -30,6 +30,8 @@ CLIENTS = {  # client id -> (x, y): 1, 2 and 3 examples
     2: (np.array([[0.3, -1.0], [1.5, 0.5], [-1.0, -0.2]]), np.array([1, 1, 0])),
 }
 
+INFO = RunInfo(num_clients=M, cohort_size=2, num_rounds=2, spec=SPEC, seed=0)  # the run's facts
+
 
 def algo(**options):
     entry = registry.get("algorithm", "feddyn")
@@ -59,7 +61,7 @@ def reference_client(w_g, b_g, gi_w, gi_b, x, y, penalty="squared"):
 
 def run_client(plugin, state, client_id, client_state=None):
     x, y = CLIENTS[client_id]
-    ctx = context(x, y, plugin.payload(state, 0), state=client_state, client_id=client_id)
+    ctx = context(x, y, plugin.payload(state, 0, INFO), state=client_state, client_id=client_id)
     P.load_into(ctx.model, ctx.payload.params)  # as the worker does (the helper's model is at W0)
     return ctx, plugin.client_update(ctx)
 
@@ -69,7 +71,7 @@ def server_round(plugin, state, results):
     acc = agg.zero()
     for position, result in enumerate(results):
         acc = agg.add(acc, position, result)
-    return plugin.server_update(state, agg.result(acc), 0)
+    return plugin.server_update(state, agg.result(acc), 0, INFO)
 
 
 @pytest.mark.parametrize("penalty", ["squared", "norm"])
@@ -144,7 +146,7 @@ def test_pseudo_gradient_is_the_mean_delta_and_buffers_take_the_plain_mean():
     mean_delta = {"weight": torch.tensor([0.1, 0.2]), "running_mean": torch.tensor([-0.5, 0.5])}
     for k, v in plugin.pseudo_gradient(sums).items():
         torch.testing.assert_close(v, mean_delta[k])
-    new, _ = plugin.server_update(state, sums, 0)
+    new, _ = plugin.server_update(state, sums, 0, info)
     h = ALPHA * 1.0 * mean_delta["weight"]  # |S|/m = 1
     torch.testing.assert_close(new.params["weight"], 1 - mean_delta["weight"] - h / ALPHA)
     torch.testing.assert_close(new.params["running_mean"], torch.tensor([0.5, -0.5]))
@@ -158,7 +160,7 @@ def test_a_client_without_examples_takes_no_step_and_weighs_nothing():
     for weighted in (False, True):
         plugin = algo(weighted=weighted)
         state = init_state(plugin)
-        ctx = context(*empty, plugin.payload(state, 0), client_id=3)
+        ctx = context(*empty, plugin.payload(state, 0, INFO), client_id=3)
         P.load_into(ctx.model, ctx.payload.params)
         result = plugin.client_update(ctx)
         assert result.weight == 0.0 and P.is_finite(result.update)

@@ -9,7 +9,9 @@ Per batch (here the whole client, one step per epoch):
 and after each epoch a_c <- m a_c + (1 - m) mean_{i: y_i = c} f_i for the classes seen.
 """
 
+import dataclasses
 import importlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,6 +26,8 @@ X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -0.7], [0.9, 0.1]])
 Y = np.array([0, 0, 1, 0])  # class 2 absent: its anchor stays the global one
 ANCHORS = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
 LR, LAMBDA, MOMENTUM, CALIBRATION_LR = 0.2, 0.5, 0.3, 0.1
+
+INFO = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=0)  # the run's facts
 
 
 def plugin_module():
@@ -110,7 +114,7 @@ def reference_client(*, steps, pull, calibrate):
 )
 def test_client_matches_the_reference(round_num, options, pull, calibrate):
     ctx = feature_context(
-        X, Y, plugin_module().FeatureAnchors(ANCHORS.astype(np.float32), 0), round_num=round_num
+        X, Y, plugin_module().AnchorPayload(ANCHORS.astype(np.float32), 0), round_num=round_num
     )
     result = algo(**options).client_update(ctx)
     (v, w, b), anchors = reference_client(steps=2, pull=pull, calibrate=calibrate)
@@ -136,8 +140,8 @@ def test_the_first_round_builds_the_anchors_from_the_seed():
     ``initial_anchors(C, D, seed)``: a client without data sends them back unchanged."""
     plugin = algo()
     params = {k: v.float() for k, v in feature_context(X, Y).global_params.items()}
-    state = plugin.init(params, RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=11))
-    payload = plugin.payload(state, 0)
+    info = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=11)
+    payload = plugin.payload(plugin.init(params, info), 0, info)  # the seed is the run's, not the state's
     assert payload.extra.anchors.size == 0
     result = plugin.client_update(feature_context(np.zeros((0, 2)), np.zeros(0), payload.extra))
     assert torch.equal(result.update.anchors, plugin_module().initial_anchors(3, 3, seed=11))
@@ -156,17 +160,18 @@ def test_server_averages_deltas_and_anchors_by_examples():
     acc = agg.zero()
     for i, (update, n) in enumerate(updates):
         acc = agg.add(acc, i, ClientResult(update, n))
-    new, _ = plugin.server_update(state, agg.result(acc), 0)
+    new, _ = plugin.server_update(state, agg.result(acc), 0, INFO)
     assert torch.allclose(new.params["w"], torch.tensor([1.0 - 0.7 / 4, 2.0 - 0.9 / 4]))
     assert torch.allclose(new.extra.anchors, torch.tensor([[0.25, 0.0], [2.25, 1.0]]))
-    assert new.extra.anchor_seed == 0
-    assert plugin.payload(new, 1).extra.anchors.shape == (2, 2)
+    assert [f.name for f in dataclasses.fields(new.extra)] == ["anchors"]  # no run fact in the checkpoint
+    assert plugin.payload(new, 1, INFO).extra.anchors.shape == (2, 2)
+    assert plugin.payload(new, 1, replace(INFO, seed=5)).extra.anchor_seed == 5
 
 
 def test_a_model_without_features_is_refused():
     from reference import context, payload
 
-    unbuilt = payload(extra=plugin_module().FeatureAnchors(np.zeros(0), 0))
+    unbuilt = payload(extra=plugin_module().AnchorPayload(np.zeros(0), 0))
     with pytest.raises(TypeError, match=r"fedfa needs a model with features\(x\) and head"):
         algo().client_update(context([[1.0, 2.0]], [0], unbuilt))
 
@@ -202,7 +207,7 @@ def test_ima_projector_models_anchor_the_128_d_projector_output():
     calibration trains the final classifier Linear alone, not the projector."""
     from raysim.models import param_groups
 
-    ctx = digit5_context(plugin_module().FeatureAnchors(np.zeros(0, np.float32), 3))
+    ctx = digit5_context(plugin_module().AnchorPayload(np.zeros(0, np.float32), 3))
     assert plugin_module().feature_dim(ctx.model.head) == 128
     result = algo(local={"lr": LR, "batch_size": 2, "epochs": 1}).client_update(ctx)
     assert result.update.anchors.shape == (10, 128)

@@ -14,6 +14,8 @@ X = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 1.0]])
 Y = np.array([0, 1, 1])
 LR = 0.1
 
+INFO = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 def plugin(name="fedfish", **options):
     entry = registry.get("algorithm", name)
@@ -54,14 +56,12 @@ def test_server_update_logs_the_norm_ratio_to_fedavgs_mean_delta():
     agg = algo.aggregator()
 
     def result(delta, fisher, weight):
-        return ClientResult(
-            update({"p": torch.tensor(delta)}, {"p": torch.tensor(fisher)}), weight
-        )
+        return ClientResult(update({"p": torch.tensor(delta)}, {"p": torch.tensor(fisher)}), weight)
 
     acc = agg.add(
         agg.add(agg.zero(), 0, result([1.0, 2.0], [1.0, 0.0], 2.0)), 1, result([3.0, 4.0], [3.0, 0.0], 1.0)
     )
-    _, metrics = algo.server_update(state, agg.result(acc), 0)
+    _, metrics = algo.server_update(state, agg.result(acc), 0, INFO)
     expected = np.hypot(11 / 5, 8 / 3) / np.hypot(5 / 3, 8 / 3)
     assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(expected)
     assert metrics["server/delta_norm"] == pytest.approx(np.hypot(11 / 5, 8 / 3))
@@ -155,8 +155,10 @@ def test_equal_fishers_give_fedavg_bit_for_bit(monkeypatch):
         agg = algo.aggregator()
         acc = agg.zero()
         for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
-            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0), client_id=i)))
-        outcomes.append(algo.server_update(state, agg.result(acc), 0)[0].params)
+            acc = agg.add(
+                acc, i, algo.client_update(context(x, y, algo.payload(state, 0, INFO), client_id=i))
+            )
+        outcomes.append(algo.server_update(state, agg.result(acc), 0, INFO)[0].params)
     fish, avg = outcomes
     assert all(torch.equal(fish[k], avg[k]) for k in fish)
     assert not torch.equal(fish["weight"], torch.tensor(W0).float())
@@ -174,8 +176,10 @@ def test_unequal_fishers_differ_from_fedavg():
         agg = algo.aggregator()
         acc = agg.zero()
         for i, (x, y) in enumerate([(X, Y), (X[:1] * 2, Y[:1])]):
-            acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0), client_id=i)))
-        results[name] = algo.server_update(state, agg.result(acc), 0)[0].params["weight"]
+            acc = agg.add(
+                acc, i, algo.client_update(context(x, y, algo.payload(state, 0, INFO), client_id=i))
+            )
+        results[name] = algo.server_update(state, agg.result(acc), 0, INFO)[0].params["weight"]
     assert not torch.allclose(results["fedfish"], results["fedavg"], atol=1e-6)
 
 
@@ -250,6 +254,6 @@ def test_norms_count_parameters_not_batchnorm_statistics():
         zero_fisher_fraction=0.0,
         fedavg_norm=2.5,
     )
-    _, metrics = algo.server_update(state, aggregate, 0)
+    _, metrics = algo.server_update(state, aggregate, 0, INFO)
     assert metrics["server/delta_norm"] == pytest.approx(5.0)
     assert metrics["fedfish/norm_ratio_to_fedavg"] == pytest.approx(2.0)

@@ -22,6 +22,8 @@ RNG = np.random.default_rng(0)
 X = RNG.normal(size=(10, 2))
 Y = np.array([0, 1, 1, 0, 1, 0, 0, 1, 1, 0])
 
+INFO = RunInfo(4, 2, 3, SPEC, 0)  # the run's facts
+
 
 def algo(**options):
     entry = registry.get("algorithm", "fedfomo")
@@ -94,12 +96,12 @@ def test_the_server_sends_top_affinity_peers_and_the_start_to_newcomers_only():
     models = {str(c): tensors(W0 + c, B0) for c in (1, 2, 3)}
     memory = replace(state.extra, models=models, affinity={"1": {"3": 0.5, "2": 0.1}})
     state = replace(state, extra=memory)
-    sent = plugin.client_payload(state, 0, 1)
+    sent = plugin.client_payload(state, 0, 1, INFO)
     assert sent.ids == [3, 2] and sent.start is None  # highest affinity first; client 1 has a model
     assert np.allclose(sent.models[0]["weight"], W0 + 3)
-    newcomer = plugin.client_payload(state, 0, 0)  # no affinity yet: a seeded random pair
+    newcomer = plugin.client_payload(state, 0, 0, INFO)  # no affinity yet: a seeded random pair
     assert len(newcomer.ids) == 2 and 0 not in newcomer.ids and newcomer.start is not None
-    assert plugin.client_payload(state, 0, 0).ids == newcomer.ids  # the same draw every time
+    assert plugin.client_payload(state, 0, 0, INFO).ids == newcomer.ids  # the same draw every time
 
 
 def original_e_greedy(candidates, affinity, m, epsilon, rng):
@@ -127,9 +129,9 @@ def test_each_peer_slot_explores_with_probability_epsilon_as_the_authors_code(ep
     models = {str(c): tensors(W0 + c, B0) for c in range(1, 10)}
     affinity = {str(c): 0.1 * c for c in range(2, 10)}
     memory = replace(state.extra, models=models, affinity={"1": affinity})
-    got = [plugin.choose_peers(memory, r, 1) for r in range(20)]
+    got = [plugin.choose_peers(memory, 7, r, 1) for r in range(20)]  # 7: the run seed
     candidates = list(range(2, 10))
-    rngs = [np.random.default_rng(client_seed(memory.seed, r, 1)) for r in range(20)]
+    rngs = [np.random.default_rng(client_seed(7, r, 1)) for r in range(20)]
     assert got == [original_e_greedy(candidates, affinity, 4, epsilon, rng) for rng in rngs]
     if epsilon == 0.0:
         assert got[0] == [9, 8, 7, 6]
@@ -142,7 +144,7 @@ def test_the_server_keeps_each_model_and_adds_the_weights_to_the_affinity():
     state = plugin.init(tensors(W0, B0), RunInfo(4, 2, 3, SPEC, 0))
     state = replace(state, extra=replace(state.extra, affinity={"0": {"4": 1.0}}))
     results = [(0, plugin.client_update(fomo_context(plugin)))]
-    new, metrics = plugin.server_update(state, results, 0)
+    new, metrics = plugin.server_update(state, results, 0, INFO)
     weights = results[0][1].update.weights.tolist()
     assert new.extra.affinity["0"] == pytest.approx({"4": 1.0 + weights[0], "5": weights[1], "6": weights[2]})
     assert torch.equal(new.extra.models["0"]["weight"], results[0][1].update.model["weight"])

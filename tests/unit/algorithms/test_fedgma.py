@@ -33,6 +33,8 @@ N = np.array([1.0, 2.0, 1.0])
 BUFFERS = np.array([0.2, -0.4, 1.0])
 W_START = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
 
+INFO = RunInfo(num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 def plugin_module():
     return importlib.import_module(registry.get("algorithm", "fedgma").factory.__module__)
@@ -59,7 +61,7 @@ def hand_update(delta, n, buffer_delta):
 def payload_of(plugin):
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
     state = plugin.init(params, RunInfo(num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0))
-    return plugin.payload(state, 0)
+    return plugin.payload(state, 0, INFO)
 
 
 def server_round(plugin, order=(0, 1, 2)):
@@ -73,7 +75,7 @@ def server_round(plugin, order=(0, 1, 2)):
         num_clients=3, cohort_size=3, num_rounds=1, spec=SPEC, seed=0, buffer_keys=frozenset({"buf"})
     )
     state = plugin.init(params, info)
-    return plugin.server_update(state, agg.result(acc), 0)
+    return plugin.server_update(state, agg.result(acc), 0, INFO)
 
 
 def test_soft_mask_by_hand_for_three_clients():
@@ -157,7 +159,7 @@ def test_nobody_trained_keeps_the_model():
     acc = agg.add(agg.zero(), 0, empty)
     params = {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}
     state = plugin.init(params, RunInfo(num_clients=1, cohort_size=1, num_rounds=1, spec=SPEC, seed=0))
-    new, metrics = plugin.server_update(state, agg.result(acc), 0)
+    new, metrics = plugin.server_update(state, agg.result(acc), 0, INFO)
     assert new is state and metrics == {}
 
 

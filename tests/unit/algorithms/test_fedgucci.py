@@ -44,6 +44,8 @@ X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -1.2], [2.0, 0.1]])
 Y = np.array([0, 1, 0, 0])  # unequal counts (3, 1): FedLC's shift differs per class
 A1 = (np.array([[0.2, 0.1], [-0.3, 0.4]]), np.array([0.1, 0.0]))  # an older anchor (round t-1)
 
+INFO = RunInfo(num_clients=4, cohort_size=2, num_rounds=5, spec=SPEC, seed=0)  # the run's facts
+
 
 def plugin(name="fedgucci", **options):
     entry = registry.get("algorithm", name)
@@ -343,8 +345,8 @@ def bn_net():
 
 
 def bn_context(algo, state):
-    ctx = context(X, Y, algo.payload(state, 0))
-    ctx.model = bn_net()
+    ctx = context(X, Y, algo.payload(state, 0, INFO))
+    ctx = replace(ctx, model=bn_net())
     P.load_into(ctx.model, state.params)
     return ctx
 
@@ -406,12 +408,12 @@ def test_anchors_are_the_newest_global_models_newest_first(tmp_path):
         assert len(anchors) == min(3, t + 1)
         for anchor, expected in zip(anchors, reversed(globals_), strict=False):
             assert all(torch.equal(anchor[k], expected[k]) for k in ("weight", "bias"))
-        sent = algo.payload(state, t)
+        sent = algo.payload(state, t, INFO)
         assert len(sent.extra.anchors) == len(anchors) - 1  # anchor 1 travels as the params
         for older, expected in zip(sent.extra.anchors, anchors[1:], strict=True):
             assert np.array_equal(older["weight"], expected["weight"].numpy())
         mean_delta = {"weight": torch.full((2, 2), 0.1 * (t + 1)), "bias": torch.full((2,), -0.1)}
-        state, _ = algo.server_update(state, mean_delta, t)
+        state, _ = algo.server_update(state, mean_delta, t, INFO)
         globals_.append(state.params)
     assert torch.allclose(state.extra.anchors[0]["weight"], globals_[-1]["weight"])
 
@@ -478,7 +480,7 @@ def test_a_fedgucci_checkpoint_keeps_its_newest_anchors(tmp_path):
 def test_an_empty_round_keeps_the_model_and_pushes_it_again():
     algo = plugin(num_anchors=2)
     state = algo.init({"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()}, info())
-    after, metrics = algo.server_update(state, None, 0)
+    after, metrics = algo.server_update(state, None, 0, INFO)
     assert metrics == {} and len(after.extra.anchors) == 2
     assert torch.equal(after.params["weight"], state.params["weight"])
 

@@ -7,6 +7,8 @@ logit alike, which softmax ignores, so the loss and its gradient are plain CE's.
 model z = x W^T + b, grad_W = (softmax(z') - onehot)^T x / B and grad_b = mean(softmax(z') - onehot).
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -81,8 +83,7 @@ def test_label_counts():
 
 def test_a_regression_task_is_refused():
     spec = DataSpec(task="regression", input_shape=(2,), num_classes=1)
-    ctx = context(np.zeros((2, 2)), np.zeros(2), payload())
-    ctx.spec = spec
+    ctx = replace(context(np.zeros((2, 2)), np.zeros(2), payload()), spec=spec)
     with pytest.raises(ValueError, match="classification"):
         fedlc_loss(ctx, 0.1)
     run = RunInfo(num_clients=2, cohort_size=1, num_rounds=1, spec=spec, seed=0)

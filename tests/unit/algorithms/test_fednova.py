@@ -26,6 +26,8 @@ CLIENTS = [  # (example, label, copies): tau = 2 and tau = 5
     (np.array([-0.5, 1.0]), 1, 5),
 ]
 
+INFO = RunInfo(num_clients=4, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 def algo(**options):
     entry = registry.get("algorithm", "fednova")
@@ -80,7 +82,7 @@ def test_client_sends_its_normalized_move():
     plugin = algo()
     example, label, copies = CLIENTS[1]
     result = plugin.client_update(
-        context(*client_data(example, label, copies), plugin.payload(init_state(plugin), 0))
+        context(*client_data(example, label, copies), plugin.payload(init_state(plugin), 0, INFO))
     )
     dw, db = reference_client(example, label, copies)
     a = momentum_steps(copies, RHO)
@@ -97,9 +99,9 @@ def test_server_step_is_tau_eff_times_the_mean_normalized_move(server_lr):
     agg = plugin.aggregator()
     acc = agg.zero()
     for position, (example, label, copies) in enumerate(CLIENTS):
-        ctx = context(*client_data(example, label, copies), plugin.payload(state, 0))
+        ctx = context(*client_data(example, label, copies), plugin.payload(state, 0, INFO))
         acc = agg.add(acc, position, plugin.client_update(ctx))
-    new, metrics = plugin.server_update(state, agg.result(acc), 0)
+    new, metrics = plugin.server_update(state, agg.result(acc), 0, INFO)
 
     n = np.array([copies for _, _, copies in CLIENTS], float)
     p = n / n.sum()
@@ -120,7 +122,7 @@ def test_server_step_is_tau_eff_times_the_mean_normalized_move(server_lr):
 def test_buffers_take_the_plain_weighted_mean():
     plugin = algo()
     example, label, copies = CLIENTS[0]
-    ctx = context(*client_data(example, label, copies), plugin.payload(init_state(plugin), 0))
+    ctx = context(*client_data(example, label, copies), plugin.payload(init_state(plugin), 0, INFO))
     sums = type(plugin.client_update(ctx).update)(
         normalized={"weight": torch.tensor([1.0])},
         buffers={"running_mean": torch.tensor([6.0])},
@@ -143,18 +145,20 @@ def test_a_client_without_examples_weighs_nothing():
     server's step is the other client's alone."""
     plugin = algo()
     state = init_state(plugin)
-    empty = plugin.client_update(context(np.zeros((0, 2)), np.zeros(0, np.int64), plugin.payload(state, 0)))
+    empty = plugin.client_update(
+        context(np.zeros((0, 2)), np.zeros(0, np.int64), plugin.payload(state, 0, INFO))
+    )
     assert empty.weight == 0.0 and float(empty.update.weight) == 0 and float(empty.update.steps) == 0
     assert all(torch.isfinite(v).all() and not v.any() for v in empty.update.normalized.values())
     example, label, copies = CLIENTS[1]
-    one = plugin.client_update(context(*client_data(example, label, copies), plugin.payload(state, 0)))
+    one = plugin.client_update(context(*client_data(example, label, copies), plugin.payload(state, 0, INFO)))
 
     def server(results):
         agg = plugin.aggregator()
         acc = agg.zero()
         for position, result in enumerate(results):
             acc = agg.add(acc, position, result)
-        return plugin.server_update(state, agg.result(acc), 0)
+        return plugin.server_update(state, agg.result(acc), 0, INFO)
 
     (with_empty, metrics), (alone, _) = server([one, empty]), server([one])
     dw, db = reference_client(example, label, copies)  # a single client: FedNova steps by its move
@@ -179,9 +183,9 @@ def test_a_client_cut_short_by_max_steps_weighs_by_its_data_size():
     agg = plugin.aggregator()
     acc = agg.zero()
     for position, (example, label, copies) in enumerate(clients):
-        ctx = context(*client_data(example, label, copies), plugin.payload(state, 0))
+        ctx = context(*client_data(example, label, copies), plugin.payload(state, 0, INFO))
         acc = agg.add(acc, position, plugin.client_update(ctx))
-    new, metrics = plugin.server_update(state, agg.result(acc), 0)
+    new, metrics = plugin.server_update(state, agg.result(acc), 0, INFO)
 
     n = np.array([copies for _, _, copies in clients], float)
     tau = np.minimum(n, max_steps).astype(int)

@@ -16,6 +16,8 @@ X1, Y1 = np.array([[1.0, 2.0], [0.5, -1.0], [0.0, 1.0]]), np.array([0, 1, 1])
 X2, Y2 = np.array([[-1.0, 0.5]]), np.array([0])
 LR = 0.1
 
+INFO = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 def build(name, **options):
     entry = registry.get("algorithm", name)
@@ -30,8 +32,8 @@ def run_round(algo):
     agg = algo.aggregator()
     acc = agg.zero()
     for i, (x, y) in enumerate([(X1, Y1), (X2, Y2)]):
-        acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0))))
-    return algo.server_update(state, agg.result(acc), 0)[0]
+        acc = agg.add(acc, i, algo.client_update(context(x, y, algo.payload(state, 0, INFO))))
+    return algo.server_update(state, agg.result(acc), 0, INFO)[0]
 
 
 def expected_deltas():
@@ -87,7 +89,7 @@ def test_client_reports_loss_and_example_weight():
         {"weight": torch.tensor(W0).float(), "bias": torch.tensor(B0).float()},
         RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC, seed=0),
     )
-    result = algo.client_update(context(X1, Y1, algo.payload(state, 0)))
+    result = algo.client_update(context(X1, Y1, algo.payload(state, 0, INFO)))
     z = X1 @ W0.T + B0
     ce = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(3), Y1])
     assert result.weight == 3.0

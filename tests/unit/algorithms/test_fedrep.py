@@ -22,6 +22,8 @@ LR = 0.5
 X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -0.7]])
 Y = np.array([0, 2, 1])
 
+INFO = RunInfo(2, 2, 1, SPEC3, 0)  # the run's facts
+
 
 def algo(head_epochs=2, epochs=1):
     entry = registry.get("algorithm", "fedrep")
@@ -87,7 +89,7 @@ def test_the_personal_model_has_the_clients_head_and_the_server_averages_bodies(
     results = [plugin.client_update(feature_context(X[:k], Y[:k])) for k in (2, 3)]
     for i, result in enumerate(results):
         acc = agg.add(acc, i, result)
-    new, _ = plugin.server_update(state, agg.result(acc), 0)
+    new, _ = plugin.server_update(state, agg.result(acc), 0, INFO)
     mean = (2 * results[0].update["body.weight"] + 3 * results[1].update["body.weight"]) / 5
     assert torch.allclose(new.params["body.weight"], params["body.weight"] - mean, atol=1e-6)
     assert torch.equal(new.params["head.weight"], params["head.weight"])  # the global head never trains

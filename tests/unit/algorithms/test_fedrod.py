@@ -29,6 +29,8 @@ X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -0.7]])
 Y = np.array([0, 0, 1])  # class 2 absent: n = [2, 1, 0], log n_2 = -inf
 COUNTS = np.array([2.0, 1.0, 0.0])
 
+INFO = RunInfo(num_clients=2, cohort_size=2, num_rounds=1, spec=SPEC3, seed=0)  # the run's facts
+
 
 def plugin_module():
     return importlib.import_module(registry.get("algorithm", "fedrod").factory.__module__)
@@ -130,7 +132,7 @@ def test_the_server_averages_the_generic_model():
     results = [plugin.client_update(feature_context(X[:k], Y[:k])) for k in (2, 3)]
     for i, result in enumerate(results):
         acc = agg.add(acc, i, result)
-    new, _ = plugin.server_update(state, agg.result(acc), 0)
+    new, _ = plugin.server_update(state, agg.result(acc), 0, INFO)
     mean = (2 * results[0].update["head.weight"] + 3 * results[1].update["head.weight"]) / 5
     assert torch.allclose(new.params["head.weight"], torch.tensor(W0).float() - mean, atol=1e-6)
 

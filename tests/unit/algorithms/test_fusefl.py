@@ -18,6 +18,8 @@ from raysim.types import ClientContext, ClientData, DataSpec, RunInfo
 SPEC = DataSpec("classification", (3, 8, 8), 3)
 SPLITS = ["layer1", "layer2"]  # K = 3 on resnet10: stem+layer1 | layer2 | layer3, layer4, pool
 
+INFO = RunInfo(2, 2, 4, SPEC, seed=0)  # the run's facts
+
 
 def plugin(**options):
     section = validate_plugin("algorithm", {"name": "fusefl", "splits": SPLITS, **options}, [])
@@ -27,7 +29,7 @@ def plugin(**options):
 def context(algo, model, stage, fused, state, client_id):
     rng = np.random.default_rng(client_id)
     data = ClientData({"x": rng.normal(size=(24, 3, 8, 8)).astype(np.float32), "y": rng.integers(0, 3, 24)})
-    payload = algo.payload(replace_state(algo, model, fused), stage)
+    payload = algo.payload(replace_state(algo, model, fused), stage, INFO)
     return ClientContext(
         client_id=client_id, round_num=stage, model=model,
         payload=replace(payload, extra=P.to_device(payload.extra, "cpu")),

@@ -36,6 +36,8 @@ DELTAS = [
 ]
 ADAM = {"lr": 0.01, "b1": 0.9, "b2": 0.99, "tau": 1e-3}
 
+INFO = RunInfo(num_clients=4, cohort_size=2, num_rounds=7, spec=SPEC, seed=0)  # the run's facts
+
 
 def make(inner="fedavg", **options):
     entry = registry.get("algorithm", "ima")
@@ -89,7 +91,7 @@ def test_the_global_model_is_the_mean_of_the_last_p_fma_models_from_average_from
     state = init_state(plugin)
     g, window = start(), []
     for t, delta in enumerate(DELTAS):
-        state, metrics = plugin.server_update(state, as_torch(delta), t)
+        state, metrics = plugin.server_update(state, as_torch(delta), t, INFO)
         fma = {k: g[k] - delta[k] for k in g}
         window = [*window, fma][-WINDOW:]
         g = mean(window) if t >= TS else fma
@@ -106,7 +108,7 @@ def test_a_part_filled_window_is_never_averaged():
     state = init_state(plugin)
     g, window = start(), []
     for t, delta in enumerate(DELTAS[:4]):
-        state, metrics = plugin.server_update(state, as_torch(delta), t)
+        state, metrics = plugin.server_update(state, as_torch(delta), t, INFO)
         fma = {k: g[k] - delta[k] for k in g}
         window = [*window, fma][-3:]
         g = mean(window) if t >= 2 else fma
@@ -132,8 +134,8 @@ def test_before_average_from_ima_is_its_inner_algorithm_bit_for_bit():
     state = init_state(plugin)
     plain = fedavg.init(state.params, RunInfo(num_clients=4, cohort_size=2, num_rounds=7, spec=SPEC, seed=0))
     for t in range(TS):
-        state, _ = plugin.server_update(state, as_torch(DELTAS[t]), t)
-        plain, _ = fedavg.server_update(plain, as_torch(DELTAS[t]), t)
+        state, _ = plugin.server_update(state, as_torch(DELTAS[t]), t, INFO)
+        plain, _ = fedavg.server_update(plain, as_torch(DELTAS[t]), t, INFO)
         assert all(torch.equal(state.params[k], plain.params[k]) for k in plain.params)
 
 
@@ -145,7 +147,7 @@ def test_before_server_optimizer_adam_steps_toward_the_window_mean(reset):
     m = {k: np.zeros_like(v) for k, v in w.items()}
     v = {k: np.full_like(x, ADAM["tau"] ** 2) for k, x in w.items()}
     for t, delta in enumerate(DELTAS):
-        state, metrics = plugin.server_update(state, as_torch(delta), t)
+        state, metrics = plugin.server_update(state, as_torch(delta), t, INFO)
         fma = {k: w[k] - delta[k] for k in w}  # the pure aggregate
         window = [*window, fma][-WINDOW:]
         target = mean(window) if t >= TS else fma
@@ -165,7 +167,7 @@ def test_after_server_update_averages_the_adam_outputs():
     m = {k: np.zeros_like(x) for k, x in g.items()}
     v = {k: np.full_like(x, ADAM["tau"] ** 2) for k, x in g.items()}
     for t, delta in enumerate(DELTAS):
-        state, _ = plugin.server_update(state, as_torch(delta), t)
+        state, _ = plugin.server_update(state, as_torch(delta), t, INFO)
         adam, m, v = adam_step(g, {k: g[k] - delta[k] for k in g}, m, v)
         window = [*window, adam][-WINDOW:]
         g = mean(window) if t >= TS else adam
@@ -175,7 +177,7 @@ def test_after_server_update_averages_the_adam_outputs():
 def local_lr(plugin, round_num):
     """The lr of one SGD step on one example: the delta is lr * gradient."""
     x, y = np.array([[1.0, 2.0]]), np.array([0])
-    ctx = context(x, y, plugin.payload(init_state(plugin), round_num))
+    ctx = context(x, y, plugin.payload(init_state(plugin), round_num, INFO))
     result = plugin.client_update(replace(ctx, round_num=round_num))
     gw, _ = grad(W0, B0, x, y)
     return float(result.update["weight"][0, 0]) / gw[0, 0], result.metrics["train/steps"]

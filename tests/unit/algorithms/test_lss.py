@@ -159,8 +159,7 @@ def test_each_reading_has_its_epoch_schedule(options, steps):
 
 def test_a_straggler_budget_caps_all_ingredients_together():
     plugin = make(num_models=3, local={"lr": 0.01, "batch_size": len(X), "epochs": 2})
-    ctx = context(X, Y, payload())
-    ctx.step_budget = 3
+    ctx = replace(context(X, Y, payload()), step_budget=3)
     metrics = plugin.client_update(ctx).metrics
     assert metrics["train/steps"] == 3 and metrics["lss/ingredients"] == 2
 

@@ -35,6 +35,8 @@ GLOBAL = {
 }
 PREVIOUS = {k: v + 0.3 * np.cos(np.arange(v.size)).reshape(v.shape) for k, v in GLOBAL.items()}
 
+INFO = RunInfo(num_clients=4, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 class TinyFeatureModel(nn.Module):
     """A feature model as in raysim/models/anatomy.py: forward(x) == head(features(x))."""
@@ -130,14 +132,14 @@ def test_the_contrastive_loss_is_the_papers_formula():
 def test_first_round_the_negative_is_the_global_model():
     """Positive and negative coincide, so l_con is the constant log 2: plain cross-entropy steps."""
     plugin = algo()
-    result = plugin.client_update(context(plugin.payload(init_state(plugin), 0)))
+    result = plugin.client_update(context(plugin.payload(init_state(plugin), 0, INFO)))
     assert_delta(result.update, reference_delta(GLOBAL))
 
 
 def test_the_negative_is_the_previous_local_model_kept_in_the_client_state():
     plugin = algo()
     previous = plugin.ClientState({k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()})
-    ctx = context(plugin.payload(init_state(plugin), 0), state=previous)
+    ctx = context(plugin.payload(init_state(plugin), 0, INFO), state=previous)
     result = plugin.client_update(ctx)
     assert_delta(result.update, reference_delta(PREVIOUS))
     kept = result.state.previous  # this round's local model: next round's negative
@@ -148,7 +150,7 @@ def test_the_negative_is_the_previous_local_model_kept_in_the_client_state():
 def test_train_loss_is_the_cross_entropy_alone():
     """One step: train/loss is the CE at the global weights, without the contrastive term."""
     plugin = algo(local={"lr": LR, "batch_size": len(X), "epochs": 1})
-    result = plugin.client_update(context(plugin.payload(init_state(plugin), 0), state=None))
+    result = plugin.client_update(context(plugin.payload(init_state(plugin), 0, INFO), state=None))
     z = np.tanh(X @ GLOBAL["body.weight"].T + GLOBAL["body.bias"])
     logits = z @ GLOBAL["head.weight"].T + GLOBAL["head.bias"]
     logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
@@ -160,7 +162,7 @@ def test_the_authors_quirk_keeps_the_initial_model_as_the_negative():
     plugin = algo(negative="shared_init")
     state = init_state(plugin)
     later = replace(state, params={k: v + 0.3 * torch.ones_like(v) for k, v in state.params.items()})
-    payload = plugin.payload(later, 5)
+    payload = plugin.payload(later, 5, INFO)
     np.testing.assert_allclose(payload.extra.initial["head.bias"], GLOBAL["head.bias"], atol=1e-7)
     previous = P.to_numpy({k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()})
     extra = replace(payload.extra, initial=previous)
@@ -174,7 +176,7 @@ def test_the_authors_code_contrasts_with_the_clients_own_random_initialisation()
     """negative: client_init (the FedGuCci code's prev_model: the client's own fresh model): the
     worker's ``client_init`` weights, asked anew each round; nothing is broadcast or kept."""
     plugin = algo(negative="client_init")
-    payload = plugin.payload(init_state(plugin), 3)
+    payload = plugin.payload(init_state(plugin), 3, INFO)
     assert payload.extra is None
     own_init = {k: torch.tensor(v, dtype=torch.float32) for k, v in PREVIOUS.items()}
     result = plugin.client_update(context(payload, state=None, client_init=lambda: own_init))

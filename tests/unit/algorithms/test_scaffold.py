@@ -20,6 +20,8 @@ LR, K = 0.1, 2
 CLIENTS = [(np.array([[1.0, 2.0]]), np.array([0])), (np.array([[-0.5, 1.0]]), np.array([1]))]
 C_W, C_B = np.array([[0.01, -0.02], [0.03, 0.0]]), np.array([0.01, -0.01])
 
+INFO = RunInfo(num_clients=4, cohort_size=2, num_rounds=1, spec=SPEC, seed=0)  # the run's facts
+
 
 def algo():
     entry = registry.get("algorithm", "scaffold")
@@ -47,7 +49,7 @@ def test_client_update_and_persistent_variate():
     state = init_state(plugin)
     ci = plugin.ClientState({"weight": torch.full((2, 2), 0.02), "bias": torch.zeros(2)})
     x, y = CLIENTS[0]
-    result = plugin.client_update(context(x, y, plugin.payload(state, 0), state=ci))
+    result = plugin.client_update(context(x, y, plugin.payload(state, 0, INFO), state=ci))
     delta, dc, new_ci = reference_client(x, y, np.full((2, 2), 0.02), np.zeros(2))
     assert np.allclose(result.update.delta["weight"].numpy(), delta, atol=1e-6)
     assert np.allclose(result.update.dc["weight"].numpy(), dc, atol=1e-5)
@@ -60,8 +62,8 @@ def test_server_moves_model_and_variate():
     agg = plugin.aggregator()
     acc = agg.zero()
     for i, (x, y) in enumerate(CLIENTS):
-        acc = agg.add(acc, i, plugin.client_update(context(x, y, plugin.payload(state, 0))))
-    new, _ = plugin.server_update(state, agg.result(acc), 0)
+        acc = agg.add(acc, i, plugin.client_update(context(x, y, plugin.payload(state, 0, INFO))))
+    new, _ = plugin.server_update(state, agg.result(acc), 0, INFO)
     refs = [reference_client(x, y, np.zeros((2, 2)), np.zeros(2)) for x, y in CLIENTS]
     mean_delta = (refs[0][0] + refs[1][0]) / 2  # unweighted, as in the paper
     mean_dc = (refs[0][1] + refs[1][1]) / 2
@@ -85,7 +87,7 @@ def test_weight_counts_the_examples_trained_on():
     plugin = entry.factory(entry.config.model_validate(config))
     state = init_state(plugin)
     x, y = np.array([[1.0, 2.0], [-0.5, 1.0]]), np.array([0, 1])
-    result = plugin.client_update(context(x, y, plugin.payload(state, 0)))
+    result = plugin.client_update(context(x, y, plugin.payload(state, 0, INFO)))
     assert result.weight == 1.0 and float(result.update.weight) == 1.0
 
 
@@ -98,7 +100,7 @@ def test_the_update_is_a_frozen_dataclass_that_pickles_by_its_plugin_module():
     plugin = algo()
     state = init_state(plugin)
     x, y = CLIENTS[0]
-    update = plugin.client_update(context(x, y, plugin.payload(state, 0))).update
+    update = plugin.client_update(context(x, y, plugin.payload(state, 0, INFO))).update
     assert (
         dataclasses.is_dataclass(update) and type(update).__module__ == "raysim_plugins.algorithms.scaffold"
     )
@@ -116,7 +118,7 @@ def test_a_client_without_data_changes_nothing():
     c = {"weight": torch.full((2, 2), 0.5), "bias": torch.ones(2)}
     state = replace(state, extra=replace(state.extra, c=c))
     ci = plugin.ClientState({"weight": torch.full((2, 2), 0.1), "bias": torch.zeros(2)})
-    empty = context(np.zeros((0, 2)), np.zeros(0), plugin.payload(state, 0), state=ci)
+    empty = context(np.zeros((0, 2)), np.zeros(0), plugin.payload(state, 0, INFO), state=ci)
     result = plugin.client_update(empty)
     assert all(torch.equal(v, torch.zeros_like(v)) for v in result.update.dc.values())
     assert float(result.update.weight) == 0.0 and result.weight == 0.0

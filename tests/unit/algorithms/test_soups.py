@@ -6,6 +6,7 @@ Wortsman et al.'s Recipe 1 written out as a loop over numpy accuracies.
 """
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -109,9 +110,8 @@ def test_the_greedy_soup_and_best_epochs_match_the_reference(name):
 
 def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
     model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
-    ctx = context(X, Y, payload())
-    ctx.model = model
-    ctx.global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ctx = replace(context(X, Y, payload()), model=model, global_params=start)
     grid = {"lr": [0.1], "batch_size": [8], "weight_decay": [0.0], "dropout": [0.3]}
     plugin = make("soups", num_models=1, keep="last", selection_fraction=0.0, grid=grid)
     seen = []

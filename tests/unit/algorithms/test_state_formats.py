@@ -5,7 +5,13 @@ now they are frozen dataclasses that cross the weights-only boundary as the dict
 Each case below writes today's old layout by hand (the keys are spelled out here, not taken from
 the plugins), saves it as a checkpoint or a client-state file, and reads it back the way a
 resumed run does: the plugin's ``resume_state`` hook, then the engine's ``typed_like``.
+
+Later, SCAFFOLD, FedDyn, FedFA and FedFomo stopped keeping run facts (the population, the seed) in
+their server state, reading them from ``RunInfo``: their older checkpoints, which hold those fields
+(the state's ``RETIRED_FIELDS``), resume without them, and today's resume as they are.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -48,20 +54,42 @@ def same(a, b):
     return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_scaffold_server_variate(tmp_path):
-    state = resumed(tmp_path, build("scaffold"), "scaffold", {"c": scaled(0.1), "num_clients": 4})
-    assert same(state.extra.c, scaled(0.1)) and state.extra.num_clients == 4
+def fields(state):
+    return [f.name for f in dataclasses.fields(state.extra)]
 
 
-def test_feddyn_server_correction(tmp_path):
-    state = resumed(tmp_path, build("feddyn"), "feddyn", {"h": scaled(-0.2), "num_clients": 4})
-    assert same(state.extra.h, scaled(-0.2)) and state.extra.num_clients == 4
+@pytest.mark.parametrize("old", [{"num_clients": 4}, {}])  # before and after N left the state
+def test_scaffold_server_variate(tmp_path, old):
+    state = resumed(tmp_path, build("scaffold"), "scaffold", {"c": scaled(0.1)} | old)
+    assert same(state.extra.c, scaled(0.1)) and fields(state) == ["c"]
 
 
-def test_fedfa_anchors(tmp_path):
+@pytest.mark.parametrize("old", [{"num_clients": 4}, {}])
+def test_feddyn_server_correction(tmp_path, old):
+    state = resumed(tmp_path, build("feddyn"), "feddyn", {"h": scaled(-0.2)} | old)
+    assert same(state.extra.h, scaled(-0.2)) and fields(state) == ["h"]
+
+
+@pytest.mark.parametrize("old", [{"anchor_seed": 5}, {}])
+def test_fedfa_anchors(tmp_path, old):
     anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    state = resumed(tmp_path, build("fedfa"), "fedfa", {"anchors": anchors, "anchor_seed": 5})
-    assert torch.equal(state.extra.anchors, anchors) and state.extra.anchor_seed == 5
+    state = resumed(tmp_path, build("fedfa"), "fedfa", {"anchors": anchors} | old)
+    assert torch.equal(state.extra.anchors, anchors) and fields(state) == ["anchors"]
+
+
+@pytest.mark.parametrize("old", [{"seed": 5}, {}])
+def test_fedfomo_memory(tmp_path, old):
+    memory = {"models": {"1": scaled(0.5)}, "affinity": {"1": {"2": 0.25}}}
+    state = resumed(tmp_path, build("fedfomo"), "fedfomo", memory | old)
+    assert same(state.extra.models["1"], scaled(0.5)) and state.extra.affinity == {"1": {"2": 0.25}}
+    assert fields(state) == ["models", "affinity"]
+
+
+def test_a_fresh_state_keeps_no_run_fact():
+    """The population and the seed are ``RunInfo``'s, so a checkpoint never holds them."""
+    for name, kept in [("scaffold", ["c"]), ("feddyn", ["h"]), ("fedfa", ["anchors"])]:
+        assert fields(build(name).init(P.clone(W), INFO)) == kept
+    assert fields(build("fedfomo").init(P.clone(W), INFO)) == ["models", "affinity"]
 
 
 def test_moon_initial_model_and_no_state(tmp_path):
@@ -92,7 +120,7 @@ def test_ima_window_beside_its_inners_keys(tmp_path):
     plugin = build("ima", inner={"name": "scaffold"}, window=2, average_from=5)
     old = {"c": scaled(0.1), "num_clients": 4, "ima_window": [scaled(1.0), scaled(2.0)]}
     state = resumed(tmp_path, plugin, "ima", old)
-    assert same(state.extra.inner.c, scaled(0.1)) and state.extra.inner.num_clients == 4
+    assert same(state.extra.inner.c, scaled(0.1)) and not hasattr(state.extra.inner, "num_clients")
     assert [float(m["bias"][0]) for m in state.extra.window] == [0.5, 1.0]
 
 
@@ -105,6 +133,11 @@ def test_ima_over_fedavg_keeps_only_its_window(tmp_path):
 def test_a_checkpoint_of_other_state_is_refused_naming_both(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds \['h', 'num_clients'\], but ScaffoldServer keeps"):
         resumed(tmp_path, build("scaffold"), "scaffold", {"h": scaled(0.1), "num_clients": 4})
+    # a retired field excuses only itself: a field neither kept nor retired is still refused
+    with pytest.raises(CheckpointError, match=r"holds \['c', 'num_clients', 'seed'\], but ScaffoldServer"):
+        resumed(tmp_path, build("scaffold"), "scaffold", {"c": scaled(0.1), "num_clients": 4, "seed": 5})
+    with pytest.raises(CheckpointError, match=r"holds \['num_clients'\], but ScaffoldServer keeps \['c'\]"):
+        resumed(tmp_path, build("scaffold"), "scaffold", {"num_clients": 4})
     with pytest.raises(CheckpointError, match="another kind of algorithm than 'fedavg'"):
         resumed(tmp_path, build("fedavg"), "fedavg", {"c": scaled(0.1)})
 

@@ -7,6 +7,7 @@ SWAD's is the mean of the iterates inside the window Cha et al. define on the va
 """
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -91,8 +92,7 @@ def test_one_snapshot_from_the_start_is_fedavg_bit_for_bit():
 
 def test_a_straggler_averages_the_snapshots_it_reached():
     plugin = make("swa", num_models=4, local={"lr": 0.1, "batch_size": len(X), "epochs": 8})
-    ctx = context(X, Y, payload())
-    ctx.step_budget = 5
+    ctx = replace(context(X, Y, payload()), step_budget=5)
     result = plugin.client_update(ctx)
     iterates = descend(X, Y, [0.1] * 5)
     assert result.metrics["swa/snapshots"] == 2  # steps 2 and 4 of 2, 4, 6, 8
@@ -146,8 +146,8 @@ def test_swad_recomputes_batchnorm_statistics_at_the_averaged_weights():
 
     def local_model(recompute_bn):
         model.load_state_dict(start, strict=False)
-        ctx = context(X, Y, payload())
-        ctx.model, ctx.global_params = model, {k: v.clone() for k, v in start.items()}
+        params = {k: v.clone() for k, v in start.items()}
+        ctx = replace(context(X, Y, payload()), model=model, global_params=params)
         plugin = make("swad", recompute_bn=recompute_bn, local={"lr": 0.1, "batch_size": 5, "epochs": 3})
         delta = plugin.client_update(ctx).update
         return {k: start[k] - delta[k] for k in delta}, ctx

@@ -55,7 +55,7 @@ class Planner:
     def init(self, params, info):
         return ("state of", params)
 
-    def payload(self, state, round_num):
+    def payload(self, state, round_num, info):
         return Payload(params={"w": np.array([round_num])}, extra=state)
 
 

@@ -38,8 +38,8 @@ from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Gather, Gathered
-from raysim.algorithm import init_state
 from raysim.measure.evaluate import evaluate
+from raysim.plugin_defaults import init_state
 from raysim.registry import register
 from raysim.sampling import client_seed
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context

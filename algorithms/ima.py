@@ -46,11 +46,12 @@ from pydantic import BaseModel, Field, field_serializer, field_validator, model_
 from raysim import params as P
 from raysim import registry
 from raysim.aggregate import Aggregator, WeightedMean
-from raysim.algorithm import Algorithm, pure_aggregate
-from raysim.algorithm import resume_state as completed_state
+from raysim.algorithm import Algorithm
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import JobCore, PluginSection, nested_plugin
 from raysim.errors import CheckpointError, ConfigError
+from raysim.plugin_defaults import pure_aggregate
+from raysim.plugin_defaults import resume_state as completed_state
 from raysim.registry import register
 from raysim.stored import plain
 from raysim.train.local import LocalTrainConfig, lr_schedule

@@ -82,7 +82,8 @@ Rules every plugin follows:
   ``update``.
 
 Every name the engine reads from a plugin, required or optional; each is read only through the
-function named here (a hook's full contract is its Protocol's docstring, below):
+function named here, in ``raysim.plugin_defaults`` (which says what stands in where a plugin has
+none) or in this module (a hook's full contract is its Protocol's docstring, below):
 
 name              read from   type                                             read by
 ----------------- ----------- ------------------------------------------------ ----------------------
@@ -105,26 +106,18 @@ RETIRED_FIELDS    state class ``ClassVar[frozenset[str]]``                     `
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeGuard, TypeVar, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, TypeAlias, TypeGuard, TypeVar, runtime_checkable
 
-import torch
 from pydantic import BaseModel
 from torch import nn
 
-from raysim import params as P
-from raysim.aggregate import Aggregator, Gather, WeightedMean
+from raysim.aggregate import Aggregator
 from raysim.checkpoint import CheckpointTrail
 from raysim.services import Services
-from raysim.types import ClientContext, ClientResult, DataSpec, Metrics, Params, Payload, RunInfo, ServerState
-
-if TYPE_CHECKING:
-    from raysim.config import JobCore
+from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 A = TypeVar("A")  # the plugin's aggregate: what its aggregator results in, what server_update takes
-E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
 
 
 @runtime_checkable
@@ -191,7 +184,7 @@ ROUND_LOOP_METHODS = ("init", "payload", "client_update", "aggregator", "server_
 STAGED_METHODS = ("client_update", "protocol")
 
 
-def _hook(plugin: object, name: str) -> Callable[..., Any] | None:
+def plugin_hook(plugin: object, name: str) -> Callable[..., Any] | None:
     """``plugin.name`` where it is a method (a hook may be a property that is None)."""
     hook = getattr(plugin, name, None)
     return hook if callable(hook) else None
@@ -199,12 +192,12 @@ def _hook(plugin: object, name: str) -> Callable[..., Any] | None:
 
 def has_protocol(algorithm: AnyAlgorithm[A]) -> TypeGuard[StagedAlgorithm]:
     """Whether the plugin replaces the round loop with its own protocol."""
-    return _hook(algorithm, "protocol") is not None
+    return plugin_hook(algorithm, "protocol") is not None
 
 
 def runs_rounds(algorithm: AnyAlgorithm[A]) -> TypeGuard[Algorithm[A]]:
     """Whether the plugin defines the round loop's methods (a staged plugin may, too)."""
-    return all(_hook(algorithm, name) is not None for name in ROUND_LOOP_METHODS)
+    return all(plugin_hook(algorithm, name) is not None for name in ROUND_LOOP_METHODS)
 
 
 def check_shape(name: str, plugin: object) -> None:
@@ -214,89 +207,14 @@ def check_shape(name: str, plugin: object) -> None:
     Raises:
         TypeError: neither every round-loop method nor ``protocol`` and ``client_update``.
     """
-    required = STAGED_METHODS if _hook(plugin, "protocol") is not None else ROUND_LOOP_METHODS
-    missing = [method for method in required if _hook(plugin, method) is None]
+    required = STAGED_METHODS if plugin_hook(plugin, "protocol") is not None else ROUND_LOOP_METHODS
+    missing = [method for method in required if plugin_hook(plugin, method) is None]
     if missing:
         raise TypeError(
             f"algorithm {name!r}: {type(plugin).__name__} lacks {', '.join(missing)}; a plugin defines "
             f"{', '.join(ROUND_LOOP_METHODS)} (the round loop), or protocol and client_update "
             f"(its own protocol; docs/writing-a-plugin.md)"
         )
-
-
-def init_state(params: Params, info: RunInfo, extra: E) -> ServerState[E]:
-    """The server state before round 0: a copy of ``params``, no optimizer moments yet, and the
-    plugin's own ``extra`` (None where it keeps nothing more). Every fresh state is built here:
-    a plugin's ``init`` calls it (``raysim.train.server_opt`` re-exports it), as ``fresh_state`` does."""
-    return ServerState(params=P.clone(params), buffer_keys=info.buffer_keys, extra=extra)
-
-
-def fresh_state(algorithm: AnyAlgorithm[A], params: Params, info: RunInfo) -> ServerState:
-    """The server state before round 0: the plugin's ``init``; else (a staged plugin without
-    one) a copy of the initial params and nothing more."""
-    if (hook := _hook(algorithm, "init")) is not None:
-        state: ServerState = hook(params, info)
-        return state
-    return init_state(params, info, None)
-
-
-def first_payload(algorithm: AnyAlgorithm[A], state: ServerState, info: RunInfo) -> Payload:
-    """What the first cohort receives: the plugin's ``payload`` of round 0; else (a staged plugin
-    without one) the initial params, or none where clients start from their own architectures."""
-    if (hook := _hook(algorithm, "payload")) is not None:
-        payload: Payload = hook(state, 0, info)
-        return payload
-    return Payload({} if info.mixes_models else P.to_numpy(state.params))
-
-
-def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
-    """How ``train_cohort`` folds client results: the plugin's ``aggregator``; else (a staged
-    plugin without one) ``Gather``, every result kept for the protocol to read."""
-    if (hook := _hook(algorithm, "aggregator")) is not None:
-        aggregator: Aggregator[Any] = hook()
-        return aggregator
-    return Gather()
-
-
-# ---- the plugin class's and its Config's optional names --------------------------------------
-def client_state_type(algorithm: object) -> type | None:
-    """``ClientState``, the type a worker rebuilds stored client state as; None: it stays plain."""
-    kind = getattr(algorithm, "ClientState", None)
-    return kind if isinstance(kind, type) else None
-
-
-def accepts_mixed_models(plugin_class: object) -> bool:
-    """``MIXED_MODELS``: whether per-client architectures (``model_groups``) may reach the plugin."""
-    return getattr(plugin_class, "MIXED_MODELS", False) is True
-
-
-def default_model(plugin_class: object) -> dict[str, Any] | None:
-    """A copy of ``DEFAULT_MODEL``, the model a job that names none trains (DENSE's BatchNorm)."""
-    default = getattr(plugin_class, "DEFAULT_MODEL", None)
-    return None if default is None else copy.deepcopy(dict(default))
-
-
-def job_problems(config: BaseModel, job: JobCore) -> list[str]:
-    """``config.check_job(job)``: IMA's ``average_from`` against ``engine.num_rounds``, say."""
-    check = _hook(config, "check_job")
-    return list(check(job)) if check is not None else []
-
-
-def model_problems(config: BaseModel, model: nn.Module) -> list[str]:
-    """``config.check_model(model)`` on a built model of the job (FuseFL's split points)."""
-    check = _hook(config, "check_model")
-    return list(check(model)) if check is not None else []
-
-
-def models_problems(config: BaseModel, models: list[nn.Module], spec: DataSpec) -> list[str]:
-    """``config.check_models(models, spec)`` across mixed architectures (FuseFL's split points)."""
-    check = _hook(config, "check_models")
-    return list(check(models, spec)) if check is not None else []
-
-
-def local_section(config: BaseModel) -> object | None:
-    """``config.local``, the local SGD (``LocalTrainConfig``) the bench's plain loop repeats."""
-    return getattr(config, "local", None)
 
 
 # ---- the optional hooks ------------------------------------------------------------------------
@@ -307,31 +225,6 @@ class PseudoGradientAlgorithm(Algorithm[A], Protocol[A]):
         """The round's mean delta (FedFish's Fisher-weighted sums, SCAFFOLD's sums); probes measure
         the pure aggregate ``global - pseudo_gradient`` with it."""
         ...
-
-
-def pseudo_gradient(algorithm: AnyAlgorithm[A], aggregate: A, params: Params) -> Params | None:
-    """The round's pseudo-gradient (mean ``global - local``): the plugin's ``pseudo_gradient`` hook;
-    else, for a ``WeightedMean`` aggregator (a weighted mean of deltas is a mean delta), the
-    aggregate itself when its tensors are keyed like ``params``; else None (no pure aggregate)."""
-    if aggregate is None:
-        return None
-    if (hook := _hook(algorithm, "pseudo_gradient")) is not None:
-        mean_delta: Params = hook(aggregate)
-        return mean_delta
-    if (
-        isinstance(aggregator_of(algorithm), WeightedMean)
-        and isinstance(aggregate, dict)
-        and aggregate
-        and set(aggregate) <= set(params)
-        and all(isinstance(v, torch.Tensor) for v in aggregate.values())
-    ):
-        return aggregate
-    return None
-
-
-def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
-    """``params - pseudo_grad`` where the pseudo-gradient has an entry: server SGD with lr 1."""
-    return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}
 
 
 class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
@@ -346,7 +239,7 @@ class VectorizedAlgorithm(Algorithm[A], Protocol[A]):
 
 def vectorizes(algorithm: AnyAlgorithm[A]) -> TypeGuard[VectorizedAlgorithm[A]]:
     """Whether the plugin's client update can train a chunk of clients at once."""
-    return _hook(algorithm, "vectorized_update") is not None
+    return plugin_hook(algorithm, "vectorized_update") is not None
 
 
 class ClientPayloadAlgorithm(Algorithm[A], Protocol[A]):
@@ -357,21 +250,6 @@ class ClientPayloadAlgorithm(Algorithm[A], Protocol[A]):
         in ``payload.extra``): FedFomo's peer models. A worker receives its own clients' parts only
         (``Payload.per_client``); ``client_update`` reads one as ``ctx.client_payload``."""
         ...
-
-
-def with_client_payloads(
-    algorithm: Algorithm[A],
-    payload: Payload,
-    state: ServerState,
-    round_num: int,
-    cohort: Iterable[int],
-    info: RunInfo,
-) -> Payload:
-    """The round's payload with each cohort client's own part (the plugin's ``client_payload``
-    hook); the payload as it is for a plugin without one."""
-    if (hook := _hook(algorithm, "client_payload")) is None:
-        return payload
-    return replace(payload, per_client={int(c): hook(state, round_num, int(c), info) for c in cohort})
 
 
 class PersonalAlgorithm(Algorithm[A], Protocol[A]):
@@ -387,7 +265,7 @@ class PersonalAlgorithm(Algorithm[A], Protocol[A]):
 
 def has_personal_model(algorithm: AnyAlgorithm[A]) -> TypeGuard[PersonalAlgorithm[A]]:
     """Whether the plugin's clients are evaluated with their state (``eval/personal/...``)."""
-    return _hook(algorithm, "personal_model") is not None
+    return plugin_hook(algorithm, "personal_model") is not None
 
 
 class ResumingAlgorithm(Algorithm[A], Protocol[A]):
@@ -399,10 +277,3 @@ class ResumingAlgorithm(Algorithm[A], Protocol[A]):
         ...
 
 
-def resume_state(
-    algorithm: AnyAlgorithm[A], saved: ServerState, fresh: ServerState, trail: CheckpointTrail
-) -> ServerState:
-    """The state a resumed run starts from: the plugin's ``resume_state(saved, fresh, trail)``
-    hook; else the checkpoint's state as saved."""
-    hook = _hook(algorithm, "resume_state")
-    return hook(saved, fresh, trail) if hook is not None else saved

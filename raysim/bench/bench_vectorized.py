@@ -15,10 +15,11 @@ import time
 import numpy as np
 import torch
 
-from raysim.algorithm import local_section, vectorizes
+from raysim.algorithm import vectorizes
 from raysim.config import JobConfig
 from raysim.data.round_data import cap_examples
 from raysim.data.store import ClientStore
+from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_algorithm, build_job_model
 from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows, keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort

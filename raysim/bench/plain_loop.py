@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.algorithm import local_section
 from raysim.bench.bench_vectorized import synchronize
 from raysim.config import JobConfig
 from raysim.data.round_data import cap_examples
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
 from raysim.models.text import HFTokenModel
+from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_job_model
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig

@@ -148,7 +148,7 @@ def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The model section of a job that names none: the algorithm plugin's ``DEFAULT_MODEL`` (the
     model it needs, as DENSE needs BatchNorm), else the dataset recipe's, else None (the job's
     ``model`` stays required). A job's own ``model`` always wins."""
-    from raysim.algorithm import default_model  # the contract imports torch: only once a job loads
+    from raysim.plugin_defaults import default_model  # the contract imports torch: only once a job loads
 
     for kind in ("algorithm", "dataset"):
         section = raw.get(kind)
@@ -164,7 +164,7 @@ def check_against_job(sections: list[PluginSection | None], job: JobCore) -> lis
     """Each plugin Config's optional ``check_job(job: JobCore) -> list[str]``: the checks that need
     the job's own sections (IMA's ``average_from`` against ``engine.num_rounds``), so that the dry
     run reports them too, all at once, before any training."""
-    from raysim.algorithm import job_problems  # the contract imports torch: only once a job loads
+    from raysim.plugin_defaults import job_problems  # the contract imports torch: only once a job loads
 
     problems: list[str] = []
     for section in sections:

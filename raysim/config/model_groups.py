@@ -139,7 +139,9 @@ def check_mixed_models(
         ]
     if not groups.is_mixed:
         return []
-    from raysim.algorithm import accepts_mixed_models  # the contract imports torch: only once a job loads
+    from raysim.plugin_defaults import (
+        accepts_mixed_models,  # the contract imports torch: only once a job loads
+    )
 
     if accepts_mixed_models(registry.get("algorithm", algorithm.name).factory):
         return []

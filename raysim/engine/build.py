@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
-from raysim.algorithm import AnyAlgorithm, fresh_state, has_personal_model, resume_state
+from raysim.algorithm import AnyAlgorithm, has_personal_model
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.renames import upgrade_saved_job
@@ -29,6 +29,7 @@ from raysim.engine.model_check import check_model_fits, check_model_groups, chec
 from raysim.engine.preflight import preflight
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
+from raysim.plugin_defaults import fresh_state, resume_state
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from raysim import params as P
-from raysim.algorithm import AnyAlgorithm, pseudo_gradient, pure_aggregate, runs_rounds, with_client_payloads
+from raysim.algorithm import AnyAlgorithm, runs_rounds
 from raysim.checkpoint import (
     drop_other_snapshots,
     round_checkpoint_name,
@@ -36,6 +36,7 @@ from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
+from raysim.plugin_defaults import pseudo_gradient, pure_aggregate, with_client_payloads
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore

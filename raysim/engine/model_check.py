@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithm import model_problems, models_problems
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.errors import ConfigError
+from raysim.plugin_defaults import model_problems, models_problems
 from raysim.types import DataSpec
 
 BATCH = 2

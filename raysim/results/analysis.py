@@ -29,12 +29,12 @@ import numpy as np
 import yaml
 
 from raysim import params as P
-from raysim.algorithm import fresh_state
 from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
 from raysim.errors import CheckpointError, RaysimError
+from raysim.plugin_defaults import fresh_state
 from raysim.results.run_store import RUN_ID, run_named
 from raysim.sampling import sample_eval_clients
 from raysim.services import Services

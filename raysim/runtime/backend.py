@@ -15,8 +15,9 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from raysim.algorithm import AnyAlgorithm, aggregator_of
+from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig
+from raysim.plugin_defaults import aggregator_of
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
 from raysim.services import MapRequest, RoundOptions

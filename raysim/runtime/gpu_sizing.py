@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithm import AnyAlgorithm, first_payload, fresh_state
+from raysim.algorithm import AnyAlgorithm
 from raysim.config import JobConfig
 from raysim.errors import ResourceError
+from raysim.plugin_defaults import first_payload, fresh_state
 from raysim.runtime.chunks import ChunkSize, is_out_of_memory
 from raysim.runtime.memory import MiB, gpu_share, workers_per_gpu
 from raysim.runtime.wire import WorkerSetup

@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import AnyAlgorithm, PersonalAlgorithm, client_state_type
+from raysim.algorithm import AnyAlgorithm, PersonalAlgorithm
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.data.store import ClientStore
 from raysim.errors import DataError
 from raysim.measure.evaluate import evaluate
+from raysim.plugin_defaults import client_state_type
 from raysim.runtime.builders import build_job_model
 from raysim.sampling import client_seed
 from raysim.stored import from_plain

@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.algorithm import aggregator_of, has_personal_model, vectorizes
+from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.config.model_groups import model_key
 from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
+from raysim.plugin_defaults import aggregator_of
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, build_section_model
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes

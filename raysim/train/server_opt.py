@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from raysim import params as P
-from raysim.algorithm import init_state as init_state  # re-exported: the FedAvg family's init calls it
+from raysim.plugin_defaults import init_state as init_state  # re-exported: the FedAvg family's init calls it
 from raysim.types import Metrics, OptState, Params, Payload, ServerState
 
 E = TypeVar("E")  # the plugin's ``ServerState.extra``

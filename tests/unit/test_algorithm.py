@@ -12,7 +12,8 @@ from pydantic import BaseModel
 
 from raysim import registry
 from raysim.aggregate import Gather, Sum
-from raysim.algorithm import aggregator_of, check_shape, first_payload, fresh_state, has_protocol, runs_rounds
+from raysim.algorithm import check_shape, has_protocol, runs_rounds
+from raysim.plugin_defaults import aggregator_of, first_payload, fresh_state
 from raysim.types import ClientResult, DataSpec, RunInfo, ServerState
 
 INFO = RunInfo(4, 2, 1, DataSpec("classification", (2,), 2), seed=0, buffer_keys=frozenset({"bn"}))

@@ -108,7 +108,7 @@ def test_the_pure_aggregate_is_guessed_only_from_a_weighted_mean():
     import torch
 
     from raysim.aggregate import Sum, WeightedMean
-    from raysim.algorithm import pseudo_gradient
+    from raysim.plugin_defaults import pseudo_gradient
 
     class Plugin:
         def __init__(self, aggregator):

@@ -75,7 +75,7 @@ def test_a_worker_receives_the_parts_of_its_own_clients_only():
 
 
 def test_a_plugin_without_client_payload_sends_one_payload():
-    from raysim.algorithm import with_client_payloads
+    from raysim.plugin_defaults import with_client_payloads
 
     fedavg = registry.get("algorithm", "fedavg")
     payload = Payload({"w": np.zeros(2, np.float32)})

@@ -16,10 +16,10 @@ import torch
 from reference import B0, SPEC, W0, context, grad
 
 from raysim import registry
-from raysim.algorithm import pseudo_gradient
 from raysim.checkpoint import CheckpointTrail, save_checkpoint
 from raysim.config import validate_job
 from raysim.errors import CheckpointError, ConfigError
+from raysim.plugin_defaults import pseudo_gradient
 from raysim.registry import plugin_config
 from raysim.stored import plain
 from raysim.types import RunInfo, ServerState

@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/raysim run jobs/quickstart.yaml
 
-# lint and type-check first: both are cheaper than the suite (mypy caches in .mypy_cache/)
+# lint, format and type-check first: all cheaper than the suite (mypy caches in .mypy_cache/);
+# the format check makes a module's line count the formatter's (tests/unit/test_layout.py)
 test: $(STAMP)
 	$(BIN)/ruff check raysim algorithms datasets tests tools
+	$(BIN)/ruff format --check raysim algorithms datasets tests tools
 	$(BIN)/mypy raysim algorithms tools
 	$(BIN)/python -m pytest -q
 

@@ -85,9 +85,11 @@ class Dense:
         shape = info.spec.input_shape
         if len(shape) != 3 or shape[1] % 4 or shape[2] % 4:
             raise ConfigError(
-                [f"algorithm.name: dense generates images (C, H, W) whose sides are multiples of 4; "
-                 f"this dataset's inputs are {tuple(shape)}: choose an image dataset such as mnist"]
-            )  # fmt: skip
+                [
+                    f"algorithm.name: dense generates images (C, H, W) whose sides are multiples of 4; "
+                    f"this dataset's inputs are {tuple(shape)}: choose an image dataset such as mnist"
+                ]
+            )
         return init_state(params, info, None)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
@@ -122,9 +124,14 @@ class Dense:
                 pool.append(images)
                 targets.append(pool_targets(teachers, images))
                 kd = distill_on_pool(
-                    student, torch.cat(pool), torch.cat(targets), optimizer, config.batch_size,
-                    config.temperature, rng,
-                )  # fmt: skip
+                    student,
+                    torch.cat(pool),
+                    torch.cat(targets),
+                    optimizer,
+                    config.batch_size,
+                    config.temperature,
+                    rng,
+                )
         own = student.state_dict()
         state = replace(state, params={k: own[k].detach().clone() for k in state.params})
         metrics = {

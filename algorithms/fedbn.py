@@ -58,10 +58,12 @@ class FedBN:
 
     def init(self, params: Params, info: RunInfo) -> ServerState[None]:
         if not info.buffer_keys:  # BatchNorm's running statistics are the model's float buffers
-            raise ConfigError([
-                "algorithm fedbn keeps BatchNorm layers local, and the model has none: use a model "
-                "with BatchNorm (resnet10 / resnet18 with norm: batch, vgg11), or algorithm fedavg"
-            ])  # fmt: skip
+            raise ConfigError(
+                [
+                    "algorithm fedbn keeps BatchNorm layers local, and the model has none: use a model "
+                    "with BatchNorm (resnet10 / resnet18 with norm: batch, vgg11), or algorithm fedavg"
+                ]
+            )
         return init_state(params, info, None)
 
     def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:

@@ -97,8 +97,9 @@ class FedRep:
         delta = P.delta(ctx.global_params, P.model_params(ctx.model))  # every tensor trains again
         head = PersonalHead(P.clone(net.head.state_dict()))
         metrics["fedrep/head_loss"] = head_metrics["train/loss"]
-        return ClientResult(without(delta, head_names(ctx.model, "fedrep")), examples_trained_on(metrics),
-                            metrics, head)  # fmt: skip
+        return ClientResult(
+            without(delta, head_names(ctx.model, "fedrep")), examples_trained_on(metrics), metrics, head
+        )
 
     def personal_model(self, ctx: ClientContext[None, PersonalHead]) -> nn.Module:
         """The global body with the client's own head (the global head the first time)."""

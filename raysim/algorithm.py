@@ -275,5 +275,3 @@ class ResumingAlgorithm(Algorithm[A], Protocol[A]):
         """``saved.extra`` is plain (the checkpoint's dict of fields, or {} / None), ``fresh`` is
         ``init``'s, ``trail`` the states beside the checkpoint (IMA fills its window from them)."""
         ...
-
-

@@ -102,8 +102,12 @@ def check_map_request(request: MapRequest[Any]) -> None:
     split = request.split
     splits = ("test", "train", "validation", "round", "triggered")
     if split not in splits or (split == "round" and request.round_num is None):
-        raise ConfigError([f"map_clients: split must be 'test', 'train', 'validation', 'round' (with a "
-                           f"round_num) or 'triggered' (clients None), got {split!r}"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"map_clients: split must be 'test', 'train', 'validation', 'round' (with a "
+                f"round_num) or 'triggered' (clients None), got {split!r}"
+            ]
+        )
     if split == "triggered" and request.clients is not None:
         raise ConfigError(["map_clients: split 'triggered' is the central test set's: pass clients=None"])
     if request.paired and (request.clients is None or len(request.clients) != len(request.points)):

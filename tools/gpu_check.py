@@ -64,7 +64,9 @@ BENCHES = {
     "bench": (BENCH_JOB, [], DRY_RUN),
     "bench_vectorized": (BENCH_JOB, ["engine.vectorize=on"], [*DRY_RUN, "engine.vectorize=on"]),
     "bench_lm": (
-        "jobs/bench/lm_lora.yaml", ["model.preset=small", "resources.gpus_per_worker=1"], LM_DRY_RUN
+        "jobs/bench/lm_lora.yaml",
+        ["model.preset=small", "resources.gpus_per_worker=1"],
+        LM_DRY_RUN,
     ),
 }
 TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
@@ -212,8 +214,9 @@ def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> tu
     say(log, f"\n===== {name}: {' '.join(command)}\n")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as output:
-        child = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
+        child = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code: int | None = child.wait(timeout=LIMITS[name])
         except subprocess.TimeoutExpired:
@@ -285,11 +288,22 @@ def bench(log: Any, env: dict[str, str], name: str, dry: bool, has_ray: bool) ->
     result["overrides"] = overrides
     found = read_json(figures)
     keep = (
-        "device", "num_workers", "raysim_round_s", "plain_round_s", "ratio_to_ideal", "throughput_vs_ideal",
-        "raysim_clients_per_s", "plain_clients_per_s", "raysim_examples_per_s", "plain_examples_per_s",
-        "raysim_tokens_per_s", "plain_tokens_per_s", "driver_overhead_s", "vectorized_round_s",
+        "device",
+        "num_workers",
+        "raysim_round_s",
+        "plain_round_s",
+        "ratio_to_ideal",
+        "throughput_vs_ideal",
+        "raysim_clients_per_s",
+        "plain_clients_per_s",
+        "raysim_examples_per_s",
+        "plain_examples_per_s",
+        "raysim_tokens_per_s",
+        "plain_tokens_per_s",
+        "driver_overhead_s",
+        "vectorized_round_s",
         "vectorized_vs_plain",
-    )  # fmt: skip
+    )
     result.update({k: found[k] for k in keep if k in found})
     return result
 
@@ -300,8 +314,10 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def summary(report: dict[str, Any]) -> str:
     m = report["machine"]
-    lines = [f"card: {m.get('card')}, torch {m['torch']}, Python {m['python']}, "
-             f"{report['carried_mib']} MiB carried"]  # fmt: skip
+    lines = [
+        f"card: {m.get('card')}, torch {m['torch']}, Python {m['python']}, "
+        f"{report['carried_mib']} MiB carried"
+    ]
     for name, step in report.get("steps", {}).items():
         state = "ok" if step["ok"] else ("skipped" if step.get("skipped") else "FAILED")
         why = step.get("error") or step.get("skipped") or ""

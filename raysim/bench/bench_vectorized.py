@@ -83,7 +83,12 @@ class VectorizedSide:
             picked = [datas[i] for i in ids]
             seeds_of = [seeds[i] for i in ids]
             train_local_vectorized(
-                self.model, picked, self.local, seeds=seeds_of, spec=self.store.spec, round_num=round_num,
+                self.model,
+                picked,
+                self.local,
+                seeds=seeds_of,
+                spec=self.store.spec,
+                round_num=round_num,
                 device=self.device,
             )
             return [ClientResult({}, 1.0, {}) for _ in ids]

@@ -32,7 +32,6 @@ if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays
     from raysim.data.store import ClientStore
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -84,9 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate and print each variant's resolved config; start nothing",
     )
-    run.add_argument("--only", action="append", metavar="KEY=VALUE,...",
-                     help="a sweep: run only the cells with these axis values, e.g. variant=fedavg,seed=1 "
-                     "(repeatable: a cell runs when it matches one)")  # fmt: skip
+    run.add_argument(
+        "--only",
+        action="append",
+        metavar="KEY=VALUE,...",
+        help="a sweep: run only the cells with these axis values, e.g. variant=fedavg,seed=1 "
+        "(repeatable: a cell runs when it matches one)",
+    )
     run.add_argument(
         "--confirm-cells", action="store_true", help="a sweep: run more cells than sweep.max_cells"
     )
@@ -152,17 +155,25 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "--serial", action="store_true", help="evaluate in this process (resources.backend=serial)"
     )
     common.add_argument(
-        "--clients", type=int, metavar="K", help="pool the test splits of K of the run's evaluated clients "
-        "(default: the central test set)"
-    )  # fmt: skip
+        "--clients",
+        type=int,
+        metavar="K",
+        help="pool the test splits of K of the run's evaluated clients (default: the central test set)",
+    )
     line = tools.add_parser(
         "line", parents=[common], help="loss and accuracy along the line A-B, both barriers, PNG"
     )
     line.add_argument("a", metavar="A", help=MODEL_HELP + " (alpha 1)")
     line.add_argument("b", metavar="B", help=MODEL_HELP + " (alpha 0)")
     line.add_argument("--points", type=int, default=11, help="alphas in --range (0 and 1 are always added)")
-    line.add_argument("--range", type=float, nargs=2, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
-                      help="alpha range; e.g. -0.5 1.5 extrapolates past both models")  # fmt: skip
+    line.add_argument(
+        "--range",
+        type=float,
+        nargs=2,
+        default=[0.0, 1.0],
+        metavar=("LOW", "HIGH"),
+        help="alpha range; e.g. -0.5 1.5 extrapolates past both models",
+    )
     barrier = tools.add_parser(
         "barrier", parents=[common], help="the loss and accuracy barriers of A-B (11 points)"
     )

@@ -35,22 +35,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--metric", required=True, help="the reported metric, e.g. eval/central/accuracy")
     report.add_argument("--rows", default="variant", help="the rows' axis (default: variant)")
     report.add_argument("--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.alpha")
-    report.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                        help="only runs whose axis or param KEY has VALUE (KEY!=VALUE: has not); "
-                        "repeatable, all must hold, e.g. --where variant!=local")
+    report.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only runs whose axis or param KEY has VALUE (KEY!=VALUE: has not); "
+        "repeatable, all must hold, e.g. --where variant!=local",
+    )
     report.add_argument("--stat", default="final", help="final, best, or last:K (mean of the last K values)")
     report.add_argument("--select", metavar="AXIS", help="the hyperparameter to choose per row and column")
-    report.add_argument("--on", metavar="METRIC", help="the validation metric --select chooses on, "
-                        "e.g. eval/heldout/accuracy (never a test metric)")  # fmt: skip
-    report.add_argument("--force-test-selection", action="store_true",
-                        help="let --on be a test metric (the table overstates every method)")  # fmt: skip
+    report.add_argument(
+        "--on",
+        metavar="METRIC",
+        help="the validation metric --select chooses on, e.g. eval/heldout/accuracy (never a test metric)",
+    )
+    report.add_argument(
+        "--force-test-selection",
+        action="store_true",
+        help="let --on be a test metric (the table overstates every method)",
+    )
     report.add_argument("--format", choices=FORMATS, default="markdown", help="what is printed")
     report.add_argument("--paired", nargs=2, metavar=("A", "B"), help="two rows compared seed by seed")
     report.add_argument("--curves", action="store_true", help="learning curves, mean ± std over seeds (PNG)")
     report.add_argument("--target", type=float, help="add rounds to reach this value of --metric")
     report.add_argument("--cost", action="store_true", help="add wall seconds and MB sent up and down")
-    report.add_argument("--output-dir", "--out", dest="out", help="folder for the files "
-                        "(default: $RAYSIM_HOME or .raysim, then report/<hash>)")  # fmt: skip
+    report.add_argument(
+        "--output-dir",
+        "--out",
+        dest="out",
+        help="folder for the files (default: $RAYSIM_HOME or .raysim, then report/<hash>)",
+    )
     report.add_argument(
         "--tracking-uri", help="the runs' store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"
     )
@@ -72,8 +87,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.tracking.tracking_store import tracking_uri
 
     if (args.select is None) != (args.on is None):
-        raise RaysimError("--select AXIS and --on VALIDATION_METRIC go together (e.g. --select "
-                          "algorithm.local.lr --on eval/heldout/accuracy)")  # fmt: skip
+        raise RaysimError(
+            "--select AXIS and --on VALIDATION_METRIC go together (e.g. --select "
+            "algorithm.local.lr --on eval/heldout/accuracy)"
+        )
     statistic = Statistic.parse(args.stat)
     selection = Selection(args.select, args.on, args.force_test_selection) if args.select else None
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -105,9 +122,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.no_log:
         logged = log_report(store, runs, parent, files, options, markdown)
         where = "the sweep's run" if parent is not None else "report run"
-        console.print(f"logged to {where} {logged.info.run_id}: "
-                      f"{store.link(logged.info.experiment_id, logged.info.run_id)}",
-                      soft_wrap=True, highlight=False)  # fmt: skip
+        console.print(
+            f"logged to {where} {logged.info.run_id}: "
+            f"{store.link(logged.info.experiment_id, logged.info.run_id)}",
+            soft_wrap=True,
+            highlight=False,
+        )
     return 0
 
 

@@ -225,9 +225,11 @@ def tracking_uri_for(
     declared = sorted({job.tracking.tracking_uri for job in jobs if job.tracking.tracking_uri})
     if len(declared) > 1 and not explicit:
         raise ConfigError(
-            [f"tracking.tracking_uri: the variants name several stores ({', '.join(declared)}); "
-             "pick one with --tracking-uri"]
-        )  # fmt: skip
+            [
+                f"tracking.tracking_uri: the variants name several stores ({', '.join(declared)}); "
+                "pick one with --tracking-uri"
+            ]
+        )
     uri = explicit or (declared[0] if declared else None) or environ.get("MLFLOW_TRACKING_URI")
     return absolute_tracking_uri(uri or "sqlite:///mlflow.db", cwd)
 

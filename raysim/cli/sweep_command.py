@@ -39,6 +39,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         err_console.print(
             f"{len(failed)} of {len(sweep.cells)} cells failed ({', '.join(o.cell for o in failed)}); "
             "run the same command again to retry them (finished cells are skipped)",
-            highlight=False, soft_wrap=True,
-        )  # fmt: skip
+            highlight=False,
+            soft_wrap=True,
+        )
     return 1 if failed else 0

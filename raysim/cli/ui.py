@@ -168,8 +168,18 @@ def local_store_uri() -> str:
 
 def mlflow_command(uri: str, host: str, port: int, workers: int) -> list[str]:
     mlflow = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
-    return [mlflow, "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
-            "--workers", str(workers)]  # fmt: skip
+    return [
+        mlflow,
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
 
 
 def local_address(host: str) -> str:

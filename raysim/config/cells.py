@@ -71,7 +71,7 @@ def load_sweep(
             [
                 f"sweep: {len(chosen)} cells exceed sweep.max_cells ({spec.max_cells}); raise "
                 f"sweep.max_cells, narrow it with --only, or pass --confirm-cells"
-            ],  # fmt: skip
+            ],
             source,
         )
     job_name = bases[0].origin.job if bases[0].origin is not None else bases[0].name
@@ -142,8 +142,9 @@ def cell_jobs(path: str | Path, overrides: list[str], cells: list[Cell]) -> dict
 
 def describe(sweep: Sweep) -> list[str]:
     """The dry run's listing: one line per cell, then the count."""
-    lines = [f"sweep {sweep.id}: {len(sweep.cells)} cells" + (
-        f" of {sweep.total}" if len(sweep.cells) < sweep.total else "")]  # fmt: skip
+    lines = [
+        f"sweep {sweep.id}: {len(sweep.cells)} cells"
+        + (f" of {sweep.total}" if len(sweep.cells) < sweep.total else "")
+    ]
     lines += [f"  {cell.name:<40} {cell.label}" for cell in sweep.cells]
     return lines
-

@@ -34,9 +34,7 @@ def validate_probes(raw: Any, problems: list[str]) -> list[PluginSection | None]
     if not isinstance(raw, list):
         problems.append("evaluation.probes: must be a list of {name: <probe>, ...options}")
         return []
-    return [
-        validate_plugin("probe", item, problems, f"evaluation.probes[{i}]") for i, item in enumerate(raw)
-    ]
+    return [validate_plugin("probe", item, problems, f"evaluation.probes[{i}]") for i, item in enumerate(raw)]
 
 
 def validate_plugin(

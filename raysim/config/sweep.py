@@ -249,9 +249,13 @@ def expand_cells(spec: SweepConfig, variants: dict[str, int]) -> list[Cell]:
     samples: list[tuple[int | None, tuple[tuple[str, Any], ...]]] = list(enumerate(draw_samples(spec)))
     return [
         Cell(
-            variant, seed, tuple((k, v) for k, _, v in point), drawn, sample,
+            variant,
+            seed,
+            tuple((k, v) for k, _, v in point),
+            drawn,
+            sample,
             tuple((k, name) for k, name, _ in point if name is not None),
-        )  # fmt: skip
+        )
         for variant, job_seed in variants.items()
         for point, (sample, drawn) in itertools.product(grid_points, samples or [(None, ())])
         for seed in spec.seeds or [job_seed]

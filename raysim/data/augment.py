@@ -28,8 +28,9 @@ from raysim.sampling import client_seed
 _BATCHES = 0x6A09E667F3BCC909 & (2**63 - 1)  # a stream apart from the client's shuffling
 
 
-def crop_and_flip(x: torch.Tensor, padding: int, flip: bool, generator: torch.Generator,
-                  fill: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def crop_and_flip(
+    x: torch.Tensor, padding: int, flip: bool, generator: torch.Generator, fill: torch.Tensor
+) -> torch.Tensor:
     """``x`` (n, C, H, W) padded by ``padding`` pixels of ``fill`` (C,) on each side, cut back to
     H x W at a random offset, then mirrored left-right with probability 1/2 per image.
 

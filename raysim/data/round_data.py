@@ -93,11 +93,15 @@ def check_training_options(config: DatasetConfig, store: ClientStore, vectorize:
         if getattr(config, key) is None:
             continue
         if not image:
-            problems.append(f"dataset.{key}: works on image classification data (C, H, W), not "
-                            f"{spec.task} with inputs {spec.input_shape}; remove dataset.{key}")  # fmt: skip
+            problems.append(
+                f"dataset.{key}: works on image classification data (C, H, W), not "
+                f"{spec.task} with inputs {spec.input_shape}; remove dataset.{key}"
+            )
         elif vectorize == "on":
-            problems.append(f"dataset.{key}: a vectorized round trains on the clients' data as stored; "
-                            "set engine.vectorize to auto or off")  # fmt: skip
+            problems.append(
+                f"dataset.{key}: a vectorized round trains on the clients' data as stored; "
+                "set engine.vectorize to auto or off"
+            )
     if config.poison is not None and image:
         problems += _poison_problems(config.poison, store)
     if problems:
@@ -109,14 +113,20 @@ def _poison_problems(poison: PoisonConfig, store: ClientStore) -> list[str]:
     classes, problems = store.spec.num_classes, []
     outside = [c for c in poison.clients if c >= store.num_clients]
     if outside:
-        problems.append(f"dataset.poison.clients: client {outside[0]} is outside the population "
-                        f"(ids 0..{store.num_clients - 1}); choose ids below {store.num_clients}")
+        problems.append(
+            f"dataset.poison.clients: client {outside[0]} is outside the population "
+            f"(ids 0..{store.num_clients - 1}); choose ids below {store.num_clients}"
+        )
     if poison.target is not None and poison.target >= classes:
-        problems.append(f"dataset.poison.target: label {poison.target} is out of range for "
-                        f"{classes} classes; choose 0..{classes - 1}")  # fmt: skip
+        problems.append(
+            f"dataset.poison.target: label {poison.target} is out of range for "
+            f"{classes} classes; choose 0..{classes - 1}"
+        )
     if poison.trigger_size > min(height, width):
-        problems.append(f"dataset.poison.trigger_size: {poison.trigger_size} pixels do not fit "
-                        f"{height}x{width} images; choose at most {min(height, width)}")  # fmt: skip
+        problems.append(
+            f"dataset.poison.trigger_size: {poison.trigger_size} pixels do not fit "
+            f"{height}x{width} images; choose at most {min(height, width)}"
+        )
     if channels not in (1, 3):
         problems.append(f"dataset.poison: draws grey or RGB triggers, not on {channels} channels")
     if classes < 2:

@@ -181,10 +181,17 @@ def open_parts(job: JobConfig) -> JobParts:
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model
     info = RunInfo(
-        len(train_pool), job.engine.cohort_size, job.engine.num_rounds, store.spec, job.seed, buffer_keys,
+        len(train_pool),
+        job.engine.cohort_size,
+        job.engine.num_rounds,
+        store.spec,
+        job.seed,
+        buffer_keys,
         has_central_test=bool(store.meta["has_central_test"]),
-        model=job.model.to_dict(), dataset=job.dataset.to_dict(), client_models=client_models,
-    )  # fmt: skip
+        model=job.model.to_dict(),
+        dataset=job.dataset.to_dict(),
+        client_models=client_models,
+    )
     check_probes(probes, info)
     for warning in probes_never_due(job):  # valid, but surely not meant: said once, not refused
         Console(stderr=True).print(f"warning: {warning}", highlight=False, soft_wrap=True)
@@ -204,10 +211,17 @@ def start_workers(parts: JobParts, state_dir: Path) -> Backend:
 def start_sized_workers(parts: JobParts, state_dir: Path) -> tuple[Backend, SizedResources]:
     """The workers, and their GPU share as measured first (``resources.gpus_per_worker: auto``)."""
     job, train_sizes = parts.job, parts.store.num_examples("train")
-    setup = WorkerSetup(job.to_dict(), str(parts.store.path), str(state_dir),
-                        {name: str(s.path) for name, s in parts.transfer.items()})  # fmt: skip
-    sized = sized_resources(job.resources, setup, lambda: probe_work(
-        job, parts.algorithm, parts.params, parts.info, train_sizes, parts.train_pool))  # fmt: skip
+    setup = WorkerSetup(
+        job.to_dict(),
+        str(parts.store.path),
+        str(state_dir),
+        {name: str(s.path) for name, s in parts.transfer.items()},
+    )
+    sized = sized_resources(
+        job.resources,
+        setup,
+        lambda: probe_work(job, parts.algorithm, parts.params, parts.info, train_sizes, parts.train_pool),
+    )
     if sized.note:
         Console(stderr=True).print(sized.note, highlight=False, soft_wrap=True)
     return make_backend(sized.with_share(job), setup, parts.store), sized
@@ -261,13 +275,21 @@ def load_schedule(
     """The fixed participation schedule, if any; checks the cohort size against the pool."""
     schedule = CohortSchedule.load(job.engine.schedule, store.num_clients) if job.engine.schedule else None
     if schedule is None and job.engine.cohort_size > len(train_pool):
-        raise ConfigError([f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
-                           f"training clients), got {job.engine.cohort_size}"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"engine.cohort_size: must be in 1..{len(train_pool)} (the number of "
+                f"training clients), got {job.engine.cohort_size}"
+            ]
+        )
     if schedule is not None and len(heldout):
         trained = {c for cohort in schedule.cohorts for c in cohort} & set(heldout.tolist())
         if trained:
-            raise ConfigError([f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
-                               f"clients never train (evaluation.heldout_fraction)"])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"engine.schedule: trains held-out clients {sorted(trained)[:5]}; held-out "
+                    f"clients never train (evaluation.heldout_fraction)"
+                ]
+            )
     return schedule
 
 
@@ -313,11 +335,13 @@ def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> Non
     """A resumed run must have a round left to run: otherwise it would open workers and an MLflow
     run, train nothing and write a final checkpoint identical to the one it resumed."""
     if last_round >= num_rounds - 1:
-        raise ConfigError([
-            f"engine.num_rounds: {resume_from} already completed rounds 0..{last_round}, so a run of "
-            f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
-            f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
-        ])  # fmt: skip
+        raise ConfigError(
+            [
+                f"engine.num_rounds: {resume_from} already completed rounds 0..{last_round}, so a run of "
+                f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
+                f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
+            ]
+        )
 
 
 def typed_like(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> ServerState:

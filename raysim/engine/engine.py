@@ -195,9 +195,11 @@ class Engine(Generic[A]):
             section_config("model", request.model, "map_clients model.")
         if request.store and request.store not in self.plan.transfer:
             raise ConfigError(
-                [f"map_clients store {request.store!r}: not a transfer dataset of this job; name one of "
-                 f"evaluation.transfer ({sorted(self.plan.transfer)}) or '' for the job's own clients"]
-            )  # fmt: skip
+                [
+                    f"map_clients store {request.store!r}: not a transfer dataset of this job; name one of "
+                    f"evaluation.transfer ({sorted(self.plan.transfer)}) or '' for the job's own clients"
+                ]
+            )
         if request.task in (EVALUATE, LOGITS):  # the logits of P points: an ensemble of P models
             self.costs.evaluated(request.model, len(request.points) if request.task == LOGITS else 1)
         return self.backend.map_clients(request)
@@ -244,8 +246,10 @@ class Engine(Generic[A]):
         log.warning(
             "round %d: train/loss is %.3g (over %.0e) while the model is still finite: the run is "
             "diverging; lower algorithm.local.lr or set algorithm.local.grad_clip",
-            round_num, loss, DIVERGING_LOSS,
-        )  # fmt: skip
+            round_num,
+            loss,
+            DIVERGING_LOSS,
+        )
 
     def log(self, metrics: Metrics, round_num: int) -> None:
         metrics = self.costs.take(metrics) | metrics  # a plugin's own figure wins

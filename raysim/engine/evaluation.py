@@ -170,8 +170,12 @@ class TimeToTarget:
         metric = self.config.metric
         if metric not in metrics:
             names = sorted(k for k in metrics if k.startswith("eval/"))
-            raise ConfigError([f"evaluation.time_to_target.metric: {metric!r} is not evaluated in "
-                               f"this job; evaluated: {', '.join(names)}"])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"evaluation.time_to_target.metric: {metric!r} is not evaluated in "
+                    f"this job; evaluated: {', '.join(names)}"
+                ]
+            )
         value = metrics[metric]
         hit = [v for v in self.pending if (value <= v if self.config.at_most else value >= v)]
         self.pending = [v for v in self.pending if v not in hit]

@@ -105,8 +105,14 @@ def overlaid_curves(panels: list[Panel], title: str, path: str | Path) -> Path:
     for ax, panel in zip(axes[0], panels):
         for s in panel.series:
             label = s.run if "/" in s.scope else f"{s.run} ({s.scope})"
-            ax.plot(s.rounds, s.values, _STYLES.get(s.scope, "-"), color=colour[s.run], label=label,
-                    marker="." if len(s.rounds) < 40 else None)  # fmt: skip
+            ax.plot(
+                s.rounds,
+                s.values,
+                _STYLES.get(s.scope, "-"),
+                color=colour[s.run],
+                label=label,
+                marker="." if len(s.rounds) < 40 else None,
+            )
             if s.band is not None:
                 ax.fill_between(s.rounds, *s.band, color=colour[s.run], alpha=0.15, linewidth=0)
         if panel.log_y:

@@ -34,14 +34,20 @@ def open_system(
     local = local_training(job.algorithm.config)
     problems = []
     if job.engine.schedule is not None:
-        problems.append("system: engine.schedule fixes every round's cohort, so availability, "
-                        "deadlines and dropout cannot choose it; drop one of the two")  # fmt: skip
+        problems.append(
+            "system: engine.schedule fixes every round's cohort, so availability, "
+            "deadlines and dropout cannot choose it; drop one of the two"
+        )
     if has_protocol(algorithm):
-        problems.append(f"system: the simulated clock times the standard round, and algorithm "
-                        f"{job.algorithm.name!r} runs its own protocol")  # fmt: skip
+        problems.append(
+            f"system: the simulated clock times the standard round, and algorithm "
+            f"{job.algorithm.name!r} runs its own protocol"
+        )
     if local is None:
-        problems.append(f"system: clients are timed on the algorithm's local training (its local: "
-                        f"epochs, batch_size), and algorithm {job.algorithm.name!r} has none")  # fmt: skip
+        problems.append(
+            f"system: clients are timed on the algorithm's local training (its local: "
+            f"epochs, batch_size), and algorithm {job.algorithm.name!r} has none"
+        )
     if problems:
         raise ConfigError(problems)
     assert local is not None
@@ -52,9 +58,14 @@ def open_system(
     availability = open_availability(config.availability, store.num_clients, job.seed)
     fleet = Fleet(sizes, speeds, bandwidths, availability)
     return SimulatedSystem(
-        config, fleet, local, train_pool,
-        cohort_size=job.engine.cohort_size, model_bytes=float(P.num_bytes(params)), seed=job.seed,
-    )  # fmt: skip
+        config,
+        fleet,
+        local,
+        train_pool,
+        cohort_size=job.engine.cohort_size,
+        model_bytes=float(P.num_bytes(params)),
+        seed=job.seed,
+    )
 
 
 def check_time_to_target(job: JobConfig, info: RunInfo) -> None:
@@ -62,5 +73,9 @@ def check_time_to_target(job: JobConfig, info: RunInfo) -> None:
     target = job.evaluation.time_to_target
     if target is not None and target.metric.startswith("eval/central/") and not info.has_central_test:
         instead = "eval/clients/" + target.metric.removeprefix("eval/central/")
-        raise ConfigError([f"evaluation.time_to_target.metric: dataset {job.dataset.name!r} has no "
-                           f"central test set; use {instead} (the clients' test splits)"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"evaluation.time_to_target.metric: dataset {job.dataset.name!r} has no "
+                f"central test set; use {instead} (the clients' test splits)"
+            ]
+        )

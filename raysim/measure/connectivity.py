@@ -88,9 +88,15 @@ class GroupBarrier:
         lam = sizes if self.config.weights == "data" else None
         seed = (services.info.seed, probe_round.round_num)
         out = L.group_barrier(
-            services, models, lam, clients, split, round_num=probe_round.round_num,
-            samples=self.config.samples, seed=seed,
-        )  # fmt: skip
+            services,
+            models,
+            lam,
+            clients,
+            split,
+            round_num=probe_round.round_num,
+            samples=self.config.samples,
+            seed=seed,
+        )
         if self.config.pairwise:
             pair = L.group_barrier(
                 services, models[:2], None, clients, split, round_num=probe_round.round_num

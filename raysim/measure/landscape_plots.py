@@ -62,9 +62,13 @@ def plot_plane(scan: PlaneScan, path: str | Path, title: str = "") -> Path:
         ax.scatter(scan.coords[:, 0], scan.coords[:, 1], c="red", edgecolors="white", zorder=3)
         for (x, y), label in zip(scan.coords, scan.labels):
             ax.annotate(
-                label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
+                label,
+                (x, y),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize=9,
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
-            )  # fmt: skip
+            )
         centre = scan.coords.mean(axis=0)
         ax.scatter([centre[0]], [centre[1]], marker="x", c="white", zorder=3)
         ax.set_title(name)

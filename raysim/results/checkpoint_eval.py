@@ -161,9 +161,15 @@ def evaluate_checkpoint(
         finally:
             backend.shutdown()
     return CheckpointEvaluation(
-        job, checkpoint.path, checkpoint.round_num, metrics, P.to_numpy(checkpoint.state.params),
-        tracker.run_id, source.get("run_id"), is_child,
-    )  # fmt: skip
+        job,
+        checkpoint.path,
+        checkpoint.round_num,
+        metrics,
+        P.to_numpy(checkpoint.state.params),
+        tracker.run_id,
+        source.get("run_id"),
+        is_child,
+    )
 
 
 def run_evaluation(

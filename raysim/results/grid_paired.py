@@ -72,6 +72,14 @@ def paired(table: GridTable, a: str, b: str) -> list[Paired]:
         cell_a, cell_b = table.cells[a, column], table.cells[b, column]
         of_b = dict(zip(cell_b.seeds, cell_b.values))
         common = [(seed, value) for seed, value in zip(cell_a.seeds, cell_a.values) if seed in of_b]
-        out.append(Paired(a, b, column, tuple(s for s, _ in common),
-                          tuple(v - of_b[s] for s, v in common), table.higher_is_better))  # fmt: skip
+        out.append(
+            Paired(
+                a,
+                b,
+                column,
+                tuple(s for s, _ in common),
+                tuple(v - of_b[s] for s, v in common),
+                table.higher_is_better,
+            )
+        )
     return out

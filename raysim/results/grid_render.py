@@ -55,10 +55,17 @@ def _header(table: GridTable) -> list[str]:
 def _rows(table: GridTable, bold: str, math_mode: bool = False) -> list[list[str]]:
     best = {c: table.best_row(c) for c in table.columns}
     return [
-        [row, *(bold.format(cell_text(table.cells.get((row, c)), math_mode)) if best[c] == row
-                else cell_text(table.cells.get((row, c)), math_mode) for c in table.columns)]
+        [
+            row,
+            *(
+                bold.format(cell_text(table.cells.get((row, c)), math_mode))
+                if best[c] == row
+                else cell_text(table.cells.get((row, c)), math_mode)
+                for c in table.columns
+            ),
+        ]
         for row in table.rows
-    ]  # fmt: skip
+    ]
 
 
 def markdown_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -67,8 +74,16 @@ def markdown_grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def chosen_rows(table: GridTable) -> list[list[str]]:
-    return [[row, *(str((table.cells[row, c].chosen if (row, c) in table.cells else None) or "–")
-                    for c in table.columns)] for row in table.rows]  # fmt: skip
+    return [
+        [
+            row,
+            *(
+                str((table.cells[row, c].chosen if (row, c) in table.cells else None) or "–")
+                for c in table.columns
+            ),
+        ]
+        for row in table.rows
+    ]
 
 
 def markdown(table: GridTable) -> str:
@@ -117,11 +132,20 @@ def csv_text(table: GridTable) -> str:
             cell = table.cells.get((row, column))
             if cell is None:
                 continue
-            writer.writerow([
-                row, column, _full(cell.mean), _full(cell.std), len(cell.values), cell.num_failed,
-                int(table.best_row(column) == row), cell.chosen or "", ";".join(cell.seeds),
-                ";".join(_full(v) for v in cell.values),
-            ])  # fmt: skip
+            writer.writerow(
+                [
+                    row,
+                    column,
+                    _full(cell.mean),
+                    _full(cell.std),
+                    len(cell.values),
+                    cell.num_failed,
+                    int(table.best_row(column) == row),
+                    cell.chosen or "",
+                    ";".join(cell.seeds),
+                    ";".join(_full(v) for v in cell.values),
+                ]
+            )
     return out.getvalue()
 
 
@@ -136,10 +160,16 @@ def paired_markdown(pairs: Sequence[Paired]) -> str:
     a, b = pairs[0].a, pairs[0].b
     header = ["column", "seeds", f"{a} better", "ties", f"{b} better", f"mean {a} − {b}"]
     rows = [
-        [p.column, str(len(p.seeds)), str(p.wins), str(p.ties), str(p.losses),
-         number(p.mean_difference) + (f" ± {number(p.std_difference)}" if len(p.seeds) > 1 else "")]
+        [
+            p.column,
+            str(len(p.seeds)),
+            str(p.wins),
+            str(p.ties),
+            str(p.losses),
+            number(p.mean_difference) + (f" ± {number(p.std_difference)}" if len(p.seeds) > 1 else ""),
+        ]
         for p in pairs
-    ]  # fmt: skip
+    ]
     return f"\npaired on the seeds both finished: {a} against {b}\n\n" + markdown_grid(header, rows)
 
 
@@ -147,8 +177,17 @@ def cost_markdown(table: GridTable, costs: dict[tuple[str, str], CellCost], targ
     """Per cell: rounds to ``target`` (mean over the seeds that reached it, k/n reached), wall
     seconds, MB sent up and down, a client update's seconds (over the run) and peak MiB, and the
     final predictor's MMACs per example (means over seeds)."""
-    header = [table.row_axis, "column", *([f"rounds to {target:g}"] if target is not None else []),
-              "seconds", "MB up", "MB down", "client s", "peak MiB", "infer MMAC"]  # fmt: skip
+    header = [
+        table.row_axis,
+        "column",
+        *([f"rounds to {target:g}"] if target is not None else []),
+        "seconds",
+        "MB up",
+        "MB down",
+        "client s",
+        "peak MiB",
+        "infer MMAC",
+    ]
     rows = []
     for (row, column), cost in costs.items():
         reached = (
@@ -156,9 +195,19 @@ def cost_markdown(table: GridTable, costs: dict[tuple[str, str], CellCost], targ
             if target is not None
             else []
         )
-        rows.append([row, column, *reached, _short(cost.seconds), _short(cost.bytes_up / 1e6),
-                     _short(cost.bytes_down / 1e6), _short(cost.client_seconds),
-                     _short(cost.peak_bytes / 2**20), _short(cost.inference_macs / 1e6)])  # fmt: skip
+        rows.append(
+            [
+                row,
+                column,
+                *reached,
+                _short(cost.seconds),
+                _short(cost.bytes_up / 1e6),
+                _short(cost.bytes_down / 1e6),
+                _short(cost.client_seconds),
+                _short(cost.peak_bytes / 2**20),
+                _short(cost.inference_macs / 1e6),
+            ]
+        )
     return "\ncost (means over seeds)\n\n" + markdown_grid(header, rows)
 
 

@@ -68,14 +68,20 @@ def sweep_of(store: RunStore, target: str) -> tuple[Any, list[Any] | None]:
         by_name = search_runs(
             store, experiments, f"tags.`{KIND_TAG}` = '{SWEEP}' and attributes.run_name = '{escaped}'"
         )
-        by_id = [r for r in search_runs(store, experiments, f"attributes.run_id = '{escaped}'")
-                 if r.data.tags.get(KIND_TAG) == SWEEP]  # fmt: skip
+        by_id = [
+            r
+            for r in search_runs(store, experiments, f"attributes.run_id = '{escaped}'")
+            if r.data.tags.get(KIND_TAG) == SWEEP
+        ]
         parents = by_id or by_name
         if parents:
             sweep_id = parents[0].data.tags.get(SWEEP_TAG, "")
     escaped = sweep_id.replace("\\", "\\\\").replace("'", "\\'")
-    cells = [r for r in search_runs(store, experiments, f"tags.`{SWEEP_TAG}` = '{escaped}'")
-             if r.data.tags.get(KIND_TAG) != SWEEP]  # fmt: skip
+    cells = [
+        r
+        for r in search_runs(store, experiments, f"tags.`{SWEEP_TAG}` = '{escaped}'")
+        if r.data.tags.get(KIND_TAG) != SWEEP
+    ]
     if not cells and not parents:
         return None, None
     return (parents[0] if parents else None), cells
@@ -132,8 +138,14 @@ def seed_run(store: RunStore, run: Any, metrics: Sequence[str], unique: bool = T
     )
 
 
-def log_report(store: RunStore, runs: Sequence[SeedRun], parent: Any, files: Sequence[Path],
-               options: Sequence[str], note: str) -> Any:  # fmt: skip
+def log_report(
+    store: RunStore,
+    runs: Sequence[SeedRun],
+    parent: Any,
+    files: Sequence[Path],
+    options: Sequence[str],
+    note: str,
+) -> Any:
     """The files as artifacts of the sweep's parent run (under ``report/``), else of a report run
     in the first run's experiment, tagged ``raysim.kind=report``: one per set of runs and options,
     reused (its files replaced) when the same report is made again."""

@@ -255,8 +255,11 @@ def group_runs(runs: Sequence[SeedRun], rows: str, columns: str | None, select: 
         if lacking:
             raise RaysimError(f"no {axis!r} axis or param in runs {', '.join(lacking)}; name another axis")
     for run in runs:
-        key = (str(run.value(rows)), str(run.value(columns)) if columns else ALL,
-               ", ".join(str(run.value(axis)) for axis in select))  # fmt: skip
+        key = (
+            str(run.value(rows)),
+            str(run.value(columns)) if columns else ALL,
+            ", ".join(str(run.value(axis)) for axis in select),
+        )
         groups.setdefault(key, []).append(run)
     for key, group in groups.items():
         seeds = [str(r.value("seed")) for r in group]

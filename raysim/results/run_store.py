@@ -86,8 +86,11 @@ class RunStore:
                 raise RaysimError(f"experiment {experiment.name!r} has no finished runs to compare")
             return found
         escaped = target.replace("\\", "\\\\").replace("'", "\\'")
-        named = [r for r in self._search(self._experiment_ids(), f"attributes.run_name = '{escaped}'")
-                 if not is_comparison(r)]  # fmt: skip
+        named = [
+            r
+            for r in self._search(self._experiment_ids(), f"attributes.run_name = '{escaped}'")
+            if not is_comparison(r)
+        ]
         if not named:
             experiments = ", ".join(repr(e.name) for e in self.client.search_experiments())
             raise RaysimError(

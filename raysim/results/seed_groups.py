@@ -64,4 +64,3 @@ def _mean(metrics: Sequence[Metrics]) -> Metrics:
     """Each key every mapping holds, averaged."""
     shared = [key for key in metrics[0] if all(key in m for m in metrics)]
     return {key: fmean(m[key] for m in metrics) for key in shared}
-

@@ -133,8 +133,9 @@ class ChunkSize:
     AUTO_LIMIT = 256  # a bad estimate or one failing client never takes a whole large shard
     UNMEASURED = 16  # engine.vectorize_chunk's default, where the platform shows no peak
 
-    def __init__(self, configured: int | Literal["auto"], device: torch.device,
-                 budget: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self, configured: int | Literal["auto"], device: torch.device, budget: Callable[[], float]
+    ) -> None:
         self.size = None if configured == "auto" else int(configured)
         self.device = device
         self.budget = budget  # bytes the worker may still fill, asked when measuring
@@ -142,8 +143,9 @@ class ChunkSize:
         self._probed: list[float] = []  # bytes a client, per probe chunk
 
     @classmethod
-    def for_worker(cls, job: JobConfig, model: nn.Module, device: torch.device,
-                   gpu_fraction: float | None) -> ChunkSize:  # fmt: skip
+    def for_worker(
+        cls, job: JobConfig, model: nn.Module, device: torch.device, gpu_fraction: float | None
+    ) -> ChunkSize:
         """A worker's sizes, kept for its life; first its GPU slice is checked to hold the model
         (``check_slice``), so a worker count the card cannot hold is refused before training."""
         check_slice(model, device, gpu_fraction)
@@ -168,8 +170,12 @@ class ChunkSize:
             self.size = self.UNMEASURED
             return
         self.size = chunk_that_fits(self.bytes_per_client, self.budget(), self.AUTO_LIMIT)
-        log.info("%s: %.1f MiB a client measured, chunks of %d clients", self.device,
-                 self.bytes_per_client / MiB, self.size)  # fmt: skip
+        log.info(
+            "%s: %.1f MiB a client measured, chunks of %d clients",
+            self.device,
+            self.bytes_per_client / MiB,
+            self.size,
+        )
 
     def back_off(self, chunk: list[int], error: BaseException) -> bool:
         """Halves the size after ``chunk`` ran out of memory and says so, once; False when it

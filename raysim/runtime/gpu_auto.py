@@ -39,8 +39,9 @@ class SizedResources:
         return job.model_copy(update={"tracking": tracking}) if self.tags else job
 
 
-def sized_resources(resources: ResourcesConfig, setup: WorkerSetup,
-                    work: Callable[[], ProbeWork]) -> SizedResources:  # fmt: skip
+def sized_resources(
+    resources: ResourcesConfig, setup: WorkerSetup, work: Callable[[], ProbeWork]
+) -> SizedResources:
     """``resources`` with ``gpus_per_worker: auto`` measured (``probe_gpu_worker`` on Ray, on
     the ``work`` made only then), the run's tags and a console line saying so; any other value as
     it is.

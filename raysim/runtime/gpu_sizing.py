@@ -65,8 +65,14 @@ class WorkerPeak:
         return self.allocated_bytes + self.outside_bytes
 
 
-def probe_work(job: JobConfig, algorithm: AnyAlgorithm[Any], params: Params, info: RunInfo,
-               num_examples: np.ndarray, train_pool: np.ndarray) -> ProbeWork:  # fmt: skip
+def probe_work(
+    job: JobConfig,
+    algorithm: AnyAlgorithm[Any],
+    params: Params,
+    info: RunInfo,
+    num_examples: np.ndarray,
+    train_pool: np.ndarray,
+) -> ProbeWork:
     """The round-0 payload of the initial model and the largest clients of the training pool, as
     many as one chunk holds (one when the job trains clients one by one)."""
     payload = first_payload(algorithm, fresh_state(algorithm, params, info), info)

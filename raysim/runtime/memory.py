@@ -150,8 +150,9 @@ class PeakMemory:
             self._start = _status_bytes("VmRSS")
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if self.device.type == "cuda":
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self._start
         elif self._start:

@@ -8,6 +8,7 @@ build a model per client (only ``client_init_params`` builds one, the client's o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from raysim.errors import DataError
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import client_state_type
 from raysim.runtime.builders import build_job_model
+from raysim.runtime.precision import local_precision
 from raysim.sampling import client_seed
 from raysim.stored import from_plain
 from raysim.train.local import LocalTrainConfig, train_local
@@ -128,6 +130,35 @@ def personal_context(
         device=device,
         spec=source.spec,
     )
+
+
+def evaluate_personal_clients(
+    algorithm: PersonalAlgorithm[Any],
+    model: nn.Module,
+    source: ClientStore,
+    job: JobConfig,
+    device: torch.device,
+    params: NumpyParams,
+    client_ids: list[int],
+    round_num: int,
+    state_of: Callable[[int], object | None],
+) -> list[Metrics]:
+    """Each client's test split under its own predictor (``evaluate_personal_model``): the global
+    ``params`` and ``state_of(client)``, its newest state up to ``round_num``; clients without a
+    test split are skipped."""
+    on_device = {k: torch.as_tensor(v).to(device) for k, v in params.items()}  # once
+    rows = []
+    for client_id in client_ids:
+        test = source.client_data(client_id, "test")
+        if not len(test):
+            continue
+        ctx = personal_context(
+            model, source, job, device, on_device, client_id, round_num, state_of(client_id)
+        )
+        with local_precision(job.resources, device):
+            row = evaluate_personal_model(algorithm, ctx, test, job.evaluation.batch_size)
+        rows.append({**row, "client_id": float(client_id)})
+    return rows
 
 
 def evaluate_personal_model(

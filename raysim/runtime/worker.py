@@ -18,28 +18,27 @@ from torch import nn
 from raysim import params as P
 from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
-from raysim.config.model_groups import model_key
 from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import aggregator_of
 from raysim.probe import ClientView, Probe
-from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, build_section_model
+from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.device_reads import RetrainRound, RoundChecks, UnreadClient, defers_reads, read_clients
-from raysim.runtime.map_tasks import compute_task
+from raysim.runtime.map_tasks import map_units
 from raysim.runtime.memory import PeakMemory
 from raysim.runtime.personal import (
     client_init_params,
-    evaluate_personal_model,
-    personal_context,
+    evaluate_personal_clients,
     personalize,
     typed_client_state,
 )
 from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
+from raysim.runtime.resident_models import ResidentModels
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
 from raysim.sampling import client_seed
 from raysim.services import MapRequest, RoundOptions
@@ -80,23 +79,16 @@ class ClientTrainer:
         self.states = ClientStateStore(setup.state_dir)
         self.algorithm = build_algorithm(self.job)
         self.probes = build_probes(self.job)
-        self.model = build_job_model(self.job, self.store.spec).to(self.device)
-        # resident models by their section's key: the job's, every model group's (built now, each
-        # seeded as the job's model), and any other architecture map_clients was asked for
-        self.model_section = self.job.model.to_dict()  # dumped once: every client's context names it
-        self.models: dict[str, nn.Module] = {model_key(self.model_section): self.model}
-        groups = self.job.model_groups
-        num_clients, seed = self.store.num_clients, self.job.seed
-        self.client_models = () if groups is None else groups.client_models(num_clients, seed)
-        for section in {model_key(s): s for s in self.client_models}.values():
-            self._model_for(section)
-        mixes = len(self.models) > 1  # a vectorized chunk trains one architecture
-        # mixed architectures get no broadcast: each client starts from its architecture's own
-        # initial weights (the run seed's), restored as a broadcast would be
-        self.initial = {key: P.clone(P.model_params(m)) for key, m in self.models.items()} if mixes else {}
+        self.resident = ResidentModels(self.job, self.store.spec, self.store.num_clients, self.device)
+        self.model, mixes = self.resident.model, self.resident.mixes
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
-        self.vectorizes = not self.training.transforms and not mixes and worker_vectorizes(  # data as stored
-            self.job, self.algorithm, self.model, self.device, self.store)  # fmt: skip
+        self.vectorizes = (
+            not self.training.transforms
+            and not mixes
+            and worker_vectorizes(  # data as stored
+                self.job, self.algorithm, self.model, self.device, self.store
+            )
+        )
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
         self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
 
@@ -128,8 +120,14 @@ class ClientTrainer:
             report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(False))
         return replace(report, worker_times=[self.timer.times()])
 
-    def _train_tasks(self, payload: Payload, tasks: list[tuple[int, int]], round_num: int,
-                     options: RoundOptions, checks: RoundChecks) -> WorkerReport:  # fmt: skip
+    def _train_tasks(
+        self,
+        payload: Payload,
+        tasks: list[tuple[int, int]],
+        round_num: int,
+        options: RoundOptions,
+        checks: RoundChecks,
+    ) -> WorkerReport:
         timer = self.timer
         aggregator = aggregator_of(self.algorithm)
         partial = aggregator.zero()
@@ -195,8 +193,14 @@ class ClientTrainer:
             partial, clients, failures, probe_rows, local_models, bytes_up, params_up, peak_bytes
         )
 
-    def _chunks(self, payload: Payload, params: Params, tasks: list[tuple[int, int]], round_num: int,
-                options: RoundOptions) -> ChunkResults | None:  # fmt: skip
+    def _chunks(
+        self,
+        payload: Payload,
+        params: Params,
+        tasks: list[tuple[int, int]],
+        round_num: int,
+        options: RoundOptions,
+    ) -> ChunkResults | None:
         """The round's clients trained in chunks (``engine.vectorize``); None: one by one."""
         algorithm, budgets = self.algorithm, options.step_budgets
         if not (self.vectorizes and vectorizes(algorithm)) or options.probes or options.keep_local_models:
@@ -230,14 +234,18 @@ class ClientTrainer:
         model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
             P.load_into(model, global_params)  # in place: the model is never rebuilt
-        elif self.initial:
-            P.load_into(model, self.initial[model_key(self.client_models[client_id])])
+        else:
+            self.resident.restore_initial(client_id)
         model.zero_grad(set_to_none=True)
         data = self.round_data(client_id, round_num)
         view = ClientView(
-            client_id, round_num, model, data, self._evaluate,
+            client_id,
+            round_num,
+            model,
+            data,
+            self._evaluate,
             lambda: self.store.client_data(client_id, "test"),
-        )  # fmt: skip
+        )
         before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
         model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
@@ -250,8 +258,15 @@ class ClientTrainer:
         }
         return result, rows
 
-    def _context(self, payload: Payload, params: Params, client_id: int, round_num: int,
-                 budget: int | None, data: ClientData | None = None) -> ClientContext:  # fmt: skip
+    def _context(
+        self,
+        payload: Payload,
+        params: Params,
+        client_id: int,
+        round_num: int,
+        budget: int | None,
+        data: ClientData | None = None,
+    ) -> ClientContext:
         """The client's context on the resident model (its data read here unless given)."""
         own = payload.per_client.get(client_id)
         return ClientContext(
@@ -268,7 +283,7 @@ class ClientTrainer:
             client_init=lambda: self.client_init(client_id),
             step_budget=budget,
             client_payload=None if own is None else P.to_device(own, self.device),
-            model_section=self.client_models[client_id] if self.client_models else self.model_section,
+            model_section=self.resident.section_of(client_id),
             model_of=self.model_of,
         )
 
@@ -296,47 +311,40 @@ class ClientTrainer:
     ) -> list[Metrics]:
         """Each client's test split under the global model and after few-shot fine-tuning
         (``raysim.runtime.personal.personalize``)."""
-        return personalize(self.model, self.stores[store], self.job, self.device, params, client_ids,
-                           config, round_num)  # fmt: skip
+        return personalize(
+            self.model, self.stores[store], self.job, self.device, params, client_ids, config, round_num
+        )
 
     def evaluate_personal(self, params: NumpyParams, client_ids: list[int], round_num: int) -> list[Metrics]:
         """Each client's test split under its own predictor: the plugin's ``personal_model`` of the
-        global ``params`` and the client's newest state up to ``round_num`` (clients without a
-        test split are skipped)."""
+        global ``params`` and the client's newest state up to ``round_num``."""
         if not has_personal_model(self.algorithm):
             raise ValueError(f"algorithm {self.job.algorithm.name!r} has no personal_model to evaluate")
-        on_device = {k: torch.as_tensor(v).to(self.device) for k, v in params.items()}  # once
-        rows = []
-        for client_id in client_ids:
-            test = self.store.client_data(client_id, "test")
-            if not len(test):
-                continue
-            state = self._client_state(client_id, round_num + 1)
-            ctx = personal_context(self.model, self.store, self.job, self.device, on_device, client_id,
-                                   round_num, state)  # fmt: skip
-            with local_precision(self.job.resources, self.device):
-                row = evaluate_personal_model(self.algorithm, ctx, test, self._batch_size)
-            rows.append({**row, "client_id": float(client_id)})
-        return rows
+        return evaluate_personal_clients(
+            self.algorithm,
+            self.model,
+            self.store,
+            self.job,
+            self.device,
+            params,
+            client_ids,
+            round_num,
+            lambda client_id: self._client_state(client_id, round_num + 1),
+        )
 
     def map_units(self, request: MapRequest[R], units: list[tuple[int, int]]) -> list[R | None]:
-        """``request.task`` for each (point index, client position) unit, in order.
-
-        Units arrive grouped by point, so each point is loaded into the model once.
-        """
-        model = self._model_for(request.model)
+        """``request.task`` for each (point index, client position) unit, in order (``map_tasks``)."""
         source = self.stores[request.store]
-        out: list[R | None] = []
-        loaded = None
-        for point, position in units:
-            if point != loaded:
-                weights = request.points[point]
-                P.load_into(model, {k: torch.as_tensor(v).to(self.device) for k, v in weights.items()})
-                loaded = point
-            data = self._unit_data(request, source, position)
-            out.append(compute_task(request.task, model, data, source.spec, self.device, self._batch_size)
-                       if data is not None and len(data) else None)  # fmt: skip
-        return out
+        model, spec = self.resident.for_section(request.model), source.spec
+        return map_units(
+            request,
+            units,
+            model,
+            lambda at: self._unit_data(request, source, at),
+            spec,
+            self.device,
+            self._batch_size,
+        )
 
     @property
     def _batch_size(self) -> int:
@@ -354,16 +362,7 @@ class ClientTrainer:
 
     def model_of(self, client_id: int) -> nn.Module:
         """The resident model of the client's architecture (the job's model without model groups)."""
-        return self._model_for(self.client_models[client_id]) if self.client_models else self.model
-
-    def _model_for(self, section: dict[str, Any] | None) -> nn.Module:
-        """The resident model, or (built once, then kept) a model of another architecture."""
-        if section is None:
-            return self.model
-        key = model_key(section)
-        if key not in self.models:
-            self.models[key] = build_section_model(self.job, section, self.store.spec).to(self.device)
-        return self.models[key]
+        return self.resident.of_client(client_id)
 
 
 def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:

@@ -78,12 +78,12 @@ def run_cell_tasks(
     stopping: StoppingConfig | None = None,
 ) -> None:
     """Runs every task concurrently, as the cluster's resources allow; ``on_done(name, result)``
-    as each ends, ``result`` being what the task returned or the exception it raised (the others
-    go on). Ctrl-C or SIGTERM cancels the cells still running or queued (their runs end KILLED) and
-is raised again.
+        as each ends, ``result`` being what the task returned or the exception it raised (the others
+        go on). Ctrl-C or SIGTERM cancels the cells still running or queued (their runs end KILLED) and
+    is raised again.
 
-    Raises:
-        ResourceError: a cell needs more CPUs or GPUs than any node of the cluster has.
+        Raises:
+            ResourceError: a cell needs more CPUs or GPUs than any node of the cluster has.
     """
     init_ray(resources)
     refuse_unfit(tasks)

@@ -55,8 +55,14 @@ class CellTracker(MlflowTracker):
     """A cell's MLflow run, a child of the sweep's run, that reports the stopping metric and asks
     the run to stop (at the round's end) when the median rule says so."""
 
-    def __init__(self, job: JobConfig, parent_run_id: str | None, tags: dict[str, str],
-                 metric: str | None, report: Reporter | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job: JobConfig,
+        parent_run_id: str | None,
+        tags: dict[str, str],
+        metric: str | None,
+        report: Reporter | None,
+    ) -> None:
         super().__init__(job.tracking, parent_run_id, tags)
         self.metric, self.report, self.stopped = metric, report, False
 
@@ -82,11 +88,13 @@ def run_cell(
     comes as its mapping (``JobConfig.to_dict``), re-validated here: plugins load in this process."""
     clear_stop_request()  # the median rule's stop of the cell this process ran before
     job = validate_job(job_dict)
-    job = job.model_copy(update={
-        "origin": origin,
-        "resources": job.resources.model_copy(update={"backend": "serial"}),
-        "tracking": job.tracking.model_copy(update={"progress": False}),
-    })  # fmt: skip
+    job = job.model_copy(
+        update={
+            "origin": origin,
+            "resources": job.resources.model_copy(update={"backend": "serial"}),
+            "tracking": job.tracking.model_copy(update={"progress": False}),
+        }
+    )
     tracker: Tracker = (
         CellTracker(job, parent_run_id, tags, metric, report) if job.tracking.enabled else MemoryTracker()
     )
@@ -225,8 +233,10 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
     done = parent.finished_cells(sweep) if parent is not None else ledger.finished_cells()
     todo = [cell for cell in sweep.cells if cell.name not in done]
     where = f"MLflow run {parent.run_id}" if parent is not None else f"untracked: outcomes in {ledger.path}"
-    say(f"sweep {sweep.id}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} finished before, "
-        f"{len(todo)} to run ({where})")  # fmt: skip
+    say(
+        f"sweep {sweep.id}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} finished before, "
+        f"{len(todo)} to run ({where})"
+    )
     stopping = sweep.spec.stopping
     parent_id = parent.run_id if parent is not None else None
     metric = stopping.metric if stopping is not None else None
@@ -249,9 +259,15 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
     outcomes: dict[str, CellOutcome] = {}
 
     def on_done(name: str, result: Any) -> None:
-        outcome = result if isinstance(result, CellOutcome) else CellOutcome(
-            name, "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED",
-            error=f"{type(result).__name__}: {result}")  # fmt: skip
+        outcome = (
+            result
+            if isinstance(result, CellOutcome)
+            else CellOutcome(
+                name,
+                "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED",
+                error=f"{type(result).__name__}: {result}",
+            )
+        )
         outcomes[name] = outcome
         if parent is None:
             ledger.note(outcome)

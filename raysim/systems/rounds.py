@@ -135,9 +135,13 @@ class SimulatedSystem:
         availability, config = self.fleet.availability, self.config
         start = availability.next_online(self.pool, clock)
         if start is None:
-            raise ConfigError([f"system.availability: no training client is online at or after "
-                               f"{clock:.0f} s (round {round_num}): the trace ends there; give it "
-                               f"a period_s to repeat it, or run fewer rounds"])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"system.availability: no training client is online at or after "
+                    f"{clock:.0f} s (round {round_num}): the trace ends there; give it "
+                    f"a period_s to repeat it, or run fewer rounds"
+                ]
+            )
         online = self.pool[availability.online(self.pool, start)]
         wanted = min(math.ceil(round(config.over_commit * self.cohort_size, 9)), len(online))
         selected = online[sample_cohort(len(online), wanted, self.seed, round_num)]
@@ -158,8 +162,17 @@ class SimulatedSystem:
             for i in kept
             if outcomes[i].steps < work.steps(int(self.fleet.num_examples[selected[i]]))
         }
-        return RoundPlan(round_num, start, start + duration, start - clock, len(online), selected,
-                         outcomes, selected[kept], budgets)  # fmt: skip
+        return RoundPlan(
+            round_num,
+            start,
+            start + duration,
+            start - clock,
+            len(online),
+            selected,
+            outcomes,
+            selected[kept],
+            budgets,
+        )
 
     def _outcome(
         self, client: int, straggler: bool, work: LocalWork, round_num: int, start: float

@@ -35,9 +35,13 @@ def per_client(
         raise ConfigError([f"{where}: {path} lists no client"])
     absent = [c for c in range(num_clients) if c not in listed]
     if absent and missing == "error":
-        raise ConfigError([f"{where}: {path} lists no entry for {len(absent)} of the {num_clients} "
-                           f"clients (first: {absent[:5]}); list them, or set missing: "
-                           f"cycle{' or always' if always is not None else ''}"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"{where}: {path} lists no entry for {len(absent)} of the {num_clients} "
+                f"clients (first: {absent[:5]}); list them, or set missing: "
+                f"cycle{' or always' if always is not None else ''}"
+            ]
+        )
     order = sorted(listed)
     if missing == "always":
         return [listed.get(c, always) for c in range(num_clients)]

@@ -211,8 +211,10 @@ class Outbox:
         if self.reason is None:  # said once per outage
             log.warning(
                 "tracking: the MLflow store %s cannot take records (%s); training goes on and what it "
-                "logs waits here until the store is back", self.store, reason,
-            )  # fmt: skip
+                "logs waits here until the store is back",
+                self.store,
+                reason,
+            )
         else:
             self.delay = min(2 * self.delay, MAX_RETRY_S)
         self.reason, self.retry_at = reason, self.clock() + self.delay
@@ -234,8 +236,12 @@ class Outbox:
         log.warning(
             "tracking: the MLflow store %s still cannot take records (%s); %s not sent, saved in %s; "
             "send them with: raysim track upload %s",
-            self.store, self.reason, summary(self.pending), path, folder,
-        )  # fmt: skip
+            self.store,
+            self.reason,
+            summary(self.pending),
+            path,
+            folder,
+        )
         return path
 
 

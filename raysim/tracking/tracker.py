@@ -277,8 +277,10 @@ class MlflowTracker:
         assert self.outbox is not None
         if not self.outbox.close(EndRecord(status)):
             if self.run_dir is None:
-                raise ResourceError(f"the MLflow store {self.uri} is away ({self.outbox.reason}); "
-                                    f"the run's last records were not logged")  # fmt: skip
+                raise ResourceError(
+                    f"the MLflow store {self.uri} is away ({self.outbox.reason}); "
+                    f"the run's last records were not logged"
+                )
             self.outbox.save(self.run_dir, self.run_id)
         if self.sentinel is not None:  # not when the end failed otherwise: then the sentinel ends it
             self.sentinel.stand_down()

@@ -100,6 +100,7 @@ def test_the_tiers_are_the_packages_that_exist():
 
 
 MAX_LINES = 400  # a module longer than this holds more than one concern: split it by concern
+# ``make test`` checks the formatting (``ruff format --check``), so a count is the formatter's
 
 
 def test_no_module_is_over_400_lines():
@@ -181,3 +182,46 @@ def test_no_two_test_files_share_a_name():
     under tests/ stops the whole collection ("import file mismatch")."""
     names = Counter(path.name for path in (RAYSIM.parent / "tests").rglob("test_*.py"))
     assert not [name for name, n in names.items() if n > 1]
+
+
+def test_fmt_skip_only_keeps_a_table_of_literals_as_laid_out():
+    """``# fmt: skip`` is for tables a reader scans in columns (a tuple of names, a dict of kinds,
+    a palette), never for a call or a signature squeezed onto fewer lines."""
+    root, misused = RAYSIM.parent, []
+    for path in sorted(
+        p for name in ("raysim", "algorithms", "datasets", "tools") for p in (root / name).rglob("*.py")
+    ):
+        lines = path.read_text().splitlines()
+        skipped = {n for n, line in enumerate(lines, 1) if line.rstrip().endswith("# fmt: skip")}
+        if not skipped:
+            continue
+        tables = {
+            node.end_lineno
+            for node in ast.walk(ast.parse("\n".join(lines)))
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and node.value is not None
+            and _is_table(node.value)
+        }
+        misused += [f"{path.relative_to(root)}:{n}" for n in sorted(skipped - tables)]
+    assert not misused, f"fmt: skip outside a table of literals (let the formatter lay it out): {misused}"
+
+
+def _is_table(value: ast.expr) -> bool:
+    """A tuple, list or dict of constants and names (``np.array(...)`` of one too), nothing computed."""
+    if isinstance(value, ast.Call):  # np.array([[...]], dtype=...)
+        array = isinstance(value.func, ast.Attribute) and value.func.attr == "array"
+        return array and bool(value.args) and all(_is_table(arg) for arg in value.args)
+    if not isinstance(value, (ast.Tuple, ast.List, ast.Dict)):
+        return False
+    leaves = (
+        ast.Constant,
+        ast.Name,
+        ast.Attribute,
+        ast.UnaryOp,
+        ast.USub,
+        ast.Load,
+        ast.Tuple,
+        ast.List,
+        ast.Dict,
+    )
+    return all(isinstance(node, (*leaves, ast.expr_context, ast.unaryop)) for node in ast.walk(value))

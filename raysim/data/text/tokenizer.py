@@ -129,8 +129,10 @@ class Tokenizer:
             for start in range(0, len(first), _ENCODE_BATCH):
                 end = start + _ENCODE_BATCH
                 pairs = None if second is None else list(second[start:end])
-                out += [np.asarray(ids, np.int32) for ids in self._encode_inputs(
-                    list(first[start:end]), pairs, max_length)]  # fmt: skip
+                out += [
+                    np.asarray(ids, np.int32)
+                    for ids in self._encode_inputs(list(first[start:end]), pairs, max_length)
+                ]
             return out
         firsts = self.encode_batch(first)
         seconds = self.encode_batch(second) if second is not None else [None] * len(firsts)

@@ -34,7 +34,7 @@ def test_a_worker_holds_every_architecture_and_gives_each_client_its_own(tmp_pat
     config = job({"name": "fusefl", "splits": ["fc1"]})
     store = open_dataset(config.dataset.name, config.dataset.config)
     trainer = ClientTrainer(WorkerSetup(config.to_dict(), str(store.path), str(tmp_path)))
-    assert len(trainer.models) == 2
+    assert len(trainer.resident.models) == 2
     widths = [trainer.model_of(c).state_dict()["1.weight"].shape[0] for c in range(4)]
     assert widths == [16, 8, 16, 8]  # round robin: clients 1 and 3 train the two-layer MLP
     seen = {}
@@ -106,7 +106,7 @@ def test_a_plain_job_keeps_one_resident_model(tmp_path):
     config = tiny_job()
     store = open_dataset(config.dataset.name, config.dataset.config)
     trainer = ClientTrainer(WorkerSetup(config.to_dict(), str(store.path), str(tmp_path)))
-    assert list(trainer.models.values()) == [trainer.model] and trainer.model_of(5) is trainer.model
+    assert list(trainer.resident.models.values()) == [trainer.model] and trainer.model_of(5) is trainer.model
     assert P.model_params(trainer.model)  # the job's model, as before
 
 

@@ -104,8 +104,15 @@ def test_a_measured_gpu_share_packs_the_workers_the_probes_peak_allows(tmp_path,
     result = run(job, output_dir=tmp_path, tracker=tracker)
     assert [step for step, _ in result.history] == [0]
     assert tracker.params["resources.gpus_per_worker"] == "auto"  # the config as written
-    tags = {key: float(tracker.tags[key]) for key in ("gpus_per_worker", "gpu_worker_peak_mib",
-                                                      "gpu_worker_allocated_mib", "gpu_workers_per_card")}
+    tags = {
+        key: float(tracker.tags[key])
+        for key in (
+            "gpus_per_worker",
+            "gpu_worker_peak_mib",
+            "gpu_worker_allocated_mib",
+            "gpu_workers_per_card",
+        )
+    }
 
     parts = open_parts(job)
     setup = WorkerSetup(job.to_dict(), str(parts.store.path), str(tmp_path / "probe_state"))

@@ -87,6 +87,7 @@ def test_a_model_vmap_cannot_train_runs_sequentially_under_auto_and_is_refused_o
 ):
     name = f"{make.__name__.lower()}_test"
     registry.load_builtins()  # registered for this test only: the registry's listing tests see the zoo
+
     def build(config, spec):
         return make(math.prod(spec.input_shape), spec.num_classes)
 

@@ -1,7 +1,6 @@
 """Job files: overrides parsed as YAML, variants merged over the base, problems shared by variants
 reported once, file errors, and every job file in the repository validating."""
 
-
 import pytest
 import yaml
 from raw_jobs import BASE, REPO

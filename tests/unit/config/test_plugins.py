@@ -1,7 +1,5 @@
 """Plugin sections: a partial section keeps every other default of its plugin, at any depth."""
 
-
-
 from raw_jobs import BASE, problems_of
 
 from raysim.config import JobConfig, apply_overrides, flatten

@@ -1,7 +1,6 @@
 """Renamed plugin options (raysim.config.renames): refused in job files naming the new name, read in
 today's names in jobs raysim wrote before."""
 
-
 import pytest
 
 from raysim.config import JobConfig

@@ -1,6 +1,5 @@
 """The job's ``system:`` section (raysim.config.system): validated, and absent by default."""
 
-
 import pytest
 
 from raysim.config import JobConfig

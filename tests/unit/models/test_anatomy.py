@@ -65,6 +65,7 @@ def tiny_pretrained(kind: str) -> str:
         model.save_pretrained(_TINY[kind])
     return _TINY[kind]
 
+
 # Every registered model, with the options worth covering; LoRA wraps the HF models in peft.
 CASES: dict[str, list[tuple[dict, DataSpec]]] = {
     "mlp": [({}, MNIST), ({"hidden": []}, MNIST)],

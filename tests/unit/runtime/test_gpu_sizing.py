@@ -74,5 +74,3 @@ def test_the_probe_trains_the_largest_client_or_a_chunk_of_the_largest():
     assert work_for({"vectorize": "auto", "vectorize_chunk": 3}).client_ids == [1, 7, 6]
     assert len(work_for({"vectorize": "on", "vectorize_chunk": "auto"}).client_ids) == 4  # ChunkSize's probes
     assert work_for({"vectorize": "on", "vectorize_chunk": 16, "cohort_size": 2}).client_ids == [1, 7]
-
-

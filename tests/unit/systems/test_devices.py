@@ -1,6 +1,5 @@
 """Clients as devices: lognormal speeds from the seed, and device traces (raysim.systems.devices)."""
 
-
 import numpy as np
 import pytest
 from fleets import write

@@ -1,7 +1,5 @@
 """The batches of a client's local work, as the simulated clock counts them (raysim.systems.work)."""
 
-
-
 from raysim.config import JobConfig
 from raysim.systems.work import LocalWork, local_training
 

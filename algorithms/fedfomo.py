@@ -13,7 +13,7 @@ client for each peer (the sum of the weights the client gave that peer so far). 
    trained also receives the initial model;
 2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
    weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
-   loss on its validation split (the last ``scoring_fraction`` of its examples, the PFLlib
+   loss on its scoring split (the last ``scoring_fraction`` of its examples, the PFLlib
    convention the LSS notes follow), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
    ``w_n > 0`` (else keeps ``θ_i``), trains on the rest of its examples and uploads its model and
    its weights;
@@ -56,7 +56,7 @@ from raysim.types import (
 
 
 class FedFomoConfig(BaseModel, frozen=True, extra="forbid"):
-    """FedFomo: clients combine their peers' models, weighted by validation-loss improvement."""
+    """FedFomo: clients combine their peers' models, weighted by the loss they lower on a scoring split."""
 
     num_peers: int = Field(5, ge=1)  # M: models a client downloads per round
     epsilon: float = Field(0.3, ge=0, le=1)  # chance of random peers instead of the top-affinity ones
@@ -107,8 +107,8 @@ Result: TypeAlias = ClientResult[Upload, OwnModel]  # what a client sends, and `
 
 
 def split_for_scoring(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
-    """(train, validation): the last ``fraction`` of the examples (at least one when there are two
-    or more) are the validation split, the same every round."""
+    """(train, scoring): the last ``fraction`` of the examples (at least one when there are two
+    or more) are the scoring split, the same every round."""
     n = len(data)
     num_val = min(max(math.ceil(fraction * n), 1), n - 1) if n >= 2 else 0
     cut = n - num_val
@@ -122,17 +122,17 @@ def peer_weights(
     model: nn.Module,
     own: Params,
     peers: list[Params],
-    validation: ClientData,
+    scoring: ClientData,
     ctx: ClientContext[None, OwnModel, Peers],
 ) -> torch.Tensor:
-    """``w_n = max(0, (L(own) - L(peer_n)) / ||peer_n - own||)`` on ``validation``, (num peers,);
-    zeros without validation examples. Leaves ``model`` holding ``own``."""
-    if not len(validation) or not peers:
+    """``w_n = max(0, (L(own) - L(peer_n)) / ||peer_n - own||)`` on ``scoring``, (num peers,);
+    zeros without scoring examples. Leaves ``model`` holding ``own``."""
+    if not len(scoring) or not peers:
         return torch.zeros(len(peers))
 
     def loss(weights: Params) -> float:
         P.load_into(model, weights)
-        return evaluate(model, validation, ctx.spec, ctx.device)["loss"]
+        return evaluate(model, scoring, ctx.spec, ctx.device)["loss"]
 
     own_loss = loss(own)
     weights = []
@@ -145,7 +145,7 @@ def peer_weights(
 
 @register("algorithm", "fedfomo")
 class FedFomo:
-    """FedFomo: each client moves towards the peers whose models lower its validation loss."""
+    """FedFomo: each client moves towards the peers whose models lower the loss on its scoring split."""
 
     Config = FedFomoConfig
     ClientState = OwnModel
@@ -194,8 +194,8 @@ class FedFomo:
             raise ValueError(f"fedfomo: client {ctx.client_id} has neither a model of its own nor a start")
         models = peers.models
         P.load_into(ctx.model, own)  # the worker loaded nothing: the payload shares no params
-        train, validation = split_for_scoring(ctx.data, self.config.scoring_fraction)
-        weights = peer_weights(ctx.model, own, models, validation, ctx)
+        train, scoring = split_for_scoring(ctx.data, self.config.scoring_fraction)
+        weights = peer_weights(ctx.model, own, models, scoring, ctx)
         if weights.sum() > 0:  # θ_i + Σ w_n (θ_n - θ_i) / Σ w_n
             share = (weights / weights.sum()).tolist()
             moved = {k: w + sum(s * (m[k] - w) for s, m in zip(share, models)) for k, w in own.items()}

@@ -50,7 +50,6 @@ from raysim.algorithm import Algorithm
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import JobCore, PluginSection, nested_plugin
 from raysim.errors import CheckpointError, ConfigError
-from raysim.plugin_defaults import pure_aggregate
 from raysim.plugin_defaults import resume_state as completed_state
 from raysim.registry import register
 from raysim.stored import plain
@@ -237,7 +236,7 @@ class IMA(Generic[A]):
         inner = self.inner
         if not _aggregates_mean_delta(inner) or not isinstance(aggregate, dict):  # IMAConfig checked
             raise TypeError("IMA before_server_optimizer needs an inner whose aggregate is the mean delta")
-        fma = pure_aggregate(state.params, aggregate)
+        fma = P.pure_aggregate(state.params, aggregate)
         window = [*state.extra.window, fma][-self.config.window :]
         active = self._active(round_num, window)
         target = mean_model(window) if active else fma

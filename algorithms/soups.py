@@ -8,12 +8,12 @@ the server stays FedAvg (``raysim.train.server_opt``). Each round a client:
 2. fine-tunes ``num_models`` ingredients from the round's global model, each with its own seed and
    hyper-parameters drawn from ``grid`` (the LSS paper: 32 runs of ``local.epochs`` = 8, lr
    {1e-4, 5e-4, 1e-5}, batch {32, 64, 128}, weight decay {5e-4, 5e-5, 5e-6}, dropout {0, 0.1, 0.3});
-   each ingredient is its best epoch by validation accuracy (``keep: best_epoch``) or its last;
+   each ingredient is its best epoch by held-back accuracy (``keep: best_epoch``) or its last;
 3. uploads the soup, ``delta = global - soup``, weighted by the examples trained on:
    - ``recipe: uniform``, the uniform soup of every ingredient (Wortsman et al., ICML 2022,
      arXiv:2203.05482, eq. 1); the LSS paper's "Soups" [notes: ours, it does not say which];
-   - ``recipe: greedy``, Wortsman et al.'s Recipe 1: ingredients by validation accuracy, best
-     first, each kept when the soup's validation accuracy does not drop.
+   - ``recipe: greedy``, Wortsman et al.'s Recipe 1: ingredients by held-back accuracy, best
+     first, each kept when the soup's held-back accuracy does not drop.
 
 ``diwa`` (Rame et al., NeurIPS 2022, arXiv:2205.09739) is the same procedure, diverse ingredients
 from different hyper-parameters and seeds averaged in weight space, with the greedy recipe by
@@ -21,7 +21,7 @@ default: the LSS paper's "greedy model selection version of model soups" (their 
 Soups average every tensor that travels, BatchNorm statistics included (Wortsman et al. average
 state dicts). A grid dropout other than 0 sets ``p`` of the model's ``nn.Dropout`` layers for that
 ingredient; a model without any is refused. One ingredient, the local hyper-parameters as the
-grid's only values, ``keep: last`` and no validation split is FedAvg's local run bit for bit.
+grid's only values, ``keep: last`` and no held-back examples is FedAvg's local run bit for bit.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
     weighted: bool = True
 
     @model_validator(mode="after")
-    def _validation_where_needed(self) -> "SoupsConfig":
+    def _selection_where_needed(self) -> "SoupsConfig":
         needs = [
             why
             for why, used in (
@@ -123,7 +123,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
         ]
         if needs and self.selection_fraction == 0:
             raise ValueError(
-                f"{' and '.join(needs)} need validation accuracy: set selection_fraction above 0 "
+                f"{' and '.join(needs)} need held-back accuracy: set selection_fraction above 0 "
                 "(0.2 is the notes' choice), or recipe: uniform with keep: last"
             )
         return self
@@ -179,14 +179,14 @@ def dropout_rate(model: nn.Module, p: float) -> Iterator[None]:
 
 @dataclass
 class _Best:
-    """The best checkpoint of one ingredient so far, by validation accuracy."""
+    """The best checkpoint of one ingredient so far, by held-back accuracy."""
 
     params: Params | None = None
     accuracy: float = -math.inf
 
 
 def best_epoch_step(batches_per_epoch: int, best: _Best, accuracy_of: "_Accuracy") -> LocalStep:
-    """A plain step that, at each epoch's end, keeps the weights when their validation accuracy
+    """A plain step that, at each epoch's end, keeps the weights when their held-back accuracy
     is the best yet."""
     steps = 0
 
@@ -203,13 +203,13 @@ def best_epoch_step(batches_per_epoch: int, best: _Best, accuracy_of: "_Accuracy
 
 
 class _Accuracy:
-    """Validation accuracy of a model as it stands, leaving it in train mode."""
+    """Held-back accuracy of a model as it stands, leaving it in train mode."""
 
-    def __init__(self, validation: ClientData, ctx: ClientContext[None, None]) -> None:
-        self.validation, self.ctx = validation, ctx
+    def __init__(self, held_back: ClientData, ctx: ClientContext[None, None]) -> None:
+        self.held_back, self.ctx = held_back, ctx
 
     def __call__(self, model: nn.Module) -> float:
-        accuracy = evaluate(model, self.validation, self.ctx.spec, self.ctx.device)["accuracy"]
+        accuracy = evaluate(model, self.held_back, self.ctx.spec, self.ctx.device)["accuracy"]
         model.train()
         return accuracy
 
@@ -239,8 +239,8 @@ class Soups:
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         config, model = self.config, ctx.model
         if config.selection_fraction > 0:
-            train, validation = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
-            accuracy_of: _Accuracy | None = _Accuracy(validation, ctx)
+            train, held_back = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
+            accuracy_of: _Accuracy | None = _Accuracy(held_back, ctx)
         else:
             train, accuracy_of = ctx.data, None
         start = snapshot(model)  # the round's global model, BatchNorm statistics included
@@ -255,7 +255,7 @@ class Soups:
             accuracies.append(best.accuracy)
         chosen = list(range(len(ingredients)))
         if config.recipe == "greedy":
-            assert accuracy_of is not None  # the config refuses greedy without validation
+            assert accuracy_of is not None  # the config refuses greedy without held-back examples
             score = accuracy_of
 
             def soup_accuracy(members: list[int]) -> float:
@@ -277,7 +277,7 @@ class Soups:
         self, ctx: ClientContext[None, None], train: ClientData, i: int, accuracy_of: _Accuracy | None
     ) -> tuple[_Best, ClientMetrics]:
         """Ingredient ``i`` from the model's current weights; its kept checkpoint (with ``keep:
-        last``, the live model; its accuracy when there is validation) and its train metrics."""
+        last``, the live model; its accuracy when examples are held back) and its train metrics."""
         config = self.config
         hyper = draw_hyperparameters(config.grid, ctx.seed, i)
         local = config.local.model_copy(

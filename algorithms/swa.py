@@ -10,7 +10,7 @@ the server stays FedAvg (``raysim.train.server_opt``).
   after the start is constant (``swa_lr``, the local lr when unset) or cyclic: within each interval
   it falls linearly from the local lr (alpha_1) to ``swa_lr`` (alpha_2), reached at the snapshot.
 - **SWAD** (Cha et al., NeurIPS 2021, arXiv:2102.08604, sec. 3.3): average *every* iterate (dense)
-  inside an overfit-aware window read off the validation loss, evaluated every ``eval_every`` steps
+  inside an overfit-aware window read off the loss on held-back examples, evaluated every ``eval_every`` steps
   on a split held back from the client's data (``raysim.train.weight_averaging.LossValley``):
   from the first evaluation whose loss is the lowest of the next ``start_window`` (N_s = 3), until
   ``end_window`` (N_e = 6) losses in a row exceed ``tolerance`` (r = 1.3, khanrc/swad's
@@ -98,7 +98,7 @@ class SWAConfig(BaseModel, frozen=True, extra="forbid"):
 class SWADConfig(BaseModel, frozen=True, extra="forbid"):
     """SWAD: clients upload the dense mean of their iterates in an overfit-aware window (Cha et al. 2021)."""
 
-    eval_every: int | None = Field(None, ge=1)  # steps between validation evaluations; None: once per epoch
+    eval_every: int | None = Field(None, ge=1)  # steps between held-back evaluations; None: once per epoch
     start_window: int = Field(3, ge=1)  # N_s: averaging starts at the lowest loss of N_s evaluations
     end_window: int = Field(6, ge=1)  # N_e: it ends once N_e losses in a row exceed tolerance x the start's
     tolerance: float = Field(1.3, ge=1)  # r
@@ -158,10 +158,10 @@ def swa_step(
 
 
 class _Segments:
-    """SWAD's dense averaging: every iterate joins the open segment, closed by a validation loss."""
+    """SWAD's dense averaging: every iterate joins the open segment, closed by a held-back loss."""
 
-    def __init__(self, valley: LossValley, validation_loss: Callable[[nn.Module], float]) -> None:
-        self.valley, self.validation_loss = valley, validation_loss
+    def __init__(self, valley: LossValley, held_back_loss: Callable[[nn.Module], float]) -> None:
+        self.valley, self.held_back_loss = valley, held_back_loss
         self.open, self.num_closed = RunningMean(), 0
 
     def add_iterate(self, model: nn.Module) -> None:
@@ -170,7 +170,7 @@ class _Segments:
     def close(self, model: nn.Module) -> None:
         if self.open.count == 0:
             return
-        loss = self.validation_loss(model)
+        loss = self.held_back_loss(model)
         self.valley.add(Segment(self.num_closed, self.open.mean(), int(self.open.count), loss))
         self.open, self.num_closed = RunningMean(), self.num_closed + 1
 
@@ -256,7 +256,7 @@ class SWA:
 
 @register("algorithm", "swad")
 class SWAD:
-    """SWAD: FedAvg whose clients upload the dense average of their iterates in a validation-chosen window."""
+    """SWAD: FedAvg whose clients upload the dense mean of their iterates in a window held-back loss chose."""
 
     Config = SWADConfig
 
@@ -271,15 +271,15 @@ class SWAD:
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         config = self.config
-        train, validation = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
+        train, held_back = hold_back_for_selection(ctx.data, config.selection_fraction, ctx.seed)
         valley = LossValley(config.start_window, config.end_window, config.tolerance)
 
-        def validation_loss(model: nn.Module) -> float:
-            loss = evaluate(model, validation, ctx.spec, ctx.device)["loss"]
+        def held_back_loss(model: nn.Module) -> float:
+            loss = evaluate(model, held_back, ctx.spec, ctx.device)["loss"]
             model.train()  # evaluate leaves the model in eval mode; training goes on
             return loss
 
-        segments = _Segments(valley, validation_loss)
+        segments = _Segments(valley, held_back_loss)
         eval_every = config.eval_every or math.ceil(len(train) / config.local.batch_size)
         metrics = train_context(replace(ctx, data=train), config.local, step=swad_step(segments, eval_every))
         segments.close(ctx.model)  # the iterates since the last evaluation

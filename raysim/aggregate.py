@@ -148,15 +148,15 @@ def _own_copy(leaf: Any) -> Any:
     return leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
 
 
-def weighted_means(rows: Sequence[Metrics], weight: str, skip: Collection[str] = ()) -> Metrics:
-    """Every entry of the rows but ``weight`` and ``skip``, averaged over the rows that carry it,
-    weighted by their ``weight`` entry (0 where those weights are all 0). The round loop and
-    the one-shot methods average the clients' train metrics so, by client weight;
+def weighted_means(rows: Sequence[Metrics], weights: Sequence[float], skip: Collection[str] = ()) -> Metrics:
+    """Every entry of the rows but ``skip``, averaged over the rows that carry it, each row weighted
+    by its entry of ``weights`` (0 where those weights are all 0). A round's client metrics are
+    averaged so, by client weight (``raysim.engine.metrics.client_means``);
     ``raysim.measure.pooling.pool_rows`` the means by examples."""
-    keys = sorted({k for row in rows for k in row} - {weight, *skip})
+    keys = sorted({k for row in rows for k in row} - set(skip))
     out: Metrics = {}
     for key in keys:
-        having = [row for row in rows if key in row]
-        total = sum(row[weight] for row in having)
-        out[key] = sum(row[key] * row[weight] for row in having) / total if total else 0.0
+        having = [(row[key], weight) for row, weight in zip(rows, weights, strict=True) if key in row]
+        total = sum(weight for _, weight in having)
+        out[key] = sum(value * weight for value, weight in having) / total if total else 0.0
     return out

@@ -82,8 +82,9 @@ Rules every plugin follows:
   ``update``.
 
 Every name the engine reads from a plugin, required or optional; each is read only through the
-function named here, in ``raysim.plugin_defaults`` (which says what stands in where a plugin has
-none) or in this module (a hook's full contract is its Protocol's docstring, below):
+function named here: in ``raysim.plugin_defaults`` (which says what stands in where a plugin has
+none), in ``raysim.config.plugins`` (what a job reads before anything is built: no torch) or in
+this module (a hook's full contract is its Protocol's docstring, below):
 
 name              read from   type                                             read by
 ----------------- ----------- ------------------------------------------------ ----------------------

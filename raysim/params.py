@@ -344,3 +344,8 @@ def check_loadable(tree: object, where: str) -> None:
             f"{where} is a {type(tree).__module__}.{type(tree).__name__}; state must hold "
             f"only tensors, numbers, strings and dicts/lists/tuples/sets of them"
         )
+
+
+def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
+    """``params - pseudo_grad`` where the pseudo-gradient has an entry: server SGD with lr 1."""
+    return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}

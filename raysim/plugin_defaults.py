@@ -14,10 +14,9 @@ Usage:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel
@@ -28,9 +27,6 @@ from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.algorithm import A, Algorithm, AnyAlgorithm, plugin_hook
 from raysim.checkpoint import CheckpointTrail
 from raysim.types import DataSpec, Params, Payload, RunInfo, ServerState
-
-if TYPE_CHECKING:
-    from raysim.config import JobCore
 
 E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
 
@@ -75,23 +71,6 @@ def client_state_type(algorithm: object) -> type | None:
     return kind if isinstance(kind, type) else None
 
 
-def accepts_mixed_models(plugin_class: object) -> bool:
-    """``MIXED_MODELS``: whether per-client architectures (``model_groups``) may reach the plugin."""
-    return getattr(plugin_class, "MIXED_MODELS", False) is True
-
-
-def default_model(plugin_class: object) -> dict[str, Any] | None:
-    """A copy of ``DEFAULT_MODEL``, the model a job that names none trains (DENSE's BatchNorm)."""
-    default = getattr(plugin_class, "DEFAULT_MODEL", None)
-    return None if default is None else copy.deepcopy(dict(default))
-
-
-def job_problems(config: BaseModel, job: JobCore) -> list[str]:
-    """``config.check_job(job)``: IMA's ``average_from`` against ``engine.num_rounds``, say."""
-    check = plugin_hook(config, "check_job")
-    return list(check(job)) if check is not None else []
-
-
 def model_problems(config: BaseModel, model: nn.Module) -> list[str]:
     """``config.check_model(model)`` on a built model of the job (FuseFL's split points)."""
     check = plugin_hook(config, "check_model")
@@ -127,11 +106,6 @@ def pseudo_gradient(algorithm: AnyAlgorithm[A], aggregate: A, params: Params) ->
     ):
         return aggregate
     return None
-
-
-def pure_aggregate(params: Params, pseudo_grad: Params) -> Params:
-    """``params - pseudo_grad`` where the pseudo-gradient has an entry: server SGD with lr 1."""
-    return {k: (w - pseudo_grad[k].to(w)) if k in pseudo_grad else w for k, w in params.items()}
 
 
 def with_client_payloads(

@@ -9,7 +9,14 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from raysim import registry
 from raysim.config.model_groups import ModelGroups, check_mixed_models, validate_model_groups
-from raysim.config.plugins import PluginSection, explain, validate_plugin, validate_probes
+from raysim.config.plugins import (
+    PluginSection,
+    default_model,
+    explain,
+    job_problems,
+    validate_plugin,
+    validate_probes,
+)
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
 from raysim.config.system import SystemConfig
@@ -148,8 +155,6 @@ def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The model section of a job that names none: the algorithm plugin's ``DEFAULT_MODEL`` (the
     model it needs, as DENSE needs BatchNorm), else the dataset recipe's, else None (the job's
     ``model`` stays required). A job's own ``model`` always wins."""
-    from raysim.plugin_defaults import default_model  # the contract imports torch: only once a job loads
-
     for kind in ("algorithm", "dataset"):
         section = raw.get(kind)
         name = section.get("name") if isinstance(section, dict) else None
@@ -164,8 +169,6 @@ def check_against_job(sections: list[PluginSection | None], job: JobCore) -> lis
     """Each plugin Config's optional ``check_job(job: JobCore) -> list[str]``: the checks that need
     the job's own sections (IMA's ``average_from`` against ``engine.num_rounds``), so that the dry
     run reports them too, all at once, before any training."""
-    from raysim.plugin_defaults import job_problems  # the contract imports torch: only once a job loads
-
     problems: list[str] = []
     for section in sections:
         if section is not None:

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raysim import registry
-from raysim.config.plugins import PluginSection, explain, validate_plugin
+from raysim.config.plugins import PluginSection, accepts_mixed_models, explain, validate_plugin
 
 
 class GroupRule(BaseModel, frozen=True, extra="forbid"):
@@ -139,10 +139,6 @@ def check_mixed_models(
         ]
     if not groups.is_mixed:
         return []
-    from raysim.plugin_defaults import (
-        accepts_mixed_models,  # the contract imports torch: only once a job loads
-    )
-
     if accepts_mixed_models(registry.get("algorithm", algorithm.name).factory):
         return []
     return [

@@ -1,8 +1,11 @@
-"""Sections that name a plugin (``name:`` plus the plugin's own options), and pydantic's errors
-worded for a job file's author: the key, what is wrong, the valid keys or the nearest name."""
+"""Sections that name a plugin (``name:`` plus the plugin's own options), what a job reads from a
+plugin class or its Config (``raysim.algorithm``'s table: ``MIXED_MODELS``, ``DEFAULT_MODEL``,
+``check_job``), and pydantic's errors worded for a job file's author: the key, what is wrong, the
+valid keys or the nearest name."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import types
 import typing
@@ -16,6 +19,24 @@ from raysim.errors import ConfigError
 from raysim.registry import plugin_config
 
 _WORDED = "raysim_worded"  # the pydantic error type of a message worded already (nested_plugin)
+
+
+def accepts_mixed_models(plugin_class: object) -> bool:
+    """``MIXED_MODELS``: whether per-client architectures (``model_groups``) may reach the plugin."""
+    return getattr(plugin_class, "MIXED_MODELS", False) is True
+
+
+def default_model(plugin_class: object) -> dict[str, Any] | None:
+    """A copy of ``DEFAULT_MODEL``, the model a job that names none trains (DENSE's BatchNorm)."""
+    default = getattr(plugin_class, "DEFAULT_MODEL", None)
+    return None if default is None else copy.deepcopy(dict(default))
+
+
+def job_problems(config: BaseModel, job: BaseModel) -> list[str]:
+    """``config.check_job(job)`` (``job`` a ``JobCore``): IMA's ``average_from`` against
+    ``engine.num_rounds``, say; none where the Config has no such check."""
+    check = getattr(config, "check_job", None)
+    return list(check(job)) if callable(check) else []
 
 
 class PluginSection(BaseModel):

@@ -19,7 +19,7 @@ from its section and one stored example, and then kept.
 
 Usage:
     meter = CostMeter(info.model, store.first_rows(1).arrays["x"], store.spec)
-    meter.trained(output, payload, len(cohort))     # after each cohort
+    meter.trained(output, payload)                  # after each cohort
     meter.evaluated(section, members)               # after each evaluation
     metrics = meter.take(metrics) | metrics         # when the step is logged
 """
@@ -58,7 +58,8 @@ class TrainingCost:
     bytes_up: int = 0
     bytes_down: float = 0.0
 
-    def add(self, output: RoundOutput[object], payload: Payload, cohort_size: int) -> None:
+    def add(self, output: RoundOutput[object], payload: Payload) -> None:
+        cohort_size = output.cohort_size  # every client the payload went to, the failed included
         self.client_seconds += [client.seconds for client in output.clients]
         if output.client_peak_bytes is not None:
             self.peak_bytes = max(self.peak_bytes or 0.0, output.client_peak_bytes)
@@ -106,9 +107,9 @@ class CostMeter:
             self._models[key] = model_cost(model, self.example)
         return self._models[key]
 
-    def trained(self, output: RoundOutput[object], payload: Payload, cohort_size: int) -> None:
+    def trained(self, output: RoundOutput[object], payload: Payload) -> None:
         self._training = self._training or TrainingCost()
-        self._training.add(output, payload, cohort_size)
+        self._training.add(output, payload)
 
     def evaluated(self, section: Section | None = None, members: int = 1) -> None:
         """The predictor just evaluated: ``members`` models of ``section`` (the job's model)."""

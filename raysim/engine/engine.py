@@ -36,7 +36,7 @@ from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
-from raysim.plugin_defaults import pseudo_gradient, pure_aggregate, with_client_payloads
+from raysim.plugin_defaults import pseudo_gradient, with_client_payloads
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
@@ -116,7 +116,7 @@ class Engine(Generic[A]):
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
-        self.costs.trained(output, payload, len(cohort))
+        self.costs.trained(output, payload)
         return output
 
     def run_round(self, state: ServerState, round_num: int) -> tuple[ServerState, Metrics]:
@@ -291,7 +291,7 @@ class Engine(Generic[A]):
             rows=[],
             broadcast=payload.params,
             global_params=P.to_numpy(new.params),
-            pure_aggregate=P.to_numpy(pure_aggregate(old.params, grad)) if grad is not None else None,
+            pure_aggregate=P.to_numpy(P.pure_aggregate(old.params, grad)) if grad is not None else None,
             local_models=output.local_models,
         )
         metrics: Metrics = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim import params as P
+from raysim.aggregate import weighted_means
 from raysim.stored import plain
 from raysim.types import Metrics, Payload, RoundOutput, TrainedClient
 
@@ -43,12 +44,7 @@ def round_timing(output: RoundOutput[object], seconds: float) -> Metrics:
 def client_means(clients: list[TrainedClient]) -> Metrics:
     """Every metric of the clients, averaged over the clients that report it, weighted by their
     weight (0 where those weights are all 0)."""
-    out: Metrics = {}
-    for key in sorted({k for client in clients for k in client.metrics}):
-        having = [client for client in clients if key in client.metrics]
-        total = sum(client.weight for client in having)
-        out[key] = sum(client.metrics[key] * client.weight for client in having) / total if total else 0.0
-    return out
+    return weighted_means([client.metrics for client in clients], [client.weight for client in clients])
 
 
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:

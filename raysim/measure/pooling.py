@@ -51,7 +51,9 @@ def pool_rows(rows: Iterable[Metrics | None]) -> Metrics | None:
         return None
     finished = scores.pool(kept)
     sums = {k for row in kept for k in row if k.startswith(scores.SUMS)}
-    out = weighted_means(kept, "num_examples", _NOT_MEANS | sums | set(finished))
+    out = weighted_means(
+        kept, [row["num_examples"] for row in kept], _NOT_MEANS | sums | set(finished) | {"num_examples"}
+    )
     if any("perplexity" in row for row in kept) and "loss" in out:
         out["perplexity"] = perplexity(out["loss"])
     for row in kept:

@@ -6,7 +6,7 @@ travels, so each client starts from its architecture's own initial weights (the 
 restored in place as a broadcast would be.
 
 Usage:
-    models = ResidentModels(job, spec, device)
+    models = ResidentModels(job, spec, num_clients, device)
     model = models.of_client(client_id)      # the client's architecture, resident
     models.restore_initial(client_id)        # its initial weights, where architectures mix
 """

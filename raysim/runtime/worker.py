@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -54,9 +54,6 @@ from raysim.types import (
     Payload,
     RoundOutput,
 )
-
-if TYPE_CHECKING:
-    pass
 
 R = TypeVar("R")  # one ``map_clients`` result
 
@@ -190,7 +187,14 @@ class ClientTrainer:
             clients = read_clients(trained)
             partial = P.to_cpu(partial)  # one device-to-host copy per worker per round
         return RoundOutput(
-            partial, clients, failures, probe_rows, local_models, bytes_up, params_up, peak_bytes
+            aggregate=partial,
+            clients=clients,
+            failures=failures,
+            probe_rows=probe_rows,
+            local_models=local_models,
+            bytes_up=bytes_up,
+            params_up=params_up,
+            client_peak_bytes=peak_bytes,
         )
 
     def _chunks(

@@ -2,11 +2,11 @@
 
 A client that averages weights trains several points (a trajectory's snapshots, independent
 fine-tunes) and uploads their mean. The pieces here are plain functions and two small classes:
-a client's validation split, a running mean of parameter sets, the greedy soup's selection, and
+a client's held-back examples to select by, a running mean of parameter sets, the greedy soup's selection, and
 SWAD's overfit-aware averaging window (``LossValley``).
 
 Usage:
-    train, val = hold_back_for_selection(ctx.data, 0.2, ctx.seed)      # seeded per client and round
+    train, held_back = hold_back_for_selection(ctx.data, 0.2, ctx.seed)      # seeded per client and round
     average = RunningMean(); average.add(P.model_params(model)); load_params(model, average.mean())
     chosen = greedy_soup(val_accuracies, lambda members: soup_accuracy(members))
 """
@@ -26,14 +26,14 @@ from raysim import params as P
 from raysim.train.local import iterate_batches, to_tensors
 from raysim.types import ClientData, ClientMetrics, Params
 
-_SPLIT_TAG = 0x5A1D  # keeps the validation draw apart from the client's other random streams
+_SPLIT_TAG = 0x5A1D  # keeps the held-back draw apart from the client's other random streams
 
 
 def hold_back_for_selection(data: ClientData, fraction: float, seed: int) -> tuple[ClientData, ClientData]:
-    """``(train, validation)``: ``round(fraction * n)`` of the client's examples (at least one, and
+    """``(train, held_back)``: ``round(fraction * n)`` of the client's examples (at least one, and
     one left to train on) held back at random, a pure function of ``seed`` (the client's seed, drawn
     from the run seed, the round and the client). The training part keeps the data's batch
-    transform (augmentation); the validation part is read as stored.
+    transform (augmentation); the held-back part is read as stored.
 
     Raises:
         ValueError: fewer than two examples, so nothing can be held back.
@@ -41,7 +41,7 @@ def hold_back_for_selection(data: ClientData, fraction: float, seed: int) -> tup
     n = len(data)
     if n < 2:
         raise ValueError(
-            f"a client with {n} example(s) cannot hold back a validation split: raise the "
+            f"a client with {n} example(s) cannot hold back examples to select by: raise the "
             "partition's min_size, or set algorithm.selection_fraction: 0 where the method allows it"
         )
     num_val = min(max(1, round(fraction * n)), n - 1)
@@ -96,12 +96,12 @@ class RunningMean:
 
 
 def greedy_soup(accuracies: Sequence[float], soup_accuracy: Callable[[list[int]], float]) -> list[int]:
-    """Wortsman et al. 2022's greedy soup (Recipe 1): visit the ingredients by validation accuracy,
-    best first, and keep each one whose addition does not lower the soup's validation accuracy.
+    """Wortsman et al. 2022's greedy soup (Recipe 1): visit the ingredients by held-back accuracy,
+    best first, and keep each one whose addition does not lower the soup's held-back accuracy.
 
     Args:
-        accuracies: each ingredient's own validation accuracy.
-        soup_accuracy: the validation accuracy of the uniform soup of the ingredients listed.
+        accuracies: each ingredient's own held-back accuracy.
+        soup_accuracy: the held-back accuracy of the uniform soup of the ingredients listed.
 
     Returns:
         the kept ingredients' indices, in the order they joined (the best one first).
@@ -117,17 +117,17 @@ def greedy_soup(accuracies: Sequence[float], soup_accuracy: Callable[[list[int]]
 
 @dataclass(frozen=True)
 class Segment:
-    """The dense average of the iterates between two validation evaluations (SWAD)."""
+    """The dense average of the iterates between two held-back evaluations (SWAD)."""
 
     index: int  # the evaluation that closed it, 0-based
     mean: Params  # the mean of its iterates
     count: int  # its iterates
-    loss: float  # the validation loss at its last iterate
+    loss: float  # the held-back loss at its last iterate
 
 
 class LossValley:
     """SWAD's overfit-aware averaging window (Cha et al., NeurIPS 2021, arXiv:2102.08604, sec. 3.3),
-    fed one ``Segment`` per validation evaluation, in order.
+    fed one ``Segment`` per held-back evaluation, in order.
 
     Averaging starts at the first evaluation ``s`` whose loss is the lowest of the ``start_window``
     evaluations from it on (the loss has stopped falling) and ends before the first evaluation

@@ -20,7 +20,7 @@ from raysim.train.weight_averaging import hold_back_for_selection
 RNG = np.random.default_rng(3)
 X = RNG.normal(0, 1, (40, 2))
 Y = ((X[:, 0] + 0.3 * X[:, 1]) > 0).astype(np.int64)
-Y[:6] ^= 1  # some noise, so that ingredients and soups differ in validation accuracy
+Y[:6] ^= 1  # some noise, so that ingredients and soups differ in held-back accuracy
 THETA0 = np.concatenate([W0.ravel(), B0]).astype(np.float32).astype(np.float64)
 
 
@@ -80,7 +80,7 @@ def test_the_uniform_soup_is_the_mean_of_the_reference_ingredients():
 
 @pytest.mark.parametrize("name", ["soups", "diwa"])
 def test_the_greedy_soup_and_best_epochs_match_the_reference(name):
-    """Four ingredients on 80% of the data, each its best epoch by validation accuracy (the first
+    """Four ingredients on 80% of the data, each its best epoch by held-back accuracy (the first
     best), then Recipe 1 on the held-back 20%; DiWA is greedy by default."""
     grid = {"lr": [0.01, 0.3, 1.0, 3.0], "batch_size": [1000], "weight_decay": [0.0]}
     options = {"recipe": "greedy"} if name == "soups" else {}
@@ -137,9 +137,13 @@ def test_a_grid_dropout_sets_the_rate_during_training_and_restores_it():
         (
             "soups",
             {"selection_fraction": 0.0},
-            "algorithm: keep: best_epoch need validation .* keep: last",
+            "algorithm: keep: best_epoch need held-back accuracy.* keep: last",
         ),
-        ("diwa", {"keep": "last", "selection_fraction": 0.0}, "algorithm: recipe: greedy need validation"),
+        (
+            "diwa",
+            {"keep": "last", "selection_fraction": 0.0},
+            "algorithm: recipe: greedy need held-back accuracy",
+        ),
         ("soups", {"grid": {"lr": []}}, "algorithm.grid.lr: "),
         ("soups", {"grid": {"lr": [0.1, -1.0], "dropout": [1.0]}}, "algorithm.grid: .*lr -1.0, dropout 1.0"),
         ("soups", {"recipe": "best"}, "algorithm.recipe: .*uniform.*greedy"),

@@ -38,8 +38,8 @@ def test_the_cohorts_since_the_last_log_are_added_up_then_start_afresh():
     costs = meter()
     clients = [TrainedClient(0, 1.0, seconds=1.0), TrainedClient(1, 1.0, seconds=3.0)]
     payload = Payload({"w": np.zeros(10, np.float32)})
-    costs.trained(RoundOutput(None, clients, params_up=20, client_peak_bytes=100.0), payload, 2)
-    costs.trained(RoundOutput(None, clients[:1], params_up=10, client_peak_bytes=50.0), payload, 1)
+    costs.trained(RoundOutput(None, clients, params_up=20, client_peak_bytes=100.0), payload)
+    costs.trained(RoundOutput(None, clients[:1], params_up=10, client_peak_bytes=50.0), payload)
     logged = costs.take({"train/loss": 1.0})
     assert logged == {
         "sys/client_seconds": pytest.approx((1.0 + 3.0 + 1.0) / 3),
@@ -55,7 +55,7 @@ def test_the_cohorts_since_the_last_log_are_added_up_then_start_afresh():
 
 def test_no_peak_is_logged_where_none_was_measured():
     costs = meter()
-    costs.trained(RoundOutput(None, params_up=1), Payload({}), 1)  # e.g. vectorized chunks
+    costs.trained(RoundOutput(None, params_up=1), Payload({}))  # e.g. vectorized chunks
     assert "sys/client_peak_bytes" not in costs.take({})
 
 

@@ -90,15 +90,14 @@ def test_the_pooled_perplexity_is_that_of_the_pooled_loss():
 
 
 def test_weighted_means_average_each_entry_over_the_rows_that_carry_it():
-    rows = [
-        {"client_id": 4.0, "weight": 1.0, "train/loss": 2.0, "train/extra": 5.0},
-        {"client_id": 7.0, "weight": 3.0, "train/loss": 4.0},
-    ]
-    assert weighted_means(rows, "weight", {"client_id"}) == {
+    rows = [{"client_id": 4.0, "train/loss": 2.0, "train/extra": 5.0}, {"client_id": 7.0, "train/loss": 4.0}]
+    assert weighted_means(rows, [1.0, 3.0], {"client_id"}) == {
         "train/loss": pytest.approx(3.5),  # (1 * 2 + 3 * 4) / 4
         "train/extra": pytest.approx(5.0),  # the one row that has it
     }
-    assert weighted_means([{"weight": 0.0, "x": 2.0}], "weight") == {"x": 0.0}
+    assert weighted_means([{"x": 2.0}], [0.0]) == {"x": 0.0}
+    with pytest.raises(ValueError):  # a weight for every row
+        weighted_means(rows, [1.0])
 
 
 def test_client_summary_weights_by_examples_and_spreads_over_clients():

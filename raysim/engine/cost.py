@@ -20,12 +20,13 @@ from its section and one stored example, and then kept.
 Usage:
     meter = CostMeter(info.model, store.first_rows(1).arrays["x"], store.spec)
     meter.trained(output, payload)                  # after each cohort
-    meter.evaluated(section, members)               # after each evaluation
+    meter.evaluated([section] * members)            # after each evaluation: one section a member
     metrics = meter.take(metrics) | metrics         # when the step is logged
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +93,7 @@ class CostMeter:
         self.spec = spec
         self._models: dict[str, ModelCost] = {}
         self._training: TrainingCost | None = None
-        self._evaluated: tuple[Section, int] | None = None
+        self._evaluated: list[Section] | None = None  # one section per member of the predictor
 
     def model_cost(self, section: Section | None = None) -> ModelCost:
         """MACs per example and parameters of the model ``section`` describes (the job's model by
@@ -111,9 +112,10 @@ class CostMeter:
         self._training = self._training or TrainingCost()
         self._training.add(output, payload)
 
-    def evaluated(self, section: Section | None = None, members: int = 1) -> None:
-        """The predictor just evaluated: ``members`` models of ``section`` (the job's model)."""
-        self._evaluated = (self.model if section is None else section, members)
+    def evaluated(self, members: Sequence[Section | None] = (None,)) -> None:
+        """The predictor just evaluated: one model section per member (None: the job's model), so an
+        ensemble of several architectures costs the sum of its members."""
+        self._evaluated = [self.model if section is None else section for section in members]
 
     def take(self, metrics: Metrics) -> Metrics:
         """The cost of what was done since the last log, to log with ``metrics``: training's when a
@@ -122,11 +124,10 @@ class CostMeter:
         if self._training is not None:
             out |= self._training.metrics(self.model_cost())
         if self._evaluated is not None and any(key.startswith("eval/") for key in metrics):
-            section, members = self._evaluated
-            one = self.model_cost(section)
+            costs = [self.model_cost(section) for section in self._evaluated]
             out |= {
-                "sys/inference_macs_per_example": members * one.macs_per_example,
-                "sys/inference_params": float(members * one.params),
+                "sys/inference_macs_per_example": sum(cost.macs_per_example for cost in costs),
+                "sys/inference_params": float(sum(cost.params for cost in costs)),
             }
         self._training, self._evaluated = None, None
         return out

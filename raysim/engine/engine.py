@@ -184,7 +184,7 @@ class Engine(Generic[A]):
             section_config("model", section, "evaluate_weights model.")
         predictor = Predictor.of(points, sections)
         self.on_phase("evaluating")
-        self.costs.evaluated(predictor.section, len(predictor.points))  # an ensemble: M models
+        self.costs.evaluated(predictor.sections)  # an ensemble: each member's model
         with self.timed("evaluation"):
             return evaluate_predictor(self.backend, predictor, self.plan)
 
@@ -201,7 +201,7 @@ class Engine(Generic[A]):
                 ]
             )
         if request.task in (EVALUATE, LOGITS):  # the logits of P points: an ensemble of P models
-            self.costs.evaluated(request.model, len(request.points) if request.task == LOGITS else 1)
+            self.costs.evaluated([request.model] * (len(request.points) if request.task == LOGITS else 1))
         return self.backend.map_clients(request)
 
     def end_round(self, state: ServerState, round_num: int, metrics: Metrics) -> Metrics:

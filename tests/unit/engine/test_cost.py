@@ -63,14 +63,19 @@ def test_inference_cost_comes_with_an_evaluation_and_counts_an_ensembles_members
     costs = meter()
     costs.evaluated()  # the global model
     assert costs.take({"train/loss": 1.0}) == {}  # no evaluation logged: the record is dropped
-    costs.evaluated(None, members=4)
+    costs.evaluated([None] * 4)
     assert costs.take({"eval/central/accuracy": 0.5}) == {
         "sys/inference_macs_per_example": 4 * MLP_MACS,
         "sys/inference_params": 4.0 * MLP_PARAMS,
     }
     wider = {"name": "mlp", "hidden": [32]}
-    costs.evaluated(wider)
+    costs.evaluated([wider])
     assert costs.take({"eval/clients/accuracy": 0.5})["sys/inference_macs_per_example"] == 64 * 32 + 32 * 10
+    costs.evaluated([None, wider])  # an ensemble of two architectures: the sum of its members
+    assert costs.take({"eval/clients/accuracy": 0.5}) == {
+        "sys/inference_macs_per_example": MLP_MACS + 64 * 32 + 32 * 10,
+        "sys/inference_params": float(MLP_PARAMS + (64 * 32 + 32) + (32 * 10 + 10)),
+    }
 
 
 def test_each_architecture_is_built_and_counted_once(monkeypatch):

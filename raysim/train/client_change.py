@@ -2,7 +2,7 @@
 
 A change is written over one client's tensors by name, with no client axis. ``train_local``
 applies it to the model's named parameters; ``train_local_vectorized`` applies the same functions
-under ``torch.func.vmap`` to a chunk's stacked parameters. It has two parts, either optional:
+under ``torch.func.vmap`` to a chunk's stacked parameters. It has three parts, each optional:
 
 - ``edit(weights, grads, own) -> grads`` edits the gradients after every backward pass, before
   clipping: FedProx's proximal gradient, SCAFFOLD's control-variate correction.
@@ -10,6 +10,10 @@ under ``torch.func.vmap`` to a chunk's stacked parameters. It has two parts, eit
   differentiate from ``task`` (the task loss at any weights and buffers), the client's weights
   and buffers and its ``draws`` for the batch: FedGuCci's task step then one step per anchor, or
   its joint loss. The default, ``(task_pass,)``, is the plain task loss.
+- ``watch(grads, acc, own, step) -> acc`` sees the gradients of every backward pass, as edited,
+  before clipping, and returns the client's new accumulator (``acc`` holds its start); ``step``
+  counts the client's backward passes before this one. The trainers hand the final accumulators
+  back: FedFish's last-epoch Fisher sums.
 
 ``own`` holds the client's own tensors (SCAFFOLD's ``c - c_i``); the vectorized trainer stacks
 them along the client axis. What else the functions use (FedProx's mu and anchor, FedGuCci's
@@ -43,6 +47,7 @@ Losses = tuple[torch.Tensor, BatchLoss]
 Draws = Sequence[float] | torch.Tensor
 Pass = Callable[[TaskLoss, Weights, Weights, Draws], Losses]
 GradientEdit = Callable[[Weights, Weights, Weights], Weights]  # (weights, grads, own) -> grads
+Watch = Callable[[Weights, Weights, Weights, int], Weights]  # (grads, acc, own, step) -> acc
 
 
 def task_pass(task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) -> Losses:
@@ -61,12 +66,16 @@ class ClientChange:
         own: the client's own tensors that ``edit`` reads.
         passes: one optimizer step each per batch; the metrics count the first pass's task loss.
         draw: the client's numbers for its next batch, which every pass receives.
+        watch: ``(grads, acc, own, step) -> acc`` after every backward pass (after ``edit``); pure.
+        acc: the client's accumulator before its first backward pass.
     """
 
     edit: GradientEdit | None = None
     own: Weights = field(default_factory=dict)
     passes: tuple[Pass, ...] = (task_pass,)
     draw: Callable[[], Sequence[float]] | None = None
+    watch: Watch | None = None
+    acc: Weights = field(default_factory=dict)
 
     def next_draws(self) -> Sequence[float]:
         """The client's numbers for its next batch (none without ``draw``)."""
@@ -82,6 +91,20 @@ def edit_model_gradients(change: ClientChange, model: nn.Module) -> None:
     edited = change.edit({name: p.detach() for name, p in named.items()}, grads, change.own)
     for name, p in named.items():
         p.grad = edited[name]
+
+
+class ModelWatch:
+    """``change.watch`` over ``train_local``'s backward passes; ``acc`` is the accumulator so far."""
+
+    def __init__(self, change: ClientChange) -> None:
+        self.change, self.acc, self.step = change, dict(change.acc), 0
+
+    def __call__(self, model: nn.Module) -> None:
+        if self.change.watch is None:
+            return
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        self.acc = self.change.watch(grads, self.acc, self.change.own, self.step)
+        self.step += 1
 
 
 def model_pass(
@@ -108,6 +131,11 @@ def stack_own(changes: Sequence[ClientChange]) -> Weights:
     return {k: torch.stack([change.own[k] for change in changes]) for k in changes[0].own}
 
 
+def stack_acc(changes: Sequence[ClientChange]) -> Weights:
+    """The clients' starting ``acc`` stacked along the client axis (``[clients, ...]``)."""
+    return {k: torch.stack([change.acc[k] for change in changes]) for k in changes[0].acc}
+
+
 def edit_stacked_gradients(change: ClientChange, params: Weights, grads: Weights, own: Weights) -> Weights:
     """``change.edit`` for the clients of a step at once (``train_local_vectorized``'s side):
     ``params``, ``grads`` and ``own`` stacked ``[clients, ...]``."""
@@ -115,3 +143,18 @@ def edit_stacked_gradients(change: ClientChange, params: Weights, grads: Weights
         return grads
     edited: Weights = vmap(change.edit)(params, grads, own)
     return edited
+
+
+def watch_stacked_(
+    change: ClientChange, acc: Weights, grads: Weights, own: Weights, index: torch.Tensor, step: int
+) -> None:
+    """``change.watch`` for the clients of a step at once (``train_local_vectorized``'s side):
+    ``grads`` and ``own`` hold those clients, ``acc`` the whole chunk (``index``: their positions
+    in it), updated in place. Every client of a step has taken ``step`` backward passes before."""
+    if change.watch is None:
+        return
+    watch = change.watch
+    mine = {k: v.index_select(0, index) for k, v in acc.items()}
+    seen: Weights = vmap(lambda g, a, o: watch(g, a, o, step))(grads, mine, own)
+    for k, v in acc.items():
+        v.index_copy_(0, index, seen[k])

@@ -2,9 +2,10 @@
 
 Plugins vary local training through hooks rather than subclassing. A ``change``
 (``raysim.train.client_change.ClientChange``), written over tensors by name, serves the vectorized
-trainer too: a gradient ``edit`` (FedProx, SCAFFOLD) and each batch's ``passes`` (FedGuCci's step
-per anchor). Model hooks serve one client at a time: ``loss_fn`` replaces the task loss (logit
-calibration), ``extra_loss`` adds a term (MOON's) and ``after_backward`` edits ``.grad`` (FedDyn's).
+trainer too: a gradient ``edit`` (FedProx, SCAFFOLD, FedDyn), each batch's ``passes`` (FedGuCci's
+step per anchor) and a ``watch`` of every backward's gradients (FedFish's last-epoch Fisher). Model
+hooks serve one client at a time: ``loss_fn`` replaces the task loss (logit calibration) and
+``extra_loss`` adds a term (MOON's).
 ``step`` says how each pass takes its optimizer step: one backward and one step (``gradient_step``,
 the default) or two backwards (SAM, ``raysim.train.sharpness.sam_step``). Batching, the lr,
 ``max_steps`` and the metrics stay in ``train_local`` whatever the step.
@@ -26,18 +27,26 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.train.client_change import BatchLoss, ClientChange, Draws, Pass, edit_model_gradients, model_pass
+from raysim.train.client_change import (
+    BatchLoss,
+    ClientChange,
+    Draws,
+    ModelWatch,
+    Pass,
+    Weights,
+    edit_model_gradients,
+    model_pass,
+)
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
+from raysim.train.task_loss import task_loss, train_metrics
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
 
 Batch = dict[str, torch.Tensor]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
-AfterBackward = Callable[[nn.Module], None]
 LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
 
 
@@ -45,8 +54,8 @@ class Backward(Protocol):
     """Leaves the gradient of the local objective on ``batch``, at the current weights, in ``.grad``.
 
     Zeroes the gradients, computes the pass's objective (over ``loss_fn``, the trainer's task loss
-    when None) plus ``extra_loss``, back-propagates, then applies ``after_backward``, the change's
-    ``edit`` and ``grad_clip``. Returns the task loss, for the metrics.
+    when None) plus ``extra_loss``, back-propagates, then applies the change's ``edit`` and
+    ``watch`` and ``grad_clip``. Returns the task loss, for the metrics.
     """
 
     def __call__(self, batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss: ...
@@ -154,38 +163,6 @@ def round_epochs(config: LocalTrainConfig, round_num: int) -> int:
     return config.epochs if schedule is None else schedule.epochs(config.epochs, round_num)
 
 
-def task_loss(
-    model: nn.Module, batch: Batch, spec: DataSpec
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-    """Mean loss over the batch, plus #correct and #predictions for accuracy.
-
-    The counts stay tensors on the device: reading them every step would stall a GPU.
-    """
-    return outputs_loss(model(batch["x"]), batch, spec)
-
-
-def outputs_loss(
-    logits: torch.Tensor, batch: Batch, spec: DataSpec
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-    """``task_loss`` of outputs the model already produced on ``batch["x"]``."""
-    x = batch["x"]
-    if spec.task == "classification":
-        y = batch["y"]
-        loss = F.cross_entropy(logits, y)
-        return loss, (logits.argmax(-1) == y).sum(), len(y)
-    if spec.task == "regression":
-        y = batch["y"].to(logits.dtype).reshape(logits.shape)
-        return F.mse_loss(logits, y), torch.zeros((), device=logits.device), len(y)
-    # causal LM: predict token t+1 from tokens <= t; padding is ignored. The targets are shifted
-    # and padded with the ignored id, not the logits cut: slicing (B, T, V) logits and flattening
-    # them copied the largest tensor of the step (5% of a small decoder's step on a CPU).
-    ignore = spec.pad_token_id if spec.pad_token_id is not None else -100
-    targets = F.pad(x[:, 1:], (0, 1), value=ignore)  # (B, T): the last position predicts nothing
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
-    mask = targets != ignore
-    return loss, ((logits.argmax(-1) == targets) & mask).sum(), mask.sum()
-
-
 def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
@@ -203,13 +180,45 @@ def train_local(
     device: torch.device | str = "cpu",
     round_num: int = 0,
     extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
     step_budget: int | None = None,
     change: ClientChange = ClientChange(),
 ) -> ClientMetrics:
-    """Trains ``model`` in place on one client's data; returns train metrics.
+    """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
+    return train_local_watched(
+        model,
+        data,
+        config,
+        seed=seed,
+        spec=spec,
+        device=device,
+        round_num=round_num,
+        extra_loss=extra_loss,
+        loss_fn=loss_fn,
+        step=step,
+        step_budget=step_budget,
+        change=change,
+    )[0]
+
+
+def train_local_watched(
+    model: nn.Module,
+    data: ClientData,
+    config: LocalTrainConfig,
+    *,
+    seed: int,
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+    round_num: int = 0,
+    extra_loss: ExtraLoss | None = None,
+    loss_fn: LossFn | None = None,
+    step: LocalStep | None = None,
+    step_budget: int | None = None,
+    change: ClientChange = ClientChange(),
+) -> tuple[ClientMetrics, Weights]:
+    """Trains ``model`` in place on one client's data; returns train metrics and the final
+    accumulator of the change's ``watch`` (its ``acc`` when it has none).
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
     worker runs it or what ran before.
@@ -223,12 +232,11 @@ def train_local(
         device: where the data goes (the model is already there).
         round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
         extra_loss: a term added to the loss before every backward pass.
-        after_backward: edits the gradients after every backward pass, before clipping.
         loss_fn: replaces ``task_loss``.
         step: what each pass of a batch does (``gradient_step`` when None).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
-        change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` after
-            ``after_backward``, one ``step`` per pass, ``draw`` once per batch.
+        change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` and
+            ``watch`` after every backward pass, one ``step`` per pass, ``draw`` once per batch.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -241,8 +249,9 @@ def train_local(
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
+    watch = ModelWatch(change)
     backward = _objective_backward(
-        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward, change
+        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, change, watch
     )
     take_step = step or gradient_step
     num_epochs = round_epochs(config, round_num)
@@ -262,7 +271,7 @@ def train_local(
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
         num_batches, num_used = num_batches + 1, num_used + len(next(iter(batch.values())))
-    return _train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data)))
+    return train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data))), watch.acc
 
 
 def _objective_backward(
@@ -272,8 +281,8 @@ def _objective_backward(
     config: LocalTrainConfig,
     task: LossFn,
     extra_loss: ExtraLoss | None,
-    after_backward: AfterBackward | None,
     change: ClientChange,
+    watch: ModelWatch,
 ) -> Callable[[Pass, Draws], Backward]:
     """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
     its hooks and gradient clipping."""
@@ -288,9 +297,8 @@ def _objective_backward(
                 total = total + extra_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
-            if after_backward is not None:
-                after_backward(model)
             edit_model_gradients(change, model)
+            watch(model)
             if config.grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             return loss, num_correct, num_items
@@ -298,27 +306,6 @@ def _objective_backward(
         return backward
 
     return backward_of
-
-
-def _train_metrics(
-    loss_sum: torch.Tensor | float,
-    correct: torch.Tensor | int,
-    seen: torch.Tensor | int,
-    num_batches: int,
-    num_examples: int,
-) -> ClientMetrics:
-    """The client's means. On a GPU they stay 0-d tensors: the worker reads a round's clients
-    back at once, so the card's queue is not drained between clients. Elsewhere read here."""
-    counts = {"train/steps": float(num_batches), "train/num_examples": float(num_examples)}
-    if isinstance(loss_sum, torch.Tensor) and loss_sum.device.type == "cuda":
-        denominator = torch.as_tensor(seen, device=loss_sum.device).double().clamp(min=1.0)
-        return {
-            "train/loss": loss_sum.double() / denominator,
-            "train/accuracy": torch.as_tensor(correct, device=loss_sum.device).double() / denominator,
-            **counts,
-        }
-    mean = max(float(seen), 1.0)
-    return {"train/loss": float(loss_sum) / mean, "train/accuracy": float(correct) / mean, **counts}
 
 
 def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
@@ -341,7 +328,6 @@ def train_context(
     *,
     change: ClientChange = ClientChange(),
     extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
 ) -> ClientMetrics:
@@ -358,7 +344,6 @@ def train_context(
         device=ctx.device,
         round_num=ctx.round_num,
         extra_loss=extra_loss,
-        after_backward=after_backward,
         loss_fn=loss_fn,
         step=step,
         step_budget=ctx.step_budget,
@@ -372,7 +357,6 @@ def train_client(
     *,
     change: ClientChange = ClientChange(),
     extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
 ) -> tuple[Params, ClientMetrics]:
@@ -386,8 +370,25 @@ def train_client(
         config,
         change=change,
         extra_loss=extra_loss,
-        after_backward=after_backward,
         loss_fn=loss_fn,
         step=step,
     )
     return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics
+
+
+def train_client_watched(
+    ctx: ClientContext, config: LocalTrainConfig, *, change: ClientChange
+) -> tuple[Params, ClientMetrics, Weights]:
+    """``train_client`` with ``change``, and its ``watch``'s final accumulator (FedFish's Fisher)."""
+    metrics, acc = train_local_watched(
+        ctx.model,
+        ctx.data,
+        config,
+        seed=ctx.seed,
+        spec=ctx.spec,
+        device=ctx.device,
+        round_num=ctx.round_num,
+        step_budget=ctx.step_budget,
+        change=change,
+    )
+    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics, acc

@@ -9,15 +9,15 @@ from torch import nn
 
 from raysim import params as P
 from raysim.measure.evaluate import evaluate
+from raysim.train.client_change import ClientChange
 from raysim.train.local import (
     LocalTrainConfig,
     iterate_batches,
-    outputs_loss,
     round_lr,
-    task_loss,
     train_client,
     train_local,
 )
+from raysim.train.task_loss import outputs_loss, task_loss
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
 
 SPEC = DataSpec("classification", (3,), 2)
@@ -102,7 +102,7 @@ def test_causal_lm_loss_is_the_mean_over_shifted_unpadded_targets():
 
 
 def test_default_step_matches_a_hand_written_loop():
-    """The default step is "forward, zero_grad, backward, after_backward, clip, step" per batch.
+    """The default step is "forward, zero_grad, backward, the change's edit, clip, step" per batch.
 
     The reference loop below is that sequence written out with torch alone (same shuffling:
     one randperm per epoch from a generator seeded with the client seed); the results must be
@@ -115,7 +115,8 @@ def test_default_step_matches_a_hand_written_loop():
         m.bias.grad.add_(0.05)
 
     trained, reference = model(), model()
-    train_local(trained, data(), config, seed=4, spec=SPEC, extra_loss=extra, after_backward=shift)
+    change = ClientChange(edit=lambda weights, grads, own: grads | {"bias": grads["bias"] + 0.05})
+    train_local(trained, data(), config, seed=4, spec=SPEC, extra_loss=extra, change=change)
 
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     x, y = torch.from_numpy(data().arrays["x"]), torch.from_numpy(data().arrays["y"])

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from raysim import registry
+from raysim.train.client_change import ClientChange
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.train.sharpness import SamConfig, sam_descend, sam_step
 from raysim.types import ClientData, DataSpec
@@ -42,7 +43,7 @@ def grad(w, b, x, y):
 
 
 def reference_sam(w, b, x, y, steps, adaptive=False, shift=0.0):
-    """``steps`` SAM (or ASAM) steps; ``shift`` is added to every gradient (an after_backward)."""
+    """``steps`` SAM (or ASAM) steps; ``shift`` is added to every gradient (the change's edit)."""
     for _ in range(steps):
         gw, gb = (g + shift for g in grad(w, b, x, y))
         tw, tb = (np.abs(w) + ETA, 1.0) if adaptive else (1.0, 1.0)
@@ -61,13 +62,11 @@ def test_sam_matches_the_two_pass_reference(adaptive, shift):
     model, data = linear_model(), regression_data()
     w0, b0 = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
 
-    def add_shift(m):
-        for p in m.parameters():
-            p.grad.add_(shift)
+    change = ClientChange(edit=lambda weights, grads, own: {k: g + shift for k, g in grads.items()})
 
     config = LocalTrainConfig(epochs=2, batch_size=6, lr=LR)
     step = sam_step(RHO, adaptive, eta=ETA)
-    train_local(model, data, config, seed=0, spec=SPEC, step=step, after_backward=add_shift)
+    train_local(model, data, config, seed=0, spec=SPEC, step=step, change=change)
 
     x, y = data.arrays["x"].astype(np.float64), data.arrays["y"].astype(np.float64)
     w, b = reference_sam(w0, b0, x, y, steps=2, adaptive=adaptive, shift=shift)

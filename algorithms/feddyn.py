@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.client_change import ClientChange, GradientEdit, Weights
+from raysim.train.client_change import ClientChange, GradientEdit, PerClient, Weights
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import init_state, params_payload
 from raysim.train.vectorized import train_clients
@@ -117,23 +117,29 @@ class FedDyn:
     def payload(self, state: ServerState[FedDynServer], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
-    def change(self, ctx: ClientContext[None, LinearCorrection]) -> ClientChange:
-        """The dynamic regularizer towards the round's global model; ``g_i`` is the client's own."""
+    def change(self, global_params: Params) -> ClientChange:
+        """The dynamic regularizer towards the round's global model, which every client shares;
+        ``g_i`` is each client's own (``linear_correction``)."""
         reading = self.config.reading == "fedgucci_code"
-        edit = dynamic_regularizer(self.config.alpha, ctx.global_params, reading)
-        return ClientChange(edit=edit, own=linear_correction(ctx))
+        return ClientChange(edit=dynamic_regularizer(self.config.alpha, global_params, reading))
+
+    def per_client(self, ctx: ClientContext[None, LinearCorrection]) -> PerClient:
+        """The client's own ``g_i``."""
+        return PerClient(own=linear_correction(ctx))
 
     def client_update(
         self, ctx: ClientContext[None, LinearCorrection]
     ) -> ClientResult[FedDynUpdate, LinearCorrection]:
-        change = self.change(ctx)
-        delta, metrics = train_client(ctx, self.config.local, change=change)
-        return self._result(change.own, delta, metrics)
+        client = self.per_client(ctx)
+        change = self.change(ctx.global_params)
+        delta, metrics = train_client(ctx, self.config.local, change=change, client=client)
+        return self._result(client.own, delta, metrics)
 
     def vectorized_update(
         self, ctxs: list[ClientContext[None, LinearCorrection]]
     ) -> list[ClientResult[FedDynUpdate, LinearCorrection]]:
-        trained = train_clients(ctxs, self.config.local, change=self.change)
+        change = self.change(ctxs[0].global_params)
+        trained = train_clients(ctxs, self.config.local, change=change, client=self.per_client)
         return [
             self._result(linear_correction(ctx), delta, metrics)
             for ctx, (delta, metrics) in zip(ctxs, trained, strict=True)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.registry import register
-from raysim.train.client_change import ClientChange, Weights
+from raysim.train.client_change import ClientChange, PerClient, Weights
 from raysim.train.local import (
     LocalTrainConfig,
     examples_trained_on,
@@ -219,15 +219,18 @@ def last_epoch_fisher(grads: Weights, acc: Weights, own: Weights, step: int) -> 
     return summed | {BATCHES: acc[BATCHES] + in_last.long()}
 
 
-def last_epoch_change(ctx: ClientContext[None, None], config: LocalTrainConfig) -> ClientChange:
-    """The client's last-epoch Fisher as a ``ClientChange``: zero sums over its trainable
-    parameters, and the step its last epoch starts at as its own."""
+LAST_EPOCH_FISHER = ClientChange(watch=last_epoch_fisher)
+
+
+def last_epoch_start_of(ctx: ClientContext[None, None], config: LocalTrainConfig) -> PerClient:
+    """The client's values for ``LAST_EPOCH_FISHER``: zero sums over its trainable parameters,
+    and the step its last epoch starts at as its own."""
     first = last_epoch_start(len(ctx.data), config, ctx.round_num, ctx.step_budget)
     trainable = [(name, p) for name, p in ctx.model.named_parameters() if p.requires_grad]
     zeros = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in trainable}
     count = torch.zeros((), dtype=torch.long, device=ctx.device)
     own = {FIRST_STEP: torch.tensor(first, device=ctx.device)}
-    return ClientChange(watch=last_epoch_fisher, own=own, acc=zeros | {BATCHES: count})
+    return PerClient(own=own, acc=zeros | {BATCHES: count})
 
 
 @register("algorithm", "fedfish")
@@ -245,16 +248,22 @@ class FedFish:
     def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
-    def change(self, ctx: ClientContext[None, None]) -> ClientChange:
+    def change(self) -> ClientChange:
         """The last-epoch Fisher's watch (the ablation), else no change."""
+        return LAST_EPOCH_FISHER if self.config.fisher_source == "last_epoch" else ClientChange()
+
+    def per_client(self, ctx: ClientContext[None, None]) -> PerClient:
+        """The client's values for ``change``: where its last epoch starts, its zero sums."""
         if self.config.fisher_source == "last_epoch":
-            return last_epoch_change(ctx, self.config.local)
-        return ClientChange()
+            return last_epoch_start_of(ctx, self.config.local)
+        return PerClient()
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FisherUpdate, None]:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
-        delta, metrics, watched = train_client_watched(ctx, local, change=self.change(ctx))
+        delta, metrics, watched = train_client_watched(
+            ctx, local, change=self.change(), client=self.per_client(ctx)
+        )
         if c.fisher_source == "extra_pass":
             buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics
             ctx.model.train(c.fisher_mode == "train")
@@ -281,7 +290,9 @@ class FedFish:
         self, ctxs: list[ClientContext[None, None]]
     ) -> list[ClientResult[FisherUpdate, None]]:
         c, first = self.config, ctxs[0]
-        trained, metrics, watched = train_contexts(ctxs, c.local, change=self.change)
+        trained, metrics, watched = train_contexts(
+            ctxs, c.local, change=self.change(), client=self.per_client
+        )
         if c.fisher_source == "last_epoch":
             sums = {k: v for k, v in watched.items() if k != BATCHES}
             batches = watched[BATCHES].tolist()

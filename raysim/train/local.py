@@ -37,6 +37,7 @@ from raysim.train.client_change import (
     Draws,
     ModelWatch,
     Pass,
+    PerClient,
     Weights,
     edit_model_gradients,
     model_pass,
@@ -184,6 +185,7 @@ def train_local(
     step: LocalStep | None = None,
     step_budget: int | None = None,
     change: ClientChange = ClientChange(),
+    client: PerClient = PerClient(),
 ) -> ClientMetrics:
     """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
     return train_local_watched(
@@ -199,6 +201,7 @@ def train_local(
         step=step,
         step_budget=step_budget,
         change=change,
+        client=client,
     )[0]
 
 
@@ -216,9 +219,10 @@ def train_local_watched(
     step: LocalStep | None = None,
     step_budget: int | None = None,
     change: ClientChange = ClientChange(),
+    client: PerClient = PerClient(),
 ) -> tuple[ClientMetrics, Weights]:
     """Trains ``model`` in place on one client's data; returns train metrics and the final
-    accumulator of the change's ``watch`` (its ``acc`` when it has none).
+    accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
     worker runs it or what ran before.
@@ -236,7 +240,8 @@ def train_local_watched(
         step: what each pass of a batch does (``gradient_step`` when None).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
         change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` and
-            ``watch`` after every backward pass, one ``step`` per pass, ``draw`` once per batch.
+            ``watch`` after every backward pass, one ``step`` per pass.
+        client: the client's values for ``change``: ``own``, ``acc``, ``draw`` once per batch.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -249,9 +254,9 @@ def train_local_watched(
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
-    watch = ModelWatch(change)
+    watch = ModelWatch(change, client)
     backward = _objective_backward(
-        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, change, watch
+        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, change, client, watch
     )
     take_step = step or gradient_step
     num_epochs = round_epochs(config, round_num)
@@ -265,7 +270,7 @@ def train_local_watched(
     for step_num, batch in enumerate(batches):
         if data.batch_transform is not None:  # augmentation, poisoning: drawn per (client, round, batch)
             batch = data.batch_transform(batch, step_num)
-        draws = change.next_draws()
+        draws = client.next_draws()
         losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in change.passes]
         loss, num_correct, num_items = losses[0]
         loss_sum = loss_sum + loss.detach() * num_items
@@ -282,6 +287,7 @@ def _objective_backward(
     task: LossFn,
     extra_loss: ExtraLoss | None,
     change: ClientChange,
+    client: PerClient,
     watch: ModelWatch,
 ) -> Callable[[Pass, Draws], Backward]:
     """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
@@ -297,7 +303,7 @@ def _objective_backward(
                 total = total + extra_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
-            edit_model_gradients(change, model)
+            edit_model_gradients(change, client, model)
             watch(model)
             if config.grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -327,6 +333,7 @@ def train_context(
     config: LocalTrainConfig,
     *,
     change: ClientChange = ClientChange(),
+    client: PerClient = PerClient(),
     extra_loss: ExtraLoss | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
@@ -348,6 +355,7 @@ def train_context(
         step=step,
         step_budget=ctx.step_budget,
         change=change,
+        client=client,
     )
 
 
@@ -356,6 +364,7 @@ def train_client(
     config: LocalTrainConfig,
     *,
     change: ClientChange = ClientChange(),
+    client: PerClient = PerClient(),
     extra_loss: ExtraLoss | None = None,
     loss_fn: LossFn | None = None,
     step: LocalStep | None = None,
@@ -366,18 +375,13 @@ def train_client(
     examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
     """
     metrics = train_context(
-        ctx,
-        config,
-        change=change,
-        extra_loss=extra_loss,
-        loss_fn=loss_fn,
-        step=step,
+        ctx, config, change=change, client=client, extra_loss=extra_loss, loss_fn=loss_fn, step=step
     )
     return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics
 
 
 def train_client_watched(
-    ctx: ClientContext, config: LocalTrainConfig, *, change: ClientChange
+    ctx: ClientContext, config: LocalTrainConfig, *, change: ClientChange, client: PerClient
 ) -> tuple[Params, ClientMetrics, Weights]:
     """``train_client`` with ``change``, and its ``watch``'s final accumulator (FedFish's Fisher)."""
     metrics, acc = train_local_watched(
@@ -390,5 +394,6 @@ def train_client_watched(
         round_num=ctx.round_num,
         step_budget=ctx.step_budget,
         change=change,
+        client=client,
     )
     return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics, acc

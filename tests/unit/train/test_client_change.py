@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim import params as P
-from raysim.train.client_change import ClientChange, task_pass
+from raysim.train.client_change import ClientChange, PerClient, task_pass
 from raysim.train.local import LocalTrainConfig, train_local_watched
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
@@ -84,16 +84,19 @@ def reference(data: ClientData, seed: int, edit=None, alphas=None, seen=None):
     return {k: v.detach() for k, v in w.items()}, sum(losses) / (CONFIG.epochs * len(data))
 
 
-def both_trainers(changes):
+def both_trainers(change, clients):
     """Each client's trained weights, metrics and watched accumulator, from train_local and from
-    the vectorized trainer; ``changes()`` makes fresh changes (their draws are streams)."""
+    the vectorized trainer, under the shared ``change``; ``clients()`` makes fresh values for each
+    client (their draws are streams)."""
     alone = []
-    for data, seed, change in zip(datas(), SEEDS, changes(), strict=True):
+    for data, seed, client in zip(datas(), SEEDS, clients(), strict=True):
         net = model()
-        metrics, acc = train_local_watched(net, data, CONFIG, seed=seed, spec=SPEC, change=change)
+        metrics, acc = train_local_watched(
+            net, data, CONFIG, seed=seed, spec=SPEC, change=change, client=client
+        )
         alone.append((P.model_params(net), metrics, acc))
     stacked, metrics, accs = train_local_vectorized(
-        model(), datas(), CONFIG, seeds=SEEDS, spec=SPEC, changes=changes()
+        model(), datas(), CONFIG, seeds=SEEDS, spec=SPEC, change=change, clients=clients()
     )
     pick = lambda tensors, i: {k: v[i] for k, v in tensors.items()}  # noqa: E731
     chunk = [(pick(stacked, i), metrics[i], pick(accs, i)) for i in range(len(SIZES))]
@@ -106,10 +109,10 @@ def shifted_proximal(weights, grads, own):
 
 
 def test_one_gradient_edit_trains_alike_in_both_trainers():
-    def changes():
-        return [ClientChange(edit=shifted_proximal, own=shift) for shift in SHIFTS]
+    def clients():
+        return [PerClient(own=shift) for shift in SHIFTS]
 
-    for trainer, results in both_trainers(changes).items():
+    for trainer, results in both_trainers(ClientChange(edit=shifted_proximal), clients).items():
         for i, (weights, metrics, _) in enumerate(results):
             shift = SHIFTS[i]
 
@@ -136,10 +139,10 @@ def alpha_stream(seed: int):
 
 
 def test_passes_and_draws_train_alike_in_both_trainers():
-    def changes():
-        return [ClientChange(passes=(task_pass, scaled), draw=alpha_stream(seed)) for seed in SEEDS]
+    def clients():
+        return [PerClient(draw=alpha_stream(seed)) for seed in SEEDS]
 
-    for trainer, results in both_trainers(changes).items():
+    for trainer, results in both_trainers(ClientChange(passes=(task_pass, scaled)), clients).items():
         for i, (weights, metrics, _) in enumerate(results):
             draw = alpha_stream(SEEDS[i])
             alphas = [draw()[0] for _ in range(CONFIG.epochs * -(-SIZES[i] // CONFIG.batch_size))]
@@ -162,18 +165,17 @@ def squares_from(grads, acc, own, step):
 
 
 def test_a_watch_sees_each_backwards_edited_gradients_in_both_trainers():
-    def changes():
+    def clients():
         return [
-            ClientChange(
-                edit=shifted_proximal,
+            PerClient(
                 own=shift | {"from": torch.tensor(start)},
-                watch=squares_from,
                 acc={k: torch.zeros_like(v) for k, v in ANCHOR.items()} | {"n": torch.tensor(0)},
             )
             for shift, start in zip(SHIFTS, FROM_STEP, strict=True)
         ]
 
-    for trainer, results in both_trainers(changes).items():
+    change = ClientChange(edit=shifted_proximal, watch=squares_from)
+    for trainer, results in both_trainers(change, clients).items():
         for i, (_, _, acc) in enumerate(results):
             shift, seen = SHIFTS[i], []
 

@@ -31,7 +31,7 @@ from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.client_change import ClientChange, GradientEdit, PerClient, Weights
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import init_state, params_payload
 from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -132,7 +132,7 @@ class FedDyn:
     ) -> ClientResult[FedDynUpdate, LinearCorrection]:
         client = self.per_client(ctx)
         change = self.change(ctx.global_params)
-        delta, metrics = train_client(ctx, self.config.local, change=change, client=client)
+        delta, metrics = train_client(ctx, self.config.local, LocalHooks(change=change, client=client))
         return self._result(client.own, delta, metrics)
 
     def vectorized_update(

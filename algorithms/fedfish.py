@@ -26,6 +26,7 @@ from raysim import params as P
 from raysim.registry import register
 from raysim.train.client_change import ClientChange, PerClient, Weights
 from raysim.train.local import (
+    LocalHooks,
     LocalTrainConfig,
     examples_trained_on,
     iterate_batches,
@@ -262,7 +263,7 @@ class FedFish:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
         delta, metrics, watched = train_client_watched(
-            ctx, local, change=self.change(), client=self.per_client(ctx)
+            ctx, local, LocalHooks(change=self.change(), client=self.per_client(ctx))
         )
         if c.fisher_source == "extra_pass":
             buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics

@@ -62,7 +62,15 @@ from raysim.train.client_change import (
     Weights,
     task_pass,
 )
-from raysim.train.local import Backward, Batch, LocalStep, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import (
+    Backward,
+    Batch,
+    LocalHooks,
+    LocalStep,
+    LocalTrainConfig,
+    examples_trained_on,
+    train_client,
+)
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.sharpness import SamConfig, sam_descend, sam_step
@@ -315,7 +323,7 @@ class FedGuCci:
         step = sam_steps(config.sam, len(change.passes), add_clean_gradient=config.reading == "fedgucci_code")
         task = fedlc_loss(ctx, calibration.strength) if calibration is not None else None
         delta, metrics = train_client(
-            ctx, config.local, change=change, client=client, loss_fn=task, step=step
+            ctx, config.local, LocalHooks(change=change, client=client, loss_fn=task, step=step)
         )
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.client_change import ClientChange, GradientEdit, Weights
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -56,7 +56,9 @@ class FedProx:
         return ClientChange(edit=proximal_gradient(self.config.mu, global_params))
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        delta, metrics = train_client(ctx, self.config.local, change=self.change(ctx.global_params))
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(change=self.change(ctx.global_params))
+        )
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def vectorized_update(self, ctxs: list[ClientContext[None, None]]) -> list[ClientResult[Params, None]]:

@@ -24,7 +24,7 @@ from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
 from raysim.train.client_change import ClientChange, PerClient, Weights
-from raysim.train.local import LocalTrainConfig, examples_trained_on, round_lr, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, round_lr, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -124,7 +124,9 @@ class Scaffold:
     def client_update(
         self, ctx: ClientContext[ServerVariate, ClientVariate]
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
-        delta, metrics = train_client(ctx, self.config.local, change=DRIFT_CORRECTION, client=self.drift(ctx))
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(change=DRIFT_CORRECTION, client=self.drift(ctx))
+        )
         return self._result(ctx, delta, metrics)
 
     def vectorized_update(

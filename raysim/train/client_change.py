@@ -24,7 +24,7 @@ numbers for its next batch (FedGuCci's alphas), drawn on the host once per batch
 
 Usage:
     change = ClientChange(edit=corrected_gradient)
-    delta, metrics = train_client(ctx, config, change=change, client=PerClient(own=c - c_i))
+    delta, metrics = train_client(ctx, config, LocalHooks(change=change, client=PerClient(own=c - c_i)))
     results = train_clients(ctxs, config, change=change, client=lambda ctx: PerClient(...))
 """
 

@@ -3,9 +3,10 @@
 Plugins vary local training through hooks rather than subclassing. A ``change``
 (``raysim.train.client_change.ClientChange``), written over tensors by name, serves the vectorized
 trainer too: a gradient ``edit`` (FedProx, SCAFFOLD, FedDyn), each batch's ``passes`` (FedGuCci's
-step per anchor) and a ``watch`` of every backward's gradients (FedFish's last-epoch Fisher). Model
-hooks serve one client at a time: ``loss_fn`` replaces the task loss (logit calibration) and
-``extra_loss`` adds a term (MOON's).
+step per anchor) and a ``watch`` of every backward's gradients (FedFish's last-epoch Fisher), with
+each client's ``PerClient`` values. Model hooks serve one client at a time: ``loss_fn`` replaces
+the task loss (logit calibration) and ``extra_loss`` adds a term (MOON's). All of them travel as
+one ``LocalHooks`` from ``train_client`` and ``train_context`` down to ``train_local``.
 ``step`` says how each pass takes its optimizer step: one backward and one step (``gradient_step``,
 the default) or two backwards (SAM, ``raysim.train.sharpness.sam_step``). Batching, the lr,
 ``max_steps`` and the metrics stay in ``train_local`` whatever the step.
@@ -17,12 +18,14 @@ Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
     delta, metrics = train_client(ctx, config)          # the FedAvg client's local work
     metrics = train_context(replace(ctx, data=train), config)   # no delta: a part of its data
+    delta, metrics = train_client(ctx, config, LocalHooks(extra_loss=term, step=sam_step(0.05)))
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -171,6 +174,26 @@ def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> tor
     return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
+@dataclass(frozen=True)
+class LocalHooks:
+    """A plugin's hooks into local training, passed whole from ``train_client`` down to the loop.
+
+    Attributes:
+        change: its change, as the vectorized trainer runs it too: ``edit`` and ``watch`` after
+            every backward pass, one ``step`` per pass of ``passes``.
+        client: the client's values for ``change``: ``own``, ``acc``, ``draw`` once per batch.
+        loss_fn: replaces ``task_loss``.
+        extra_loss: a term added to the loss before every backward pass.
+        step: what each pass of a batch does (``gradient_step`` when None).
+    """
+
+    change: ClientChange = ClientChange()
+    client: PerClient = PerClient()
+    loss_fn: LossFn | None = None
+    extra_loss: ExtraLoss | None = None
+    step: LocalStep | None = None
+
+
 def train_local(
     model: nn.Module,
     data: ClientData,
@@ -180,12 +203,8 @@ def train_local(
     spec: DataSpec,
     device: torch.device | str = "cpu",
     round_num: int = 0,
-    extra_loss: ExtraLoss | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
     step_budget: int | None = None,
-    change: ClientChange = ClientChange(),
-    client: PerClient = PerClient(),
+    hooks: LocalHooks = LocalHooks(),
 ) -> ClientMetrics:
     """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
     return train_local_watched(
@@ -196,12 +215,8 @@ def train_local(
         spec=spec,
         device=device,
         round_num=round_num,
-        extra_loss=extra_loss,
-        loss_fn=loss_fn,
-        step=step,
         step_budget=step_budget,
-        change=change,
-        client=client,
+        hooks=hooks,
     )[0]
 
 
@@ -214,12 +229,8 @@ def train_local_watched(
     spec: DataSpec,
     device: torch.device | str = "cpu",
     round_num: int = 0,
-    extra_loss: ExtraLoss | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
     step_budget: int | None = None,
-    change: ClientChange = ClientChange(),
-    client: PerClient = PerClient(),
+    hooks: LocalHooks = LocalHooks(),
 ) -> tuple[ClientMetrics, Weights]:
     """Trains ``model`` in place on one client's data; returns train metrics and the final
     accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
@@ -235,13 +246,8 @@ def train_local_watched(
         spec: what the task loss needs to know about the data.
         device: where the data goes (the model is already there).
         round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
-        extra_loss: a term added to the loss before every backward pass.
-        loss_fn: replaces ``task_loss``.
-        step: what each pass of a batch does (``gradient_step`` when None).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
-        change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` and
-            ``watch`` after every backward pass, one ``step`` per pass.
-        client: the client's values for ``change``: ``own``, ``acc``, ``draw`` once per batch.
+        hooks: the plugin's (``LocalHooks``).
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -254,11 +260,9 @@ def train_local_watched(
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
-    watch = ModelWatch(change, client)
-    backward = _objective_backward(
-        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, change, client, watch
-    )
-    take_step = step or gradient_step
+    watch = ModelWatch(hooks.change, hooks.client)
+    backward = _objective_backward(model, optimizer, spec, config, hooks, watch)
+    take_step = hooks.step or gradient_step
     num_epochs = round_epochs(config, round_num)
     epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(num_epochs))
     # the sums stay on the device until the end (one sync per client, not one per batch)
@@ -270,8 +274,8 @@ def train_local_watched(
     for step_num, batch in enumerate(batches):
         if data.batch_transform is not None:  # augmentation, poisoning: drawn per (client, round, batch)
             batch = data.batch_transform(batch, step_num)
-        draws = client.next_draws()
-        losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in change.passes]
+        draws = hooks.client.next_draws()
+        losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in hooks.change.passes]
         loss, num_correct, num_items = losses[0]
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
@@ -284,10 +288,7 @@ def _objective_backward(
     optimizer: torch.optim.Optimizer,
     spec: DataSpec,
     config: LocalTrainConfig,
-    task: LossFn,
-    extra_loss: ExtraLoss | None,
-    change: ClientChange,
-    client: PerClient,
+    hooks: LocalHooks,
     watch: ModelWatch,
 ) -> Callable[[Pass, Draws], Backward]:
     """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
@@ -296,14 +297,14 @@ def _objective_backward(
     def backward_of(one_pass: Pass, draws: Draws) -> Backward:
         def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
             def model_loss(module: nn.Module) -> BatchLoss:
-                return (loss_fn or task)(module, batch, spec)
+                return (loss_fn or hooks.loss_fn or task_loss)(module, batch, spec)
 
             total, (loss, num_correct, num_items) = model_pass(one_pass, model, model_loss, draws)
-            if extra_loss is not None:
-                total = total + extra_loss(model, batch)
+            if hooks.extra_loss is not None:
+                total = total + hooks.extra_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
-            edit_model_gradients(change, client, model)
+            edit_model_gradients(hooks.change, hooks.client, model)
             watch(model)
             if config.grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -329,62 +330,40 @@ def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
 
 
 def train_context(
-    ctx: ClientContext,
-    config: LocalTrainConfig,
-    *,
-    change: ClientChange = ClientChange(),
-    client: PerClient = PerClient(),
-    extra_loss: ExtraLoss | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks = LocalHooks()
 ) -> ClientMetrics:
     """``train_local`` of ``ctx.model`` on ``ctx.data`` with the seed, device, round and step budget
     of ``ctx``; returns the metrics. A plugin training something else states it on the context:
     ``replace(ctx, data=train)`` (a part of its data), ``replace(ctx, model=net)``, ``replace(ctx,
-    seed=s, step_budget=left)``. The hooks are ``train_local``'s."""
-    return train_local(
-        ctx.model,
-        ctx.data,
-        config,
-        seed=ctx.seed,
-        spec=ctx.spec,
-        device=ctx.device,
-        round_num=ctx.round_num,
-        extra_loss=extra_loss,
-        loss_fn=loss_fn,
-        step=step,
-        step_budget=ctx.step_budget,
-        change=change,
-        client=client,
-    )
+    seed=s, step_budget=left)``."""
+    return _train_context(ctx, config, hooks)[0]
 
 
 def train_client(
-    ctx: ClientContext,
-    config: LocalTrainConfig,
-    *,
-    change: ClientChange = ClientChange(),
-    client: PerClient = PerClient(),
-    extra_loss: ExtraLoss | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks = LocalHooks()
 ) -> tuple[Params, ClientMetrics]:
     """One client's local work, ``train_context``; returns ``delta = global - local`` and the metrics.
 
     The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
     examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
     """
-    metrics = train_context(
-        ctx, config, change=change, client=client, extra_loss=extra_loss, loss_fn=loss_fn, step=step
-    )
+    metrics = train_context(ctx, config, hooks)
     return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics
 
 
 def train_client_watched(
-    ctx: ClientContext, config: LocalTrainConfig, *, change: ClientChange, client: PerClient
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
 ) -> tuple[Params, ClientMetrics, Weights]:
-    """``train_client`` with ``change``, and its ``watch``'s final accumulator (FedFish's Fisher)."""
-    metrics, acc = train_local_watched(
+    """``train_client``, and its change's ``watch``'s final accumulator (FedFish's Fisher)."""
+    metrics, acc = _train_context(ctx, config, hooks)
+    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics, acc
+
+
+def _train_context(
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
+) -> tuple[ClientMetrics, Weights]:
+    """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget."""
+    return train_local_watched(
         ctx.model,
         ctx.data,
         config,
@@ -393,7 +372,5 @@ def train_client_watched(
         device=ctx.device,
         round_num=ctx.round_num,
         step_budget=ctx.step_budget,
-        change=change,
-        client=client,
+        hooks=hooks,
     )
-    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics, acc

@@ -20,9 +20,9 @@ Plugins take SAM's settings as one ``sam: SamConfig`` option (``sam: {rho: 0.05}
 ``sam: {rho: 0.5, adaptive: true, eta: 0.01}``), None (``sam: null``) where SAM is optional.
 
 Usage:
-    metrics = train_local(model, data, config, seed=s, spec=spec, step=sam_step(rho=0.05))
-    delta, metrics = train_client(ctx, config, step=sam_step(rho=0.5, adaptive=True))  # ASAM
-    delta, metrics = train_client(ctx, config, step=sam_step(**config.sam.model_dump()))
+    metrics = train_local(model, data, config, seed=s, spec=spec, hooks=LocalHooks(step=sam_step(rho=0.05)))
+    delta, metrics = train_client(ctx, config, LocalHooks(step=sam_step(rho=0.5, adaptive=True)))  # ASAM
+    delta, metrics = train_client(ctx, config, LocalHooks(step=sam_step(**config.sam.model_dump())))
     loss = sam_descend(model, batch, optimizer, backward, config.sam, loss_fn)  # inside a LocalStep
 """
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.train.client_change import ClientChange, PerClient, task_pass
-from raysim.train.local import LocalTrainConfig, train_local_watched
+from raysim.train.local import LocalHooks, LocalTrainConfig, train_local_watched
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
 
@@ -92,7 +92,7 @@ def both_trainers(change, clients):
     for data, seed, client in zip(datas(), SEEDS, clients(), strict=True):
         net = model()
         metrics, acc = train_local_watched(
-            net, data, CONFIG, seed=seed, spec=SPEC, change=change, client=client
+            net, data, CONFIG, seed=seed, spec=SPEC, hooks=LocalHooks(change=change, client=client)
         )
         alone.append((P.model_params(net), metrics, acc))
     stacked, metrics, accs = train_local_vectorized(

@@ -11,6 +11,7 @@ from raysim import params as P
 from raysim.measure.evaluate import evaluate
 from raysim.train.client_change import ClientChange
 from raysim.train.local import (
+    LocalHooks,
     LocalTrainConfig,
     iterate_batches,
     round_lr,
@@ -48,7 +49,7 @@ def test_loss_fn_replaces_the_task_loss():
     zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
     net = model()
     before = net.weight.detach().clone()
-    metrics = train_local(net, data(), LocalTrainConfig(), seed=0, spec=SPEC, loss_fn=zero)
+    metrics = train_local(net, data(), LocalTrainConfig(), seed=0, spec=SPEC, hooks=LocalHooks(loss_fn=zero))
     assert torch.equal(net.weight, before) and metrics["train/loss"] == 0.0
 
 
@@ -116,7 +117,7 @@ def test_default_step_matches_a_hand_written_loop():
 
     trained, reference = model(), model()
     change = ClientChange(edit=lambda weights, grads, own: grads | {"bias": grads["bias"] + 0.05})
-    train_local(trained, data(), config, seed=4, spec=SPEC, extra_loss=extra, change=change)
+    train_local(trained, data(), config, seed=4, spec=SPEC, hooks=LocalHooks(change=change, extra_loss=extra))
 
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     x, y = torch.from_numpy(data().arrays["x"]), torch.from_numpy(data().arrays["y"])
@@ -176,7 +177,7 @@ def test_a_step_may_take_several_optimizer_steps_per_batch():
     w0, b0 = net.weight.detach().double().numpy().copy(), net.bias.detach().double().numpy().copy()
     d = regression_data()
     config = LocalTrainConfig(batch_size=6, lr=0.1, momentum=0.9)
-    metrics = train_local(net, d, config, seed=0, spec=REGRESSION, step=task_then_half)
+    metrics = train_local(net, d, config, seed=0, spec=REGRESSION, hooks=LocalHooks(step=task_then_half))
 
     x, y, lr = d.arrays["x"].astype(np.float64), d.arrays["y"].astype(np.float64), 0.1
     gw1, gb1 = mse_grad(w0, b0, x, y)
@@ -236,13 +237,13 @@ def test_a_client_sends_global_minus_local():
 
 def test_a_client_passes_loss_fn_and_step_on():
     zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
-    delta, _ = train_client(client_context(data()), LocalTrainConfig(), loss_fn=zero)
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), LocalHooks(loss_fn=zero))
     assert all(torch.count_nonzero(v) == 0 for v in delta.values())
 
     def no_update(net, batch, optimizer, backward):
         return backward(batch)
 
-    delta, _ = train_client(client_context(data()), LocalTrainConfig(), step=no_update)
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), LocalHooks(step=no_update))
     assert all(torch.count_nonzero(v) == 0 for v in delta.values())
 
 

@@ -20,18 +20,20 @@ stay as above.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, Field
-from torch import nn
 
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.local import AfterBackward, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.client_change import ClientChange, GradientEdit, PerClient, Weights
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import init_state, params_payload
+from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
 
 
@@ -72,23 +74,30 @@ class FedDynUpdate:
     count: torch.Tensor  # 1: the sum is |S|
 
 
-def dynamic_regularizer(alpha: float, anchor: Params, g: Params, is_norm_penalty: bool) -> AfterBackward:
-    """``after_backward`` adding the gradient of ``penalty(w - anchor) - <g, w>``, the penalty
-    ``(alpha/2)||w - anchor||^2``, or its norm when ``is_norm_penalty`` (the FedGuCci code's)."""
+def dynamic_regularizer(alpha: float, anchor: Params, is_norm_penalty: bool) -> GradientEdit:
+    """A gradient edit adding the gradient of ``penalty(w - anchor) - <g_i, w>``, ``g_i`` the
+    client's own: the penalty ``(alpha/2)||w - anchor||^2``, or its norm when ``is_norm_penalty``
+    (the FedGuCci code's). Pure tensor ops, so the vectorized trainer runs it under ``vmap``."""
 
-    def after_backward(model: nn.Module) -> None:
-        diffs = {
-            name: p.detach() - anchor[name] for name, p in model.named_parameters() if p.grad is not None
-        }
-        scale = alpha
-        if is_norm_penalty:  # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||
-            norm = P.global_norm(diffs)
-            scale = alpha / 2 / norm if norm > 0 else 0.0  # 0 at the anchor, as autograd's norm
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                p.grad.add_(diffs[name], alpha=scale).sub_(g[name])
+    def edit(weights: Weights, grads: Weights, g: Weights) -> Weights:
+        diffs = {k: weights[k] - anchor[k] for k in grads}
+        if not is_norm_penalty:
+            return {k: grad.add(diffs[k], alpha=alpha).sub(g[k]) for k, grad in grads.items()}
+        # d/dw (alpha/2)||w - anchor|| = (alpha/2)(w - anchor)/||w - anchor||; 0 at the anchor, as
+        # autograd's norm. A tensor, not a float: under vmap each client has its own norm.
+        norm = torch.stack([(d.double() ** 2).sum() for d in diffs.values()]).sum().sqrt()
+        scale = torch.where(norm > 0, alpha / 2 / norm.clamp(min=1e-300), torch.zeros_like(norm))
+        return {k: grad + scale.to(grad.dtype) * diffs[k] - g[k] for k, grad in grads.items()}
 
-    return after_backward
+    return edit
+
+
+def linear_correction(ctx: ClientContext[None, LinearCorrection]) -> Params:
+    """The client's ``g_i`` on its device: zero the first time (trainable parameters only)."""
+    if ctx.state:
+        return {k: v.to(ctx.device) for k, v in ctx.state.g.items()}
+    trainable = [name for name, p in ctx.model.named_parameters() if p.requires_grad]
+    return {k: torch.zeros_like(ctx.global_params[k]) for k in trainable}
 
 
 @register("algorithm", "feddyn")
@@ -108,19 +117,39 @@ class FedDyn:
     def payload(self, state: ServerState[FedDynServer], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
+    def change(self, global_params: Params) -> ClientChange:
+        """The dynamic regularizer towards the round's global model, which every client shares;
+        ``g_i`` is each client's own (``linear_correction``)."""
+        reading = self.config.reading == "fedgucci_code"
+        return ClientChange(edit=dynamic_regularizer(self.config.alpha, global_params, reading))
+
+    def per_client(self, ctx: ClientContext[None, LinearCorrection]) -> PerClient:
+        """The client's own ``g_i``."""
+        return PerClient(own=linear_correction(ctx))
+
     def client_update(
         self, ctx: ClientContext[None, LinearCorrection]
     ) -> ClientResult[FedDynUpdate, LinearCorrection]:
-        alpha = self.config.alpha
-        trainable = [name for name, p in ctx.model.named_parameters() if p.requires_grad]
-        g = (
-            {k: v.to(ctx.device) for k, v in ctx.state.g.items()}
-            if ctx.state
-            else {k: torch.zeros_like(ctx.global_params[k]) for k in trainable}
-        )
-        regularizer = dynamic_regularizer(alpha, ctx.global_params, g, self.config.reading == "fedgucci_code")
-        delta, metrics = train_client(ctx, self.config.local, after_backward=regularizer)
-        new_g = {k: g[k] + alpha * delta[k] for k in g}  # g_i - alpha (w_i - w_g)
+        client = self.per_client(ctx)
+        change = self.change(ctx.global_params)
+        delta, metrics = train_client(ctx, self.config.local, LocalHooks(change=change, client=client))
+        return self._result(client.own, delta, metrics)
+
+    def vectorized_update(
+        self, ctxs: list[ClientContext[None, LinearCorrection]]
+    ) -> list[ClientResult[FedDynUpdate, LinearCorrection]]:
+        change = self.change(ctxs[0].global_params)
+        trained = train_clients(ctxs, self.config.local, change=change, client=self.per_client)
+        return [
+            self._result(linear_correction(ctx), delta, metrics)
+            for ctx, (delta, metrics) in zip(ctxs, trained, strict=True)
+        ]
+
+    def _result(
+        self, g: Params, delta: Params, metrics: Mapping[str, float | torch.Tensor]
+    ) -> ClientResult[FedDynUpdate, LinearCorrection]:
+        """The client's update and its new ``g_i - alpha (w_i - w_g)``."""
+        new_g = {k: g[k] + self.config.alpha * delta[k] for k in g}
         num_examples = examples_trained_on(metrics)
         p = num_examples if self.config.weighted else 1.0
         return ClientResult(

@@ -51,7 +51,15 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Backward, Batch, BatchLoss, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import (
+    Backward,
+    Batch,
+    BatchLoss,
+    LocalHooks,
+    LocalTrainConfig,
+    examples_trained_on,
+    train_client,
+)
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
@@ -242,9 +250,9 @@ class FedFA:
         delta, metrics = train_client(
             ctx,
             config.local,
-            loss_fn=step.task_loss,
-            extra_loss=step.weighted_anchor_loss if pulls else None,
-            step=step,
+            LocalHooks(
+                loss_fn=step.task_loss, extra_loss=step.weighted_anchor_loss if pulls else None, step=step
+            ),
         )
         return ClientResult(AnchoredDelta(delta, step.finish()), examples_trained_on(metrics), metrics)
 

@@ -24,17 +24,19 @@ from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.registry import register
+from raysim.train.client_change import ClientChange, PerClient, Weights
 from raysim.train.local import (
+    LocalHooks,
     LocalTrainConfig,
     examples_trained_on,
     iterate_batches,
     round_epochs,
-    task_loss,
     to_tensors,
-    train_client,
+    train_client_watched,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
-from raysim.train.vectorized import Stacked, client_delta, squared_gradient_sums, train_contexts
+from raysim.train.task_loss import task_loss
+from raysim.train.vectorized import client_delta, squared_gradient_sums, train_contexts
 from raysim.types import (
     ClientContext,
     ClientData,
@@ -189,65 +191,47 @@ def fisher_pass(
     return fisher
 
 
-class LastEpochFisher:
-    """``after_backward`` hook summing squared gradients of the last epoch's steps (ablation).
-
-    The last epoch the client trains: under a straggler's step budget that is the last one it
-    starts, possibly cut short (a budget ending earlier would leave the Fisher all zeros and the
-    client silently out of the aggregate).
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        num_examples: int,
-        config: LocalTrainConfig,
-        round_num: int,
-        step_budget: int | None = None,
-    ) -> None:
-        per_epoch = math.ceil(num_examples / config.batch_size)
-        steps = round_epochs(config, round_num) * per_epoch  # an epochs_schedule may change them by round
-        if step_budget is not None:
-            steps = min(steps, step_budget)
-        self.first_step = max(steps - 1, 0) // max(per_epoch, 1) * per_epoch
-        self.step = 0
-        self.num_batches = 0
-        self.fisher = {
-            n: torch.zeros_like(p, dtype=torch.float32)
-            for n, p in model.named_parameters()
-            if p.requires_grad
-        }
-
-    def __call__(self, model: torch.nn.Module) -> None:
-        if self.step >= self.first_step:  # gradients at the pre-update weights of this step
-            for name, p in model.named_parameters():
-                if p.grad is not None and name in self.fisher:
-                    self.fisher[name].add_(p.grad.detach().float() ** 2)
-            self.num_batches += 1
-        self.step += 1
+BATCHES = "#batches"  # the accumulator's batch count: "#" is in no parameter's name
+FIRST_STEP = "#first_step"
 
 
-class StackedLastEpochFisher:
-    """``LastEpochFisher`` for a chunk of clients: an ``edit_gradients`` that counts each client's
-    steps and sums its squared gradients from the first step of its last epoch."""
+def last_epoch_start(
+    num_examples: int, config: LocalTrainConfig, round_num: int, step_budget: int | None
+) -> int:
+    """The first step of the last epoch the client trains: under a straggler's step budget the
+    last one it starts, possibly cut short (a budget ending earlier would leave the Fisher all
+    zeros and the client silently out of the aggregate)."""
+    per_epoch = math.ceil(num_examples / config.batch_size)
+    steps = round_epochs(config, round_num) * per_epoch  # an epochs_schedule may change them by round
+    if step_budget is not None:
+        steps = min(steps, step_budget)
+    return max(steps - 1, 0) // max(per_epoch, 1) * per_epoch
 
-    def __init__(self, ctxs: list[ClientContext[None, None]], config: LocalTrainConfig) -> None:
-        hooks = [
-            LastEpochFisher(ctx.model, len(ctx.data), config, ctx.round_num, ctx.step_budget) for ctx in ctxs
-        ]
-        device = ctxs[0].device
-        self.first_step = torch.tensor([hook.first_step for hook in hooks], device=device)
-        self.steps = torch.zeros(len(ctxs), dtype=torch.long, device=device)
-        self.num_batches = torch.zeros(len(ctxs), dtype=torch.long, device=device)
-        self.fisher = {k: torch.stack([v] * len(ctxs)) for k, v in hooks[0].fisher.items()}
 
-    def __call__(self, params: Stacked, grads: Stacked, clients: torch.Tensor) -> Stacked:
-        counts = (self.steps[clients] >= self.first_step[clients]).long()  # 1: in its last epoch
-        for name, g in grads.items():
-            self.fisher[name].index_add_(0, clients, g.float() ** 2 * counts.view(-1, *[1] * (g.dim() - 1)))
-        self.num_batches.index_add_(0, clients, counts)
-        self.steps.index_add_(0, clients, torch.ones_like(counts))
-        return grads
+def last_epoch_fisher(grads: Weights, acc: Weights, own: Weights, step: int) -> Weights:
+    """A ``watch`` summing the squared gradients of the steps from ``own[FIRST_STEP]`` on (the
+    ablation), in float32, and counting them; a selection, not a branch, so ``vmap`` runs it."""
+    in_last = step >= own[FIRST_STEP]
+    summed = {
+        k: torch.where(in_last, a + grads[k].float() ** 2, a) if k in grads else a
+        for k, a in acc.items()
+        if k != BATCHES
+    }
+    return summed | {BATCHES: acc[BATCHES] + in_last.long()}
+
+
+LAST_EPOCH_FISHER = ClientChange(watch=last_epoch_fisher)
+
+
+def last_epoch_start_of(ctx: ClientContext[None, None], config: LocalTrainConfig) -> PerClient:
+    """The client's values for ``LAST_EPOCH_FISHER``: zero sums over its trainable parameters,
+    and the step its last epoch starts at as its own."""
+    first = last_epoch_start(len(ctx.data), config, ctx.round_num, ctx.step_budget)
+    trainable = [(name, p) for name, p in ctx.model.named_parameters() if p.requires_grad]
+    zeros = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in trainable}
+    count = torch.zeros((), dtype=torch.long, device=ctx.device)
+    own = {FIRST_STEP: torch.tensor(first, device=ctx.device)}
+    return PerClient(own=own, acc=zeros | {BATCHES: count})
 
 
 @register("algorithm", "fedfish")
@@ -265,16 +249,23 @@ class FedFish:
     def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
+    def change(self) -> ClientChange:
+        """The last-epoch Fisher's watch (the ablation), else no change."""
+        return LAST_EPOCH_FISHER if self.config.fisher_source == "last_epoch" else ClientChange()
+
+    def per_client(self, ctx: ClientContext[None, None]) -> PerClient:
+        """The client's values for ``change``: where its last epoch starts, its zero sums."""
+        if self.config.fisher_source == "last_epoch":
+            return last_epoch_start_of(ctx, self.config.local)
+        return PerClient()
+
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[FisherUpdate, None]:
         c = self.config
         data, local = ctx.data, c.local  # the round's D_i (engine.max_client_examples caps it)
-        hook = (
-            LastEpochFisher(ctx.model, len(data), local, ctx.round_num, ctx.step_budget)
-            if c.fisher_source == "last_epoch"
-            else None
+        delta, metrics, watched = train_client_watched(
+            ctx, local, LocalHooks(change=self.change(), client=self.per_client(ctx))
         )
-        delta, metrics = train_client(ctx, local, after_backward=hook)
-        if hook is None:
+        if c.fisher_source == "extra_pass":
             buffers = {k: v.clone() for k, v in ctx.model.named_buffers()}  # BatchNorm statistics
             ctx.model.train(c.fisher_mode == "train")
             fisher = fisher_pass(
@@ -290,8 +281,9 @@ class FedFish:
                 for name, value in ctx.model.named_buffers():
                     value.copy_(buffers[name])
         else:
-            scale = 1 / hook.num_batches if c.fisher_reduce == "mean" and hook.num_batches else 1.0
-            fisher = {k: v * scale for k, v in hook.fisher.items()}
+            batches = int(watched[BATCHES])
+            scale = 1 / batches if c.fisher_reduce == "mean" and batches else 1.0
+            fisher = {k: v * scale for k, v in watched.items() if k != BATCHES}
         weight = examples_trained_on(metrics)  # fewer than len(ctx.data) if max_steps cut in
         return ClientResult(FisherUpdate(delta, fisher), weight, metrics)
 
@@ -299,12 +291,13 @@ class FedFish:
         self, ctxs: list[ClientContext[None, None]]
     ) -> list[ClientResult[FisherUpdate, None]]:
         c, first = self.config, ctxs[0]
+        trained, metrics, watched = train_contexts(
+            ctxs, c.local, change=self.change(), client=self.per_client
+        )
         if c.fisher_source == "last_epoch":
-            last_epoch = StackedLastEpochFisher(ctxs, c.local)
-            trained, metrics = train_contexts(ctxs, c.local, edit_gradients=last_epoch)
-            sums, batches = last_epoch.fisher, last_epoch.num_batches.tolist()
+            sums = {k: v for k, v in watched.items() if k != BATCHES}
+            batches = watched[BATCHES].tolist()
         else:
-            trained, metrics = train_contexts(ctxs, c.local)
             first.model.train(c.fisher_mode == "train")  # the pass's mode; the worker resets it
             datas, seeds = [ctx.data for ctx in ctxs], [ctx.seed + 1 for ctx in ctxs]
             sums, batches = squared_gradient_sums(

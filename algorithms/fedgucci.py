@@ -57,11 +57,20 @@ from raysim.train.client_change import (
     Draws,
     Losses,
     Pass,
+    PerClient,
     TaskLoss,
     Weights,
     task_pass,
 )
-from raysim.train.local import Backward, Batch, LocalStep, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import (
+    Backward,
+    Batch,
+    LocalHooks,
+    LocalStep,
+    LocalTrainConfig,
+    examples_trained_on,
+    train_client,
+)
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.sharpness import SamConfig, sam_descend, sam_step
@@ -180,11 +189,15 @@ class Connectivity:
         return self.alphas
 
     def change(self, update_mode: Literal["sequential", "joint"]) -> ClientChange:
-        """The client's change: a task step then one step per anchor (``sequential``), or Eq. 13's
-        one joint step; the alphas are drawn once per batch."""
+        """The change: a task step then one step per anchor (``sequential``), or Eq. 13's one joint
+        step; every client shares it (the anchors, beta and buffers are the round's)."""
         terms = tuple(self.term(j) for j in range(len(self.anchors)))
         passes = (task_pass, *terms) if update_mode == "sequential" else (self.joint,)
-        return ClientChange(passes=passes, draw=self.redraw)
+        return ClientChange(passes=passes)
+
+    def per_client(self) -> PerClient:
+        """The client's own alpha stream, drawn once per batch."""
+        return PerClient(draw=self.redraw)
 
     def term(self, j: int) -> Pass:
         """Anchor ``j``'s term: a connectivity step's objective (sequential)."""
@@ -305,10 +318,13 @@ class FedGuCci:
     def client_update(self, ctx: ClientContext[Anchors, None]) -> ClientResult[Params, None]:
         config = self.config
         calibration = config.logit_calibration
-        change = self.change(ctx)
+        connectivity = self._connectivity(ctx)
+        change, client = connectivity.change(config.update_mode), connectivity.per_client()
         step = sam_steps(config.sam, len(change.passes), add_clean_gradient=config.reading == "fedgucci_code")
         task = fedlc_loss(ctx, calibration.strength) if calibration is not None else None
-        delta, metrics = train_client(ctx, config.local, change=change, loss_fn=task, step=step)
+        delta, metrics = train_client(
+            ctx, config.local, LocalHooks(change=change, client=client, loss_fn=task, step=step)
+        )
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     @property
@@ -318,12 +334,13 @@ class FedGuCci:
         return self._vectorized_update if plain else None
 
     def _vectorized_update(self, ctxs: list[ClientContext[Anchors, None]]) -> list[Result]:
-        trained = train_clients(ctxs, self.config.local, change=self.change)
+        change = self._connectivity(ctxs[0]).change(self.config.update_mode)  # the round's: shared
+        trained = train_clients(ctxs, self.config.local, change=change, client=self.per_client)
         return [ClientResult(delta, examples_trained_on(metrics), metrics) for delta, metrics in trained]
 
-    def change(self, ctx: ClientContext[Anchors, None]) -> ClientChange:
-        """The client's connectivity terms towards the anchors, with its own alpha stream."""
-        return self._connectivity(ctx).change(self.config.update_mode)
+    def per_client(self, ctx: ClientContext[Anchors, None]) -> PerClient:
+        """The client's own alpha stream."""
+        return self._connectivity(ctx).per_client()
 
     def _connectivity(self, ctx: ClientContext[Anchors, None]) -> Connectivity:
         config = self.config

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.losses import LogitCalibrationConfig, fedlc_loss
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.types import (
@@ -56,7 +56,7 @@ class FedLC:
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
         calibrated = fedlc_loss(ctx, self.config.logit_calibration.strength)
-        delta, metrics = train_client(ctx, self.config.local, loss_fn=calibrated)
+        delta, metrics = train_client(ctx, self.config.local, LocalHooks(loss_fn=calibrated))
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def aggregator(self) -> WeightedMean[Params]:

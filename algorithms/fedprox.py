@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.client_change import ClientChange, GradientEdit, Weights
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -51,18 +51,22 @@ class FedProx:
     def payload(self, state: ServerState[None], round_num: int, info: RunInfo) -> Payload[None]:
         return params_payload(state)
 
-    def change(self, ctx: ClientContext[None, None]) -> ClientChange:
-        """The proximal term towards the round's global model."""
-        return ClientChange(edit=proximal_gradient(self.config.mu, ctx.global_params))
+    def change(self, global_params: Params) -> ClientChange:
+        """The proximal term towards the round's global model, which every client shares."""
+        return ClientChange(edit=proximal_gradient(self.config.mu, global_params))
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        delta, metrics = train_client(ctx, self.config.local, change=self.change(ctx))
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(change=self.change(ctx.global_params))
+        )
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def vectorized_update(self, ctxs: list[ClientContext[None, None]]) -> list[ClientResult[Params, None]]:
         return [
             ClientResult(delta, examples_trained_on(metrics), metrics)
-            for delta, metrics in train_clients(ctxs, self.config.local, change=self.change)
+            for delta, metrics in train_clients(
+                ctxs, self.config.local, change=self.change(ctxs[0].global_params)
+            )
         ]
 
     def aggregator(self) -> WeightedMean[Params]:

@@ -42,6 +42,7 @@ from raysim.train.local import (
     Backward,
     Batch,
     BatchLoss,
+    LocalHooks,
     LocalTrainConfig,
     examples_trained_on,
     iterate_batches,
@@ -185,7 +186,9 @@ class FedRoD:
         counts = class_counts(ctx.data, ctx.spec.num_classes, self.config.absent_class_count)
         counts = counts.to(ctx.device)
         step = PersonalHeadStep(head, counts, round_lr(self.config.local, ctx.round_num))
-        delta, metrics = train_client(ctx, self.config.local, loss_fn=step.generic_loss, step=step)
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(loss_fn=step.generic_loss, step=step)
+        )
         accuracy = personal_train_accuracy(ctx.model, head, ctx.data, ctx.device)
         return ClientResult(
             delta,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload
 from raysim.train.sharpness import SamConfig, sam_step
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -56,7 +56,9 @@ class FedSAM:
         return params_payload(state)
 
     def client_update(self, ctx: ClientContext[None, None]) -> ClientResult[Params, None]:
-        delta, metrics = train_client(ctx, self.config.local, step=sam_step(**self.config.sam.model_dump()))
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(step=sam_step(**self.config.sam.model_dump()))
+        )
         return ClientResult(delta, examples_trained_on(metrics), metrics)
 
     def aggregator(self) -> WeightedMean[Params]:

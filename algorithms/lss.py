@@ -54,6 +54,7 @@ from raysim.train.local import (
     Batch,
     BatchLoss,
     ExtraLoss,
+    LocalHooks,
     LocalStep,
     LocalTrainConfig,
     LossFn,
@@ -292,8 +293,10 @@ class LSS:
         return train_context(
             replace(ctx, seed=seed, step_budget=steps),
             config.local.model_copy(update={"epochs": config.ingredient_epochs(i)}),
-            extra_loss=regularizer(config, anchor, frozen),
-            step=mixing_step(frozen, coefficients) if frozen else None,
+            LocalHooks(
+                extra_loss=regularizer(config, anchor, frozen),
+                step=mixing_step(frozen, coefficients) if frozen else None,
+            ),
         )
 
     def aggregator(self) -> WeightedMean[Params]:

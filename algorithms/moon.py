@@ -37,7 +37,14 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
-from raysim.train.local import Batch, BatchLoss, LocalTrainConfig, examples_trained_on, train_client
+from raysim.train.local import (
+    Batch,
+    BatchLoss,
+    LocalHooks,
+    LocalTrainConfig,
+    examples_trained_on,
+    train_client,
+)
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,
@@ -169,7 +176,7 @@ class Moon:
             self.config.temperature,
         )
         delta, metrics = train_client(
-            ctx, self.config.local, loss_fn=objective.loss_fn, extra_loss=objective.extra_loss
+            ctx, self.config.local, LocalHooks(loss_fn=objective.loss_fn, extra_loss=objective.extra_loss)
         )
         # a fixed negative: nothing to keep
         kept = (

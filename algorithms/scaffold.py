@@ -23,8 +23,8 @@ from pydantic import BaseModel, model_validator
 from raysim import params as P
 from raysim.aggregate import Sum
 from raysim.registry import register
-from raysim.train.client_change import ClientChange, Weights
-from raysim.train.local import LocalTrainConfig, examples_trained_on, round_lr, train_client
+from raysim.train.client_change import ClientChange, PerClient, Weights
+from raysim.train.local import LocalHooks, LocalTrainConfig, examples_trained_on, round_lr, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.train.vectorized import train_clients
 from raysim.types import ClientContext, ClientResult, Metrics, Params, Payload, RunInfo, ServerState
@@ -87,9 +87,12 @@ def corrected_gradient(weights: Weights, grads: Weights, correction: Weights) ->
     return {k: g + correction[k] for k, g in grads.items()}
 
 
-def drift_correction(c: Params, c_i: Params) -> ClientChange:
-    """Adds ``c - c_i`` to every trainable parameter's gradient; ``c - c_i`` is the client's own."""
-    return ClientChange(edit=corrected_gradient, own={k: c[k] - c_i[k] for k in c})
+DRIFT_CORRECTION = ClientChange(edit=corrected_gradient)  # adds the client's own c - c_i
+
+
+def drift(c: Params, c_i: Params) -> PerClient:
+    """The client's own ``c - c_i``, which ``DRIFT_CORRECTION`` adds to every gradient."""
+    return PerClient(own={k: c[k] - c_i[k] for k in c})
 
 
 def client_variate(ctx: ClientContext[ServerVariate, ClientVariate]) -> Params:
@@ -121,20 +124,22 @@ class Scaffold:
     def client_update(
         self, ctx: ClientContext[ServerVariate, ClientVariate]
     ) -> ClientResult[ScaffoldUpdate, ClientVariate]:
-        delta, metrics = train_client(ctx, self.config.local, change=self.change(ctx))
+        delta, metrics = train_client(
+            ctx, self.config.local, LocalHooks(change=DRIFT_CORRECTION, client=self.drift(ctx))
+        )
         return self._result(ctx, delta, metrics)
 
     def vectorized_update(
         self, ctxs: list[ClientContext[ServerVariate, ClientVariate]]
     ) -> list[ClientResult[ScaffoldUpdate, ClientVariate]]:
-        trained = train_clients(ctxs, self.config.local, change=self.change)
+        trained = train_clients(ctxs, self.config.local, change=DRIFT_CORRECTION, client=self.drift)
         return [
             self._result(ctx, delta, metrics) for ctx, (delta, metrics) in zip(ctxs, trained, strict=True)
         ]
 
-    def change(self, ctx: ClientContext[ServerVariate, ClientVariate]) -> ClientChange:
-        """The drift correction ``c - c_i`` (c on ctx.device already)."""
-        return drift_correction(ctx.payload.extra.c, client_variate(ctx))
+    def drift(self, ctx: ClientContext[ServerVariate, ClientVariate]) -> PerClient:
+        """The client's ``c - c_i`` (c on ctx.device already)."""
+        return drift(ctx.payload.extra.c, client_variate(ctx))
 
     def _result(
         self,

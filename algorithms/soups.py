@@ -45,6 +45,7 @@ from raysim.train.local import (
     Backward,
     Batch,
     BatchLoss,
+    LocalHooks,
     LocalStep,
     LocalTrainConfig,
     examples_trained_on,
@@ -292,7 +293,7 @@ class Soups:
         if accuracy_of is not None and config.keep == "best_epoch":
             step = best_epoch_step(math.ceil(len(train) / hyper.batch_size), best, accuracy_of)
         with dropout_rate(ctx.model, hyper.dropout):
-            metrics = train_context(replace(ctx, data=train, seed=seed), local, step=step)
+            metrics = train_context(replace(ctx, data=train, seed=seed), local, LocalHooks(step=step))
         if config.keep == "last":
             accuracy = accuracy_of(ctx.model) if accuracy_of is not None else -math.inf
             return _Best(snapshot(ctx.model), accuracy), metrics

@@ -44,6 +44,7 @@ from raysim.train.local import (
     Backward,
     Batch,
     BatchLoss,
+    LocalHooks,
     LocalStep,
     LocalTrainConfig,
     examples_trained_on,
@@ -234,10 +235,12 @@ class SWA:
         metrics = train_context(
             ctx,
             config.local,
-            step=swa_step(
-                lambda step: swa_lr(step, snapshots, start, alpha_1, alpha_2, is_cyclic),
-                set(snapshots).__contains__,
-                average,
+            LocalHooks(
+                step=swa_step(
+                    lambda step: swa_lr(step, snapshots, start, alpha_1, alpha_2, is_cyclic),
+                    set(snapshots).__contains__,
+                    average,
+                )
             ),
         )
         mean = average.mean() if average.count else None
@@ -281,7 +284,9 @@ class SWAD:
 
         segments = _Segments(valley, held_back_loss)
         eval_every = config.eval_every or math.ceil(len(train) / config.local.batch_size)
-        metrics = train_context(replace(ctx, data=train), config.local, step=swad_step(segments, eval_every))
+        metrics = train_context(
+            replace(ctx, data=train), config.local, LocalHooks(step=swad_step(segments, eval_every))
+        )
         segments.close(ctx.model)  # the iterates since the last evaluation
         delta = upload(ctx, valley.finish(), config.recompute_bn, train, config.local.batch_size)
         metrics |= _window_metrics(valley, eval_every)

@@ -63,7 +63,7 @@ def build_hf_classifier(config: HFClassifierConfig, spec: DataSpec) -> HFTokenMo
 
     For a regression spec (GLUE's STS-B) it is the same model with ``spec.num_classes`` outputs
     (1 for a score) and transformers' regression problem type: (B, num_classes) predictions,
-    trained with the mean squared error of ``raysim.train.local.task_loss``.
+    trained with the mean squared error of ``raysim.train.task_loss.task_loss``.
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 

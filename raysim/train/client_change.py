@@ -1,8 +1,9 @@
-"""A plugin's change to local training, stated once for both trainers: ``ClientChange``.
+"""A plugin's change to local training, stated once for both trainers: ``ClientChange``, the
+functions a chunk's clients share, and ``PerClient``, what is each client's own.
 
 A change is written over one client's tensors by name, with no client axis. ``train_local``
 applies it to the model's named parameters; ``train_local_vectorized`` applies the same functions
-under ``torch.func.vmap`` to a chunk's stacked parameters. It has two parts, either optional:
+under ``torch.func.vmap`` to a chunk's stacked parameters. It has three parts, each optional:
 
 - ``edit(weights, grads, own) -> grads`` edits the gradients after every backward pass, before
   clipping: FedProx's proximal gradient, SCAFFOLD's control-variate correction.
@@ -10,16 +11,21 @@ under ``torch.func.vmap`` to a chunk's stacked parameters. It has two parts, eit
   differentiate from ``task`` (the task loss at any weights and buffers), the client's weights
   and buffers and its ``draws`` for the batch: FedGuCci's task step then one step per anchor, or
   its joint loss. The default, ``(task_pass,)``, is the plain task loss.
+- ``watch(grads, acc, own, step) -> acc`` sees the gradients of every backward pass, as edited,
+  before clipping, and returns the client's new accumulator (``acc`` holds its start); ``step``
+  counts the client's backward passes before this one. The trainers hand the final accumulators
+  back: FedFish's last-epoch Fisher sums.
 
-``own`` holds the client's own tensors (SCAFFOLD's ``c - c_i``); the vectorized trainer stacks
-them along the client axis. What else the functions use (FedProx's mu and anchor, FedGuCci's
-anchors) is shared: a chunk's clients all run its first client's functions. ``draw`` gives the
-client's numbers for its next batch (FedGuCci's alphas), drawn on the host once per batch.
+A trainer takes one ``ClientChange`` for all its clients: what its functions close over
+(FedProx's mu and anchor, FedGuCci's anchors) is the same for every client, by its type. What
+differs per client is a ``PerClient``: ``own``, its tensors (SCAFFOLD's ``c - c_i``), and ``acc``,
+its watch's start, which the vectorized trainer stacks along the client axis, and ``draw``, its
+numbers for its next batch (FedGuCci's alphas), drawn on the host once per batch.
 
 Usage:
-    change = ClientChange(edit=proximal_gradient(mu, ctx.global_params))
-    delta, metrics = train_client(ctx, config, change=change)
-    results = train_clients(ctxs, config, change=lambda ctx: ClientChange(...))
+    change = ClientChange(edit=corrected_gradient)
+    delta, metrics = train_client(ctx, config, LocalHooks(change=change, client=PerClient(own=c - c_i)))
+    results = train_clients(ctxs, config, change=change, client=lambda ctx: PerClient(...))
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ Losses = tuple[torch.Tensor, BatchLoss]
 Draws = Sequence[float] | torch.Tensor
 Pass = Callable[[TaskLoss, Weights, Weights, Draws], Losses]
 GradientEdit = Callable[[Weights, Weights, Weights], Weights]  # (weights, grads, own) -> grads
+Watch = Callable[[Weights, Weights, Weights, int], Weights]  # (grads, acc, own, step) -> acc
 
 
 def task_pass(task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) -> Losses:
@@ -53,19 +60,32 @@ def task_pass(task: TaskLoss, weights: Weights, buffers: Weights, draws: Draws) 
 
 @dataclass(frozen=True)
 class ClientChange:
-    """One client's change to local training (see the module docstring).
+    """The functions of a change to local training, shared by the clients (the module docstring).
 
     Attributes:
         edit: ``(weights, grads, own) -> grads``, after every backward pass, before clipping;
             pure (no state, no in-place writes), as ``vmap`` runs it.
-        own: the client's own tensors that ``edit`` reads.
         passes: one optimizer step each per batch; the metrics count the first pass's task loss.
-        draw: the client's numbers for its next batch, which every pass receives.
+        watch: ``(grads, acc, own, step) -> acc`` after every backward pass (after ``edit``); pure.
     """
 
     edit: GradientEdit | None = None
-    own: Weights = field(default_factory=dict)
     passes: tuple[Pass, ...] = (task_pass,)
+    watch: Watch | None = None
+
+
+@dataclass(frozen=True)
+class PerClient:
+    """What one client brings to a ``ClientChange``: the values its functions are given.
+
+    Attributes:
+        own: the client's own tensors that ``edit`` and ``watch`` read.
+        acc: the client's accumulator before its first backward pass (``watch``'s).
+        draw: the client's numbers for its next batch, which every pass receives.
+    """
+
+    own: Weights = field(default_factory=dict)
+    acc: Weights = field(default_factory=dict)
     draw: Callable[[], Sequence[float]] | None = None
 
     def next_draws(self) -> Sequence[float]:
@@ -73,15 +93,29 @@ class ClientChange:
         return self.draw() if self.draw is not None else ()
 
 
-def edit_model_gradients(change: ClientChange, model: nn.Module) -> None:
+def edit_model_gradients(change: ClientChange, client: PerClient, model: nn.Module) -> None:
     """``change.edit`` on ``model``'s ``.grad`` (``train_local``'s side)."""
     if change.edit is None:
         return
     named = {name: p for name, p in model.named_parameters() if p.grad is not None}
     grads = {name: p.grad for name, p in named.items() if p.grad is not None}
-    edited = change.edit({name: p.detach() for name, p in named.items()}, grads, change.own)
+    edited = change.edit({name: p.detach() for name, p in named.items()}, grads, client.own)
     for name, p in named.items():
         p.grad = edited[name]
+
+
+class ModelWatch:
+    """``change.watch`` over ``train_local``'s backward passes; ``acc`` is the accumulator so far."""
+
+    def __init__(self, change: ClientChange, client: PerClient) -> None:
+        self.change, self.own, self.acc, self.step = change, client.own, dict(client.acc), 0
+
+    def __call__(self, model: nn.Module) -> None:
+        if self.change.watch is None:
+            return
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        self.acc = self.change.watch(grads, self.acc, self.own, self.step)
+        self.step += 1
 
 
 def model_pass(
@@ -103,9 +137,14 @@ def model_pass(
     return one_pass(task, weights, buffers, draws)
 
 
-def stack_own(changes: Sequence[ClientChange]) -> Weights:
+def stack_own(clients: Sequence[PerClient]) -> Weights:
     """The clients' ``own`` tensors stacked along the client axis (``[clients, ...]``)."""
-    return {k: torch.stack([change.own[k] for change in changes]) for k in changes[0].own}
+    return {k: torch.stack([client.own[k] for client in clients]) for k in clients[0].own}
+
+
+def stack_acc(clients: Sequence[PerClient]) -> Weights:
+    """The clients' starting ``acc`` stacked along the client axis (``[clients, ...]``)."""
+    return {k: torch.stack([client.acc[k] for client in clients]) for k in clients[0].acc}
 
 
 def edit_stacked_gradients(change: ClientChange, params: Weights, grads: Weights, own: Weights) -> Weights:
@@ -115,3 +154,18 @@ def edit_stacked_gradients(change: ClientChange, params: Weights, grads: Weights
         return grads
     edited: Weights = vmap(change.edit)(params, grads, own)
     return edited
+
+
+def watch_stacked_(
+    change: ClientChange, acc: Weights, grads: Weights, own: Weights, index: torch.Tensor, step: int
+) -> None:
+    """``change.watch`` for the clients of a step at once (``train_local_vectorized``'s side):
+    ``grads`` and ``own`` hold those clients, ``acc`` the whole chunk (``index``: their positions
+    in it), updated in place. Every client of a step has taken ``step`` backward passes before."""
+    if change.watch is None:
+        return
+    watch = change.watch
+    mine = {k: v.index_select(0, index) for k, v in acc.items()}
+    seen: Weights = vmap(lambda g, a, o: watch(g, a, o, step))(grads, mine, own)
+    for k, v in acc.items():
+        v.index_copy_(0, index, seen[k])

@@ -2,9 +2,11 @@
 
 Plugins vary local training through hooks rather than subclassing. A ``change``
 (``raysim.train.client_change.ClientChange``), written over tensors by name, serves the vectorized
-trainer too: a gradient ``edit`` (FedProx, SCAFFOLD) and each batch's ``passes`` (FedGuCci's step
-per anchor). Model hooks serve one client at a time: ``loss_fn`` replaces the task loss (logit
-calibration), ``extra_loss`` adds a term (MOON's) and ``after_backward`` edits ``.grad`` (FedDyn's).
+trainer too: a gradient ``edit`` (FedProx, SCAFFOLD, FedDyn), each batch's ``passes`` (FedGuCci's
+step per anchor) and a ``watch`` of every backward's gradients (FedFish's last-epoch Fisher), with
+each client's ``PerClient`` values. Model hooks serve one client at a time: ``loss_fn`` replaces
+the task loss (logit calibration) and ``extra_loss`` adds a term (MOON's). All of them travel as
+one ``LocalHooks`` from ``train_client`` and ``train_context`` down to ``train_local``.
 ``step`` says how each pass takes its optimizer step: one backward and one step (``gradient_step``,
 the default) or two backwards (SAM, ``raysim.train.sharpness.sam_step``). Batching, the lr,
 ``max_steps`` and the metrics stay in ``train_local`` whatever the step.
@@ -16,28 +18,39 @@ Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
     delta, metrics = train_client(ctx, config)          # the FedAvg client's local work
     metrics = train_context(replace(ctx, data=train), config)   # no delta: a part of its data
+    delta, metrics = train_client(ctx, config, LocalHooks(extra_loss=term, step=sam_step(0.05)))
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim.train.client_change import BatchLoss, ClientChange, Draws, Pass, edit_model_gradients, model_pass
+from raysim.train.client_change import (
+    BatchLoss,
+    ClientChange,
+    Draws,
+    ModelWatch,
+    Pass,
+    PerClient,
+    Weights,
+    edit_model_gradients,
+    model_pass,
+)
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
+from raysim.train.task_loss import task_loss, train_metrics
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
 
 Batch = dict[str, torch.Tensor]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
-AfterBackward = Callable[[nn.Module], None]
 LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
 
 
@@ -45,8 +58,8 @@ class Backward(Protocol):
     """Leaves the gradient of the local objective on ``batch``, at the current weights, in ``.grad``.
 
     Zeroes the gradients, computes the pass's objective (over ``loss_fn``, the trainer's task loss
-    when None) plus ``extra_loss``, back-propagates, then applies ``after_backward``, the change's
-    ``edit`` and ``grad_clip``. Returns the task loss, for the metrics.
+    when None) plus ``extra_loss``, back-propagates, then applies the change's ``edit`` and
+    ``watch`` and ``grad_clip``. Returns the task loss, for the metrics.
     """
 
     def __call__(self, batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss: ...
@@ -154,43 +167,31 @@ def round_epochs(config: LocalTrainConfig, round_num: int) -> int:
     return config.epochs if schedule is None else schedule.epochs(config.epochs, round_num)
 
 
-def task_loss(
-    model: nn.Module, batch: Batch, spec: DataSpec
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-    """Mean loss over the batch, plus #correct and #predictions for accuracy.
-
-    The counts stay tensors on the device: reading them every step would stall a GPU.
-    """
-    return outputs_loss(model(batch["x"]), batch, spec)
-
-
-def outputs_loss(
-    logits: torch.Tensor, batch: Batch, spec: DataSpec
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-    """``task_loss`` of outputs the model already produced on ``batch["x"]``."""
-    x = batch["x"]
-    if spec.task == "classification":
-        y = batch["y"]
-        loss = F.cross_entropy(logits, y)
-        return loss, (logits.argmax(-1) == y).sum(), len(y)
-    if spec.task == "regression":
-        y = batch["y"].to(logits.dtype).reshape(logits.shape)
-        return F.mse_loss(logits, y), torch.zeros((), device=logits.device), len(y)
-    # causal LM: predict token t+1 from tokens <= t; padding is ignored. The targets are shifted
-    # and padded with the ignored id, not the logits cut: slicing (B, T, V) logits and flattening
-    # them copied the largest tensor of the step (5% of a small decoder's step on a CPU).
-    ignore = spec.pad_token_id if spec.pad_token_id is not None else -100
-    targets = F.pad(x[:, 1:], (0, 1), value=ignore)  # (B, T): the last position predicts nothing
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
-    mask = targets != ignore
-    return loss, ((logits.argmax(-1) == targets) & mask).sum(), mask.sum()
-
-
 def make_optimizer(model: nn.Module, config: LocalTrainConfig, lr: float) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
         return torch.optim.Adam(trainable, lr=lr, weight_decay=config.weight_decay)
     return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+
+@dataclass(frozen=True)
+class LocalHooks:
+    """A plugin's hooks into local training, passed whole from ``train_client`` down to the loop.
+
+    Attributes:
+        change: its change, as the vectorized trainer runs it too: ``edit`` and ``watch`` after
+            every backward pass, one ``step`` per pass of ``passes``.
+        client: the client's values for ``change``: ``own``, ``acc``, ``draw`` once per batch.
+        loss_fn: replaces ``task_loss``.
+        extra_loss: a term added to the loss before every backward pass.
+        step: what each pass of a batch does (``gradient_step`` when None).
+    """
+
+    change: ClientChange = ClientChange()
+    client: PerClient = PerClient()
+    loss_fn: LossFn | None = None
+    extra_loss: ExtraLoss | None = None
+    step: LocalStep | None = None
 
 
 def train_local(
@@ -202,14 +203,37 @@ def train_local(
     spec: DataSpec,
     device: torch.device | str = "cpu",
     round_num: int = 0,
-    extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
     step_budget: int | None = None,
-    change: ClientChange = ClientChange(),
+    hooks: LocalHooks = LocalHooks(),
 ) -> ClientMetrics:
-    """Trains ``model`` in place on one client's data; returns train metrics.
+    """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
+    return train_local_watched(
+        model,
+        data,
+        config,
+        seed=seed,
+        spec=spec,
+        device=device,
+        round_num=round_num,
+        step_budget=step_budget,
+        hooks=hooks,
+    )[0]
+
+
+def train_local_watched(
+    model: nn.Module,
+    data: ClientData,
+    config: LocalTrainConfig,
+    *,
+    seed: int,
+    spec: DataSpec,
+    device: torch.device | str = "cpu",
+    round_num: int = 0,
+    step_budget: int | None = None,
+    hooks: LocalHooks = LocalHooks(),
+) -> tuple[ClientMetrics, Weights]:
+    """Trains ``model`` in place on one client's data; returns train metrics and the final
+    accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
 
     Shuffling is drawn from ``seed`` alone, so a client's training does not depend on which
     worker runs it or what ran before.
@@ -222,13 +246,8 @@ def train_local(
         spec: what the task loss needs to know about the data.
         device: where the data goes (the model is already there).
         round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
-        extra_loss: a term added to the loss before every backward pass.
-        after_backward: edits the gradients after every backward pass, before clipping.
-        loss_fn: replaces ``task_loss``.
-        step: what each pass of a batch does (``gradient_step`` when None).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
-        change: the plugin's change, as the vectorized trainer runs it too: its ``edit`` after
-            ``after_backward``, one ``step`` per pass, ``draw`` once per batch.
+        hooks: the plugin's (``LocalHooks``).
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -241,10 +260,9 @@ def train_local(
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
-    backward = _objective_backward(
-        model, optimizer, spec, config, loss_fn or task_loss, extra_loss, after_backward, change
-    )
-    take_step = step or gradient_step
+    watch = ModelWatch(hooks.change, hooks.client)
+    backward = _objective_backward(model, optimizer, spec, config, hooks, watch)
+    take_step = hooks.step or gradient_step
     num_epochs = round_epochs(config, round_num)
     epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(num_epochs))
     # the sums stay on the device until the end (one sync per client, not one per batch)
@@ -256,13 +274,13 @@ def train_local(
     for step_num, batch in enumerate(batches):
         if data.batch_transform is not None:  # augmentation, poisoning: drawn per (client, round, batch)
             batch = data.batch_transform(batch, step_num)
-        draws = change.next_draws()
-        losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in change.passes]
+        draws = hooks.client.next_draws()
+        losses = [take_step(model, batch, optimizer, backward(p, draws)) for p in hooks.change.passes]
         loss, num_correct, num_items = losses[0]
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
         num_batches, num_used = num_batches + 1, num_used + len(next(iter(batch.values())))
-    return _train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data)))
+    return train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data))), watch.acc
 
 
 def _objective_backward(
@@ -270,10 +288,8 @@ def _objective_backward(
     optimizer: torch.optim.Optimizer,
     spec: DataSpec,
     config: LocalTrainConfig,
-    task: LossFn,
-    extra_loss: ExtraLoss | None,
-    after_backward: AfterBackward | None,
-    change: ClientChange,
+    hooks: LocalHooks,
+    watch: ModelWatch,
 ) -> Callable[[Pass, Draws], Backward]:
     """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
     its hooks and gradient clipping."""
@@ -281,16 +297,15 @@ def _objective_backward(
     def backward_of(one_pass: Pass, draws: Draws) -> Backward:
         def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
             def model_loss(module: nn.Module) -> BatchLoss:
-                return (loss_fn or task)(module, batch, spec)
+                return (loss_fn or hooks.loss_fn or task_loss)(module, batch, spec)
 
             total, (loss, num_correct, num_items) = model_pass(one_pass, model, model_loss, draws)
-            if extra_loss is not None:
-                total = total + extra_loss(model, batch)
+            if hooks.extra_loss is not None:
+                total = total + hooks.extra_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
-            if after_backward is not None:
-                after_backward(model)
-            edit_model_gradients(change, model)
+            edit_model_gradients(hooks.change, hooks.client, model)
+            watch(model)
             if config.grad_clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             return loss, num_correct, num_items
@@ -298,27 +313,6 @@ def _objective_backward(
         return backward
 
     return backward_of
-
-
-def _train_metrics(
-    loss_sum: torch.Tensor | float,
-    correct: torch.Tensor | int,
-    seen: torch.Tensor | int,
-    num_batches: int,
-    num_examples: int,
-) -> ClientMetrics:
-    """The client's means. On a GPU they stay 0-d tensors: the worker reads a round's clients
-    back at once, so the card's queue is not drained between clients. Elsewhere read here."""
-    counts = {"train/steps": float(num_batches), "train/num_examples": float(num_examples)}
-    if isinstance(loss_sum, torch.Tensor) and loss_sum.device.type == "cuda":
-        denominator = torch.as_tensor(seen, device=loss_sum.device).double().clamp(min=1.0)
-        return {
-            "train/loss": loss_sum.double() / denominator,
-            "train/accuracy": torch.as_tensor(correct, device=loss_sum.device).double() / denominator,
-            **counts,
-        }
-    mean = max(float(seen), 1.0)
-    return {"train/loss": float(loss_sum) / mean, "train/accuracy": float(correct) / mean, **counts}
 
 
 def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
@@ -336,20 +330,40 @@ def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
 
 
 def train_context(
-    ctx: ClientContext,
-    config: LocalTrainConfig,
-    *,
-    change: ClientChange = ClientChange(),
-    extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks = LocalHooks()
 ) -> ClientMetrics:
     """``train_local`` of ``ctx.model`` on ``ctx.data`` with the seed, device, round and step budget
     of ``ctx``; returns the metrics. A plugin training something else states it on the context:
     ``replace(ctx, data=train)`` (a part of its data), ``replace(ctx, model=net)``, ``replace(ctx,
-    seed=s, step_budget=left)``. The hooks are ``train_local``'s."""
-    return train_local(
+    seed=s, step_budget=left)``."""
+    return _train_context(ctx, config, hooks)[0]
+
+
+def train_client(
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks = LocalHooks()
+) -> tuple[Params, ClientMetrics]:
+    """One client's local work, ``train_context``; returns ``delta = global - local`` and the metrics.
+
+    The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
+    examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
+    """
+    metrics = train_context(ctx, config, hooks)
+    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics
+
+
+def train_client_watched(
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
+) -> tuple[Params, ClientMetrics, Weights]:
+    """``train_client``, and its change's ``watch``'s final accumulator (FedFish's Fisher)."""
+    metrics, acc = _train_context(ctx, config, hooks)
+    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics, acc
+
+
+def _train_context(
+    ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
+) -> tuple[ClientMetrics, Weights]:
+    """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget."""
+    return train_local_watched(
         ctx.model,
         ctx.data,
         config,
@@ -357,37 +371,6 @@ def train_context(
         spec=ctx.spec,
         device=ctx.device,
         round_num=ctx.round_num,
-        extra_loss=extra_loss,
-        after_backward=after_backward,
-        loss_fn=loss_fn,
-        step=step,
         step_budget=ctx.step_budget,
-        change=change,
+        hooks=hooks,
     )
-
-
-def train_client(
-    ctx: ClientContext,
-    config: LocalTrainConfig,
-    *,
-    change: ClientChange = ClientChange(),
-    extra_loss: ExtraLoss | None = None,
-    after_backward: AfterBackward | None = None,
-    loss_fn: LossFn | None = None,
-    step: LocalStep | None = None,
-) -> tuple[Params, ClientMetrics]:
-    """One client's local work, ``train_context``; returns ``delta = global - local`` and the metrics.
-
-    The FedAvg client sends that delta weighted by ``examples_trained_on(metrics)``: the client's
-    examples this round, or fewer when ``max_steps`` or the step budget ends the first epoch early.
-    """
-    metrics = train_context(
-        ctx,
-        config,
-        change=change,
-        extra_loss=extra_loss,
-        after_backward=after_backward,
-        loss_fn=loss_fn,
-        step=step,
-    )
-    return P.delta(ctx.global_params, P.model_params(ctx.model)), metrics

@@ -25,7 +25,7 @@ with the test accuracy (and with FedAvg's).
 
 Usage:
     loss_fn = fedlc_loss(ctx, strength=0.1)                    # counts from ctx.data's labels
-    metrics = train_local(model, data, config, seed=s, spec=spec, loss_fn=loss_fn)
+    metrics = train_local(model, data, config, seed=s, spec=spec, hooks=LocalHooks(loss_fn=loss_fn))
     logits = torch.func.functional_call(model, weights, (x,))  # or at any weights:
     loss = F.cross_entropy(calibrate_logits(logits, counts, strength=0.1), y)
     loss = balanced_softmax_loss(logits, y, client_label_counts(ctx.data, num_classes))

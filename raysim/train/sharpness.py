@@ -13,16 +13,16 @@ the authors' code, ``T_w`` applies to parameters whose name contains "weight"; t
 (biases) keep ``T_w = 1``. Their code's defaults are rho 0.5 and eta 0.01; SAM's usual rho is 0.05.
 
 The norm runs over every parameter with a gradient, as one vector. Because the step goes
-through ``train_local``'s ``backward``, both passes include ``extra_loss``, ``after_backward`` and
-clipping (a global clip rescales g, which leaves ``e`` unchanged).
+through ``train_local``'s ``backward``, both passes include ``extra_loss``, the change's ``edit`` and
+``watch`` and clipping (a global clip rescales g, which leaves ``e`` unchanged).
 
 Plugins take SAM's settings as one ``sam: SamConfig`` option (``sam: {rho: 0.05}``; ASAM:
 ``sam: {rho: 0.5, adaptive: true, eta: 0.01}``), None (``sam: null``) where SAM is optional.
 
 Usage:
-    metrics = train_local(model, data, config, seed=s, spec=spec, step=sam_step(rho=0.05))
-    delta, metrics = train_client(ctx, config, step=sam_step(rho=0.5, adaptive=True))  # ASAM
-    delta, metrics = train_client(ctx, config, step=sam_step(**config.sam.model_dump()))
+    metrics = train_local(model, data, config, seed=s, spec=spec, hooks=LocalHooks(step=sam_step(rho=0.05)))
+    delta, metrics = train_client(ctx, config, LocalHooks(step=sam_step(rho=0.5, adaptive=True)))  # ASAM
+    delta, metrics = train_client(ctx, config, LocalHooks(step=sam_step(**config.sam.model_dump())))
     loss = sam_descend(model, batch, optimizer, backward, config.sam, loss_fn)  # inside a LocalStep
 """
 

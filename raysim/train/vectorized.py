@@ -10,8 +10,8 @@ or Adam as ``torch.optim`` computes them. A step trains only the clients that st
 grouped by batch size, so a client that has run out of batches does not move and its optimizer
 state does not change, and BatchNorm sees exactly its own batch (no padding). Plugins change
 training through the ``ClientChange`` they also give ``train_local`` (``raysim.train.client_change``:
-a gradient ``edit`` and per-batch ``passes``, run under ``vmap``); ``edit_gradients`` watches the
-stacked gradients (FedFish's Fisher sums).
+a gradient ``edit``, per-batch ``passes`` and a ``watch`` of the gradients, run under ``vmap``),
+one for the chunk, with each client's ``PerClient`` values.
 
 What cannot vectorize is refused by ``raysim.train.vectorizable.vectorization_blocker``: randomness
 inside the model other than ``nn.Dropout``, whose masks ``raysim.train.hashed_dropout`` draws from
@@ -20,7 +20,7 @@ client's ``batch_transform``, which draws per batch one client at a time.
 
 Usage:
     results = train_clients(ctxs, LocalTrainConfig(lr=0.1))      # [(delta, metrics)] per client
-    results = train_clients(ctxs, local, change=self.change)       # each context's ClientChange
+    results = train_clients(ctxs, local, change=change, client=self.per_client)  # shared, and each's
 """
 
 from __future__ import annotations
@@ -39,28 +39,28 @@ from raysim.train.client_change import (
     ClientChange,
     Losses,
     Pass,
+    PerClient,
     edit_stacked_gradients,
+    stack_acc,
     stack_own,
     task_pass,
+    watch_stacked_,
 )
 from raysim.train.hashed_dropout import HashedDropout
 from raysim.train.local import (
     Batch,
     LocalTrainConfig,
-    outputs_loss,
     round_epochs,
     round_lr,
     step_limit,
     to_tensors,
 )
+from raysim.train.task_loss import outputs_loss
 from raysim.train.vectorizable import vectorization_blocker
 from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params
 
 Stacked = dict[str, torch.Tensor]  # per name, one tensor of shape [clients, ...]
-# Sees (and may edit) the gradients of the clients training this step (the stacks hold only them;
-# ``clients`` are their positions in the chunk), after the change's ``edit``: FedFish's sums.
-StackedEdit = Callable[[Stacked, Stacked, torch.Tensor], Stacked]
-ChangeOf = Callable[[ClientContext], ClientChange]  # the plugin's change for one client
+ClientOf = Callable[[ClientContext], PerClient]  # one client's values for the shared change
 
 
 @dataclass
@@ -91,8 +91,8 @@ def train_clients(
     ctxs: Sequence[ClientContext],
     config: LocalTrainConfig,
     *,
-    change: ChangeOf | None = None,
-    edit_gradients: StackedEdit | None = None,
+    change: ClientChange = ClientChange(),
+    client: ClientOf | None = None,
 ) -> list[tuple[Params, Metrics]]:
     """``train_client`` for every context at once: ``(delta, metrics)`` per client, in order.
 
@@ -100,7 +100,7 @@ def train_clients(
     broadcast weights, which it keeps); each brings its data, seed and step budget. The hooks are
     ``train_local_vectorized``'s.
     """
-    trained, metrics = train_contexts(ctxs, config, change=change, edit_gradients=edit_gradients)
+    trained, metrics, _ = train_contexts(ctxs, config, change=change, client=client)
     return [(client_delta(ctx, trained, i), metrics[i]) for i, ctx in enumerate(ctxs)]
 
 
@@ -108,12 +108,13 @@ def train_contexts(
     ctxs: Sequence[ClientContext],
     config: LocalTrainConfig,
     *,
-    change: ChangeOf | None = None,
-    edit_gradients: StackedEdit | None = None,
-) -> tuple[Stacked, list[Metrics]]:
-    """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, and
-    their metrics (``train_clients`` for a plugin that needs the weights, FedFish's Fisher pass).
-    ``change(ctx)`` is the client's ``ClientChange``, the one its ``train_client`` is given."""
+    change: ClientChange = ClientChange(),
+    client: ClientOf | None = None,
+) -> tuple[Stacked, list[Metrics], Stacked]:
+    """``train_local_vectorized`` of the contexts' clients: their trained weights, stacked, their
+    metrics and their watches' final accumulators, stacked (``train_clients`` for a plugin that
+    needs the weights or the accumulators: FedFish's Fisher pass, its last-epoch Fisher).
+    ``change`` and ``client(ctx)`` are what the client's ``train_client`` is given."""
     first = ctxs[0]
     return train_local_vectorized(
         first.model,
@@ -124,8 +125,8 @@ def train_contexts(
         device=first.device,
         round_num=first.round_num,
         step_budgets=[ctx.step_budget for ctx in ctxs],
-        changes=[change(ctx) for ctx in ctxs] if change is not None else None,
-        edit_gradients=edit_gradients,
+        change=change,
+        clients=[client(ctx) for ctx in ctxs] if client is not None else None,
     )
 
 
@@ -159,20 +160,21 @@ def train_local_vectorized(
     device: torch.device | str = "cpu",
     round_num: int = 0,
     step_budgets: Sequence[int | None] | None = None,
-    changes: Sequence[ClientChange] | None = None,
-    edit_gradients: StackedEdit | None = None,
-) -> tuple[Stacked, list[Metrics]]:
+    change: ClientChange = ClientChange(),
+    clients: Sequence[PerClient] | None = None,
+) -> tuple[Stacked, list[Metrics], Stacked]:
     """``train_local`` of ``model``'s current weights on each client's data, all at once.
 
-    ``changes`` (one per client, or None) are what each client's ``train_local`` is given: the
-    first's ``edit`` and ``passes`` run for every client under ``vmap``, with each client's own
-    ``own`` tensors and ``draw``. Each batch takes one optimizer step per pass; the metrics count
-    the first pass's task loss.
+    ``change`` is what every client's ``train_local`` is given, and ``clients`` (one per client,
+    or None) what each is: ``edit``, ``passes`` and ``watch`` run for every client under
+    ``vmap``, with each client's own ``own`` tensors, ``acc`` and ``draw``. Each batch takes one
+    optimizer step per pass; the metrics count the first pass's task loss.
 
     Returns:
         Every client's trained ``params.model_params`` stacked (trainable parameters and float
-        buffers, ``[clients, ...]``) and each client's ``train_local`` metrics. ``model`` is left
-        as it was (its weights are the starting point, never written).
+        buffers, ``[clients, ...]``), each client's ``train_local`` metrics and the final
+        accumulators of its ``watch``, stacked. ``model`` is left as it was (its weights are the
+        starting point, never written).
     """
     if any(data.batch_transform is not None for data in datas):
         raise ValueError("a client's data has a batch_transform (augmentation): train it with train_local")
@@ -189,34 +191,33 @@ def train_local_vectorized(
     chunk = _stack(model, len(datas), config)
     frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
     dropout = HashedDropout(model)
-    changes = list(changes) if changes is not None else [ClientChange()] * len(datas)
-    change, own = changes[0], stack_own(changes)
+    each = list(clients) if clients is not None else [PerClient()] * len(datas)
+    own, acc = stack_own(each), stack_acc(each)
     passes = change.passes
     objectives = [_objective(model, frozen, spec, dropout, one_pass) for one_pass in passes]
     gradients = [vmap(grad(objective, has_aux=True), randomness="error") for objective in objectives]
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
-    for step, clients, index, members, batch in dropout.over(_steps(plans, tensors, device)):
-        part = chunk.take(clients)
-        draws = torch.tensor([list(changes[i].next_draws()) for i in members], device=device)  # (K, #draws)
+    for step, training, index, members, batch in dropout.over(_steps(plans, tensors, device)):
+        part = chunk.take(training)
+        draws = torch.tensor([list(each[i].next_draws()) for i in members], device=device)  # (K, #draws)
         part_own = {k: v.index_select(0, index) for k, v in own.items()}
         for n, gradient in enumerate(gradients):
             dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
             grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
             grads = edit_stacked_gradients(change, part.params, grads, part_own)
-            if edit_gradients is not None:
-                grads = edit_gradients(part.params, grads, index)
+            watch_stacked_(change, acc, grads, part_own, index, optimizer_step)
             if config.grad_clip is not None:
                 _clip_(grads, config.grad_clip)
             _optimizer_step_(part, grads, config, lr, optimizer_step)
             if n == 0:
                 counts = torch.stack([loss * count, correct.to(loss.dtype), count.to(loss.dtype)], 1)
                 sums.index_add_(0, index, counts.to(sums.dtype))
-        chunk.put(clients, part)
+        chunk.put(training, part)
     metrics = [_metrics(sums[i], plan, len(data)) for i, (plan, data) in enumerate(zip(plans, datas))]
     saved = P.model_params(model)
-    return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics
+    return {k: (chunk.params | chunk.buffers)[k] for k in saved}, metrics, acc
 
 
 def squared_gradient_sums(

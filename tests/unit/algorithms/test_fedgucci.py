@@ -37,7 +37,7 @@ from raysim.checkpoint import CheckpointTrail, load_checkpoint, save_checkpoint
 from raysim.config import JobConfig, validate_job
 from raysim.errors import CheckpointError, ConfigError
 from raysim.stored import from_plain
-from raysim.train.local import task_loss
+from raysim.train.task_loss import task_loss
 from raysim.types import ClientResult, DataSpec, RunInfo
 
 X = np.array([[1.0, 2.0], [-0.5, 1.0], [0.3, -1.2], [2.0, 0.1]])

@@ -9,7 +9,7 @@ import torch
 from reference import B0, SPEC, W0, context, linear_model, payload
 
 from raysim import registry
-from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.local import LocalHooks, LocalTrainConfig, train_local
 from raysim.train.sharpness import sam_step
 from raysim.types import ClientData
 
@@ -31,7 +31,7 @@ def update(name, **options):
 def test_the_client_is_train_local_with_the_sam_step(name, step):
     model = linear_model()
     data = ClientData({"x": X.astype(np.float32), "y": Y})
-    train_local(model, data, LocalTrainConfig(**LOCAL), seed=0, spec=SPEC, step=step)
+    train_local(model, data, LocalTrainConfig(**LOCAL), seed=0, spec=SPEC, hooks=LocalHooks(step=step))
     got = update(name)
     assert torch.equal(got["weight"], torch.tensor(W0).float() - model.weight.detach())
     assert torch.equal(got["bias"], torch.tensor(B0).float() - model.bias.detach())

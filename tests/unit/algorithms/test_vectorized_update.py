@@ -1,6 +1,7 @@
 """Each plugin's ``vectorized_update`` returns what its ``client_update`` returns client by client:
 FedAvg (plain SGD and momentum), FedProx's proximal term, FedFish's Fisher (the extra pass, or
-the last epoch's squared gradients), SCAFFOLD's control-variate correction and new variates.
+the last epoch's squared gradients), SCAFFOLD's control-variate correction and new variates,
+FedDyn's linear term (each client's own g_i) under both readings.
 Clients differ in data, size (unequal batch counts) and seed; the FedFish and FedGuCci cases run
 on a BatchNorm model too, and one case trains in a later round (lr decay, an epochs schedule)."""
 
@@ -119,6 +120,21 @@ def test_scaffold_matches_client_update_with_each_clients_own_variate():
     assert_same_results(
         algo.vectorized_update(contexts(extra, states)),
         [algo.client_update(ctx) for ctx in contexts(extra, states)],
+    )
+
+
+@pytest.mark.parametrize("reading", ["paper", "fedgucci_code"])
+def test_feddyn_matches_client_update_with_each_clients_own_linear_term(reading):
+    algo = plugin("feddyn", alpha=0.3, reading=reading, local={"lr": 0.2, "batch_size": 2, "epochs": 2})
+    module = sys.modules[type(algo).__module__]
+    rng = np.random.default_rng(8)
+    shapes = {"weight": (2, 2), "bias": (2,)}
+    g = [{k: torch.from_numpy(np.float32(rng.normal(size=v))) for k, v in shapes.items()} for _ in "ab"]
+    states = [None] + [module.LinearCorrection(g_i) for g_i in g]  # a first round, then g_i of their own
+    assert vectorizes(algo)
+    assert_same_results(
+        algo.vectorized_update(contexts(states=states)),
+        [algo.client_update(ctx) for ctx in contexts(states=states)],
     )
 
 

@@ -3,9 +3,9 @@
 
 The reference is SGD on a linear classifier: per batch (the trainer's shuffling, one
 ``randperm`` per epoch from the client's seed) ``g = grad CE(x W^T + b, y)``, edited as the change
-says, then ``w <- w - lr g``. Clients hold unequal data, so in the vectorized trainer a client
-drops out of the chunk's later steps while the other trains on: each must keep its own ``own``
-tensors and its own draws.
+says, then ``w <- w - lr g``; a watch's sums are the loop's edited gradients squared. Clients
+hold unequal data, so in the vectorized trainer a client drops out of the chunk's later steps
+while the other trains on: each must keep its own ``own`` tensors, accumulator and draws.
 """
 
 import numpy as np
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim import params as P
-from raysim.train.client_change import ClientChange, task_pass
-from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.client_change import ClientChange, PerClient, task_pass
+from raysim.train.local import LocalHooks, LocalTrainConfig, train_local_watched
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
 
@@ -58,9 +58,10 @@ def batches(data: ClientData, seed: int):
             yield x[idx], y[idx]
 
 
-def reference(data: ClientData, seed: int, edit=None, alphas=None):
+def reference(data: ClientData, seed: int, edit=None, alphas=None, seen=None):
     """Plain SGD; ``edit(w, g) -> g`` per step; with ``alphas`` a second step per batch on the
-    loss at ``alpha w`` (one alpha per batch). Returns the final weights and the mean first-step loss."""
+    loss at ``alpha w`` (one alpha per batch); ``seen`` collects each step's edited gradients.
+    Returns the final weights and the mean first-step loss."""
     w = {"weight": W0.clone().requires_grad_(), "bias": B0.clone().requires_grad_()}
     losses, alphas = [], iter(alphas or [])
 
@@ -68,6 +69,8 @@ def reference(data: ClientData, seed: int, edit=None, alphas=None):
         loss = F.cross_entropy(x @ (scale * w["weight"]).T + scale * w["bias"], y)
         grads = dict(zip(w, torch.autograd.grad(loss, list(w.values())), strict=True))
         grads = edit(w, grads) if edit is not None else grads
+        if seen is not None:
+            seen.append(grads)
         with torch.no_grad():
             for k in w:
                 w[k] -= CONFIG.lr * grads[k]
@@ -81,18 +84,22 @@ def reference(data: ClientData, seed: int, edit=None, alphas=None):
     return {k: v.detach() for k, v in w.items()}, sum(losses) / (CONFIG.epochs * len(data))
 
 
-def both_trainers(changes):
-    """Each client's trained weights and metrics, from train_local and from the vectorized trainer;
-    ``changes()`` makes fresh changes (their draws are streams)."""
+def both_trainers(change, clients):
+    """Each client's trained weights, metrics and watched accumulator, from train_local and from
+    the vectorized trainer, under the shared ``change``; ``clients()`` makes fresh values for each
+    client (their draws are streams)."""
     alone = []
-    for data, seed, change in zip(datas(), SEEDS, changes(), strict=True):
+    for data, seed, client in zip(datas(), SEEDS, clients(), strict=True):
         net = model()
-        metrics = train_local(net, data, CONFIG, seed=seed, spec=SPEC, change=change)
-        alone.append((P.model_params(net), metrics))
-    stacked, metrics = train_local_vectorized(
-        model(), datas(), CONFIG, seeds=SEEDS, spec=SPEC, changes=changes()
+        metrics, acc = train_local_watched(
+            net, data, CONFIG, seed=seed, spec=SPEC, hooks=LocalHooks(change=change, client=client)
+        )
+        alone.append((P.model_params(net), metrics, acc))
+    stacked, metrics, accs = train_local_vectorized(
+        model(), datas(), CONFIG, seeds=SEEDS, spec=SPEC, change=change, clients=clients()
     )
-    chunk = [({k: v[i] for k, v in stacked.items()}, metrics[i]) for i in range(len(SIZES))]
+    pick = lambda tensors, i: {k: v[i] for k, v in tensors.items()}  # noqa: E731
+    chunk = [(pick(stacked, i), metrics[i], pick(accs, i)) for i in range(len(SIZES))]
     return {"train_local": alone, "vectorized": chunk}
 
 
@@ -102,11 +109,11 @@ def shifted_proximal(weights, grads, own):
 
 
 def test_one_gradient_edit_trains_alike_in_both_trainers():
-    def changes():
-        return [ClientChange(edit=shifted_proximal, own=shift) for shift in SHIFTS]
+    def clients():
+        return [PerClient(own=shift) for shift in SHIFTS]
 
-    for trainer, results in both_trainers(changes).items():
-        for i, (weights, metrics) in enumerate(results):
+    for trainer, results in both_trainers(ClientChange(edit=shifted_proximal), clients).items():
+        for i, (weights, metrics, _) in enumerate(results):
             shift = SHIFTS[i]
 
             def edit(w, g, shift=shift):
@@ -132,11 +139,11 @@ def alpha_stream(seed: int):
 
 
 def test_passes_and_draws_train_alike_in_both_trainers():
-    def changes():
-        return [ClientChange(passes=(task_pass, scaled), draw=alpha_stream(seed)) for seed in SEEDS]
+    def clients():
+        return [PerClient(draw=alpha_stream(seed)) for seed in SEEDS]
 
-    for trainer, results in both_trainers(changes).items():
-        for i, (weights, metrics) in enumerate(results):
+    for trainer, results in both_trainers(ClientChange(passes=(task_pass, scaled)), clients).items():
+        for i, (weights, metrics, _) in enumerate(results):
             draw = alpha_stream(SEEDS[i])
             alphas = [draw()[0] for _ in range(CONFIG.epochs * -(-SIZES[i] // CONFIG.batch_size))]
             expected, loss = reference(datas()[i], SEEDS[i], alphas=alphas)
@@ -146,3 +153,37 @@ def test_passes_and_draws_train_alike_in_both_trainers():
                 )
             assert metrics["train/loss"] == pytest.approx(loss, rel=1e-5)  # the first pass's loss
             assert metrics["train/steps"] == len(alphas)  # batches, not optimizer steps
+
+
+FROM_STEP = (2, 5)  # each client's own: the backward pass its sums start at
+
+
+def squares_from(grads, acc, own, step):
+    """The watch under test: from the client's own step on, sums of the squared gradients, and a count."""
+    on = step >= own["from"]
+    return {k: torch.where(on, acc[k] + grads[k] ** 2, acc[k]) for k in grads} | {"n": acc["n"] + on.long()}
+
+
+def test_a_watch_sees_each_backwards_edited_gradients_in_both_trainers():
+    def clients():
+        return [
+            PerClient(
+                own=shift | {"from": torch.tensor(start)},
+                acc={k: torch.zeros_like(v) for k, v in ANCHOR.items()} | {"n": torch.tensor(0)},
+            )
+            for shift, start in zip(SHIFTS, FROM_STEP, strict=True)
+        ]
+
+    change = ClientChange(edit=shifted_proximal, watch=squares_from)
+    for trainer, results in both_trainers(change, clients).items():
+        for i, (_, _, acc) in enumerate(results):
+            shift, seen = SHIFTS[i], []
+
+            def edit(w, g, shift=shift):
+                return {k: g[k] + MU * (w[k].detach() - ANCHOR[k]) + shift[k] for k in g}
+
+            reference(datas()[i], SEEDS[i], edit=edit, seen=seen)
+            assert int(acc["n"]) == len(seen) - FROM_STEP[i]
+            for k in ANCHOR:
+                expected = sum(grads[k] ** 2 for grads in seen[FROM_STEP[i] :])
+                torch.testing.assert_close(acc[k], expected, atol=1e-6, rtol=1e-5, msg=f"{trainer} {i} {k}")

@@ -61,18 +61,18 @@ def test_hashed_dropout_keeps_one_minus_p_and_scales_the_kept():
 
 def test_a_clients_training_is_the_same_in_any_chunk_at_any_position():
     target = data(10, 1)
-    alone, _ = train_local_vectorized(dropout_model(), [target], CONFIG, seeds=[99], spec=SPEC)
+    alone, _, _ = train_local_vectorized(dropout_model(), [target], CONFIG, seeds=[99], spec=SPEC)
     crowd = [data(6, 2), data(13, 3), target]  # other sizes: the target trains in other groups too
-    together, _ = train_local_vectorized(dropout_model(), crowd, CONFIG, seeds=[5, 6, 99], spec=SPEC)
+    together, _, _ = train_local_vectorized(dropout_model(), crowd, CONFIG, seeds=[5, 6, 99], spec=SPEC)
     for key, value in alone.items():
         assert torch.equal(together[key][2], value[0]), key
 
 
 def test_clients_of_the_same_data_draw_their_own_masks():
     same, full_batch = [data(10, 1), data(10, 1)], LocalTrainConfig(lr=0.1, batch_size=10, epochs=2)
-    trained, _ = train_local_vectorized(dropout_model(), same, full_batch, seeds=[1, 2], spec=SPEC)
+    trained, _, _ = train_local_vectorized(dropout_model(), same, full_batch, seeds=[1, 2], spec=SPEC)
     gap = (trained["0.weight"][0] - trained["0.weight"][1]).abs().max()
-    without, _ = train_local_vectorized(dropout_model(0.0), same, full_batch, seeds=[1, 2], spec=SPEC)
+    without, _, _ = train_local_vectorized(dropout_model(0.0), same, full_batch, seeds=[1, 2], spec=SPEC)
     torch.testing.assert_close(without["0.weight"][0], without["0.weight"][1])  # no dropout: one work
     assert gap > 1e-3  # other seeds, other masks
 

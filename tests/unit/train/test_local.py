@@ -9,15 +9,16 @@ from torch import nn
 
 from raysim import params as P
 from raysim.measure.evaluate import evaluate
+from raysim.train.client_change import ClientChange
 from raysim.train.local import (
+    LocalHooks,
     LocalTrainConfig,
     iterate_batches,
-    outputs_loss,
     round_lr,
-    task_loss,
     train_client,
     train_local,
 )
+from raysim.train.task_loss import outputs_loss, task_loss
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
 
 SPEC = DataSpec("classification", (3,), 2)
@@ -48,7 +49,7 @@ def test_loss_fn_replaces_the_task_loss():
     zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
     net = model()
     before = net.weight.detach().clone()
-    metrics = train_local(net, data(), LocalTrainConfig(), seed=0, spec=SPEC, loss_fn=zero)
+    metrics = train_local(net, data(), LocalTrainConfig(), seed=0, spec=SPEC, hooks=LocalHooks(loss_fn=zero))
     assert torch.equal(net.weight, before) and metrics["train/loss"] == 0.0
 
 
@@ -102,7 +103,7 @@ def test_causal_lm_loss_is_the_mean_over_shifted_unpadded_targets():
 
 
 def test_default_step_matches_a_hand_written_loop():
-    """The default step is "forward, zero_grad, backward, after_backward, clip, step" per batch.
+    """The default step is "forward, zero_grad, backward, the change's edit, clip, step" per batch.
 
     The reference loop below is that sequence written out with torch alone (same shuffling:
     one randperm per epoch from a generator seeded with the client seed); the results must be
@@ -115,7 +116,8 @@ def test_default_step_matches_a_hand_written_loop():
         m.bias.grad.add_(0.05)
 
     trained, reference = model(), model()
-    train_local(trained, data(), config, seed=4, spec=SPEC, extra_loss=extra, after_backward=shift)
+    change = ClientChange(edit=lambda weights, grads, own: grads | {"bias": grads["bias"] + 0.05})
+    train_local(trained, data(), config, seed=4, spec=SPEC, hooks=LocalHooks(change=change, extra_loss=extra))
 
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     x, y = torch.from_numpy(data().arrays["x"]), torch.from_numpy(data().arrays["y"])
@@ -175,7 +177,7 @@ def test_a_step_may_take_several_optimizer_steps_per_batch():
     w0, b0 = net.weight.detach().double().numpy().copy(), net.bias.detach().double().numpy().copy()
     d = regression_data()
     config = LocalTrainConfig(batch_size=6, lr=0.1, momentum=0.9)
-    metrics = train_local(net, d, config, seed=0, spec=REGRESSION, step=task_then_half)
+    metrics = train_local(net, d, config, seed=0, spec=REGRESSION, hooks=LocalHooks(step=task_then_half))
 
     x, y, lr = d.arrays["x"].astype(np.float64), d.arrays["y"].astype(np.float64), 0.1
     gw1, gb1 = mse_grad(w0, b0, x, y)
@@ -235,13 +237,13 @@ def test_a_client_sends_global_minus_local():
 
 def test_a_client_passes_loss_fn_and_step_on():
     zero = lambda m, batch, spec: ((m(batch["x"]) * 0).sum(), 0, len(batch["y"]))  # noqa: E731
-    delta, _ = train_client(client_context(data()), LocalTrainConfig(), loss_fn=zero)
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), LocalHooks(loss_fn=zero))
     assert all(torch.count_nonzero(v) == 0 for v in delta.values())
 
     def no_update(net, batch, optimizer, backward):
         return backward(batch)
 
-    delta, _ = train_client(client_context(data()), LocalTrainConfig(), step=no_update)
+    delta, _ = train_client(client_context(data()), LocalTrainConfig(), LocalHooks(step=no_update))
     assert all(torch.count_nonzero(v) == 0 for v in delta.values())
 
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from raysim import registry
-from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.client_change import ClientChange
+from raysim.train.local import LocalHooks, LocalTrainConfig, train_local
 from raysim.train.sharpness import SamConfig, sam_descend, sam_step
 from raysim.types import ClientData, DataSpec
 
@@ -42,7 +43,7 @@ def grad(w, b, x, y):
 
 
 def reference_sam(w, b, x, y, steps, adaptive=False, shift=0.0):
-    """``steps`` SAM (or ASAM) steps; ``shift`` is added to every gradient (an after_backward)."""
+    """``steps`` SAM (or ASAM) steps; ``shift`` is added to every gradient (the change's edit)."""
     for _ in range(steps):
         gw, gb = (g + shift for g in grad(w, b, x, y))
         tw, tb = (np.abs(w) + ETA, 1.0) if adaptive else (1.0, 1.0)
@@ -61,13 +62,11 @@ def test_sam_matches_the_two_pass_reference(adaptive, shift):
     model, data = linear_model(), regression_data()
     w0, b0 = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
 
-    def add_shift(m):
-        for p in m.parameters():
-            p.grad.add_(shift)
+    change = ClientChange(edit=lambda weights, grads, own: {k: g + shift for k, g in grads.items()})
 
     config = LocalTrainConfig(epochs=2, batch_size=6, lr=LR)
     step = sam_step(RHO, adaptive, eta=ETA)
-    train_local(model, data, config, seed=0, spec=SPEC, step=step, after_backward=add_shift)
+    train_local(model, data, config, seed=0, spec=SPEC, hooks=LocalHooks(change=change, step=step))
 
     x, y = data.arrays["x"].astype(np.float64), data.arrays["y"].astype(np.float64)
     w, b = reference_sam(w0, b0, x, y, steps=2, adaptive=adaptive, shift=shift)
@@ -82,7 +81,7 @@ def test_sam_reports_the_loss_at_the_unperturbed_weights():
     x, y = data.arrays["x"].astype(np.float64), data.arrays["y"].astype(np.float64)
     w0, b0 = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
     config = LocalTrainConfig(batch_size=6, lr=LR)
-    metrics = train_local(model, data, config, seed=0, spec=SPEC, step=sam_step(RHO))
+    metrics = train_local(model, data, config, seed=0, spec=SPEC, hooks=LocalHooks(step=sam_step(RHO)))
     assert metrics["train/loss"] == pytest.approx(np.mean((x @ w0.T + b0 - y) ** 2), rel=1e-5)
     assert metrics["train/steps"] == 1
 
@@ -94,7 +93,9 @@ def test_the_perturbed_pass_leaves_batchnorm_statistics_alone():
     for step in (None, sam_step(RHO)):
         torch.manual_seed(0)
         net = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2))
-        train_local(net, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, step=step)
+        train_local(
+            net, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, hooks=LocalHooks(step=step)
+        )
         nets.append(net[0])
     plain, sam = nets
     assert int(sam.num_batches_tracked) == 1
@@ -113,8 +114,8 @@ def test_sam_runs_on_a_float64_model_as_on_float32():
     single, double = linear_model(), linear_model().double()
     wide = ClientData({k: v.astype(np.float64) for k, v in data.arrays.items()})
     config = LocalTrainConfig(epochs=1, batch_size=6, lr=LR)
-    train_local(single, data, config, seed=0, spec=SPEC, step=sam_step(RHO))
-    train_local(double, wide, config, seed=0, spec=SPEC, step=sam_step(RHO))
+    train_local(single, data, config, seed=0, spec=SPEC, hooks=LocalHooks(step=sam_step(RHO)))
+    train_local(double, wide, config, seed=0, spec=SPEC, hooks=LocalHooks(step=sam_step(RHO)))
     assert np.allclose(double.weight.detach().numpy(), single.weight.detach().numpy(), atol=1e-5)
 
 
@@ -127,7 +128,9 @@ def test_sam_descend_with_the_clean_gradient_added_steps_on_both():
     def step(model, batch, optimizer, backward):
         return sam_descend(model, batch, optimizer, backward, SamConfig(rho=RHO), add_clean_gradient=True)
 
-    train_local(model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, step=step)
+    train_local(
+        model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, hooks=LocalHooks(step=step)
+    )
     gw, gb = grad(w0, b0, x, y)
     norm = np.sqrt((gw**2).sum() + (gb**2).sum())
     pw, pb = grad(w0 + RHO * gw / norm, b0 + RHO * gb / norm, x, y)
@@ -143,7 +146,9 @@ def test_sam_descend_without_sam_is_one_plain_gradient_step():
     def step(model, batch, optimizer, backward):
         return sam_descend(model, batch, optimizer, backward, None)
 
-    train_local(model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, step=step)
+    train_local(
+        model, data, LocalTrainConfig(batch_size=6, lr=LR), seed=0, spec=SPEC, hooks=LocalHooks(step=step)
+    )
     gw, gb = grad(w0, b0, x, y)
     assert np.allclose(model.weight.detach().numpy(), w0 - LR * gw, atol=1e-6)
     assert np.allclose(model.bias.detach().numpy(), b0 - LR * gb, atol=1e-6)

@@ -51,7 +51,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", CONFIGS)
 def test_equals_training_each_client_in_turn(name):
     config, datas = CONFIGS[name], client_data()
-    stacked, metrics = train_local_vectorized(
+    stacked, metrics, _ = train_local_vectorized(
         norm_model(), datas, config, seeds=SEEDS, spec=SPEC, step_budgets=BUDGETS
     )
     for i, data in enumerate(datas):
@@ -79,7 +79,7 @@ def test_a_client_without_batches_left_stays_where_its_last_step_left_it():
     lr = 0.3
     config = LocalTrainConfig(lr=lr, batch_size=2, momentum=0.9)
     spec = DataSpec("classification", (2,), 2)
-    stacked, metrics = train_local_vectorized(model, datas, config, seeds=(0, 1), spec=spec)
+    stacked, metrics, _ = train_local_vectorized(model, datas, config, seeds=(0, 1), spec=spec)
     z = x0 @ w0.T + b0
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)

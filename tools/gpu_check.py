@@ -65,7 +65,13 @@ BENCHES = {
     "bench_vectorized": (BENCH_JOB, ["engine.vectorize=on"], [*DRY_RUN, "engine.vectorize=on"]),
     "bench_lm": (
         "jobs/bench/lm_lora.yaml",
-        ["model.preset=small", "resources.gpus_per_worker=1"],
+        # a GPU figure rests on at least 2 warm-up and 10 timed rounds (raysim.bench.bench_file)
+        [
+            "model.preset=small",
+            "resources.gpus_per_worker=1",
+            "engine.num_rounds=12",
+            "bench.warmup_rounds=2",
+        ],
         LM_DRY_RUN,
     ),
 }

@@ -46,6 +46,28 @@ def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, B
     return job, bench
 
 
+# A card's rounds vary more than their count suggests (host synchronisation, clocks): a figure on
+# a GPU rests on at least these many rounds.
+GPU_WARMUP_ROUNDS, GPU_TIMED_ROUNDS = 2, 10
+
+
+def check_gpu_rounds(job: JobConfig, bench: BenchConfig, device: torch.device) -> None:
+    """Refuses a benchmark on a GPU with fewer than 2 warm-up or 10 timed rounds.
+
+    Raises:
+        ConfigError: naming the keys to raise.
+    """
+    timed = job.engine.num_rounds - bench.warmup_rounds
+    if device.type == "cuda" and (bench.warmup_rounds < GPU_WARMUP_ROUNDS or timed < GPU_TIMED_ROUNDS):
+        raise ConfigError(
+            [
+                f"bench: on a GPU a figure needs at least {GPU_WARMUP_ROUNDS} warm-up and {GPU_TIMED_ROUNDS} "
+                f"timed rounds, got {bench.warmup_rounds} and {timed}; raise bench.warmup_rounds and "
+                f"engine.num_rounds (e.g. {GPU_WARMUP_ROUNDS} and {GPU_WARMUP_ROUNDS + GPU_TIMED_ROUNDS})"
+            ]
+        )
+
+
 def bench_device(job: JobConfig, bench: BenchConfig) -> torch.device:
     """Where the plain loop and the vectorized side train.
 

@@ -4,10 +4,12 @@ The plain loop is the limit: one process, one thread, the model built once, ever
 already in memory as tensors, and nothing else. It trains the same cohorts with the same
 hyper-parameters, one round after each raysim round. Its time divided by the cores raysim's
 workers train on (``training_cores``: workers times their threads on a CPU) is the linear ideal
-parallel time; the reported ratio (raysim / ideal, median over rounds) is the engine's overhead,
-1.00 being none, together with what the cores themselves lose. On a CPU with more than one core
-the ideal is also measured (``ParallelPlainLoop``: the plain loop in one process per core), and
-raysim / that is the engine's overhead alone.
+parallel time; the reported ratio (raysim / ideal) is the engine's overhead, 1.00 being none,
+together with what the cores themselves lose. Each comparison has one headline, the ratio of the
+two sides' median rounds, printed with the interquartile range of its per-round ratios and the
+number of timed rounds (``raysim.bench.comparison``); throughputs are totals over totals. On a CPU
+with more than one core the ideal is also measured (``ParallelPlainLoop``: the plain loop in one
+process per core), and raysim / that is the engine's overhead alone.
 
 Where the plugin and model vectorize, a third side trains each cohort in chunks at once
 (``bench_vectorized.py``); ``vectorized_vs_plain`` is its time per step over the plain loop's.
@@ -30,8 +32,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from raysim.bench.bench_file import bench_device, load_benchmark
+from raysim.bench.bench_file import bench_device, check_gpu_rounds, load_benchmark
 from raysim.bench.bench_vectorized import VectorizedSide
+from raysim.bench.comparison import Ratio
 from raysim.bench.plain_loop import ParallelPlainLoop, PlainLoop
 from raysim.bench.startup import startup_seconds, startup_table
 from raysim.config import JobConfig
@@ -53,6 +56,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     out = Path(".raysim") / "bench"
     services, state = build(job, MemoryTracker(), None, out)
     device = bench_device(job, bench)
+    check_gpu_rounds(job, bench, device)
     plain = PlainLoop(job, services.store, services.train_pool, device)
     vectorized = VectorizedSide.for_job(job, services.store, services.train_pool, device)
     cores = training_cores(job, services.backend.num_workers, device)
@@ -91,12 +95,12 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
     unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
-    figures[f"raysim_{unit}_per_s"] = statistics.median(t / r for t, r in zip(tokens, raysim_s))
-    figures[f"plain_{unit}_per_s"] = statistics.median(t / p for t, p in zip(tokens, plain_s))
+    figures[f"raysim_{unit}_per_s"] = sum(tokens) / sum(raysim_s)  # totals: the rounds as run
+    figures[f"plain_{unit}_per_s"] = sum(tokens) / sum(plain_s)
     figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
     if parallel is not None:
         figures["parallel_plain_round_s"] = statistics.median(parallel_s)
-        figures["ratio_to_parallel_plain"] = statistics.median(r / p for r, p in zip(raysim_s, parallel_s))
+        figures |= Ratio.of(raysim_s, parallel_s).figures("ratio_to_parallel_plain")
         figures["parallel_plain_rounds_s"] = parallel_s
     if any(plain.fisher_s):
         figures["plain_fisher_share"] = statistics.median(
@@ -104,7 +108,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         )
     if vectorized is not None:
         figures["vectorized_round_s"] = statistics.median(vectorized_s)
-        figures["vectorized_vs_plain"] = statistics.median(v / p for v, p in zip(vectorized_s, plain_s))
+        figures |= Ratio.of(vectorized_s, plain_s).figures("vectorized_vs_plain")
         figures["vectorized_rounds_s"] = vectorized_s
     console.print(_table(figures))
     if bench.startup:
@@ -117,9 +121,9 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         f"{figures['driver_overhead_s']:.3f} s per round (median)"
     )
     console.print(
-        f"{unit}/s: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
+        f"{unit}/s over the timed rounds: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
         f"{figures[f'plain_{unit}_per_s']:.0f} (x{cores} cores ideal); "
-        f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal"
+        f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal (1 / raysim over ideal)"
     )
     if "plain_fisher_share" in figures:
         console.print(
@@ -129,8 +133,8 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     if vectorized is not None:
         console.print(
             f"vectorized ({vectorized.chunk_size.size} clients at once, on {figures['device']}): "
-            f"{figures['vectorized_round_s']:.3f} s per round, {figures['vectorized_vs_plain']:.2f}x "
-            f"the plain loop's time per step"
+            f"{figures['vectorized_round_s']:.3f} s per round (median), "
+            f"{Ratio.of(vectorized_s, plain_s).text()} the plain loop's time per step"
         )
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
@@ -148,9 +152,9 @@ def training_cores(job: JobConfig, num_workers: int, device: torch.device) -> in
 def summarize(
     job: JobConfig, num_workers: int, cores: int, raysim_s: list[float], plain_s: list[float]
 ) -> dict[str, Any]:
-    """Medians per round, and the median of the per-round ratios raysim / (plain / cores)."""
+    """Medians per round, and raysim over the ideal (plain / cores): the ratio of the medians, with
+    the interquartile range of the per-round ratios (``Ratio``)."""
     raysim, plain = statistics.median(raysim_s), statistics.median(plain_s)
-    ratios = [r / (p / cores) for r, p in zip(raysim_s, plain_s)]
     return {
         "benchmark": job.name,
         "num_workers": num_workers,
@@ -159,7 +163,7 @@ def summarize(
         "raysim_round_s": raysim,
         "plain_round_s": plain,
         "ideal_round_s": plain / cores,
-        "ratio_to_ideal": statistics.median(ratios),
+        **Ratio.of(raysim_s, [p / cores for p in plain_s]).figures("ratio_to_ideal"),
         "raysim_clients_per_s": job.engine.cohort_size / raysim,
         "plain_clients_per_s": job.engine.cohort_size / plain,
         "raysim_rounds_s": raysim_s,
@@ -168,15 +172,21 @@ def summarize(
 
 
 def _table(f: dict[str, Any]) -> Table:
-    table = Table(title=f"{f['benchmark']}: seconds per round (median)")
+    table = Table(title=f"{f['benchmark']}: seconds per round (median of {f['timed_rounds']} timed rounds)")
     parallel = "parallel_plain_round_s" in f
     columns = ["raysim", "plain loop (1 thread)", f"ideal ({f['cores']} cores)", "raysim / ideal"]
     row = [f"{f['raysim_round_s']:.3f}", f"{f['plain_round_s']:.3f}", f"{f['ideal_round_s']:.3f}"]
-    row.append(f"{f['ratio_to_ideal']:.3f}x")
+    row.append(_with_spread(f, "ratio_to_ideal"))
     if parallel:  # the ideal measured: the plain loop in one process per core
         columns += [f"plain loop x{f['cores']} processes", "raysim / that"]
-        row += [f"{f['parallel_plain_round_s']:.3f}", f"{f['ratio_to_parallel_plain']:.3f}x"]
+        row += [f"{f['parallel_plain_round_s']:.3f}", _with_spread(f, "ratio_to_parallel_plain")]
     for column in [*columns, "raysim clients/s"]:
         table.add_column(column, justify="right")
     table.add_row(*row, f"{f['raysim_clients_per_s']:.1f}")
     return table
+
+
+def _with_spread(f: dict[str, Any], name: str) -> str:
+    """A headline ratio with the interquartile range of its per-round ratios."""
+    low, high = f[f"{name}_iqr"]
+    return f"{f[name]:.3f}x (IQR {low:.3f}-{high:.3f})"

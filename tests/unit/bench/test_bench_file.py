@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from raysim.bench.bench_file import bench_device, load_benchmark
+from raysim.bench.bench_file import bench_device, check_gpu_rounds, load_benchmark
 from raysim.errors import ConfigError
 
 JOB = "jobs/bench/pfl_cifar10_gpu.yaml"  # asks for a GPU: resources.gpus_per_worker 0.25
@@ -26,3 +26,18 @@ def test_auto_follows_the_job_and_falls_back_to_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     job, bench = load_benchmark(JOB, [])
     assert bench_device(job, bench).type == "cpu"  # auto on a machine without a GPU
+
+
+def test_a_gpu_figure_needs_two_warm_up_and_ten_timed_rounds_and_a_cpu_one_does_not():
+    job, bench = load_benchmark("jobs/bench/pfl_cifar10.yaml", ["engine.num_rounds=4"])  # 1 + 3
+    check_gpu_rounds(job, bench, torch.device("cpu"))  # the CPU's figures are the reader's to judge
+    with pytest.raises(
+        ConfigError, match=r"at least 2 warm-up and 10 timed rounds, got 1 and 3; raise bench"
+    ):
+        check_gpu_rounds(job, bench, torch.device("cuda"))
+    job, bench = load_benchmark(
+        "jobs/bench/pfl_cifar10.yaml", ["engine.num_rounds=12", "bench.warmup_rounds=2"]
+    )
+    check_gpu_rounds(job, bench, torch.device("cuda"))  # 2 + 10: enough
+    gpu_job, gpu_bench = load_benchmark("jobs/bench/pfl_cifar10_gpu.yaml", [])
+    check_gpu_rounds(gpu_job, gpu_bench, torch.device("cuda"))  # the GPU benchmark as shipped

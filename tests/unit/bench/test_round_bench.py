@@ -20,10 +20,14 @@ def test_the_ideal_counts_each_workers_threads_on_the_cpu_and_one_per_worker_els
     assert training_cores(serial, 2, CPU) == 2  # the serial backend's workers take turns
 
 
-def test_raysim_over_the_ideal_is_the_median_of_each_rounds_ratio_to_plain_over_cores():
+def test_raysim_over_the_ideal_is_the_ratio_of_the_medians_with_the_spread_of_each_rounds_ratio():
     job, _ = load_benchmark(JOB, [])
-    raysim_s, plain_s = [3.0, 2.0, 4.0], [4.0, 4.0, 4.0]
+    raysim_s, plain_s = [3.0, 2.0, 4.0, 10.0], [4.0, 4.0, 4.0, 8.0]
     figures = summarize(job, 1, 2, raysim_s, plain_s)
-    assert figures["ideal_round_s"] == pytest.approx(2.0)  # the plain loop's median over 2 cores
-    assert figures["ratio_to_ideal"] == pytest.approx(1.5)  # rounds 1.5, 1.0, 2.0
+    assert figures["ideal_round_s"] == pytest.approx(2.0)  # the plain loop's median (4.0) over 2 cores
+    assert figures["ratio_to_ideal"] == pytest.approx(3.5 / 2.0)  # the medians: 3.5 over 4.0 / 2
+    # per round: 1.5, 1.0, 2.0, 2.5; their quartiles by linear interpolation: 1.375 and 2.125
+    assert figures["ratio_to_ideal_iqr"] == pytest.approx([1.375, 2.125])
+    assert figures["ratio_to_ideal_median_of_round_ratios"] == pytest.approx(1.75)  # named, not the headline
+    assert figures["timed_rounds"] == 4
     assert (figures["num_workers"], figures["cores"]) == (1, 2)

@@ -17,7 +17,8 @@ import numpy as np
 
 from raysim.errors import ConfigError
 
-_COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION = 1, 2, 3, 4, 5  # purpose tags keep the streams independent
+# purpose tags keep the streams independent
+_COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION, _GROUPS, _SERVER_NOISE, _CLIENT_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -57,7 +58,20 @@ def split_validation(
 
 def client_seed(seed: int, round_num: int, client_id: int) -> int:
     """A 63-bit seed for one client's work in one round."""
-    state = np.random.SeedSequence([seed, round_num, client_id, _CLIENT]).generate_state(2)
+    return _seed_of([seed, round_num, client_id, _CLIENT])
+
+
+def noise_seed(seed: int, round_num: int, client_id: int | None = None) -> int:
+    """A 63-bit seed for a privacy mechanism's noise in one round: the server's (``client_id``
+    None) or one client's (local DP, DP-SGD), apart from every training and sampling stream.
+    A simulation's noise is reproducible by design; a deployment draws it from a secure source."""
+    if client_id is None:
+        return _seed_of([seed, round_num, _SERVER_NOISE])
+    return _seed_of([seed, round_num, client_id, _CLIENT_NOISE])
+
+
+def _seed_of(entropy: list[int]) -> int:
+    state = np.random.SeedSequence(entropy).generate_state(2)
     return int((int(state[0]) << 31 ^ int(state[1])) & (2**63 - 1))
 
 

@@ -10,7 +10,7 @@ Usage:
     job = jobs[0]; job.algorithm.name, job.algorithm.config.local.lr
 
 The rooms: ``job`` (``JobConfig``, validated whole), ``sections`` (the job's own sections),
-``system`` (the clients as devices), ``plugins`` (sections that name a plugin, and error wording),
+``system`` (the clients as devices), ``privacy`` (differential privacy), ``plugins`` (sections that name a plugin, and error wording),
 ``files`` (YAML, variants, overrides), ``overrides`` (``VARIANT:key=value`` and ``!unset``).
 The names below are the config's public API.
 """
@@ -27,6 +27,7 @@ from raysim.config.sections import (
     TrackingConfig,
     TransferConfig,
 )
+from raysim.config.privacy import PrivacyConfig
 from raysim.config.system import SystemConfig
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "JobOrigin",
     "PersonalizationConfig",
     "PluginSection",
+    "PrivacyConfig",
     "ResourcesConfig",
     "SystemConfig",
     "TimeToTargetConfig",

@@ -19,6 +19,7 @@ from raysim.config.plugins import (
 )
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
+from raysim.config.privacy import PrivacyConfig
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
 
@@ -71,6 +72,7 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     tracking: TrackingConfig = TrackingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     system: SystemConfig | None = None
+    privacy: PrivacyConfig | None = None  # differential privacy (raysim.config.privacy)
 
     @field_validator("name")
     @classmethod
@@ -94,8 +96,9 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        if self.system is None:  # options left unset stay out: the resolved config reads as before
-            del out["system"]
+        for optional in ("system", "privacy"):  # left unset, they stay out: the config reads as before
+            if getattr(self, optional) is None:
+                del out[optional]
         if self.model_groups is not None:
             out["model_groups"] = self.model_groups.to_dict()
         if self.evaluation.time_to_target is None:

@@ -25,6 +25,10 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     max_failed_clients: int = Field(0, ge=0)  # per round; more raises ClientError
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
+    # fixed: exactly cohort_size clients a round, uniformly without replacement; poisson: each
+    # training client with probability cohort_size / population, so cohorts vary in size (what a
+    # privacy accountant's amplification by sampling assumes, docs/privacy.md)
+    sampling: Literal["fixed", "poisson"] = "fixed"
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).

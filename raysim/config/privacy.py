@@ -1,0 +1,132 @@
+"""The job's ``privacy:`` section: differential privacy, where it acts and what it may spend (docs/privacy.md).
+
+Three places a mechanism can act, each its own subsection, any of them together:
+
+- ``central``: user-level DP on the server's sum (DP-FedAvg, McMahan et al., ICLR 2018,
+  arXiv:1710.06963): each client's contribution clipped to ``clip_bound``, Gaussian noise of
+  standard deviation ``noise_multiplier * clip_bound`` added once to the sum, which is divided by a
+  fixed denominator. The noise is given, or calibrated from ``target_epsilon``; the bound may adapt
+  to a quantile of the clients' norms (Andrew et al., NeurIPS 2021, arXiv:1905.03871); the noise may
+  be correlated across rounds (DP-FTRL with banded matrix factorization, Choquette-Choo et al.,
+  NeurIPS 2023, arXiv:2306.08153).
+- ``local``: each client's update clipped and noised on its device, before anything leaves it.
+- ``sample``: DP-SGD inside each client (Abadi et al., CCS 2016, arXiv:1607.00133): every
+  example's gradient clipped, Gaussian noise on each batch's sum.
+
+Usage:
+    privacy:
+      central: {clip_bound: 0.5, target_epsilon: 4.0}
+      delta: 1.0e-5
+      budget: {epsilon: 8.0, when_reached: stop}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class AdaptiveClipping(BaseModel, frozen=True, extra="forbid"):
+    """The clip bound follows a quantile of the clients' update norms (Andrew et al. 2021, Alg. 1):
+    ``C <- C * exp(-learning_rate * (b - target_quantile))``, ``b`` the noised fraction of the
+    cohort whose norm was at most ``C``. The count's noise is accounted: the update's noise
+    multiplier is lowered so that the pair spends what ``noise_multiplier`` alone would."""
+
+    target_quantile: float = Field(0.5, gt=0, lt=1)
+    learning_rate: float = Field(0.2, gt=0, allow_inf_nan=False)  # their eta_C, geometric update
+    # the count's noise std, in clients; None: the expected cohort over 20, the paper's choice
+    count_stddev: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+class CentralPrivacy(BaseModel, frozen=True, extra="forbid"):
+    """User-level DP on the server's sum of client contributions (DP-FedAvg)."""
+
+    clip_bound: float = Field(gt=0, allow_inf_nan=False)  # L2, over the whole contribution
+    noise_multiplier: float | None = Field(None, ge=0, allow_inf_nan=False)  # noise std / clip_bound
+    target_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)  # or: calibrate the noise
+    # uniform: every client weighs 1; capped: min(examples / weight_cap, 1) (McMahan et al.'s
+    # w_k = min(n_k / w_hat, 1)), which keeps each contribution within the bound
+    weights: Literal["uniform", "capped"] = "uniform"
+    weight_cap: int | None = Field(None, ge=1)  # examples; for weights: capped
+    adaptive: AdaptiveClipping | None = None
+    # independent: fresh noise each round; banded: DP-FTRL's correlated noise over ``bands`` rounds
+    # (needs engine.sampling: poisson, drawn cyclically over the bands' client groups)
+    noise: Literal["independent", "banded"] = "independent"
+    bands: int = Field(4, ge=2)  # for noise: banded
+
+    @model_validator(mode="after")
+    def _one_noise_source(self) -> CentralPrivacy:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "set exactly one of noise_multiplier (the noise std over clip_bound) and "
+                "target_epsilon (the noise calibrated to reach it at privacy.delta after the run's rounds)"
+            )
+        if self.weights == "capped" and self.weight_cap is None:
+            raise ValueError("weights: capped needs weight_cap, the examples at which a client weighs 1")
+        if self.weights == "uniform" and self.weight_cap is not None:
+            raise ValueError("weight_cap applies to weights: capped; remove it or set weights: capped")
+        if self.adaptive is not None and self.noise == "banded":
+            raise ValueError("adaptive clipping is accounted for independent noise only: set noise: independent")
+        return self
+
+
+class LocalPrivacy(BaseModel, frozen=True, extra="forbid"):
+    """Each client's update clipped and noised before it leaves the device: per report,
+    ``gaussian`` is (epsilon, delta)-DP (L2 clip), ``laplace`` is (1 / noise_multiplier)-DP (L1 clip)."""
+
+    mechanism: Literal["gaussian", "laplace"] = "gaussian"
+    clip_bound: float = Field(gt=0, allow_inf_nan=False)  # L2 for gaussian, L1 for laplace
+    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)  # noise std (gaussian) or scale (laplace) / bound
+
+
+class SamplePrivacy(BaseModel, frozen=True, extra="forbid"):
+    """DP-SGD in local training: each example's gradient clipped to ``clip_bound`` (L2, over the
+    trainable parameters), Gaussian noise ``noise_multiplier * clip_bound`` on each batch's sum."""
+
+    clip_bound: float = Field(gt=0, allow_inf_nan=False)
+    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)
+
+
+class PrivacyBudget(BaseModel, frozen=True, extra="forbid"):
+    """The most epsilon a run may spend: ``refuse`` a run whose rounds would exceed it before it
+    starts, or ``stop`` it after the last round that stays within it (it ends FINISHED, saying so)."""
+
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    when_reached: Literal["refuse", "stop"] = "refuse"
+
+
+class PrivacyConfig(BaseModel, frozen=True, extra="forbid"):
+    """Differential privacy: central (user-level), local, sample-level (DP-SGD); ``delta`` and the
+    accountant shared by all three."""
+
+    central: CentralPrivacy | None = None
+    local: LocalPrivacy | None = None
+    sample: SamplePrivacy | None = None
+    # the guarantee's delta; must be below 1 / population (the run checks it against the data)
+    delta: float | None = Field(None, gt=0, lt=1)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    budget: PrivacyBudget | None = None
+
+    @model_validator(mode="after")
+    def _something_private(self) -> PrivacyConfig:
+        if self.central is None and self.local is None and self.sample is None:
+            raise ValueError("names no mechanism: set central, local or sample (docs/privacy.md)")
+        gaussian = (
+            self.central is not None
+            or self.sample is not None
+            or (self.local is not None and self.local.mechanism == "gaussian")
+        )
+        if gaussian and self.delta is None:
+            raise ValueError(
+                "delta: required by a Gaussian mechanism; set it below 1 / population, e.g. 1.0e-5"
+            )
+        if self.budget is not None and self.central is None and self.sample is None:
+            raise ValueError("budget: bounds the central or sample-level epsilon; set central or sample")
+        if self.central is not None and self.central.target_epsilon is not None and self.budget is not None:
+            if self.central.target_epsilon > self.budget.epsilon:
+                raise ValueError(
+                    f"central.target_epsilon {self.central.target_epsilon} exceeds budget.epsilon "
+                    f"{self.budget.epsilon}: lower the target or raise the budget"
+                )
+        return self

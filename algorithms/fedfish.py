@@ -16,7 +16,7 @@ of making the extra pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -142,6 +142,11 @@ class FisherWeightedMean:
             left.weight + right.weight,
             left.fisher_keys | right.fisher_keys,
         )
+
+    def with_total_weight(self, acc: _FisherSums, weight: float) -> _FisherSums:
+        """``acc`` with FedAvg's fallback divided by ``weight``: central DP's fixed denominator (the
+        Fisher-weighted mean is a ratio of two noised sums and needs none)."""
+        return replace(acc, weight=weight)
 
     def result(self, acc: _FisherSums) -> FisherAggregate | None:
         if acc.num is None or acc.weight == 0:

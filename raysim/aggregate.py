@@ -98,6 +98,10 @@ class WeightedMean(Generic[T]):
             return None
         return tree_map(lambda t: (t / acc.weight).to(torch.float32), acc.total)
 
+    def with_total_weight(self, acc: _Sums[T], weight: float) -> _Sums[T]:
+        """``acc`` to be divided by ``weight``: central DP's fixed denominator (``raysim.private_sums``)."""
+        return replace(acc, weight=weight)
+
 
 class Sum(Generic[T]):
     """Plain sum of ``update`` trees of structure ``T`` (SCAFFOLD's weighted deltas and variate

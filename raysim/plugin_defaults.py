@@ -26,6 +26,7 @@ from raysim import params as P
 from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.algorithm import A, Algorithm, AnyAlgorithm, plugin_hook
 from raysim.checkpoint import CheckpointTrail
+from raysim.private_sums import ClippedSums, PrivateRound, Summing
 from raysim.types import DataSpec, Params, Payload, RunInfo, ServerState
 
 E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
@@ -63,6 +64,17 @@ def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
         aggregator: Aggregator[Any] = hook()
         return aggregator
     return Gather()
+
+
+def round_aggregator(algorithm: AnyAlgorithm[Any], private: PrivateRound | None) -> Aggregator[Any]:
+    """How a round folds client results: the plugin's aggregator, or under central DP its sums of
+    clipped contributions (a job whose aggregator is not ``Summing`` is refused before training)."""
+    inner = aggregator_of(algorithm)
+    if private is None:
+        return inner
+    if not isinstance(inner, Summing):
+        raise TypeError(f"central DP needs an aggregator that sums contributions, not {type(inner).__name__}")
+    return ClippedSums(inner, private)
 
 
 def client_state_type(algorithm: object) -> type | None:

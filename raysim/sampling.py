@@ -5,6 +5,7 @@ on worker count, arrival order or what ran before; resuming needs only ``round_n
 
 Usage:
     cohort = sample_cohort(num_clients=1000, cohort_size=50, seed=0, round_num=3)
+    cohort = sample_poisson(num_clients=1000, rate=0.05, seed=0, round_num=3)  # of varying size
     seed = client_seed(0, 3, int(cohort[0]))
 """
 
@@ -29,6 +30,18 @@ def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int)
         )
     rng = np.random.default_rng([seed, round_num, _COHORT])
     return rng.choice(num_clients, size=cohort_size, replace=False).astype(np.int64)
+
+
+def sample_poisson(num_clients: int, rate: float, seed: int, round_num: int) -> np.ndarray:
+    """Each of ``num_clients`` independently with probability ``rate`` (Poisson sampling, what a
+    privacy accountant's amplification assumes), as ids ascending; the cohort's size varies and
+    may be 0."""
+    if not 0 < rate <= 1:
+        raise ConfigError(
+            [f"engine.sampling: poisson samples each client with probability {rate}; it must be in (0, 1]"]
+        )
+    rng = np.random.default_rng([seed, round_num, _COHORT])
+    return np.flatnonzero(rng.random(num_clients) < rate).astype(np.int64)
 
 
 def split_population(num_clients: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ import numpy as np
 
 from raysim import params as P
 from raysim.errors import ConfigError
+from raysim.private_sums import PrivateRound
 from raysim.types import A_co, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 R = TypeVar("R")  # what ``map_clients`` gives for one point on one client
@@ -118,11 +119,13 @@ def check_map_request(request: MapRequest[Any]) -> None:
 class RoundOptions:
     """What a cohort's training is asked besides training: the probes due (their worker hooks
     run), whether every client's local model comes back, and the clients doing only part of
-    their local work (client id -> local steps, i.e. batches)."""
+    their local work (client id -> local steps, i.e. batches), and central DP's clip bound where
+    the job sets ``privacy.central`` (each contribution clipped on its worker)."""
 
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False
     step_budgets: dict[int, int] = field(default_factory=dict)
+    privacy: PrivateRound | None = None
 
 
 class Services(Protocol[A_co]):

@@ -10,14 +10,16 @@ Usage:
     job = jobs[0]; job.algorithm.name, job.algorithm.config.local.lr
 
 The rooms: ``job`` (``JobConfig``, validated whole), ``sections`` (the job's own sections),
-``system`` (the clients as devices), ``privacy`` (differential privacy), ``plugins`` (sections that name a plugin, and error wording),
-``files`` (YAML, variants, overrides), ``overrides`` (``VARIANT:key=value`` and ``!unset``).
+``system`` (the clients as devices), ``privacy`` (differential privacy), ``plugins`` (sections
+that name a plugin, and error wording), ``files`` (YAML, variants, overrides), ``overrides``
+(``VARIANT:key=value`` and ``!unset``).
 The names below are the config's public API.
 """
 
 from raysim.config.files import apply_overrides, deep_merge, flatten, load_jobs
 from raysim.config.job import JobConfig, JobCore, JobOrigin, probes_never_due, validate_job
 from raysim.config.plugins import PluginSection, explain, nested_plugin
+from raysim.config.privacy import PrivacyConfig
 from raysim.config.sections import (
     EngineConfig,
     EvaluationConfig,
@@ -27,7 +29,6 @@ from raysim.config.sections import (
     TrackingConfig,
     TransferConfig,
 )
-from raysim.config.privacy import PrivacyConfig
 from raysim.config.system import SystemConfig
 
 __all__ = [

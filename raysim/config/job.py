@@ -17,9 +17,9 @@ from raysim.config.plugins import (
     validate_plugin,
     validate_probes,
 )
+from raysim.config.privacy import PrivacyConfig
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
-from raysim.config.privacy import PrivacyConfig
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
 

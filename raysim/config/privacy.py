@@ -1,4 +1,4 @@
-"""The job's ``privacy:`` section: differential privacy, where it acts and what it may spend (docs/privacy.md).
+"""The job's ``privacy:`` section: differential privacy, where it acts, what it may spend (docs/privacy.md).
 
 Three places a mechanism can act, each its own subsection, any of them together:
 
@@ -67,7 +67,9 @@ class CentralPrivacy(BaseModel, frozen=True, extra="forbid"):
         if self.weights == "uniform" and self.weight_cap is not None:
             raise ValueError("weight_cap applies to weights: capped; remove it or set weights: capped")
         if self.adaptive is not None and self.noise == "banded":
-            raise ValueError("adaptive clipping is accounted for independent noise only: set noise: independent")
+            raise ValueError(
+                "adaptive clipping is accounted with independent noise only: set noise: independent"
+            )
         return self
 
 
@@ -77,7 +79,8 @@ class LocalPrivacy(BaseModel, frozen=True, extra="forbid"):
 
     mechanism: Literal["gaussian", "laplace"] = "gaussian"
     clip_bound: float = Field(gt=0, allow_inf_nan=False)  # L2 for gaussian, L1 for laplace
-    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)  # noise std (gaussian) or scale (laplace) / bound
+    # the noise's std (gaussian) or scale (laplace) over the clip bound
+    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)
 
 
 class SamplePrivacy(BaseModel, frozen=True, extra="forbid"):

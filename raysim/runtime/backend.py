@@ -17,7 +17,7 @@ import numpy as np
 
 from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig
-from raysim.plugin_defaults import aggregator_of
+from raysim.plugin_defaults import round_aggregator
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
 from raysim.services import MapRequest, RoundOptions
@@ -88,7 +88,7 @@ def merge_reports(
     """Merges the workers' shares of the round (their partials in worker order, canonical), then
     takes the aggregate."""
     start = time.perf_counter()
-    aggregator = aggregator_of(algorithm)
+    aggregator = round_aggregator(algorithm, options.privacy)
     merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:

@@ -22,7 +22,7 @@ from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
-from raysim.plugin_defaults import aggregator_of
+from raysim.plugin_defaults import round_aggregator
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
@@ -126,7 +126,7 @@ class ClientTrainer:
         checks: RoundChecks,
     ) -> WorkerReport:
         timer = self.timer
-        aggregator = aggregator_of(self.algorithm)
+        aggregator = round_aggregator(self.algorithm, options.privacy)
         partial = aggregator.zero()
         probes = {name: self.probes[name] for name in options.probes}
         probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}

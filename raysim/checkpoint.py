@@ -105,8 +105,12 @@ def save_checkpoint(
     job_dict: dict[str, Any],
     state_dir: str | None = None,
     run: dict[str, str] | None = None,
+    privacy: dict[str, Any] | None = None,
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
+
+    ``privacy`` is central DP's ledger (``raysim.engine.privacy_ledger``): rounds released, the clip
+    bound, the correlated noise's history; a resumed run's accountant goes on from it.
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.
@@ -125,6 +129,7 @@ def save_checkpoint(
         "job": job_dict,
         "state_dir": None if state_dir is None else _relative_to(path.parent, Path(state_dir)),
         "run": run,
+        "privacy": privacy,
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -165,6 +170,7 @@ class Checkpoint:
     job: dict[str, Any]  # the resolved config of the run that wrote it
     state_dir: str | None  # its client-state snapshot; None: no client had state
     run: dict[str, str] | None  # the MLflow run that wrote it; None: untracked, or an older file
+    privacy: dict[str, Any] | None = None  # central DP's ledger; None: no central DP, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -183,7 +189,8 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
         _check_snapshot_round(Path(path), Path(state_dir), round_num)
         _check_snapshot_files(Path(path), Path(state_dir))
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
-    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run)
+    privacy = raw.get("privacy") if isinstance(raw.get("privacy"), dict) else None
+    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy)
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:

@@ -34,13 +34,14 @@ from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
+from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
-from raysim.plugin_defaults import pseudo_gradient, with_client_payloads
+from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
-from raysim.sampling import CohortSchedule, sample_cohort
+from raysim.sampling import CohortSchedule, sample_cohort, sample_poisson
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
@@ -78,6 +79,7 @@ class Engine(Generic[A]):
     history: list[tuple[int, Metrics]] = field(default_factory=list)
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
+    privacy: PrivacyLedger | None = None  # central DP: the noise, the bound, the epsilon spent
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
@@ -96,15 +98,28 @@ class Engine(Generic[A]):
         elif self.system is not None:
             cohort = self.system.round(round_num).cohort
         else:  # held-out clients are not in the pool
-            pool = self.train_pool
-            cohort = pool[sample_cohort(len(pool), self.job.engine.cohort_size, self.job.seed, round_num)]
+            cohort = self.sampled(round_num)
         self.cohorts[round_num] = [int(c) for c in cohort]  # drawing a round twice records it once
         return cohort
+
+    def sampled(self, round_num: int) -> np.ndarray:
+        """The round's draw from the training pool: ``cohort_size`` clients, or each with probability
+        ``cohort_size / pool`` (``engine.sampling: poisson``; under DP-FTRL's banded noise, from the
+        round's group of clients only, at the rate that keeps the expected cohort)."""
+        pool, size, seed = self.train_pool, self.job.engine.cohort_size, self.job.seed
+        if self.job.engine.sampling == "fixed":
+            return pool[sample_cohort(len(pool), size, seed, round_num)]
+        if self.privacy is not None:
+            pool = self.privacy.eligible(pool, round_num)
+        return pool[sample_poisson(len(pool), min(1.0, size / len(pool)), seed, round_num)]
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
     ) -> RoundOutput[A]:
-        """Trains a cohort and applies the failure policy (``engine.max_failed_clients``)."""
+        """Trains a cohort and applies the failure policy (``engine.max_failed_clients``); under
+        central DP the workers clip and the ledger releases the merged sums."""
+        if self.privacy is not None:
+            options = replace(options, privacy=self.privacy.round_options())
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
             first = output.failures[0]  # the run stops on the first, its exception the cause
@@ -115,6 +130,9 @@ class Engine(Generic[A]):
             log.warning(
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
+        if self.privacy is not None:
+            aggregate = self.privacy.release(aggregator_of(self.algorithm), output.aggregate, round_num)
+            output = replace(output, aggregate=aggregate)
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         self.costs.trained(output, payload)
         return output
@@ -152,6 +170,8 @@ class Engine(Generic[A]):
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
         metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)
+        if self.privacy is not None:
+            metrics |= self.privacy.metrics()
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
@@ -269,8 +289,9 @@ class Engine(Generic[A]):
             raise unwritten(path, exc) from exc
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
         run = {"run_id": run_id, "tracking_uri": uri} if run_id is not None and uri is not None else None
+        ledger = self.privacy.state() if self.privacy is not None else None
         saved = save_checkpoint(
-            path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run
+            path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run, ledger
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved
@@ -301,12 +322,19 @@ class Engine(Generic[A]):
 
     # --- cadence ------------------------------------------------------------------------------
 
+    @property
+    def num_rounds(self) -> int:
+        """The job's rounds, or fewer where the privacy budget stops the run first
+        (``privacy.budget.when_reached: stop``)."""
+        allowed = self.privacy.rounds_allowed if self.privacy is not None else None
+        return self.job.engine.num_rounds if allowed is None else min(allowed, self.job.engine.num_rounds)
+
     def is_eval_round(self, round_num: int) -> bool:
-        return _every(self.job.evaluation.every, round_num) or round_num == self.job.engine.num_rounds - 1
+        return _every(self.job.evaluation.every, round_num) or round_num == self.num_rounds - 1
 
     def is_personalization_round(self, round_num: int) -> bool:
         config = self.job.evaluation.personalization
-        last = round_num == self.job.engine.num_rounds - 1
+        last = round_num == self.num_rounds - 1
         return last or (config is not None and _every(config.every, round_num))
 
     def due_probes(self, round_num: int) -> dict[str, Probe]:

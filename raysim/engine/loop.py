@@ -98,8 +98,9 @@ def run(
 
 
 def round_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
-    """The default protocol: ``num_rounds`` identical rounds, evaluated and logged when due."""
-    for round_num in range(engine.start_round, engine.job.engine.num_rounds):
+    """The default protocol: ``num_rounds`` identical rounds (fewer where a privacy budget stops the
+    run), evaluated and logged when due."""
+    for round_num in range(engine.start_round, engine.num_rounds):
         state, metrics = engine.run_round(state, round_num)
         metrics = engine.end_round(state, round_num, metrics)
         if bar is not None:

@@ -1,0 +1,144 @@
+"""A job's privacy checked against its data and plugin, and central DP's ledger built, before training.
+
+Every combination whose guarantee would be wrong, or that no accountant can compute, is refused
+here with the fix (docs/privacy.md): a server that does not sum client updates, a delta not below
+1 / population, sampling the accountant cannot trust (a fixed schedule, a simulated system that
+drops clients), Poisson sampling for a plugin that needs a fixed cohort, a target epsilon no noise
+reaches, a budget the rounds would exceed.
+
+Usage:
+    ledger = open_ledger(job, algorithm, train_pool, store.num_examples("train"), checkpoint)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from raysim.algorithm import AnyAlgorithm, has_protocol
+from raysim.checkpoint import Checkpoint
+from raysim.config import JobConfig
+from raysim.engine.privacy_ledger import PrivacyLedger
+from raysim.errors import ConfigError
+from raysim.plugin_defaults import aggregator_of
+from raysim.private_sums import Summing
+from raysim.privacy.spending import Spending, spending_of
+
+
+def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: int) -> list[str]:
+    """What makes this job's privacy (or its Poisson sampling) impossible to honour, one line each."""
+    problems: list[str] = []
+    name, privacy = job.algorithm.name, job.privacy
+    staged = has_protocol(algorithm)
+    if job.engine.sampling == "poisson":
+        if staged:
+            problems.append(
+                f"engine.sampling: poisson draws cohorts of varying size; {name} runs its own protocol "
+                f"over the clients it picks and needs a fixed cohort: set engine.sampling: fixed"
+            )
+        for key, set_ in (("engine.schedule", job.engine.schedule is not None), ("system", job.system is not None)):
+            if set_:
+                problems.append(f"engine.sampling: poisson draws each round's cohort itself; unset {key}")
+    if privacy is None:
+        return problems
+    if privacy.delta is not None and privacy.delta >= 1 / population:
+        problems.append(
+            f"privacy.delta: {privacy.delta:g} is not below 1 / population (1/{population} = "
+            f"{1 / population:.3g}): a guarantee that lets one client of {population} leak is none; "
+            f"set it below, e.g. {0.1 / population:.1g}"
+        )
+    central = privacy.central
+    if central is None:
+        return problems
+    aggregator = aggregator_of(algorithm)
+    if staged:
+        problems.append(
+            f"privacy.central: {name} runs its own protocol, whose releases the accountant cannot count; "
+            f"central DP applies to plugins that run the round loop (docs/privacy.md)"
+        )
+    elif not isinstance(aggregator, Summing):
+        problems.append(
+            f"privacy.central: {name}'s server does not sum client updates into a mean (it aggregates "
+            f"with {type(aggregator).__name__}), so no clip bounds what one client moves; central DP "
+            f"applies to plugins whose aggregator is a WeightedMean or FedFish's (docs/privacy.md)"
+        )
+    for key, set_ in (("engine.schedule", job.engine.schedule is not None), ("system", job.system is not None)):
+        if set_:
+            problems.append(
+                f"privacy.central: {key} picks the cohorts, which the accountant's amplification by "
+                f"sampling cannot trust; unset it (engine.sampling picks them at random)"
+            )
+    if central.noise == "banded" and job.engine.sampling != "poisson":
+        problems.append(
+            "privacy.central.noise: banded is accounted for Poisson sampling over the bands' client "
+            "groups; set engine.sampling: poisson"
+        )
+    return problems
+
+
+def open_ledger(
+    job: JobConfig,
+    algorithm: AnyAlgorithm[Any],
+    train_pool: np.ndarray,
+    examples: np.ndarray,
+    checkpoint: Checkpoint | None,
+) -> PrivacyLedger | None:
+    """Central DP's ledger (None without ``privacy.central``), its noise calibrated and its budget
+    checked; a resumed run's from its checkpoint. Raises ConfigError on any ``privacy_problems``."""
+    problems = privacy_problems(job, algorithm, len(train_pool))
+    if problems:
+        raise ConfigError(problems)
+    if job.privacy is None or job.privacy.central is None:
+        return None
+    try:
+        spending = spending_of(job.privacy, job.engine.sampling, len(train_pool), job.engine.cohort_size, job.engine.num_rounds)
+    except ValueError as exc:
+        raise ConfigError([f"privacy.central: {exc}"]) from None
+    allowed = rounds_allowed(job, spending)
+    ledger = PrivacyLedger.of(job, spending, examples[train_pool], train_pool, allowed)
+    if checkpoint is not None:
+        if checkpoint.privacy is None:
+            raise ConfigError(
+                [f"{checkpoint.path}: was written without central DP; a private run cannot continue it"]
+            )
+        ledger.restore(checkpoint.privacy, str(checkpoint.path))
+    Console(stderr=True).print(describe(job, spending, allowed), highlight=False, soft_wrap=True)
+    return ledger
+
+
+def rounds_allowed(job: JobConfig, spending: Spending) -> int | None:
+    """The rounds the budget allows when they are fewer than the job's (``when_reached: stop``);
+    None when the whole run fits. Refuses a run that would exceed it (``refuse``) or fit no round."""
+    privacy, rounds = job.privacy, job.engine.num_rounds
+    budget = privacy.budget if privacy is not None else None
+    if budget is None:
+        return None
+    total = spending.epsilon(rounds)
+    if total <= budget.epsilon:
+        return None
+    allowed = spending.rounds_within(budget.epsilon, rounds)
+    if budget.when_reached == "refuse" or allowed == 0:
+        raise ConfigError(
+            [
+                f"privacy.budget: {rounds} rounds spend epsilon {total:.3g} at delta {privacy.delta:g}, "
+                f"over the budget's {budget.epsilon:g}; {allowed} rounds fit: set engine.num_rounds="
+                f"{allowed}, raise the noise, or set privacy.budget.when_reached: stop"
+                if allowed
+                else f"privacy.budget: one round already spends more than epsilon {budget.epsilon:g}; "
+                f"raise the noise or the budget"
+            ]
+        )
+    return allowed
+
+
+def describe(job: JobConfig, spending: Spending, allowed: int | None) -> str:
+    """One console line: the noise, and what the run will spend."""
+    rounds = allowed if allowed is not None else job.engine.num_rounds
+    delta = job.privacy.delta if job.privacy is not None else None
+    stop = f", stopping after {allowed} of {job.engine.num_rounds} rounds (budget)" if allowed is not None else ""
+    return (
+        f"privacy: central DP, noise multiplier {spending.noise_multiplier:.4g}, epsilon "
+        f"{spending.epsilon(rounds):.3g} at delta {delta:g} after {rounds} rounds{stop}"
+    )

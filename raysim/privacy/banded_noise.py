@@ -1,0 +1,260 @@
+"""DP-FTRL's correlated noise across rounds: banded matrix factorization (BandMF), streamed.
+
+The law. The server's SGD releases prefix sums ``A x`` of the rounds' clipped sums x_0, x_1, ...
+(``A`` lower-triangular ones). A matrix-factorization mechanism releases them as ``A (x + C^-1 z)``
+with z_t ~ N(0, s^2 I) i.i.d., s = noise_multiplier * clip_bound: post-processing of the Gaussian
+mechanism ``C x + z``, so any server optimiser keeps the guarantee (Kairouz et al. 2021,
+arXiv:2103.00039; Denisov et al. 2022, arXiv:2202.08312). Round t's sum gets y_t = (C^-1 z)_t in
+place of z_t. With ``C`` lower-triangular, Toeplitz and banded (C[t, t-k] = c_k for k < b, else 0),
+forward substitution of ``C y = z`` gives
+
+    y_t = (z_t - sum_{k=1}^{b-1} c_k y_{t-k}) / c_0,
+
+so a run keeps its last b - 1 noise trees and nothing else (Choquette-Choo et al., "(Amplified)
+Banded Matrix Factorization", NeurIPS 2023, arXiv:2306.08153). b = 1 is DP-FedAvg's fresh noise.
+
+The coefficients are the banded square root of ``A`` (Kalinin & Lampert 2024, arXiv:2405.13763):
+``A^(1/2)`` is Toeplitz with c_k = binom(2k, k) / 4^k, the series of (1 - x)^(-1/2) (Fichtenberger
+et al. 2023, arXiv:2202.11205), kept for k < b and divided by sqrt(sum_{k<b} c_k^2), the norm of
+the longest column, so that no column's norm exceeds 1 and sensitivities are in clip bounds.
+
+Sensitivity. Under b-min-separation (a client takes part at most once in any b consecutive rounds)
+a client's rounds t_1 < t_2 < ... touch disjoint rows of ``C``, so ``||C u||^2 = sum_j
+||C e_{t_j}||^2``; column norms only shrink with t, so the worst client takes part at 0, s, 2s, ...
+
+Accounting. Cyclic Poisson sampling (clients in b fixed groups, group t mod b eligible in round t,
+each eligible client sampled with probability q) amplifies: the run is ceil(T / b) Poisson-subsampled
+Gaussian mechanisms (Choquette-Choo et al. 2023, Theorem 4); see ``banded_event``.
+
+Usage:
+    noise, history = BandedNoise.square_root(bands=4), []
+    for round_num in range(num_rounds):   # fresh: z_t ~ N(0, s^2 I), drawn from (seed, round_num)
+        y, history = noise.step(history, fresh)          # add y to the round's sum; checkpoint history
+    event = banded_event(noise_multiplier, rate, num_rounds, bands=4)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import torch
+from dp_accounting import dp_event
+
+from raysim.params import tree_map
+from raysim.types import Tree
+
+T = TypeVar("T", bound=Tree)  # a tree of torch tensors: the structure of a round's sum
+
+_GROUPS, _POISSON = 6, 7  # purpose tags, apart from raysim.sampling's 1..5
+
+
+def band_coefficients(bands: int) -> np.ndarray:
+    """c_0..c_{b-1} of the banded square root of the prefix-sum matrix, column-normalised.
+
+    c_k = binom(2k, k) / 4^k over sqrt(sum_{k<b} binom(2k, k)^2 / 16^k): the longest column of a run
+    of at least ``bands`` rounds has norm 1, every other column less.
+
+    Raises:
+        ValueError: ``bands`` < 1.
+    """
+    _check_positive("bands", bands)
+    k = np.arange(1, bands)
+    # binom(2k, k) / 4^k = prod_{j<=k} (2j - 1) / (2j): no big integers for thousands of bands
+    raw = np.concatenate([[1.0], np.cumprod((2 * k - 1) / (2 * k))])
+    return raw / np.linalg.norm(raw)
+
+
+def sensitivity(coefficients: np.ndarray, num_rounds: int, min_separation: int) -> float:
+    """The largest ``||C u||`` over one client's participations u, in clip bounds.
+
+    ``C`` is the ``num_rounds`` x ``num_rounds`` banded Toeplitz matrix of ``coefficients``; a
+    client's rounds are at least ``min_separation`` apart. With ``min_separation`` >= the number of
+    bands their columns do not overlap: the worst client takes part at 0, s, 2s, ... and the answer
+    is the root of the sum of those columns' squared norms. With ``min_separation`` 1 (every round)
+    and non-negative coefficients it is ``||C 1||``.
+
+    Raises:
+        ValueError: ``num_rounds`` or ``min_separation`` < 1, no coefficients, or 1 < ``min_separation``
+            < the number of bands (overlapping columns: no closed form here).
+    """
+    _check_positive("num_rounds", num_rounds)
+    _check_positive("min_separation", min_separation)
+    c = np.asarray(coefficients, dtype=np.float64)
+    bands = len(c)
+    if c.ndim != 1 or bands == 0:
+        raise ValueError(f"coefficients: need a non-empty vector, got shape {c.shape}")
+    if min_separation >= bands:
+        starts = np.arange(0, num_rounds, min_separation)
+        rows = np.minimum(bands, num_rounds - starts)  # column t holds c_0..c_{min(b, T-t)-1}
+        column_norms2 = np.cumsum(c**2)[rows - 1]
+        return float(np.sqrt(column_norms2.sum()))
+    if min_separation == 1 and (c >= 0).all():
+        # C >= 0 entrywise: adding a participation never shrinks ||C u||, so all rounds is the worst
+        row_sums = np.cumsum(c)[np.minimum(np.arange(num_rounds), bands - 1)]
+        return float(np.linalg.norm(row_sums))
+    raise ValueError(
+        f"min_separation: {min_separation} is below the {bands} bands (and not 1), so one client's "
+        f"columns overlap; use a separation of at least {bands}"
+    )
+
+
+def correlated(fresh: T, history: Sequence[T], coefficients: Sequence[float] | np.ndarray) -> T:
+    """This round's noise y_t = (z_t - sum_{k>=1} c_k y_{t-k}) / c_0; pure, inputs untouched.
+
+    Args:
+        fresh: z_t, this round's i.i.d. Gaussian draw, a tree of tensors.
+        history: the earlier noise trees y, most recent last, at most ``len(coefficients) - 1``
+            of them (fewer in the first rounds: y before round 0 is zero).
+        coefficients: c_0..c_{b-1}.
+
+    Raises:
+        ValueError: ``history`` is longer than b - 1 (it was kept for more bands).
+    """
+    c = [float(x) for x in coefficients]
+    if len(history) > len(c) - 1:
+        raise ValueError(
+            f"history: {len(history)} noise trees kept, but {len(c)} bands use at most {len(c) - 1}"
+        )
+    recent = list(reversed(history))  # y_{t-1}, y_{t-2}, ...: paired with c_1, c_2, ...
+
+    def combine(z: torch.Tensor, *earlier: torch.Tensor) -> torch.Tensor:
+        out = z.clone()  # one model-sized buffer, updated in place: the caller's trees stay as they were
+        for c_k, y in zip(c[1:], earlier):
+            out.sub_(y.to(out), alpha=c_k)
+        return out.div_(c[0])
+
+    return tree_map(combine, fresh, *recent)
+
+
+def kept(history: Sequence[T], noise: T, bands: int) -> list[T]:
+    """The history after this round: the last b - 1 noise trees, most recent (``noise``) last."""
+    _check_positive("bands", bands)
+    window = [*history, noise]
+    return window[max(0, len(window) - (bands - 1)) :]
+
+
+@dataclass(frozen=True)
+class BandedNoise:
+    """Streaming correlated noise: y_t for rounds 0, 1, 2, ... given the i.i.d. draws z_t.
+
+    Plain values only (a tuple of floats), so it checkpoints as is; the state that changes, the
+    history of the last b - 1 noise trees, belongs to the caller.
+    """
+
+    coefficients: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.coefficients or not self.coefficients[0] > 0:
+            raise ValueError(f"coefficients: need c_0 > 0, got {self.coefficients}")
+
+    @classmethod
+    def square_root(cls, bands: int) -> BandedNoise:
+        """The banded square root of ``band_coefficients``."""
+        return cls(tuple(float(c) for c in band_coefficients(bands)))
+
+    @property
+    def bands(self) -> int:
+        return len(self.coefficients)
+
+    def next(self, history: Sequence[T], fresh: T) -> T:
+        """y_t from the last b - 1 noise trees (most recent last) and a fresh z_t."""
+        return correlated(fresh, history, self.coefficients)
+
+    def step(self, history: Sequence[T], fresh: T) -> tuple[T, list[T]]:
+        """(y_t, the history for round t + 1)."""
+        noise = self.next(history, fresh)
+        return noise, kept(history, noise, self.bands)
+
+
+def cyclic_groups(num_clients: int, bands: int, seed: int) -> np.ndarray:
+    """Each client's group in 0..b-1: a seeded permutation dealt round-robin, so sizes differ by at most 1.
+
+    Raises:
+        ValueError: ``bands`` < 1 or fewer clients than bands (a round would have none eligible).
+    """
+    _check_positive("bands", bands)
+    if num_clients < bands:
+        raise ValueError(f"num_clients: {num_clients} clients cannot fill {bands} groups")
+    order = np.random.default_rng([seed, _GROUPS]).permutation(num_clients)
+    group_of = np.empty(num_clients, dtype=np.int64)
+    group_of[order] = np.arange(num_clients) % bands
+    return group_of
+
+
+def eligible(group_of: np.ndarray, round_num: int, bands: int) -> np.ndarray:
+    """The clients (ascending ids) of group ``round_num mod bands``: who may take part this round."""
+    _check_positive("bands", bands)
+    return np.flatnonzero(np.asarray(group_of) == round_num % bands).astype(np.int64)
+
+
+def sample_cyclic_poisson(
+    group_of: np.ndarray, bands: int, rate: float, seed: int, round_num: int
+) -> np.ndarray:
+    """Cyclic Poisson sampling: each eligible client independently with probability ``rate``.
+
+    The cohort's size is random (possibly 0), as the amplification theorem needs; a fixed-size
+    cohort (``raysim.sampling.sample_cohort``) is not what ``banded_event`` accounts for.
+    """
+    _check_rate(rate)
+    candidates = eligible(group_of, round_num, bands)
+    draws = np.random.default_rng([seed, round_num, _POISSON]).random(len(candidates))
+    return candidates[draws < rate]
+
+
+def banded_event(noise_multiplier: float, rate: float, num_rounds: int, bands: int) -> dp_event.DpEvent:
+    """The privacy of BandMF with cyclic Poisson sampling: ceil(T / b) subsampled Gaussians.
+
+    Relies on Theorem 4 of Choquette-Choo et al. 2023 (arXiv:2306.08153): with ``C`` b-banded and
+    lower-triangular and clients sampled by ``sample_cyclic_poisson`` over fixed ``cyclic_groups``,
+    BandMF is as private as DP-SGD with Poisson rate q for ceil(T / b) steps at noise multiplier
+    noise_multiplier / (max column norm of C). ``band_coefficients`` makes that norm 1 (below 1 for
+    a run shorter than b rounds, where this event overstates epsilon). Neighbouring runs differ by
+    one client's presence (``ADD_OR_REMOVE_ONE``), whose clipped update is bounded by the clip bound.
+
+    Raises:
+        ValueError: ``noise_multiplier`` < 0, ``rate`` outside (0, 1], ``num_rounds`` or ``bands`` < 1.
+    """
+    _check_noise(noise_multiplier)
+    _check_rate(rate)
+    _check_positive("num_rounds", num_rounds)
+    _check_positive("bands", bands)
+    subsampled = dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(noise_multiplier))
+    return dp_event.SelfComposedDpEvent(subsampled, math.ceil(num_rounds / bands))
+
+
+def unamplified_event(
+    noise_multiplier: float, num_rounds: int, bands: int, min_separation: int | None = None
+) -> dp_event.DpEvent:
+    """The privacy of BandMF without sampling: one Gaussian mechanism on ``C x``.
+
+    Any client may take part in any round at least ``min_separation`` (default: ``bands``) after
+    its last, so the noise multiplier is noise_multiplier / ``sensitivity`` over the whole run
+    (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms", arXiv:2211.06530).
+
+    Raises:
+        ValueError: ``noise_multiplier`` < 0, ``num_rounds`` or ``bands`` < 1, or a separation
+            ``sensitivity`` refuses.
+    """
+    _check_noise(noise_multiplier)
+    separation = bands if min_separation is None else min_separation
+    worst = sensitivity(band_coefficients(bands), num_rounds, separation)
+    return dp_event.GaussianDpEvent(noise_multiplier / worst)
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name}: must be at least 1, got {value}")
+
+
+def _check_rate(rate: float) -> None:
+    if not 0 < rate <= 1:
+        raise ValueError(f"rate: the sampling probability must be in (0, 1], got {rate}")
+
+
+def _check_noise(noise_multiplier: float) -> None:
+    if not noise_multiplier >= 0:  # also refuses NaN
+        raise ValueError(f"noise_multiplier: must be at least 0, got {noise_multiplier}")

@@ -27,6 +27,7 @@ from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
+from raysim.engine.privacy_setup import open_ledger
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.plugin_defaults import fresh_state, resume_state
@@ -87,6 +88,9 @@ def build(
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
+    ledger = open_ledger(
+        job, parts.algorithm, parts.train_pool, parts.store.num_examples("train"), checkpoint
+    )
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
@@ -94,7 +98,9 @@ def build(
     else:
         run_dir = new_run_dir(output_dir, job.name)
     try:
-        return start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system), state
+        engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system)
+        engine.privacy = ledger
+        return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage
         raise

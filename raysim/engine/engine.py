@@ -38,6 +38,7 @@ from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
+from raysim.privacy.banded_noise import cyclic_groups, sample_cyclic_poisson
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
@@ -109,8 +110,12 @@ class Engine(Generic[A]):
         pool, size, seed = self.train_pool, self.job.engine.cohort_size, self.job.seed
         if self.job.engine.sampling == "fixed":
             return pool[sample_cohort(len(pool), size, seed, round_num)]
-        if self.privacy is not None:
-            pool = self.privacy.eligible(pool, round_num)
+        bands = self.privacy.bands if self.privacy is not None else None
+        if bands is not None:  # DP-FTRL's cyclic Poisson sampling over the bands' groups
+            groups = cyclic_groups(len(pool), bands, seed)
+            return pool[
+                sample_cyclic_poisson(groups, bands, min(1.0, size * bands / len(pool)), seed, round_num)
+            ]
         return pool[sample_poisson(len(pool), min(1.0, size / len(pool)), seed, round_num)]
 
     def train_cohort(

@@ -28,6 +28,8 @@ from raysim.aggregate import Partial
 from raysim.config import JobConfig
 from raysim.config.privacy import CentralPrivacy
 from raysim.errors import ConfigError
+from raysim.privacy.banded_noise import band_coefficients, correlated, kept
+from raysim.privacy.spending import Spending
 from raysim.private_sums import (
     PrivatePartial,
     PrivateRound,
@@ -38,10 +40,9 @@ from raysim.private_sums import (
     map_tensors,
     released,
 )
-from raysim.privacy.banded_noise import band_coefficients, correlated, kept
-from raysim.privacy.spending import Spending
 from raysim.sampling import noise_seed
 from raysim.types import Metrics
+
 
 @dataclass
 class PrivacyLedger:
@@ -56,16 +57,33 @@ class PrivacyLedger:
     rounds: int = 0  # rounds released so far (a resumed run's count goes on)
     history: list[list[torch.Tensor]] = field(default_factory=list)  # the correlated noise's last draws
     shape: Partial | None = None  # zeroed sums of the last round: the noise of an empty cohort
+    rounds_allowed: int | None = None  # fewer than the job's where the budget stops the run
     last: Metrics = field(default_factory=dict)
 
     @classmethod
-    def of(cls, job: JobConfig, spending: Spending, weights: np.ndarray) -> PrivacyLedger:
-        """A fresh ledger; ``weights`` each training client's examples (for capped weights)."""
+    def of(
+        cls, job: JobConfig, spending: Spending, examples: np.ndarray, rounds_allowed: int | None = None
+    ) -> PrivacyLedger:
+        """A fresh ledger; ``examples`` each training client's (the capped weights' denominator is
+        the expected cohort's total weight)."""
         central = job.privacy.central if job.privacy is not None else None
         assert central is not None  # built only for a job with central DP
         cohort = float(job.engine.cohort_size)
-        mean_weight = float(np.mean([client_weight(n, central.weight_cap) for n in weights])) if len(weights) else 1.0
-        return cls(central, spending, cohort * mean_weight, cohort, job.seed, central.clip_bound)
+        mean_weight = float(np.mean([client_weight(n, central.weight_cap) for n in examples]))
+        return cls(
+            central,
+            spending,
+            cohort * mean_weight,
+            cohort,
+            job.seed,
+            central.clip_bound,
+            rounds_allowed=rounds_allowed,
+        )
+
+    @property
+    def bands(self) -> int | None:
+        """DP-FTRL's bands (its sampler draws from one group of clients a round); None: fresh noise."""
+        return self.config.bands if self.config.noise == "banded" else None
 
     # --- the round --------------------------------------------------------------------------------
 
@@ -118,7 +136,9 @@ class PrivacyLedger:
         fraction of clients whose contribution was within the bound."""
         adaptive = self.config.adaptive
         assert adaptive is not None
-        noisy = within_bound + self.spending.count_stddev * float(torch.randn((), generator=generator, dtype=torch.float64))
+        noisy = within_bound + self.spending.count_stddev * float(
+            torch.randn((), generator=generator, dtype=torch.float64)
+        )
         fraction = noisy / self.expected_cohort
         return self.clip_bound * math.exp(-adaptive.learning_rate * (fraction - adaptive.target_quantile))
 
@@ -140,10 +160,16 @@ class PrivacyLedger:
     def restore(self, saved: dict[str, Any], path: str) -> None:
         """A resumed run's accountant goes on from the checkpoint's rounds."""
         try:
-            rounds, bound, z = int(saved["rounds"]), float(saved["clip_bound"]), float(saved["noise_multiplier"])
+            rounds, bound, z = (
+                int(saved["rounds"]),
+                float(saved["clip_bound"]),
+                float(saved["noise_multiplier"]),
+            )
             history = [[torch.as_tensor(t) for t in draws] for draws in saved["history"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError([f"{path}: its privacy ledger is unreadable ({exc!r}); resume from another checkpoint"])
+            raise ConfigError(
+                [f"{path}: its privacy ledger is unreadable ({exc!r}); resume from another checkpoint"]
+            )
         if not (rounds >= 0 and math.isfinite(bound) and bound > 0):
             raise ConfigError([f"{path}: its privacy ledger holds rounds {rounds}, clip bound {bound}"])
         if not math.isclose(z, self.spending.noise_multiplier, rel_tol=1e-9):

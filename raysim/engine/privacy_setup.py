@@ -23,8 +23,8 @@ from raysim.config import JobConfig
 from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of
-from raysim.private_sums import Summing
 from raysim.privacy.spending import Spending, spending_of
+from raysim.private_sums import Summing
 
 
 def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: int) -> list[str]:
@@ -38,7 +38,10 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
                 f"engine.sampling: poisson draws cohorts of varying size; {name} runs its own protocol "
                 f"over the clients it picks and needs a fixed cohort: set engine.sampling: fixed"
             )
-        for key, set_ in (("engine.schedule", job.engine.schedule is not None), ("system", job.system is not None)):
+        for key, set_ in (
+            ("engine.schedule", job.engine.schedule is not None),
+            ("system", job.system is not None),
+        ):
             if set_:
                 problems.append(f"engine.sampling: poisson draws each round's cohort itself; unset {key}")
     if privacy is None:
@@ -64,7 +67,10 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
             f"with {type(aggregator).__name__}), so no clip bounds what one client moves; central DP "
             f"applies to plugins whose aggregator is a WeightedMean or FedFish's (docs/privacy.md)"
         )
-    for key, set_ in (("engine.schedule", job.engine.schedule is not None), ("system", job.system is not None)):
+    for key, set_ in (
+        ("engine.schedule", job.engine.schedule is not None),
+        ("system", job.system is not None),
+    ):
         if set_:
             problems.append(
                 f"privacy.central: {key} picks the cohorts, which the accountant's amplification by "
@@ -93,11 +99,13 @@ def open_ledger(
     if job.privacy is None or job.privacy.central is None:
         return None
     try:
-        spending = spending_of(job.privacy, job.engine.sampling, len(train_pool), job.engine.cohort_size, job.engine.num_rounds)
+        spending = spending_of(
+            job.privacy, job.engine.sampling, len(train_pool), job.engine.cohort_size, job.engine.num_rounds
+        )
     except ValueError as exc:
         raise ConfigError([f"privacy.central: {exc}"]) from None
     allowed = rounds_allowed(job, spending)
-    ledger = PrivacyLedger.of(job, spending, examples[train_pool], train_pool, allowed)
+    ledger = PrivacyLedger.of(job, spending, examples[train_pool], allowed)
     if checkpoint is not None:
         if checkpoint.privacy is None:
             raise ConfigError(
@@ -137,7 +145,11 @@ def describe(job: JobConfig, spending: Spending, allowed: int | None) -> str:
     """One console line: the noise, and what the run will spend."""
     rounds = allowed if allowed is not None else job.engine.num_rounds
     delta = job.privacy.delta if job.privacy is not None else None
-    stop = f", stopping after {allowed} of {job.engine.num_rounds} rounds (budget)" if allowed is not None else ""
+    stop = (
+        f", stopping after {allowed} of {job.engine.num_rounds} rounds (budget)"
+        if allowed is not None
+        else ""
+    )
     return (
         f"privacy: central DP, noise multiplier {spending.noise_multiplier:.4g}, epsilon "
         f"{spending.epsilon(rounds):.3g} at delta {delta:g} after {rounds} rounds{stop}"

@@ -45,11 +45,12 @@ import torch
 from dp_accounting import dp_event
 
 from raysim.params import tree_map
+from raysim.sampling import sample_poisson
 from raysim.types import Tree
 
 T = TypeVar("T", bound=Tree)  # a tree of torch tensors: the structure of a round's sum
 
-_GROUPS, _POISSON = 6, 7  # purpose tags, apart from raysim.sampling's 1..5
+_GROUPS = 6  # the groups' purpose tag, as raysim.sampling reserves it
 
 
 def band_coefficients(bands: int) -> np.ndarray:
@@ -201,8 +202,7 @@ def sample_cyclic_poisson(
     """
     _check_rate(rate)
     candidates = eligible(group_of, round_num, bands)
-    draws = np.random.default_rng([seed, round_num, _POISSON]).random(len(candidates))
-    return candidates[draws < rate]
+    return candidates[sample_poisson(len(candidates), rate, seed, round_num)]
 
 
 def banded_event(noise_multiplier: float, rate: float, num_rounds: int, bands: int) -> dp_event.DpEvent:

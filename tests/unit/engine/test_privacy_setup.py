@@ -1,0 +1,84 @@
+"""Every privacy setting that cannot be honoured is refused before training, one line each with
+its fix (raysim/engine/privacy_setup.py); a budget the rounds exceed refuses the run or cuts it."""
+
+import pytest
+
+from raysim.config import JobConfig, deep_merge
+from raysim.engine.privacy_setup import privacy_problems, rounds_allowed
+from raysim.errors import ConfigError
+from raysim.privacy.spending import spending_of
+from raysim.runtime.builders import build_algorithm
+
+
+def job(private: bool = True, **sections) -> JobConfig:
+    base = {
+        "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 20}},
+        "model": {"name": "mlp", "hidden": [8]},
+        "algorithm": {"name": "fedavg"},
+        "engine": {"num_rounds": 10, "cohort_size": 5},
+        "privacy": {"central": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-3},
+    }
+    if not private:
+        del base["privacy"]
+    return JobConfig.from_dict(deep_merge(base, sections))
+
+
+def problems_of(config: JobConfig, population: int = 20) -> list[str]:
+    return privacy_problems(config, build_algorithm(config), population)
+
+
+def test_a_plain_private_fedavg_job_has_no_problem():
+    assert problems_of(job()) == []
+    assert problems_of(job(engine={"sampling": "poisson"})) == []
+
+
+@pytest.mark.parametrize(
+    "algorithm, says",
+    [
+        ("scaffold", "aggregates with Sum"),
+        ("fedfomo", "aggregates with Gather"),
+        ("oneshot_fedavg", "runs its own protocol"),
+    ],
+)
+def test_a_server_that_does_not_sum_updates_is_named(algorithm, says):
+    [problem] = problems_of(job(algorithm={"name": algorithm}))
+    assert problem.startswith("privacy.central:") and says in problem and algorithm in problem
+
+
+def test_delta_must_be_below_one_over_the_population():
+    [problem] = problems_of(job(privacy={"delta": 0.05}), population=20)
+    assert "not below 1 / population" in problem and "1/20" in problem
+
+
+def test_sampling_the_accountant_cannot_trust_is_refused():
+    assert any("engine.schedule" in p for p in problems_of(job(engine={"schedule": "cohorts.json"})))
+    banded = job(privacy={"central": {"noise": "banded", "bands": 2}})
+    assert any("set engine.sampling: poisson" in p for p in problems_of(banded))
+    staged = job(False, engine={"sampling": "poisson"}, algorithm={"name": "oneshot_fedavg"})
+    assert any("needs a fixed cohort" in p for p in problems_of(staged))
+
+
+def spending(config: JobConfig):
+    assert config.privacy is not None
+    return spending_of(config.privacy, config.engine.sampling, 20, config.engine.cohort_size, config.engine.num_rounds)
+
+
+def test_a_budget_the_rounds_exceed_refuses_the_run_or_cuts_it():
+    refuse = job(privacy={"budget": {"epsilon": 1.0}})
+    with pytest.raises(ConfigError, match=r"10 rounds spend epsilon .* rounds fit: set engine.num_rounds="):
+        rounds_allowed(refuse, spending(refuse))
+    stop = job(privacy={"budget": {"epsilon": 3.0, "when_reached": "stop"}})
+    allowed = rounds_allowed(stop, spending(stop))
+    assert allowed is not None and 0 < allowed < 10
+    assert spending(stop).epsilon(allowed) <= 3.0 < spending(stop).epsilon(allowed + 1)
+    roomy = job(privacy={"budget": {"epsilon": 1e6}})
+    assert rounds_allowed(roomy, spending(roomy)) is None
+
+
+def test_a_target_epsilon_is_met_by_the_calibrated_noise():
+    target = job(privacy={"central": {"noise_multiplier": None, "target_epsilon": 2.0}})
+    spent = spending(target)
+    assert spent.epsilon(10) == pytest.approx(2.0, rel=1e-2) and spent.epsilon(10) <= 2.0
+    unreachable = job(privacy={"central": {"noise_multiplier": None, "target_epsilon": 1e-9}})
+    with pytest.raises(ValueError, match="1e-09"):
+        spending(unreachable)

@@ -108,7 +108,9 @@ class PrivacyConfig(BaseModel, frozen=True, extra="forbid"):
     sample: SamplePrivacy | None = None
     # the guarantee's delta; must be below 1 / population (the run checks it against the data)
     delta: float | None = Field(None, gt=0, lt=1)
-    accountant: Literal["rdp", "pld"] = "rdp"
+    # dp-accounting's RDP or PLD, or prv-accountant's PRV (tighter for a large population sampled
+    # at a small rate: Poisson sampling only)
+    accountant: Literal["rdp", "pld", "prv"] = "rdp"
     budget: PrivacyBudget | None = None
 
     @model_validator(mode="after")

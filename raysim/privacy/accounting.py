@@ -34,6 +34,7 @@ Usage:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -44,6 +45,17 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from raysim.privacy.prv import PrvAccountant
+
+
+class _ExcludedOrders(logging.Filter):
+    """Drops dp-accounting's note that an RDP order did not converge and was left out: the bound
+    from the remaining orders is still valid, and a run would print it every round."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Excluding this order" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_ExcludedOrders())
 
 Sampling = Literal["poisson", "fixed"]
 AccountantKind = Literal["rdp", "pld", "prv"]
@@ -201,6 +213,20 @@ def epsilon(release: SampledGaussian, rounds: int, delta: float, kind: Accountan
     if effective_noise_multiplier(release) == 0:
         return math.inf
     return _epsilon(release, rounds, delta, kind)
+
+
+def epsilon_of_event(event: dp_event.DpEvent, delta: float, kind: AccountantKind = "rdp") -> float:
+    """Epsilon at ``delta`` of a whole run given as one event of Poisson-sampled Gaussians (DP-FTRL's
+    ``raysim.privacy.banded_noise.banded_event``), by the accountant ``kind``.
+
+    Raises:
+        ValueError: on a bad ``delta``, or an event that accountant cannot compose.
+    """
+    _check_delta(delta)
+    accountant = _fresh_accountant(kind, "poisson")
+    if not accountant.supports(event):
+        raise ValueError(f"the {kind} accountant cannot compose {type(event).__name__}: use accountant: rdp")
+    return float(accountant.compose(event).get_epsilon(delta))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -92,6 +92,12 @@ def spending_of(
     sum_z = z
     if central.adaptive is not None:
         count_stddev = central.adaptive.count_stddev or cohort_size / COUNT_SHARE
+        if 2 * count_stddev <= z:  # the count alone would spend the whole budget
+            raise ValueError(
+                f"adaptive.count_stddev {count_stddev:g} (clients) leaves no noise for the updates: the "
+                f"count spends what noise multiplier {z:.4g} allows when 2 x count_stddev <= {z:.4g}; set "
+                f"privacy.central.adaptive.count_stddev above {z / 2:.4g}"
+            )
         sum_z = update_noise_multiplier(z, count_stddev)
         release = replace(release, noise_multiplier=sum_z, count_noise_multiplier=2 * count_stddev)
     else:

@@ -60,17 +60,23 @@ def test_sampling_the_accountant_cannot_trust_is_refused():
 
 def spending(config: JobConfig):
     assert config.privacy is not None
-    return spending_of(config.privacy, config.engine.sampling, 20, config.engine.cohort_size, config.engine.num_rounds)
+    return spending_of(
+        config.privacy, config.engine.sampling, 20, config.engine.cohort_size, config.engine.num_rounds
+    )
 
 
 def test_a_budget_the_rounds_exceed_refuses_the_run_or_cuts_it():
-    refuse = job(privacy={"budget": {"epsilon": 1.0}})
+    noisy = {"clip_bound": 1.0, "noise_multiplier": 4.0}  # epsilon 0.7 after 1 round, 2.9 after 10
+    refuse = job(privacy={"central": noisy, "budget": {"epsilon": 1.0}})
     with pytest.raises(ConfigError, match=r"10 rounds spend epsilon .* rounds fit: set engine.num_rounds="):
         rounds_allowed(refuse, spending(refuse))
-    stop = job(privacy={"budget": {"epsilon": 3.0, "when_reached": "stop"}})
+    stop = job(privacy={"central": noisy, "budget": {"epsilon": 2.0, "when_reached": "stop"}})
     allowed = rounds_allowed(stop, spending(stop))
     assert allowed is not None and 0 < allowed < 10
-    assert spending(stop).epsilon(allowed) <= 3.0 < spending(stop).epsilon(allowed + 1)
+    assert spending(stop).epsilon(allowed) <= 2.0 < spending(stop).epsilon(allowed + 1)
+    too_little = job(privacy={"central": noisy, "budget": {"epsilon": 0.5, "when_reached": "stop"}})
+    with pytest.raises(ConfigError, match="one round already spends more than epsilon 0.5"):
+        rounds_allowed(too_little, spending(too_little))
     roomy = job(privacy={"budget": {"epsilon": 1e6}})
     assert rounds_allowed(roomy, spending(roomy)) is None
 
@@ -79,6 +85,10 @@ def test_a_target_epsilon_is_met_by_the_calibrated_noise():
     target = job(privacy={"central": {"noise_multiplier": None, "target_epsilon": 2.0}})
     spent = spending(target)
     assert spent.epsilon(10) == pytest.approx(2.0, rel=1e-2) and spent.epsilon(10) <= 2.0
-    unreachable = job(privacy={"central": {"noise_multiplier": None, "target_epsilon": 1e-9}})
-    with pytest.raises(ValueError, match="1e-09"):
+    # noise multiplier 4096 still spends 0.17 over 100,000 rounds: the search gives up there
+    unreachable = job(
+        privacy={"central": {"noise_multiplier": None, "target_epsilon": 0.01}},
+        engine={"num_rounds": 100_000},
+    )
+    with pytest.raises(ValueError, match="0.01"):
         spending(unreachable)

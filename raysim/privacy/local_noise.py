@@ -9,8 +9,9 @@ The release of one report (Dwork & Roth, "The Algorithmic Foundations of Differe
 
 Local DP protects the client's whole input: any two updates it could send, so the sensitivity is
 the clip ball's diameter, ``2 C`` (``raysim.privacy.per_client.local_epsilon`` accounts it). What the
-guarantee covers is the update alone: the client's weight (its example count) and its train
-metrics travel as the simulation's bookkeeping, not as part of the release.
+guarantee covers is the update alone: the client's weight (its example count), its train metrics
+and ``privacy/local_norm`` (the norm before clipping, for tuning the bound) travel as the
+simulation's bookkeeping, not as part of the release.
 
 The noise is drawn on the CPU from a generator seeded by ``raysim.sampling.noise_seed(seed,
 round_num, client_id)`` and moved to the update's device, so the serial, Ray and vectorized
@@ -102,7 +103,8 @@ def draw_noise(
 
 def release_result(result: ClientResult, config: LocalPrivacy, seed: int) -> ClientResult:
     """``result`` with its update released (``release_update``, the noise seeded by ``seed``, a
-    ``noise_seed``) and the norm before clipping among its metrics (``privacy/local_norm``)."""
+    ``noise_seed``) and the norm before clipping among its metrics (``privacy/local_norm``): one
+    read back per client."""
     update, norm = release_update(result.update, config, torch.Generator().manual_seed(seed))
     return replace(result, update=update, metrics={**result.metrics, NORM_METRIC: norm})
 

@@ -14,7 +14,7 @@ cannot honour it, and a job pairing it with ``privacy.sample`` is refused with t
 
 The vectorized trainer has no per-example gradients: ``engine.vectorize: on`` is refused (``auto``
 trains such a job one client at a time). A model with BatchNorm in train mode is refused too. The
-shared trainer checks the first three again at run time, whatever the plugin.
+shared trainer checks the first two, and BatchNorm, again at run time, whatever the plugin.
 
 Usage:
     if problems := sample_privacy_problems(job, model):   # the driver, at build time

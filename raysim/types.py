@@ -32,6 +32,8 @@ from raysim.errors import ConfigError
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from raysim.config.privacy import SamplePrivacy
+
 ClientId = int
 Params = dict[str, torch.Tensor]  # trainable tensors (and float buffers) by state-dict name
 NumpyParams = dict[str, np.ndarray]  # what crosses the driver/worker boundary (zero-copy in Ray)
@@ -145,6 +147,9 @@ class ClientContext(Generic[X, S, C]):
     which ``model`` is (``model_groups`` give clients different ones; {} in a unit test's context).
     ``model_of(client_id)`` is the worker's resident model of any client's architecture (FuseFL's
     towers): read its structure, copy it before changing it; None where no worker builds the context.
+    ``sample_privacy`` is the job's ``privacy.sample`` (None: none): ``train_client`` and
+    ``train_context`` then train with DP-SGD (``raysim.train.dp_sgd``); a plugin calling
+    ``train_local`` itself passes it on.
     Frozen: a context is one client's view of one round; derive another with ``dataclasses.replace``.
     """
 
@@ -163,6 +168,7 @@ class ClientContext(Generic[X, S, C]):
     client_payload: C | None = None
     model_section: dict[str, Any] = field(default_factory=dict)
     model_of: Callable[[ClientId], nn.Module] | None = None
+    sample_privacy: SamplePrivacy | None = None
 
 
 @dataclass(frozen=True)

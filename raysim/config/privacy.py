@@ -75,7 +75,8 @@ class CentralPrivacy(BaseModel, frozen=True, extra="forbid"):
 
 class LocalPrivacy(BaseModel, frozen=True, extra="forbid"):
     """Each client's update clipped and noised before it leaves the device: per report,
-    ``gaussian`` is (epsilon, delta)-DP (L2 clip), ``laplace`` is (1 / noise_multiplier)-DP (L1 clip)."""
+    ``gaussian`` is (epsilon, delta)-DP (L2 clip), ``laplace`` is (2 / noise_multiplier)-DP (L1 clip:
+    any two clipped updates differ by up to twice the bound; ``raysim.privacy.per_client``)."""
 
     mechanism: Literal["gaussian", "laplace"] = "gaussian"
     clip_bound: float = Field(gt=0, allow_inf_nan=False)  # L2 for gaussian, L1 for laplace

@@ -3,9 +3,10 @@ clients trained chunk by chunk (``engine.vectorize``, ``engine.vectorize_chunk``
 
 A round vectorizes when ``engine.vectorize`` is ``auto`` or ``on``, the plugin has a
 ``vectorized_update`` (``raysim.algorithm.vectorizes``), the model holds no randomness it cannot
-draw per client (``raysim.train.vectorizable.vectorization_blocker``) and the round measures no
-client with a probe nor keeps the clients' local models (both need each client's model, which a
-chunk never materialises); otherwise it runs the sequential loop. ``on`` refuses before training a
+draw per client (``raysim.train.vectorizable.vectorization_blocker``), the job sets no
+``privacy.sample`` (DP-SGD's per-example gradients run in the sequential trainer) and the round
+measures no client with a probe nor keeps the clients' local models (both need each client's model,
+which a chunk never materialises); otherwise it runs the sequential loop. ``on`` refuses before training a
 job whose plugin, model or probes cannot vectorize.
 
 Usage:
@@ -72,8 +73,11 @@ def example_rows(store: ClientStore | None, model: nn.Module) -> torch.Tensor | 
 def worker_vectorizes(
     job: JobConfig, algorithm: AnyAlgorithm, model: nn.Module, device: torch.device, store: ClientStore
 ) -> bool:
-    """Whether a worker trains its rounds in chunks: ``engine.vectorize`` is not off and neither
-    plugin nor model is in the way. On a CPU the worker then keeps freed memory for reuse."""
+    """Whether a worker trains its rounds in chunks: ``engine.vectorize`` is not off, no
+    ``privacy.sample`` (DP-SGD trains one client at a time) and neither plugin nor model is in the
+    way. On a CPU the worker then keeps freed memory for reuse."""
+    if job.privacy is not None and job.privacy.sample is not None:  # auto: sequential; on is refused
+        return False
     name = job.algorithm.name
     vectorizes = job.engine.vectorize != "off" and vectorize_blocker(algorithm, model, name, store) is None
     if vectorizes and device.type == "cpu":

@@ -23,6 +23,7 @@ from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import round_aggregator
+from raysim.privacy.local_noise import release_result
 from raysim.probe import ClientView, Probe
 from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
@@ -40,7 +41,7 @@ from raysim.runtime.phase_timer import PhaseTimer
 from raysim.runtime.precision import local_precision, set_up_arithmetic
 from raysim.runtime.resident_models import ResidentModels
 from raysim.runtime.wire import WorkerReport, WorkerSetup, client_failure
-from raysim.sampling import client_seed
+from raysim.sampling import client_seed, noise_seed
 from raysim.services import MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request, raise_stop_request
 from raysim.types import (
@@ -171,6 +172,11 @@ class ClientTrainer:
                 raise_stop_request(exc)
                 failures.append(client_failure(client_id, position, exc))
                 continue
+            if self.job.privacy is not None and self.job.privacy.local is not None:
+                # local DP: only the clipped, noised update leaves the client (raysim.privacy.local_noise)
+                with timer.phase("training"):
+                    seed = noise_seed(self.job.seed, round_num, client_id)
+                    result = release_result(result, self.job.privacy.local, seed)
             with timer.phase("reduce"):
                 partial = aggregator.add(partial, position, result)
             for name, row in rows.items():
@@ -289,6 +295,7 @@ class ClientTrainer:
             client_payload=None if own is None else P.to_device(own, self.device),
             model_section=self.resident.section_of(client_id),
             model_of=self.model_of,
+            sample_privacy=self.job.privacy.sample if self.job.privacy is not None else None,
         )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:

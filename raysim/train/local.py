@@ -13,6 +13,8 @@ the default) or two backwards (SAM, ``raysim.train.sharpness.sam_step``). Batchi
 
 A client that can do only part of its local work this round (a straggler, ``raysim.systems``)
 has a ``step_budget`` on its context, which caps its batches whatever config the plugin passes.
+A job's ``privacy.sample`` reaches the loop the same way (``ClientContext.sample_privacy``): DP-SGD's
+Poisson batches and clipped, noised gradients (``raysim.train.dp_sgd``) replace plain ones.
 
 Usage:
     metrics = train_local(model, data, LocalTrainConfig(lr=0.1), seed=7, spec=spec)
@@ -34,6 +36,7 @@ from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
+from raysim.config.privacy import SamplePrivacy
 from raysim.train.client_change import (
     BatchLoss,
     ClientChange,
@@ -45,6 +48,7 @@ from raysim.train.client_change import (
     edit_model_gradients,
     model_pass,
 )
+from raysim.train.dp_sgd import DpSgd
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
 from raysim.train.task_loss import task_loss, train_metrics
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
@@ -205,6 +209,7 @@ def train_local(
     round_num: int = 0,
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
+    sample_privacy: SamplePrivacy | None = None,
 ) -> ClientMetrics:
     """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
     return train_local_watched(
@@ -217,6 +222,7 @@ def train_local(
         round_num=round_num,
         step_budget=step_budget,
         hooks=hooks,
+        sample_privacy=sample_privacy,
     )[0]
 
 
@@ -231,6 +237,7 @@ def train_local_watched(
     round_num: int = 0,
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
+    sample_privacy: SamplePrivacy | None = None,
 ) -> tuple[ClientMetrics, Weights]:
     """Trains ``model`` in place on one client's data; returns train metrics and the final
     accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
@@ -248,6 +255,8 @@ def train_local_watched(
         round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
         hooks: the plugin's (``LocalHooks``).
+        sample_privacy: DP-SGD's clip bound and noise (``raysim.train.dp_sgd``): Poisson batches,
+            each example's gradient clipped, noise on their sum; None: plain SGD.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -261,10 +270,12 @@ def train_local_watched(
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     watch = ModelWatch(hooks.change, hooks.client)
-    backward = _objective_backward(model, optimizer, spec, config, hooks, watch)
+    private = None if sample_privacy is None else DpSgd(sample_privacy, model, spec, seed, config.batch_size)
+    backward = _objective_backward(model, optimizer, spec, config, hooks, watch, private)
     take_step = hooks.step or gradient_step
     num_epochs = round_epochs(config, round_num)
-    epochs = (iterate_batches(tensors, config.batch_size, generator) for _ in range(num_epochs))
+    draw = iterate_batches if private is None else private.batches
+    epochs = (draw(tensors, config.batch_size, generator) for _ in range(num_epochs))
     # the sums stay on the device until the end (one sync per client, not one per batch)
     loss_sum: torch.Tensor | float = 0.0
     correct: torch.Tensor | int = 0
@@ -279,7 +290,8 @@ def train_local_watched(
         loss, num_correct, num_items = losses[0]
         loss_sum = loss_sum + loss.detach() * num_items
         correct, seen = correct + num_correct, seen + num_items
-        num_batches, num_used = num_batches + 1, num_used + len(next(iter(batch.values())))
+        size = len(next(iter(batch.values()))) if private is None else config.batch_size  # Poisson: expected
+        num_batches, num_used = num_batches + 1, num_used + size
     return train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data))), watch.acc
 
 
@@ -290,20 +302,26 @@ def _objective_backward(
     config: LocalTrainConfig,
     hooks: LocalHooks,
     watch: ModelWatch,
+    private: DpSgd | None = None,
 ) -> Callable[[Pass, Draws], Backward]:
-    """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss,
-    its hooks and gradient clipping."""
+    """The ``Backward`` of one pass of one client's training, given the batch's draws: its loss
+    (DP-SGD's private gradient with ``private``), its hooks and gradient clipping."""
 
     def backward_of(one_pass: Pass, draws: Draws) -> Backward:
         def backward(batch: Batch, loss_fn: LossFn | None = None) -> BatchLoss:
             def model_loss(module: nn.Module) -> BatchLoss:
                 return (loss_fn or hooks.loss_fn or task_loss)(module, batch, spec)
 
-            total, (loss, num_correct, num_items) = model_pass(one_pass, model, model_loss, draws)
-            if hooks.extra_loss is not None:
-                total = total + hooks.extra_loss(model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
+            if private is not None:  # writes each .grad itself; refuses a loss of its own
+                loss, num_correct, num_items = private.backward(
+                    model, batch, one_pass, loss_fn or hooks.loss_fn, hooks.extra_loss
+                )
+            else:
+                total, (loss, num_correct, num_items) = model_pass(one_pass, model, model_loss, draws)
+                if hooks.extra_loss is not None:
+                    total = total + hooks.extra_loss(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                total.backward()
             edit_model_gradients(hooks.change, hooks.client, model)
             watch(model)
             if config.grad_clip is not None:
@@ -362,7 +380,8 @@ def train_client_watched(
 def _train_context(
     ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
 ) -> tuple[ClientMetrics, Weights]:
-    """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget."""
+    """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget and
+    sample-level privacy."""
     return train_local_watched(
         ctx.model,
         ctx.data,
@@ -373,4 +392,5 @@ def _train_context(
         round_num=ctx.round_num,
         step_budget=ctx.step_budget,
         hooks=hooks,
+        sample_privacy=ctx.sample_privacy,
     )

@@ -2,7 +2,7 @@
 once; a chunk's error fails each of its clients; an out-of-memory halves the chunk and trains it
 again, and a single client that does not fit fails naming it and the fix. ``auto`` sizes chunks
 from a first chunk's measured memory. A CPU worker keeps freed memory: a chunk's large tensors
-come from the heap, not fresh pages."""
+come from the heap, not fresh pages. A job with ``privacy.sample`` never trains in chunks."""
 
 import subprocess
 import sys
@@ -10,8 +10,10 @@ import sys
 import pytest
 import torch
 
+from raysim.config import JobConfig
 from raysim.runtime import chunks as chunks_module
-from raysim.runtime.chunks import ChunkResults, ChunkSize
+from raysim.runtime.builders import build_algorithm
+from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.types import ClientResult
 
 MiB = 2**20
@@ -164,3 +166,13 @@ def test_auto_without_a_peak_to_read_takes_the_default_size():
     auto.measured(2, 0.0)
     auto.measured(2, 0.0)
     assert auto.size == ChunkSize.UNMEASURED == 16
+
+
+def test_a_job_with_sample_level_privacy_trains_its_clients_one_at_a_time():
+    """DP-SGD's per-example gradients live in the sequential trainer: ``auto`` says no (``on`` is
+    refused before training, ``raysim.privacy.sample_level``)."""
+    raw = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+    private = {"privacy": {"sample": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}}
+    job = JobConfig.from_dict(raw | {"engine": {"vectorize": "auto"}} | private)
+    model = torch.nn.Linear(4, 2)
+    assert not worker_vectorizes(job, build_algorithm(job), model, CPU, store=None)  # type: ignore[arg-type]

@@ -1,0 +1,114 @@
+"""Local DP: each client's update clipped and noised on its own device, before anything leaves it.
+
+The release of one report (Dwork & Roth, "The Algorithmic Foundations of Differential Privacy",
+2014, Theorems 3.6 and A.1; the local model of Kasiviswanathan et al., FOCS 2008, arXiv:0803.0924):
+
+    u' = u * min(1, C / ||u||) + z        ||.|| over every float tensor leaf of the update at once
+    gaussian:  ||.||_2,  z_i ~ N(0, (noise_multiplier * C)^2)
+    laplace:   ||.||_1,  z_i ~ Laplace(noise_multiplier * C)
+
+Local DP protects the client's whole input: any two updates it could send, so the sensitivity is
+the clip ball's diameter, ``2 C`` (``raysim.privacy.per_client.local_epsilon`` accounts it). What the
+guarantee covers is the update alone: the client's weight (its example count), its train metrics
+and ``privacy/local_norm`` (the norm before clipping, for tuning the bound) travel as the
+simulation's bookkeeping, not as part of the release.
+
+The noise is drawn on the CPU from a generator seeded by ``raysim.sampling.noise_seed(seed,
+round_num, client_id)`` and moved to the update's device, so the serial, Ray and vectorized
+backends add the same noise to the same client. A deployment draws it from a secure source.
+
+Usage:
+    generator = torch.Generator().manual_seed(noise_seed(job.seed, round_num, client_id))
+    update, norm = release_update(result.update, job.privacy.local, generator)
+    result = release_result(result, job.privacy.local, noise_seed(job.seed, round_num, client_id))
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch
+
+from raysim import params as P
+from raysim.config.privacy import LocalPrivacy
+from raysim.types import ClientResult
+
+T = TypeVar("T")
+NORM_METRIC = "privacy/local_norm"  # the update's norm before clipping: for tuning clip_bound
+
+
+def update_norm(update: object, ord: int) -> torch.Tensor:
+    """The L``ord`` norm (1 or 2) of every float tensor leaf of ``update`` as one vector, a 0-d
+    float64 tensor on the first leaf's device (0 for an update without float leaves)."""
+    # float64: a model's million squares in float32 lose the low digits the bound is compared to
+    parts = [t.detach().double().abs().pow(ord).sum() for t in _float_leaves(update)]
+    if not parts:
+        return torch.zeros((), dtype=torch.float64)
+    total = torch.stack([p.to(parts[0].device) for p in parts]).sum()
+    return total.sqrt() if ord == 2 else total
+
+
+def clip_update(update: T, clip_bound: float, ord: int) -> tuple[T, torch.Tensor]:
+    """``update`` scaled by ``min(1, clip_bound / norm)``, its L``ord`` norm (1 or 2) over every
+    float leaf at once, and that norm before clipping (a 0-d float64 tensor, not read back)."""
+    norm = update_norm(update, ord)
+    scale = (clip_bound / norm.clamp(min=1e-12)).clamp(max=1.0)  # on the device: no read back
+
+    def clip(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor) or not leaf.is_floating_point():
+            return leaf
+        return (leaf.detach().double() * scale.to(leaf.device)).to(leaf.dtype)
+
+    return P.tree_map(clip, update), norm
+
+
+def release_update(update: T, config: LocalPrivacy, generator: torch.Generator) -> tuple[T, float]:
+    """``update`` clipped to ``config.clip_bound`` and noised coordinate-wise (the module's law).
+
+    Args:
+        update: the client's update: a dict of tensors or a tree of them (``raysim.params``);
+            leaves that are not float tensors pass unchanged.
+        config: the mechanism, the bound and the noise multiplier.
+        generator: a CPU generator; the noise is drawn there, leaf by leaf in tree order, in each
+            leaf's dtype (float32 for narrower floats), then moved to the leaf's device.
+
+    Returns:
+        The released update, of the same structure, dtypes and devices, and its norm before
+        clipping (L2 for gaussian, L1 for laplace).
+    """
+    clipped, norm = clip_update(update, config.clip_bound, 2 if config.mechanism == "gaussian" else 1)
+    noise_scale = config.noise_multiplier * config.clip_bound
+
+    def add_noise(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor) or not leaf.is_floating_point():
+            return leaf
+        dtype = leaf.dtype if leaf.dtype == torch.float64 else torch.float32
+        noise = draw_noise(config.mechanism, leaf.shape, dtype, generator) * noise_scale
+        return (leaf.to(dtype) + noise.to(leaf.device)).to(leaf.dtype)
+
+    return P.tree_map(add_noise, clipped), float(norm)
+
+
+def draw_noise(
+    mechanism: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
+    """Unit noise on the CPU: N(0, 1), or Laplace(1) as the difference of two Exp(1) draws (the
+    generator reaches ``exponential_``; ``torch.distributions.Laplace`` takes none)."""
+    if mechanism == "gaussian":
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    first = torch.empty(shape, dtype=dtype).exponential_(generator=generator)
+    return first - torch.empty(shape, dtype=dtype).exponential_(generator=generator)
+
+
+def release_result(result: ClientResult, config: LocalPrivacy, seed: int) -> ClientResult:
+    """``result`` with its update released (``release_update``, the noise seeded by ``seed``, a
+    ``noise_seed``) and the norm before clipping among its metrics (``privacy/local_norm``): one
+    read back per client."""
+    update, norm = release_update(result.update, config, torch.Generator().manual_seed(seed))
+    return replace(result, update=update, metrics={**result.metrics, NORM_METRIC: norm})
+
+
+def _float_leaves(tree: Any) -> list[torch.Tensor]:
+    """The float tensors among the leaves ``tree_map`` visits (a dataclass's ``init`` fields)."""
+    return [t for t in P.leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]

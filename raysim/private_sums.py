@@ -73,7 +73,7 @@ def client_weight(examples: float, weight_cap: int | None) -> float:
     return 1.0 if weight_cap is None else min(float(examples) / weight_cap, 1.0)
 
 
-def tensors_of(tree: object) -> Iterator[torch.Tensor]:
+def tensors_of(tree: Any) -> Iterator[torch.Tensor]:
     """The floating-point tensors of a tree (a partial's sums), in ``tree_map``'s order."""
     return (leaf for leaf in leaves(tree) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
 

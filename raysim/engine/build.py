@@ -27,10 +27,11 @@ from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
-from raysim.engine.privacy_setup import open_ledger
+from raysim.engine.privacy_setup import open_privacy
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.plugin_defaults import fresh_state, resume_state
+from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
@@ -88,9 +89,8 @@ def build(
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
-    ledger = open_ledger(
-        job, parts.algorithm, parts.train_pool, parts.store.num_examples("train"), checkpoint
-    )
+    examples = parts.store.num_examples("train")
+    private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
@@ -99,7 +99,7 @@ def build(
         run_dir = new_run_dir(output_dir, job.name)
     try:
         engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system)
-        engine.privacy = ledger
+        engine.privacy, engine.client_privacy = private
         return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage
@@ -183,6 +183,8 @@ def open_parts(job: JobConfig) -> JobParts:
     check_plugin_model(job, model)  # FuseFL's split points
     client_models = check_model_groups(job, store)  # per-client architectures, FuseFL's alignment
     check_vectorize(job, algorithm, model, store)  # engine.vectorize: on, for a part that cannot
+    if problems := sample_privacy_problems(job, model):  # DP-SGD: per-example gradients
+        raise ConfigError(problems)
     check_training_options(dataset_options(job), store, job.engine.vectorize)  # augment, poison
     buffer_keys = frozenset(name for name, b in model.named_buffers() if name in params)
     del model

@@ -30,6 +30,7 @@ from raysim.checkpoint import (
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
+from raysim.engine.client_privacy import ClientPrivacy
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
@@ -81,6 +82,7 @@ class Engine(Generic[A]):
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     privacy: PrivacyLedger | None = None  # central DP: the noise, the bound, the epsilon spent
+    client_privacy: ClientPrivacy | None = None  # local DP and DP-SGD: what each client spent
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
@@ -138,6 +140,8 @@ class Engine(Generic[A]):
         if self.privacy is not None:
             aggregate = self.privacy.release(aggregator_of(self.algorithm), output.aggregate, round_num)
             output = replace(output, aggregate=aggregate)
+        if self.client_privacy is not None:
+            self.client_privacy.record(output.clients)
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         self.costs.trained(output, payload)
         return output
@@ -175,8 +179,7 @@ class Engine(Generic[A]):
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
         metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)
-        if self.privacy is not None:
-            metrics |= self.privacy.metrics()
+        metrics |= self.privacy_metrics()
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
@@ -184,6 +187,18 @@ class Engine(Generic[A]):
             with self.timed("evaluation"):  # a probe measures the round, as an evaluation does
                 metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
         return new_state, metrics
+
+    def privacy_metrics(self) -> Metrics:
+        """``privacy/*``: the epsilon spent so far, centrally and by the worst client."""
+        central = self.privacy.metrics() if self.privacy is not None else {}
+        return central | (self.client_privacy.metrics() if self.client_privacy is not None else {})
+
+    def privacy_state(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the privacy accounting (None: the job has none)."""
+        if self.privacy is None and self.client_privacy is None:
+            return None
+        parts = {"central": self.privacy, "clients": self.client_privacy}
+        return {name: part.state() for name, part in parts.items() if part is not None}
 
     def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
         """A trained cohort's metrics (``raysim.engine.metrics.round_metrics``)."""
@@ -294,9 +309,14 @@ class Engine(Generic[A]):
             raise unwritten(path, exc) from exc
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
         run = {"run_id": run_id, "tracking_uri": uri} if run_id is not None and uri is not None else None
-        ledger = self.privacy.state() if self.privacy is not None else None
         saved = save_checkpoint(
-            path, state, round_num, self.job.to_dict(), None if frozen is None else str(frozen), run, ledger
+            path,
+            state,
+            round_num,
+            self.job.to_dict(),
+            None if frozen is None else str(frozen),
+            run,
+            self.privacy_state(),
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.aggregate import Partial
+from raysim.aggregate import Aggregator, Partial
 from raysim.config import JobConfig
 from raysim.config.privacy import CentralPrivacy
 from raysim.errors import ConfigError
@@ -91,9 +91,11 @@ class PrivacyLedger:
         """What the workers need: this round's bound, and the weights' cap."""
         return PrivateRound(self.clip_bound, self.config.weight_cap)
 
-    def release(self, aggregator: Summing[Any], partial: PrivatePartial, round_num: int) -> Any:
+    def release(self, aggregator: Aggregator[Any], partial: object, round_num: int) -> Any:
         """The round's aggregate, as the plugin's server step receives it: the merged sums noised
         and divided by the fixed denominator; then the bound's adaptive step and the accounting."""
+        if not isinstance(aggregator, Summing) or not isinstance(partial, PrivatePartial):
+            raise TypeError(f"central DP releases clipped sums, not {type(partial).__name__}")
         sums = self._sums_of(partial, round_num)
         generator = torch.Generator().manual_seed(noise_seed(self.seed, round_num))
         std = self.spending.sum_noise_multiplier * self.clip_bound

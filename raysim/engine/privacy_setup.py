@@ -7,7 +7,7 @@ drops clients), Poisson sampling for a plugin that needs a fixed cohort, a targe
 reaches, a budget the rounds would exceed.
 
 Usage:
-    ledger = open_ledger(job, algorithm, train_pool, store.num_examples("train"), checkpoint)
+    ledger, clients = open_privacy(job, algorithm, train_pool, store.num_examples("train"), checkpoint)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from rich.console import Console
 from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.checkpoint import Checkpoint
 from raysim.config import JobConfig
+from raysim.engine.client_privacy import ClientPrivacy, local_batch_size
 from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of
@@ -46,6 +47,11 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
                 problems.append(f"engine.sampling: poisson draws each round's cohort itself; unset {key}")
     if privacy is None:
         return problems
+    if privacy.local is not None and staged:
+        problems.append(
+            f"privacy.local: {name} runs its own protocol, whose clients may send more than the update "
+            f"local DP noises (their local models); local DP applies to plugins that run the round loop"
+        )
     if privacy.delta is not None and privacy.delta >= 1 / population:
         problems.append(
             f"privacy.delta: {privacy.delta:g} is not below 1 / population (1/{population} = "
@@ -84,45 +90,64 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
     return problems
 
 
-def open_ledger(
+def open_privacy(
     job: JobConfig,
     algorithm: AnyAlgorithm[Any],
     train_pool: np.ndarray,
     examples: np.ndarray,
     checkpoint: Checkpoint | None,
-) -> PrivacyLedger | None:
+) -> tuple[PrivacyLedger | None, ClientPrivacy | None]:
     """Central DP's ledger (None without ``privacy.central``), its noise calibrated and its budget
-    checked; a resumed run's from its checkpoint. Raises ConfigError on any ``privacy_problems``."""
+    checked, and the clients' counts (None without local or sample-level DP); a resumed run's from
+    its checkpoint. Raises ConfigError on any ``privacy_problems``."""
     problems = privacy_problems(job, algorithm, len(train_pool))
     if problems:
         raise ConfigError(problems)
-    if job.privacy is None or job.privacy.central is None:
-        return None
+    privacy = job.privacy
+    if privacy is None:
+        return None, None
+    saved = checkpoint.privacy if checkpoint is not None else None
+    if checkpoint is not None and saved is None:
+        raise ConfigError(
+            [f"{checkpoint.path}: was written without privacy; a private run cannot continue it"]
+        )
+    ledger = open_ledger(job, train_pool, examples) if privacy.central is not None else None
+    clients = None
+    if privacy.local is not None or privacy.sample is not None:
+        clients = ClientPrivacy(privacy, examples, local_batch_size(job.algorithm))
+    where = str(checkpoint.path) if checkpoint is not None else ""
+    for part, name in ((ledger, "central"), (clients, "clients")):
+        if part is not None and saved is not None:
+            if not isinstance(saved.get(name), dict):
+                raise ConfigError(
+                    [f"{where}: holds no {name} privacy state; a run with it cannot continue it"]
+                )
+            part.restore(saved[name], where)
+    return ledger, clients
+
+
+def open_ledger(job: JobConfig, train_pool: np.ndarray, examples: np.ndarray) -> PrivacyLedger:
+    """Central DP's ledger: the noise calibrated, the budget checked, said on the console."""
+    assert job.privacy is not None
+    engine = job.engine
     try:
         spending = spending_of(
-            job.privacy, job.engine.sampling, len(train_pool), job.engine.cohort_size, job.engine.num_rounds
+            job.privacy, engine.sampling, len(train_pool), engine.cohort_size, engine.num_rounds
         )
     except ValueError as exc:
         raise ConfigError([f"privacy.central: {exc}"]) from None
     allowed = rounds_allowed(job, spending)
-    ledger = PrivacyLedger.of(job, spending, examples[train_pool], allowed)
-    if checkpoint is not None:
-        if checkpoint.privacy is None:
-            raise ConfigError(
-                [f"{checkpoint.path}: was written without central DP; a private run cannot continue it"]
-            )
-        ledger.restore(checkpoint.privacy, str(checkpoint.path))
     Console(stderr=True).print(describe(job, spending, allowed), highlight=False, soft_wrap=True)
-    return ledger
+    return PrivacyLedger.of(job, spending, examples[train_pool], allowed)
 
 
 def rounds_allowed(job: JobConfig, spending: Spending) -> int | None:
     """The rounds the budget allows when they are fewer than the job's (``when_reached: stop``);
     None when the whole run fits. Refuses a run that would exceed it (``refuse``) or fit no round."""
     privacy, rounds = job.privacy, job.engine.num_rounds
-    budget = privacy.budget if privacy is not None else None
-    if budget is None:
+    if privacy is None or privacy.budget is None:
         return None
+    budget = privacy.budget
     total = spending.epsilon(rounds)
     if total <= budget.epsilon:
         return None

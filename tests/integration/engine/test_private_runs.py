@@ -3,6 +3,8 @@ the run's sampling and noise, a resumed run's accountant goes on where it stoppe
 equals the uninterrupted run's), the vectorized path and two workers release the same aggregate,
 and a budget stops a run at the last round within it."""
 
+import json
+
 import dp_accounting
 import pytest
 import torch
@@ -84,3 +86,25 @@ def test_adaptive_clipping_moves_the_bound_and_fedfish_releases_its_sums(tmp_pat
         output_dir=tmp_path / "f",
     )
     assert all(torch.isfinite(v).all() for v in fish.state.params.values())
+
+
+def test_local_dp_counts_each_clients_reports_across_a_resume(tmp_path):
+    local = {"local": {"clip_bound": 1.0, "noise_multiplier": 2.0}, "central": None}
+    whole = run(private(privacy=local, engine={"num_rounds": 4}), output_dir=tmp_path / "whole")
+    first = run(private(privacy=local, engine={"num_rounds": 2}), output_dir=tmp_path / "first")
+    checkpoint = first.run_dir / "checkpoints" / "final.pt"
+    resumed = run(
+        private(privacy=local, engine={"num_rounds": 4}),
+        resume_from=str(checkpoint),
+        output_dir=tmp_path / "r",
+    )
+    most = max(sum(client in cohort for cohort in whole_cohorts(whole)) for client in range(20))
+    assert resumed.final["privacy/local/max_reports"] == whole.final["privacy/local/max_reports"] == most
+    # two clipped updates differ by up to 2C: each report is a Gaussian of multiplier 2.0 / 2
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), most))
+    assert resumed.final["privacy/local/epsilon"] == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-9)
+
+
+def whole_cohorts(result):
+    return json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"]

@@ -46,7 +46,7 @@ _PATH = re.compile(r"(?<![\w./~<-])((?:raysim|algorithms|datasets|jobs|tests|doc
 # a module named inside its room, as architecture.md's run diagram does (engine/loop.py): raysim/...
 _ROOMS = "|".join(sorted(p.name for p in (REPO / "raysim").iterdir() if (p / "__init__.py").is_file()))
 _ROOM_PATH = re.compile(rf"(?<![\w./~<-])((?:{_ROOMS})/\w+\.py)")
-_CONFIG_KEY = re.compile(r"^(engine|evaluation|resources|tracking)((?:\.\w+)+)")
+_CONFIG_KEY = re.compile(r"^(engine|evaluation|resources|tracking|privacy)((?:\.\w+)+)")
 _QUOTED = re.compile(r"<!-- quoted from (\S+) -->\s*\n```[\w-]*\n(.*?)^```", re.M | re.S)
 
 

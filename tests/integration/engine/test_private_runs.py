@@ -4,6 +4,7 @@ equals the uninterrupted run's), the vectorized path and two workers release the
 and a budget stops a run at the last round within it."""
 
 import json
+import math
 
 import dp_accounting
 import pytest
@@ -108,3 +109,15 @@ def test_local_dp_counts_each_clients_reports_across_a_resume(tmp_path):
 
 def whole_cohorts(result):
     return json.loads((result.run_dir / "cohorts.json").read_text())["cohorts"]
+
+
+def test_dp_ftrl_samples_one_group_a_round_and_is_accounted_as_its_participations(tmp_path):
+    banded = {"central": {"clip_bound": 0.5, "noise_multiplier": 0.8, "noise": "banded", "bands": 2}}
+    result = run(private(privacy=banded, engine={"num_rounds": 4}), output_dir=tmp_path)
+    cohorts = whole_cohorts(result)
+    assert all(not set(a) & set(b) for a, b in zip(cohorts, cohorts[1:]))  # at most once in 2 rounds
+    for step, metrics in result.history:  # 6 expected of the round's 10-client group: rate 0.6
+        accountant = dp_accounting.rdp.RdpAccountant()
+        event = dp_accounting.PoissonSampledDpEvent(0.6, dp_accounting.GaussianDpEvent(0.8))
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, math.ceil((step + 1) / 2)))
+        assert metrics["privacy/epsilon"] == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-9)

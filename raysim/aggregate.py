@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 import torch
 
@@ -46,6 +46,17 @@ class Aggregator(Protocol[A_co]):
     def merge(self, left: Partial, right: Partial) -> Partial: ...
 
     def result(self, acc: Partial) -> A_co: ...
+
+
+@runtime_checkable
+class Summing(Aggregator[A_co], Protocol):
+    """An aggregator whose partial sums each client's contribution as tensors and whose result
+    divides by the summed weight: central DP clips the first and fixes the second
+    (``raysim.private_sums``). ``WeightedMean`` is one; ``Sum`` and ``Gather`` are not."""
+
+    def with_total_weight(self, acc: Partial, weight: float) -> Partial:
+        """``acc`` with its summed weight replaced by ``weight`` (the fixed denominator)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,8 @@ def save_checkpoint(
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
 
-    ``privacy`` is central DP's ledger (``raysim.engine.privacy_ledger``): rounds released, the clip
-    bound, the correlated noise's history; a resumed run's accountant goes on from it.
+    ``privacy`` is the privacy accounting's state (central DP's ``raysim.privacy.ledger.LedgerState``
+    and the clients' counts, as plain values); a resumed run's accountant goes on from it.
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.

@@ -26,7 +26,7 @@ from raysim import params as P
 from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.algorithm import A, Algorithm, AnyAlgorithm, plugin_hook
 from raysim.checkpoint import CheckpointTrail
-from raysim.private_sums import ClippedSums, PrivateRound, Summing
+from raysim.private_sums import ClientClipping, ClippedSums, Summing
 from raysim.types import DataSpec, Params, Payload, RunInfo, ServerState
 
 E = TypeVar("E")  # what the plugin keeps in ``ServerState.extra``
@@ -66,7 +66,7 @@ def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
     return Gather()
 
 
-def round_aggregator(algorithm: AnyAlgorithm[Any], private: PrivateRound | None) -> Aggregator[Any]:
+def round_aggregator(algorithm: AnyAlgorithm[Any], private: ClientClipping | None) -> Aggregator[Any]:
     """How a round folds client results: the plugin's aggregator, or under central DP its sums of
     clipped contributions (a job whose aggregator is not ``Summing`` is refused before training)."""
     inner = aggregator_of(algorithm)

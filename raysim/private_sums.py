@@ -16,41 +16,29 @@ An aggregator takes part by saying how its result divides (``Summing.with_total_
 data-dependent weights into their updates and divide by them), nor ``Gather``.
 
 Usage:
-    private = PrivateRound(clip_bound=0.5)
-    clipped = ClippedSums(WeightedMean(), private)     # the round's aggregator, on every worker
+    clipped = ClippedSums(WeightedMean(), ClientClipping(clip_bound=0.5))  # on every worker
     acc = clipped.add(clipped.zero(), 0, result); ...   # then merged as any partial
-    noisy = noised(acc.sums, std=1.0 * 0.5, generator=torch.Generator().manual_seed(seed))
-    mean_delta = released(WeightedMean(), noisy, denominator=10.0)
+    noise = [0.5 * draw for draw in gaussian_draws(acc.sums, torch.Generator().manual_seed(seed))]
+    mean_delta = released(WeightedMean(), add_noise(acc.sums, noise), denominator=10.0)
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from raysim.aggregate import Aggregator, Partial
+from raysim.aggregate import Partial, Summing
 from raysim.params import leaves, tree_map
-from raysim.types import A_co, ClientResult
+from raysim.types import ClientResult
 
 A = TypeVar("A")
 
 
-@runtime_checkable
-class Summing(Aggregator[A_co], Protocol):
-    """An aggregator whose partial sums each client's contribution as tensors, and whose result
-    divides by the summed weight: central DP clips the first and fixes the second."""
-
-    def with_total_weight(self, acc: Partial, weight: float) -> Partial:
-        """``acc`` with its summed weight replaced by ``weight`` (the fixed denominator)."""
-        ...
-
-
 @dataclass(frozen=True)
-class PrivateRound:
+class ClientClipping:
     """What the workers need of a round's central DP: the clip bound (it adapts between rounds)
     and the weights' cap. The noise and the denominator stay on the driver."""
 
@@ -64,8 +52,8 @@ class PrivatePartial:
     clipping's count, released only with its own noise)."""
 
     sums: Partial  # the plugin aggregator's own partial
-    within_bound: int
-    clients: int
+    num_within_bound: int | torch.Tensor  # a 0-dim tensor once a client is added
+    num_clients: int
 
 
 def client_weight(examples: float, weight_cap: int | None) -> float:
@@ -78,9 +66,11 @@ def tensors_of(tree: Any) -> Iterator[torch.Tensor]:
     return (leaf for leaf in leaves(tree) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
 
 
-def sums_norm(tree: object) -> float:
-    """The L2 norm over every floating-point tensor of ``tree`` jointly, in float64."""
-    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in tensors_of(tree)))
+def sums_norm(tree: Any) -> torch.Tensor:
+    """The L2 norm over every floating-point tensor of ``tree`` jointly: a 0-dim float64 tensor on
+    their device (read by nobody on the worker: a GPU worker syncs once a round, not per client)."""
+    squares = [t.detach().double().pow(2).sum() for t in tensors_of(tree)]
+    return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
@@ -97,39 +87,33 @@ class ClippedSums(Generic[A]):
     then ``released``), never a worker.
     """
 
-    def __init__(self, inner: Summing[A], private: PrivateRound) -> None:
+    def __init__(self, inner: Summing[A], clipping: ClientClipping) -> None:
         self.inner = inner
-        self.private = private
+        self.clipping = clipping
 
     def zero(self) -> PrivatePartial:
         return PrivatePartial(self.inner.zero(), 0, 0)
 
     def add(self, acc: PrivatePartial, position: int, result: ClientResult) -> PrivatePartial:
         one = self.inner.add(self.inner.zero(), position, replace(result, weight=1.0))
-        norm = sums_norm(one)
-        bound = self.private.clip_bound
-        scale = client_weight(result.weight, self.private.weight_cap) * (
-            min(1.0, bound / norm) if norm > 0 else 1.0
+        norm, bound = sums_norm(one), self.clipping.clip_bound
+        # min(1, C / norm), and 1 for a zero contribution (C / 0 is inf)
+        scale = torch.clamp(bound / norm, max=1.0) * client_weight(result.weight, self.clipping.weight_cap)
+        clipped = map_tensors(lambda t: t * scale.to(t.device, t.dtype), one)  # not in place: views
+        within = (norm <= bound).long()  # a tensor: counted without a host read
+        return PrivatePartial(
+            self.inner.merge(acc.sums, clipped), acc.num_within_bound + within, acc.num_clients + 1
         )
-        clipped = map_tensors(lambda t: t * scale, one)  # not in place: an aggregator may keep views
-        within = int(norm <= bound)
-        return PrivatePartial(self.inner.merge(acc.sums, clipped), acc.within_bound + within, acc.clients + 1)
 
     def merge(self, left: PrivatePartial, right: PrivatePartial) -> PrivatePartial:
         return PrivatePartial(
             self.inner.merge(left.sums, right.sums),
-            left.within_bound + right.within_bound,
-            left.clients + right.clients,
+            left.num_within_bound + right.num_within_bound,
+            left.num_clients + right.num_clients,
         )
 
     def result(self, acc: PrivatePartial) -> PrivatePartial:
         return acc
-
-
-def noised(sums: Partial, std: float, generator: torch.Generator) -> Partial:
-    """``sums`` plus independent Gaussian noise of std ``std`` on every summed coordinate, drawn in
-    float64 on the CPU from ``generator`` in the tree's order (the same on every backend)."""
-    return add_noise(sums, [std * draw for draw in gaussian_draws(sums, generator)])
 
 
 def gaussian_draws(sums: Partial, generator: torch.Generator) -> list[torch.Tensor]:

@@ -44,6 +44,55 @@ def sample_poisson(num_clients: int, rate: float, seed: int, round_num: int) -> 
     return np.flatnonzero(rng.random(num_clients) < rate).astype(np.int64)
 
 
+def poisson_rate(pool_size: int, cohort_size: int, bands: int = 1) -> float:
+    """Each client's probability under Poisson sampling so that a round expects ``cohort_size``
+    clients: ``cohort_size / pool_size``, or, when only one of ``bands`` groups may take part a
+    round (DP-FTRL's cyclic sampling), ``cohort_size * bands / pool_size``. What the engine draws
+    with and what the privacy accountant is told: one function, so the two cannot disagree.
+
+    Raises:
+        ConfigError: the rate would exceed 1 (the expected cohort is more than a group holds).
+    """
+    rate = cohort_size * bands / pool_size
+    if rate > 1:
+        raise ConfigError(
+            [
+                f"engine.cohort_size: {cohort_size} expected clients a round from groups of about "
+                f"{pool_size / bands:.0f} ({pool_size} clients in {bands} bands) would need a sampling "
+                f"probability above 1; lower engine.cohort_size or privacy.central.bands"
+            ]
+        )
+    return rate
+
+
+def cyclic_groups(num_clients: int, bands: int, seed: int) -> np.ndarray:
+    """Each client's group in 0..bands-1 (DP-FTRL's cyclic sampling): a seeded permutation dealt
+    round-robin, so group sizes differ by at most 1. Fixed for the run: a pure function of the seed."""
+    if not 1 <= bands <= num_clients:
+        raise ConfigError(
+            [f"privacy.central.bands: {bands} groups need at least {bands} clients, not {num_clients}"]
+        )
+    order = np.random.default_rng([seed, _GROUPS]).permutation(num_clients)
+    group_of = np.empty(num_clients, dtype=np.int64)
+    group_of[order] = np.arange(num_clients) % bands
+    return group_of
+
+
+def eligible(group_of: np.ndarray, round_num: int, bands: int) -> np.ndarray:
+    """The clients (ascending) of group ``round_num mod bands``: who may take part this round."""
+    return np.flatnonzero(np.asarray(group_of) == round_num % bands).astype(np.int64)
+
+
+def sample_cyclic_poisson(
+    group_of: np.ndarray, bands: int, rate: float, seed: int, round_num: int
+) -> np.ndarray:
+    """Cyclic Poisson sampling: each client of the round's group independently with probability
+    ``rate``, so a client takes part at most once in any ``bands`` consecutive rounds (the
+    amplification ``raysim.privacy.banded_noise.banded_event`` accounts for)."""
+    candidates = eligible(group_of, round_num, bands)
+    return candidates[sample_poisson(len(candidates), rate, seed, round_num)]
+
+
 def split_population(num_clients: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(training clients, held-out clients), both sorted; held-out clients never train."""
     num_heldout = int(round(num_clients * heldout_fraction))

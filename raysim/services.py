@@ -27,7 +27,7 @@ import numpy as np
 
 from raysim import params as P
 from raysim.errors import ConfigError
-from raysim.private_sums import PrivateRound
+from raysim.private_sums import ClientClipping
 from raysim.types import A_co, Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
 
 R = TypeVar("R")  # what ``map_clients`` gives for one point on one client
@@ -125,7 +125,7 @@ class RoundOptions:
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False
     step_budgets: dict[int, int] = field(default_factory=dict)
-    privacy: PrivateRound | None = None
+    clipping: ClientClipping | None = None
 
 
 class Services(Protocol[A_co]):

@@ -17,7 +17,7 @@ from raysim.config.plugins import (
     validate_plugin,
     validate_probes,
 )
-from raysim.config.privacy import PrivacyConfig
+from raysim.config.privacy import PrivacyConfig, sampling_problems
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
 from raysim.config.system import SystemConfig
@@ -146,6 +146,8 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         problems += explain(exc, JobCore)
     if core is not None:  # the sections that validated, against the job: reported with the rest
         problems += check_against_job([*sections.values(), *probes], core)
+        engine = core.engine
+        problems += sampling_problems(core.privacy, engine.sampling, engine.schedule, core.system is not None)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem

@@ -45,15 +45,13 @@ class CentralPrivacy(BaseModel, frozen=True, extra="forbid"):
     clip_bound: float = Field(gt=0, allow_inf_nan=False)  # L2, over the whole contribution
     noise_multiplier: float | None = Field(None, ge=0, allow_inf_nan=False)  # noise std / clip_bound
     target_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)  # or: calibrate the noise
-    # uniform: every client weighs 1; capped: min(examples / weight_cap, 1) (McMahan et al.'s
+    # None: every client weighs 1; else min(examples / weight_cap, 1) (McMahan et al.'s capped
     # w_k = min(n_k / w_hat, 1)), which keeps each contribution within the bound
-    weights: Literal["uniform", "capped"] = "uniform"
-    weight_cap: int | None = Field(None, ge=1)  # examples; for weights: capped
+    weight_cap: int | None = Field(None, ge=1)
     adaptive: AdaptiveClipping | None = None
-    # independent: fresh noise each round; banded: DP-FTRL's correlated noise over ``bands`` rounds
-    # (needs engine.sampling: poisson, drawn cyclically over the bands' client groups)
-    noise: Literal["independent", "banded"] = "independent"
-    bands: int = Field(4, ge=2)  # for noise: banded
+    # 1: fresh noise each round; b >= 2: DP-FTRL's noise correlated over b rounds (banded matrix
+    # factorization), the clients drawn from one of b groups a round (needs engine.sampling: poisson)
+    bands: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _one_noise_source(self) -> CentralPrivacy:
@@ -62,14 +60,8 @@ class CentralPrivacy(BaseModel, frozen=True, extra="forbid"):
                 "set exactly one of noise_multiplier (the noise std over clip_bound) and "
                 "target_epsilon (the noise calibrated to reach it at privacy.delta after the run's rounds)"
             )
-        if self.weights == "capped" and self.weight_cap is None:
-            raise ValueError("weights: capped needs weight_cap, the examples at which a client weighs 1")
-        if self.weights == "uniform" and self.weight_cap is not None:
-            raise ValueError("weight_cap applies to weights: capped; remove it or set weights: capped")
-        if self.adaptive is not None and self.noise == "banded":
-            raise ValueError(
-                "adaptive clipping is accounted with independent noise only: set noise: independent"
-            )
+        if self.adaptive is not None and self.bands > 1:
+            raise ValueError("adaptive clipping is accounted for fresh noise only: set bands: 1")
         return self
 
 
@@ -110,7 +102,7 @@ class PrivacyConfig(BaseModel, frozen=True, extra="forbid"):
     # the guarantee's delta; must be below 1 / population (the run checks it against the data)
     delta: float | None = Field(None, gt=0, lt=1)
     # dp-accounting's RDP or PLD, or prv-accountant's PRV (tighter for a large population sampled
-    # at a small rate: Poisson sampling only)
+    # at a small rate: Poisson sampling only, ACCOUNTED_SAMPLINGS)
     accountant: Literal["rdp", "pld", "prv"] = "rdp"
     budget: PrivacyBudget | None = None
 
@@ -136,3 +128,51 @@ class PrivacyConfig(BaseModel, frozen=True, extra="forbid"):
                     f"{self.budget.epsilon}: lower the target or raise the budget"
                 )
         return self
+
+
+# The samplings each accountant can account: dp-accounting's PLD accountant has no branch for
+# sampling without replacement, and prv-accountant models Poisson-sampled Gaussians only.
+ACCOUNTED_SAMPLINGS = {"rdp": ("poisson", "fixed"), "pld": ("poisson",), "prv": ("poisson",)}
+
+
+def accountant_problem(accountant: str, sampling: str) -> str | None:
+    """Why ``accountant`` cannot account ``sampling`` (with the fix); None: it can."""
+    if sampling in ACCOUNTED_SAMPLINGS[accountant]:
+        return None
+    return (
+        f"the {accountant} accountant cannot account {sampling}-size sampling without replacement "
+        f"(it handles Poisson sampling only): use accountant: rdp, or engine.sampling: poisson"
+    )
+
+
+def sampling_problems(
+    privacy: PrivacyConfig | None, sampling: str, schedule: str | None, has_system: bool
+) -> list[str]:
+    """The job's sampling against its privacy, before anything is built (so ``--dry-run`` and a
+    sweep's cells report them): what picks the cohorts must be what the accountant assumes."""
+    problems = []
+    pickers = [
+        key for key, set_ in (("engine.schedule", schedule is not None), ("system", has_system)) if set_
+    ]
+    if sampling == "poisson":
+        problems += [
+            f"engine.sampling: poisson draws each round's cohort itself; unset {key}" for key in pickers
+        ]
+    central = privacy.central if privacy is not None else None
+    if central is None:
+        return problems
+    if sampling == "fixed":
+        problems += [
+            f"privacy.central: {key} picks the cohorts, which the accountant's amplification by sampling "
+            f"cannot trust; unset it (engine.sampling picks them at random)"
+            for key in pickers
+        ]
+    if central.bands > 1 and sampling != "poisson":
+        problems.append(
+            "privacy.central.bands: DP-FTRL's noise is accounted for Poisson sampling over the bands' "
+            "client groups; set engine.sampling: poisson"
+        )
+    assert privacy is not None
+    if (problem := accountant_problem(privacy.accountant, sampling)) is not None:
+        problems.append(f"privacy.accountant: {problem}")
+    return problems

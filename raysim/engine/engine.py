@@ -35,17 +35,17 @@ from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
-from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
-from raysim.privacy.banded_noise import cyclic_groups, sample_cyclic_poisson
+from raysim.privacy.ledger import PrivacyLedger
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
-from raysim.sampling import CohortSchedule, sample_cohort, sample_poisson
+from raysim.sampling import CohortSchedule, poisson_rate, sample_cohort, sample_cyclic_poisson, sample_poisson
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request
+from raysim.stored import plain
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.tracker import Tracker
 from raysim.types import Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
@@ -101,24 +101,23 @@ class Engine(Generic[A]):
         elif self.system is not None:
             cohort = self.system.round(round_num).cohort
         else:  # held-out clients are not in the pool
-            cohort = self.sampled(round_num)
+            cohort = self.draw_cohort(round_num)
         self.cohorts[round_num] = [int(c) for c in cohort]  # drawing a round twice records it once
         return cohort
 
-    def sampled(self, round_num: int) -> np.ndarray:
-        """The round's draw from the training pool: ``cohort_size`` clients, or each with probability
-        ``cohort_size / pool`` (``engine.sampling: poisson``; under DP-FTRL's banded noise, from the
-        round's group of clients only, at the rate that keeps the expected cohort)."""
+    def draw_cohort(self, round_num: int) -> np.ndarray:
+        """The round's draw from the training pool: ``cohort_size`` clients, or each with the
+        probability ``raysim.sampling.poisson_rate`` gives (``engine.sampling: poisson``; under
+        DP-FTRL's bands, from the round's group of clients only)."""
         pool, size, seed = self.train_pool, self.job.engine.cohort_size, self.job.seed
         if self.job.engine.sampling == "fixed":
             return pool[sample_cohort(len(pool), size, seed, round_num)]
-        bands = self.privacy.bands if self.privacy is not None else None
-        if bands is not None:  # DP-FTRL's cyclic Poisson sampling over the bands' groups
-            groups = cyclic_groups(len(pool), bands, seed)
-            return pool[
-                sample_cyclic_poisson(groups, bands, min(1.0, size * bands / len(pool)), seed, round_num)
-            ]
-        return pool[sample_poisson(len(pool), min(1.0, size / len(pool)), seed, round_num)]
+        ledger = self.privacy
+        if ledger is None or ledger.groups is None:
+            return pool[sample_poisson(len(pool), poisson_rate(len(pool), size), seed, round_num)]
+        bands = ledger.config.bands
+        rate = poisson_rate(len(pool), size, bands)
+        return pool[sample_cyclic_poisson(ledger.groups, bands, rate, seed, round_num)]
 
     def train_cohort(
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
@@ -126,7 +125,7 @@ class Engine(Generic[A]):
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``); under
         central DP the workers clip and the ledger releases the merged sums."""
         if self.privacy is not None:
-            options = replace(options, privacy=self.privacy.round_options())
+            options = replace(options, clipping=self.privacy.clipping())
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
             first = output.failures[0]  # the run stops on the first, its exception the cause
@@ -197,8 +196,9 @@ class Engine(Generic[A]):
         """What a checkpoint keeps of the privacy accounting (None: the job has none)."""
         if self.privacy is None and self.client_privacy is None:
             return None
-        parts = {"central": self.privacy, "clients": self.client_privacy}
-        return {name: part.state() for name, part in parts.items() if part is not None}
+        central = plain(self.privacy.state) if self.privacy is not None else None
+        clients = self.client_privacy.state() if self.client_privacy is not None else None
+        return {name: part for name, part in (("central", central), ("clients", clients)) if part is not None}
 
     def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
         """A trained cohort's metrics (``raysim.engine.metrics.round_metrics``)."""

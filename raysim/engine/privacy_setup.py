@@ -17,34 +17,28 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from raysim.aggregate import Summing
 from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.checkpoint import Checkpoint
 from raysim.config import JobConfig
 from raysim.engine.client_privacy import ClientPrivacy, local_batch_size
-from raysim.engine.privacy_ledger import PrivacyLedger
-from raysim.errors import ConfigError
+from raysim.errors import CheckpointError, ConfigError
 from raysim.plugin_defaults import aggregator_of
+from raysim.privacy.ledger import PrivacyLedger
 from raysim.privacy.spending import Spending, spending_of
-from raysim.private_sums import Summing
 
 
 def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: int) -> list[str]:
-    """What makes this job's privacy (or its Poisson sampling) impossible to honour, one line each."""
-    problems: list[str] = []
-    name, privacy = job.algorithm.name, job.privacy
-    staged = has_protocol(algorithm)
-    if job.engine.sampling == "poisson":
-        if staged:
-            problems.append(
-                f"engine.sampling: poisson draws cohorts of varying size; {name} runs its own protocol "
-                f"over the clients it picks and needs a fixed cohort: set engine.sampling: fixed"
-            )
-        for key, set_ in (
-            ("engine.schedule", job.engine.schedule is not None),
-            ("system", job.system is not None),
-        ):
-            if set_:
-                problems.append(f"engine.sampling: poisson draws each round's cohort itself; unset {key}")
+    """What makes this job's privacy (or its Poisson sampling) impossible to honour with its plugin
+    and data, one line each; the checks of the config alone ran when it was read
+    (``raysim.config.privacy.sampling_problems``)."""
+    name, privacy, staged = job.algorithm.name, job.privacy, has_protocol(algorithm)
+    problems = []
+    if job.engine.sampling == "poisson" and staged:
+        problems.append(
+            f"engine.sampling: poisson draws cohorts of varying size; {name} runs its own protocol "
+            f"over the clients it picks and needs a fixed cohort: set engine.sampling: fixed"
+        )
     if privacy is None:
         return problems
     if privacy.local is not None and staged:
@@ -58,36 +52,26 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
             f"{1 / population:.3g}): a guarantee that lets one client of {population} leak is none; "
             f"set it below, e.g. {0.1 / population:.1g}"
         )
-    central = privacy.central
-    if central is None:
-        return problems
-    aggregator = aggregator_of(algorithm)
+    if privacy.central is not None:
+        problems += central_problems(name, algorithm, staged)
+    return problems
+
+
+def central_problems(name: str, algorithm: AnyAlgorithm[Any], staged: bool) -> list[str]:
+    """Why the plugin's server cannot take central DP: no round loop, or no sum to clip."""
     if staged:
-        problems.append(
+        return [
             f"privacy.central: {name} runs its own protocol, whose releases the accountant cannot count; "
             f"central DP applies to plugins that run the round loop (docs/privacy.md)"
-        )
-    elif not isinstance(aggregator, Summing):
-        problems.append(
+        ]
+    aggregator = aggregator_of(algorithm)
+    if not isinstance(aggregator, Summing):
+        return [
             f"privacy.central: {name}'s server does not sum client updates into a mean (it aggregates "
             f"with {type(aggregator).__name__}), so no clip bounds what one client moves; central DP "
             f"applies to plugins whose aggregator is a WeightedMean or FedFish's (docs/privacy.md)"
-        )
-    for key, set_ in (
-        ("engine.schedule", job.engine.schedule is not None),
-        ("system", job.system is not None),
-    ):
-        if set_:
-            problems.append(
-                f"privacy.central: {key} picks the cohorts, which the accountant's amplification by "
-                f"sampling cannot trust; unset it (engine.sampling picks them at random)"
-            )
-    if central.noise == "banded" and job.engine.sampling != "poisson":
-        problems.append(
-            "privacy.central.noise: banded is accounted for Poisson sampling over the bands' client "
-            "groups; set engine.sampling: poisson"
-        )
-    return problems
+        ]
+    return []
 
 
 def open_privacy(
@@ -108,8 +92,9 @@ def open_privacy(
         return None, None
     saved = checkpoint.privacy if checkpoint is not None else None
     if checkpoint is not None and saved is None:
-        raise ConfigError(
-            [f"{checkpoint.path}: was written without privacy; a private run cannot continue it"]
+        raise CheckpointError(
+            f"{checkpoint.path}: was written by a run without privacy, which a private run cannot "
+            f"continue (its rounds spent nothing the accountant knows of): drop --resume, or privacy:"
         )
     ledger = open_ledger(job, train_pool, examples) if privacy.central is not None else None
     clients = None
@@ -119,8 +104,9 @@ def open_privacy(
     for part, name in ((ledger, "central"), (clients, "clients")):
         if part is not None and saved is not None:
             if not isinstance(saved.get(name), dict):
-                raise ConfigError(
-                    [f"{where}: holds no {name} privacy state; a run with it cannot continue it"]
+                raise CheckpointError(
+                    f"{where}: holds no {name} privacy state, so its run had other privacy settings: "
+                    f"resume with that run's privacy: section, or drop --resume"
                 )
             part.restore(saved[name], where)
     return ledger, clients

@@ -44,6 +44,7 @@ from dp_accounting import dp_event, mechanism_calibration, privacy_accountant
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from raysim.config.privacy import accountant_problem
 from raysim.privacy.prv import PrvAccountant
 
 
@@ -184,18 +185,9 @@ def _fresh_accountant(kind: AccountantKind, sampling: Sampling) -> privacy_accou
 
 
 def accountable(sampling: Sampling, kind: AccountantKind) -> str | None:
-    """None when ``kind`` computes a guarantee for ``sampling``; else why not, and what to use."""
-    if sampling == "fixed" and kind == "pld":
-        return (
-            "dp-accounting's PLD accountant does not handle sampling without replacement "
-            "(SampledWithoutReplacementDpEvent): use accountant: rdp, or engine.sampling: poisson"
-        )
-    if sampling == "fixed" and kind == "prv":
-        return (
-            "prv-accountant models Poisson-sampled Gaussians only, not fixed-size sampling "
-            "without replacement: use accountant: rdp, or engine.sampling: poisson"
-        )
-    return None
+    """None when ``kind`` computes a guarantee for ``sampling``; else why not, and what to use (the
+    config's table, ``raysim.config.privacy.ACCOUNTED_SAMPLINGS``, checked when a job is read)."""
+    return accountant_problem(kind, sampling)
 
 
 def epsilon(release: SampledGaussian, rounds: int, delta: float, kind: AccountantKind = "rdp") -> float:
@@ -316,29 +308,6 @@ def _bracket(
             return low, low
         low, high = low / 2, low
     return low, high
-
-
-def rounds_within(
-    target_epsilon: float, delta: float, release: SampledGaussian, kind: AccountantKind, max_rounds: int
-) -> int:
-    """The most rounds, up to ``max_rounds``, whose epsilon stays at most ``target_epsilon``.
-
-    Bisection over rounds (epsilon never falls as rounds grow): about ``log2(max_rounds)`` epsilons.
-    """
-    _check_target(target_epsilon)
-    _check_delta(delta)
-    max_rounds = _whole_rounds(max_rounds)
-
-    def spent(rounds: int) -> float:
-        return epsilon(release, rounds, delta, kind)
-
-    if spent(max_rounds) <= target_epsilon:
-        return max_rounds
-    low, high = 0, max_rounds  # invariant: spent(low) <= target < spent(high)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if spent(middle) <= target_epsilon else (low, middle)
-    return low
 
 
 def _check_delta(delta: float) -> None:

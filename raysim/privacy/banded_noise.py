@@ -27,17 +27,20 @@ each eligible client sampled with probability q) amplifies: the run is ceil(T / 
 Gaussian mechanisms (Choquette-Choo et al. 2023, Theorem 4); see ``banded_event``.
 
 Usage:
-    noise, history = BandedNoise.square_root(bands=4), []
+    coefficients, history = band_coefficients(bands=4), []
     for round_num in range(num_rounds):   # fresh: z_t ~ N(0, s^2 I), drawn from (seed, round_num)
-        y, history = noise.step(history, fresh)          # add y to the round's sum; checkpoint history
+        y = correlated(fresh, history, coefficients)    # added to the round's sum in place of z_t
+        history = kept(history, y, bands=4)             # what a checkpoint keeps
     event = banded_event(noise_multiplier, rate, num_rounds, bands=4)
+
+The clients' groups and their cyclic Poisson sampling are ``raysim.sampling``'s
+(``cyclic_groups``, ``sample_cyclic_poisson``): every random choice of a run is drawn there.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -45,12 +48,9 @@ import torch
 from dp_accounting import dp_event
 
 from raysim.params import tree_map
-from raysim.sampling import sample_poisson
 from raysim.types import Tree
 
 T = TypeVar("T", bound=Tree)  # a tree of torch tensors: the structure of a round's sum
-
-_GROUPS = 6  # the groups' purpose tag, as raysim.sampling reserves it
 
 
 def band_coefficients(bands: int) -> np.ndarray:
@@ -138,73 +138,6 @@ def kept(history: Sequence[T], noise: T, bands: int) -> list[T]:
     return window[max(0, len(window) - (bands - 1)) :]
 
 
-@dataclass(frozen=True)
-class BandedNoise:
-    """Streaming correlated noise: y_t for rounds 0, 1, 2, ... given the i.i.d. draws z_t.
-
-    Plain values only (a tuple of floats), so it checkpoints as is; the state that changes, the
-    history of the last b - 1 noise trees, belongs to the caller.
-    """
-
-    coefficients: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.coefficients or not self.coefficients[0] > 0:
-            raise ValueError(f"coefficients: need c_0 > 0, got {self.coefficients}")
-
-    @classmethod
-    def square_root(cls, bands: int) -> BandedNoise:
-        """The banded square root of ``band_coefficients``."""
-        return cls(tuple(float(c) for c in band_coefficients(bands)))
-
-    @property
-    def bands(self) -> int:
-        return len(self.coefficients)
-
-    def next(self, history: Sequence[T], fresh: T) -> T:
-        """y_t from the last b - 1 noise trees (most recent last) and a fresh z_t."""
-        return correlated(fresh, history, self.coefficients)
-
-    def step(self, history: Sequence[T], fresh: T) -> tuple[T, list[T]]:
-        """(y_t, the history for round t + 1)."""
-        noise = self.next(history, fresh)
-        return noise, kept(history, noise, self.bands)
-
-
-def cyclic_groups(num_clients: int, bands: int, seed: int) -> np.ndarray:
-    """Each client's group in 0..b-1: a seeded permutation dealt round-robin, so sizes differ by at most 1.
-
-    Raises:
-        ValueError: ``bands`` < 1 or fewer clients than bands (a round would have none eligible).
-    """
-    _check_positive("bands", bands)
-    if num_clients < bands:
-        raise ValueError(f"num_clients: {num_clients} clients cannot fill {bands} groups")
-    order = np.random.default_rng([seed, _GROUPS]).permutation(num_clients)
-    group_of = np.empty(num_clients, dtype=np.int64)
-    group_of[order] = np.arange(num_clients) % bands
-    return group_of
-
-
-def eligible(group_of: np.ndarray, round_num: int, bands: int) -> np.ndarray:
-    """The clients (ascending ids) of group ``round_num mod bands``: who may take part this round."""
-    _check_positive("bands", bands)
-    return np.flatnonzero(np.asarray(group_of) == round_num % bands).astype(np.int64)
-
-
-def sample_cyclic_poisson(
-    group_of: np.ndarray, bands: int, rate: float, seed: int, round_num: int
-) -> np.ndarray:
-    """Cyclic Poisson sampling: each eligible client independently with probability ``rate``.
-
-    The cohort's size is random (possibly 0), as the amplification theorem needs; a fixed-size
-    cohort (``raysim.sampling.sample_cohort``) is not what ``banded_event`` accounts for.
-    """
-    _check_rate(rate)
-    candidates = eligible(group_of, round_num, bands)
-    return candidates[sample_poisson(len(candidates), rate, seed, round_num)]
-
-
 def banded_event(noise_multiplier: float, rate: float, num_rounds: int, bands: int) -> dp_event.DpEvent:
     """The privacy of BandMF with cyclic Poisson sampling: ceil(T / b) subsampled Gaussians.
 
@@ -224,25 +157,6 @@ def banded_event(noise_multiplier: float, rate: float, num_rounds: int, bands: i
     _check_positive("bands", bands)
     subsampled = dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(noise_multiplier))
     return dp_event.SelfComposedDpEvent(subsampled, math.ceil(num_rounds / bands))
-
-
-def unamplified_event(
-    noise_multiplier: float, num_rounds: int, bands: int, min_separation: int | None = None
-) -> dp_event.DpEvent:
-    """The privacy of BandMF without sampling: one Gaussian mechanism on ``C x``.
-
-    Any client may take part in any round at least ``min_separation`` (default: ``bands``) after
-    its last, so the noise multiplier is noise_multiplier / ``sensitivity`` over the whole run
-    (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms", arXiv:2211.06530).
-
-    Raises:
-        ValueError: ``noise_multiplier`` < 0, ``num_rounds`` or ``bands`` < 1, or a separation
-            ``sensitivity`` refuses.
-    """
-    _check_noise(noise_multiplier)
-    separation = bands if min_separation is None else min_separation
-    worst = sensitivity(band_coefficients(bands), num_rounds, separation)
-    return dp_event.GaussianDpEvent(noise_multiplier / worst)
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -28,6 +28,7 @@ from raysim.privacy.accounting import (
     update_noise_multiplier,
 )
 from raysim.privacy.banded_noise import banded_event
+from raysim.sampling import poisson_rate
 
 COUNT_SHARE = 20  # Andrew et al.'s count noise: the expected cohort over 20 clients
 
@@ -75,10 +76,14 @@ def spending_of(
     assert central is not None and delta is not None  # the config requires delta with central DP
     if (reason := accountable(sampling, privacy.accountant)) is not None:
         raise ValueError(reason)
-    bands = central.bands if central.noise == "banded" else None
-    # DP-FTRL samples from one group of clients a round, at the rate that keeps the expected cohort
-    group = population / bands if bands is not None else population
-    release = SampledGaussian(sampling, round(group), min(float(cohort_size), group), 1.0)
+    bands = central.bands if central.bands > 1 else None
+    # what the engine samples with: Poisson's rate from the one function both use (under DP-FTRL,
+    # within the round's group of clients); a fixed cohort is cohort_size of the population
+    if sampling == "poisson":
+        poisson_rate(population, cohort_size, central.bands)  # refuses a rate above 1
+        release = SampledGaussian(sampling, population, cohort_size * central.bands, 1.0)
+    else:
+        release = SampledGaussian(sampling, population, cohort_size, 1.0)
     z = central.noise_multiplier
     if z is None:
         assert central.target_epsilon is not None  # the config sets one of the two

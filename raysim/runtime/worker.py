@@ -127,7 +127,7 @@ class ClientTrainer:
         checks: RoundChecks,
     ) -> WorkerReport:
         timer = self.timer
-        aggregator = round_aggregator(self.algorithm, options.privacy)
+        aggregator = round_aggregator(self.algorithm, options.clipping)
         partial = aggregator.zero()
         probes = {name: self.probes[name] for name in options.probes}
         probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}

@@ -13,14 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.aggregate import Gather, Sum, WeightedMean
+from raysim.aggregate import Gather, Sum, Summing, WeightedMean
 from raysim.private_sums import (
+    ClientClipping,
     ClippedSums,
-    PrivateRound,
-    Summing,
     add_noise,
     client_weight,
-    noised,
+    gaussian_draws,
     released,
     sums_norm,
 )
@@ -41,17 +40,17 @@ def fold(aggregator, results):
 def test_each_contribution_is_clipped_to_the_bound_jointly_over_its_tensors():
     big = result({"a": [3.0, 0.0], "b": [4.0]})  # norm 5 -> scaled by 1/5 for bound 1
     small = result({"a": [0.3, 0.0], "b": [0.4]})  # norm 0.5 -> unchanged
-    acc = fold(ClippedSums(WeightedMean(), PrivateRound(clip_bound=1.0)), [big, small])
+    acc = fold(ClippedSums(WeightedMean(), ClientClipping(clip_bound=1.0)), [big, small])
     expected = {"a": np.array([3 / 5 + 0.3, 0.0]), "b": np.array([4 / 5 + 0.4])}
     for key, value in expected.items():
         np.testing.assert_allclose(acc.sums.total[key].numpy(), value, rtol=1e-6)  # float32 inputs
-    assert (acc.within_bound, acc.clients) == (1, 2)
+    assert (int(acc.num_within_bound), acc.num_clients) == (1, 2)
 
 
 def test_the_plugins_weights_are_replaced_by_uniform_or_capped_ones():
     clients = [result({"a": [0.1]}, weight=5.0), result({"a": [0.1]}, weight=40.0)]
-    uniform = fold(ClippedSums(WeightedMean(), PrivateRound(1.0)), clients)
-    capped = fold(ClippedSums(WeightedMean(), PrivateRound(1.0, weight_cap=10)), clients)
+    uniform = fold(ClippedSums(WeightedMean(), ClientClipping(1.0)), clients)
+    capped = fold(ClippedSums(WeightedMean(), ClientClipping(1.0, weight_cap=10)), clients)
     assert uniform.sums.total["a"].item() == pytest.approx(0.2)
     assert capped.sums.total["a"].item() == pytest.approx(0.1 * 5 / 10 + 0.1 * 1.0)
     assert client_weight(5, 10) == 0.5 and client_weight(40, 10) == 1.0 and client_weight(40, None) == 1.0
@@ -59,7 +58,7 @@ def test_the_plugins_weights_are_replaced_by_uniform_or_capped_ones():
 
 def test_no_clipped_contribution_exceeds_the_bound_whatever_its_size():
     rng = np.random.default_rng(0)
-    aggregator = ClippedSums(WeightedMean(), PrivateRound(clip_bound=0.7))
+    aggregator = ClippedSums(WeightedMean(), ClientClipping(clip_bound=0.7))
     for scale in (1e-3, 1.0, 1e3):
         one = fold(aggregator, [result({"a": list(rng.normal(size=20) * scale)})])
         norm = float(np.linalg.norm(one.sums.total["a"].numpy()))
@@ -70,24 +69,33 @@ def test_no_clipped_contribution_exceeds_the_bound_whatever_its_size():
 
 def test_partials_merge_as_one_worker_would_fold_them():
     clients = [result({"a": [float(i), 1.0 - i]}) for i in range(5)]
-    aggregator = ClippedSums(WeightedMean(), PrivateRound(clip_bound=1.5))
+    aggregator = ClippedSums(WeightedMean(), ClientClipping(clip_bound=1.5))
     whole = fold(aggregator, clients)
     split = aggregator.merge(fold(aggregator, clients[:2]), fold(aggregator, clients[2:]))
     torch.testing.assert_close(whole.sums.total["a"], split.sums.total["a"], rtol=1e-12, atol=0)
-    assert (whole.within_bound, whole.clients) == (split.within_bound, split.clients)
+    assert (int(whole.num_within_bound), whole.num_clients) == (
+        int(split.num_within_bound),
+        split.num_clients,
+    )
 
 
 def test_the_release_divides_the_noised_sum_by_the_fixed_denominator():
-    acc = fold(ClippedSums(WeightedMean(), PrivateRound(10.0)), [result({"a": [1.0]}), result({"a": [3.0]})])
+    acc = fold(
+        ClippedSums(WeightedMean(), ClientClipping(10.0)), [result({"a": [1.0]}), result({"a": [3.0]})]
+    )
     noise = [torch.tensor([0.5], dtype=torch.float64)]
     mean = released(WeightedMean(), add_noise(acc.sums, noise), denominator=8.0)
     assert mean["a"].item() == pytest.approx((1.0 + 3.0 + 0.5) / 8.0)  # not / 2, the clients that came
 
 
 def test_the_noise_has_the_asked_standard_deviation_and_is_seeded():
-    acc = fold(ClippedSums(WeightedMean(), PrivateRound(1.0)), [result({"a": [0.0] * 200_000})])
-    first = noised(acc.sums, std=0.3, generator=torch.Generator().manual_seed(7)).total["a"].numpy()
-    again = noised(acc.sums, std=0.3, generator=torch.Generator().manual_seed(7)).total["a"].numpy()
+    acc = fold(ClippedSums(WeightedMean(), ClientClipping(1.0)), [result({"a": [0.0] * 200_000})])
+
+    def noised(seed: int) -> np.ndarray:
+        draws = gaussian_draws(acc.sums, torch.Generator().manual_seed(seed))
+        return add_noise(acc.sums, [0.3 * draw for draw in draws]).total["a"].numpy()
+
+    first, again = noised(7), noised(7)
     # the sample std of n normals has standard error std / sqrt(2n): 5 of them is a safe margin
     assert abs(first.std() - 0.3) < 5 * 0.3 / np.sqrt(2 * first.size)
     assert abs(first.mean()) < 5 * 0.3 / np.sqrt(first.size)
@@ -96,7 +104,7 @@ def test_the_noise_has_the_asked_standard_deviation_and_is_seeded():
 
 
 def test_noise_of_the_wrong_shape_is_refused():
-    acc = fold(ClippedSums(WeightedMean(), PrivateRound(1.0)), [result({"a": [1.0, 2.0]})])
+    acc = fold(ClippedSums(WeightedMean(), ClientClipping(1.0)), [result({"a": [1.0, 2.0]})])
     with pytest.raises(ValueError, match="noise of shapes"):
         add_noise(acc.sums, [torch.zeros(3)])
 
@@ -108,4 +116,4 @@ def test_only_aggregators_that_divide_a_weighted_sum_are_summing():
 
 def test_sums_norm_is_the_joint_l2_norm_in_float64():
     tree = {"a": torch.tensor([3.0]), "b": [torch.tensor([4.0, 12.0])], "n": 7}
-    assert sums_norm(tree) == pytest.approx(13.0)
+    assert sums_norm(tree).item() == pytest.approx(13.0) and sums_norm(tree).dtype == torch.float64

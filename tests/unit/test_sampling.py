@@ -1,10 +1,22 @@
 """Cohort sampling and seeds are pure functions of their inputs."""
 
+import math
+
 import numpy as np
 import pytest
 
 from raysim.errors import ConfigError
-from raysim.sampling import CohortSchedule, client_seed, sample_cohort, sample_eval_clients
+from raysim.sampling import (
+    CohortSchedule,
+    client_seed,
+    cyclic_groups,
+    eligible,
+    poisson_rate,
+    sample_cohort,
+    sample_cyclic_poisson,
+    sample_eval_clients,
+    sample_poisson,
+)
 
 
 def test_cohort_is_deterministic_unique_and_round_dependent():
@@ -73,3 +85,42 @@ def test_population_split_is_disjoint_deterministic_and_sized():
     assert len(split_population(10, 0.0, seed=0)[1]) == 0
     with pytest.raises(ConfigError, match="leaves no held-out"):
         split_population(3, 0.1, seed=0)
+
+
+def test_cyclic_groups_split_the_population_and_keep_clients_b_rounds_apart():
+    bands, num_clients = 3, 20
+    group_of = cyclic_groups(num_clients, bands, seed=0)
+    assert sorted(np.bincount(group_of)) == [6, 7, 7]
+    np.testing.assert_array_equal(group_of, cyclic_groups(num_clients, bands, seed=0))
+    assert not np.array_equal(group_of, cyclic_groups(num_clients, bands, seed=1))
+    covered = np.concatenate([eligible(group_of, r, bands) for r in range(5, 5 + bands)])
+    assert sorted(covered) == list(range(num_clients))  # any b consecutive rounds: everyone exactly once
+    last_round = {}
+    for round_num in range(30):
+        cohort = sample_cyclic_poisson(group_of, bands, 0.5, seed=0, round_num=round_num)
+        assert set(cohort) <= set(eligible(group_of, round_num, bands))
+        for client in cohort:
+            assert round_num - last_round.get(client, -bands) >= bands
+            last_round[client] = round_num
+
+
+def test_poisson_cohort_takes_each_eligible_client_at_the_rate():
+    group_of = cyclic_groups(4000, 2, seed=0)
+    sizes = [len(sample_cyclic_poisson(group_of, 2, 0.1, seed=0, round_num=r)) for r in range(20)]
+    assert np.mean(sizes) == pytest.approx(200, abs=5 * math.sqrt(2000 * 0.1 * 0.9 / 20))
+    assert len(set(sizes)) > 1  # Poisson: the cohort's size varies
+
+
+def test_poisson_sampling_takes_each_client_at_the_rate_and_varies_the_size():
+    sizes = [len(sample_poisson(1000, 0.05, seed=0, round_num=r)) for r in range(200)]
+    assert np.mean(sizes) == pytest.approx(50, abs=5 * np.sqrt(1000 * 0.05 * 0.95 / 200))
+    assert len(set(sizes)) > 5
+    np.testing.assert_array_equal(sample_poisson(1000, 0.05, 3, 7), sample_poisson(1000, 0.05, 3, 7))
+
+
+def test_the_poisson_rate_keeps_the_expected_cohort_and_refuses_more_than_a_group_holds():
+    assert poisson_rate(1000, 50) == 0.05 and poisson_rate(1000, 50, bands=4) == 0.2
+    with pytest.raises(ConfigError, match="sampling probability above 1"):
+        poisson_rate(20, 6, bands=4)
+    with pytest.raises(ConfigError, match="bands: 30 groups need at least 30 clients, not 20"):
+        cyclic_groups(20, 30, seed=0)

@@ -112,7 +112,7 @@ def whole_cohorts(result):
 
 
 def test_dp_ftrl_samples_one_group_a_round_and_is_accounted_as_its_participations(tmp_path):
-    banded = {"central": {"clip_bound": 0.5, "noise_multiplier": 0.8, "noise": "banded", "bands": 2}}
+    banded = {"central": {"clip_bound": 0.5, "noise_multiplier": 0.8, "bands": 2}}
     result = run(private(privacy=banded, engine={"num_rounds": 4}), output_dir=tmp_path)
     cohorts = whole_cohorts(result)
     assert all(not set(a) & set(b) for a, b in zip(cohorts, cohorts[1:]))  # at most once in 2 rounds

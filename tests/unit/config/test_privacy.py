@@ -1,6 +1,8 @@
 """The job's privacy: section (raysim/config/privacy.py): every value that cannot give a guarantee
 is refused when the job is read, with the key and the fix."""
 
+import re
+
 import pytest
 
 from raysim.config import JobConfig, deep_merge
@@ -40,13 +42,10 @@ def refused(privacy) -> str:
             "set exactly one of noise_multiplier",
         ),
         (
-            {"clip_bound": 1.0, "noise_multiplier": 1.0, "weights": "capped"},
-            "weights: capped needs weight_cap",
+            {"clip_bound": 1.0, "noise_multiplier": 1.0, "weight_cap": 0},
+            "weight_cap: Input should be greater",
         ),
-        (
-            {"clip_bound": 1.0, "noise_multiplier": 1.0, "weight_cap": 5},
-            "weight_cap applies to weights: capped",
-        ),
+        ({"clip_bound": 1.0, "noise_multiplier": 1.0, "bands": 2, "adaptive": {}}, "set bands: 1"),
     ],
 )
 def test_a_central_section_that_gives_no_guarantee_is_refused(central, says):
@@ -72,3 +71,28 @@ def test_delta_budget_and_mechanisms_are_checked_together():
 def test_a_job_without_privacy_reads_as_before():
     job = JobConfig.from_dict(BASE)
     assert job.privacy is None and "privacy" not in job.to_dict() and job.engine.sampling == "fixed"
+
+
+def job_with(**sections) -> JobConfig:
+    private = {"privacy": {"central": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}}
+    return JobConfig.from_dict(deep_merge(deep_merge(BASE, private), sections))
+
+
+@pytest.mark.parametrize(
+    "sections, says",
+    [
+        ({"engine": {"schedule": "cohorts.json"}}, "privacy.central: engine.schedule picks the cohorts"),
+        ({"engine": {"sampling": "poisson", "schedule": "c.json"}}, "engine.sampling: poisson draws each"),
+        ({"privacy": {"central": {"bands": 4}}}, "privacy.central.bands: DP-FTRL's noise is accounted"),
+        ({"privacy": {"accountant": "pld"}}, "privacy.accountant: the pld accountant cannot account fixed"),
+        ({"privacy": {"accountant": "prv"}}, "use accountant: rdp, or engine.sampling: poisson"),
+    ],
+)
+def test_sampling_the_accountant_cannot_trust_is_refused_when_the_job_is_read(sections, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        job_with(**sections)
+
+
+def test_poisson_sampling_with_pld_or_banded_noise_is_read():
+    poisson = {"engine": {"sampling": "poisson"}}
+    assert job_with(**poisson, privacy={"accountant": "pld", "central": {"bands": 4}}).privacy is not None

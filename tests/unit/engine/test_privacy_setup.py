@@ -50,12 +50,13 @@ def test_delta_must_be_below_one_over_the_population():
     assert "not below 1 / population" in problem and "1/20" in problem
 
 
-def test_sampling_the_accountant_cannot_trust_is_refused():
-    assert any("engine.schedule" in p for p in problems_of(job(engine={"schedule": "cohorts.json"})))
-    banded = job(privacy={"central": {"noise": "banded", "bands": 2}})
-    assert any("set engine.sampling: poisson" in p for p in problems_of(banded))
+def test_poisson_sampling_and_local_dp_are_refused_for_a_plugin_with_its_own_protocol():
     staged = job(False, engine={"sampling": "poisson"}, algorithm={"name": "oneshot_fedavg"})
-    assert any("needs a fixed cohort" in p for p in problems_of(staged))
+    [problem] = problems_of(staged)
+    assert "needs a fixed cohort" in problem and "oneshot_fedavg" in problem
+    local = {"local": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "central": None}
+    [problem] = problems_of(job(algorithm={"name": "oneshot_fedavg"}, privacy=local))
+    assert problem.startswith("privacy.local:") and "own protocol" in problem
 
 
 def spending(config: JobConfig):

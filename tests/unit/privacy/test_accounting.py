@@ -20,10 +20,10 @@ from raysim.privacy.accounting import (
     effective_noise_multiplier,
     epsilon,
     release_event,
-    rounds_within,
     update_noise_multiplier,
 )
 from raysim.privacy.prv import PrvAccountant
+from raysim.privacy.spending import Spending
 
 
 def poisson_rdp(q: float, z: float, rounds: int, delta: float) -> float:
@@ -188,12 +188,13 @@ def test_calibrate_names_the_target_and_the_largest_noise_when_none_reaches_it()
 @pytest.mark.parametrize("kind, max_rounds", [("rdp", 10_000), ("pld", 64)])
 def test_rounds_within_is_the_last_round_inside_the_budget(kind, max_rounds):
     release = SampledGaussian("poisson", 1000, 50, 3.0)
+    spending = Spending(3.0, 3.0, 0.0, release, 1e-5, kind)
     target = 0.3
-    n = rounds_within(target, 1e-5, release, kind, max_rounds)
+    n = spending.rounds_within(target, max_rounds)
     assert 0 < n < max_rounds
     assert epsilon(release, n, 1e-5, kind) <= target < epsilon(release, n + 1, 1e-5, kind)
-    assert rounds_within(100.0, 1e-5, release, kind, 7) == 7
-    assert rounds_within(1e-9, 1e-5, release, kind, 7) == 0
+    assert spending.rounds_within(100.0, 7) == 7
+    assert spending.rounds_within(1e-9, 7) == 0
 
 
 def test_accountable_says_what_dp_accounting_and_prv_support():

@@ -16,16 +16,11 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from raysim.privacy.banded_noise import (
-    BandedNoise,
     band_coefficients,
     banded_event,
     correlated,
-    cyclic_groups,
-    eligible,
     kept,
-    sample_cyclic_poisson,
     sensitivity,
-    unamplified_event,
 )
 
 
@@ -44,12 +39,13 @@ def reference_matrix(bands: int, num_rounds: int) -> np.ndarray:
     return matrix
 
 
-def stream(noise: BandedNoise, draws: np.ndarray) -> np.ndarray:
+def stream(bands: int, draws: np.ndarray) -> np.ndarray:
     """Runs the noise over the rows of ``draws`` (one round each) as trees {"w": tensor}."""
-    history: list[dict[str, torch.Tensor]] = []
+    coefficients, history = band_coefficients(bands), []
     out = []
     for z in draws:
-        y, history = noise.step(history, {"w": torch.from_numpy(z.copy())})
+        y = correlated({"w": torch.from_numpy(z.copy())}, history, coefficients)
+        history = kept(history, y, bands)
         out.append(y["w"].numpy())
     return np.stack(out)
 
@@ -57,15 +53,14 @@ def stream(noise: BandedNoise, draws: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("bands", [1, 2, 4])
 def test_streamed_noise_is_the_dense_solve_of_c_y_equals_z(bands):
     draws = np.random.default_rng(0).standard_normal((10, 3))  # (T, d)
-    streamed = stream(BandedNoise.square_root(bands), draws)
+    streamed = stream(bands, draws)
     np.testing.assert_allclose(streamed, np.linalg.solve(reference_matrix(bands, 10), draws), rtol=1e-12)
 
 
 def test_one_band_is_independent_noise_over_c0():
-    noise = BandedNoise.square_root(1)
-    assert noise.coefficients == (1.0,)
+    assert list(band_coefficients(1)) == [1.0]
     draws = np.random.default_rng(1).standard_normal((5, 3))
-    np.testing.assert_array_equal(stream(noise, draws), draws / noise.coefficients[0])
+    np.testing.assert_array_equal(stream(1, draws), draws)
 
 
 def test_correlated_leaves_its_inputs_untouched_and_walks_the_tree():
@@ -88,7 +83,7 @@ def test_empirical_covariance_is_the_inverse_of_c_transpose_c():
     every entry must lie within 5 of them (fixed seed: the outcome is the same every run)."""
     bands, num_rounds, n = 3, 6, 100_000
     draws = np.random.default_rng(2).standard_normal((num_rounds, n))  # n draws per round as one tree
-    noise = stream(BandedNoise.square_root(bands), draws)  # (T, n)
+    noise = stream(bands, draws)  # (T, n)
     empirical = noise @ noise.T / n
     c = reference_matrix(bands, num_rounds)
     theory = np.linalg.inv(c.T @ c)
@@ -150,43 +145,6 @@ def test_banded_event_is_dp_sgd_over_ceil_t_over_b_rounds():
     assert ours.get_epsilon(delta) < every_round.get_epsilon(delta)  # fewer compositions: amplified
 
 
-def test_unamplified_event_is_the_gaussian_over_the_brute_force_sensitivity():
-    """The Gaussian mechanism at noise sigma / Delta has RDP alpha Delta^2 / (2 sigma^2); epsilon is
-    min over orders of rdp + log(1 - 1/alpha) - log(delta alpha) / (alpha - 1) (Canonne, Kamath and
-    Steinke 2020, Proposition 12), as dp-accounting converts."""
-    sigma, delta, bands, num_rounds = 3.0, 1e-5, 2, 8
-    worst = brute_force_sensitivity(reference_coefficients(bands), num_rounds, bands)
-    orders = np.array([a for a in rdp.DEFAULT_RDP_ORDERS if a > 1.01])
-    rdp_values = orders * worst**2 / (2 * sigma**2)
-    expected = (rdp_values + np.log1p(-1 / orders) - np.log(delta * orders) / (orders - 1)).min()
-    ours = rdp.RdpAccountant().compose(unamplified_event(sigma, num_rounds, bands))
-    assert ours.get_epsilon(delta) == pytest.approx(expected, rel=1e-9)
-
-
-def test_cyclic_groups_split_the_population_and_keep_clients_b_rounds_apart():
-    bands, num_clients = 3, 20
-    group_of = cyclic_groups(num_clients, bands, seed=0)
-    assert sorted(np.bincount(group_of)) == [6, 7, 7]
-    np.testing.assert_array_equal(group_of, cyclic_groups(num_clients, bands, seed=0))
-    assert not np.array_equal(group_of, cyclic_groups(num_clients, bands, seed=1))
-    covered = np.concatenate([eligible(group_of, r, bands) for r in range(5, 5 + bands)])
-    assert sorted(covered) == list(range(num_clients))  # any b consecutive rounds: everyone exactly once
-    last_round = {}
-    for round_num in range(30):
-        cohort = sample_cyclic_poisson(group_of, bands, 0.5, seed=0, round_num=round_num)
-        assert set(cohort) <= set(eligible(group_of, round_num, bands))
-        for client in cohort:
-            assert round_num - last_round.get(client, -bands) >= bands
-            last_round[client] = round_num
-
-
-def test_poisson_cohort_takes_each_eligible_client_at_the_rate():
-    group_of = cyclic_groups(4000, 2, seed=0)
-    sizes = [len(sample_cyclic_poisson(group_of, 2, 0.1, seed=0, round_num=r)) for r in range(20)]
-    assert np.mean(sizes) == pytest.approx(200, abs=5 * math.sqrt(2000 * 0.1 * 0.9 / 20))
-    assert len(set(sizes)) > 1  # Poisson: the cohort's size varies
-
-
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -197,10 +155,7 @@ def test_poisson_cohort_takes_each_eligible_client_at_the_rate():
         (lambda: banded_event(1.0, 0.5, 0, 2), "num_rounds: must be at least 1, got 0"),
         (lambda: banded_event(1.0, 0.5, 10, -1), "bands: must be at least 1, got -1"),
         (lambda: banded_event(-1.0, 0.5, 10, 2), "noise_multiplier: must be at least 0, got -1.0"),
-        (lambda: unamplified_event(1.0, 10, 0), "bands: must be at least 1, got 0"),
-        (lambda: cyclic_groups(2, 3, seed=0), "num_clients: 2 clients"),
         (lambda: correlated({"w": torch.ones(1)}, [{"w": torch.ones(1)}], [1.0]), "history: 1 noise trees"),
-        (lambda: BandedNoise((0.0, 1.0)), "coefficients: need c_0 > 0"),
     ],
 )
 def test_bad_input_names_the_value(call, message):

@@ -123,13 +123,15 @@ def client_seed(seed: int, round_num: int, client_id: int) -> int:
     return _seed_of([seed, round_num, client_id, _CLIENT])
 
 
-def noise_seed(seed: int, round_num: int, client_id: int | None = None) -> int:
+def noise_seed(seed: int, round_num: int, client_id: int | None = None, salt: int = 0) -> int:
     """A 63-bit seed for a privacy mechanism's noise in one round: the server's (``client_id``
     None) or one client's (local DP, DP-SGD), apart from every training and sampling stream.
-    A simulation's noise is reproducible by design; a deployment draws it from a secure source."""
+    ``salt`` is the job's ``raysim.config.job.noise_salt``: runs of two jobs with one seed must not
+    share noise, or the difference of their releases would cancel it. A simulation's noise is
+    reproducible by design; a deployment draws it from a secure source."""
     if client_id is None:
-        return _seed_of([seed, round_num, _SERVER_NOISE])
-    return _seed_of([seed, round_num, client_id, _CLIENT_NOISE])
+        return _seed_of([seed, round_num, _SERVER_NOISE, salt])
+    return _seed_of([seed, round_num, client_id, _CLIENT_NOISE, salt])
 
 
 def _seed_of(entropy: list[int]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any
 
@@ -35,6 +37,10 @@ MOVED_KEYS = {
     "engine.heldout_eval_clients": "evaluation.heldout_clients",
     "engine.barrier_every": "evaluation.probes: [{name: client_server_barrier, every: K}]",
 }
+
+# Settings that change how or where a run goes, not what it computes: a continued run may differ
+# in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash).
+RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.")
 
 # A job's name (a variant's, for a job file with variants) names its run folder under --output-dir:
 # one plain path component, so no name can place the folder elsewhere ("../x", "a/b", ".hidden").
@@ -109,6 +115,30 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
     def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> JobConfig:
         """Validates a job mapping; raises one ConfigError listing every problem."""
         return validate_job(raw, source)
+
+
+def noise_salt(job: JobConfig) -> int:
+    """A 32-bit digest of what the job computes (its config but its name, ``RESUMABLE_CHANGES`` and
+    how clients are batched, ``engine.vectorize``): mixed into every privacy mechanism's noise seed,
+    so that two runs of different jobs never share noise (their difference would cancel it), while
+    a run and its resume do."""
+    how = (*RESUMABLE_CHANGES, "engine.vectorize")
+    kept = {k: v for k, v in _flat(job.to_dict()).items() if not k.startswith(how)}
+    kept.pop("name", None)
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (``raysim.config.flatten``, which imports this module)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out |= (
+            _flat(value, f"{prefix}{key}.")
+            if isinstance(value, dict) and value
+            else {f"{prefix}{key}": value}
+        )
+    return out
 
 
 def validate_job(raw: Any, source: str | None = None) -> JobConfig:

@@ -85,7 +85,7 @@ class SamplePrivacy(BaseModel, frozen=True, extra="forbid"):
 
 
 class PrivacyBudget(BaseModel, frozen=True, extra="forbid"):
-    """The most epsilon a run may spend: ``refuse`` a run whose rounds would exceed it before it
+    """The most central epsilon a run may spend: ``refuse`` a run whose rounds would exceed it before it
     starts, or ``stop`` it after the last round that stays within it (it ends FINISHED, saying so)."""
 
     epsilon: float = Field(gt=0, allow_inf_nan=False)
@@ -119,8 +119,11 @@ class PrivacyConfig(BaseModel, frozen=True, extra="forbid"):
             raise ValueError(
                 "delta: required by a Gaussian mechanism; set it below 1 / population, e.g. 1.0e-5"
             )
-        if self.budget is not None and self.central is None and self.sample is None:
-            raise ValueError("budget: bounds the central or sample-level epsilon; set central or sample")
+        if self.budget is not None and self.central is None:
+            raise ValueError(
+                "budget: bounds central DP's epsilon (a client's local and sample-level epsilon are "
+                "logged, not budgeted); set central, or remove budget"
+            )
         if self.central is not None and self.central.target_epsilon is not None and self.budget is not None:
             if self.central.target_epsilon > self.budget.epsilon:
                 raise ValueError(

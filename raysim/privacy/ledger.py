@@ -26,6 +26,7 @@ import torch
 
 from raysim.aggregate import Aggregator, Partial, Summing
 from raysim.config import JobConfig
+from raysim.config.job import noise_salt
 from raysim.config.privacy import CentralPrivacy
 from raysim.errors import CheckpointError, ConfigError
 from raysim.privacy.banded_noise import band_coefficients, correlated, kept
@@ -50,7 +51,7 @@ class LedgerState:
 
     num_released: int  # rounds released so far
     clip_bound: float  # the next round's (it adapts between rounds)
-    noise_multiplier: float  # the run's: a resumed run must keep it
+    accounted_as: str  # each round's release as the accountant sees it: a resume must not change it
     history: list[list[torch.Tensor]]  # DP-FTRL's last bands - 1 noise draws, most recent last
 
 
@@ -63,6 +64,7 @@ class PrivacyLedger:
     denominator: float  # the expected total weight: what the sums divide by
     expected_cohort: float  # the adaptive count's denominator
     seed: int
+    salt: int  # the job's noise_salt: another job's noise is independent of this one's
     state: LedgerState
     groups: np.ndarray | None = None  # DP-FTRL's client groups over the pool (None: fresh noise)
     rounds_allowed: int | None = None  # fewer than the job's where the budget stops the run
@@ -80,8 +82,11 @@ class PrivacyLedger:
         cohort = float(job.engine.cohort_size)
         mean_weight = float(np.mean([client_weight(n, central.weight_cap) for n in examples]))
         groups = cyclic_groups(len(examples), central.bands, job.seed) if central.bands > 1 else None
-        state = LedgerState(0, central.clip_bound, spending.noise_multiplier, [])
-        return cls(central, spending, cohort * mean_weight, cohort, job.seed, state, groups, rounds_allowed)
+        state = LedgerState(0, central.clip_bound, spending.describe(), [])
+        salt = noise_salt(job)
+        return cls(
+            central, spending, cohort * mean_weight, cohort, job.seed, salt, state, groups, rounds_allowed
+        )
 
     def clipping(self) -> ClientClipping:
         """What the workers need this round: the bound, and the weights' cap."""
@@ -93,7 +98,7 @@ class PrivacyLedger:
         if not isinstance(aggregator, Summing) or not isinstance(partial, PrivatePartial):
             raise TypeError(f"central DP releases clipped sums, not {type(partial).__name__}")
         sums, state = self._sums_of(partial, round_num), self.state
-        generator = torch.Generator().manual_seed(noise_seed(self.seed, round_num))
+        generator = torch.Generator().manual_seed(noise_seed(self.seed, round_num, salt=self.salt))
         std = self.spending.sum_noise_multiplier * state.clip_bound
         noise = [std * draw for draw in gaussian_draws(sums, generator)]
         history = state.history
@@ -103,7 +108,7 @@ class PrivacyLedger:
         aggregate = released(aggregator, add_noise(sums, noise), self.denominator)
         bound = state.clip_bound
         if self.config.adaptive is not None:
-            bound = self._adapted(int(partial.num_within_bound), generator)
+            bound = self._adapted(int(partial.num_within_bound), partial.num_clients, generator)
         self.state = replace(state, num_released=state.num_released + 1, clip_bound=bound, history=history)
         self.latest = {
             "privacy/epsilon": self.spending.epsilon(self.state.num_released),
@@ -129,13 +134,17 @@ class PrivacyLedger:
             )
         return self.empty_sums
 
-    def _adapted(self, num_within_bound: int, generator: torch.Generator) -> float:
+    def _adapted(self, num_within_bound: int, num_clients: int, generator: torch.Generator) -> float:
         """Andrew et al.'s geometric step ``C * exp(-eta * (b - gamma))``, ``b`` the noised fraction
-        of the expected cohort whose contribution was within the bound."""
+        of the expected cohort whose contribution was within the bound. The count is centred (each
+        client adds ``within - 1/2``, so one client moves it by 1/2, the sensitivity its noise is
+        accounted for) and 1/2 added back after the division; ``b`` clipped to [0, 1], as
+        TF-Privacy's quantile estimator does (post-processing)."""
         adaptive = self.config.adaptive
         assert adaptive is not None
         draw = float(torch.randn((), generator=generator, dtype=torch.float64))
-        fraction = (num_within_bound + self.spending.count_stddev * draw) / self.expected_cohort
+        centred = num_within_bound - num_clients / 2 + self.spending.count_stddev * draw
+        fraction = min(max(centred / self.expected_cohort + 0.5, 0.0), 1.0)
         return self.state.clip_bound * math.exp(
             -adaptive.learning_rate * (fraction - adaptive.target_quantile)
         )
@@ -158,10 +167,11 @@ class PrivacyLedger:
                 f"{path}: its privacy ledger says {state.num_released} rounds released and clip bound "
                 f"{bound}; resume from an earlier checkpoint of the run"
             )
-        if not math.isclose(state.noise_multiplier, self.spending.noise_multiplier, rel_tol=1e-9):
+        if state.accounted_as != self.state.accounted_as:
             raise CheckpointError(
-                f"{path}: its run's noise multiplier was {state.noise_multiplier:.6g}, this job's is "
-                f"{self.spending.noise_multiplier:.6g}; a run cannot change its noise midway: set "
-                f"privacy.central.noise_multiplier: {state.noise_multiplier:.6g}"
+                f"{path}: its rounds released {state.accounted_as}; this job's would release "
+                f"{self.state.accounted_as}. The accountant composes one kind of round: resume with "
+                f"the earlier run's privacy, sampling and cohort settings (a target_epsilon is "
+                f"calibrated for engine.num_rounds: give its noise_multiplier instead)"
             )
         self.state = state

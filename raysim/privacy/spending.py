@@ -54,6 +54,18 @@ class Spending:
         event = banded_event(self.noise_multiplier, self.release.rate, rounds, self.bands)
         return epsilon_of_event(event, self.delta, self.accountant)
 
+    def describe(self) -> str:
+        """Each round as the accountant sees it, in words: equal for two runs exactly when their
+        rounds are accounted alike (a resumed run's ledger compares them)."""
+        release = self.release
+        count = f" and a count of noise std {self.count_stddev:g}" if self.count_stddev else ""
+        bands = f", DP-FTRL over {self.bands} bands" if self.bands is not None else ""
+        return (
+            f"{release.sampling} sampling of {release.sample_size:g} of {release.population} clients, "
+            f"noise multiplier {self.noise_multiplier:.6g}{count}{bands} "
+            f"({self.accountant} at delta {self.delta:g})"
+        )
+
     def rounds_within(self, target: float, max_rounds: int) -> int:
         """The most rounds (up to ``max_rounds``) whose epsilon stays at most ``target``: epsilon
         grows with the rounds, so a bisection finds the last."""

@@ -23,10 +23,8 @@ from typing import Any
 
 from raysim.checkpoint import Checkpoint
 from raysim.config import flatten
+from raysim.config.job import RESUMABLE_CHANGES
 
-# Settings that change how or where a run goes, not what it computes: a continued run may differ
-# in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash).
-RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.")
 CHECKPOINTS_DIR = "checkpoints"  # a run folder's checkpoints sit in <run_dir>/checkpoints/
 # tags of a resumed or branched run
 RESUMED_FROM = "resumed_from"  # the checkpoint file

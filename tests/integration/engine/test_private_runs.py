@@ -121,3 +121,21 @@ def test_dp_ftrl_samples_one_group_a_round_and_is_accounted_as_its_participation
         event = dp_accounting.PoissonSampledDpEvent(0.6, dp_accounting.GaussianDpEvent(0.8))
         accountant.compose(dp_accounting.SelfComposedDpEvent(event, math.ceil((step + 1) / 2)))
         assert metrics["privacy/epsilon"] == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-9)
+
+
+def test_without_noise_and_with_a_bound_nothing_reaches_central_dp_is_unweighted_fedavg(tmp_path):
+    """z = 0 and a bound no update reaches: the released mean is sum(delta_i) / cohort_size, the
+    non-private FedAvg with uniform weights (an independent path: WeightedMean(weighted=False))."""
+    free = {"central": {"clip_bound": 1e6, "noise_multiplier": 0.0}}
+    dp = run(private(privacy=free, engine={"sampling": "fixed"}), output_dir=tmp_path / "dp")
+    plain = tiny_job(
+        algorithm={"name": "fedavg", "weighted": False, "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}}
+    )
+    reference = run(plain, output_dir=tmp_path / "plain")
+    for name, value in reference.state.params.items():
+        torch.testing.assert_close(dp.state.params[name], value, rtol=1e-5, atol=1e-6)
+    bounded = run(
+        private(privacy={"central": {"clip_bound": 1e-3, "noise_multiplier": 0.0}}), output_dir=tmp_path / "b"
+    )
+    moved = max((bounded.state.params[k] - v).abs().max().item() for k, v in reference.state.params.items())
+    assert moved > 1e-3  # a bound every update exceeds changes the model: the clip is applied

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from raw_jobs import BASE, REPO, problems_of
 
-from raysim.config import JobConfig, flatten, probes_never_due
+from raysim.config import JobConfig, deep_merge, flatten, probes_never_due
 from raysim.errors import ConfigError
 
 
@@ -166,3 +166,17 @@ def test_a_probe_due_after_the_last_round_is_named_with_its_numbers():
         "evaluation.probes[1].every: local_accuracy measures every 8 rounds, but the run has 5, so it "
         "never runs; set every to at most 5"
     ]  # every 5 of 5 rounds: due after round 4, the last
+
+
+def test_the_noise_salt_differs_between_jobs_and_not_between_a_run_and_its_resume():
+    from raysim.config.job import noise_salt
+
+    def salt(**sections) -> int:
+        base = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+        return noise_salt(JobConfig.from_dict(deep_merge(base, sections)))
+
+    plain = salt()
+    how = salt(name="other", engine={"num_rounds": 99, "vectorize": "on"}, resources={"num_workers": 3})
+    assert how == plain  # a resume, another worker count or batching: the same noise
+    assert salt(algorithm={"name": "fedavg", "local": {"lr": 0.02}}) != plain  # another job: other noise
+    assert salt(seed=1) != plain and salt(engine={"cohort_size": 5}) != plain

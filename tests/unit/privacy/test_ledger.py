@@ -30,8 +30,10 @@ def ledger(z: float = 2.0, **central) -> PrivacyLedger:
     release = SampledGaussian("poisson", 100, 10, z)
     bands = config.bands if config.bands > 1 else None
     spending = Spending(z, z, 0.0, release, 1e-5, "rdp", bands)
-    state = LedgerState(0, config.clip_bound, z, [])
-    return PrivacyLedger(config, spending, denominator=10.0, expected_cohort=10.0, seed=5, state=state)
+    state = LedgerState(0, config.clip_bound, spending.describe(), [])
+    return PrivacyLedger(
+        config, spending, denominator=10.0, expected_cohort=10.0, seed=5, salt=0, state=state
+    )
 
 
 def partial(*updates: list[float], aggregator=None, bound: float = 1.0):
@@ -78,7 +80,8 @@ def test_the_noise_has_std_z_c_over_d_and_the_metrics_say_the_round():
 def test_adaptive_clipping_takes_andrew_et_als_geometric_step():
     book = ledger(adaptive=AdaptiveClipping(target_quantile=0.5, learning_rate=0.2))  # no count noise
     book.release(WeightedMean(), partial([0.1], [0.2], [3.0], [0.5]), round_num=0)  # 3 of 4 within 1
-    assert book.state.clip_bound == pytest.approx(1.0 * math.exp(-0.2 * (3 / 10 - 0.5)))
+    # centred: b = (3 - 4 / 2) / 10 + 1/2 = 0.6 of the expected cohort of 10
+    assert book.state.clip_bound == pytest.approx(1.0 * math.exp(-0.2 * (0.6 - 0.5)))
     assert book.clipping() == ClientClipping(clip_bound=book.state.clip_bound)
 
 
@@ -92,7 +95,7 @@ def test_banded_noise_solves_the_banded_toeplitz_system_round_by_round():
     out = [
         book.release(WeightedMean(), partial([0.0, 0.0]), r)["w"].double().numpy() * 10.0 for r in range(4)
     ]
-    generators = [torch.Generator().manual_seed(noise_seed(5, r)) for r in range(4)]
+    generators = [torch.Generator().manual_seed(noise_seed(5, r, salt=0)) for r in range(4)]
     fresh = [torch.randn(2, generator=g, dtype=torch.float64).numpy() * 2.0 for g in generators]
     c = band(3)
     matrix = sum(np.diag(np.full(4 - k, c[k]), -k) for k in range(3))  # C, lower-triangular Toeplitz
@@ -115,9 +118,11 @@ def test_the_ledger_survives_a_checkpoint_and_refuses_another_noise_or_a_corrupt
     again.restore(plain(book.state), "ckpt.pt")
     assert (again.state.num_released, again.state.clip_bound) == (1, 1.0)
     torch.testing.assert_close(again.state.history[0][0], book.state.history[0][0])
-    with pytest.raises(CheckpointError, match="cannot change its noise midway"):
+    with pytest.raises(
+        CheckpointError, match=r"noise multiplier 2, .*this job's would release .*noise multiplier 3,"
+    ):
         ledger(z=3.0, bands=2).restore(plain(book.state), "ckpt.pt")
     with pytest.raises(CheckpointError, match="ckpt.pt: its privacy ledger holds"):
         again.restore({"rounds": 1}, "ckpt.pt")
     with pytest.raises(CheckpointError, match="clip bound nan"):
-        again.restore(plain(LedgerState(1, float("nan"), 2.0, [])), "ckpt.pt")
+        again.restore(plain(LedgerState(1, float("nan"), book.state.accounted_as, [])), "ckpt.pt")

@@ -76,8 +76,11 @@ def client_seed(seed: int, round_num: int, client_id: int) -> int:
 
 def noise_seed(seed: int, round_num: int, client_id: int | None = None) -> int:
     """A 63-bit seed for a privacy mechanism's noise in one round: the server's (``client_id``
-    None) or one client's (local DP, DP-SGD), apart from every training and sampling stream.
-    A simulation's noise is reproducible by design; a deployment draws it from a secure source."""
+    None) or one client's, apart from every training and sampling stream. ``seed`` is the run's
+    for the server's noise and local DP's; DP-SGD passes the client's training seed
+    (``ClientContext.seed``), so each training a client runs draws its own noise, apart from its
+    local DP noise. A simulation's noise is reproducible by design; a deployment draws it from a
+    secure source."""
     if client_id is None:
         return _seed_of([seed, round_num, _SERVER_NOISE])
     return _seed_of([seed, round_num, client_id, _CLIENT_NOISE])

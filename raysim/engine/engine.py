@@ -30,7 +30,6 @@ from raysim.checkpoint import (
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
-from raysim.engine.client_privacy import ClientPrivacy
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
@@ -40,6 +39,7 @@ from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.privacy.banded_noise import cyclic_groups, sample_cyclic_poisson
+from raysim.privacy.client_counts import ClientCounts
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
@@ -82,7 +82,7 @@ class Engine(Generic[A]):
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     privacy: PrivacyLedger | None = None  # central DP: the noise, the bound, the epsilon spent
-    client_privacy: ClientPrivacy | None = None  # local DP and DP-SGD: what each client spent
+    client_privacy: ClientCounts | None = None  # local DP and DP-SGD: what each client spent
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``

@@ -20,10 +20,10 @@ from rich.console import Console
 from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.checkpoint import Checkpoint
 from raysim.config import JobConfig
-from raysim.engine.client_privacy import ClientPrivacy, local_batch_size
 from raysim.engine.privacy_ledger import PrivacyLedger
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of
+from raysim.privacy.client_counts import ClientCounts
 from raysim.privacy.spending import Spending, spending_of
 from raysim.private_sums import Summing
 
@@ -96,7 +96,7 @@ def open_privacy(
     train_pool: np.ndarray,
     examples: np.ndarray,
     checkpoint: Checkpoint | None,
-) -> tuple[PrivacyLedger | None, ClientPrivacy | None]:
+) -> tuple[PrivacyLedger | None, ClientCounts | None]:
     """Central DP's ledger (None without ``privacy.central``), its noise calibrated and its budget
     checked, and the clients' counts (None without local or sample-level DP); a resumed run's from
     its checkpoint. Raises ConfigError on any ``privacy_problems``."""
@@ -114,7 +114,7 @@ def open_privacy(
     ledger = open_ledger(job, train_pool, examples) if privacy.central is not None else None
     clients = None
     if privacy.local is not None or privacy.sample is not None:
-        clients = ClientPrivacy(privacy, examples, local_batch_size(job.algorithm))
+        clients = ClientCounts(privacy, job.algorithm.name)
     where = str(checkpoint.path) if checkpoint is not None else ""
     for part, name in ((ledger, "central"), (clients, "clients")):
         if part is not None and saved is not None:

@@ -87,6 +87,10 @@ class FedFAConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "its anchor loss and the class-mean features it uploads read the examples without noise"
+
 
 @dataclass(frozen=True)
 class FeatureAnchors:

@@ -64,6 +64,15 @@ class FedFishConfig(BaseModel, frozen=True, extra="forbid"):
     # accumulators (a 1.5B model: 18 GB instead of 37 GB per worker). The weights are convex.
     accumulate: Literal["float64", "float32"] = "float64"
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        if self.fisher_source == "last_epoch":  # the Fisher of the private gradients
+            return None
+        return (
+            "its Fisher (fisher_source: extra_pass) squares plain gradients of the examples and is uploaded "
+            "without noise; set fisher_source: last_epoch, which squares the private ones"
+        )
+
     @model_validator(mode="after")
     def _whole_last_epoch(self) -> "FedFishConfig":
         if self.fisher_source == "last_epoch" and self.local.max_steps is not None:

@@ -64,6 +64,10 @@ class FedFomoConfig(BaseModel, frozen=True, extra="forbid"):
     scoring_fraction: float = Field(0.2, gt=0, lt=1)  # of each client's examples, never trained on
     local: LocalTrainConfig = LocalTrainConfig()
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "it scores its peers on held-back examples and uploads the scores without noise"
+
 
 @dataclass(frozen=True)
 class Affinities:

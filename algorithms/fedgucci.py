@@ -112,6 +112,13 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        sam = ", with SAM," if self.sam is not None else ","  # FedGuCci+'s second gradient too
+        return (
+            f"it steps once per anchor on every batch{sam} and the accountant counts one gradient per batch"
+        )
+
     @field_validator("logit_calibration", "sam", mode="before")
     @classmethod
     def _settings_not_a_switch(cls, value: object, info: ValidationInfo) -> object:

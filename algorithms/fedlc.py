@@ -37,6 +37,10 @@ class FedLCConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "its calibrated loss reads the client's label counts: one example's loss depends on the others"
+
 
 @register("algorithm", "fedlc")
 class FedLC:

@@ -53,6 +53,10 @@ class FedRepConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "it trains twice a round (head, then body), and its metrics count the body's steps alone"
+
 
 @dataclass(frozen=True)
 class PersonalHead:

@@ -75,6 +75,10 @@ class FedRoDConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "its balanced loss reads the label counts; its personal head trains on plain gradients"
+
 
 def class_counts(data: ClientData, num_classes: int, absent: int = 0) -> torch.Tensor:
     """``n_c``: how many of the client's examples have label ``c``, (num_classes,) float; a class

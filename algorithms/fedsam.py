@@ -32,6 +32,10 @@ class FedSAMConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "SAM takes two gradients of every batch (ascent, then descent), and the accountant counts one"
+
 
 class FedASAMConfig(FedSAMConfig, frozen=True):
     """FedASAM: FedAvg with adaptive-SAM local steps (Caldarola et al. 2022)."""

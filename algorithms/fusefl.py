@@ -97,6 +97,10 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     frozen_bn: FrozenBN = "eval"
     ccvr: CCVRConfig = CCVRConfig()
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "its stages train towers outside the round's model and its last uploads feature statistics"
+
     @property
     def num_stages(self) -> int:
         return 2 if self.splits is None else len(self.splits) + 1

@@ -44,6 +44,7 @@ from raysim.measure import scores
 from raysim.measure.pooling import summarize_clients
 from raysim.registry import register
 from raysim.services import EVALUATE, MapRequest, RoundOptions, Services
+from raysim.train.dp_sgd import sample_counts
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import init_state
 from raysim.types import (
@@ -125,8 +126,9 @@ class LocalOnly:
                 f"client {ctx.client_id} has no model of its own yet, and the broadcast is empty: "
                 f"a round with such a client must broadcast the initial model"
             )
-        if recall:  # the worker keeps the loaded model
-            return ClientResult(update={}, weight=0.0)
+        if recall:  # the worker keeps the loaded model; under DP-SGD it released nothing
+            spent = sample_counts(0, self.config.local.batch_size, 0) if ctx.sample_privacy else {}
+            return ClientResult(update={}, weight=0.0, metrics=spent)
         _, metrics = train_client(ctx, self.config.local)
         params = P.clone(P.model_params(ctx.model))
         if not P.is_finite(params):  # kept as state, it would poison this client's later rounds

@@ -96,6 +96,10 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "its regulariser (an extra_loss) and its mixing step are no loss of one example alone"
+
     @field_validator("num_models")
     @classmethod
     def _at_least_one(cls, value: int) -> int:

@@ -73,6 +73,12 @@ class MoonConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return (
+            "its contrastive term (an extra_loss over the batch's representations) is no loss of one example"
+        )
+
 
 def model_contrastive_loss(
     z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float

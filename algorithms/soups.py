@@ -112,6 +112,10 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "it trains several ingredients a round and selects them on held-back examples without noise"
+
     @model_validator(mode="after")
     def _selection_where_needed(self) -> "SoupsConfig":
         needs = [

@@ -109,6 +109,10 @@ class SWADConfig(BaseModel, frozen=True, extra="forbid"):
     server: ServerOptimizerConfig = ServerOptimizerConfig()
     weighted: bool = True
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return "it picks its averaging window by the loss on held-back examples, without noise"
+
 
 def planned_steps(num_examples: int, local: LocalTrainConfig, round_num: int) -> int:
     """The local steps ``train_local`` takes without a straggler's budget: the epochs' batches,

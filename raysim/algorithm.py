@@ -95,6 +95,8 @@ MIXED_MODELS      class       ``bool`` (absent: False)                         `
 DEFAULT_MODEL     class       ``Mapping[str, Any]``: a model section           ``default_model``
 check_job         any Config  ``(job: JobCore) -> list[str]``: problems        ``job_problems``
 check_model       Config      ``(model: nn.Module) -> list[str]``              ``model_problems``
+sample_privacy_problem
+                  Config      ``() -> str | None``: why DP-SGD cannot hold     ``sample_privacy_problem``
 check_models      Config      ``(models: list[nn.Module], spec) -> list[str]`` ``models_problems``
 local             Config      ``LocalTrainConfig``: the plain loop's SGD       ``local_section``
 pseudo_gradient   instance    ``PseudoGradientAlgorithm``                      ``pseudo_gradient``

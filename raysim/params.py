@@ -247,8 +247,44 @@ def tensor_leaves(obj: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]
             yield from tensor_leaves(getattr(obj, f.name), f"{name}/{f.name}" if name else f.name)
 
 
-def _float_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
-    return [(k, t) for k, t in tensor_leaves(tree) if t.is_floating_point() or t.is_complex()]
+def float_leaves(tree: Any) -> list[torch.Tensor]:
+    """The floating-point tensors among ``tree``'s leaves, in ``tree_map``'s order (a dataclass's
+    ``init`` fields); numbers, integer tensors and arrays are left out."""
+    return [t for t in leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def tree_norm(tree: Any, ord: int = 2) -> torch.Tensor:
+    """The L``ord`` norm (1 or 2) of every float leaf of ``tree`` as one vector: a 0-d float64
+    tensor on the first leaf's device, not read back (0 for a tree without float leaves)."""
+    if ord not in (1, 2):
+        raise ValueError(f"ord must be 1 (L1) or 2 (L2), got {ord}")
+    # accumulated in float64 (a model's million squares in float32 lose the low digits a bound is
+    # compared to), read in the leaf's dtype: no float64 copy of a per-example gradient
+    norms = [torch.linalg.vector_norm(t.detach(), ord, dtype=torch.float64) for t in float_leaves(tree)]
+    if not norms:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]), ord)  # of the leaves
+
+
+def clip_factor(norm: torch.Tensor, bound: float) -> torch.Tensor:
+    """``min(1, bound / norm)`` element-wise, on ``norm``'s device (1 where ``norm`` is 0)."""
+    return (bound / norm.clamp(min=1e-12)).clamp(max=1.0)
+
+
+def clip_tree(tree: T, bound: float, ord: int = 2) -> tuple[T, torch.Tensor]:
+    """``tree`` scaled by ``clip_factor`` of its ``tree_norm``, and that norm before clipping (not
+    read back). Float leaves keep their dtype and device (scaled in at least float32: a bf16
+    factor would overshoot the bound); other leaves pass unchanged."""
+    norm = tree_norm(tree, ord)
+    factor = clip_factor(norm, bound)
+
+    def clip(leaf: object) -> object:
+        if not isinstance(leaf, torch.Tensor) or not leaf.is_floating_point():
+            return leaf
+        wide = torch.promote_types(leaf.dtype, torch.float32)
+        return (leaf.detach().to(wide) * factor.to(leaf.device, wide)).to(leaf.dtype)
+
+    return tree_map(clip, tree), norm
 
 
 _NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -281,7 +317,7 @@ def is_finite(tree: Any) -> bool:
 def finite_flag(tree: Any) -> torch.Tensor | None:
     """``is_finite`` as a 0-d bool tensor, not yet read back (on the first tensor's device);
     None for a tree without floating-point tensors."""
-    flags = [_finite_flag(t) for _, t in _float_leaves(tree)]
+    flags = [_finite_flag(t) for t in float_leaves(tree)]
     if not flags:
         return None
     device = flags[0].device
@@ -294,7 +330,9 @@ def nonfinite_names(tree: Any) -> list[str]:
 
     One sync per tensor: for error messages, after ``is_finite`` said no.
     """
-    return [name for name, t in _float_leaves(tree) if not bool(torch.isfinite(t).all())]
+    return [
+        name for name, t in tensor_leaves(tree) if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
 
 
 def num_bytes(tree: Tree) -> int:

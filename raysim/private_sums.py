@@ -24,14 +24,15 @@ Usage:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import torch
 
+from raysim import params as P
 from raysim.aggregate import Partial, Summing
-from raysim.params import leaves, tree_map
+from raysim.params import tree_map
 from raysim.types import ClientResult
 
 A = TypeVar("A")
@@ -61,18 +62,6 @@ def client_weight(examples: float, weight_cap: int | None) -> float:
     return 1.0 if weight_cap is None else min(float(examples) / weight_cap, 1.0)
 
 
-def tensors_of(tree: Any) -> Iterator[torch.Tensor]:
-    """The floating-point tensors of a tree (a partial's sums), in ``tree_map``'s order."""
-    return (leaf for leaf in leaves(tree) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
-
-
-def sums_norm(tree: Any) -> torch.Tensor:
-    """The L2 norm over every floating-point tensor of ``tree`` jointly: a 0-dim float64 tensor on
-    their device (read by nobody on the worker: a GPU worker syncs once a round, not per client)."""
-    squares = [t.detach().double().pow(2).sum() for t in tensors_of(tree)]
-    return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
-
-
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
     """``fn`` on each floating-point tensor of ``tree``; other leaves (weights, counts) unchanged."""
     return tree_map(
@@ -96,9 +85,8 @@ class ClippedSums(Generic[A]):
 
     def add(self, acc: PrivatePartial, position: int, result: ClientResult) -> PrivatePartial:
         one = self.inner.add(self.inner.zero(), position, replace(result, weight=1.0))
-        norm, bound = sums_norm(one), self.clipping.clip_bound
-        # min(1, C / norm), and 1 for a zero contribution (C / 0 is inf)
-        scale = torch.clamp(bound / norm, max=1.0) * client_weight(result.weight, self.clipping.weight_cap)
+        norm, bound = P.tree_norm(one), self.clipping.clip_bound  # read by nobody on the worker
+        scale = P.clip_factor(norm, bound) * client_weight(result.weight, self.clipping.weight_cap)
         clipped = map_tensors(lambda t: t * scale.to(t.device, t.dtype), one)  # not in place: views
         within = (norm <= bound).long()  # a tensor: counted without a host read
         return PrivatePartial(
@@ -118,12 +106,12 @@ class ClippedSums(Generic[A]):
 
 def gaussian_draws(sums: Partial, generator: torch.Generator) -> list[torch.Tensor]:
     """One standard normal tensor per floating-point tensor of ``sums``, in float64 on the CPU."""
-    return [torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in tensors_of(sums)]
+    return [torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in P.float_leaves(sums)]
 
 
 def add_noise(sums: Partial, noise: list[torch.Tensor]) -> Partial:
-    """``sums`` with ``noise`` (one tensor per floating-point tensor, in ``tensors_of``'s order) added."""
-    shapes = [tuple(t.shape) for t in tensors_of(sums)]
+    """``sums`` with ``noise`` (one tensor per floating-point tensor, in ``P.float_leaves``' order) added."""
+    shapes = [tuple(t.shape) for t in P.float_leaves(sums)]
     if shapes != [tuple(n.shape) for n in noise]:
         raise ValueError(
             f"noise of shapes {[tuple(n.shape) for n in noise][:3]}... for sums of {shapes[:3]}..."

@@ -125,10 +125,12 @@ def client_seed(seed: int, round_num: int, client_id: int) -> int:
 
 def noise_seed(seed: int, round_num: int, client_id: int | None = None, salt: int = 0) -> int:
     """A 63-bit seed for a privacy mechanism's noise in one round: the server's (``client_id``
-    None) or one client's (local DP, DP-SGD), apart from every training and sampling stream.
-    ``salt`` is the job's ``raysim.config.job.noise_salt``: runs of two jobs with one seed must not
-    share noise, or the difference of their releases would cancel it. A simulation's noise is
-    reproducible by design; a deployment draws it from a secure source."""
+    None) or one client's, apart from every training and sampling stream. ``seed`` is the run's
+    for the server's noise and local DP's; DP-SGD passes the client's training seed
+    (``ClientContext.seed``), so each training a client runs draws its own noise, apart from its
+    local DP noise. ``salt`` is the job's ``raysim.config.job.noise_salt``: runs of two jobs with one
+    seed must not share noise, or the difference of their releases would cancel it. A simulation's
+    noise is reproducible by design; a deployment draws it from a secure source."""
     if client_id is None:
         return _seed_of([seed, round_num, _SERVER_NOISE, salt])
     return _seed_of([seed, round_num, client_id, _CLIENT_NOISE, salt])

@@ -1,7 +1,7 @@
 """Sections that name a plugin (``name:`` plus the plugin's own options), what a job reads from a
 plugin class or its Config (``raysim.algorithm``'s table: ``MIXED_MODELS``, ``DEFAULT_MODEL``,
-``check_job``), and pydantic's errors worded for a job file's author: the key, what is wrong, the
-valid keys or the nearest name."""
+``check_job``, ``sample_privacy_problem``), and pydantic's errors worded for a job file's author:
+the key, what is wrong, the valid keys or the nearest name."""
 
 from __future__ import annotations
 
@@ -37,6 +37,15 @@ def job_problems(config: BaseModel, job: BaseModel) -> list[str]:
     ``engine.num_rounds``, say; none where the Config has no such check."""
     check = getattr(config, "check_job", None)
     return list(check(job)) if callable(check) else []
+
+
+def sample_privacy_problem(config: BaseModel) -> str | None:
+    """``config.sample_privacy_problem()``: why the configured plugin cannot honour DP-SGD
+    (``privacy.sample``; FedFish's depends on its ``fisher_source``); None where it can, or where
+    the Config has no such hook: a plugin that trains through ``train_client`` on the task loss."""
+    hook = getattr(config, "sample_privacy_problem", None)
+    problem = hook() if callable(hook) else None
+    return problem if isinstance(problem, str) else None
 
 
 class PluginSection(BaseModel):

@@ -31,6 +31,7 @@ from raysim.engine.privacy_setup import open_privacy
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.plugin_defaults import fresh_state, resume_state
+from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
@@ -98,9 +99,7 @@ def build(
     else:
         run_dir = new_run_dir(output_dir, job.name)
     try:
-        engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system)
-        engine.privacy, engine.client_privacy = private
-        return engine, state
+        return start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system, private), state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage
         raise
@@ -114,6 +113,7 @@ def start_run(
     lineage: Lineage | None,
     start_round: int,
     system: SimulatedSystem | None,
+    privacy: RunPrivacy | None = None,
 ) -> Engine[Any]:
     """The client state restored, the workers started and the MLflow run begun, in ``run_dir``."""
     if lineage is not None and lineage.continues:
@@ -129,7 +129,7 @@ def start_run(
         raise
     if lineage is not None:
         Console(stderr=True).print(lineage.describe(), highlight=False, soft_wrap=True)
-    return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system)
+    return engine_of(parts, backend, tracker, run_dir, state_dir, start_round, system, privacy)
 
 
 def new_run_dir(output_dir: Path, name: str) -> Path:
@@ -243,6 +243,7 @@ def engine_of(
     state_dir: Path,
     start_round: int = 0,
     system: SimulatedSystem | None = None,
+    privacy: RunPrivacy | None = None,
 ) -> Engine[Any]:
     """The engine over a job's parts once their workers run: its verbs log to ``tracker``."""
     target = parts.job.evaluation.time_to_target
@@ -262,6 +263,7 @@ def engine_of(
         start_round=start_round,
         system=system,
         targets=None if target is None else TimeToTarget(target),
+        privacy=privacy,
     )
 
 

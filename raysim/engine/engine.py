@@ -30,7 +30,6 @@ from raysim.checkpoint import (
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
-from raysim.engine.client_privacy import ClientPrivacy
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
@@ -38,14 +37,13 @@ from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
-from raysim.privacy.ledger import PrivacyLedger
+from raysim.privacy.run_privacy import RunPrivacy
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, poisson_rate, sample_cohort, sample_cyclic_poisson, sample_poisson
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request
-from raysim.stored import plain
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.tracker import Tracker
 from raysim.types import Metrics, NumpyParams, Payload, RoundOutput, RunInfo, ServerState
@@ -81,8 +79,7 @@ class Engine(Generic[A]):
     history: list[tuple[int, Metrics]] = field(default_factory=list)
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
-    privacy: PrivacyLedger | None = None  # central DP: the noise, the bound, the epsilon spent
-    client_privacy: ClientPrivacy | None = None  # local DP and DP-SGD: what each client spent
+    privacy: RunPrivacy | None = None  # central DP's ledger, and what each client spent
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
@@ -112,7 +109,7 @@ class Engine(Generic[A]):
         pool, size, seed = self.train_pool, self.job.engine.cohort_size, self.job.seed
         if self.job.engine.sampling == "fixed":
             return pool[sample_cohort(len(pool), size, seed, round_num)]
-        ledger = self.privacy
+        ledger = self.privacy.ledger if self.privacy is not None else None
         if ledger is None or ledger.groups is None:
             return pool[sample_poisson(len(pool), poisson_rate(len(pool), size), seed, round_num)]
         bands = ledger.config.bands
@@ -124,7 +121,7 @@ class Engine(Generic[A]):
     ) -> RoundOutput[A]:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``); under
         central DP the workers clip and the ledger releases the merged sums."""
-        if self.privacy is not None:
+        if self.privacy is not None:  # central DP: the workers clip each contribution
             options = replace(options, clipping=self.privacy.clipping())
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
@@ -137,10 +134,7 @@ class Engine(Generic[A]):
                 "round %d: client %d failed and was dropped: %r", round_num, failure.client_id, failure.error
             )
         if self.privacy is not None:
-            aggregate = self.privacy.release(aggregator_of(self.algorithm), output.aggregate, round_num)
-            output = replace(output, aggregate=aggregate)
-        if self.client_privacy is not None:
-            self.client_privacy.record(output.clients)
+            output = self.privacy.release(aggregator_of(self.algorithm), output, round_num)
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         self.costs.trained(output, payload)
         return output
@@ -178,7 +172,6 @@ class Engine(Generic[A]):
         refuse_nonfinite(new_state.params, "the new global model", round_num)
         timer.lap("server_update")
         metrics |= self.round_metrics(output, payload) | round_timing(output, time.perf_counter() - t0)
-        metrics |= self.privacy_metrics()
         if plan is not None:
             metrics |= plan.metrics()
         # 4. Probes due this round summarize what their worker hooks measured.
@@ -186,19 +179,6 @@ class Engine(Generic[A]):
             with self.timed("evaluation"):  # a probe measures the round, as an evaluation does
                 metrics |= self.summarize_probes(probes, state, new_state, payload, output, round_num)
         return new_state, metrics
-
-    def privacy_metrics(self) -> Metrics:
-        """``privacy/*``: the epsilon spent so far, centrally and by the worst client."""
-        central = self.privacy.metrics() if self.privacy is not None else {}
-        return central | (self.client_privacy.metrics() if self.client_privacy is not None else {})
-
-    def privacy_state(self) -> dict[str, Any] | None:
-        """What a checkpoint keeps of the privacy accounting (None: the job has none)."""
-        if self.privacy is None and self.client_privacy is None:
-            return None
-        central = plain(self.privacy.state) if self.privacy is not None else None
-        clients = self.client_privacy.state() if self.client_privacy is not None else None
-        return {name: part for name, part in (("central", central), ("clients", clients)) if part is not None}
 
     def round_metrics(self, output: RoundOutput[object], payload: Payload) -> Metrics:
         """A trained cohort's metrics (``raysim.engine.metrics.round_metrics``)."""
@@ -255,6 +235,8 @@ class Engine(Generic[A]):
                 metrics |= self.targets.reached(metrics, round_num, clock)
         if (timer := self.take_round_timer(round_num)) is not None:
             metrics |= timer.metrics()
+        if self.privacy is not None:  # a staged plugin's rounds too
+            metrics |= self.privacy.metrics()
         self.log(metrics, round_num)
         self.warn_if_diverging(metrics, round_num)
         self.maybe_checkpoint(state, round_num)
@@ -316,7 +298,7 @@ class Engine(Generic[A]):
             self.job.to_dict(),
             None if frozen is None else str(frozen),
             run,
-            self.privacy_state(),
+            self.privacy.state() if self.privacy is not None else None,
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -7,7 +7,7 @@ drops clients), Poisson sampling for a plugin that needs a fixed cohort, a targe
 reaches, a budget the rounds would exceed.
 
 Usage:
-    ledger, clients = open_privacy(job, algorithm, train_pool, store.num_examples("train"), checkpoint)
+    privacy = open_privacy(job, algorithm, train_pool, store.num_examples("train"), checkpoint)
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from raysim.aggregate import Summing
 from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.checkpoint import Checkpoint
 from raysim.config import JobConfig
-from raysim.engine.client_privacy import ClientPrivacy, local_batch_size
-from raysim.errors import CheckpointError, ConfigError
+from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of
+from raysim.privacy.client_counts import ClientCounts
 from raysim.privacy.ledger import PrivacyLedger
+from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.spending import Spending, spending_of
 
 
@@ -80,36 +81,26 @@ def open_privacy(
     train_pool: np.ndarray,
     examples: np.ndarray,
     checkpoint: Checkpoint | None,
-) -> tuple[PrivacyLedger | None, ClientPrivacy | None]:
-    """Central DP's ledger (None without ``privacy.central``), its noise calibrated and its budget
-    checked, and the clients' counts (None without local or sample-level DP); a resumed run's from
-    its checkpoint. Raises ConfigError on any ``privacy_problems``."""
+) -> RunPrivacy | None:
+    """The run's privacy (None without ``privacy:``): central DP's ledger, its noise calibrated and
+    its budget checked, and the clients' counts; a resumed run's from its checkpoint.
+
+    Raises:
+        ConfigError: any of ``privacy_problems``, or a noise or budget that cannot be met.
+        CheckpointError: the checkpoint's privacy state does not continue this job's.
+    """
     problems = privacy_problems(job, algorithm, len(train_pool))
     if problems:
         raise ConfigError(problems)
     privacy = job.privacy
     if privacy is None:
-        return None, None
-    saved = checkpoint.privacy if checkpoint is not None else None
-    if checkpoint is not None and saved is None:
-        raise CheckpointError(
-            f"{checkpoint.path}: was written by a run without privacy, which a private run cannot "
-            f"continue (its rounds spent nothing the accountant knows of): drop --resume, or privacy:"
-        )
+        return None
     ledger = open_ledger(job, train_pool, examples) if privacy.central is not None else None
-    clients = None
-    if privacy.local is not None or privacy.sample is not None:
-        clients = ClientPrivacy(privacy, examples, local_batch_size(job.algorithm))
-    where = str(checkpoint.path) if checkpoint is not None else ""
-    for part, name in ((ledger, "central"), (clients, "clients")):
-        if part is not None and saved is not None:
-            if not isinstance(saved.get(name), dict):
-                raise CheckpointError(
-                    f"{where}: holds no {name} privacy state, so its run had other privacy settings: "
-                    f"resume with that run's privacy: section, or drop --resume"
-                )
-            part.restore(saved[name], where)
-    return ledger, clients
+    local = privacy.local is not None or privacy.sample is not None
+    run_privacy = RunPrivacy(ledger, ClientCounts(privacy, job.algorithm.name) if local else None)
+    if checkpoint is not None:
+        run_privacy.restore(checkpoint.privacy, str(checkpoint.path))
+    return run_privacy
 
 
 def open_ledger(job: JobConfig, train_pool: np.ndarray, examples: np.ndarray) -> PrivacyLedger:

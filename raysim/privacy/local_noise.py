@@ -38,31 +38,6 @@ T = TypeVar("T")
 NORM_METRIC = "privacy/local_norm"  # the update's norm before clipping: for tuning clip_bound
 
 
-def update_norm(update: object, ord: int) -> torch.Tensor:
-    """The L``ord`` norm (1 or 2) of every float tensor leaf of ``update`` as one vector, a 0-d
-    float64 tensor on the first leaf's device (0 for an update without float leaves)."""
-    # float64: a model's million squares in float32 lose the low digits the bound is compared to
-    parts = [t.detach().double().abs().pow(ord).sum() for t in _float_leaves(update)]
-    if not parts:
-        return torch.zeros((), dtype=torch.float64)
-    total = torch.stack([p.to(parts[0].device) for p in parts]).sum()
-    return total.sqrt() if ord == 2 else total
-
-
-def clip_update(update: T, clip_bound: float, ord: int) -> tuple[T, torch.Tensor]:
-    """``update`` scaled by ``min(1, clip_bound / norm)``, its L``ord`` norm (1 or 2) over every
-    float leaf at once, and that norm before clipping (a 0-d float64 tensor, not read back)."""
-    norm = update_norm(update, ord)
-    scale = (clip_bound / norm.clamp(min=1e-12)).clamp(max=1.0)  # on the device: no read back
-
-    def clip(leaf: Any) -> Any:
-        if not isinstance(leaf, torch.Tensor) or not leaf.is_floating_point():
-            return leaf
-        return (leaf.detach().double() * scale.to(leaf.device)).to(leaf.dtype)
-
-    return P.tree_map(clip, update), norm
-
-
 def release_update(update: T, config: LocalPrivacy, generator: torch.Generator) -> tuple[T, float]:
     """``update`` clipped to ``config.clip_bound`` and noised coordinate-wise (the module's law).
 
@@ -77,7 +52,7 @@ def release_update(update: T, config: LocalPrivacy, generator: torch.Generator) 
         The released update, of the same structure, dtypes and devices, and its norm before
         clipping (L2 for gaussian, L1 for laplace).
     """
-    clipped, norm = clip_update(update, config.clip_bound, 2 if config.mechanism == "gaussian" else 1)
+    clipped, norm = P.clip_tree(update, config.clip_bound, 2 if config.mechanism == "gaussian" else 1)
     noise_scale = config.noise_multiplier * config.clip_bound
 
     def add_noise(leaf: Any) -> Any:
@@ -107,8 +82,3 @@ def release_result(result: ClientResult, config: LocalPrivacy, seed: int) -> Cli
     read back per client."""
     update, norm = release_update(result.update, config, torch.Generator().manual_seed(seed))
     return replace(result, update=update, metrics={**result.metrics, NORM_METRIC: norm})
-
-
-def _float_leaves(tree: Any) -> list[torch.Tensor]:
-    """The float tensors among the leaves ``tree_map`` visits (a dataclass's ``init`` fields)."""
-    return [t for t in P.leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]

@@ -13,25 +13,33 @@ other clients fare; each is computed with dp-accounting (Google, ``dp_accounting
   composed by Renyi DP (Mironov, CSF 2017, arXiv:1702.07476). No amplification: the client knows
   when it reports, so its participation hides nothing.
 - Sample-level DP (DP-SGD, ``raysim.train.dp_sgd``): each step is the sampled Gaussian mechanism
-  on a Poisson sample of the client's examples (each example in with probability ``q = batch_size
-  / num_examples``, as the local trainer draws them), one example's gradient clipped to ``C`` and
-  noise ``noise_multiplier * C`` on the sum; ``steps`` of them composed by RDP (Abadi et al., CCS
-  2016, arXiv:1607.00133; Mironov, Talwar & Zhang 2019, arXiv:1908.10530) under add/remove of one
-  example. ``steps`` counts every noised gradient the client took, over all its participations
-  (the sum of its ``train/steps``).
+  on a Poisson sample of the examples the client trained on (each in with probability ``q =
+  batch_size / examples``, as the local trainer draws them), one example's gradient clipped to
+  ``C`` and noise ``noise_multiplier * C`` on the sum; ``steps`` of them composed by RDP (Abadi et
+  al., CCS 2016, arXiv:1607.00133; Mironov, Talwar & Zhang 2019, arXiv:1908.10530) under
+  add/remove of one example. The counts are the trainer's own (``SampledSteps``): a client that
+  trained on different numbers of examples in different rounds (``engine.max_client_examples``
+  draws a subset) composes the steps of each rate: dp-accounting's ``ComposedDpEvent`` of one
+  ``SelfComposedDpEvent`` per rate. RDP adds over composition, so each rate's one-step RDP is
+  computed once (about 86 ms) and scaled by its steps: the accountant's own sum, bit for bit.
 
 Usage:
     epsilon = local_epsilon(job.privacy.local, reports=participations, delta=job.privacy.delta)
-    epsilon = sample_epsilon(job.privacy.sample, num_examples=600, batch_size=32, steps=190, delta=1e-5)
+    epsilon = sample_epsilon(job.privacy.sample, (SampledSteps(600, 32, 190),), delta=1e-5)
 """
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import dp_accounting
-from dp_accounting.rdp import RdpAccountant
+import numpy as np
+from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
 from raysim.config.privacy import LocalPrivacy, SamplePrivacy
 
+_ORDERS = RdpAccountant().orders  # dp-accounting's default RDP orders
 LOCAL_SENSITIVITY = 2.0  # in clip bounds: any two clipped updates are at most 2 C apart
 
 
@@ -56,29 +64,51 @@ def local_epsilon(config: LocalPrivacy, reports: int, delta: float | None) -> fl
     return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(event, reports), delta)
 
 
-def sample_epsilon(
-    config: SamplePrivacy, num_examples: int, batch_size: int, steps: int, delta: float
-) -> float:
-    """The epsilon one client's DP-SGD spends over ``steps`` noised gradients (the module's law).
+class SampledSteps(NamedTuple):
+    """Noised gradients a client took at one rate: ``steps`` Poisson batches of expected size
+    ``batch_size`` drawn from ``examples`` examples (``raysim.train.dp_sgd``'s counts)."""
+
+    examples: int
+    batch_size: int
+    steps: int
+
+
+@functools.lru_cache(maxsize=4096)
+def sample_epsilon(config: SamplePrivacy, runs: tuple[SampledSteps, ...], delta: float) -> float:
+    """The epsilon one client's DP-SGD spends over all its noised gradients (the module's law).
+
+    Cached by its arguments: clients of one size that took the same steps share one computation.
 
     Args:
         config: the noise multiplier (the clip bound does not enter: noise is in its units).
-        num_examples: the client's examples, each drawn into a step's batch with probability
-            ``batch_size / num_examples`` (1 when the client has no more than ``batch_size``).
-        batch_size: the expected batch size (``local.batch_size``).
-        steps: the noised gradients the client took, over all its participations.
+        runs: the client's steps at each rate, each its own ``examples`` and ``batch_size`` (the
+            rate is 1 where the client has no more examples than the batch).
         delta: the guarantee's delta.
 
     Raises:
-        ValueError: ``num_examples`` or ``batch_size`` below 1, or negative ``steps``.
+        ValueError: a run with ``examples`` or ``batch_size`` below 1, or negative ``steps``.
     """
-    if num_examples < 1 or batch_size < 1 or steps < 0:
-        raise ValueError(
-            f"need num_examples, batch_size >= 1 and steps >= 0: {num_examples}, {batch_size}, {steps}"
-        )
-    q = min(1.0, batch_size / num_examples)
-    step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(config.noise_multiplier))
-    return _rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, steps), delta)
+    rdp = np.zeros(len(_ORDERS), dtype=np.float64)
+    for run in runs:
+        if run.examples < 1 or run.batch_size < 1 or run.steps < 0:
+            raise ValueError(f"need examples, batch_size >= 1 and steps >= 0: {run}")
+        if run.steps:
+            rdp += run.steps * _step_rdp(config.noise_multiplier, run.examples, run.batch_size)
+    return float(compute_epsilon(_ORDERS, rdp, delta)[0])
+
+
+@functools.lru_cache(maxsize=65536)
+def _step_rdp(noise_multiplier: float, examples: int, batch_size: int) -> np.ndarray:
+    """One step's RDP at each of the accountant's orders: what ``RdpAccountant`` adds per step of
+    a ``SelfComposedDpEvent`` (read-only: the cache hands out this one array)."""
+    accountant = RdpAccountant()  # add or remove one example
+    step = dp_accounting.PoissonSampledDpEvent(
+        min(1.0, batch_size / examples), dp_accounting.GaussianDpEvent(noise_multiplier)
+    )
+    accountant.compose(step)
+    rdp = accountant.rdp
+    rdp.flags.writeable = False
+    return rdp
 
 
 def _rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:

@@ -8,12 +8,16 @@ One step of a client holding ``n`` examples, at expected batch size ``B`` and cl
     g      = (sum_i g_i min(1, C / ||g_i||) + N(0, (noise_multiplier C)^2 I)) / B
     p.grad = g     then the plugin's gradient edit, its watch, grad_clip and the optimizer's step
 
-``||g_i||`` is the L2 norm over all trainable parameters at once. The batch is a Poisson sample, as
-the accountant assumes (``raysim.privacy.per_client.sample_epsilon``), and the sum is divided by
-the expected ``B``, never by the drawn batch's size, which would leak it. An epoch is still
-``ceil(n / B)`` steps. Each step is then a sampled Gaussian mechanism on the client's examples
-(add or remove one), and whatever follows from ``g`` is post-processing: the optimizer's moments,
-a plugin's gradient edit (FedProx's proximal term, SCAFFOLD's correction), the delta, the server.
+``||g_i||`` is the L2 norm over all trainable parameters at once (``raysim.params.tree_norm``). The
+batch is a Poisson sample, as the accountant assumes (``raysim.privacy.per_client.sample_epsilon``),
+and the sum is divided by the expected ``B``, never by the drawn batch's size, which would leak it.
+An epoch is still ``ceil(n / B)`` steps. ``n`` is the data the training is given (after
+``engine.max_client_examples`` and the validation split), and each training reports its ``n``,
+``B`` and noised steps among its metrics (``privacy/sample/examples``, ``.../batch_size``,
+``.../steps``): the accountant composes what ran, never what the store holds. Each step is then a
+sampled Gaussian mechanism on the client's examples (add or remove one), and whatever follows from
+``g`` is post-processing: the optimizer's moments, a plugin's gradient edit (FedProx's proximal
+term, SCAFFOLD's correction), the delta, the server.
 Not covered: the client's weight (its example count) and train metrics, which the simulation
 reports as they are.
 
@@ -32,10 +36,12 @@ Per-example gradients come from ``torch.func``: ``vmap`` over the batch of ``gra
 example's loss through ``functional_call`` over the trainable parameters; buffers and frozen
 parameters are the model's own, and dropout draws its own mask per example. They take ``B`` times
 the trainable parameters' memory. The noise is drawn on the model's device from a generator seeded
-by the client's seed, apart from its shuffling and dropout streams.
+by ``raysim.sampling.noise_seed`` of the client's seed, round and id (its caller's), apart from its
+shuffling and dropout streams and from local DP's noise.
 
 Usage:
-    metrics = train_local(model, data, config, seed=7, spec=spec, sample_privacy=ctx.sample_privacy)
+    seed = noise_seed(ctx.seed, ctx.round_num, ctx.client_id)
+    metrics = train_local(model, data, config, seed=7, spec=spec, sample_privacy=privacy, noise_seed=seed)
     grads, (loss, correct, count) = per_example_gradients(model, batch, spec)   # each (B, *shape)
     summed = clipped_sum(grads, clip_bound=1.0)
 """
@@ -44,8 +50,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import grad, vmap
@@ -58,7 +64,17 @@ from raysim.train.task_loss import task_loss
 from raysim.types import DataSpec
 
 Batch = dict[str, torch.Tensor]
-_NOISE_STREAM = 0xD95  # the spawn key of the noise's seed sequence: no other stream has one
+# a client's DP-SGD counts among its metrics, one training's each (``DpSgd.metrics``)
+EXAMPLES_METRIC = "privacy/sample/examples"  # the population its Poisson batches are drawn from
+BATCH_METRIC = "privacy/sample/batch_size"  # the expected batch: the rate is batch_size / examples
+STEPS_METRIC = "privacy/sample/steps"  # the noised gradients it released
+
+
+class Batching(Protocol):
+    """What DP-SGD reads of the local training config (``LocalTrainConfig``): its expected batch."""
+
+    @property
+    def batch_size(self) -> int: ...
 
 
 def batch_statistics_problem(model: nn.Module) -> str | None:
@@ -114,11 +130,10 @@ def per_example_gradients(
 
 
 def clipped_sum(grads: Weights, clip_bound: float) -> Weights:
-    """The sum over the batch axis of the gradients, each scaled to L2 norm at most
-    ``clip_bound`` over all of its tensors at once (Opacus's factor, ``C / (norm + 1e-6)``)."""
-    squares = [g.flatten(1).float().pow(2).sum(1) for g in grads.values()]  # (B,) each
-    norms = torch.stack(squares).sum(0).sqrt()
-    factor = (clip_bound / (norms + 1e-6)).clamp(max=1.0)
+    """The sum over the batch axis of the gradients, each scaled by ``raysim.params.clip_factor``
+    to L2 norm at most ``clip_bound`` over all of its tensors at once (``tree_norm``)."""
+    norms = vmap(P.tree_norm)(grads)  # (B,) float64: each example's norm over every tensor
+    factor = P.clip_factor(norms, clip_bound)
     return {name: torch.einsum("b,b...->...", factor.to(g.dtype), g) for name, g in grads.items()}
 
 
@@ -159,25 +174,50 @@ def private_gradient_(
 
 
 class DpSgd:
-    """One client's DP-SGD in ``train_local``: its Poisson batches and its private backward.
+    """One client's DP-SGD in ``train_local``: its Poisson batches, its private backward, and the
+    counts its accounting needs.
 
-    Built once per client: it refuses BatchNorm in train mode, and seeds the noise from the
-    client's ``seed``. ``batches`` replaces ``iterate_batches``; ``backward`` replaces the loss's
-    backward pass, and refuses a second gradient of one sampled batch.
+    Built once per ``train_local``: it refuses BatchNorm in train mode and seeds the noise from
+    ``noise_seed`` (``raysim.sampling.noise_seed``, given by the caller). ``batches`` replaces
+    ``iterate_batches``; ``backward`` replaces the loss's backward pass, and refuses a second
+    gradient of one sampled batch. ``metrics`` reports what it ran: the examples it sampled from,
+    the expected batch, and the noised steps (``raysim.privacy.client_counts`` composes them).
     """
 
     def __init__(
-        self, config: SamplePrivacy, model: nn.Module, spec: DataSpec, seed: int, batch_size: int
+        self, config: SamplePrivacy, model: nn.Module, spec: DataSpec, noise_seed: int, batch_size: int
     ) -> None:
         if (problem := batch_statistics_problem(model)) is not None:
             raise ConfigError([problem])
         self.config, self.spec, self.batch_size = config, spec, batch_size
         device = next(model.parameters()).device
-        self.generator = torch.Generator(device=device).manual_seed(noise_stream_seed(seed))
+        self.generator = torch.Generator(device=device).manual_seed(noise_seed)
+        self.num_examples: int | None = None  # the population its batches are drawn from
+        self.num_steps = 0  # noised gradients released
         self._gradients_of_batch = 0
+
+    @classmethod
+    def of(
+        cls, config: SamplePrivacy, model: nn.Module, spec: DataSpec, noise_seed: int | None, local: Batching
+    ) -> DpSgd:
+        """``train_local``'s DP-SGD at ``local.batch_size``; refuses a missing ``noise_seed``."""
+        if noise_seed is None:
+            raise ValueError(
+                "DP-SGD's noise needs its seed: pass train_local(..., noise_seed=noise_seed(ctx.seed, "
+                "ctx.round_num, ctx.client_id)) (raysim.sampling), or train through train_context"
+            )
+        return cls(config, model, spec, noise_seed, local.batch_size)
 
     def batches(self, tensors: Batch, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch of Poisson batches (``poisson_batches``), as ``iterate_batches``' signature."""
+        n = len(next(iter(tensors.values())))
+        if self.num_examples is not None and n != self.num_examples:
+            # one rate per training: another population would need an event of its own
+            raise ValueError(
+                f"DP-SGD drew from {self.num_examples} examples, then {n}: train each population "
+                "with its own train_local call, whose metrics count it apart"
+            )
+        self.num_examples = n
         for batch in poisson_batches(tensors, batch_size, generator):
             self._gradients_of_batch = 0
             yield batch
@@ -209,6 +249,7 @@ class DpSgd:
                     "per batch: use a plugin that steps once per batch, or drop privacy.sample"
                 ]
             )
+        self.num_steps += 1
         return private_gradient_(
             model,
             batch,
@@ -219,8 +260,17 @@ class DpSgd:
             generator=self.generator,
         )
 
+    def metrics(self) -> dict[str, float]:
+        """What this training spent: ``sample_counts`` of its population, batch and noised steps."""
+        return sample_counts(self.num_examples or 0, self.batch_size, self.num_steps)
 
-def noise_stream_seed(seed: int) -> int:
-    """The seed of a client's DP-SGD noise, derived from its ``seed`` apart from every other stream."""
-    state = np.random.SeedSequence(seed, spawn_key=(_NOISE_STREAM,)).generate_state(2)
-    return int((int(state[0]) << 31 ^ int(state[1])) & (2**63 - 1))
+
+def sample_counts(num_examples: int, batch_size: int, num_steps: int) -> dict[str, float]:
+    """A client's DP-SGD counts as its metrics: each of ``num_steps`` noised gradients drew a
+    Poisson batch of expected size ``batch_size`` from ``num_examples`` examples. A client that
+    trains nothing in a round under DP-SGD (a recall of its kept model) reports 0 steps."""
+    return {
+        EXAMPLES_METRIC: float(num_examples),
+        BATCH_METRIC: float(batch_size),
+        STEPS_METRIC: float(num_steps),
+    }

@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
+from raysim import sampling
 from raysim.config.privacy import SamplePrivacy
 from raysim.train.client_change import (
     BatchLoss,
@@ -210,6 +211,7 @@ def train_local(
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
     sample_privacy: SamplePrivacy | None = None,
+    noise_seed: int | None = None,
 ) -> ClientMetrics:
     """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
     return train_local_watched(
@@ -223,6 +225,7 @@ def train_local(
         step_budget=step_budget,
         hooks=hooks,
         sample_privacy=sample_privacy,
+        noise_seed=noise_seed,
     )[0]
 
 
@@ -238,6 +241,7 @@ def train_local_watched(
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
     sample_privacy: SamplePrivacy | None = None,
+    noise_seed: int | None = None,
 ) -> tuple[ClientMetrics, Weights]:
     """Trains ``model`` in place on one client's data; returns train metrics and the final
     accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
@@ -257,20 +261,21 @@ def train_local_watched(
         hooks: the plugin's (``LocalHooks``).
         sample_privacy: DP-SGD's clip bound and noise (``raysim.train.dp_sgd``): Poisson batches,
             each example's gradient clipped, noise on their sum; None: plain SGD.
+        noise_seed: seeds DP-SGD's noise (``raysim.sampling.noise_seed``); required with it.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
         each batch), ``train/steps`` (batches) and ``train/num_examples``: the distinct examples
         trained on. Each epoch visits every example once, so that is all of them after a full
         first epoch however many epochs follow (FedAvg's n_k), and fewer only when
-        ``max_steps`` stops the first epoch early.
+        ``max_steps`` stops the first epoch early. Under DP-SGD, its counts too (``DpSgd.metrics``).
     """
     model.train()
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     watch = ModelWatch(hooks.change, hooks.client)
-    private = None if sample_privacy is None else DpSgd(sample_privacy, model, spec, seed, config.batch_size)
+    private = None if sample_privacy is None else DpSgd.of(sample_privacy, model, spec, noise_seed, config)
     backward = _objective_backward(model, optimizer, spec, config, hooks, watch, private)
     take_step = hooks.step or gradient_step
     num_epochs = round_epochs(config, round_num)
@@ -292,7 +297,8 @@ def train_local_watched(
         correct, seen = correct + num_correct, seen + num_items
         size = len(next(iter(batch.values()))) if private is None else config.batch_size  # Poisson: expected
         num_batches, num_used = num_batches + 1, num_used + size
-    return train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data))), watch.acc
+    metrics = train_metrics(loss_sum, correct, seen, num_batches, min(num_used, len(data)))
+    return metrics | (private.metrics() if private is not None else {}), watch.acc
 
 
 def _objective_backward(
@@ -340,10 +346,7 @@ def examples_trained_on(metrics: Mapping[str, float | torch.Tensor]) -> float:
     ``max_steps`` or a straggler's ``step_budget`` ends the first epoch early it is fewer: the client
     counts by the examples whose gradients are in its delta (docs/baselines.md, "Client weights
     under partial work"). FedNova weights by data size instead, as its ``a_i`` counts the steps.
-
-    Args:
-        metrics: ``train_local``'s metrics for the client.
-    """
+    ``metrics`` are ``train_local``'s for the client."""
     return float(metrics["train/num_examples"])  # a count the host knows: no device read
 
 
@@ -381,7 +384,7 @@ def _train_context(
     ctx: ClientContext, config: LocalTrainConfig, hooks: LocalHooks
 ) -> tuple[ClientMetrics, Weights]:
     """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget and
-    sample-level privacy."""
+    sample-level privacy, its noise seeded by the client's seed, round and id."""
     return train_local_watched(
         ctx.model,
         ctx.data,
@@ -393,4 +396,5 @@ def _train_context(
         step_budget=ctx.step_budget,
         hooks=hooks,
         sample_privacy=ctx.sample_privacy,
+        noise_seed=sampling.noise_seed(ctx.seed, ctx.round_num, ctx.client_id),
     )

@@ -48,6 +48,13 @@ class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
     # where the trained client models are kept; None: $RAYSIM_HOME (else .raysim)/oneshot_cache
     cache_dir: str | None = None
 
+    def sample_privacy_problem(self) -> str | None:
+        """Why DP-SGD cannot hold here (``raysim.config.plugins.sample_privacy_problem``)."""
+        return (
+            "its clients' models come from the one-shot cache, which keys them without the privacy "
+            "section, so a cached model may have trained without DP-SGD"
+        )
+
 
 def cache_root(cache_dir: str | None) -> Path:
     """The cache folder: ``cache_dir``, else ``$RAYSIM_HOME`` (or ``.raysim``) / oneshot_cache."""

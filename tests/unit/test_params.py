@@ -175,6 +175,83 @@ def test_distance_is_the_norm_of_the_difference():
     assert P.distance(a, a) == 0.0
 
 
+# ---- float leaves, tree norms, clipping: the privacy mechanisms' shared helpers ---------------------
+# The references flatten the float leaves with numpy, in float64, and take numpy's norms.
+
+
+def privacy_tree(scale: float = 1.0) -> dict:
+    """Float leaves of three dtypes in a dict, a list and a dataclass, beside an integer tensor and a
+    number that are not clipped, normed or noised."""
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": scale * torch.randn(30, 20, generator=g),
+        "b": [scale * torch.randn(20, generator=g).double()],
+        "held": Holder({"x": (scale * torch.randn(5, generator=g)).half()}),
+        "steps": torch.tensor([3, 4]),
+        "mu": 0.5,
+    }
+
+
+def flat(tree: dict) -> np.ndarray:
+    parts = [tree["w"], tree["b"][0], tree["held"].update["x"]]
+    return np.concatenate([t.double().numpy().ravel() for t in parts])
+
+
+def test_float_leaves_are_the_float_tensors_in_tree_map_order():
+    t = privacy_tree()
+    found = P.float_leaves(t)
+    assert [x is y for x, y in zip(found, [t["w"], t["b"][0], t["held"].update["x"]], strict=True)] == [
+        True
+    ] * 3
+    assert P.float_leaves({"i": torch.tensor([1]), "a": np.ones(2, np.float32), "n": 1.0}) == []
+
+
+@pytest.mark.parametrize("ord", [1, 2])
+def test_tree_norm_is_numpys_norm_of_every_float_leaf_as_one_vector(ord):
+    t = privacy_tree()
+    norm = P.tree_norm(t, ord)
+    assert isinstance(norm, torch.Tensor) and norm.dim() == 0 and norm.dtype == torch.float64  # not read back
+    assert float(norm) == pytest.approx(np.linalg.norm(flat(t), ord), rel=1e-12)
+    assert float(P.tree_norm({"i": torch.tensor([5]), "n": 3.0}, ord)) == 0.0
+    # squares (and sums) overflow float16 (max 65504), not the norm: it accumulates in float64
+    big = {"h": torch.tensor([300.0, 400.0] * 50, dtype=torch.float16)}
+    assert float(P.tree_norm(big, ord)) == pytest.approx(
+        math.sqrt(50) * 500.0 if ord == 2 else 35000.0, rel=1e-15
+    )
+    with pytest.raises(ValueError, match="ord must be 1"):
+        P.tree_norm(t, 3)
+
+
+@pytest.mark.parametrize("ord", [1, 2])
+@pytest.mark.parametrize("scale", [0.01, 0.1, 10.0, 1000.0])
+def test_clip_tree_scales_onto_the_bound_as_numpy_does_and_leaves_a_tree_within_it(ord, scale):
+    t, bound = privacy_tree(scale), 3.0
+    before = np.linalg.norm(flat(t), ord)
+    clipped, norm = P.clip_tree(t, bound, ord)
+    assert float(norm) == pytest.approx(before, rel=1e-12)  # the norm before clipping
+    factor = min(1.0, bound / before)
+    for got, leaf in zip(
+        P.float_leaves(clipped), P.float_leaves(t), strict=True
+    ):  # within its dtype's rounding
+        rtol = 2 * torch.finfo(leaf.dtype).eps
+        np.testing.assert_allclose(got.double().numpy(), leaf.double().numpy() * factor, rtol=rtol, atol=0)
+    assert np.linalg.norm(flat(clipped), ord) <= bound * (1 + 1e-3)  # each leaf rounded to its dtype
+    if before <= bound:  # within the bound: unchanged, bit for bit
+        assert torch.equal(clipped["w"], t["w"]) and torch.equal(
+            clipped["held"].update["x"], t["held"].update["x"]
+        )
+    assert [x.dtype for x in P.float_leaves(clipped)] == [torch.float32, torch.float64, torch.float16]
+    assert clipped["steps"] is t["steps"] and clipped["mu"] == 0.5 and type(clipped["held"]) is Holder
+
+
+def test_clip_factor_is_numpys_min_of_one_and_bound_over_norm_and_a_zero_tree_stays_zero():
+    norms = np.array([0.0, 0.5, 2.0, 8.0])
+    factor = P.clip_factor(torch.from_numpy(norms), 2.0)
+    np.testing.assert_allclose(factor.numpy(), [1.0, 1.0, 1.0, 0.25], rtol=1e-15)
+    zero, norm = P.clip_tree({"w": torch.zeros(3)}, 1.0)
+    assert float(norm) == 0.0 and torch.equal(zero["w"], torch.zeros(3))
+
+
 # ---- at_weights -------------------------------------------------------------------------------
 
 

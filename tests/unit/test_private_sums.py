@@ -21,7 +21,6 @@ from raysim.private_sums import (
     client_weight,
     gaussian_draws,
     released,
-    sums_norm,
 )
 from raysim.types import ClientResult
 
@@ -112,8 +111,3 @@ def test_noise_of_the_wrong_shape_is_refused():
 def test_only_aggregators_that_divide_a_weighted_sum_are_summing():
     assert isinstance(WeightedMean(), Summing)
     assert not isinstance(Sum(), Summing) and not isinstance(Gather(), Summing)
-
-
-def test_sums_norm_is_the_joint_l2_norm_in_float64():
-    tree = {"a": torch.tensor([3.0]), "b": [torch.tensor([4.0, 12.0])], "n": 7}
-    assert sums_norm(tree).item() == pytest.approx(13.0) and sums_norm(tree).dtype == torch.float64

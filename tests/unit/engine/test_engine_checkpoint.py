@@ -43,7 +43,7 @@ def engine(tmp_path):
         state_dir=tmp_path / "run" / "client_state",
         tracker=SimpleNamespace(run_id=None),
         job=SimpleNamespace(to_dict=lambda: {}),
-        privacy_state=lambda: None,  # a run without privacy accounting
+        privacy=None,  # a run without privacy accounting
     )
     write(fake, 3)
     return fake

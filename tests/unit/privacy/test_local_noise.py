@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raysim.config.privacy import LocalPrivacy
-from raysim.privacy.local_noise import clip_update, release_result, release_update
+from raysim.privacy.local_noise import release_result, release_update
 from raysim.sampling import noise_seed
 from raysim.types import ClientResult
 
@@ -39,21 +39,17 @@ def random_update(scale: float) -> dict[str, torch.Tensor]:
     return {"w": scale * torch.randn(30, 20, generator=g), "b": scale * torch.randn(20, generator=g).double()}
 
 
-@pytest.mark.parametrize(("ord", "norm"), [(2, l2), (1, l1)])
-def test_the_clipped_norm_is_never_above_the_bound_and_an_update_within_it_is_unchanged(ord, norm):
-    for scale in (0.1, 1.0, 10.0, 1000.0):
+@pytest.mark.parametrize(("mechanism", "norm"), [("gaussian", l2), ("laplace", l1)])
+def test_the_release_clips_in_its_mechanisms_norm_and_reports_the_norm_before(mechanism, norm):
+    """With noise too small to matter, the release is the update clipped (``raysim.params.clip_tree``,
+    tested against numpy there): L2 for gaussian, L1 for laplace."""
+    config = LocalPrivacy(mechanism=mechanism, clip_bound=3.0, noise_multiplier=1e-9)
+    for scale in (0.1, 1000.0):
         update = random_update(scale)
-        before = norm(update)
-        bound = 3.0
-        clipped, measured = clip_update(update, bound, ord)
-        assert float(measured) == pytest.approx(before, rel=1e-9)  # the norm before clipping
-        assert norm(clipped) <= bound * (1 + 1e-6)  # float32 rounding of each coordinate
-        if before <= bound:
-            assert all(torch.equal(clipped[k], update[k]) for k in update)
-        else:  # scaled onto the bound, direction kept
-            assert norm(clipped) == pytest.approx(bound, rel=1e-6)
-            assert torch.allclose(clipped["w"] * before / bound, update["w"], rtol=1e-5)
-        assert {k: v.dtype for k, v in clipped.items()} == {k: v.dtype for k, v in update.items()}
+        released, measured = release_update(update, config, torch.Generator().manual_seed(0))
+        assert measured == pytest.approx(norm(update), rel=1e-9)
+        assert norm(released) == pytest.approx(min(norm(update), 3.0), rel=1e-6)
+        assert torch.allclose(released["w"], update["w"] * min(1.0, 3.0 / norm(update)), atol=1e-6)
 
 
 def test_the_gaussian_noise_has_std_noise_multiplier_times_bound():

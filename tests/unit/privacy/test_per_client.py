@@ -1,4 +1,4 @@
-"""A client's epsilon: local DP over its reports, DP-SGD over its steps.
+"""A client's epsilon: local DP over its reports, DP-SGD over its steps at each rate it trained at.
 
 The references are dp-accounting's own events, written out here, and the mechanisms' laws checked
 from first principles: a Laplace report's privacy loss is the log-ratio of its densities at two
@@ -12,7 +12,7 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 
 from raysim.config.privacy import LocalPrivacy, SamplePrivacy
-from raysim.privacy.per_client import local_epsilon, sample_epsilon
+from raysim.privacy.per_client import SampledSteps, local_epsilon, sample_epsilon
 
 
 def rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
@@ -52,19 +52,49 @@ def test_a_gaussian_report_needs_delta():
         local_epsilon(LocalPrivacy(clip_bound=1.0, noise_multiplier=1.0), reports=1, delta=None)
 
 
+def poisson_steps(q: float, z: float, steps: int) -> dp_accounting.DpEvent:
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps
+    )
+
+
 def test_sample_epsilon_is_the_poisson_sampled_gaussian_composed_over_the_steps():
     config = SamplePrivacy(clip_bound=1.0, noise_multiplier=1.1)
-    step = dp_accounting.PoissonSampledDpEvent(32 / 600, dp_accounting.GaussianDpEvent(1.1))
-    expected = rdp_epsilon(dp_accounting.SelfComposedDpEvent(step, 190), 1e-5)
-    assert sample_epsilon(config, num_examples=600, batch_size=32, steps=190, delta=1e-5) == pytest.approx(
-        expected
-    )
+    expected = rdp_epsilon(poisson_steps(32 / 600, 1.1, 190), 1e-5)
+    assert sample_epsilon(config, (SampledSteps(600, 32, 190),), 1e-5) == pytest.approx(expected, rel=1e-12)
     # sampling amplifies: the same steps on every example (q = 1) cost more
-    whole = sample_epsilon(config, num_examples=20, batch_size=32, steps=190, delta=1e-5)
+    whole = sample_epsilon(config, (SampledSteps(20, 32, 190),), 1e-5)
     assert whole == pytest.approx(
         rdp_epsilon(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.1), 190), 1e-5)
     )
     assert whole > expected
+    assert sample_epsilon(config, (), 1e-5) == 0.0 == sample_epsilon(config, (SampledSteps(5, 2, 0),), 1e-5)
+
+
+def test_steps_at_different_rates_compose_as_dp_accountings_composed_event():
+    """A client that trained on 600 examples, then on a capped 100, then on 600 again: one
+    SelfComposedDpEvent per rate in a ComposedDpEvent, as dp-accounting composes them."""
+    config = SamplePrivacy(clip_bound=1.0, noise_multiplier=1.1)
+    runs = (SampledSteps(600, 32, 38), SampledSteps(100, 32, 4), SampledSteps(600, 16, 10))
+    composed = dp_accounting.ComposedDpEvent(
+        [poisson_steps(32 / 600, 1.1, 38), poisson_steps(32 / 100, 1.1, 4), poisson_steps(16 / 600, 1.1, 10)]
+    )
+    assert sample_epsilon(config, runs, 1e-5) == pytest.approx(rdp_epsilon(composed, 1e-5), rel=1e-12)
+    # the larger rate costs more than the same steps at the smaller one
+    same_rate = (SampledSteps(600, 32, 42), SampledSteps(600, 16, 10))
+    assert sample_epsilon(config, runs, 1e-5) > sample_epsilon(config, same_rate, 1e-5)
+
+
+def test_sample_epsilon_is_cached_by_its_arguments_and_refuses_impossible_counts():
+    config = SamplePrivacy(clip_bound=1.0, noise_multiplier=0.9)
+    runs = (SampledSteps(321, 8, 7),)
+    first = sample_epsilon(config, runs, 1e-5)
+    hits = sample_epsilon.cache_info().hits
+    assert sample_epsilon(config, (SampledSteps(321, 8, 7),), 1e-5) == first
+    assert sample_epsilon.cache_info().hits == hits + 1
+    for bad in (SampledSteps(0, 8, 1), SampledSteps(10, 0, 1), SampledSteps(10, 8, -1)):
+        with pytest.raises(ValueError, match="need examples, batch_size >= 1"):
+            sample_epsilon(config, (bad,), 1e-5)
 
 
 def exact_gaussian_epsilon(sigma: float, delta: float) -> float:

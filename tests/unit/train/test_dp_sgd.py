@@ -1,6 +1,7 @@
 """DP-SGD in the shared trainer: per-example gradients clipped and summed as a plain loop of
 single-example backward passes would, Gaussian noise of std ``noise_multiplier * clip_bound`` over
-the expected batch size, Poisson batches, and refusals where the law cannot hold.
+the expected batch size, seeded by the caller's noise seed, Poisson batches, the counts each
+training reports for its accounting, and refusals where the law cannot hold.
 
 The reference for the clipped sum is written out here with plain autograd: for each example alone
 ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_`` to the bound (the same ``C / (norm + 1e-6)``
@@ -14,12 +15,14 @@ import pytest
 import torch
 from torch import nn
 
+from raysim import params as P
 from raysim.config.privacy import SamplePrivacy
 from raysim.errors import ConfigError
-from raysim.train.dp_sgd import noise_stream_seed, poisson_batches, private_gradient_
-from raysim.train.local import LocalHooks, LocalTrainConfig, train_local
+from raysim.sampling import noise_seed
+from raysim.train.dp_sgd import DpSgd, poisson_batches, private_gradient_
+from raysim.train.local import LocalHooks, LocalTrainConfig, train_context, train_local
 from raysim.train.task_loss import task_loss
-from raysim.types import ClientData, DataSpec
+from raysim.types import ClientContext, ClientData, DataSpec, Payload
 
 SPEC = DataSpec("classification", (1, 6, 6), 3)
 
@@ -126,10 +129,21 @@ def client_data(n: int = 40) -> ClientData:
     return ClientData({"x": batch["x"].numpy(), "y": batch["y"].numpy()})
 
 
-def train(model: nn.Module, seed: int = 5, **kwargs) -> dict:
-    privacy = SamplePrivacy(clip_bound=1.0, noise_multiplier=1.0)
-    config = LocalTrainConfig(epochs=2, batch_size=8, lr=0.1)
-    return train_local(model, client_data(), config, seed=seed, spec=SPEC, sample_privacy=privacy, **kwargs)
+PRIVACY = SamplePrivacy(clip_bound=1.0, noise_multiplier=1.0)
+
+
+def train(model: nn.Module, seed: int = 5, data: ClientData | None = None, **kwargs) -> dict:
+    config = kwargs.pop("config", LocalTrainConfig(epochs=2, batch_size=8, lr=0.1))
+    return train_local(
+        model,
+        data or client_data(),
+        config,
+        seed=seed,
+        spec=SPEC,
+        sample_privacy=PRIVACY,
+        noise_seed=kwargs.pop("noise_seed", noise_seed(seed, 0, 0)),
+        **kwargs,
+    )
 
 
 def test_batchnorm_in_train_mode_is_refused_naming_the_module_and_the_fix():
@@ -163,4 +177,76 @@ def test_private_training_is_a_pure_function_of_the_seed_and_counts_every_exampl
     assert all(same)
     assert not torch.allclose(next(models[0].parameters()), next(models[2].parameters()))
     assert metrics[0]["train/steps"] == 2 * math.ceil(40 / 8) and metrics[0]["train/num_examples"] == 40
-    assert noise_stream_seed(5) != 5 and noise_stream_seed(5) == noise_stream_seed(5)
+
+
+def trained(seed: int, noise: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = mlp()
+    train(model, seed=seed, noise_seed=noise)
+    return list(model.parameters())
+
+
+def test_the_noise_follows_the_noise_seed_its_caller_passes_and_none_is_refused():
+    same = trained(5, noise=11)
+    assert all(torch.equal(a, b) for a, b in zip(same, trained(5, noise=11), strict=True))
+    # the same batches (shuffling seed 5), other noise: another model
+    assert not torch.allclose(same[0], trained(5, noise=12)[0])
+    with pytest.raises(ValueError, match="noise_seed"):
+        train(mlp(), noise_seed=None)
+
+
+def test_train_context_seeds_the_noise_by_the_clients_seed_round_and_id():
+    """``noise_seed(ctx.seed, ctx.round_num, ctx.client_id)``: a client's plugin-side training
+    equals train_local given that seed, and another round or client draws other noise."""
+
+    def context(net: nn.Module, round_num: int, client_id: int) -> ClientContext:
+        return ClientContext(
+            client_id=client_id,
+            round_num=round_num,
+            model=net,
+            payload=Payload({}),
+            global_params=P.clone(P.model_params(net)),
+            data=client_data(),
+            state=None,
+            seed=5,
+            device=torch.device("cpu"),
+            spec=SPEC,
+            sample_privacy=PRIVACY,
+        )
+
+    config = LocalTrainConfig(epochs=2, batch_size=8, lr=0.1)
+    models = []
+    for round_num, client_id in ((3, 7), (4, 7), (3, 8)):
+        torch.manual_seed(0)
+        models.append(mlp())
+        train_context(context(models[-1], round_num, client_id), config)
+    torch.manual_seed(0)
+    direct = mlp()
+    train(direct, seed=5, config=config, round_num=3, noise_seed=noise_seed(5, 3, 7))
+    assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), direct.parameters(), strict=True))
+    assert not torch.allclose(next(models[0].parameters()), next(models[1].parameters()))
+    assert not torch.allclose(next(models[0].parameters()), next(models[2].parameters()))
+
+
+def test_each_training_reports_its_population_batch_and_noised_steps():
+    full = train(mlp())  # 40 examples, batch 8, 2 epochs of 5 Poisson batches
+    assert (full["privacy/sample/examples"], full["privacy/sample/batch_size"]) == (40.0, 8.0)
+    assert full["privacy/sample/steps"] == 10.0
+    # the population is the data the training is given (a capped round, a held-back split)
+    part = train(mlp(), data=ClientData({k: v[:13] for k, v in client_data().arrays.items()}))
+    assert part["privacy/sample/examples"] == 13.0 and part["privacy/sample/steps"] == 2 * math.ceil(13 / 8)
+    # noised steps, not the epochs' batches: max_steps and a straggler's budget cut them
+    assert train(mlp(), step_budget=3)["privacy/sample/steps"] == 3.0
+
+    def no_gradient(model, batch, optimizer, backward):  # a step that releases nothing
+        return (torch.zeros(()), torch.zeros(()), torch.zeros(()))
+
+    assert train(mlp(), hooks=LocalHooks(step=no_gradient))["privacy/sample/steps"] == 0.0
+
+
+def test_a_population_that_changes_within_one_training_is_refused():
+    private = DpSgd(PRIVACY, mlp(), SPEC, noise_seed=1, batch_size=8)
+    generator = torch.Generator().manual_seed(0)
+    list(private.batches(batch_of(40), 8, generator))
+    with pytest.raises(ValueError, match="drew from 40 examples, then 20"):
+        list(private.batches(batch_of(20), 8, generator))

@@ -149,7 +149,8 @@ class ClientContext(Generic[X, S, C]):
     towers): read its structure, copy it before changing it; None where no worker builds the context.
     ``sample_privacy`` is the job's ``privacy.sample`` (None: none): ``train_client`` and
     ``train_context`` then train with DP-SGD (``raysim.train.dp_sgd``); a plugin calling
-    ``train_local`` itself passes it on.
+    ``train_local`` itself passes it on. ``noise_salt`` is the job's (``raysim.config.job.noise_salt``),
+    mixed into DP-SGD's noise seed so that two jobs never share noise.
     Frozen: a context is one client's view of one round; derive another with ``dataclasses.replace``.
     """
 
@@ -169,6 +170,7 @@ class ClientContext(Generic[X, S, C]):
     model_section: dict[str, Any] = field(default_factory=dict)
     model_of: Callable[[ClientId], nn.Module] | None = None
     sample_privacy: SamplePrivacy | None = None
+    noise_salt: int = 0
 
 
 @dataclass(frozen=True)

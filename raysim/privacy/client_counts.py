@@ -45,6 +45,7 @@ class ClientCountsState:
     reports: dict[int, int]
     sampled: dict[int, Steps]
     worst_sample: float
+    accounted_as: str = ""  # the mechanisms counted: a resume must not change them
 
 
 @dataclass
@@ -97,6 +98,11 @@ class ClientCounts:
         )
         return sample_epsilon(self.config.sample, runs, self.config.delta) if runs else 0.0
 
+    def accounted_as(self) -> str:
+        """The client-side mechanisms in words: a resume that changes them is refused (the counts
+        compose one kind of report and step)."""
+        return f"local {self.config.local}, sample {self.config.sample}, delta {self.config.delta}"
+
     def metrics(self) -> Metrics:
         """The worst client's epsilon so far under local DP and under DP-SGD."""
         out: Metrics = {}
@@ -114,7 +120,7 @@ class ClientCounts:
             client: tuple((n, batch, steps) for (n, batch), steps in runs.items())
             for client, runs in self.sampled.items()
         }
-        saved = plain(ClientCountsState(dict(self.reports), sampled, self.worst_sample))
+        saved = plain(ClientCountsState(dict(self.reports), sampled, self.worst_sample, self.accounted_as()))
         assert isinstance(saved, dict)
         return saved
 
@@ -126,7 +132,7 @@ class ClientCounts:
                 ``path`` and the fix.
         """
         try:
-            state = rebuild(ClientCountsState({}, {}, 0.0), saved, "privacy.clients")
+            state = rebuild(ClientCountsState({}, {}, 0.0, ""), saved, "privacy.clients")
             reports, sampled = _reports(state.reports), _sampled(state.sampled)
             worst = _worst(state.worst_sample)
         except (TypeError, ValueError) as exc:
@@ -134,6 +140,11 @@ class ClientCounts:
                 f"{path}: its clients' privacy counts are unreadable ({exc}); resume from another "
                 "checkpoint, or drop --resume to start the run afresh"
             ) from None
+        if state.accounted_as != self.accounted_as():
+            raise CheckpointError(
+                f"{path}: its clients were counted under {state.accounted_as}; this job's are "
+                f"{self.accounted_as()}: resume with that run's privacy: section, or drop --resume"
+            )
         self.reports, self.sampled, self.worst_sample = reports, sampled, worst
 
 

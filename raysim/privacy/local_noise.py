@@ -14,13 +14,14 @@ and ``privacy/local_norm`` (the norm before clipping, for tuning the bound) trav
 simulation's bookkeeping, not as part of the release.
 
 The noise is drawn on the CPU from a generator seeded by ``raysim.sampling.noise_seed(seed,
-round_num, client_id)`` and moved to the update's device, so the serial, Ray and vectorized
-backends add the same noise to the same client. A deployment draws it from a secure source.
+round_num, client_id, salt)`` (salt: the job's ``noise_salt``) and moved to the update's device,
+so the serial, Ray and vectorized backends add the same noise to the same client. A deployment
+draws it from a secure source.
 
 Usage:
-    generator = torch.Generator().manual_seed(noise_seed(job.seed, round_num, client_id))
+    generator = torch.Generator().manual_seed(noise_seed(job.seed, round_num, client_id, salt))
     update, norm = release_update(result.update, job.privacy.local, generator)
-    result = release_result(result, job.privacy.local, noise_seed(job.seed, round_num, client_id))
+    result = release_result(result, job.privacy.local, noise_seed(job.seed, round_num, client_id, salt))
 """
 
 from __future__ import annotations

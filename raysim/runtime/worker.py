@@ -18,6 +18,7 @@ from torch import nn
 from raysim import params as P
 from raysim.algorithm import has_personal_model, vectorizes
 from raysim.config import JobConfig, PersonalizationConfig
+from raysim.config.job import noise_salt
 from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
@@ -77,6 +78,7 @@ class ClientTrainer:
         self.states = ClientStateStore(setup.state_dir)
         self.algorithm = build_algorithm(self.job)
         self.probes = build_probes(self.job)
+        self.noise_salt = noise_salt(self.job)  # privacy's noise: independent of another job's
         self.resident = ResidentModels(self.job, self.store.spec, self.store.num_clients, self.device)
         self.model, mixes = self.resident.model, self.resident.mixes
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
@@ -175,7 +177,7 @@ class ClientTrainer:
             if self.job.privacy is not None and self.job.privacy.local is not None:
                 # local DP: only the clipped, noised update leaves the client (raysim.privacy.local_noise)
                 with timer.phase("training"):
-                    seed = noise_seed(self.job.seed, round_num, client_id)
+                    seed = noise_seed(self.job.seed, round_num, client_id, self.noise_salt)
                     result = release_result(result, self.job.privacy.local, seed)
             with timer.phase("reduce"):
                 partial = aggregator.add(partial, position, result)
@@ -296,6 +298,7 @@ class ClientTrainer:
             model_section=self.resident.section_of(client_id),
             model_of=self.model_of,
             sample_privacy=self.job.privacy.sample if self.job.privacy is not None else None,
+            noise_salt=self.noise_salt,
         )
 
     def _client_state(self, client_id: int, round_num: int) -> object | None:

@@ -396,5 +396,5 @@ def _train_context(
         step_budget=ctx.step_budget,
         hooks=hooks,
         sample_privacy=ctx.sample_privacy,
-        noise_seed=sampling.noise_seed(ctx.seed, ctx.round_num, ctx.client_id),
+        noise_seed=sampling.noise_seed(ctx.seed, ctx.round_num, ctx.client_id, ctx.noise_salt),
     )

@@ -137,3 +137,13 @@ def test_a_corrupt_or_missing_state_is_refused_naming_the_checkpoint_and_the_fix
     ):
         counts.restore(corrupt, "ckpt/final.pt")
     assert counts.reports == {} and counts.sampled == {}  # nothing half-restored
+
+
+def test_a_resume_that_changes_the_client_mechanisms_is_refused():
+    counts = ClientCounts(SAMPLE, plugin="fedavg")
+    counts.record([trained(1, examples=100, steps=10)])
+    other = SAMPLE.model_copy(update={"sample": SAMPLE.sample.model_copy(update={"noise_multiplier": 9.0})})
+    with pytest.raises(
+        CheckpointError, match="counted under .*noise_multiplier=1.* this job's are .*noise_multiplier=9"
+    ):
+        ClientCounts(other, plugin="fedavg").restore(counts.state(), "ckpt.pt")

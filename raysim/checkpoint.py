@@ -170,7 +170,7 @@ class Checkpoint:
     job: dict[str, Any]  # the resolved config of the run that wrote it
     state_dir: str | None  # its client-state snapshot; None: no client had state
     run: dict[str, str] | None  # the MLflow run that wrote it; None: untracked, or an older file
-    privacy: dict[str, Any] | None = None  # central DP's ledger; None: no central DP, or an older file
+    privacy: Any = None  # the privacy accounting's state; None: no privacy, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -189,7 +189,7 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
         _check_snapshot_round(Path(path), Path(state_dir), round_num)
         _check_snapshot_files(Path(path), Path(state_dir))
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
-    privacy = raw.get("privacy") if isinstance(raw.get("privacy"), dict) else None
+    privacy = raw.get("privacy")  # checked by the run that resumes (raysim.privacy.run_privacy)
     return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy)
 
 

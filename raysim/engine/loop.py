@@ -73,7 +73,7 @@ def run(
     with exit_as_requested(), progress as bar:  # SIGTERM's 143, even where Ray made it 1
         engine, state = build(job, tracker, resume_from, Path(output_dir), branch)
         engine.on_phase, status = bar.phase, "FAILED"
-        bar.resume_at(engine.start_round)
+        bar.resume_at(engine.start_round, engine.num_rounds)
         try:
             if job.evaluation.at_start and engine.start_round == 0:
                 engine.log(engine.evaluate(state), START_STEP)

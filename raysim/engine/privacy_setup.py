@@ -29,7 +29,9 @@ from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.spending import Spending, spending_of
 
 
-def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: int) -> list[str]:
+def privacy_problems(
+    job: JobConfig, algorithm: AnyAlgorithm[Any], population: int, most_examples: int = 1
+) -> list[str]:
     """What makes this job's privacy (or its Poisson sampling) impossible to honour with its plugin
     and data, one line each; the checks of the config alone ran when it was read
     (``raysim.config.privacy.sampling_problems``)."""
@@ -52,6 +54,12 @@ def privacy_problems(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
             f"privacy.delta: {privacy.delta:g} is not below 1 / population (1/{population} = "
             f"{1 / population:.3g}): a guarantee that lets one client of {population} leak is none; "
             f"set it below, e.g. {0.1 / population:.1g}"
+        )
+    if privacy.sample is not None and privacy.delta is not None and privacy.delta >= 1 / most_examples:
+        problems.append(
+            f"privacy.delta: {privacy.delta:g} is not below 1 / examples of the largest client "
+            f"(1/{most_examples}): DP-SGD's guarantee would let one of its examples leak; set it "
+            f"below, e.g. {0.1 / most_examples:.1g}"
         )
     if privacy.central is not None:
         problems += central_problems(name, algorithm, staged)
@@ -89,7 +97,7 @@ def open_privacy(
         ConfigError: any of ``privacy_problems``, or a noise or budget that cannot be met.
         CheckpointError: the checkpoint's privacy state does not continue this job's.
     """
-    problems = privacy_problems(job, algorithm, len(train_pool))
+    problems = privacy_problems(job, algorithm, len(train_pool), int(examples[train_pool].max()))
     if problems:
         raise ConfigError(problems)
     privacy = job.privacy

@@ -72,9 +72,11 @@ class RoundProgress:
             raise ValueError(f"unknown phase {name!r}; one of {PHASES}")
         self.progress.update(self.task, phase=name)
 
-    def resume_at(self, start_round: int) -> None:
-        """A resumed run's bar starts at the checkpoint's round (known once the run is built)."""
+    def resume_at(self, start_round: int, num_rounds: int | None = None) -> None:
+        """A resumed run's bar starts at the checkpoint's round, and a run a privacy budget stops
+        early ends at its last round (both known once the run is built)."""
         self.start_round = start_round
+        self.num_rounds = num_rounds if num_rounds is not None else self.num_rounds
         self.progress.update(self.task, total=self.num_rounds - start_round, rounds=self._rounds(start_round))
 
     def update(self, round_num: int, metrics: Metrics) -> None:

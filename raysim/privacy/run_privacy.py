@@ -65,7 +65,7 @@ class RunPrivacy:
         central = {"central": plain(self.ledger.state)} if self.ledger is not None else {}
         return central | ({"clients": self.clients.state()} if self.clients is not None else {})
 
-    def restore(self, saved: dict[str, Any] | None, path: str) -> None:
+    def restore(self, saved: object, path: str) -> None:
         """A resumed run goes on from its checkpoint's state, which must hold what this job keeps.
 
         Raises:
@@ -76,6 +76,11 @@ class RunPrivacy:
             raise CheckpointError(
                 f"{path}: was written by a run without privacy, which a private run cannot continue "
                 f"(its rounds spent nothing the accountant knows of): drop --resume, or privacy:"
+            )
+        if not isinstance(saved, dict):
+            raise CheckpointError(
+                f"{path}: its privacy state is unreadable (a {type(saved).__name__}, not the mapping a "
+                f"run writes); resume from an earlier checkpoint of the run"
             )
         for name, part in (("central", self.ledger), ("clients", self.clients)):
             if part is None:

@@ -93,3 +93,11 @@ def test_a_target_epsilon_is_met_by_the_calibrated_noise():
     )
     with pytest.raises(ValueError, match="0.01"):
         spending(unreachable)
+
+
+def test_sample_level_delta_must_be_below_one_over_the_largest_clients_examples():
+    sample = {"sample": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "central": None, "delta": 1e-3}
+    config = job(privacy=sample)
+    [problem] = privacy_problems(config, build_algorithm(config), 20, most_examples=5000)
+    assert "not below 1 / examples of the largest client (1/5000)" in problem
+    assert privacy_problems(config, build_algorithm(config), 20, most_examples=100) == []

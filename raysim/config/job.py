@@ -72,7 +72,8 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     """The job's own sections: everything but the plugin sections, which each plugin validates."""
 
     name: str = "job"
-    seed: int = Field(0, ge=0, le=2**63 - 1)  # the most torch.manual_seed and numpy accept alike
+    # the most torch.manual_seed and numpy accept alike; strict: YAML's true is no seed of 1
+    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True)
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import socket
 import ssl
 import urllib.error
@@ -55,7 +56,8 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
 
 def check_output_dir(folder: Path) -> None:
     """The run folder can be made under ``folder`` (``--output-dir``): the nearest part of it that
-    exists is a folder this process can write. Nothing is created here.
+    exists is a folder in which this process can make a folder. It makes one there and removes it at
+    once: permission bits alone say yes to root, and to pseudo-filesystems (``/proc``) that refuse.
 
     Raises:
         ResourceError: naming the file or unwritable folder in the way.
@@ -64,11 +66,13 @@ def check_output_dir(folder: Path) -> None:
     if not existing.is_dir():
         where = "is" if existing == folder else f"lies under {existing}, which is"
         raise ResourceError(f"the output folder {folder} (--output-dir) {where} a file; pass a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
+    except OSError as exc:
         raise ResourceError(
-            f"the output folder {folder} (--output-dir) cannot be written ({existing} is not writable); "
-            f"pass a folder you can write"
-        )
+            f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
+            f"{exc.strerror or exc}); pass a folder you can write"
+        ) from None
 
 
 def check_tracking_store(uri: str) -> None:

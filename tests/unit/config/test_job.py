@@ -180,3 +180,10 @@ def test_the_noise_salt_differs_between_jobs_and_not_between_a_run_and_its_resum
     assert how == plain  # a resume, another worker count or batching: the same noise
     assert salt(algorithm={"name": "fedavg", "local": {"lr": 0.02}}) != plain  # another job: other noise
     assert salt(seed=1) != plain and salt(engine={"cohort_size": 5}) != plain
+
+
+def test_a_seed_of_true_is_no_seed():
+    base = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+    with pytest.raises(ConfigError, match="seed: Input should be a valid integer"):
+        JobConfig.from_dict({**base, "seed": True})
+    assert JobConfig.from_dict({**base, "seed": 7}).seed == 7

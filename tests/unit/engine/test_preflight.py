@@ -5,6 +5,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,14 @@ def test_an_output_dir_that_is_or_lies_under_a_file_is_named_and_nothing_is_crea
         check_output_dir(tmp_path / "file" / "a" / "b")
     check_output_dir(tmp_path / "new" / "out")  # missing folders are made by the run, not here
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_dir_no_folder_can_be_made_in_is_refused_even_for_root(tmp_path):
+    """/proc's permission bits let root write; making a folder there fails all the same."""
+    with pytest.raises(
+        ResourceError, match=r"output folder /proc/x .--output-dir. cannot be written .*/proc"
+    ):
+        check_output_dir(Path("/proc/x"))
+    check_output_dir(tmp_path / "fine")
+    assert list(tmp_path.iterdir()) == []  # the probe folder is gone

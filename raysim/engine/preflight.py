@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import socket
 import ssl
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator

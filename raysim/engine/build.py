@@ -328,15 +328,16 @@ def initial_state(
     return typed_like(fresh, state, job.algorithm.name, path), last_round + 1
 
 
-def refuse_nonfinite_checkpoint(state: ServerState, path: str) -> None:
+def refuse_nonfinite_checkpoint(state: ServerState, path: str, action: str = "resume from") -> None:
     """A checkpoint whose model or server optimizer holds NaN or infinity cannot be resumed: every
-    client would train from it and fail, and the run would blame their learning rates."""
+    client would train from it and fail, and the run would blame their learning rates. Nor is it
+    evaluated (``action``: "evaluate"): its scores would be those of no model the run trained."""
     saved = {"params": state.params, "opt_state": state.opt_state}
     if not P.is_finite(saved):
         bad = P.nonfinite_names(saved)
         raise CheckpointError(
             f"{path} is non-finite: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
-            f"hold{'s' if len(bad) == 1 else ''} NaN or infinity; resume from an earlier checkpoint "
+            f"hold{'s' if len(bad) == 1 else ''} NaN or infinity; {action} an earlier checkpoint "
             f"of the run (its checkpoints/ folder)"
         )
 

@@ -27,7 +27,7 @@ from raysim.checkpoint import Checkpoint, check_compatible, read_checkpoint
 from raysim.config import JobConfig, apply_overrides
 from raysim.config.job import validate_job
 from raysim.config.renames import upgrade_saved_job
-from raysim.engine.build import open_parts, start_workers
+from raysim.engine.build import open_parts, refuse_nonfinite_checkpoint, start_workers
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.preflight import preflight
 from raysim.errors import CheckpointError, ConfigError
@@ -126,6 +126,30 @@ def evaluation_job(saved: dict[str, Any], overrides: list[str], source: str) -> 
     return validate_job(apply_overrides(upgrade_saved_job(saved), overrides), source)
 
 
+def last_step(job: JobConfig) -> int:
+    """The last step a run of ``job`` logs: its last round, or a staged method's closing step where
+    that comes later (FuseFL's CCVR at step K, its config's ``num_stages``, whatever
+    ``engine.num_rounds`` says)."""
+    stages = getattr(job.algorithm.config, "num_stages", 0)
+    return max(job.engine.num_rounds - 1, stages if isinstance(stages, int) else 0)
+
+
+def refuse_implausible_round(round_num: int, job: JobConfig, path: str) -> None:
+    """A checkpoint of a round its job never runs was edited or damaged: its metrics would be
+    logged at that step (10**12, say) beside the run's real ones.
+
+    Raises:
+        CheckpointError: ``round_num`` is negative or after the job's last step.
+    """
+    last = last_step(job)
+    if not 0 <= round_num <= last:
+        raise CheckpointError(
+            f"{path} says it ends after round {round_num}, but its job runs rounds 0..{last} "
+            f"(engine.num_rounds={job.engine.num_rounds}); it was edited or damaged: evaluate another "
+            f"checkpoint of the run (its checkpoints/ folder)"
+        )
+
+
 def evaluate_checkpoint(
     path: str | Path, overrides: list[str], tracking_uri: str | None = None
 ) -> CheckpointEvaluation:
@@ -139,12 +163,14 @@ def evaluate_checkpoint(
             None: the store of the run that wrote the checkpoint, as the checkpoint recorded it.
 
     Raises:
-        CheckpointError: a missing, corrupt or foreign checkpoint (CRC-checked), or one that
-            does not fit its job's model.
+        CheckpointError: a missing, corrupt or foreign checkpoint (CRC-checked), a non-finite
+            one, one of a round its job never runs, or one that does not fit its job's model.
         ConfigError: an override of a key that cannot change, or an invalid one.
     """
     checkpoint = read_checkpoint(path, with_client_state=False)
+    refuse_nonfinite_checkpoint(checkpoint.state, str(path), "evaluate")  # as --resume refuses it
     job = evaluation_job(checkpoint.job, overrides, str(path))
+    refuse_implausible_round(checkpoint.round_num, job, str(path))
     source = checkpoint.run or {}
     store = tracking_uri or source.get("tracking_uri")
     if store and not is_overridden(overrides, "tracking.tracking_uri"):
@@ -179,7 +205,7 @@ def run_evaluation(
     FINISHED, or FAILED (KILLED) when it raised (was interrupted)."""
     status = "FAILED"
     try:  # personalization and transfer are seeded by the round, as in the source run
-        metrics = evaluate_global(backend, checkpoint.state.params, plan, max(checkpoint.round_num, 0))
+        metrics = evaluate_global(backend, checkpoint.state.params, plan, checkpoint.round_num)
         tracker.log_metrics(metrics, step=checkpoint.round_num)
         status = "FINISHED"
         return metrics

@@ -10,8 +10,8 @@ which examples each client holds), its model section (the architecture and initi
 seed (the partition's and the initial model's draw, the clients' local seeds), the local training
 options, and the client ids. Whatever else changes (the algorithm's name, its other options,
 evaluation, resources) reuses the models. The folder ``<cache_dir>/<key>/`` holds one file per
-client (``client_<id>.pt``: its model and weight, written atomically) and ``key.json``, the
-key's contents, to read which job made them.
+client and a manifest of their checksums; an entry that does not verify is retrained, never used
+(``raysim.train.oneshot_cache``).
 
 What the one-shot plugins share beyond that is here too, as plain functions: the client update
 that trains and keeps its model (``keep_local_model``), the training round's summary
@@ -24,11 +24,7 @@ Usage:
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +34,8 @@ from pydantic import BaseModel
 from raysim import params as P
 from raysim.services import RoundOptions, Services
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_client
-from raysim.types import ClientContext, ClientResult, Metrics, NumpyParams, Params, Payload, RunInfo
+from raysim.train.oneshot_cache import CacheEntry
+from raysim.types import ClientContext, ClientResult, Metrics, NumpyParams, Params, Payload
 
 
 class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
@@ -54,28 +51,6 @@ class OneShotConfig(BaseModel, frozen=True, extra="forbid"):
             "its clients' models come from the one-shot cache, which keys them without the privacy "
             "section, so a cached model may have trained without DP-SGD"
         )
-
-
-def cache_root(cache_dir: str | None) -> Path:
-    """The cache folder: ``cache_dir``, else ``$RAYSIM_HOME`` (or ``.raysim``) / oneshot_cache."""
-    return (
-        Path(cache_dir) if cache_dir else Path(os.environ.get("RAYSIM_HOME") or ".raysim") / "oneshot_cache"
-    )
-
-
-def cache_key(info: RunInfo, local: LocalTrainConfig, clients: np.ndarray) -> tuple[str, dict[str, Any]]:
-    """The key of these clients' local models, and what it hashes."""
-    contents = {
-        "dataset": info.dataset,
-        "model": info.model,
-        "seed": info.seed,
-        "local": local.model_dump(mode="json"),
-        "clients": [int(c) for c in clients],
-    }
-    if info.client_models:  # model_groups: each client's architecture (absent: keys as before)
-        contents["client_models"] = [info.model_of(int(c)) for c in clients]
-    text = json.dumps(contents, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20], contents
 
 
 @dataclass(frozen=True)
@@ -126,15 +101,11 @@ def local_models(
         RuntimeError: a client failed (the method needs every client's model).
     """
     clients = np.arange(services.info.num_clients)
-    key, contents = cache_key(services.info, local, clients)
-    folder = cache_root(cache_dir) / key
-    files = {int(c): folder / f"client_{int(c)}.pt" for c in clients}
-    if all(f.is_file() for f in files.values()):
-        saved = {c: torch.load(f, map_location="cpu", weights_only=True) for c, f in files.items()}
-        models = {c: P.to_numpy(entry["params"]) for c, entry in saved.items()}
-        weights = {c: float(entry["weight"]) for c, entry in saved.items()}
+    entry = CacheEntry.open(cache_dir, services.info, local, clients)  # refused before any training
+    cached = entry.read(params, check_shapes=not services.info.mixes_models)
+    if cached is not None:
         counts = {"oneshot/trained_clients": 0.0, "oneshot/cached_clients": float(len(clients))}
-        return LocalModels(models, weights, counts)
+        return LocalModels(*cached, counts)
     # mixed architectures: each client starts from its own architecture's initial model
     payload: Payload[None] = Payload({} if services.info.mixes_models else P.to_numpy(params))
     out = services.train_cohort(payload, clients, 0, RoundOptions(keep_local_models=True))
@@ -144,12 +115,7 @@ def local_models(
             f"one-shot local training: clients {failed} failed; every client's model is needed"
         )
     weights = {client.client_id: client.weight for client in out.clients}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "key.json").write_text(json.dumps(contents, indent=2, sort_keys=True, default=str))
-    for client, model in out.local_models.items():
-        partial = files[client].with_suffix(".tmp")
-        torch.save({"params": P.from_numpy(model), "weight": weights[client]}, partial)
-        partial.replace(files[client])  # a reader never sees half a file
+    entry.write(dict(out.local_models), weights)
     # the update is empty: what a one-shot client uploads is its model, kept apart
     uploads = {
         "sys/bytes_up": float(sum(P.num_bytes(m) for m in out.local_models.values())),

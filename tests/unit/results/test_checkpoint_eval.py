@@ -103,3 +103,61 @@ def test_a_refused_override_comes_before_the_data_is_opened(tmp_path):
     )
     with pytest.raises(ConfigError, match="model.name: cannot change"):
         evaluate_checkpoint(path, ["model.name=cnn"])
+
+
+class DataOpened(Exception):
+    """Raised in place of opening the data: the refusals under test must come before it."""
+
+
+@pytest.fixture
+def no_data(monkeypatch):
+    def refuse(job):
+        raise DataOpened
+
+    monkeypatch.setattr("raysim.results.checkpoint_eval.open_parts", refuse)
+
+
+def test_a_non_finite_checkpoint_is_refused_as_resume_refuses_it(tmp_path, no_data):
+    path = save_checkpoint(
+        tmp_path / "final.pt", ServerState({"w": torch.full((4,), float("nan"))}), 1, SAVED
+    )
+    with pytest.raises(CheckpointError) as error:
+        evaluate_checkpoint(path, ["tracking.enabled=false"])
+    message = str(error.value)
+    assert "\n" not in message and f"{path} is non-finite: params/w holds NaN" in message
+    assert "evaluate an earlier checkpoint of the run" in message
+
+
+@pytest.mark.parametrize("round_num", [10**12, 10, -1])  # SAVED's engine.num_rounds: the default, 10
+def test_a_round_its_job_never_runs_is_refused_naming_the_file_and_the_rounds(tmp_path, no_data, round_num):
+    path = checkpoint(tmp_path / "final.pt", round_num)
+    with pytest.raises(CheckpointError) as error:
+        evaluate_checkpoint(path, ["tracking.enabled=false"])
+    message = str(error.value)
+    assert "\n" not in message and f"{path} says it ends after round {round_num}" in message
+    assert "rounds 0..9" in message and "evaluate another checkpoint of the run" in message
+
+
+def test_the_first_and_last_rounds_of_its_job_are_evaluated(tmp_path, no_data):
+    for round_num in (0, 9):
+        with pytest.raises(DataOpened):  # past the checks
+            evaluate_checkpoint(
+                checkpoint(tmp_path / f"r{round_num}.pt", round_num), ["tracking.enabled=false"]
+            )
+
+
+def test_a_staged_methods_last_step_counts_its_stages_not_engine_num_rounds(tmp_path, no_data):
+    """FuseFL logs its K stages and CCVR at steps 0..K, whatever engine.num_rounds says."""
+    fusefl = {
+        **SAVED,
+        "model": {"name": "resnet10", "width": 4},
+        "algorithm": {"name": "fusefl"},
+        "engine": {"num_rounds": 1},
+    }
+    stages = evaluation_job(fusefl, [], "c.pt").algorithm.config.num_stages
+    path = save_checkpoint(tmp_path / "final.pt", ServerState({"w": torch.zeros(1)}), stages, fusefl)
+    with pytest.raises(DataOpened):
+        evaluate_checkpoint(path, ["tracking.enabled=false"])
+    beyond = save_checkpoint(tmp_path / "beyond.pt", ServerState({"w": torch.zeros(1)}), stages + 1, fusefl)
+    with pytest.raises(CheckpointError, match=f"rounds 0..{stages}"):
+        evaluate_checkpoint(beyond, ["tracking.enabled=false"])

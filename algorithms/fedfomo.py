@@ -13,8 +13,8 @@ client for each peer (the sum of the weights the client gave that peer so far). 
    trained also receives the initial model;
 2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
    weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
-   loss on its scoring split (the last ``scoring_fraction`` of its examples, the PFLlib
-   convention the LSS notes follow), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
+   loss on its scoring split (``scoring_fraction`` of its examples, as PFLlib's 20% the LSS notes
+   follow, ``split_for_scoring``), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
    ``w_n > 0`` (else keeps ``θ_i``), trains on the rest of its examples and uploads its model and
    its weights;
 3. server: stores the model and adds the weights to the client's affinities.
@@ -41,7 +41,7 @@ from raysim.aggregate import Gather, Gathered
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import init_state
 from raysim.registry import register
-from raysim.sampling import client_seed
+from raysim.sampling import client_seed, split_validation
 from raysim.train.local import LocalTrainConfig, examples_trained_on, train_context
 from raysim.types import (
     ClientContext,
@@ -83,11 +83,13 @@ class Affinities:
 
 @dataclass(frozen=True)
 class Peers:
-    """What one client receives: its peers' ids and models, and the initial model the first time."""
+    """What one client receives: its peers' ids and models, the initial model the first time, and
+    the run seed, which draws its scoring split (``split_for_scoring``)."""
 
     ids: list[int]
     models: list[Params]  # tensors on ``ctx.device`` in ``client_update`` (numpy arrays on the way)
     start: Params | None
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -110,15 +112,24 @@ class OwnModel:
 Result: TypeAlias = ClientResult[Upload, OwnModel]  # what a client sends, and ``Gather`` keeps
 
 
-def split_for_scoring(data: ClientData, fraction: float) -> tuple[ClientData, ClientData]:
-    """(train, scoring): the last ``fraction`` of the examples (at least one when there are two
-    or more) are the scoring split, the same every round."""
+def split_for_scoring(
+    data: ClientData, fraction: float, seed: int, client_id: int
+) -> tuple[ClientData, ClientData]:
+    """(train, scoring): ``ceil(fraction * n)`` of the ``n`` examples (at least one, and one left
+    to train on, when there are two or more) are the scoring split, a seeded choice per client
+    (``raysim.sampling.split_validation`` of the run ``seed``), each part in stored order.
+
+    Not the last rows: a store that keeps a client's rows grouped (by label, by source) would
+    score on one group. The same rows every round (for the same data): the scoring split is never
+    trained on, so the client's own model, trained on the rest in earlier rounds, is scored on
+    examples it has not seen, as its peers' are; a split drawn per round would score it on
+    examples it trained on last round and favour it over every peer."""
     n = len(data)
     num_val = min(max(math.ceil(fraction * n), 1), n - 1) if n >= 2 else 0
-    cut = n - num_val
+    train, scoring = split_validation(n, num_val, seed, client_id)
     return (
-        ClientData({k: v[:cut] for k, v in data.arrays.items()}, data.batch_transform),
-        ClientData({k: v[cut:] for k, v in data.arrays.items()}),
+        ClientData({k: v[train] for k, v in data.arrays.items()}, data.batch_transform),
+        ClientData({k: v[scoring] for k, v in data.arrays.items()}),
     )
 
 
@@ -169,7 +180,7 @@ class FedFomo:
         memory = state.extra
         ids = self.choose_peers(memory, info.seed, round_num, client_id)
         start = None if str(client_id) in memory.models else state.params
-        return P.numpy_leaves(Peers(ids, [memory.models[str(j)] for j in ids], start))
+        return P.numpy_leaves(Peers(ids, [memory.models[str(j)] for j in ids], start, info.seed))
 
     def choose_peers(self, memory: Affinities, seed: int, round_num: int, client_id: int) -> list[int]:
         """Up to ``num_peers`` other clients with a model, slot by slot: with probability epsilon
@@ -198,7 +209,7 @@ class FedFomo:
             raise ValueError(f"fedfomo: client {ctx.client_id} has neither a model of its own nor a start")
         models = peers.models
         P.load_into(ctx.model, own)  # the worker loaded nothing: the payload shares no params
-        train, scoring = split_for_scoring(ctx.data, self.config.scoring_fraction)
+        train, scoring = split_for_scoring(ctx.data, self.config.scoring_fraction, peers.seed, ctx.client_id)
         weights = peer_weights(ctx.model, own, models, scoring, ctx)
         if weights.sum() > 0:  # θ_i + Σ w_n (θ_n - θ_i) / Σ w_n
             share = (weights / weights.sum()).tolist()

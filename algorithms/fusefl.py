@@ -12,6 +12,14 @@ head) as client state. After the last stage the heads are averaged and calibrate
 every client's features of the fused model (one more round, ``raysim.train.ccvr``), and the
 fused model is evaluated on the workers as the registered model ``fusefl_fused``.
 
+The fused head reads the M towers' top features joined by ``feature_fusion``: summed, as the
+official code does (notes 2.10 item 6), M times the scale each client's head trained on, or their
+mean, that scale. The sum is the default: CCVR retrains the head on it with SGD at the local lr,
+tuned to that scale (the mean calibrates more slowly and ends lower). With ``ccvr.enabled:
+false`` the averaged head is used as it is, and it is weak whatever the scale, which moves its
+predictions only through its bias: each client's head trained on its own tower's features, and
+the average applies every head to every tower's (docs/papers.md section 5 has the numbers).
+
 Every client starts from the run's initial model (the official code's shared block init; its
 heads are initialised apart, here they start equal too, notes 2.10 item 10). Frozen fused blocks
 never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
@@ -52,6 +60,7 @@ from raysim.errors import ConfigError
 from raysim.models.anatomy import parts
 from raysim.models.fused import (
     AdapterKind,
+    FeatureFusion,
     FrozenBN,
     FusedPart,
     FusedStages,
@@ -95,6 +104,8 @@ class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     splits: tuple[str, ...] | None = None
     adapter: AdapterKind = "conv1x1"
     frozen_bn: FrozenBN = "eval"
+    # the head's input: the towers' top features summed (the code's) or averaged (module docstring)
+    feature_fusion: FeatureFusion = "sum"
     ccvr: CCVRConfig = CCVRConfig()
 
     def sample_privacy_problem(self) -> str | None:
@@ -255,6 +266,7 @@ class FuseFL:
             "splits": self.config.splits,
             "num_towers": len(server.towers),
             "adapter": self.config.adapter,
+            "feature_fusion": self.config.feature_fusion,
         } | mixed
 
     def evaluation(self, services: Services[object], state: ServerState[FuseFLServer]) -> Metrics:
@@ -311,7 +323,7 @@ class FuseFL:
         """CCVR's per-class statistics of the fused model's features on this client's data."""
         extra = ctx.payload.extra
         towers = tower_models(ctx.model_of, model, len(extra.fused["0"]))
-        net = fused_net(towers, self.config.splits, self.config.adapter, ctx.spec)
+        net = fused_net(towers, self.config.splits, self.config.adapter, ctx.spec, self.config.feature_fusion)
         net.load_state_dict(fused_weights(FuseFLServer(extra.fused, extra.head, torch.zeros(0))))
         net.to(ctx.device).eval()
         features, labels = [], []

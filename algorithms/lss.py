@@ -18,10 +18,14 @@ lambda_a = lambda_d = 3, every ingredient trains ``local.epochs`` epochs, one mi
 ``reading: lss_code`` is the released code (github ubc-tea/Local-Superior-Soups, 1e244c0;
 notes 2.6): squared L2 affinity, the squared volume of the simplex the pool spans (Cayley-Menger)
 as diversity, lambda_a = lambda_d = 1e-3, ingredients after the first train ``local.epochs // 8``
-epochs (at least 1), and two mixes per batch whose losses are averaged (the code sums them and
-then steps once per 15 batches with ``zero_grad`` in between; that quirk is not reproduced).
-Each of these can be set on its own. The code's other settings (Adam without weight decay,
-batch 128, N = 3) are the job's (``jobs/lss/``).
+epochs (at least 1), and two mixes per batch whose losses are summed and divided by 15, the code's
+gradient-accumulation step. Its later ingredients' loss (the first mixes nothing: plain CE) is
+``sum_s CE_s / 15 - div * V^2 + aff * ||theta - f_p||^2``, so its regularisers weigh 7.5 times
+more against the task than under a mean of the two (``mix_loss_scale``; the paper's one mix is its
+own mean). The code then steps once per 15 batches with ``zero_grad`` in between, so only every
+15th batch's gradient counts; here every batch steps (that quirk is not reproduced). Each of these
+can be set on its own. The code's other settings (Adam without weight decay, batch 128, N = 3) are
+the job's (``jobs/lss/``).
 
 A single ingredient has nothing to mix with: it trains on its own loss, so N = 1 without affinity
 is FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a frozen pool member,
@@ -78,6 +82,7 @@ from raysim.types import (
 Reading = Literal["paper", "lss_code"]
 _WEIGHT = {"paper": 3.0, "lss_code": 1e-3}  # lambda_a and lambda_d (paper E.1; the code's defaults)
 _MIXES = {"paper": 1, "lss_code": 2}  # mixes per batch (Alg. 1; the code's n_soups_sampling)
+_CODE_ACCUMULATION = 15  # the code divides its summed mix losses by its accumulation step (notes 2.6)
 _MIX_TAG, _SHUFFLE_TAG = 0x1550, 0x1551  # keep the mixing and shuffling streams apart
 _EPS = 1e-12  # ||.||_2 = sqrt(sum sq + eps): a defined gradient where theta_i == f_p
 
@@ -89,7 +94,9 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
     affinity: float | None = Field(None, ge=0)  # lambda_a; None: the reading's (paper 3, lss_code 1e-3)
     diversity: float | None = Field(None, ge=0)  # lambda_d; None: the reading's (paper 3, lss_code 1e-3)
     later_epochs: int | None = Field(None, ge=1)  # ingredients 2..N; None: the reading's (module doc)
-    mixes_per_batch: int | None = Field(None, ge=1)  # losses averaged; None: the reading's (paper 1, code 2)
+    mixes_per_batch: int | None = Field(None, ge=1)  # None: the reading's (paper 1, code 2)
+    # the factor on the sum of a batch's mix losses; None: the reading's (paper: their mean; lss_code 1/15)
+    mix_loss_scale: float | None = Field(None, gt=0)
     start_in_pool: bool = False  # Alg. 1 literally: f_p is a frozen member (module docstring)
     reading: Reading = "paper"  # the paper's forms and values, or the released code's (module doc)
     local: LocalTrainConfig = LocalTrainConfig()  # the paper: adam, lr 5e-4, weight_decay 5e-4, 8 epochs
@@ -122,6 +129,14 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
     def num_mixes(self) -> int:
         return _MIXES[self.reading] if self.mixes_per_batch is None else self.mixes_per_batch
 
+    @property
+    def task_scale(self) -> float | None:
+        """The factor on the sum of a batch's mix losses against the full-weight regularisers; None:
+        their mean (the paper's reading)."""
+        if self.mix_loss_scale is not None:
+            return self.mix_loss_scale
+        return None if self.reading == "paper" else 1 / _CODE_ACCUMULATION
+
     def ingredient_epochs(self, ingredient: int) -> int:
         """Local epochs of ingredient ``ingredient`` (0-based)."""
         if ingredient == 0:
@@ -145,9 +160,12 @@ def live_params(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def mixed_loss(frozen: list[Params], alphas: np.ndarray, task: LossFn = task_loss) -> LossFn:
-    """The task loss at ``sum_m alpha_m theta_m`` (frozen members, then the live model), averaged
-    over the rows of ``alphas``; autograd reaches the live model only, scaled by its alpha."""
+def mixed_loss(
+    frozen: list[Params], alphas: np.ndarray, task: LossFn = task_loss, scale: float | None = None
+) -> LossFn:
+    """The task loss at ``sum_m alpha_m theta_m`` (frozen members, then the live model) for each
+    row of ``alphas``: their sum times ``scale`` (None: their mean); autograd reaches the live
+    model only, scaled by its alpha."""
 
     def loss_fn(model: nn.Module, batch: Batch, spec: DataSpec) -> BatchLoss:
         live = live_params(model)
@@ -162,7 +180,8 @@ def mixed_loss(frozen: list[Params], alphas: np.ndarray, task: LossFn = task_los
             loss, num_correct, num_items = task(P.at_weights(model, mix), batch, spec)
             losses.append(loss)
             correct, count = correct + num_correct, count + num_items
-        return torch.stack(losses).mean(), correct, count
+        total = torch.stack(losses)
+        return (total.mean() if scale is None else scale * total.sum()), correct, count
 
     return loss_fn
 
@@ -223,17 +242,24 @@ def regularizer(config: LSSConfig, anchor: Params, frozen: list[Params]) -> Extr
 
 
 def mixing_step(
-    frozen: list[Params], coefficients: Callable[[int], np.ndarray], task: LossFn = task_loss
+    frozen: list[Params],
+    coefficients: Callable[[int], np.ndarray],
+    task: LossFn = task_loss,
+    scale: float | None = None,
 ) -> LocalStep:
-    """A ``train_local`` step on the loss at a fresh mix of the pool (``coefficients(batch_num)``)."""
+    """A ``train_local`` step on the loss at a fresh mix of the pool (``coefficients(batch_num)``),
+    the mixes' losses weighed as ``mixed_loss``'s ``scale`` says; its metrics count their mean."""
     batch_nums = itertools.count()
 
     def step(
         model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, backward: Backward
     ) -> BatchLoss:
-        loss = backward(batch, mixed_loss(frozen, coefficients(next(batch_nums)), task))
+        alphas = coefficients(next(batch_nums))
+        loss, num_correct, num_items = backward(batch, mixed_loss(frozen, alphas, task, scale))
         optimizer.step()
-        return loss
+        if scale is not None:  # the metrics' loss is the mixes' mean, however the objective weighs it
+            loss = loss / (scale * len(alphas))
+        return loss, num_correct, num_items
 
     return step
 
@@ -299,7 +325,7 @@ class LSS:
             config.local.model_copy(update={"epochs": config.ingredient_epochs(i)}),
             LocalHooks(
                 extra_loss=regularizer(config, anchor, frozen),
-                step=mixing_step(frozen, coefficients) if frozen else None,
+                step=mixing_step(frozen, coefficients, scale=config.task_scale) if frozen else None,
             ),
         )
 

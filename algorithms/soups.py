@@ -22,6 +22,10 @@ Soups average every tensor that travels, BatchNorm statistics included (Wortsman
 state dicts). A grid dropout other than 0 sets ``p`` of the model's ``nn.Dropout`` layers for that
 ingredient; a model without any is refused. One ingredient, the local hyper-parameters as the
 grid's only values, ``keep: last`` and no held-back examples is FedAvg's local run bit for bit.
+
+A straggler's ``step_budget`` is its local steps for the round, all ingredients together (one rule
+with LSS's ingredients and FedRep's phases, docs/systems.md): the ingredients train in order on
+what is left, the last one reached maybe cut short, and the soup is of those it trained.
 """
 
 from __future__ import annotations
@@ -252,14 +256,20 @@ class Soups:
         ingredients: list[Params] = []
         accuracies: list[float] = []
         runs: list[ClientMetrics] = []
+        steps_left = ctx.step_budget
         for i in range(config.num_models):
+            if steps_left is not None and steps_left <= 0:
+                break  # a straggler's budget is spent: the soup is of the ingredients it trained
             load_params(model, start)
-            best, metrics = self._fine_tune(ctx, train, i, accuracy_of)
+            best, metrics = self._fine_tune(replace(ctx, step_budget=steps_left), train, i, accuracy_of)
             runs.append(metrics)
             ingredients.append(best.params if best.params is not None else snapshot(model))
             accuracies.append(best.accuracy)
+            if steps_left is not None:
+                steps_left -= int(metrics["train/steps"])
+        ingredients = ingredients or [start]  # a budget of 0: nothing trained, the soup is the start
         chosen = list(range(len(ingredients)))
-        if config.recipe == "greedy":
+        if config.recipe == "greedy" and runs:
             assert accuracy_of is not None  # the config refuses greedy without held-back examples
             score = accuracy_of
 
@@ -270,7 +280,7 @@ class Soups:
             chosen = greedy_soup(accuracies, soup_accuracy)
         load_params(model, uniform_mean([ingredients[j] for j in chosen]))
         metrics = merge_train_metrics(runs) | {
-            "soup/ingredients": float(len(ingredients)),
+            "soup/ingredients": float(len(runs)),
             "soup/selected": float(len(chosen)),
         }
         if accuracy_of is not None:
@@ -281,8 +291,9 @@ class Soups:
     def _fine_tune(
         self, ctx: ClientContext[None, None], train: ClientData, i: int, accuracy_of: _Accuracy | None
     ) -> tuple[_Best, ClientMetrics]:
-        """Ingredient ``i`` from the model's current weights; its kept checkpoint (with ``keep:
-        last``, the live model; its accuracy when examples are held back) and its train metrics."""
+        """Ingredient ``i`` from the model's current weights, within ``ctx.step_budget`` (the steps
+        the client has left); its kept checkpoint (with ``keep: last``, the live model; its accuracy
+        when examples are held back) and its train metrics."""
         config = self.config
         hyper = draw_hyperparameters(config.grid, ctx.seed, i)
         local = config.local.model_copy(

@@ -6,8 +6,10 @@ places the M clients' stages side by side as M towers: stage 1 of every tower re
 every later stage each tower's own adapter reads the outputs of ALL towers (in tower order) and
 feeds that tower's block. The "conv1x1" adapter concatenates the M outputs along channels and maps
 them back to one tower's width with a 1x1 conv (a linear layer for flat (B, D) outputs); "avg"
-averages them (no parameters). The M final outputs, flattened, are summed into the features, and
-one head (the clients' averaged, then CCVR-calibrated classifier) maps them to logits.
+averages them (no parameters). The M final outputs, flattened, are summed into the features
+(``feature_fusion: sum``, the official code's) or averaged (``mean``, the scale each client's head
+trained on), and one head (the clients' averaged, then CCVR-calibrated classifier) maps them to
+logits.
 
 State-dict names: ``stages.<k>.<m>.adapter.*`` and ``stages.<k>.<m>.block.*`` for stage k (0-based)
 of tower m, and ``head.*``; a client's upload at stage k is one ``FusedPart``'s state dict.
@@ -44,6 +46,7 @@ from raysim.registry import register
 from raysim.types import DataSpec
 
 AdapterKind = Literal["conv1x1", "avg"]
+FeatureFusion = Literal["mean", "sum"]  # how the towers' top features join into the head's input
 FrozenBN = Literal["eval", "train"]  # what frozen fused blocks' BatchNorm does while clients train
 
 
@@ -55,6 +58,7 @@ class FusedConfig(ModelConfig, frozen=True, extra="forbid"):
     splits: tuple[str, ...] | None = None
     num_towers: PositiveInt = 1  # M, the clients fused
     adapter: AdapterKind = "conv1x1"
+    feature_fusion: FeatureFusion = "sum"  # the towers' top features summed (the code's), or averaged
     # one model section per tower (per-client architectures); empty: num_towers copies of base
     towers: tuple[dict[str, Any], ...] = ()
 
@@ -147,16 +151,21 @@ class FusedStages(nn.Module):
 
 
 class FusedNet(FusedStages):
-    """The fused model F_fus: all K stages of the towers, then the sum of their flattened
-    outputs, then one head."""
+    """The fused model F_fus: all K stages of the towers, then the sum (or the mean) of their
+    flattened outputs, then one head."""
 
-    def __init__(self, stages: list[list[FusedPart]], head: nn.Module) -> None:
+    def __init__(
+        self, stages: list[list[FusedPart]], head: nn.Module, feature_fusion: FeatureFusion = "sum"
+    ) -> None:
         super().__init__(stages)
         self.head = head
+        self.feature_fusion = feature_fusion
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum over towers of each tower's flattened last-stage output, (B, D)."""
-        return torch.stack([t.flatten(1) for t in self.tower_outputs(x)]).sum(dim=0)
+        """The sum (``feature_fusion: mean``: the mean) over towers of each tower's flattened
+        last-stage output, (B, D)."""
+        tops = torch.stack([t.flatten(1) for t in self.tower_outputs(x)])  # (M, B, D)
+        return tops.mean(dim=0) if self.feature_fusion == "mean" else tops.sum(dim=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return self.head(self.features(x))
@@ -308,11 +317,15 @@ def fused_parts(
 
 
 def fused_net(
-    towers: Sequence[nn.Module], splits: Sequence[str] | None, adapter: AdapterKind, spec: DataSpec
+    towers: Sequence[nn.Module],
+    splits: Sequence[str] | None,
+    adapter: AdapterKind,
+    spec: DataSpec,
+    feature_fusion: FeatureFusion = "sum",
 ) -> FusedNet:
     """F_fus of these client models (copied), the first one's head (copied) as the shared head."""
     head = copy.deepcopy(parts(towers[0])["head"])  # type: ignore[arg-type]
-    return FusedNet(fused_parts(towers, splits, adapter, spec), head)
+    return FusedNet(fused_parts(towers, splits, adapter, spec), head, feature_fusion)
 
 
 def num_parameters(model: nn.Module) -> int:
@@ -332,6 +345,5 @@ def build_fused(config: FusedConfig, spec: DataSpec) -> FusedNet:
     for model in models.values():
         param_groups(model)  # type: ignore[arg-type]  # a model whose blocks miss tensors fails here, by name
     towers = [models[json.dumps(s, sort_keys=True, default=str)] for s in sections]
-    return fused_net(
-        towers if config.towers else towers * config.num_towers, config.splits, config.adapter, spec
-    )
+    towers = towers if config.towers else towers * config.num_towers
+    return fused_net(towers, config.splits, config.adapter, spec, config.feature_fusion)

@@ -29,7 +29,7 @@ from raysim import params as P
 class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
     """CCVR's calibration of FuseFL's averaged head (notes 2.5, 2.9: the official code's values)."""
 
-    enabled: bool = True  # False: the averaged head as it is
+    enabled: bool = True  # False: the averaged head as it is, far weaker (docs/papers.md section 5)
     samples_per_class: PositiveInt = 5000
     epochs: PositiveInt = 1
     batch_size: PositiveInt = 128
@@ -75,14 +75,18 @@ def virtual_features(
     means: torch.Tensor, covs: torch.Tensor, count: torch.Tensor, per_class: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``per_class`` draws from N(mu_c, Sigma_c) for every class with examples, float32, and their
-    labels. Sigma_c is factored by its eigendecomposition (negative round-off eigenvalues set to
-    zero), so a singular covariance (fewer examples than dimensions) samples in its subspace."""
+    labels: ``mu_c + Sigma_c^(1/2) z``, z standard normal. The root is Sigma_c's symmetric square
+    root ``V sqrt(L) V^T`` from its eigendecomposition (negative round-off eigenvalues set to zero),
+    so a singular covariance (fewer examples than dimensions) samples in its subspace. That root
+    is unique, unlike ``V sqrt(L)``, whose columns carry each eigenvector's arbitrary sign (and any
+    basis of a repeated eigenvalue's space): round-off (float32 against float64 features, CPU
+    against GPU) flips those and would move every draw; here it moves them by round-off only."""
     xs, ys = [], []
     for c in torch.nonzero(count > 0).flatten().tolist():
         eigenvalues, vectors = torch.linalg.eigh(covs[c])
-        root = vectors * eigenvalues.clamp(min=0.0).sqrt()  # root @ root.T == Sigma_c
+        root = (vectors * eigenvalues.clamp(min=0.0).sqrt()) @ vectors.T  # symmetric, root @ root == Sigma_c
         z = torch.randn(per_class, means.shape[1], generator=generator, dtype=torch.float64)
-        xs.append(means[c] + z @ root.T)
+        xs.append(means[c] + z @ root)
         ys.append(torch.full((per_class,), c, dtype=torch.int64))
     return torch.cat(xs).float(), torch.cat(ys)
 

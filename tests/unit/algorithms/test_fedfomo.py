@@ -1,9 +1,11 @@
 """FedFomo against a numpy reference on the linear softmax classifier of ``reference.py``.
 
-A client at theta_i = (W0, B0) with 10 examples keeps the last 2 (20%) for validation. Each peer n
+A client at theta_i = (W0, B0) with 10 examples keeps 2 (20%) for validation, rows 4 and 8: the
+seeded choice of ``raysim.sampling.split_validation`` for run seed 0 and client 0, the same every
+round (tested below on its own), where the old split took the tail, rows 8 and 9. Each peer n
 gets w_n = max(0, (L(theta_i) - L(theta_n)) / ||theta_n - theta_i||), L the mean cross-entropy on
 the validation examples; the client moves to theta_i + sum_n w_n (theta_n - theta_i) / sum_n w_n,
-then takes one full-batch SGD step on its 8 training examples (``reference.grad``).
+then takes one full-batch SGD step on its 8 other examples (``reference.grad``).
 """
 
 import importlib
@@ -15,7 +17,7 @@ import torch
 from reference import B0, SPEC, W0, context, grad, payload
 
 from raysim import registry
-from raysim.types import RunInfo
+from raysim.types import ClientData, RunInfo
 
 LR = 0.3
 RNG = np.random.default_rng(0)
@@ -23,6 +25,8 @@ X = RNG.normal(size=(10, 2))
 Y = np.array([0, 1, 1, 0, 1, 0, 0, 1, 1, 0])
 
 INFO = RunInfo(4, 2, 3, SPEC, 0)  # the run's facts
+VAL = [4, 8]  # split_validation(10, 2, seed 0, client 0)'s choice, checked in the split's own test
+TRAIN = [i for i in range(10) if i not in VAL]
 
 
 def algo(**options):
@@ -42,7 +46,7 @@ def tensors(w, b):
 
 
 def reference(own, peers):
-    xv, yv, xt, yt = X[8:], Y[8:], X[:8], Y[:8]
+    xv, yv, xt, yt = X[VAL], Y[VAL], X[TRAIN], Y[TRAIN]
     own_loss = ce(*own, xv, yv)
     weights = []
     for w, b in peers:
@@ -58,14 +62,14 @@ def reference(own, peers):
     return w - LR * gw, b - LR * gb, weights
 
 
-GW, GB = grad(W0, B0, X[8:], Y[8:])  # the validation loss's gradient at theta_i
+GW, GB = grad(W0, B0, X[VAL], Y[VAL])  # the validation loss's gradient at theta_i
 PEERS = [(W0 - 2.0 * GW, B0 - 2.0 * GB), (W0 + 0.5, B0 - 0.5), (W0 - GW, B0)]  # better, worse, better
 
 
 def fomo_context(plugin, state=None, start=True):
     """Client 0 receiving peers 4, 5, 6 (and the initial model when ``start``), as tensors."""
     peers = importlib.import_module(type(plugin).__module__).Peers
-    own_part = peers([4, 5, 6], [tensors(*p) for p in PEERS], tensors(W0, B0) if start else None)
+    own_part = peers([4, 5, 6], [tensors(*p) for p in PEERS], tensors(W0, B0) if start else None, 0)
     return replace(context(X, Y, payload(), state=state), client_payload=own_part)
 
 
@@ -156,10 +160,43 @@ def test_a_client_without_peers_trains_from_its_start_whatever_the_worker_last_h
     weights, and the client must still start from the initial model it was sent."""
     plugin = algo()
     peers = importlib.import_module(type(plugin).__module__).Peers
-    ctx = replace(context(X, Y, payload()), client_payload=peers([], [], tensors(W0, B0)))
+    ctx = replace(context(X, Y, payload()), client_payload=peers([], [], tensors(W0, B0), 0))
     with torch.no_grad():
         ctx.model.weight.fill_(7.0)  # what ran last on the worker
     result = plugin.client_update(ctx)
-    gw, gb = grad(W0, B0, X[:8], Y[:8])
+    gw, gb = grad(W0, B0, X[TRAIN], Y[TRAIN])
     assert np.allclose(result.update.model["weight"].numpy(), W0 - LR * gw, atol=1e-5)
     assert result.update.weights.numel() == 0
+
+
+def test_the_scoring_split_is_a_seeded_choice_per_client_the_same_every_round_not_the_tail():
+    """A store that keeps a client's rows grouped (here the last 10 of 50 are all class 1) scored on
+    the tail would score on one class. The split is ceil(0.2 n) rows drawn from the run seed and
+    the client id: the same whatever the round (its own model never trains on them), another for
+    another client or seed, disjoint from the training rows, each part in stored order."""
+    module = importlib.import_module(type(algo()).__module__)
+    rows = np.arange(50)
+    data = ClientData({"x": rows[:, None].astype(np.float32), "y": (rows >= 40).astype(np.int64)})
+    train, scoring = module.split_for_scoring(data, 0.2, 0, 3)
+    got = scoring.arrays["x"][:, 0].astype(int)
+    assert len(got) == 10 and not np.array_equal(got, rows[40:]) and 0 < scoring.arrays["y"].sum() < 10
+    assert np.array_equal(got, np.sort(got))
+    assert sorted([*got, *train.arrays["x"][:, 0].astype(int)]) == list(range(50))
+    assert np.array_equal(module.split_for_scoring(data, 0.2, 0, 3)[1].arrays["x"], scoring.arrays["x"])
+    assert not np.array_equal(module.split_for_scoring(data, 0.2, 0, 4)[1].arrays["x"], scoring.arrays["x"])
+    assert not np.array_equal(module.split_for_scoring(data, 0.2, 1, 3)[1].arrays["x"], scoring.arrays["x"])
+    small = ClientData({"x": X.astype(np.float32), "y": Y})
+    assert np.array_equal(
+        module.split_for_scoring(small, 0.2, 0, 0)[1].arrays["x"], X[VAL].astype(np.float32)
+    )
+
+
+def test_a_client_scores_its_peers_on_the_same_rows_in_every_round():
+    """Rounds 0 and 5 of client 0 (another round, another training seed) weigh the peers alike:
+    the scoring rows do not move with the round."""
+    plugin = algo()
+    ctx = fomo_context(plugin)
+    later = replace(ctx, round_num=5, seed=12345)
+    first, again = plugin.client_update(ctx), plugin.client_update(later)
+    assert torch.equal(first.update.weights, again.update.weights)
+    assert np.allclose(first.update.weights.numpy(), reference((W0, B0), PEERS)[2], rtol=1e-4, atol=1e-6)

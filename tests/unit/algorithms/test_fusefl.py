@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from reference import plugin_types
 
 from raysim import params as P
 from raysim import registry
@@ -84,3 +85,42 @@ def test_frozen_blocks_never_train_and_their_batchnorm_follows_the_policy(frozen
             assert torch.equal(after[name], value) == (frozen_bn == "eval"), name
         elif value.is_floating_point():
             assert torch.equal(after[name], value), name
+
+
+def fused_after_all_stages(algo):
+    """Two clients through every stage; the server's fused model with the averaged head."""
+    model, fused, results = two_clients_through_stage_0(algo)
+    for k in range(1, algo.config.num_stages):
+        results = [
+            algo.client_update(context(algo, model, k, fused, r.state, c)) for c, r in enumerate(results)
+        ]
+        fused = {**fused, str(k): {str(m): r.update.part for m, r in enumerate(results)}}
+    heads = [r.update.head for r in results]
+    head = {name: (heads[0][name] + heads[1][name]) / 2 for name in heads[0]}
+    server = type(replace_state(algo, model, fused).extra)(fused, head, torch.tensor([0, 1]))
+    return model, server, results
+
+
+@pytest.mark.parametrize("fusion", ["sum", "mean"])
+def test_the_averaged_head_reads_the_sum_of_the_towers_features_or_their_mean(fusion):
+    """Each client's head trained on one tower's features t_m; the fused model's head (the average
+    of the heads, as it is with ``ccvr.enabled: false``) reads the official code's t_0 + t_1 by
+    default, or with ``feature_fusion: mean`` (t_0 + t_1) / 2, the scale the heads trained on.
+    The clients' CCVR statistics are of the same input."""
+    algo = plugin(ccvr={"enabled": False}, **({"feature_fusion": "mean"} if fusion == "mean" else {}))
+    model, server, results = fused_after_all_stages(algo)
+    info = replace(INFO, model={"name": "resnet10", "width": 4})
+    net = build_model("fusefl_fused", algo.fused_section(info, server), SPEC).eval()
+    net.load_state_dict(plugin_types(algo).fused_weights(server))
+    x = torch.randn(5, 3, 8, 8)
+    with torch.no_grad():
+        t0, t1 = (t.flatten(1) for t in net.tower_outputs(x))
+        head_input = (t0 + t1) / 2 if fusion == "mean" else t0 + t1
+        torch.testing.assert_close(net(x), head_input @ server.head["weight"].T + server.head["bias"])
+    ctx = context(algo, model, algo.config.num_stages, server.fused, results[0].state, 0)
+    ctx = replace(ctx, payload=replace(ctx.payload, extra=replace(ctx.payload.extra, head=server.head)))
+    stats = algo.client_update(ctx).update
+    with torch.no_grad():
+        t0, t1 = (t.flatten(1) for t in net.tower_outputs(torch.as_tensor(ctx.data.arrays["x"])))
+    inputs = (t0 + t1) / 2 if fusion == "mean" else t0 + t1
+    torch.testing.assert_close(stats.total.sum(0), inputs.double().sum(0), rtol=1e-5, atol=1e-5)

@@ -2,7 +2,9 @@
 
 The reference works on the flat float64 vector theta = (W row by row, b) and writes each term out
 (k frozen members, the round's start model f_p = (W0, B0)):
-    task:      the mean over the mixes a of CE(x; a_last theta + sum_j a_j frozen_j)
+    task:      over the mixes a of CE(x; a_last theta + sum_j a_j frozen_j): their mean (paper, and
+               lss_code's first ingredient, which mixes nothing) or, as the released code writes
+               its later ingredients' loss, their sum divided by its accumulation step 15
     paper:     + lambda_a ||theta - f_p|| - lambda_d (sum_j ||theta - frozen_j||) / (k + 1)
     lss_code:  + lambda_a ||theta - f_p||^2 - lambda_d V^2, where V^2 is ||theta - frozen_0||^2 for
                a segment and, for a triangle, Heron's squared area over the squared edges p, q, r:
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import B0, SPEC, W0, context, linear_model, payload, plugin_types
+from reference import B0, SPEC, W0, context, grad, linear_model, payload, plugin_types
 
 from raysim import params as P
 from raysim import registry
@@ -49,7 +51,11 @@ def reference_objective(theta, frozen, alphas, reading, weights=(LAMBDA_A, LAMBD
     lambda_a, lambda_d = weights
     f_p, members = torch.as_tensor(THETA0), [torch.as_tensor(m) for m in frozen]
     mixes = [a[-1] * theta + sum(a_j * m for a_j, m in zip(a[:-1], members)) for a in alphas.tolist()]
-    loss = torch.stack([task(w, X, Y) for w in mixes]).mean()
+    ces = [task(w, X, Y) for w in mixes]
+    if reading == "paper" or not members:  # the code's phase 1 (one model, nothing mixed): plain CE
+        loss = torch.stack(ces).mean()
+    else:
+        loss = sum(ces) / 15  # its phase 2: `ce / 15`, ce the sum of the mixes' CE
     if reading == "paper":
         affinity = torch.linalg.vector_norm(theta - f_p)
         diversity = sum(torch.linalg.vector_norm(theta - m) for m in members) / (len(members) + 1)
@@ -92,7 +98,8 @@ def test_one_step_loss_and_gradient_match_the_reference(reading, num_frozen):
     batch = {"x": torch.tensor(X).float(), "y": torch.tensor(Y)}
     pool = [as_params(m) for m in frozen]
     regularizer = lss.regularizer(plugin.config, as_params(THETA0), pool)
-    loss = lss.mixed_loss(pool, alphas)(model, batch, SPEC)[0] + regularizer(model, batch)
+    mixed = lss.mixed_loss(pool, alphas, scale=plugin.config.task_scale)
+    loss = mixed(model, batch, SPEC)[0] + regularizer(model, batch)
     loss.backward()
     ref_loss, ref_grad, _ = reference_step(theta, frozen, alphas, reading)
     grad = np.concatenate([model.weight.grad.numpy().ravel(), model.bias.grad.numpy()])
@@ -129,6 +136,66 @@ def test_two_ingredients_of_two_steps_each_upload_the_mean_of_the_reference_pool
     assert np.allclose(delta, THETA0 - np.mean(pool, axis=0), atol=1e-6)
     assert not np.allclose(delta, THETA0 - pool[-1], atol=1e-4)  # the mean, not the last ingredient
     assert result.weight == len(X) and result.metrics["lss/ingredients"] == 2
+
+
+def test_lss_code_weighs_its_summed_mixes_by_one_fifteenth_against_full_weight_regularisers():
+    """The released code's phase-2 loss (notes 2.6), by hand at a live ingredient theta = 0 beside one
+    frozen member at 0: every mix of the pool is 0, so each of the two mixes' CE is ln 2, the
+    segment's squared volume ||theta - frozen||^2 is 0 and the affinity is ||f_p||^2:
+        loss = (ln 2 + ln 2) / 15 + lambda_a ||f_p||^2.
+    Its gradient: each mix's CE moves theta by its alpha_live times the CE gradient at 0,
+    g0 = ((p - onehot)^T X / n, mean(p - onehot)) with p = (1/2, 1/2), the affinity's by
+    2 lambda_a (theta - f_p):
+        grad = (alpha_1,live + alpha_2,live) / 15 * g0 - 2 lambda_a f_p."""
+    plugin = make(reading="lss_code", affinity=LAMBDA_A, diversity=LAMBDA_D)
+    lss = plugin_types(plugin)
+    zero = np.zeros(6)
+    model = linear_model()
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.zero_()
+    alphas = lss.mix_coefficients(3, 1, 0, 2, plugin.config.num_mixes)
+    pool = [as_params(zero)]
+    mixed = lss.mixed_loss(pool, alphas, scale=plugin.config.task_scale)
+    batch = {"x": torch.tensor(X).float(), "y": torch.tensor(Y)}
+    loss = mixed(model, batch, SPEC)[0] + lss.regularizer(plugin.config, as_params(THETA0), pool)(
+        model, batch
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(2 * np.log(2) / 15 + LAMBDA_A * (THETA0**2).sum(), rel=1e-6)
+    gw, gb = grad(np.zeros((2, 2)), np.zeros(2), X, Y)
+    by_hand = alphas[:, -1].sum() / 15 * np.concatenate([gw.ravel(), gb]) - 2 * LAMBDA_A * THETA0
+    got = np.concatenate([model.weight.grad.numpy().ravel(), model.bias.grad.numpy()])
+    assert np.allclose(got, by_hand, atol=1e-6)
+    assert plugin.config.task_scale == pytest.approx(1 / 15) and make().config.task_scale is None
+
+
+def test_the_mix_loss_scale_reaches_training_and_the_metrics_keep_the_mixes_mean():
+    """One step of ingredient 2 (beside ingredient 1, frozen after one step) under lss_code is the
+    reference's step of the code's formula; ``train/loss`` still reports the mixes' mean CE, and a
+    ``mix_loss_scale`` of 1/2 (the mean of two mixes) is the reading lss_code had before."""
+    local = {"lr": LR, "batch_size": len(X), "epochs": 1}
+    options = {
+        "num_models": 2,
+        "later_epochs": 1,
+        "affinity": LAMBDA_A,
+        "diversity": LAMBDA_D,
+        "local": local,
+    }
+    plugin = make(reading="lss_code", **options)
+    lss = plugin_types(plugin)
+    first = reference_step(THETA0, [], np.ones((1, 1)), "lss_code")[2]
+    alphas = lss.mix_coefficients(0, 1, 0, 2, 2)
+    second = reference_step(first, [first], alphas, "lss_code")[2]
+    result = plugin.client_update(context(X, Y, payload()))
+    delta = np.concatenate([result.update["weight"].numpy().ravel(), result.update["bias"].numpy()])
+    assert np.allclose(delta, THETA0 - (first + second) / 2, atol=1e-6)
+    mixes = [a[-1] * torch.tensor(first) + a[0] * torch.tensor(first) for a in alphas]
+    mean_ce = float(torch.stack([task(w, X, Y) for w in mixes]).mean())
+    ce_first = float(task(torch.tensor(THETA0), X, Y))
+    assert result.metrics["train/loss"] == pytest.approx((ce_first + mean_ce) / 2, rel=1e-5)
+    halved = make(reading="lss_code", mix_loss_scale=0.5, **options).client_update(context(X, Y, payload()))
+    assert not torch.allclose(halved.update["weight"], result.update["weight"], atol=1e-6)
 
 
 def test_one_model_without_affinity_is_fedavg_bit_for_bit():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from reference import B0, W0, context, grad, payload, plugin_types
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from raysim import registry
 from raysim.config.plugins import validate_plugin
@@ -153,3 +154,40 @@ def test_impossible_configs_are_refused_naming_the_key(name, options, message):
     problems: list[str] = []
     assert validate_plugin("algorithm", {"name": name, **options}, problems) is None
     assert len(problems) == 1 and re.search(message, problems[0]), problems
+
+
+def feature_case():
+    from feature_reference import feature_context
+
+    return feature_context(X[:3], Y[:3] + np.array([0, 1, 0]))  # three classes for FedRep's head
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "full", "budget"),
+    [
+        # 32 training rows in batches of 8: 4 steps an epoch, 8 an ingredient, 24 in all
+        ("soups", {"num_models": 3, "local": {"epochs": 2}, "grid": {"batch_size": [8]}}, 24, 13),
+        ("diwa", {"num_models": 3, "local": {"epochs": 2}, "grid": {"batch_size": [8]}}, 24, 13),
+        # 40 rows in batches of 8: 5 steps an epoch, 10 an ingredient, 30 in all
+        ("lss", {"num_models": 3, "local": {"epochs": 2, "batch_size": 8, "lr": 0.01}}, 30, 13),
+        # one full batch an epoch: 2 head steps, then 3 body steps
+        ("fedrep", {"head_epochs": 2, "local": {"epochs": 3, "batch_size": 8}}, 5, 4),
+    ],
+)
+def test_a_step_budget_is_the_clients_steps_in_total_across_ingredients_and_phases(
+    name, options, full, budget
+):
+    """One rule for the plugins that train several times a round: a straggler's budget of k steps
+    (``ClientContext.step_budget``) is k optimizer steps in all, not k per ingredient or phase;
+    without a budget the client takes its full work."""
+    plugin = make(name, **options)
+    steps = []
+    hook = register_optimizer_step_post_hook(lambda *_: steps.append(1))  # every optimizer's steps
+    try:
+        for step_budget, expected in ((None, full), (budget, budget)):
+            steps.clear()
+            ctx = feature_case() if name == "fedrep" else context(X, Y, payload())
+            plugin.client_update(replace(ctx, step_budget=step_budget))
+            assert len(steps) == expected, (step_budget, len(steps))
+    finally:
+        hook.remove()

@@ -1,5 +1,5 @@
 """FuseFL's fused model against hand-written torch: the towers, the concatenating adapters, the
-sum of the towers' features, and the paper's Table 4 size."""
+sum of the towers' features (or their mean), and the paper's Table 4 size."""
 
 import pytest
 import torch
@@ -30,11 +30,13 @@ def mlps(count, hidden=(6, 4)):
     return models
 
 
-def test_the_fused_forward_is_the_hand_written_concatenation():
+@pytest.mark.parametrize("fusion", ["sum", "mean"])
+def test_the_fused_forward_is_the_hand_written_concatenation(fusion):
     """Eq. 4-6 with conv1x1 (here linear) adapters: tower m's fc2 reads [h_1, ..., h_M] through
-    its own adapter; the features are the towers' sum; one head."""
+    its own adapter; the features are the towers' sum (the official code's), or their mean, the
+    scale of one tower, which each client's head trained on; one head."""
     models = mlps(3)
-    net = fused_net(models, ("fc1",), "conv1x1", FLAT).eval()
+    net = fused_net(models, ("fc1",), "conv1x1", FLAT, fusion).eval()
     x = torch.randn(7, 5)
     w = net.state_dict()
     lower = [F.relu(F.linear(x, m.state_dict()["1.weight"], m.state_dict()["1.bias"])) for m in models]
@@ -43,7 +45,7 @@ def test_the_fused_forward_is_the_hand_written_concatenation():
     for m, model in enumerate(models):
         adapted = F.linear(joined, w[f"stages.1.{m}.adapter.map.weight"], w[f"stages.1.{m}.adapter.map.bias"])
         tops.append(F.relu(F.linear(adapted, model.state_dict()["3.weight"], model.state_dict()["3.bias"])))
-    features = sum(tops)
+    features = (tops[0] + tops[1] + tops[2]) / (3 if fusion == "mean" else 1)
     expected = F.linear(features, models[0].state_dict()["5.weight"], models[0].state_dict()["5.bias"])
     torch.testing.assert_close(net.features(x), features)
     torch.testing.assert_close(net(x), expected)

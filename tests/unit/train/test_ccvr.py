@@ -1,6 +1,7 @@
 """CCVR against hand computations: pooled class Gaussians equal numpy's over all features, the
 virtual features follow them, one calibration step is the hand-written softmax gradient, and the
-server's whole step turns a head that cannot tell two classes apart into one that can."""
+server's whole step turns a head that cannot tell two classes apart into one that can. The draws
+are a function of the covariance alone: float32 and float64 features draw alike."""
 
 import numpy as np
 import torch
@@ -74,3 +75,54 @@ def test_the_servers_step_calibrates_a_blind_head_on_two_clients_statistics_and_
     assert not blind["weight"].any()  # the head passed in stays as it was
     again, _ = calibrated_head(blind, stats, 2, config, lr=0.5, seed=0)
     assert all(torch.equal(again[k], head[k]) for k in head)  # a pure function of the seed
+
+
+def polygon_features(dtype):
+    """Twelve points of one class whose covariance is exactly diag(a, a, b) in exact arithmetic: the
+    first two axes share one eigenvalue, so their eigenvectors are any basis of that plane, and the
+    rounding of float32 features picks another one than float64's."""
+    t = np.arange(12) * 2 * np.pi / 12
+    f = np.stack([np.cos(t), np.sin(t), 0.5 * np.cos(2 * t)], axis=1) * 3.0 + 1.0
+    return torch.tensor(f).to(dtype)
+
+
+def draws_of(features, labels, num_classes, per_class=100):
+    means, covs, count = pooled_gaussians([class_statistics(features, labels, num_classes)])
+    return virtual_features(means, covs, count, per_class, torch.Generator().manual_seed(0))[0]
+
+
+def test_draws_do_not_depend_on_the_eigenvectors_signs_or_basis(monkeypatch):
+    """Sigma^(1/2) z with the symmetric root: features rounded to float32 draw what float64 ones
+    draw, to round-off (an eigenvector root V sqrt(L) moved them by up to 13); and flipping the signs
+    of the eigenvectors eigh returns leaves every draw as it was."""
+    labels = torch.zeros(12, dtype=torch.int64)
+    x64, x32 = (
+        draws_of(polygon_features(torch.float64), labels, 1),
+        draws_of(polygon_features(torch.float32), labels, 1),
+    )
+    torch.testing.assert_close(x32, x64, atol=1e-5, rtol=0)
+    eigh = torch.linalg.eigh
+
+    def flipped(matrix):
+        values, vectors = eigh(matrix)
+        return values, vectors * torch.tensor([-1.0, 1.0, -1.0], dtype=vectors.dtype)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flipped)
+    torch.testing.assert_close(draws_of(polygon_features(torch.float64), labels, 1), x64, atol=1e-6, rtol=0)
+
+
+def test_a_calibrated_head_from_float32_features_is_the_float64_ones():
+    """The server's whole step on two clients' statistics of the same features, computed in float32
+    and in float64: the heads agree to round-off, where eigenvector roots moved them by 4e-2."""
+    base = polygon_features(torch.float64)
+    features = torch.cat([base, base * torch.tensor([-1.0, 1.0, 2.0], dtype=torch.float64) + 4.0])
+    labels = torch.cat([torch.zeros(12), torch.ones(12)]).long()
+    config = CCVRConfig(samples_per_class=500, epochs=2, batch_size=50)
+    start = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
+    heads = []
+    for dtype in (torch.float32, torch.float64):
+        f = features.to(dtype)
+        stats = [class_statistics(f[i::2], labels[i::2], 2) for i in (0, 1)]
+        heads.append(calibrated_head(start, stats, 2, config, lr=0.1, seed=0)[0])
+    for name in start:
+        torch.testing.assert_close(heads[0][name], heads[1][name], atol=1e-5, rtol=0)

@@ -28,11 +28,11 @@ import torch
 
 from raysim.errors import CheckpointError
 from raysim.params import check_loadable
+from raysim.snapshots import check_snapshot, manifest_digest
 from raysim.stored import plain
 from raysim.types import ServerState
 
 FORMAT = 1
-SNAPSHOT_ROUND_FILE = "snapshot_round"  # in a client-state snapshot: the round it froze
 _KEYS = ("format", "state", "round_num", "job")  # what every checkpoint holds
 
 
@@ -117,7 +117,8 @@ def save_checkpoint(
 
     ``state_dir`` is the client-state snapshot the checkpoint needs (None: no client has state).
     Inside the checkpoint's folder it is stored relative to it, so that moving the output folder,
-    or resuming from another working directory, still finds it.
+    or resuming from another working directory, still finds it. The digest of its manifest is
+    recorded with it (``raysim.snapshots``): a resume refuses a manifest gone or changed.
     """
     extra = plain(state.extra)  # the plugin's dataclass as the dict of its fields
     check_loadable({"opt_state": state.opt_state, "extra": extra}, "ServerState")
@@ -128,6 +129,7 @@ def save_checkpoint(
         "round_num": round_num,
         "job": job_dict,
         "state_dir": None if state_dir is None else _relative_to(path.parent, Path(state_dir)),
+        "snapshot_manifest": None if state_dir is None else manifest_digest(Path(state_dir)),
         "run": run,
         "privacy": privacy,
         "state": {
@@ -179,15 +181,15 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
 
     Raises:
         CheckpointError: the file is missing or unreadable, or the client-state snapshot it
-            needs is missing (resuming without it would silently reset every client's state) or
-            froze another round (a mix of two writes would silently resume a wrong model).
+            needs is missing (resuming without it would silently reset every client's state),
+            froze another round (a mix of two writes would silently resume a wrong model), or
+            does not hold exactly the files its manifest lists, unchanged (``check_snapshot``).
     """
     raw = _load(Path(path))
     state, round_num = parse_state(raw, path)
     state_dir = _find_state_dir(Path(path), raw.get("state_dir")) if with_client_state else None
     if state_dir is not None:
-        _check_snapshot_round(Path(path), Path(state_dir), round_num)
-        _check_snapshot_files(Path(path), Path(state_dir))
+        check_snapshot(Path(path), Path(state_dir), round_num, raw.get("snapshot_manifest"))
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
     privacy = raw.get("privacy")  # checked by the run that resumes (raysim.privacy.run_privacy)
     return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy)
@@ -332,33 +334,6 @@ def _find_state_dir(path: Path, stored: str | None) -> str | None:
             f"client's state, SCAFFOLD's control variates say, would silently start from scratch)"
         )
     return str(found)
-
-
-def _check_snapshot_files(path: Path, state_dir: Path) -> None:
-    """Each client's file in the snapshot against its archive's checksums, once per resume (a
-    flipped byte would otherwise load as slightly different client state, silently)."""
-    remedy = (
-        f"it is part of the client-state snapshot of {path}: resume from another checkpoint of the "
-        f"run (round_NNNNN.pt beside it) or start the run again"
-    )
-    for client_file in sorted(state_dir.rglob("*.pt")):
-        check_archive(client_file, remedy)
-
-
-def _check_snapshot_round(path: Path, state_dir: Path, round_num: int) -> None:
-    """The snapshot must have frozen the checkpoint's own round; snapshots written before the
-    marker existed have none and are taken as they are."""
-    marker = state_dir / SNAPSHOT_ROUND_FILE
-    if not marker.is_file():
-        return
-    text = marker.read_text().strip()
-    if text != str(round_num):
-        raise CheckpointError(
-            f"{path} holds round {round_num} but its client-state snapshot {state_dir} froze round "
-            f"{text!r} ({marker}): the two come from different writes (one interrupted?), and "
-            f"resuming them would give a wrong model; resume from another checkpoint of the run "
-            f"(round_NNNNN.pt beside it) or start the run again"
-        )
 
 
 def check_compatible(state: ServerState, params: dict[str, torch.Tensor], path: str) -> None:

@@ -3,7 +3,9 @@
 State lives outside the workers, so it survives worker restarts and scales to many clients. Every
 write is a new immutable file named by its round, ``<shard>/<client_id>/<round>.pt``, and a read
 takes the newest file of an earlier round. So a retried round never sees what a failed attempt
-wrote, and a checkpoint can freeze the directory cheaply with hard links (``snapshot``).
+wrote, and a checkpoint can freeze the directory cheaply with hard links (``snapshot``), listing
+the files it froze in a manifest that a resume checks (``raysim.snapshots``): no file is changed
+in place, so a frozen file stays what its manifest says while the live store goes on.
 Each client keeps two versions: the newest before the round being written, and that round's.
 A client's files have a folder of their own (in one of 1024 shards, by id), so a read lists two
 or three names whatever the population: ten million clients in one folder per shard made every
@@ -30,9 +32,9 @@ from typing import Any
 
 import torch
 
-from raysim.checkpoint import SNAPSHOT_ROUND_FILE
 from raysim.errors import DataError
 from raysim.params import check_loadable, to_cpu
+from raysim.snapshots import SNAPSHOT_ROUND_FILE, write_manifest
 from raysim.stored import plain
 
 NUM_SHARDS = 1024
@@ -110,34 +112,40 @@ class ClientStateStore:
                 old.unlink(missing_ok=True)
 
     def snapshot(self, target: str | Path, up_to_round: int) -> Path | None:
-        """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links),
-        replacing a snapshot already there (a continued run writing its ``final.pt`` again).
+        """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links), with its
+        round and, last, the manifest of its files; replaces a snapshot already there (a continued
+        run writing its ``final.pt`` again).
 
         Returns ``target``, or None when no client had state (nothing to freeze, no folder).
         """
         target = Path(target)
         fresh, stale = target.with_name(target.name + ".new"), target.with_name(target.name + ".old")
         shutil.rmtree(fresh, ignore_errors=True)
-        num_frozen = 0
         try:
-            for path in _round_files(self.root):
-                if int(path.name[:-3]) <= up_to_round:
-                    dest = fresh / path.relative_to(self.root)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    _link_or_copy(path, dest)
-                    num_frozen += 1
+            _mark_layout(fresh)  # marker and layout first, the manifest last: a snapshot in place is whole
+            (fresh / SNAPSHOT_ROUND_FILE).write_text(f"{up_to_round}\n")
+            num_frozen = write_manifest(fresh, self._link_into(fresh, up_to_round))
         except BaseException:
             shutil.rmtree(fresh, ignore_errors=True)  # a partial snapshot (a full disk, say) is never kept
             raise
         if target.exists():  # swapped, not overwritten: links to the same files cannot be copied over
             shutil.rmtree(stale, ignore_errors=True)
             target.rename(stale)
-        if num_frozen:  # the marker first: a snapshot in place always says which round it froze
-            _mark_layout(fresh)
-            (fresh / SNAPSHOT_ROUND_FILE).write_text(f"{up_to_round}\n")
+        if num_frozen:
             fresh.rename(target)
+        else:
+            shutil.rmtree(fresh, ignore_errors=True)  # nothing to freeze: no folder
         shutil.rmtree(stale, ignore_errors=True)
         return target if num_frozen else None
+
+    def _link_into(self, folder: Path, up_to_round: int) -> Iterator[Path]:
+        """Hard-links each version written up to ``up_to_round`` into ``folder``; yields each link."""
+        for path in _round_files(self.root):
+            if int(path.name[:-3]) <= up_to_round:
+                dest = folder / path.relative_to(self.root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                _link_or_copy(path, dest)
+                yield dest
 
     def restore(self, snapshot: str | Path) -> None:
         """Fills this (empty) store from a snapshot, by hard links; a snapshot in the older flat

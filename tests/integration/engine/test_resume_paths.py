@@ -81,3 +81,19 @@ def test_resuming_a_finished_run_is_refused_before_any_worker_or_run_starts(tmp_
             output_dir=tmp_path / "b",
         )
     assert not started and not (tmp_path / "b").exists()  # no workers, no run folder, no MLflow run
+
+
+def test_a_snapshot_missing_one_clients_file_is_refused_rather_than_resumed_with_a_wrong_model(
+    tmp_path, interrupted
+):
+    """A partial copy of the run folder: one client's SCAFFOLD state gone from the snapshot. It
+    used to resume with exit 0 and a model 0.016 off the uninterrupted run's."""
+    _, checkpoint = interrupted
+    snapshot = checkpoint.with_name("final.client_state.r1")
+    lost = sorted(snapshot.glob("*/*/*.pt"))[0]
+    lost.unlink()
+    with pytest.raises(
+        CheckpointError, match=rf"{snapshot}.* {lost.relative_to(snapshot)}.*missing.*earlier"
+    ):
+        run(scaffold(4), resume_from=str(checkpoint), output_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()  # refused before any worker or run folder

@@ -60,6 +60,7 @@ def resumed_state(path: Path, tmp_path: Path) -> tuple[int, float, float | None]
 
 STEPS = {
     "while freezing the snapshot": (raysim.runtime.client_state, "_link_or_copy"),
+    "while listing the snapshot's files": (raysim.runtime.client_state, "write_manifest"),
     "while writing the checkpoint file": (raysim.checkpoint.torch, "save"),
     "before the checkpoint replaces the old one": (Path, "replace"),
     "before the old snapshot is dropped": (raysim.engine.engine, "drop_other_snapshots"),

@@ -54,6 +54,22 @@ def test_a_snapshot_freezes_the_state_as_of_its_round(tmp_path):
     assert value(store, 1, 99) == 7.0
 
 
+def test_a_snapshot_lists_every_file_it_froze_with_its_size_in_its_manifest(tmp_path):
+    """The manifest (written last, inside the snapshot) names each frozen file, and only those."""
+    store = ClientStateStore(tmp_path / "live")
+    store.put(1, 2, {"v": torch.tensor(2.0)})
+    store.put(1, 3, {"v": torch.arange(9.0)})
+    store.put(1030, 3, {"v": torch.tensor(3.0)})
+    store.put(2, 4, {"v": torch.tensor(4.0)})  # after the round: not frozen
+    snap = store.snapshot(tmp_path / "snap", up_to_round=3)
+    header, *lines = (snap / "manifest").read_text().splitlines()
+    listed = {line.split(" ", 2)[2]: int(line.split(" ", 2)[0]) for line in lines}
+    frozen = {str(p.relative_to(snap)): p.stat().st_size for p in snap.rglob("*.pt")}
+    assert header.startswith("raysim client-state snapshot manifest")
+    assert listed == frozen and sorted(frozen) == ["0001/1/2.pt", "0001/1/3.pt", "0006/1030/3.pt"]
+    assert sorted(p.name for p in snap.iterdir() if p.is_file()) == ["layout", "manifest", "snapshot_round"]
+
+
 def test_a_snapshot_of_a_store_without_state_is_none(tmp_path):
     store = ClientStateStore(tmp_path / "live")
     assert store.snapshot(tmp_path / "snap", up_to_round=5) is None

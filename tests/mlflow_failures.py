@@ -1,8 +1,12 @@
 """The exceptions MLflow's client raises when its store is away or full, built as MLflow builds
-them, for tests that inject them (tests/unit/tracking/test_outbox.py, tests/integration/tracking/)."""
+them, for tests that inject them (tests/unit/tracking/test_outbox.py, tests/integration/tracking/);
+and addresses of tracking servers that are away: one that refuses, one that hangs."""
 
+import contextlib
 import errno
+import socket
 import sqlite3
+from collections.abc import Iterator
 
 import requests
 import sqlalchemy.exc
@@ -38,3 +42,20 @@ def database_full() -> MlflowException:
 def artifacts_full() -> OSError:
     """A local artifact store on a full disk (shutil.copy in LocalArtifactRepository.log_artifact)."""
     return OSError(errno.ENOSPC, "No space left on device")
+
+
+def refused_uri() -> str:
+    """A tracking server that is gone: nothing listens on its port (the OS's free port, released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def hung_uri() -> Iterator[str]:
+    """A tracking server that hangs (a stopped process): the kernel accepts connections to its port,
+    and nothing ever answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -23,6 +23,7 @@ from raysim.cli.home import raysim_home
 from raysim.cli.run_links import print_run_links
 from raysim.cli.ui import add_server_parser, add_ui_parser
 from raysim.errors import RaysimError
+from raysim.tracking.store_calls import bound_store_calls
 
 if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays fast
     from pydantic import BaseModel
@@ -44,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{args.command} takes no key=value overrides: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     quiet_startup()
+    bound_store_calls()  # before any MLflow call, here or in a sentinel or job this process starts
     try:
         return args.handler(args)
     except RaysimError as exc:

@@ -83,7 +83,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.results.grid_paired import paired
     from raysim.results.grid_runs import load_runs, log_report
     from raysim.results.grid_table import Selection, Statistic, build_table, keep_runs
-    from raysim.results.run_store import RunStore
+    from raysim.results.run_store import STORE_HINT, RunStore
+    from raysim.tracking.outbox import outage_as_error
     from raysim.tracking.tracking_store import tracking_uri
 
     if (args.select is None) != (args.on is None):
@@ -96,7 +97,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
     metrics = [args.metric, *([args.on] if args.on else []), *(COST_KEYS if args.cost else [])]
-    runs, parent = load_runs(store, args.targets, metrics)
+    with outage_as_error(store.uri, "be read", STORE_HINT):  # one line if it dies meanwhile
+        runs, parent = load_runs(store, args.targets, metrics)
     runs = keep_runs(runs, args.where) if args.where else runs
     table = build_table(runs, args.metric, statistic, args.rows, args.columns, selection)
 
@@ -120,7 +122,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         files.append(render.seed_band_curves(table, folder / CURVES))
     console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
-        logged = log_report(store, runs, parent, files, options, markdown)
+        with outage_as_error(store.uri, "take the report", "pass --no-log"):
+            logged = log_report(store, runs, parent, files, options, markdown)
         where = "the sweep's run" if parent is not None else "report run"
         console.print(
             f"logged to {where} {logged.info.run_id}: "

@@ -49,13 +49,16 @@ def add_where(parser: argparse.ArgumentParser) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
-    from raysim.results.run_store import RunStore
+    from raysim.results.run_store import STORE_HINT, RunStore
+    from raysim.tracking.outbox import outage_as_error
     from raysim.tracking.tracking_store import tracking_uri
 
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
-    found = store.listing(args.experiment, args.where)
+    with outage_as_error(store.uri, "be read", STORE_HINT):  # one line if it dies meanwhile
+        found = store.listing(args.experiment, args.where)
+        experiments = {e.experiment_id: e.name for e in store.client.search_experiments()}
     shown = found[: max(args.limit, 0)]
-    console.print(runs_table(shown, {e.experiment_id: e.name for e in store.client.search_experiments()}))
+    console.print(runs_table(shown, experiments))
     more = f" (the newest {len(shown)} shown: --limit N)" if len(shown) < len(found) else ""
     console.print(f"{len(found)} runs in {store.uri}{more}", soft_wrap=True, highlight=False)
     return 0

@@ -75,14 +75,15 @@ def check_output_dir(folder: Path) -> None:
         ) from None
 
 
-def check_tracking_store(uri: str) -> None:
+def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:
     """An MLflow server answers its REST API; a SQLite store's folder can be written; a database
-    server accepts connections. Other stores are left to MLflow."""
+    server accepts connections. Other stores are left to MLflow. ``hint`` ends the error: what
+    else the user may do."""
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     database = sqlite_path(uri)
     if is_server(uri):
-        check_tracking_server(uri)
+        check_tracking_server(uri, hint)
     elif database is not None:
         check_writable_folder(database, uri)
     elif scheme in DATABASE_PORTS and parts.hostname:
@@ -93,11 +94,11 @@ def check_tracking_store(uri: str) -> None:
         except OSError as exc:
             raise ResourceError(
                 f"the MLflow store {uri}: its database server {address} {unreachable(exc, address)}; "
-                f"start it, or {STORE_HINT}"
+                f"start it, or {hint}"
             ) from None
 
 
-def check_tracking_server(uri: str) -> None:
+def check_tracking_server(uri: str, hint: str = STORE_HINT) -> None:
     """The server answers within ``PROBE_TIMEOUT_S`` (GET /health), then its REST API does."""
     parts = urlsplit(uri)
     address = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
@@ -112,12 +113,12 @@ def check_tracking_server(uri: str) -> None:
         cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise ResourceError(
             f"the MLflow tracking server {uri} {unreachable(cause, address)}; start it (e.g. "
-            f"raysim server --host 127.0.0.1 --port {parts.port or 5000}), or {STORE_HINT}"
+            f"raysim server --host 127.0.0.1 --port {parts.port or 5000}), or {hint}"
         ) from None
-    check_tracking_api(uri)
+    check_tracking_api(uri, hint)
 
 
-def check_tracking_api(uri: str) -> None:
+def check_tracking_api(uri: str, hint: str = STORE_HINT) -> None:
     """One cheap REST call with MLflow's own client (its credentials, TLS settings and proxies),
     without MLflow's minutes of retries."""
     from mlflow.exceptions import MlflowException
@@ -131,7 +132,7 @@ def check_tracking_api(uri: str) -> None:
             raise ResourceError(
                 f"the tracking server {uri} answers, but not as an MLflow server should: "
                 f"{shorten(exc.message)}; check the address (and MLFLOW_TRACKING_USERNAME / "
-                f"MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN if it needs them), or {STORE_HINT}"
+                f"MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN if it needs them), or {hint}"
             ) from None
 
 

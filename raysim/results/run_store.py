@@ -24,10 +24,13 @@ from typing import Any
 
 import yaml
 
+from raysim.engine.preflight import check_tracking_store
 from raysim.engine.round_timer import WALL
 from raysim.errors import RaysimError
 from raysim.results.tables import RunRecord, curve_keys, default_metrics, logged_keys, markdown
 from raysim.tracking.links import run_link, ui_base
+from raysim.tracking.outbox import outage_reason
+from raysim.tracking.store_calls import bound_store_calls
 from raysim.tracking.tracking_store import artifact_repository, sqlite_path
 from raysim.types import Metrics
 
@@ -39,20 +42,27 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id (fullmatch)
 _NEWEST_FIRST = "attributes.start_time DESC"
 _MAX_TAG_CHARS = 8000  # MLflow's limit on a tag value
 _ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss", WALL)  # the table's clients/s, rounds, time
+STORE_HINT = "pass --tracking-uri (or set MLFLOW_TRACKING_URI) to the store the runs were logged to"
 
 
 class RunStore:
-    """An MLflow store read by ``raysim compare`` (and written once, for the comparison run)."""
+    """An MLflow store read by ``raysim compare``, ``runs`` and ``report`` (and written once, for
+    the comparison or report run).
+
+    Raises:
+        RaysimError: no SQLite store at ``uri``; a server (or database server) that does not answer
+            within seconds (``raysim.engine.preflight``).
+    """
 
     def __init__(self, uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
+        bound_store_calls()  # a server that dies later costs seconds a call, not minutes
         database = sqlite_path(uri)
         if database is not None and not database.is_file():  # MLflow would create an empty store
-            raise RaysimError(
-                f"no MLflow store at {database}; pass --tracking-uri (or set MLFLOW_TRACKING_URI) "
-                f"to the store the runs were logged to"
-            )
+            raise RaysimError(f"no MLflow store at {database}; {STORE_HINT}")
+        if database is None:
+            check_tracking_store(uri, STORE_HINT)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
 
@@ -109,7 +119,9 @@ class RunStore:
 
         try:
             return self.client.get_run(run_id)
-        except MlflowException:
+        except MlflowException as exc:
+            if outage_reason(exc) is not None:  # the store is away: not "no such run"
+                raise
             return None
 
     def _experiment(self, name_or_id: str) -> Any | None:
@@ -119,7 +131,9 @@ class RunStore:
         if experiment is None and name_or_id.isdigit():
             try:
                 experiment = self.client.get_experiment(name_or_id)
-            except MlflowException:
+            except MlflowException as exc:
+                if outage_reason(exc) is not None:
+                    raise
                 return None
         return experiment
 

@@ -3,10 +3,10 @@
 A tracking server that dies, or a store whose disk is full, does not stop training. A record the
 store refuses for such a reason (``is_outage``) waits in memory with every record after it; the
 next attempt comes after a backoff (2 s, doubling to 60 s), so a round waits at most for one
-attempt, and MLflow's own HTTP retries are cut down for raysim's calls (``short_http_retries``)
-so that an attempt costs seconds, not minutes. The user is told once that the store is away and
-once that it is back; what waited is then sent in order. A record the store rejects for any
-other reason (a bad value) raises, as it always did.
+attempt, which costs seconds, not minutes (``raysim.tracking.store_calls``; while the store is
+away, an attempt is one try, without MLflow's own retry: ``one_attempt``). The user is told once
+that the store is away and once that it is back; what waited is then sent in order. A record the
+store rejects for any other reason (a bad value) raises, as it always did.
 
 Still waiting when the run ends, the records are saved in the run folder as ``UNSENT_FILE``
 (JSON lines: a header naming the run and its store, then one record per line), and
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ResourceError
+from raysim.tracking.store_calls import HTTP_DEFAULTS, RETRIES, TIMEOUT, call_settings
 from raysim.types import Metrics
 
 log = logging.getLogger("raysim")
@@ -45,12 +46,9 @@ UPLOADED_FILE = "tracking_uploaded.jsonl"  # the same file once every record in 
 # everything: not 1 (training failed) nor 0 (everything logged)
 UNSENT_EXIT_CODE = 3
 FIRST_RETRY_S, MAX_RETRY_S = 2.0, 60.0
-# MLflow's HTTP client for raysim's calls, where the user set nothing: MLflow's defaults (7
-# retries with exponential backoff, 120 s timeouts) spend minutes on one call to a dead server.
-# Artifacts keep MLflow's timeout: a server that stores a large checkpoint (in S3, say) before it
-# answers is slow, not away.
-SHORT_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-SHORT_HTTP_TIMEOUT = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# A server that stores a large artifact elsewhere (S3, say) answers once it is stored: an upload
+# waits 1 s longer for its answer per 10 MiB it sends.
+ARTIFACT_BYTES_PER_S = 10 * 2**20
 # Loggers that narrate a failed call: urllib3's "Retrying ..." lines, MLflow's traceback of a
 # database error. The outbox says it in one line instead.
 NOISY_LOGGERS = ("urllib3.connectionpool", "mlflow.store.db.utils")
@@ -126,29 +124,31 @@ def _outage_reason(exc: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
-def short_http_retries(record: Record | None = None) -> Iterator[None]:
-    """MLflow's HTTP retry settings cut down (``SHORT_HTTP_RETRIES``, and ``SHORT_HTTP_TIMEOUT``
-    unless ``record`` is an artifact) and its retry and database error logs silenced for the calls
-    inside; settings the user made stay."""
-    cut = SHORT_HTTP_RETRIES | ({} if isinstance(record, ArtifactRecord) else SHORT_HTTP_TIMEOUT)
-    added = {k: v for k, v in cut.items() if k not in os.environ}
+def one_attempt(record: Record, is_away: bool = False) -> Iterator[None]:
+    """The calls that send ``record``, once: without MLflow's own retry while the store is known to
+    be away (the outbox tries again after its backoff), an artifact's answer awaited longer the
+    larger it is, and MLflow's retry and database error logs silenced. Settings the user made stay
+    (``raysim.tracking.store_calls``)."""
+    settings = {RETRIES: "0"} if is_away else {}
+    if isinstance(record, ArtifactRecord):
+        size = os.path.getsize(record.path) if os.path.isfile(record.path) else 0
+        settings[TIMEOUT] = str(int(HTTP_DEFAULTS[TIMEOUT]) + size // ARTIFACT_BYTES_PER_S)
     loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
     levels = [logger.level for logger in loggers]
-    os.environ.update(added)
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        yield
+        with call_settings(**settings):
+            yield
     finally:
-        for key in added:
-            os.environ.pop(key, None)
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
 
 
 @contextlib.contextmanager
-def outage_as_error(store: str, doing: str) -> Iterator[None]:
-    """An outage while ``doing`` what cannot wait (starting the run) as one ``ResourceError``."""
+def outage_as_error(store: str, doing: str, fix: str = "run with tracking.enabled=false") -> Iterator[None]:
+    """An outage while ``doing`` what cannot wait (starting the run, listing runs) as one
+    ``ResourceError`` naming ``fix`` beside freeing the disk or starting the server."""
     try:
         yield
     except Exception as exc:
@@ -157,7 +157,7 @@ def outage_as_error(store: str, doing: str) -> Iterator[None]:
             raise
         raise ResourceError(
             f"the MLflow store {store} cannot {doing} ({reason}): free space on its disk or start its "
-            "server, or run with tracking.enabled=false"
+            f"server, or {fix}"
         ) from None
 
 
@@ -190,7 +190,7 @@ class Outbox:
         was_away, num_sent = self.reason is not None, len(self.pending)
         while self.pending:
             try:
-                with short_http_retries(self.pending[0]):
+                with one_attempt(self.pending[0], is_away=self.reason is not None):
                     self.deliver(self.pending[0])
             except Exception as exc:
                 reason = outage_reason(exc)
@@ -322,7 +322,7 @@ def upload(unsent: UnsentRecords, deliver: Callable[[Record], None]) -> int:
             if isinstance(record, ArtifactRecord) and not Path(record.path).is_file():
                 raise ResourceError(f"{record.path}, an artifact of the run, is gone; it cannot be uploaded")
             try:
-                with short_http_retries(record):
+                with one_attempt(record):
                     deliver(record)
             except Exception as exc:
                 reason = outage_reason(exc)

@@ -10,7 +10,8 @@ the database's folder, so that the folder can be copied or moved: read them with
 which resolves a relative location against the working directory.
 
 What the store cannot take (a server that is down, a full disk) waits in an ``Outbox``
-(``raysim.tracking.outbox``) while training goes on.
+(``raysim.tracking.outbox``) while training goes on. Every call to a tracking server is bounded in
+time, and only raysim ends its runs: MLflow's exit hook is taken off (``raysim.tracking.store_calls``).
 
 Usage:
     tracker = MlflowTracker(job.tracking)
@@ -37,6 +38,7 @@ from raysim.tracking.outbox import (
     outage_as_error,
 )
 from raysim.tracking.provenance import naming_tags, run_name, source_tags
+from raysim.tracking.store_calls import bound_store_calls, forget_active_run, unhook_mlflow_exit
 from raysim.tracking.tracking_store import (
     artifact_repository,
     artifact_root,
@@ -116,6 +118,7 @@ class MlflowTracker:
     ) -> None:
         from mlflow.tracking import MlflowClient
 
+        bound_store_calls()
         self.uri = tracking_uri(config)
         with store_lock(self.uri):  # the first client of a new SQLite store creates its schema
             self.client = MlflowClient(tracking_uri=self.uri)
@@ -182,6 +185,7 @@ class MlflowTracker:
         """
         import mlflow
 
+        unhook_mlflow_exit()  # MLflow's would end the run FINISHED at exit, whatever happened
         mlflow.set_tracking_uri(self.uri)  # the fluent API's store, for start_run and end_run
         tags = {**source_tags(job), **run_tags(job, run_dir, lineage), **self.tags}
         with outage_as_error(self.uri, "start the run"):  # nothing to keep yet: one clear line
@@ -275,7 +279,11 @@ class MlflowTracker:
             return
         self._started = False
         assert self.outbox is not None
-        if not self.outbox.close(EndRecord(status)):
+        try:
+            is_closed = self.outbox.close(EndRecord(status))
+        finally:  # ended, or left RUNNING for `raysim track upload` (or the sentinel) to end
+            forget_active_run(self.run_id)
+        if not is_closed:
             if self.run_dir is None:
                 raise ResourceError(
                     f"the MLflow store {self.uri} is away ({self.outbox.reason}); "

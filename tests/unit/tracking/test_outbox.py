@@ -13,6 +13,7 @@ import requests
 from mlflow.exceptions import MlflowException
 
 from raysim.errors import ResourceError
+from raysim.tracking import store_calls
 from raysim.tracking.outbox import (
     FIRST_RETRY_S,
     MAX_RETRY_S,
@@ -23,11 +24,12 @@ from raysim.tracking.outbox import (
     MetricsRecord,
     Outbox,
     ParamsRecord,
+    one_attempt,
     outage_reason,
     read_unsent,
-    short_http_retries,
     upload,
 )
+from raysim.tracking.store_calls import HTTP_DEFAULTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/mlflow_failures.py
 from mlflow_failures import artifacts_full, database_full, server_gone  # noqa: E402
@@ -129,21 +131,31 @@ def test_outages_are_told_from_errors(failure, reason):
     assert outage_reason(failure) == reason
 
 
-def test_mlflow_http_retries_are_cut_for_raysims_calls_only(monkeypatch):
-    """MLflow reads these at each call; its defaults (7 retries, 120 s timeouts) cost minutes."""
+def test_an_attempt_while_the_store_is_away_is_one_try_and_an_artifact_waits_by_its_size(
+    tmp_path, monkeypatch
+):
+    """MLflow reads these at each call. While the store is away, the outbox itself tries again (after
+    its backoff): MLflow's own retry would double what a hung server costs at each attempt."""
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES as RETRIES
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT as TIMEOUT
 
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)
-    with short_http_retries(metrics(0)):
+    for name in HTTP_DEFAULTS:
+        monkeypatch.setenv(name, "")  # so that teardown restores it as it was
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(store_calls, "_SET_BY_RAYSIM", set())
+    checkpoint = tmp_path / "final.pt"
+    checkpoint.write_bytes(bytes(25 * 2**20))
+    with one_attempt(metrics(0)):
         assert (RETRIES.get(), TIMEOUT.get()) == (1, 10)
-    with short_http_retries(ArtifactRecord("final.pt", None)):  # an upload may be slow, not away
-        assert (RETRIES.get(), TIMEOUT.get()) == (1, 120)
-    assert (RETRIES.get(), TIMEOUT.get()) == (7, 120)  # MLflow's, for everyone else
+    with one_attempt(metrics(0), is_away=True):
+        assert (RETRIES.get(), TIMEOUT.get()) == (0, 10)
+    with one_attempt(ArtifactRecord(str(checkpoint), None)):  # a server may store it elsewhere first
+        assert (RETRIES.get(), TIMEOUT.get()) == (1, 10 + 2)
+    assert (RETRIES.get(), TIMEOUT.get()) == (1, 10)  # raysim's bound, for its every other call
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    with short_http_retries(metrics(0)):
-        assert TIMEOUT.get() == 30  # the user's setting stays
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    with one_attempt(ArtifactRecord(str(checkpoint), None), is_away=True):
+        assert (RETRIES.get(), TIMEOUT.get()) == (3, 30)  # the user's settings stay
 
 
 def unsent_run(tmp_path, caplog) -> Path:

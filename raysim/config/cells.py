@@ -14,6 +14,7 @@ from pathlib import Path
 from raysim.config.evaluated import check_evaluated
 from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
 from raysim.config.job import JobConfig, check_folder_name
+from raysim.config.mlflow_names import key_problem
 from raysim.config.sweep import Cell, SweepConfig, expand_cells, parse_only, parse_sweep, select, sweep_id
 from raysim.errors import ConfigError
 
@@ -47,8 +48,9 @@ def load_sweep(
     Raises:
         ConfigError: a bad sweep section, an axis key a variant lacks (its nearest key named), a
             stopping metric a variant does not log (its nearest named), a cell's invalid value,
-            more cells than ``sweep.max_cells`` without ``confirm``, or no cell passing the
-            filters; every problem at once, before anything runs.
+            more cells than ``sweep.max_cells`` without ``confirm``, no cell passing the
+            filters, or a param or tag key MLflow would refuse; every problem at once, before
+            anything runs.
     """
     source, overrides = str(path), list(overrides or [])
     raw = read_job_file(Path(path))
@@ -75,10 +77,41 @@ def load_sweep(
             source,
         )
     job_name = bases[0].origin.job if bases[0].origin is not None else bases[0].name
+    try:
+        check_folder_name(job_name)  # the sweep's id names its files (<output dir>/sweeps/<id>.jsonl)
+    except ValueError as exc:
+        raise ConfigError([f"name {job_name!r}: {exc}"], source) from None
     jobs = cell_jobs(path, overrides, chosen)
-    return Sweep(
+    sweep = Sweep(
         sweep_id(job_name, spec, apply_overrides(raw, overrides)), job_name, spec, chosen, len(cells), jobs
     )
+    if problems := check_mlflow_keys(sweep):
+        raise ConfigError(problems, source)
+    return sweep
+
+
+def sweep_params(spec: SweepConfig) -> dict[str, str]:
+    """The sweep run's MLflow params: the spec, flattened under ``sweep.``."""
+    return {f"sweep.{k}": str(v) for k, v in flatten(spec.model_dump(mode="json")).items()}
+
+
+def check_mlflow_keys(sweep: Sweep) -> list[str]:
+    """One problem per param or tag key MLflow would refuse, of the sweep run and of each cell's run
+    (a named grid value's name becomes part of a key): the run would fail after it began."""
+    sent = [("sweep", "the sweep run's params", sweep_params(sweep.spec))]
+    for cell in sweep.cells:
+        sent.append((f"cell {cell.name}", "its tags", cell.tags(sweep.id)))
+        sent.append((f"cell {cell.name}", "its params", flatten(sweep.jobs[cell.name].to_dict())))
+    problems, seen = [], set()
+    for where, what, keys in sent:
+        for key in keys:
+            if key not in seen and (why := key_problem(key)) is not None:
+                seen.add(key)
+                problems.append(
+                    f"{where}: MLflow would refuse the key {key!r} of {what} ({why}); rename the "
+                    "grid value or key it comes from"
+                )
+    return problems
 
 
 def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:

@@ -41,7 +41,8 @@ FILTER_KEYS = ("variant", "seed")  # what ``--only`` takes besides the sweep's a
 # SWEEP_KIND and SWEEP_TAG = the sweep's id. Each cell's run: SWEEP_TAG, CELL_TAG = the cell's
 # name, and AXIS_TAG + "variant", + "seed" and + each grid or random axis's dotted key, valued as
 # ``str(value)``. A cell stopped early also has STOPPED_TAG = the rule ("median", "asha"); a failed cell
-# has ERROR_TAG = its error's type and message.
+# has ERROR_TAG = its error's type and message. The sweep's run also has DRIVER_TAG = the driver that
+# runs it, or ran it last (``pid 4242 on node-7, started ... UTC``).
 KIND_TAG = "raysim.kind"
 SWEEP_KIND = "sweep"
 SWEEP_TAG = "raysim.sweep"
@@ -49,6 +50,7 @@ CELL_TAG = "raysim.cell"
 AXIS_TAG = "raysim.axis."
 STOPPED_TAG = "raysim.stopped"
 ERROR_TAG = "raysim.error"
+DRIVER_TAG = "raysim.driver"
 
 
 class Distribution(BaseModel, frozen=True, extra="forbid"):

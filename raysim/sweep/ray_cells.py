@@ -15,9 +15,12 @@ Usage:
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import ray
@@ -27,10 +30,12 @@ from raysim.config import ResourcesConfig
 from raysim.config.sweep import StoppingConfig
 from raysim.errors import ResourceError
 from raysim.runtime.ray_session import init_ray
+from raysim.stop_request import note_stop_request
 from raysim.sweep.asha_stopping import AshaRule
 from raysim.sweep.median_stopping import MedianStoppingRule
 
 CANCEL_GRACE_S = 60.0  # Ctrl-C: how long cancelled cells get to end their MLflow runs KILLED
+CANCELLED_EXIT_CODE = 128 + signal.SIGINT  # a cancelled cell's stop request, as Ctrl-C's exit
 
 Reporter = Callable[[int, float], bool]  # (round, metric value) -> stop this cell now
 
@@ -104,7 +109,28 @@ def run_cell_tasks(
 
 @ray.remote(max_retries=0)  # a failed cell is recorded, not retried
 def _run_task(run: Callable[[Reporter | None], Any], reporter: Reporter | None) -> Any:
-    return run(reporter)
+    return run_interruptibly(run, reporter)
+
+
+def run_interruptibly(run: Callable[[Reporter | None], Any], reporter: Reporter | None) -> Any:
+    """Runs a cell that ``ray.cancel`` stops for sure. Ray cancels a running task by raising
+    KeyboardInterrupt through its SIGINT handler, once, and one that lands in a class body built
+    by a lazy import (torch's, early in a cell) or in a library's broad ``except`` is lost: the
+    cell trained on, and could end FINISHED, after its sweep was stopped. So the handler also
+    notes a stop request, which the engine honours at the next client or round end (the run
+    then ends KILLED through its own clean-up)."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return run(reporter)
+
+    def cancelled(signum: int, frame: FrameType | None) -> None:
+        note_stop_request(CANCELLED_EXIT_CODE)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, cancelled)
+    try:
+        return run(reporter)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _outcome(ref: Any) -> Any:
@@ -119,13 +145,16 @@ def _outcome(ref: Any) -> Any:
 
 def cancel(refs: list[Any], grace_s: float = CANCEL_GRACE_S) -> None:
     """Cancels running and queued cells: a running one gets KeyboardInterrupt, so its run ends
-    KILLED through its own clean-up; waits up to ``grace_s`` for them."""
+    KILLED through its own clean-up; waits up to ``grace_s`` for them, then kills the workers of
+    those still running (their runs end KILLED by their sentinels and the sweep's driver)."""
     for ref in refs:
         ray.cancel(ref)
     deadline = time.monotonic() + grace_s
     left = refs
     while left and time.monotonic() < deadline:
         _, left = ray.wait(left, num_returns=len(left), timeout=max(0.0, deadline - time.monotonic()))
+    for ref in left:  # stuck where no interrupt lands (a long native call): none trains on
+        ray.cancel(ref, force=True)
 
 
 def refuse_unfit(tasks: list[CellTask]) -> None:

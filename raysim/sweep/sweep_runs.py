@@ -5,6 +5,8 @@ A rerun of the same sweep (the same id) goes on under the same parent run and sk
 whose run FINISHED (or was stopped by the median rule); failed and interrupted cells run again,
 each in a new run beside its old one. Without tracking, the driver notes each cell's outcome in a
 ledger file (``<output_dir>/sweeps/<sweep id>.jsonl``) and a rerun skips the ones noted finished.
+One driver runs a sweep at a time (``raysim.sweep.sweep_lock``); the sweep's run ends FINISHED,
+FAILED or KILLED with its driver, or KILLED by its sentinel (``raysim.sweep.sweep_parent``).
 
 Usage:
     outcomes = run_sweep(load_sweep("jobs/sweeps/mnist_laptop.yaml"), ".raysim", print)
@@ -12,43 +14,30 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from raysim.config import JobConfig, JobOrigin, flatten, validate_job
+from raysim.config import JobConfig, JobOrigin, validate_job
 from raysim.config.cells import Sweep
-from raysim.config.sweep import CELL_TAG, ERROR_TAG, KIND_TAG, STOPPED_TAG, SWEEP_KIND, SWEEP_TAG
+from raysim.config.sweep import ERROR_TAG, STOPPED_TAG, Cell
 from raysim.engine.loop import run
+from raysim.engine.preflight import check_output_dir
 from raysim.errors import RaysimError
 from raysim.stop_request import clear_stop_request, note_stop_request
+from raysim.sweep.cell_ledger import CellLedger, CellOutcome, Status
 from raysim.sweep.ray_cells import CellTask, Reporter, run_cell_tasks
-from raysim.tracking.provenance import source_tags
+from raysim.sweep.sweep_lock import hold_sweep, release_sweep
+from raysim.sweep.sweep_parent import SweepRun
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import Metrics
 
-Status = Literal["FINISHED", "FAILED", "KILLED", "STOPPED"]
 SHOWN_METRICS = ("eval/central/accuracy", "eval/clients/accuracy")  # a cell's progress line, when logged
 STOPPED_EXIT_CODE = 0  # the SystemExit that ends a cell the median rule stopped
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    """How one cell ended: its run, its last value of each metric, its error if it failed."""
-
-    cell: str
-    status: Status
-    run_id: str | None = None
-    final: Metrics = field(default_factory=dict)
-    seconds: float = 0.0
-    error: str = ""  # one line: the exception's type and message
-    details: str = ""  # the traceback of an error that is not raysim's own
 
 
 class CellTracker(MlflowTracker):
@@ -129,88 +118,6 @@ def failed_run(tracker: MlflowTracker, job: JobConfig, tags: dict[str, str], par
     return str(run.info.run_id)
 
 
-@dataclass
-class SweepRun:
-    """The sweep's parent MLflow run."""
-
-    tracker: MlflowTracker
-    run_id: str
-
-    @classmethod
-    def open(cls, sweep: Sweep, job: JobConfig) -> SweepRun:
-        """The sweep's run: the one an earlier try of the same sweep started (RUNNING again), else new."""
-        tracker = MlflowTracker(job.tracking)
-        experiment = tracker.experiment_id()
-        earlier = tracker.client.search_runs(
-            [experiment], f"tags.`{SWEEP_TAG}` = '{sweep.id}' and tags.`{KIND_TAG}` = '{SWEEP_KIND}'"
-        )
-        if earlier:
-            run_id = earlier[0].info.run_id
-            tracker.client.update_run(run_id, status="RUNNING")
-            return cls(tracker, run_id)
-        tags = {KIND_TAG: SWEEP_KIND, SWEEP_TAG: sweep.id, "job": sweep.job, **source_tags(job)}
-        run = tracker.client.create_run(experiment, run_name=f"{sweep.job}/sweep", tags=tags)
-        spec = {f"sweep.{k}": str(v) for k, v in flatten(sweep.spec.model_dump(mode="json")).items()}
-        tracker.client.log_batch(run.info.run_id, params=[_param(k, v) for k, v in spec.items()][:100])
-        return cls(tracker, run.info.run_id)
-
-    def finished_cells(self, sweep: Sweep) -> set[str]:
-        """Cells of this sweep whose run FINISHED or was stopped by the median rule."""
-        runs = self.tracker.client.search_runs(
-            [self.tracker.experiment_id()], f"tags.`{SWEEP_TAG}` = '{sweep.id}'", max_results=50000
-        )
-        return {
-            r.data.tags[CELL_TAG]
-            for r in runs
-            if CELL_TAG in r.data.tags and (r.info.status == "FINISHED" or STOPPED_TAG in r.data.tags)
-        }
-
-    def end(self, status: str) -> None:
-        self.tracker.client.set_terminated(self.run_id, status)
-
-    def kill_running_cells(self, sweep: Sweep) -> None:
-        """Ends KILLED the cell runs still RUNNING once the sweep stopped: a SIGTERM reaches the
-        driver only, and its cells' workers may be ended before their own clean-up ran."""
-        runs = self.tracker.client.search_runs(
-            [self.tracker.experiment_id()],
-            f"tags.`{SWEEP_TAG}` = '{sweep.id}' and attributes.status = 'RUNNING'",
-            max_results=50000,
-        )
-        for cell_run in runs:
-            if cell_run.info.run_id != self.run_id:
-                self.tracker.client.set_terminated(cell_run.info.run_id, "KILLED")
-
-
-@dataclass(frozen=True)
-class CellLedger:
-    """An untracked sweep's record of its cells' outcomes, one JSON line per cell run (the cell,
-    its status, final metrics, seconds and error), so that a rerun skips the finished ones."""
-
-    path: Path
-
-    @classmethod
-    def of(cls, sweep: Sweep, output_dir: str | Path) -> CellLedger:
-        return cls(Path(output_dir) / "sweeps" / f"{sweep.id}.jsonl")
-
-    def finished_cells(self) -> set[str]:
-        """Cells noted FINISHED or STOPPED (by the median rule) on an earlier run."""
-        if not self.path.exists():
-            return set()
-        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        return {line["cell"] for line in lines if line["status"] in ("FINISHED", "STOPPED")}
-
-    def note(self, outcome: CellOutcome) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as ledger:
-            ledger.write(json.dumps(asdict(outcome), default=str) + "\n")
-
-
-def _param(key: str, value: str) -> Any:
-    from mlflow.entities import Param
-
-    return Param(key, value[:6000])
-
-
 def _shipped(job: JobConfig) -> tuple[dict[str, Any], JobOrigin | None]:
     return job.to_dict(), job.origin
 
@@ -225,22 +132,83 @@ def cell_resources(job: JobConfig) -> tuple[float, float]:
 
 def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) -> dict[str, CellOutcome]:
     """Runs the sweep's cells not finished before, concurrently; ``say`` gets a line per cell as it
-    ends. Returns the outcome of each cell run now (a finished one from before is not in it)."""
-    first = sweep.jobs[sweep.cells[0].name]
+    ends. Returns the outcome of each cell run now (a finished one from before is not in it).
+
+    Raises:
+        RaysimError: another driver runs this sweep (``raysim.sweep.sweep_lock``; its pid and host
+            named), an output folder that cannot be written, cells that no node can hold, mixed
+            tracking stores.
+    """
     refuse_mixed_tracking(sweep)
-    parent = SweepRun.open(sweep, first) if first.tracking.enabled else None
+    check_output_dir(Path(output_dir))  # one named error, not the lock's OSError
+    hold = hold_sweep(sweep.id, output_dir)  # a second driver of this sweep stops here
+    try:
+        if hold.dead_driver:
+            say(f"sweep {sweep.id}: going on from {hold.dead_driver}, which no longer runs")
+        first = sweep.jobs[sweep.cells[0].name]
+        parent = SweepRun.open(sweep, first, hold.dead_driver, say) if first.tracking.enabled else None
+        return run_held(sweep, output_dir, say, parent)
+    finally:
+        release_sweep(hold)
+
+
+def run_held(
+    sweep: Sweep, output_dir: str | Path, say: Callable[[str], None], parent: SweepRun | None
+) -> dict[str, CellOutcome]:
+    """``run_sweep`` once this driver holds the sweep (and its MLflow run, when tracked): the sweep
+    run ends FINISHED, FAILED (a cell or the driver failed) or KILLED (Ctrl-C, SIGTERM)."""
+    status = "FAILED"
+    try:
+        outcomes = run_todo(sweep, output_dir, say, parent)
+        status = "FAILED" if any(o.status == "FAILED" for o in outcomes.values()) else "FINISHED"
+        return outcomes
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM's exit (raysim.cli.driver)
+        status = "KILLED"
+        raise
+    finally:
+        if parent is not None:
+            if status != "FINISHED":  # cells whose workers ended before their own clean-up
+                parent.kill_running_cells()
+            parent.end(status)
+
+
+def run_todo(
+    sweep: Sweep, output_dir: str | Path, say: Callable[[str], None], parent: SweepRun | None
+) -> dict[str, CellOutcome]:
+    """Runs the cells not finished before, concurrently; a line as each ends, and one at the end."""
     ledger = CellLedger.of(sweep, output_dir)  # used only without tracking
-    done = parent.finished_cells(sweep) if parent is not None else ledger.finished_cells()
+    done = parent.finished_cells() if parent is not None else ledger.finished_cells(say)
     todo = [cell for cell in sweep.cells if cell.name not in done]
     where = f"MLflow run {parent.run_id}" if parent is not None else f"untracked: outcomes in {ledger.path}"
     say(
         f"sweep {sweep.id}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} finished before, "
         f"{len(todo)} to run ({where})"
     )
+    metric = sweep.spec.stopping.metric if sweep.spec.stopping is not None else None
+    outcomes: dict[str, CellOutcome] = {}
+
+    def on_done(name: str, result: Any) -> None:
+        outcomes[name] = outcome = as_outcome(name, result)
+        if parent is None:
+            ledger.note(outcome)
+        say(progress_line(outcome, len(outcomes), len(todo), metric))
+
+    start = time.perf_counter()
+    if todo:
+        tasks = cell_tasks(sweep, todo, parent.run_id if parent is not None else None, output_dir)
+        run_cell_tasks(tasks, sweep.jobs[sweep.cells[0].name].resources, on_done, sweep.spec.stopping)
+    counts = Counter(o.status for o in outcomes.values())
+    ended = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing to run"
+    say(f"sweep {sweep.id}: {ended} in {time.perf_counter() - start:.0f} s")
+    return outcomes
+
+
+def cell_tasks(
+    sweep: Sweep, cells: list[Cell], parent_id: str | None, output_dir: str | Path
+) -> list[CellTask]:
+    """A Ray task per cell, reserving one worker's share of the cluster."""
     stopping = sweep.spec.stopping
-    parent_id = parent.run_id if parent is not None else None
-    metric = stopping.metric if stopping is not None else None
-    tasks = [
+    return [
         CellTask(
             cell.name,
             partial(
@@ -249,44 +217,21 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
                 cell.tags(sweep.id),
                 parent_id,
                 str(output_dir),
-                metric,
+                stopping.metric if stopping is not None else None,
                 rule=stopping.rule if stopping is not None else "median",
             ),
             *cell_resources(sweep.jobs[cell.name]),
         )
-        for cell in todo
+        for cell in cells
     ]
-    outcomes: dict[str, CellOutcome] = {}
 
-    def on_done(name: str, result: Any) -> None:
-        outcome = (
-            result
-            if isinstance(result, CellOutcome)
-            else CellOutcome(
-                name,
-                "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED",
-                error=f"{type(result).__name__}: {result}",
-            )
-        )
-        outcomes[name] = outcome
-        if parent is None:
-            ledger.note(outcome)
-        say(progress_line(outcome, len(outcomes), len(todo), metric))
 
-    status, start = "KILLED", time.perf_counter()
-    try:
-        if tasks:
-            run_cell_tasks(tasks, first.resources, on_done, stopping)
-        status = "FAILED" if any(o.status == "FAILED" for o in outcomes.values()) else "FINISHED"
-        counts = Counter(o.status for o in outcomes.values())
-        ended = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing to run"
-        say(f"sweep {sweep.id}: {ended} in {time.perf_counter() - start:.0f} s")
-        return outcomes
-    finally:
-        if parent is not None:
-            if status == "KILLED":
-                parent.kill_running_cells(sweep)
-            parent.end(status)
+def as_outcome(name: str, result: Any) -> CellOutcome:
+    """A cell's outcome from what its task returned, or the exception it ended with."""
+    if isinstance(result, CellOutcome):
+        return result
+    status: Status = "KILLED" if isinstance(result, KeyboardInterrupt) else "FAILED"
+    return CellOutcome(name, status, error=f"{type(result).__name__}: {result}")
 
 
 def progress_line(outcome: CellOutcome, count: int, total: int, metric: str | None) -> str:

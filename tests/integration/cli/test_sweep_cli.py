@@ -60,3 +60,12 @@ def test_sigterm_ends_a_sweep_with_143_although_ray_made_it_exit_1(tmp_path, mon
     finally:
         clear_stop_request()
     assert exit_info.value.code == 143 and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_dry_run_refuses_a_grid_value_name_mlflow_would_refuse(tmp_path, capsys):
+    """What the run will send is checked: before, --dry-run passed and the run failed on MLflow's
+    param key after the sweep's run began."""
+    partitions = {"a/../evil": {"kind": "iid", "num_clients": 10}}
+    assert main(["run", write(tmp_path, sweep={"grid": {"dataset.partition": partitions}}), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "MLflow would refuse the key 'sweep.grid.dataset.partition.a/../evil.kind'" in err

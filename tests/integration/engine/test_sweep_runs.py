@@ -8,7 +8,8 @@ from mlflow.tracking import MlflowClient
 
 from raysim.config.cells import load_sweep
 from raysim.stop_request import clear_stop_request
-from raysim.sweep.sweep_runs import SweepRun, run_cell, run_sweep
+from raysim.sweep.sweep_parent import SweepRun
+from raysim.sweep.sweep_runs import run_cell, run_sweep
 
 
 def sweep_file(tmp_path, uri):
@@ -78,19 +79,33 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
     assert same.info.run_id == parent.info.run_id
 
 
-def cell_args(tmp_path, uri, **changes):
+@pytest.fixture
+def opened():
+    """Opens sweep runs as a driver does, and stands their sentinels down at the test's end."""
+    parents = []
+
+    def open_parent(sweep, job, *args):
+        parents.append(SweepRun.open(sweep, job, *args))
+        return parents[-1]
+
+    yield open_parent
+    for parent in parents:
+        parent.sentinel.stand_down()
+
+
+def cell_args(tmp_path, uri, opened, **changes):
     """``run_cell``'s arguments for one cell of the tiny sweep, run in this process."""
     sweep = load_sweep(sweep_file(tmp_path, uri), [f"{k}={v}" for k, v in changes.items()], ["fedavg"])
     cell = sweep.cells[0]
-    parent = SweepRun.open(sweep, sweep.jobs[cell.name])
+    parent = opened(sweep, sweep.jobs[cell.name])
     job = sweep.jobs[cell.name]
     return sweep, parent, (job.to_dict(), job.origin, cell.tags(sweep.id), parent.run_id, str(tmp_path))
 
 
 @pytest.mark.parametrize("rule", ["median", "asha"])
-def test_a_cell_the_stopping_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path, rule):
+def test_a_cell_the_stopping_rule_stops_ends_killed_tagged_and_counts_as_done(tmp_path, rule, opened):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sweep, parent, args = cell_args(tmp_path, uri)
+    sweep, parent, args = cell_args(tmp_path, uri, opened)
     reports = []
 
     def report(round_num, value):
@@ -105,19 +120,20 @@ def test_a_cell_the_stopping_rule_stops_ends_killed_tagged_and_counts_as_done(tm
     run = MlflowClient(uri).get_run(outcome.run_id)
     assert run.info.status == "KILLED" and run.data.tags["raysim.stopped"] == rule
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id
-    assert parent.finished_cells(sweep) == {sweep.cells[0].name}
+    assert parent.finished_cells() == {sweep.cells[0].name}
 
 
-def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(tmp_path):
+def test_a_cell_that_fails_before_its_run_starts_still_gets_a_failed_child_run(tmp_path, opened):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sweep, parent, args = cell_args(tmp_path, uri, **{"engine.schedule": str(tmp_path / "missing.json")})
+    changes = {"engine.schedule": str(tmp_path / "missing.json")}
+    sweep, parent, args = cell_args(tmp_path, uri, opened, **changes)
     outcome = run_cell(*args, None, None)
     assert outcome.status == "FAILED" and "missing.json" in outcome.error
     run = MlflowClient(uri).get_run(outcome.run_id)
     assert run.info.status == "FAILED" and run.data.tags["mlflow.parentRunId"] == parent.run_id
     assert run.data.tags["raysim.cell"] == sweep.cells[0].name
     assert "missing.json" in run.data.tags["raysim.error"]
-    assert parent.finished_cells(sweep) == set()
+    assert parent.finished_cells() == set()
 
 
 def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(tmp_path, monkeypatch):
@@ -145,16 +161,16 @@ def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_a_stopped_sweep_ends_the_cell_runs_left_running_killed(tmp_path):
+def test_a_stopped_sweep_ends_the_cell_runs_left_running_killed(tmp_path, opened):
     """A SIGTERM reaches the driver only: cells whose workers ended before their own clean-up
     leave RUNNING runs, which the driver ends KILLED (the sweep's own run is left to end())."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sweep, parent, _ = cell_args(tmp_path, uri)
+    sweep, parent, _ = cell_args(tmp_path, uri, opened)
     client = MlflowClient(uri)
     experiment = parent.tracker.experiment_id()
     orphan = client.create_run(experiment, tags=sweep.cells[0].tags(sweep.id)).info.run_id
     other = client.create_run(experiment, tags={"raysim.sweep": "another-sweep"}).info.run_id
-    parent.kill_running_cells(sweep)
+    assert parent.kill_running_cells() == 1
     assert client.get_run(orphan).info.status == "KILLED"
     assert client.get_run(other).info.status == "RUNNING"
     assert client.get_run(parent.run_id).info.status == "RUNNING"

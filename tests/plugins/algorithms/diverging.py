@@ -7,12 +7,16 @@ imports can: Python hands it on wrapped in a RuntimeError, and the run must stil
 ``failure: lost_stop`` notes a stop request whose exit is lost (as in a garbage-collection
 callback) and trains on: the run must end at the next client. ``failure: changed_stop`` notes a
 stop request and raises SystemExit(1), as Ray's ``ray.get`` does with the handler's exit: the run
-must end with the stop's exit code. The tests put this
+must end with the stop's exit code. ``failure: lost_interrupt`` spends 50 ms per client in a block
+that loses a KeyboardInterrupt landing in it (as a class body of torch's lazy imports, or a
+library's broad ``except``, does) and trains on: a cancelled sweep cell must stop all the same.
+The tests put this
 folder on RAYSIM_PLUGIN_PATH (tests/conftest.py) so Ray workers load it too.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from pydantic import BaseModel
@@ -28,7 +32,7 @@ class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
 
     inner: str = "fedavg"
     every: int = 7
-    failure: Literal["diverge", "raise", "stop", "lost_stop", "changed_stop"] = "diverge"
+    failure: Literal["diverge", "raise", "stop", "lost_stop", "changed_stop", "lost_interrupt"] = "diverge"
     local: LocalTrainConfig = LocalTrainConfig()
 
 
@@ -57,6 +61,12 @@ class Diverging:
         if self.config.failure == "changed_stop":
             note_stop_request(143)  # as Ray's ray.get runs the handler, catches its SystemExit(143)
             raise SystemExit(1)  # and raises this instead
+        if self.config.failure == "lost_interrupt":
+            try:
+                time.sleep(0.05)
+            except KeyboardInterrupt:  # lost here: the client trains on
+                pass
+            return self.inner.client_update(ctx)
         if self.config.failure == "stop":
             _StoppedWhileBuilt()  # RuntimeError: Error calling __set_name__ ..., from SystemExit(143)
         return self.wild.client_update(ctx)

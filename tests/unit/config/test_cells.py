@@ -113,3 +113,26 @@ def test_a_stopping_metric_of_a_scope_the_job_leaves_off_names_its_switch(tmp_pa
     )
     on = load_sweep(job_file(tmp_path, {"stopping": stopping}), ["dataset.validation_fraction=0.2"])
     assert len(on.cells) == 2
+
+
+def test_a_grid_value_named_as_a_path_is_refused_before_anything_runs(tmp_path):
+    """A named value's name is part of the sweep run's param keys (``sweep.grid.<axis>.<name>.*``).
+    MLflow reads keys as paths and refuses ``a/../evil``; the run used to fail on it after its
+    sweep run began (left RUNNING, no cell run), while --dry-run passed."""
+    partitions = {"a/../evil": {"kind": "iid", "num_clients": 10}, "ok": {"kind": "iid", "num_clients": 20}}
+    problems = problems_of(job_file(tmp_path, {"grid": {"dataset.partition": partitions}}))
+    assert problems[0] == (
+        "sweep: MLflow would refuse the key 'sweep.grid.dataset.partition.a/../evil.kind' of the sweep "
+        "run's params (MLflow reads keys as paths, and this one resolves to 'evil.kind'); rename the "
+        "grid value or key it comes from"
+    )
+    assert len(problems) == 2 and "a/../evil.num_clients" in problems[1]
+    partitions["a-evil"] = partitions.pop("a/../evil")
+    assert len(load_sweep(job_file(tmp_path, {"grid": {"dataset.partition": partitions}})).cells) == 4
+
+
+def test_a_job_name_that_is_no_folder_name_is_refused_for_a_sweep_of_variants(tmp_path):
+    """The sweep's id (the file's name and a hash) names its ledger and lock under
+    <output dir>/sweeps/; each variant's name was checked, the file's own was not."""
+    problems = problems_of(job_file(tmp_path, {"seeds": [0]}, name="../up"))
+    assert len(problems) == 1 and problems[0].startswith("name '../up': names the run folder, so it must be")

@@ -72,8 +72,7 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     """The job's own sections: everything but the plugin sections, which each plugin validates."""
 
     name: str = "job"
-    # the most torch.manual_seed and numpy accept alike; strict: YAML's true is no seed of 1
-    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True)
+    seed: int = Field(0, ge=0, le=2**63 - 1)  # the most torch.manual_seed and numpy accept alike
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -85,6 +84,14 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     @classmethod
     def _name_is_a_folder(cls, name: str) -> str:
         return check_folder_name(name)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _no_boolean_seed(cls, seed: Any) -> Any:
+        """YAML reads ``seed: true`` as a boolean, which pydantic would take as 1."""
+        if isinstance(seed, bool):
+            raise ValueError(f"Input should be a valid integer, not the boolean {seed}")
+        return seed
 
 
 class JobConfig(JobCore, frozen=True, extra="forbid"):

@@ -28,7 +28,7 @@ import torch
 
 from raysim.errors import CheckpointError
 from raysim.params import check_loadable
-from raysim.snapshots import check_snapshot, manifest_digest
+from raysim.snapshots import check_snapshot, checked_fingerprint, manifest_digest
 from raysim.stored import plain
 from raysim.types import ServerState
 
@@ -278,16 +278,7 @@ def check_archive(
     Raises:
         CheckpointError: an entry does not match its CRC, or the archive cannot be read.
     """
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    except Exception as exc:  # BadZipFile, a damaged local header, a failed read
-        raise CheckpointError(f"{path} is a damaged torch file ({exc}); {remedy}") from exc
-    if damaged is not None:
-        raise CheckpointError(
-            f"{path} is corrupt: its entry {damaged} does not match the checksum (CRC-32) recorded "
-            f"when it was written (damaged since); {remedy}"
-        )
+    checked_fingerprint(path, remedy)
 
 
 def server_state(saved: dict[str, Any]) -> ServerState[Any]:

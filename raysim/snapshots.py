@@ -78,7 +78,7 @@ def check_snapshot(checkpoint: Path, folder: Path, round_num: int, digest: str |
             folder,
         )
         for file in sorted(_state_files(folder)):
-            _checked_fingerprint(file, remedy)
+            checked_fingerprint(file, remedy)
         return
     manifest = folder / MANIFEST_FILE
     if not manifest.is_file():
@@ -123,7 +123,7 @@ def _check_listed_files(folder: Path, manifest: Path, remedy: str) -> int:
                 f"client-state snapshot {folder}: {name} has {held} bytes where its manifest recorded {size} "
                 f"(truncated or changed since it was frozen); {_EARLIER}"
             )
-        if _checked_fingerprint(file, remedy) != fingerprint:
+        if checked_fingerprint(file, remedy) != fingerprint:
             raise CheckpointError(
                 f"client-state snapshot {folder}: {name} is not the file it froze (its entries' CRC-32s "
                 f"differ from those its manifest recorded: replaced since); {_EARLIER}"
@@ -147,8 +147,9 @@ def _listing(manifest: Path) -> Iterator[tuple[str, int, str]]:
             yield name, int(size), fingerprint
 
 
-def _checked_fingerprint(file: Path, remedy: str) -> str:
-    """The fingerprint of a client-state file, once each of its entries matched its CRC-32."""
+def checked_fingerprint(file: Path, remedy: str) -> str:
+    """The fingerprint of a torch file (a checkpoint, a client-state file), once each of its
+    entries matched the CRC-32 recorded when it was written (``checkpoint.check_archive``)."""
     try:
         with zipfile.ZipFile(file) as archive:
             damaged, fingerprint = archive.testzip(), _fingerprint(archive)

@@ -14,6 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from raysim.cli.arg_types import finite_float
 from raysim.cli.home import raysim_home
 
 FORMATS = ("markdown", "latex", "csv")
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--format", choices=FORMATS, default="markdown", help="what is printed")
     report.add_argument("--paired", nargs=2, metavar=("A", "B"), help="two rows compared seed by seed")
     report.add_argument("--curves", action="store_true", help="learning curves, mean ± std over seeds (PNG)")
-    report.add_argument("--target", type=float, help="add rounds to reach this value of --metric")
+    report.add_argument("--target", type=finite_float, help="add rounds to reach this value of --metric")
     report.add_argument("--cost", action="store_true", help="add wall seconds and MB sent up and down")
     report.add_argument(
         "--output-dir",

@@ -13,6 +13,8 @@ from typing import Any
 
 from rich.table import Table
 
+from raysim.cli.arg_types import positive_int
+
 NUM_ROUNDS_TAG = "num_rounds"  # a continued run's current engine.num_rounds (the param keeps the first)
 COLUMNS = ("name", "run id", "status", "start", "experiment", "algorithm", "rounds", "seed", "overrides")
 WHOLE = ("run id", "status", "start")
@@ -28,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     runs.add_argument("experiment", nargs="?", help="an experiment's name or id (default: all)")
     add_where(runs)
-    runs.add_argument("--limit", type=int, default=50, help="show at most this many (default 50)")
+    runs.add_argument("--limit", type=positive_int, default=50, help="show at most this many (default 50)")
     runs.add_argument(
         "--tracking-uri", help="the store; default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"
     )

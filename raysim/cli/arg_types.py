@@ -1,0 +1,33 @@
+"""Command-line values checked as argparse reads them: a bad one is argparse's one line, exit 2.
+
+Usage:
+    parser.add_argument("--limit", type=positive_int)
+    parser.add_argument("--target", type=finite_float)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """A whole number of at least 1 (``--limit 0`` or ``-1`` would show nothing, or everything)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A finite number (a target of nan or inf is never reached, and says nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value

@@ -40,8 +40,8 @@ by ``raysim.sampling.noise_seed`` of the client's seed, round and id (its caller
 shuffling and dropout streams and from local DP's noise.
 
 Usage:
-    seed = noise_seed(ctx.seed, ctx.round_num, ctx.client_id)
-    metrics = train_local(model, data, config, seed=7, spec=spec, sample_privacy=privacy, noise_seed=seed)
+    private = SampleNoise(privacy, noise_seed(ctx.seed, ctx.round_num, ctx.client_id))
+    metrics = train_local(model, data, config, seed=7, spec=spec, sample_privacy=private)
     grads, (loss, correct, count) = per_example_gradients(model, batch, spec)   # each (B, *shape)
     summed = clipped_sum(grads, clip_bound=1.0)
 """
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -173,6 +174,15 @@ def private_gradient_(
     return losses
 
 
+@dataclass(frozen=True)
+class SampleNoise:
+    """DP-SGD for one client's training: the job's ``privacy.sample`` and its noise's seed
+    (``raysim.sampling.noise_seed``), which always travel together."""
+
+    config: SamplePrivacy
+    seed: int
+
+
 class DpSgd:
     """One client's DP-SGD in ``train_local``: its Poisson batches, its private backward, and the
     counts its accounting needs.
@@ -197,16 +207,9 @@ class DpSgd:
         self._gradients_of_batch = 0
 
     @classmethod
-    def of(
-        cls, config: SamplePrivacy, model: nn.Module, spec: DataSpec, noise_seed: int | None, local: Batching
-    ) -> DpSgd:
-        """``train_local``'s DP-SGD at ``local.batch_size``; refuses a missing ``noise_seed``."""
-        if noise_seed is None:
-            raise ValueError(
-                "DP-SGD's noise needs its seed: pass train_local(..., noise_seed=noise_seed(ctx.seed, "
-                "ctx.round_num, ctx.client_id)) (raysim.sampling), or train through train_context"
-            )
-        return cls(config, model, spec, noise_seed, local.batch_size)
+    def of(cls, private: SampleNoise, model: nn.Module, spec: DataSpec, local: Batching) -> DpSgd:
+        """``train_local``'s DP-SGD at ``local.batch_size``."""
+        return cls(private.config, model, spec, private.seed, local.batch_size)
 
     def batches(self, tensors: Batch, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
         """One epoch of Poisson batches (``poisson_batches``), as ``iterate_batches``' signature."""

@@ -36,8 +36,7 @@ from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
-from raysim import sampling
-from raysim.config.privacy import SamplePrivacy
+from raysim.sampling import noise_seed
 from raysim.train.client_change import (
     BatchLoss,
     ClientChange,
@@ -49,7 +48,7 @@ from raysim.train.client_change import (
     edit_model_gradients,
     model_pass,
 )
-from raysim.train.dp_sgd import DpSgd
+from raysim.train.dp_sgd import DpSgd, SampleNoise
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
 from raysim.train.task_loss import task_loss, train_metrics
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
@@ -210,8 +209,7 @@ def train_local(
     round_num: int = 0,
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
-    sample_privacy: SamplePrivacy | None = None,
-    noise_seed: int | None = None,
+    sample_privacy: SampleNoise | None = None,
 ) -> ClientMetrics:
     """``train_local_watched``'s metrics: ``model`` trained in place on one client's data."""
     return train_local_watched(
@@ -225,7 +223,6 @@ def train_local(
         step_budget=step_budget,
         hooks=hooks,
         sample_privacy=sample_privacy,
-        noise_seed=noise_seed,
     )[0]
 
 
@@ -240,8 +237,7 @@ def train_local_watched(
     round_num: int = 0,
     step_budget: int | None = None,
     hooks: LocalHooks = LocalHooks(),
-    sample_privacy: SamplePrivacy | None = None,
-    noise_seed: int | None = None,
+    sample_privacy: SampleNoise | None = None,
 ) -> tuple[ClientMetrics, Weights]:
     """Trains ``model`` in place on one client's data; returns train metrics and the final
     accumulator of the change's ``watch`` (the client's ``acc`` when it has none).
@@ -259,9 +255,8 @@ def train_local_watched(
         round_num: selects the lr (``round_lr``) and the epochs (``round_epochs``).
         step_budget: caps the batches too (``ClientContext.step_budget``; None: no cap).
         hooks: the plugin's (``LocalHooks``).
-        sample_privacy: DP-SGD's clip bound and noise (``raysim.train.dp_sgd``): Poisson batches,
-            each example's gradient clipped, noise on their sum; None: plain SGD.
-        noise_seed: seeds DP-SGD's noise (``raysim.sampling.noise_seed``); required with it.
+        sample_privacy: DP-SGD's clip bound, noise and the noise's seed (``raysim.train.dp_sgd``):
+            Poisson batches, each example's gradient clipped, noise on their sum; None: plain SGD.
 
     Returns:
         ``train/loss`` and ``train/accuracy`` (means over the predictions of the first pass of
@@ -275,7 +270,7 @@ def train_local_watched(
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     watch = ModelWatch(hooks.change, hooks.client)
-    private = None if sample_privacy is None else DpSgd.of(sample_privacy, model, spec, noise_seed, config)
+    private = None if sample_privacy is None else DpSgd.of(sample_privacy, model, spec, config)
     backward = _objective_backward(model, optimizer, spec, config, hooks, watch, private)
     take_step = hooks.step or gradient_step
     num_epochs = round_epochs(config, round_num)
@@ -385,6 +380,8 @@ def _train_context(
 ) -> tuple[ClientMetrics, Weights]:
     """``train_local_watched`` where ``ctx`` says: its model, data, seed, device, round, budget and
     sample-level privacy, its noise seeded by the client's seed, round and id."""
+    private = ctx.sample_privacy
+    seed = noise_seed(ctx.seed, ctx.round_num, ctx.client_id, ctx.noise_salt)
     return train_local_watched(
         ctx.model,
         ctx.data,
@@ -395,6 +392,5 @@ def _train_context(
         round_num=ctx.round_num,
         step_budget=ctx.step_budget,
         hooks=hooks,
-        sample_privacy=ctx.sample_privacy,
-        noise_seed=sampling.noise_seed(ctx.seed, ctx.round_num, ctx.client_id, ctx.noise_salt),
+        sample_privacy=None if private is None else SampleNoise(private, seed),
     )

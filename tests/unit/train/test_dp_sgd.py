@@ -19,7 +19,7 @@ from raysim import params as P
 from raysim.config.privacy import SamplePrivacy
 from raysim.errors import ConfigError
 from raysim.sampling import noise_seed
-from raysim.train.dp_sgd import DpSgd, poisson_batches, private_gradient_
+from raysim.train.dp_sgd import DpSgd, SampleNoise, poisson_batches, private_gradient_
 from raysim.train.local import LocalHooks, LocalTrainConfig, train_context, train_local
 from raysim.train.task_loss import task_loss
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
@@ -140,8 +140,7 @@ def train(model: nn.Module, seed: int = 5, data: ClientData | None = None, **kwa
         config,
         seed=seed,
         spec=SPEC,
-        sample_privacy=PRIVACY,
-        noise_seed=kwargs.pop("noise_seed", noise_seed(seed, 0, 0)),
+        sample_privacy=SampleNoise(PRIVACY, kwargs.pop("noise_seed", noise_seed(seed, 0, 0))),
         **kwargs,
     )
 
@@ -186,13 +185,11 @@ def trained(seed: int, noise: int) -> list[torch.Tensor]:
     return list(model.parameters())
 
 
-def test_the_noise_follows_the_noise_seed_its_caller_passes_and_none_is_refused():
+def test_the_noise_follows_the_noise_seed_its_caller_passes():
     same = trained(5, noise=11)
     assert all(torch.equal(a, b) for a, b in zip(same, trained(5, noise=11), strict=True))
     # the same batches (shuffling seed 5), other noise: another model
     assert not torch.allclose(same[0], trained(5, noise=12)[0])
-    with pytest.raises(ValueError, match="noise_seed"):
-        train(mlp(), noise_seed=None)
 
 
 def test_train_context_seeds_the_noise_by_the_clients_seed_round_and_id():

@@ -44,6 +44,7 @@ class FedAvgClip:
     """FedAvg whose clients clip their delta; the server lr decays per round."""
 
     Config = FedAvgClipConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedAvgClipConfig) -> None:
         self.config = config

@@ -253,6 +253,7 @@ class FedFish:
     """FedFish: FedAvg whose server takes the Fisher-weighted mean of the client deltas."""
 
     Config = FedFishConfig
+    UPDATE_DELTA = "delta"  # compression encodes the delta; the Fisher travels whole
 
     def __init__(self, config: FedFishConfig) -> None:
         self.config = config

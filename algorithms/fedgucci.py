@@ -274,6 +274,7 @@ class FedGuCci:
     """FedGuCci(+): FedAvg plus a connectivity loss towards the N newest global models."""
 
     Config = FedGuCciConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedGuCciConfig) -> None:
         self.config = config

@@ -47,6 +47,7 @@ class FedLC:
     """FedLC: FedAvg whose clients calibrate their logits by their own label counts."""
 
     Config = FedLCConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedLCConfig) -> None:
         self.config = config

@@ -76,6 +76,7 @@ class FedOpt:
     """FedAvg with a configurable server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
 
     Config = FedOptConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedOptConfig) -> None:
         self.config = config

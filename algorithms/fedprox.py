@@ -41,6 +41,7 @@ class FedProx:
     """FedProx: FedAvg whose clients add a proximal term to their local loss."""
 
     Config = FedProxConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedProxConfig) -> None:
         self.config = config

@@ -49,6 +49,7 @@ class FedSAM:
     """FedSAM / FedASAM: FedAvg whose clients take (adaptive) sharpness-aware steps."""
 
     Config = FedSAMConfig
+    UPDATE_DELTA = ""  # compression encodes the update, a parameter delta
 
     def __init__(self, config: FedSAMConfig) -> None:
         self.config = config

@@ -49,6 +49,7 @@ from raysim.aggregate import Aggregator, WeightedMean
 from raysim.algorithm import Algorithm
 from raysim.checkpoint import CheckpointTrail
 from raysim.config import JobCore, PluginSection, nested_plugin
+from raysim.config.plugins import update_delta
 from raysim.errors import CheckpointError, ConfigError
 from raysim.plugin_defaults import resume_state as completed_state
 from raysim.registry import register
@@ -106,6 +107,11 @@ class IMAConfig(BaseModel, frozen=True, extra="forbid"):
     @field_serializer("inner")
     def _as_written(self, inner: PluginSection) -> dict[str, Any]:
         return inner.to_dict()  # {name, **options}: what a worker validates again
+
+    def update_delta(self) -> str | None:
+        """Where the inner's update holds its delta (``compression`` encodes it): the clients run
+        the inner's ``client_update``."""
+        return update_delta(registry.get("algorithm", self.inner.name).factory, self.inner.config)
 
     def check_job(self, job: JobCore) -> list[str]:
         """Checked when the job loads (the dry run too): an IMA that would never average."""

@@ -92,6 +92,8 @@ Config            class       ``type[BaseModel]``: frozen, ``extra="forbid"``  `
 init ... protocol instance    ``Algorithm`` / ``StagedAlgorithm``'s methods    ``check_shape`` ...
 ClientState       class       the frozen dataclass of its client state         ``client_state_type``
 MIXED_MODELS      class       ``bool`` (absent: False)                         ``accepts_mixed_models``
+UPDATE_DELTA      class       ``str``: "" or the update's delta field          ``update_delta``
+update_delta      Config      ``() -> str | None``: a wrapper's UPDATE_DELTA     ``update_delta``
 DEFAULT_MODEL     class       ``Mapping[str, Any]``: a model section           ``default_model``
 check_job         any Config  ``(job: JobCore) -> list[str]``: problems        ``job_problems``
 check_model       Config      ``(model: nn.Module) -> list[str]``              ``model_problems``

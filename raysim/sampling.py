@@ -20,6 +20,7 @@ from raysim.errors import ConfigError
 
 # purpose tags keep the streams independent
 _COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION, _GROUPS, _SERVER_NOISE, _CLIENT_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
+_COMPRESSION = 9
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -134,6 +135,12 @@ def noise_seed(seed: int, round_num: int, client_id: int | None = None, salt: in
     if client_id is None:
         return _seed_of([seed, round_num, _SERVER_NOISE, salt])
     return _seed_of([seed, round_num, client_id, _CLIENT_NOISE, salt])
+
+
+def compression_seed(seed: int, round_num: int, client_id: int) -> int:
+    """A 63-bit seed for the draws that encode one client's update in one round (random-k's
+    coordinates, QSGD's rounding): the server, holding the same three numbers, draws alike."""
+    return _seed_of([seed, round_num, client_id, _COMPRESSION])
 
 
 def _seed_of(entropy: list[int]) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from raysim import registry
+from raysim.config.compression import CompressionConfig, compression_problems
 from raysim.config.model_groups import ModelGroups, check_mixed_models, validate_model_groups
 from raysim.config.plugins import (
     PluginSection,
@@ -79,6 +80,7 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     evaluation: EvaluationConfig = EvaluationConfig()
     system: SystemConfig | None = None
     privacy: PrivacyConfig | None = None  # differential privacy (raysim.config.privacy)
+    compression: CompressionConfig | None = None  # encoded updates (raysim.config.compression)
 
     @field_validator("name")
     @classmethod
@@ -110,7 +112,11 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        for optional in ("system", "privacy"):  # left unset, they stay out: the config reads as before
+        for optional in (
+            "system",
+            "privacy",
+            "compression",
+        ):  # left unset, they stay out: the config reads as before
             if getattr(self, optional) is None:
                 del out[optional]
         if self.model_groups is not None:
@@ -186,6 +192,7 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         problems += check_against_job([*sections.values(), *probes], core)
         engine = core.engine
         problems += sampling_problems(core.privacy, engine.sampling, engine.schedule, core.system is not None)
+        problems += compression_problems(core.compression, sections["algorithm"], core.privacy)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem

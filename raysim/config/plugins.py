@@ -1,7 +1,7 @@
 """Sections that name a plugin (``name:`` plus the plugin's own options), what a job reads from a
 plugin class or its Config (``raysim.algorithm``'s table: ``MIXED_MODELS``, ``DEFAULT_MODEL``,
-``check_job``, ``sample_privacy_problem``), and pydantic's errors worded for a job file's author:
-the key, what is wrong, the valid keys or the nearest name."""
+``check_job``, ``sample_privacy_problem``, ``UPDATE_DELTA``), and pydantic's errors worded for a
+job file's author: the key, what is wrong, the valid keys or the nearest name."""
 
 from __future__ import annotations
 
@@ -37,6 +37,15 @@ def job_problems(config: BaseModel, job: BaseModel) -> list[str]:
     ``engine.num_rounds``, say; none where the Config has no such check."""
     check = getattr(config, "check_job", None)
     return list(check(job)) if callable(check) else []
+
+
+def update_delta(plugin_class: object, config: BaseModel) -> str | None:
+    """``UPDATE_DELTA`` (or the Config's ``update_delta()``, for a wrapper such as IMA): where the
+    plugin's update holds its parameter delta, which ``compression`` encodes: "" the update itself
+    (a dict keyed like the params), else the name of the update's field; None: it holds none."""
+    hook = getattr(config, "update_delta", None)
+    where = hook() if callable(hook) else getattr(plugin_class, "UPDATE_DELTA", None)
+    return where if isinstance(where, str) else None
 
 
 def sample_privacy_problem(config: BaseModel) -> str | None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.algorithm import has_personal_model, vectorizes
+from raysim.compress.upload import Uplink
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.config.job import noise_salt
 from raysim.data.round_data import TrainingData, with_validation_split
@@ -76,6 +77,7 @@ class ClientTrainer:
             name: ClientStore.open(path) for name, path in setup.transfer_stores.items()
         }
         self.states = ClientStateStore(setup.state_dir)
+        self.uplink = Uplink.of(self.job, lambda c, r: self.states.get(c, before_round=r, device=self.device))
         self.algorithm = build_algorithm(self.job)
         self.probes = build_probes(self.job)
         self.noise_salt = noise_salt(self.job)  # privacy's noise: independent of another job's
@@ -162,6 +164,7 @@ class ClientTrainer:
                         if peak is not None:
                             peak_bytes = max(peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
+                    result, sent = self.uplink.send(result, client_id, round_num)  # compression.upload
                 if result.state is not None:
                     with timer.phase("data_loading"):
                         self.states.put(client_id, round_num, result.state)
@@ -186,7 +189,7 @@ class ClientTrainer:
             if options.keep_local_models:
                 # a copy: on the CPU the arrays would alias the resident model, which trains on
                 local_models[client_id] = P.to_numpy(P.clone(P.model_params(self.model_of(client_id))))
-            bytes_up += P.num_bytes(result.update)
+            bytes_up += sent
             params_up += P.num_values(result.update)
             seconds = time.perf_counter() - t0 if chunks is None else seconds
             trained.append(UnreadClient(client_id, result.weight, seconds, result.metrics))
@@ -306,7 +309,7 @@ class ClientTrainer:
         keeps the dict of its fields); None the first time."""
         with self.timer.phase("data_loading"):
             saved = self.states.get(client_id, before_round=round_num, device=self.device)
-        return typed_client_state(self.algorithm, saved, client_id)
+        return typed_client_state(self.algorithm, self.uplink.plugin_part(saved), client_id)
 
     def client_init(self, client_id: int) -> Params:
         """The client's own random initialisation (``ClientContext.client_init``)."""

@@ -1,0 +1,36 @@
+"""PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019, arXiv:1905.13727), one client's side.
+
+Each tensor of two or more dimensions is read as the matrix ``M`` of its first dimension against
+the rest (a conv kernel: out channels x in*kh*kw), and sent as the factors of one power iteration
+on the Q kept from last round (drawn standard normal the first time): ``P = orth(M Q)``,
+``Q' = M^T P``, decoded ``P Q'^T``, rank ``r = min(rank, n, m)``. Q' is kept for the next round
+(the warm start). Vectors (biases, norms) go whole, as in the paper. Sent: ``(n + m) r`` values in
+the tensor's dtype. In the paper the workers all-reduce P and Q; here each client's factors reach
+the server apart, which decodes and averages the products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from raysim.compress.codec import Encoded, Memory, dense_bytes
+
+
+@dataclass(frozen=True)
+class LowRank:
+    rank: int
+
+    def encode(self, tensor: torch.Tensor, memory: Memory, generator: torch.Generator) -> Encoded:
+        if tensor.dim() < 2:
+            return Encoded(tensor.clone(), dense_bytes(tensor), {})
+        matrix = tensor.reshape(tensor.shape[0], -1)
+        (n, m), rank = matrix.shape, min(self.rank, *matrix.shape)
+        q = memory.get("q")
+        if q is None or q.shape != (m, rank):
+            q = torch.randn(m, rank, generator=generator, device=generator.device, dtype=tensor.dtype)
+        p = torch.linalg.qr(matrix @ q.to(tensor.device)).Q  # reduced: n x rank, orthonormal columns
+        q = matrix.T @ p
+        sent = (n + m) * rank * tensor.element_size()
+        return Encoded((p @ q.T).reshape(tensor.shape), sent, {"q": q})

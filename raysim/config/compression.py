@@ -1,0 +1,101 @@
+"""The job's ``compression:`` section: how each client's update is encoded before it is sent
+(docs/communication.md; the encoders are ``raysim.compress``).
+
+Usage:
+    compression:
+      upload: {kind: topk, fraction: 0.01}          # error_feedback: true by default
+    compression:
+      upload: {kind: qsgd, bits: 4}                 # unbiased: no error feedback by default
+
+Every kind keeps an error-feedback residual in the client's state when ``error_feedback`` is true
+(the part of the update not sent this round is added to the next one); PowerSGD also keeps its
+warm-started Q there. Only plugins whose update holds a parameter delta can be compressed: the
+plugin class's ``UPDATE_DELTA`` says where it is (``raysim.config.plugins.update_delta``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from raysim.config.plugins import PluginSection, update_delta
+from raysim.config.privacy import PrivacyConfig
+from raysim.registry import get
+
+
+class TopK(BaseModel, frozen=True, extra="forbid"):
+    """The ``ceil(fraction * d)`` largest-magnitude coordinates of each tensor, with their indices."""
+
+    kind: Literal["topk"]
+    fraction: float = Field(gt=0, le=1)
+    error_feedback: bool = True
+
+
+class RandomK(BaseModel, frozen=True, extra="forbid"):
+    """``ceil(fraction * d)`` coordinates of each tensor drawn at random from the shared seed of
+    (run seed, round, client): the server draws the same, so no index is sent."""
+
+    kind: Literal["randomk"]
+    fraction: float = Field(gt=0, le=1)
+    error_feedback: bool = True
+
+
+class QSGD(BaseModel, frozen=True, extra="forbid"):
+    """QSGD (Alistarh et al. 2017): each coordinate stochastically rounded to one of ``2^bits - 1``
+    levels of the tensor's norm; unbiased."""
+
+    kind: Literal["qsgd"]
+    bits: int = Field(ge=1, le=16)
+    error_feedback: bool = False
+
+
+class ScaledSign(BaseModel, frozen=True, extra="forbid"):
+    """signSGD with error feedback (Karimireddy et al. 2019): ``||p||_1 / d * sign(p)``."""
+
+    kind: Literal["sign"]
+    error_feedback: bool = True
+
+
+class PowerSGD(BaseModel, frozen=True, extra="forbid"):
+    """PowerSGD (Vogels et al. 2019): each matrix as a rank-``rank`` product ``P Q^T`` from one
+    power iteration on the warm-started Q; vectors (biases, norms) sent whole."""
+
+    kind: Literal["powersgd"]
+    rank: int = Field(ge=1)
+    error_feedback: bool = True
+
+
+EncoderConfig = Annotated[TopK | RandomK | QSGD | ScaledSign | PowerSGD, Field(discriminator="kind")]
+
+
+class CompressionConfig(BaseModel, frozen=True, extra="forbid"):
+    """How client updates travel: ``upload`` encodes each client's parameter delta."""
+
+    upload: EncoderConfig
+
+
+def compression_problems(
+    compression: CompressionConfig | None, algorithm: PluginSection | None, privacy: PrivacyConfig | None
+) -> list[str]:
+    """What compression cannot honour, before anything is built: a plugin whose update holds no
+    parameter delta; local DP, whose noise makes the update that leaves the client dense again.
+    Central DP is fine: its clip acts on the decoded update, so the bound holds for every encoder
+    (QSGD's decoded norm may exceed its input's: a clip before encoding would not bound it)."""
+    if compression is None:
+        return []
+    problems = []
+    if (
+        algorithm is not None
+        and update_delta(get("algorithm", algorithm.name).factory, algorithm.config) is None
+    ):
+        problems.append(
+            f"compression: algorithm {algorithm.name!r} sends no parameter delta that an encoder could "
+            f"compress (its update is another kind of value, or it runs its own protocol); unset compression"
+        )
+    if privacy is not None and privacy.local is not None:
+        problems.append(
+            "compression: privacy.local noises every coordinate of the update that leaves the client, "
+            "so nothing would be left to compress; unset one of them"
+        )
+    return problems

@@ -1,0 +1,67 @@
+"""The ``compression:`` section: one clear line for each bad setting, before any training."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysim.config import JobConfig
+from raysim.errors import ConfigError
+
+BASE = {
+    "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 4}},
+    "model": {"name": "mlp", "hidden": [8]},
+    "algorithm": {"name": "fedavg"},
+}
+
+
+def job(upload: dict, **sections) -> JobConfig:
+    return JobConfig.from_dict({**BASE, "compression": {"upload": upload}, **sections})
+
+
+@pytest.mark.parametrize(
+    "upload, key",
+    [
+        ({"kind": "topk", "fraction": 0}, "compression.upload.topk.fraction"),
+        ({"kind": "randomk", "fraction": 1.5}, "compression.upload.randomk.fraction"),
+        ({"kind": "qsgd", "bits": 0}, "compression.upload.qsgd.bits"),
+        ({"kind": "qsgd", "bits": 17}, "compression.upload.qsgd.bits"),
+        ({"kind": "powersgd", "rank": 0}, "compression.upload.powersgd.rank"),
+        ({"kind": "zip"}, "compression.upload"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_its_key(upload, key):
+    with pytest.raises(ConfigError) as info:
+        job(upload)
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(key), info.value.problems
+
+
+def test_fraction_one_and_sixteen_bits_are_allowed_and_the_section_round_trips():
+    assert job({"kind": "topk", "fraction": 1.0}).compression.upload.error_feedback is True
+    config = job({"kind": "qsgd", "bits": 16})
+    assert config.compression.upload.error_feedback is False  # unbiased: no feedback unless asked
+    assert JobConfig.from_dict(config.to_dict()) == config
+    assert "compression" not in JobConfig.from_dict(BASE).to_dict()
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fusefl", "oneshot_fedavg"])
+def test_a_plugin_without_a_parameter_delta_is_refused_by_name(name):
+    with pytest.raises(ConfigError, match=f"algorithm '{name}' sends no parameter delta"):
+        job({"kind": "sign"}, algorithm={"name": name})
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedadam", "fedprox", "fedfish", "fedgucci"])
+def test_the_fedavg_family_is_accepted(name):
+    assert job({"kind": "sign"}, algorithm={"name": name}).compression is not None
+
+
+def test_ima_is_judged_by_its_inner_algorithm():
+    ima = {"name": "ima", "average_from": 1, "window": 2}
+    assert job({"kind": "sign"}, algorithm=ima | {"inner": {"name": "fedavg"}}, engine={"num_rounds": 3})
+    with pytest.raises(ConfigError, match="'ima' sends no parameter delta"):
+        job({"kind": "sign"}, algorithm=ima | {"inner": {"name": "scaffold"}}, engine={"num_rounds": 3})
+
+
+def test_local_dp_is_refused_with_compression():
+    local = {"local": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}
+    with pytest.raises(ConfigError, match="privacy.local noises every coordinate"):
+        job({"kind": "topk", "fraction": 0.1}, privacy=local)

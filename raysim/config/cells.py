@@ -50,8 +50,8 @@ def load_sweep(
         ConfigError: a bad sweep section, an axis key a variant lacks (its nearest key named), a
             stopping metric a variant does not log (its nearest named), a cell's invalid value,
             more cells than ``sweep.max_cells`` without ``confirm``, no cell passing the
-            filters, or a param or tag key MLflow would refuse; every problem at once, before
-            anything runs.
+            filters, a param or tag key MLflow would refuse, or cells logging to different
+            MLflow experiments; every problem at once, before anything runs.
     """
     source, overrides = str(path), list(overrides or [])
     raw = read_job_file(Path(path))
@@ -86,9 +86,23 @@ def load_sweep(
     jobs = cell_jobs(path, overrides, chosen)
     base = apply_overrides(raw, job_overrides)
     sweep = Sweep(sweep_id(job_name, spec, base), job_name, spec, chosen, len(cells), jobs)
-    if problems := check_mlflow_keys(sweep):
+    if problems := check_mlflow_keys(sweep) + mixed_tracking(sweep):
         raise ConfigError(problems, source)
     return sweep
+
+
+def mixed_tracking(sweep: Sweep) -> list[str]:
+    """A problem when the cells log to different MLflow stores or experiments: the sweep's parent
+    run lives in one, so the sweep would fail at its start."""
+    places = {
+        (j.tracking.enabled, j.tracking.tracking_uri, j.tracking.experiment) for j in sweep.jobs.values()
+    }
+    if len(places) < 2:
+        return []
+    return [
+        f"sweep: the cells log to different MLflow stores or experiments ({sorted(map(str, places))}); "
+        "set tracking in the job's base, not in a variant"
+    ]
 
 
 def sweep_params(spec: SweepConfig) -> dict[str, str]:

@@ -158,3 +158,10 @@ def test_a_sweep_override_of_a_file_without_a_sweep_says_so(tmp_path):
     assert info.value.problems == [
         "override 'sweep.seeds=[0]': the job file has no sweep: section to change; add one (docs/sweeps.md)"
     ]
+
+
+def test_cells_logging_to_different_experiments_are_refused_when_the_sweep_loads(tmp_path):
+    """Before, only the run refused them, after --dry-run had passed."""
+    variants = [{"name": "fedavg"}, {"name": "other", "tracking": {"experiment": "elsewhere"}}]
+    [problem] = problems_of(job_file(tmp_path, {"seeds": [0]}, variants=variants))
+    assert problem.startswith("sweep: the cells log to different MLflow stores or experiments")

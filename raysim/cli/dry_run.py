@@ -19,6 +19,7 @@ from raysim.bench.calibration import CACHE_FILE, Estimate, estimate_run
 from raysim.cli.home import raysim_home
 from raysim.config import JobConfig
 from raysim.config.cells import Sweep
+from raysim.data.store import ClientStore
 from raysim.engine.start_checks import check_start
 from raysim.tracking.tracking_store import tracking_uri
 
@@ -68,10 +69,10 @@ def axes(sweep: Sweep) -> str:
     return " x ".join(part for part in parts if part) + chosen
 
 
-def start_checks(jobs: list[JobConfig]) -> dict[str, object]:
+def start_checks(jobs: list[JobConfig]) -> dict[str, ClientStore | str]:
     """Each distinct job's start checks (cells that differ only in seed or name are checked once):
     its store, or why they were skipped."""
-    checked: dict[str, object] = {}
+    checked: dict[str, ClientStore | str] = {}
     for job in jobs:
         key = identity(job)
         if key not in checked:
@@ -85,11 +86,11 @@ def identity(job: JobConfig) -> str:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
-def estimate_of(job: JobConfig, checked: dict[str, object]) -> Estimate | str:
+def estimate_of(job: JobConfig, checked: dict[str, ClientStore | str]) -> Estimate | str:
     store = checked[identity(job)]
     if isinstance(store, str):
         return "unknown until the dataset is prepared"
-    estimate = estimate_run(job, store, raysim_home())  # type: ignore[arg-type]  # a ClientStore
+    estimate = estimate_run(job, store, raysim_home())
     return estimate if estimate is not None else f"unknown: {job.algorithm.name} has no local SGD to time"
 
 

@@ -136,7 +136,7 @@ def test_switching_a_partitions_kind_by_override_names_the_keys_to_drop_and_the_
 # "not run on a laptop: ... (not measured)"
 COST = re.compile(
     r"^# cost: (~[\d.]+ (s|min|h)( est\.)? on |not run on a laptop)"
-    r".*\((\d+ rounds? )?(not )?measured[^()]*\)$"
+    r".*\([^()]*measured[^()]*\)$"  # where the figure comes from
 )
 
 

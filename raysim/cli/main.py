@@ -83,7 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate and print each variant's resolved config; start nothing",
+        help="validate the job, run the checks its start makes, and print a summary: variants (or "
+        "cells) x rounds x cohort, an estimate of its time here, where results go; start nothing",
+    )
+    run.add_argument(
+        "--show-config",
+        action="store_true",
+        help="with --dry-run: print each variant's (cell's) resolved config, as YAML, above the summary",
     )
     run.add_argument(
         "--only",
@@ -214,10 +220,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     jobs = load_jobs(args.config, args.overrides, args.variant)
     if args.dry_run:
-        print(resolved_configs(jobs), end="")
+        from raysim.cli.dry_run import summary
+
+        if args.show_config:
+            print(resolved_configs(jobs), end="")
         for job in jobs:
             for warning in probes_never_due(job):
                 print(f"warning: variant {job.name}: {warning}", file=sys.stderr)
+        print("\n".join(summary(jobs, args.output_dir)))
         return 0
     from raysim.engine.loop import run  # after --dry-run, which imports no Ray nor MLflow
 

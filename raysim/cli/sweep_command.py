@@ -20,7 +20,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise RaysimError("--resume continues one run; a sweep resumes by itself: run the same command again")
     sweep = load_sweep(args.config, args.overrides, args.variant, args.only, args.confirm_cells)
     if args.dry_run:
-        print("\n".join(describe(sweep)))
+        from raysim.cli.dry_run import summary
+        from raysim.cli.main import resolved_configs
+
+        jobs = [sweep.jobs[cell.name] for cell in sweep.cells]
+        print(resolved_configs(jobs) if args.show_config else "", end="")
+        print("\n".join([*describe(sweep), *summary(jobs, args.output_dir, sweep)]))
         return 0
     from raysim.cli.driver import exit_on_sigterm
     from raysim.stop_request import exit_as_requested

@@ -15,6 +15,7 @@ from raysim.config.evaluated import check_evaluated
 from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
 from raysim.config.job import JobConfig, check_folder_name
 from raysim.config.mlflow_names import key_problem
+from raysim.config.overrides import split_sweep
 from raysim.config.sweep import Cell, SweepConfig, expand_cells, parse_only, parse_sweep, select, sweep_id
 from raysim.errors import ConfigError
 
@@ -49,12 +50,13 @@ def load_sweep(
         ConfigError: a bad sweep section, an axis key a variant lacks (its nearest key named), a
             stopping metric a variant does not log (its nearest named), a cell's invalid value,
             more cells than ``sweep.max_cells`` without ``confirm``, no cell passing the
-            filters, or a param or tag key MLflow would refuse; every problem at once, before
-            anything runs.
+            filters, a param or tag key MLflow would refuse, or cells logging to different
+            MLflow experiments; every problem at once, before anything runs.
     """
     source, overrides = str(path), list(overrides or [])
     raw = read_job_file(Path(path))
-    spec = parse_sweep(raw.pop("sweep"), source)
+    changes, job_overrides = split_sweep(overrides, source)  # sweep.seeds=[0]: a smaller sweep
+    spec = parse_sweep(apply_overrides({"sweep": raw.pop("sweep")}, changes)["sweep"], source)
     filters = parse_only(only or [], spec)
     bases = load_jobs(path, overrides)  # every variant validated, as `raysim run` does without a sweep
     problems = check_axes(spec, bases) + check_stopping_metric(spec, bases)
@@ -82,12 +84,25 @@ def load_sweep(
     except ValueError as exc:
         raise ConfigError([f"name {job_name!r}: {exc}"], source) from None
     jobs = cell_jobs(path, overrides, chosen)
-    sweep = Sweep(
-        sweep_id(job_name, spec, apply_overrides(raw, overrides)), job_name, spec, chosen, len(cells), jobs
-    )
-    if problems := check_mlflow_keys(sweep):
+    base = apply_overrides(raw, job_overrides)
+    sweep = Sweep(sweep_id(job_name, spec, base), job_name, spec, chosen, len(cells), jobs)
+    if problems := check_mlflow_keys(sweep) + mixed_tracking(sweep):
         raise ConfigError(problems, source)
     return sweep
+
+
+def mixed_tracking(sweep: Sweep) -> list[str]:
+    """A problem when the cells log to different MLflow stores or experiments: the sweep's parent
+    run lives in one, so the sweep would fail at its start."""
+    places = {
+        (j.tracking.enabled, j.tracking.tracking_uri, j.tracking.experiment) for j in sweep.jobs.values()
+    }
+    if len(places) < 2:
+        return []
+    return [
+        f"sweep: the cells log to different MLflow stores or experiments ({sorted(map(str, places))}); "
+        "set tracking in the job's base, not in a variant"
+    ]
 
 
 def sweep_params(spec: SweepConfig) -> dict[str, str]:

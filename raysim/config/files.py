@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from raysim.config.job import JobConfig, JobOrigin, validate_job
-from raysim.config.overrides import JobLoader, check_targets, drop_unset, overrides_for
+from raysim.config.overrides import JobLoader, check_targets, drop_unset, overrides_for, split_sweep
 from raysim.errors import ConfigError
 
 
@@ -20,7 +20,10 @@ def load_jobs(
     """Loads a job file: one JobConfig, or one per variant (optionally only those named).
     ``VARIANT:key=value`` overrides apply to that variant only; ``key: !unset`` drops a key."""
     raw = read_job_file(Path(path))
-    raw.pop("sweep", None)  # its cells are the variants' jobs with its values (raysim.config.cells)
+    sweep, overrides = split_sweep(overrides or [], str(path))
+    if raw.pop("sweep", None) is None and sweep:  # its cells are the variants' jobs (config.cells)
+        problem = f"override {sweep[0]!r}: the job file has no sweep: section to change; add one"
+        raise ConfigError([problem + " (docs/sweeps.md)"], str(path))
     variants = raw.pop("variants", None) or [None]
     if not isinstance(variants, list):
         raise ConfigError(["variants: must be a list of mappings"], str(path))
@@ -29,12 +32,12 @@ def load_jobs(
     merged_all = [_with_variant(raw, variant, index, str(path)) for index, variant in enumerate(variants)]
     names = [merged.get("name") for merged in merged_all]
     _refuse_duplicate_names(names, str(path))
-    check_targets(overrides or [], [str(n) for n in names] if variants != [None] else [], str(path))
+    check_targets(overrides, [str(n) for n in names] if variants != [None] else [], str(path))
     for variant, merged in zip(variants, merged_all, strict=True):
         if only and merged.get("name") not in only:
             continue
         try:
-            own = overrides_for(overrides or [], str(merged.get("name")) if variant is not None else None)
+            own = overrides_for(overrides, str(merged.get("name")) if variant is not None else None)
             job = validate_job(drop_unset(apply_overrides(merged, own)), str(path))
             origin = _origin(Path(path), raw, job, variant, own)
             jobs.append(job.model_copy(update={"origin": origin}))
@@ -43,7 +46,7 @@ def load_jobs(
             problems_by_variant[label] = exc.problems
     problems = _merge_variant_problems(problems_by_variant, checked=len(jobs) + len(problems_by_variant))
     if problems:
-        raise ConfigError(problems + _one_variant_hint(overrides or [], problems, jobs), str(path))
+        raise ConfigError(problems + _one_variant_hint(overrides, problems, jobs), str(path))
     if only and not jobs:
         raise ConfigError([f"variants: none named {', '.join(only)}"], str(path))
     return jobs

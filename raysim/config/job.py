@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -40,8 +41,13 @@ MOVED_KEYS = {
 }
 
 # Settings that change how or where a run goes, not what it computes: a continued run may differ
-# in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash).
-RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.")
+# in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash;
+# ``note`` is words for the reader).
+RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.", "note")
+
+# A job file's own top-level keys, beside a job's sections: variants merge over the rest, and a
+# sweep's cells are the variants' jobs (raysim.config.files, raysim.config.cells).
+FILE_KEYS = ("variants", "sweep")
 
 # A job's name (a variant's, for a job file with variants) names its run folder under --output-dir:
 # one plain path component, so no name can place the folder elsewhere ("../x", "a/b", ".hidden").
@@ -73,6 +79,9 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     """The job's own sections: everything but the plugin sections, which each plugin validates."""
 
     name: str = "job"
+    # what a reader should know before running it (a surprising score, say): shown at the start
+    # and by --dry-run; not part of what the run computes (RESUMABLE_CHANGES)
+    note: str | None = None
     seed: int = Field(0, ge=0, le=2**63 - 1)  # the most torch.manual_seed and numpy accept alike
     engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
@@ -112,11 +121,7 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        for optional in (
-            "system",
-            "privacy",
-            "compression",
-        ):  # left unset, they stay out: the config reads as before
+        for optional in ("note", "system", "privacy", "compression"):  # left unset, they stay out: it reads as before
             if getattr(self, optional) is None:
                 del out[optional]
         if self.model_groups is not None:
@@ -176,6 +181,8 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     }
     problems += check_mixed_models(groups, sections["model"], sections["algorithm"])
     core_raw = {k: v for k, v in raw.items() if k not in (*PLUGIN_SECTIONS, "model_groups")}
+    problems += [unknown_top_level_key(str(key)) for key in core_raw if key not in JobCore.model_fields]
+    core_raw = {k: v for k, v in core_raw.items() if k in JobCore.model_fields}
     evaluation = core_raw.get("evaluation")
     probes: list[PluginSection | None] = []
     if isinstance(evaluation, dict) and "probes" in evaluation:
@@ -199,6 +206,21 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections, model_groups=groups)
+
+
+def job_file_keys() -> list[str]:
+    """Every top-level key a job file may hold."""
+    return sorted({*JobCore.model_fields, *PLUGIN_SECTIONS, "model_groups", *FILE_KEYS})
+
+
+def unknown_top_level_key(key: str) -> str:
+    """The problem of a top-level key no job has, naming the nearest one and all of them."""
+    if key in FILE_KEYS:
+        return f"{key}: a job file's own section; set it at the file's top level, not in a variant"
+    valid = job_file_keys()
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{key}: unknown key; {hint}(valid keys: {', '.join(valid)})"
 
 
 def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:

@@ -70,6 +70,28 @@ def overrides_for(overrides: Sequence[str], variant: str | None) -> list[str]:
     return out
 
 
+def split_sweep(overrides: Sequence[str], source: str) -> tuple[list[str], list[str]]:
+    """(the ``sweep.*`` overrides, the others): a sweep section is the file's, not a variant's, so
+    its overrides never reach a variant's job (``sweep.seeds=[0]`` shrinks the sweep).
+
+    Raises:
+        ConfigError: a ``VARIANT:sweep.*`` override (the sweep is every variant's).
+    """
+    sweep, rest, problems = [], [], []
+    for item in overrides:
+        target, override = split_target(item)
+        key = override.partition("=")[0]
+        if key != "sweep" and not key.startswith("sweep."):
+            rest.append(item)
+        elif target is not None:
+            problems.append(f"override {item!r}: the sweep crosses every variant; drop {target + ':'!r}")
+        else:
+            sweep.append(override)
+    if problems:
+        raise ConfigError(problems, source)
+    return sweep, rest
+
+
 def check_targets(overrides: Sequence[str], variants: Sequence[str], source: str) -> None:
     """One error for each ``VARIANT:`` prefix that names no variant of the job file."""
     problems = []

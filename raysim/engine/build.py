@@ -81,6 +81,8 @@ def build(
     run continues the MLflow run (and run folder) of its checkpoint, or branches a new one from it
     (``raysim.tracking.lineage``; ``branch`` forces the latter).
     """
+    if job.note:  # what the job's author wants read before its results (a surprising score)
+        Console(stderr=True).print(f"note ({job.name}): {job.note}", highlight=False, soft_wrap=True)
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
     parts = open_parts(job)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import JobConfig, JobOrigin, validate_job
-from raysim.config.cells import Sweep
+from raysim.config.cells import Sweep, mixed_tracking
 from raysim.config.sweep import ERROR_TAG, STOPPED_TAG, Cell
 from raysim.engine.loop import run
 from raysim.engine.preflight import check_output_dir
@@ -244,12 +244,7 @@ def progress_line(outcome: CellOutcome, count: int, total: int, metric: str | No
 
 
 def refuse_mixed_tracking(sweep: Sweep) -> None:
-    """Every cell logs to the same store and experiment (the parent run lives in one)."""
-    places = {
-        (j.tracking.enabled, j.tracking.tracking_uri, j.tracking.experiment) for j in sweep.jobs.values()
-    }
-    if len(places) > 1:
-        raise RaysimError(
-            "sweep: the cells log to different MLflow stores or experiments "
-            f"({sorted(map(str, places))}); set tracking in the job's base, not in a variant"
-        )
+    """Every cell logs to the same store and experiment (the parent run lives in one); the check
+    ``load_sweep`` (and so the dry run) makes too, for a Sweep made without it."""
+    if problems := mixed_tracking(sweep):
+        raise RaysimError(problems[0])

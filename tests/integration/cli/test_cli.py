@@ -160,9 +160,11 @@ def test_dry_run_prints_every_variant_resolved_and_starts_nothing(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    code = main(["run", write(tmp_path, GOOD), "--dry-run", "engine.num_rounds=7"])
+    code = main(["run", write(tmp_path, GOOD), "--dry-run", "--show-config", "engine.num_rounds=7"])
     assert code == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    configs, _, summary = capsys.readouterr().out.partition("dry run: ")
+    assert summary.startswith("2 variants x 7 rounds x cohort 3 = 42 client trainings")
+    docs = list(yaml.safe_load_all(configs))
     assert [d["name"] for d in docs] == ["avg", "prox"]
     assert [d["algorithm"]["name"] for d in docs] == ["fedavg", "fedprox"]
     assert all(d["engine"]["num_rounds"] == 7 for d in docs)
@@ -179,8 +181,10 @@ def test_dry_run_warns_of_a_probe_that_would_never_run(tmp_path, capsys):
 
 
 def test_dry_run_of_one_variant_and_of_a_bad_config(tmp_path, capsys):
-    assert main(["run", write(tmp_path, GOOD), "--dry-run", "--variant", "prox"]) == 0
+    assert main(["run", write(tmp_path, GOOD), "--dry-run", "--show-config", "--variant", "prox"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("---\n# variant: prox\n") and "# variant: avg" not in out
+    assert main(["run", write(tmp_path, GOOD), "--dry-run", "--variant", "prox"]) == 0
+    assert capsys.readouterr().out.startswith("dry run: 1 variant x 2 rounds")  # the YAML only when asked
     assert main(["run", write(tmp_path, GOOD), "--dry-run", "engine.num_round=2"]) == 2
     assert "engine.num_round: unknown key" in capsys.readouterr().err

@@ -136,3 +136,32 @@ def test_a_job_name_that_is_no_folder_name_is_refused_for_a_sweep_of_variants(tm
     <output dir>/sweeps/; each variant's name was checked, the file's own was not."""
     problems = problems_of(job_file(tmp_path, {"seeds": [0]}, name="../up"))
     assert len(problems) == 1 and problems[0].startswith("name '../up': names the run folder, so it must be")
+
+
+def test_sweep_overrides_shrink_the_sweep_and_name_another_one(tmp_path):
+    """Before, ``sweep.seeds=[0]`` reached each variant's job: "sweep: unknown key"."""
+    path = job_file(tmp_path, {"seeds": [0, 1], "grid": {"algorithm.local.lr": [0.01, 0.1]}})
+    # an axis key has dots: its grid is set whole
+    sweep = load_sweep(path, ["sweep.seeds=[0]", "sweep.grid={algorithm.local.lr: [0.1]}"])
+    assert [c.name for c in sweep.cells] == ["fedavg_lr0.1_seed0", "fedprox_lr0.1_seed0"]
+    assert sweep.spec.seeds == [0] and sweep.id != load_sweep(path).id  # a smaller sweep, its own ledger
+    assert problems_of(path, overrides=["fedavg:sweep.seeds=[0]"]) == [
+        "override 'fedavg:sweep.seeds=[0]': the sweep crosses every variant; drop 'fedavg:'"
+    ]
+
+
+def test_a_sweep_override_of_a_file_without_a_sweep_says_so(tmp_path):
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(JOB))
+    with pytest.raises(ConfigError) as info:
+        load_jobs(path, ["sweep.seeds=[0]"])
+    assert info.value.problems == [
+        "override 'sweep.seeds=[0]': the job file has no sweep: section to change; add one (docs/sweeps.md)"
+    ]
+
+
+def test_cells_logging_to_different_experiments_are_refused_when_the_sweep_loads(tmp_path):
+    """Before, only the run refused them, after --dry-run had passed."""
+    variants = [{"name": "fedavg"}, {"name": "other", "tracking": {"experiment": "elsewhere"}}]
+    [problem] = problems_of(job_file(tmp_path, {"seeds": [0]}, variants=variants))
+    assert problem.startswith("sweep: the cells log to different MLflow stores or experiments")

@@ -1,6 +1,8 @@
 """Job files: overrides parsed as YAML, variants merged over the base, problems shared by variants
 reported once, file errors, and every job file in the repository validating."""
 
+import re
+
 import pytest
 import yaml
 from raw_jobs import BASE, REPO
@@ -128,3 +130,21 @@ def test_switching_a_partitions_kind_by_override_names_the_keys_to_drop_and_the_
     ]
     switched = JobConfig.from_dict(apply_overrides(raw, ["dataset.partition={kind: iid}"]))
     assert switched.dataset.config.partition.kind == "iid"
+
+
+# "# cost: ~3 min on 2 CPU cores (measured 2026-12-06)", "~40 min est. on ... (1 round measured ...)",
+# "not run on a laptop: ... (not measured)"
+COST = re.compile(
+    r"^# cost: (~[\d.]+ (s|min|h)( est\.)? on |not run on a laptop)"
+    r".*\([^()]*measured[^()]*\)$"  # where the figure comes from
+)
+
+
+def test_every_job_file_says_its_cost_in_one_greppable_line():
+    """``grep -r '^# cost:' jobs`` lists every job's cost: measured, extrapolated (est.) or not run."""
+    missing = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "jobs").rglob("*.yaml"))
+        if not any(COST.match(line) for line in path.read_text().splitlines()[:40])
+    ]
+    assert not missing, f"job files without a '# cost: ...' header line: {missing}"

@@ -187,3 +187,23 @@ def test_a_seed_of_true_is_no_seed():
     with pytest.raises(ConfigError, match="seed: Input should be a valid integer"):
         JobConfig.from_dict({**base, "seed": True})
     assert JobConfig.from_dict({**base, "seed": 7}).seed == 7
+
+
+def test_an_unknown_top_level_key_lists_every_section_of_a_job_file():
+    """Before, the list held only the job's own sections: no dataset, model or algorithm."""
+    [problem] = problems_of({**BASE, "modle": {"name": "mlp"}})
+    valid = problem.split("valid keys: ")[1].rstrip(")").split(", ")
+    assert problem.startswith("modle: unknown key; did you mean 'model'?")
+    assert {"dataset", "model", "algorithm", "model_groups", "variants", "sweep", "engine"} <= set(valid)
+    [problem] = problems_of({**BASE, "sweep": {"seeds": [0]}})  # in a variant: the file's, not the job's
+    assert problem == "sweep: a job file's own section; set it at the file's top level, not in a variant"
+
+
+def test_a_note_is_kept_but_changes_neither_the_noise_nor_the_resumable_config():
+    from raysim.config.job import RESUMABLE_CHANGES, noise_salt
+
+    plain, noted = JobConfig.from_dict(BASE), JobConfig.from_dict({**BASE, "note": "scores 0.18: see docs"})
+    assert noted.note == "scores 0.18: see docs" and noted.to_dict()["note"] == noted.note
+    assert "note" not in plain.to_dict()  # a job without one reads as before
+    assert noise_salt(plain) == noise_salt(noted)
+    assert "note".startswith(RESUMABLE_CHANGES)

@@ -31,7 +31,9 @@ def test_a_resumed_run_picks_the_uninterrupted_runs_cohorts(tmp_path, sections):
 
     whole = run(job(4), output_dir=tmp_path / "whole")
     first = run(job(2), output_dir=tmp_path / "first")
-    resumed = run(job(4), resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "r")
+    resumed = run(
+        job(4), resume_from=str(first.run_dir / "checkpoints" / "final.pt"), output_dir=tmp_path / "r"
+    )
     assert cohorts(first) + cohorts(resumed) == cohorts(whole)
     clock = [metrics.get("sys/sim_clock_s") for _, metrics in whole.history]
     assert [metrics.get("sys/sim_clock_s") for _, metrics in resumed.history] == clock[2:]

@@ -106,7 +106,8 @@ class RoundPlan:
 
 class SimulatedSystem:
     """The simulated clock over a fleet: ``round(r)`` plans round r, replaying earlier rounds first
-    when it has not seen them (a resumed run), which needs no training."""
+    when it has not seen them (a resumed run), which needs no training; with a learning
+    ``selector`` a resumed run ``resume``s from the saved round ends instead."""
 
     def __init__(
         self,

@@ -106,11 +106,14 @@ def save_checkpoint(
     state_dir: str | None = None,
     run: dict[str, str] | None = None,
     privacy: dict[str, Any] | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
 
     ``privacy`` is the privacy accounting's state (central DP's ``raysim.privacy.ledger.LedgerState``
     and the clients' counts, as plain values); a resumed run's accountant goes on from it.
+    ``selection`` is a guided selection's state and the simulated clock's rounds
+    (``raysim.engine.selection_setup``), as plain values.
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.
@@ -132,6 +135,7 @@ def save_checkpoint(
         "snapshot_manifest": None if state_dir is None else manifest_digest(Path(state_dir)),
         "run": run,
         "privacy": privacy,
+        "selection": selection,
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -173,6 +177,7 @@ class Checkpoint:
     state_dir: str | None  # its client-state snapshot; None: no client had state
     run: dict[str, str] | None  # the MLflow run that wrote it; None: untracked, or an older file
     privacy: Any = None  # the privacy accounting's state; None: no privacy, or an older file
+    selection: Any = None  # engine.selection's state; None: uniform, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -192,7 +197,8 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
         check_snapshot(Path(path), Path(state_dir), round_num, raw.get("snapshot_manifest"))
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
     privacy = raw.get("privacy")  # checked by the run that resumes (raysim.privacy.run_privacy)
-    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy)
+    selection = raw.get("selection")  # checked by the run that resumes (raysim.engine.selection_setup)
+    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection)
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:

@@ -20,7 +20,8 @@ from raysim.errors import ConfigError
 
 # purpose tags keep the streams independent
 _COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION, _GROUPS, _SERVER_NOISE, _CLIENT_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
-_COMPRESSION = 9
+_SELECTION = 9  # a guided selection's draws (raysim.selection)
+_COMPRESSION = 10  # random-k's and QSGD's draws (raysim.compress); 11-16: raysim.systems
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -31,6 +32,12 @@ def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int)
         )
     rng = np.random.default_rng([seed, round_num, _COHORT])
     return rng.choice(num_clients, size=cohort_size, replace=False).astype(np.int64)
+
+
+def selection_rng(seed: int, round_num: int) -> np.random.Generator:
+    """The generator of every random choice a guided selection (``engine.selection``) makes in
+    a round: a pure function of (seed, round), apart from the uniform draw's."""
+    return np.random.default_rng([seed, round_num, _SELECTION])
 
 
 def sample_poisson(num_clients: int, rate: float, seed: int, round_num: int) -> np.ndarray:

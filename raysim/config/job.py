@@ -24,6 +24,7 @@ from raysim.config.plugins import (
 from raysim.config.privacy import PrivacyConfig, sampling_problems
 from raysim.config.renames import refuse_renamed
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
+from raysim.config.selection import selection_problems
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
 
@@ -128,6 +129,8 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
             out["model_groups"] = self.model_groups.to_dict()
         if self.evaluation.time_to_target is None:
             del out["evaluation"]["time_to_target"]
+        if self.engine.selection is None:
+            del out["engine"]["selection"]
         return out
 
     @classmethod
@@ -200,6 +203,10 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         engine = core.engine
         problems += sampling_problems(core.privacy, engine.sampling, engine.schedule, core.system is not None)
         problems += compression_problems(core.compression, sections["algorithm"], core.privacy)
+        central = core.privacy is not None and core.privacy.central is not None
+        problems += selection_problems(
+            engine.selection, engine.cohort_size, engine.sampling, engine.schedule, central
+        )
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem

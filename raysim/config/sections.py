@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, field_validator
 
 from raysim.config.plugins import PluginSection
+from raysim.config.selection import SelectionConfig
 
 # The stores MLflow has built in, by URI scheme ("": a folder path). Others fail deep in MLflow.
 TRACKING_SCHEMES = frozenset(
@@ -29,6 +30,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # training client with probability cohort_size / population, so cohorts vary in size (what a
     # privacy accountant's amplification by sampling assumes, docs/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
+    selection: SelectionConfig | None = None  # None: uniform; oort, power_of_choice (docs/systems.md)
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).

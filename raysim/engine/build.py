@@ -28,6 +28,7 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personal
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
 from raysim.engine.privacy_setup import open_privacy
+from raysim.engine.selection_setup import open_selection
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import CheckpointError, ConfigError, ResourceError
 from raysim.plugin_defaults import fresh_state, resume_state
@@ -94,6 +95,7 @@ def build(
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     examples = parts.store.num_examples("train")
     private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
+    selector = open_selection(job, parts.store, parts.algorithm, system, checkpoint)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
@@ -101,7 +103,9 @@ def build(
     else:
         run_dir = new_run_dir(output_dir, job.name)
     try:
-        return start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system, private), state
+        engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system, private)
+        engine.selector = selector  # the clock's cohorts are its too (open_selection)
+        return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage
         raise

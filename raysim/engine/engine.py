@@ -35,6 +35,7 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_glob
 from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
+from raysim.engine.selection_setup import saved_selection
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.privacy.run_privacy import RunPrivacy
@@ -42,6 +43,7 @@ from raysim.probe import Probe, ProbeRound, is_due
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, poisson_rate, sample_cohort, sample_cyclic_poisson, sample_poisson
+from raysim.selection.selector import Selector, choose, feedback_of
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
 from raysim.stop_request import honour_stop_request
 from raysim.systems.rounds import SimulatedSystem
@@ -80,6 +82,7 @@ class Engine(Generic[A]):
     system: SimulatedSystem | None = None  # the clients as devices on a simulated clock
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     privacy: RunPrivacy | None = None  # central DP's ledger, and what each client spent
+    selector: Selector | None = None  # engine.selection (raysim.selection); None: uniform
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
@@ -107,6 +110,8 @@ class Engine(Generic[A]):
         probability ``raysim.sampling.poisson_rate`` gives (``engine.sampling: poisson``; under
         DP-FTRL's bands, from the round's group of clients only)."""
         pool, size, seed = self.train_pool, self.job.engine.cohort_size, self.job.seed
+        if self.selector is not None:  # engine.selection: guided, a fixed size
+            return choose(self.selector, pool, size, seed, round_num)
         if self.job.engine.sampling == "fixed":
             return pool[sample_cohort(len(pool), size, seed, round_num)]
         ledger = self.privacy.ledger if self.privacy is not None else None
@@ -167,6 +172,9 @@ class Engine(Generic[A]):
         timer.lap()
         output = self.train_cohort(payload, cohort, round_num, options)
         timer.add_cohort(output, self.backend.is_concurrent)
+        if self.selector is not None:  # it learns from who trained, and how long each took
+            seconds = plan.durations() if plan is not None else None
+            self.selector.observe(round_num, feedback_of(output.clients, seconds))
         # 3. Merge happened in the backend; the server updates from the aggregate.
         new_state, metrics = algorithm.server_update(state, output.aggregate, round_num, self.info)
         refuse_nonfinite(new_state.params, "the new global model", round_num)
@@ -299,6 +307,7 @@ class Engine(Generic[A]):
             None if frozen is None else str(frozen),
             run,
             self.privacy.state() if self.privacy is not None else None,
+            saved_selection(self.selector, self.system),
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -10,6 +10,7 @@ import numpy as np
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
 from raysim.sampling import sample_cohort
+from raysim.selection.selector import Selector, choose
 from raysim.systems.devices import Fleet
 from raysim.systems.work import LocalWork
 from raysim.train.local import LocalTrainConfig
@@ -78,6 +79,11 @@ class RoundPlan:
     cohort: np.ndarray
     step_budgets: dict[int, int]
 
+    def durations(self) -> dict[int, float]:
+        """Each client that reported: its seconds from the round's start."""
+        reported = zip(self.selected, self.outcomes, strict=True)
+        return {int(client): o.seconds for client, o in reported if o.status == REPORTED}
+
     def count(self, status: str) -> int:
         return sum(o.status == status for o in self.outcomes)
 
@@ -100,7 +106,8 @@ class RoundPlan:
 
 class SimulatedSystem:
     """The simulated clock over a fleet: ``round(r)`` plans round r, replaying earlier rounds first
-    when it has not seen them (a resumed run), which needs no training."""
+    when it has not seen them (a resumed run), which needs no training; with a learning
+    ``selector`` a resumed run ``resume``s from the saved round ends instead."""
 
     def __init__(
         self,
@@ -117,6 +124,17 @@ class SimulatedSystem:
         self.cohort_size, self.model_bytes, self.seed = cohort_size, model_bytes, seed
         self._ends: list[float] = []  # the clock after each round planned so far
         self._last: RoundPlan | None = None
+        self.selector: Selector | None = None  # engine.selection; None: uniform
+
+    @property
+    def ends(self) -> list[float]:
+        """The clock after each round planned so far."""
+        return list(self._ends)
+
+    def resume(self, ends: list[float]) -> None:
+        """Goes on after the rounds that ended at ``ends`` without replaying them: a learning
+        selector's earlier picks cannot be replayed without its earlier state."""
+        self._ends, self._last = [float(end) for end in ends], None
 
     def round(self, round_num: int) -> RoundPlan:
         if self._last is not None and self._last.round_num == round_num:
@@ -144,7 +162,10 @@ class SimulatedSystem:
             )
         online = self.pool[availability.online(self.pool, start)]
         wanted = min(math.ceil(round(config.over_commit * self.cohort_size, 9)), len(online))
-        selected = online[sample_cohort(len(online), wanted, self.seed, round_num)]
+        if self.selector is None:
+            selected = online[sample_cohort(len(online), wanted, self.seed, round_num)]
+        else:
+            selected = choose(self.selector, online, wanted, self.seed, round_num)
         work = LocalWork.of(self.local, round_num)
         stragglers = straggler_positions(len(selected), config.straggler_fraction, self.seed, round_num)
         outcomes = [

@@ -25,6 +25,7 @@ TIERS = {
     "train": 1,
     "measure": 2,
     "systems": 2,
+    "selection": 2,
     "privacy": 2,
     "compress": 2,
     "data": 3,

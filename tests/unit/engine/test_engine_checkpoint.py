@@ -44,6 +44,8 @@ def engine(tmp_path):
         tracker=SimpleNamespace(run_id=None),
         job=SimpleNamespace(to_dict=lambda: {}),
         privacy=None,  # a run without privacy accounting
+        selector=None,  # nor a guided selection
+        system=None,
     )
     write(fake, 3)
     return fake

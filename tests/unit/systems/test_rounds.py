@@ -161,3 +161,20 @@ def test_a_resumed_run_replays_the_clock_without_training():
     ends = [once.round(r).end_s for r in range(5)]
     resumed = system(config, fleet(SPEEDS)).round(4)  # as a run resumed at round 4 asks
     assert resumed.end_s == ends[4] and resumed.start_s == ends[3]
+
+
+class Slowest:
+    """A selector picking the slowest candidates, whose picks cannot be a uniform draw."""
+
+    def select(self, candidates, k, round_num, rng):
+        return np.array(sorted(candidates, key=lambda c: SPEEDS[c])[:k])
+
+
+def test_a_selector_draws_the_clocks_clients_and_a_resumed_clock_replays_nothing():
+    sim = system(SystemConfig(over_commit=2.0), fleet(SPEEDS), cohort_size=2)
+    sim.selector = Slowest()
+    plan = sim.round(0)
+    assert list(plan.selected) == [6, 0, 1, 2]  # 5, 10, 20, 25 examples/s
+    assert list(plan.cohort) == [1, 2] and plan.durations() == {c: finish_time(c) for c in (6, 0, 1, 2)}
+    sim.resume([100.0, 250.0])
+    assert sim.round(2).start_s == 250.0 and sim.ends == [100.0, 250.0, sim.round(2).end_s]

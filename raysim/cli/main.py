@@ -246,8 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     console.print(comparison_table(results))
     for r in results:  # where each run's time went (its chart: time_per_round.png)
-        if (summary := time_summary(r.history)) is not None:
-            console.print(f"{r.job.name}: {summary}" if len(results) > 1 else summary, highlight=False)
+        if (times := time_summary(r.history)) is not None:
+            console.print(f"{r.job.name}: {times}" if len(results) > 1 else times, highlight=False)
     from raysim.tracking.outbox import UNSENT_EXIT_CODE, has_unsent
     from raysim.tracking.tracking_store import tracking_uri
 

@@ -21,6 +21,7 @@ from raysim.config.plugins import (
 )
 from raysim.config.privacy import PrivacyConfig, sampling_problems
 from raysim.config.renames import refuse_renamed
+from raysim.config.robust import AttackConfig, RobustConfig, robust_problems
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
 from raysim.config.system import SystemConfig
 from raysim.errors import ConfigError
@@ -79,6 +80,8 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     evaluation: EvaluationConfig = EvaluationConfig()
     system: SystemConfig | None = None
     privacy: PrivacyConfig | None = None  # differential privacy (raysim.config.privacy)
+    robust: RobustConfig | None = None  # a Byzantine-robust rule (raysim.config.robust)
+    attack: AttackConfig | None = None  # malicious clients (raysim.config.robust)
 
     @field_validator("name")
     @classmethod
@@ -110,7 +113,12 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        for optional in ("system", "privacy"):  # left unset, they stay out: the config reads as before
+        for optional in (
+            "system",
+            "privacy",
+            "robust",
+            "attack",
+        ):  # left unset, they stay out: the config reads as before
             if getattr(self, optional) is None:
                 del out[optional]
         if self.model_groups is not None:
@@ -186,12 +194,23 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         problems += check_against_job([*sections.values(), *probes], core)
         engine = core.engine
         problems += sampling_problems(core.privacy, engine.sampling, engine.schedule, core.system is not None)
+        central = core.privacy is not None and core.privacy.central is not None
+        built = _built_algorithm(sections["algorithm"]) if core.robust or core.attack else None
+        problems += robust_problems(core.robust, core.attack, engine, central, built)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
     return JobConfig(**fields, **sections, model_groups=groups)
+
+
+def _built_algorithm(section: PluginSection | None) -> tuple[str, object] | None:
+    """The algorithm section's name and plugin, built to ask for its aggregator (a robust rule
+    replaces a weighted mean only); None where the section did not validate."""
+    if section is None:
+        return None
+    return section.name, registry.get("algorithm", section.name).factory(section.config)
 
 
 def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ TIERS = {
     "measure": 2,
     "systems": 2,
     "privacy": 2,
+    "robust": 2,
     "data": 3,
     "models": 3,
     "runtime": 4,

@@ -122,7 +122,8 @@ class Engine(Generic[A]):
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
     ) -> RoundOutput[A]:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``); under
-        central DP the workers clip and the ledger releases the merged sums."""
+        central DP the workers clip and the ledger releases the merged sums; under a robust rule
+        (or ALIE) the workers keep every update and the driver applies the rule (``raysim.robust``)."""
         if self.privacy is not None:  # central DP: the workers clip each contribution
             options = replace(options, clipping=self.privacy.clipping())
         if self.robust is not None and self.robust.gathers:  # a robust rule reads every update

@@ -74,9 +74,11 @@ class RunRobust:
         attack = job.attack
         if job.robust is None and attack is None:
             return None
-        malicious = malicious_clients(train_pool, attack.fraction, job.seed) if attack is not None else []
+        malicious = frozenset[int]()
+        if attack is not None:
+            malicious = frozenset(int(c) for c in malicious_clients(train_pool, attack.fraction, job.seed))
         alie = attack if isinstance(attack, ALIE) else None
-        return cls(job.robust, alie, frozenset(int(c) for c in malicious), attack is not None)
+        return cls(job.robust, alie, malicious, attack is not None)
 
     @property
     def gathers(self) -> bool:

@@ -66,7 +66,7 @@ def krum_scores(distances: torch.Tensor, f: int) -> torch.Tensor:
     """Each row's sum of squared distances to its ``n - f - 2`` nearest other rows."""
     n = len(distances)
     closest = n - f - 2
-    if closest < 1:
+    if n <= 2 * f + 2:  # Blanchard et al.'s condition for Krum's guarantee
         raise ValueError(f"Krum needs n > 2f + 2 updates, got n={n} for f={f}; lower robust.f")
     others = distances + torch.diag(
         torch.full((n,), float("inf"), dtype=distances.dtype, device=distances.device)

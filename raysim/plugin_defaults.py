@@ -26,6 +26,7 @@ from raysim import params as P
 from raysim.aggregate import Aggregator, Gather, WeightedMean
 from raysim.algorithm import A, Algorithm, AnyAlgorithm, plugin_hook
 from raysim.checkpoint import CheckpointTrail
+from raysim.gathered_updates import GatheredUpdates
 from raysim.private_sums import ClientClipping, ClippedSums, Summing
 from raysim.types import DataSpec, Params, Payload, RunInfo, ServerState
 
@@ -66,10 +67,17 @@ def aggregator_of(algorithm: AnyAlgorithm[A]) -> Aggregator[Any]:
     return Gather()
 
 
-def round_aggregator(algorithm: AnyAlgorithm[Any], private: ClientClipping | None) -> Aggregator[Any]:
+def round_aggregator(
+    algorithm: AnyAlgorithm[Any], private: ClientClipping | None, gathers: bool = False
+) -> Aggregator[Any]:
     """How a round folds client results: the plugin's aggregator, or under central DP its sums of
-    clipped contributions (a job whose aggregator is not ``Summing`` is refused before training)."""
+    clipped contributions (a job whose aggregator is not ``Summing`` is refused before training),
+    or with ``gathers`` (a robust rule, ALIE) every update its ``WeightedMean`` would sum."""
     inner = aggregator_of(algorithm)
+    if gathers:
+        if not isinstance(inner, WeightedMean):
+            raise TypeError(f"a robust rule replaces a WeightedMean, not {type(inner).__name__}")
+        return GatheredUpdates(inner)
     if private is None:
         return inner
     if not isinstance(inner, Summing):

@@ -120,12 +120,14 @@ class RoundOptions:
     """What a cohort's training is asked besides training: the probes due (their worker hooks
     run), whether every client's local model comes back, and the clients doing only part of
     their local work (client id -> local steps, i.e. batches), and central DP's clip bound where
-    the job sets ``privacy.central`` (each contribution clipped on its worker)."""
+    the job sets ``privacy.central`` (each contribution clipped on its worker), and whether every
+    update is kept (``gathers``: a robust rule or ALIE reads them all, ``raysim.gathered_updates``)."""
 
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False
     step_budgets: dict[int, int] = field(default_factory=dict)
     clipping: ClientClipping | None = None
+    gathers: bool = False
 
 
 class Services(Protocol[A_co]):

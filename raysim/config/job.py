@@ -23,6 +23,7 @@ from raysim.config.plugins import (
 )
 from raysim.config.privacy import PrivacyConfig, sampling_problems
 from raysim.config.renames import refuse_renamed
+from raysim.config.robust import AttackConfig, RobustConfig, robust_problems
 from raysim.config.sections import EngineConfig, EvaluationConfig, ResourcesConfig, TrackingConfig
 from raysim.config.selection import selection_problems
 from raysim.config.system import SystemConfig
@@ -91,6 +92,8 @@ class JobCore(BaseModel, frozen=True, extra="forbid"):
     system: SystemConfig | None = None
     privacy: PrivacyConfig | None = None  # differential privacy (raysim.config.privacy)
     compression: CompressionConfig | None = None  # encoded updates (raysim.config.compression)
+    robust: RobustConfig | None = None  # a Byzantine-robust rule (raysim.config.robust)
+    attack: AttackConfig | None = None  # malicious clients (raysim.config.robust)
 
     @field_validator("name")
     @classmethod
@@ -122,12 +125,8 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        for optional in (
-            "note",
-            "system",
-            "privacy",
-            "compression",
-        ):  # left unset, they stay out: it reads as before
+        # left unset, they stay out: the config reads as before
+        for optional in ("note", "system", "privacy", "compression", "robust", "attack"):
             if getattr(self, optional) is None:
                 del out[optional]
         if self.model_groups is not None:
@@ -212,6 +211,9 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         problems += selection_problems(
             engine.selection, engine.cohort_size, engine.sampling, engine.schedule, central
         )
+        central = core.privacy is not None and core.privacy.central is not None
+        built = _built_algorithm(sections["algorithm"]) if core.robust or core.attack else None
+        problems += robust_problems(core.robust, core.attack, engine, central, built)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
     assert core is not None  # it validated, or it added a problem
@@ -233,6 +235,14 @@ def unknown_top_level_key(key: str) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"{key}: unknown key; {hint}(valid keys: {', '.join(valid)})"
+
+
+def _built_algorithm(section: PluginSection | None) -> tuple[str, object] | None:
+    """The algorithm section's name and plugin, built to ask for its aggregator (a robust rule
+    replaces a weighted mean only); None where the section did not validate."""
+    if section is None:
+        return None
+    return section.name, registry.get("algorithm", section.name).factory(section.config)
 
 
 def plugin_default_model(raw: dict[str, Any]) -> dict[str, Any] | None:

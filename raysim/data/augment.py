@@ -1,6 +1,7 @@
 """What happens to a client's training batches before its local step: augmentation (a random crop
-of the padded image and a horizontal flip, ``dataset.augment``), then the backdoor of the poisoned
-clients (``dataset.poison``, ``raysim.data.poison``).
+of the padded image and a horizontal flip, ``dataset.augment``), then a label-flipping attacker's
+labels (``attack: {kind: label_flip}``), then the backdoor of the poisoned clients
+(``dataset.poison``, ``raysim.data.poison``).
 
 Every draw is a pure function of (run seed, round, client, batch number), like
 ``raysim.sampling``'s seeds: a client's batches do not depend on the worker or on what ran before.
@@ -69,6 +70,7 @@ class TrainingTransform:
     augment: AugmentConfig | None
     poison: PoisonConfig | None  # None for a client that is not poisoned
     pixels: Pixels
+    flip: torch.Tensor | None = None  # a label flipper's: the label each label becomes
 
     def __call__(self, batch: Batch, step: int) -> Batch:
         state = np.random.SeedSequence([self.seed, step, _BATCHES]).generate_state(1, np.uint64)
@@ -78,17 +80,25 @@ class TrainingTransform:
             black = self.pixels(torch.zeros(1, channels))[0]
             x = crop_and_flip(batch["x"], self.augment.crop_padding, self.augment.flip, generator, black)
             batch = {**batch, "x": x}
+        if self.flip is not None:
+            batch = {**batch, "y": self.flip.to(batch["y"].device)[batch["y"]]}
         if self.poison is not None:
             batch = poison_batch(batch, self.poison, generator, self.pixels)
         return batch
 
 
 def training_transform(
-    config: DatasetConfig, store: ClientStore, run_seed: int, round_num: int, client_id: int
+    config: DatasetConfig,
+    store: ClientStore,
+    run_seed: int,
+    round_num: int,
+    client_id: int,
+    flip: torch.Tensor | None = None,
 ) -> TrainingTransform | None:
-    """The client's batch transform this round; None when it has none (training as before)."""
+    """The client's batch transform this round (``flip``: its labels' table, where it flips them);
+    None when it has none (training as before)."""
     poison = config.poison if config.poison and client_id in config.poison.clients else None
-    if config.augment is None and poison is None:
+    if config.augment is None and poison is None and flip is None:
         return None
     seed = client_seed(run_seed, round_num, client_id)
-    return TrainingTransform(seed, config.augment, poison, image_scale(store))
+    return TrainingTransform(seed, config.augment, poison, image_scale(store), flip)

@@ -14,13 +14,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from raysim.config import JobConfig
+from raysim.config.robust import LabelFlip
 from raysim.config.sections import PoisonConfig
 from raysim.data.augment import image_scale, training_transform
 from raysim.data.poison import triggered_test
 from raysim.data.store import ClientStore, DatasetConfig
 from raysim.errors import ConfigError
+from raysim.robust.attacks import flip_label_table, job_malicious
 from raysim.sampling import client_seed
 from raysim.types import ClientData
 
@@ -59,15 +62,42 @@ class TrainingData:
 
     def __init__(self, job: JobConfig, store: ClientStore) -> None:
         self.job, self.store, self.options = job, store, dataset_options(job)
-        self.transforms = self.options.augment is not None or self.options.poison is not None
+        self.flippers, self.flip = label_flippers(job, store)
+        self.transforms = (
+            self.options.augment is not None or self.options.poison is not None or bool(self.flippers)
+        )
         self.triggered = backdoor_test(self.options, store, job.seed)  # None: nothing poisoned
+        if self.triggered is None and self.flip is not None:  # label flipping's success, measured alike
+            self.triggered = flipped_test(store, self.flip)
 
     def round_data(self, client_id: int, round_num: int) -> ClientData:
         """The client's training examples this round, and what its batches go through."""
         seed, train = client_seed(self.job.seed, round_num, client_id), self.store.client_data(client_id)
         data = cap_examples(train, self.job.engine.max_client_examples, seed)
-        transform = training_transform(self.options, self.store, self.job.seed, round_num, client_id)
+        flip = self.flip if client_id in self.flippers else None
+        transform = training_transform(self.options, self.store, self.job.seed, round_num, client_id, flip)
         return data if transform is None else replace(data, batch_transform=transform)
+
+
+def label_flippers(job: JobConfig, store: ClientStore) -> tuple[frozenset[int], torch.Tensor | None]:
+    """A label-flipping attack's malicious clients and its label table (none without one)."""
+    attack = job.attack
+    if not isinstance(attack, LabelFlip):
+        return frozenset(), None
+    malicious = job_malicious(job, store.num_clients, ("label_flip",))
+    return malicious, flip_label_table(store.spec.num_classes, attack.mapping)
+
+
+def flipped_test(store: ClientStore, flip: torch.Tensor) -> ClientData | None:
+    """The central test examples whose label the attack changes, labelled as flipped: a model's
+    accuracy on them is the attack's success (the share predicted as the flipped class)."""
+    test = store.central_test()
+    if test is None:
+        return None
+    y = torch.from_numpy(test.arrays["y"]).long()
+    keep = (flip[y] != y).numpy()
+    arrays = {k: v[keep] for k, v in test.arrays.items()}
+    return ClientData({**arrays, "y": flip[y[keep]].numpy().astype(test.arrays["y"].dtype)})
 
 
 def backdoor_test(config: DatasetConfig, store: ClientStore, seed: int) -> ClientData | None:

@@ -35,6 +35,7 @@ from raysim.plugin_defaults import fresh_state, resume_state
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
+from raysim.robust.release import RunRobust
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import check_vectorize
@@ -270,6 +271,7 @@ def engine_of(
         system=system,
         targets=None if target is None else TimeToTarget(target),
         privacy=privacy,
+        robust=RunRobust.of(parts.job, parts.train_pool),
     )
 
 

@@ -40,6 +40,7 @@ from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.probe import Probe, ProbeRound, is_due
+from raysim.robust.release import RunRobust
 from raysim.runtime.backend import Backend
 from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, poisson_rate, sample_cohort, sample_cyclic_poisson, sample_poisson
@@ -83,6 +84,7 @@ class Engine(Generic[A]):
     targets: TimeToTarget | None = None  # evaluation.time_to_target
     privacy: RunPrivacy | None = None  # central DP's ledger, and what each client spent
     selector: Selector | None = None  # engine.selection (raysim.selection); None: uniform
+    robust: RunRobust | None = None  # a robust rule and an attack's malicious clients
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
@@ -125,9 +127,12 @@ class Engine(Generic[A]):
         self, payload: Payload, cohort: np.ndarray, round_num: int, options: RoundOptions = RoundOptions()
     ) -> RoundOutput[A]:
         """Trains a cohort and applies the failure policy (``engine.max_failed_clients``); under
-        central DP the workers clip and the ledger releases the merged sums."""
+        central DP the workers clip and the ledger releases the merged sums; under a robust rule
+        (or ALIE) the workers keep every update and the driver applies the rule (``raysim.robust``)."""
         if self.privacy is not None:  # central DP: the workers clip each contribution
             options = replace(options, clipping=self.privacy.clipping())
+        if self.robust is not None and self.robust.gathers:  # a robust rule reads every update
+            options = replace(options, gathers=True)
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
         if len(output.failures) > self.job.engine.max_failed_clients:
             first = output.failures[0]  # the run stops on the first, its exception the cause
@@ -140,6 +145,8 @@ class Engine(Generic[A]):
             )
         if self.privacy is not None:
             output = self.privacy.release(aggregator_of(self.algorithm), output, round_num)
+        if self.robust is not None:
+            output = self.robust.release(output, cohort, round_num)
         refuse_nonfinite(output.aggregate, "the aggregate of the clients' updates", round_num)
         self.costs.trained(output, payload)
         return output
@@ -245,6 +252,8 @@ class Engine(Generic[A]):
             metrics |= timer.metrics()
         if self.privacy is not None:  # a staged plugin's rounds too
             metrics |= self.privacy.metrics()
+        if self.robust is not None:
+            metrics |= self.robust.metrics()
         self.log(metrics, round_num)
         self.warn_if_diverging(metrics, round_num)
         self.maybe_checkpoint(state, round_num)

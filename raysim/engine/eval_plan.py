@@ -44,6 +44,7 @@ def evaluation_plan(
         },
         personalize_transfer=frozenset(t.name for t in evaluation.transfer if t.personalize),
         backdoor=dataset_options(job).poison is not None,
+        flip_success=job.attack is not None and job.attack.kind == "label_flip",
         validation=dataset_options(job).validation_fraction > 0,
         with_client_state=with_client_state,
         domain_of=client_domains(store, clients) if store is not None else {},

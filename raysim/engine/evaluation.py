@@ -1,7 +1,8 @@
 """Evaluation of the global model: on a central test set, on clients' test splits (and their
 validation rows, ``dataset.validation_fraction``: ``eval/validation/...``), on held-out clients,
 with few-shot personalization and on transfer datasets; all spread over the workers. A poisoned
-job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set. A plugin
+job (``dataset.poison``) adds the backdoor accuracy on the triggered central test set, a
+label-flipping attack (``attack: {kind: label_flip}``) its success on the flipped one. A plugin
 whose clients keep a personal part (``personal_model``: FedRoD's head, FedBN's BatchNorm layers)
 has each evaluated training client's own predictor measured too (``eval/personal/...``). A store
 partitioned by domain adds each domain's accuracy (``eval/domain/...``, ``raysim.engine.domain_scores``).
@@ -42,6 +43,7 @@ class EvaluationPlan:
     personalize_transfer: frozenset[str] = frozenset()
     num_skipped: dict[str, int] = field(default_factory=dict)  # scope -> clients left out
     backdoor: bool = False  # dataset.poison: the attack success rate on the triggered test set
+    flip_success: bool = False  # attack label_flip: the share of flipped test labels predicted
     validation: bool = False  # dataset.validation_fraction: the clients' validation rows too
     with_client_state: bool = False  # the plugin has personal_model: clients' own predictors too
     domain_of: dict[int, str] = field(default_factory=dict)  # evaluated client -> domain: eval/domain/*
@@ -99,12 +101,14 @@ def evaluate_predictor(
     clients' test splits (with ``heldout``)."""
     [central] = predictor.rows(backend, None)
     metrics = scored("eval/central", central)  # none: the dataset has no central test data
-    if plan.backdoor:
+    if plan.backdoor or plan.flip_success:
         # of the central test images whose label is not the trigger's, the share the predictor
-        # assigns the trigger's label once stamped (``dataset.poison``)
+        # assigns the trigger's label once stamped (``dataset.poison``); else of those whose label
+        # the attack flips, the share predicted as the flipped label (``raysim.data.round_data``)
         [triggered] = predictor.rows(backend, None, "triggered")
         if triggered is not None:
-            metrics["eval/central/backdoor_accuracy"] = triggered["accuracy"]
+            key = "backdoor_accuracy" if plan.backdoor else "flip_success"
+            metrics[f"eval/central/{key}"] = triggered["accuracy"]
     if len(plan.clients):
         rows = evaluate_clients(backend, predictor, plan.clients)
         metrics |= summarize_clients(rows) | summarize_domains(rows, plan.domain_of)

@@ -88,7 +88,7 @@ def merge_reports(
     """Merges the workers' shares of the round (their partials in worker order, canonical), then
     takes the aggregate."""
     start = time.perf_counter()
-    aggregator = round_aggregator(algorithm, options.clipping)
+    aggregator = round_aggregator(algorithm, options.clipping, options.gathers)
     merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:

@@ -20,6 +20,7 @@ from raysim.algorithm import has_personal_model, vectorizes
 from raysim.compress.upload import Uplink
 from raysim.config import JobConfig, PersonalizationConfig
 from raysim.config.job import noise_salt
+from raysim.config.robust import UPDATE_ATTACKS
 from raysim.data.round_data import TrainingData, with_validation_split
 from raysim.data.store import ClientStore
 from raysim.errors import NonFiniteError
@@ -27,6 +28,7 @@ from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import round_aggregator
 from raysim.privacy.local_noise import release_result
 from raysim.probe import ClientView, Probe
+from raysim.robust.attacks import attacked_result, job_malicious
 from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
@@ -84,6 +86,7 @@ class ClientTrainer:
         self.resident = ResidentModels(self.job, self.store.spec, self.store.num_clients, self.device)
         self.model, mixes = self.resident.model, self.resident.mixes
         self.training = TrainingData(self.job, self.store)  # capped, augmented, poisoned per round
+        self.attackers = job_malicious(self.job, self.store.num_clients, UPDATE_ATTACKS)
         self.vectorizes = (
             not self.training.transforms
             and not mixes
@@ -131,7 +134,7 @@ class ClientTrainer:
         checks: RoundChecks,
     ) -> WorkerReport:
         timer = self.timer
-        aggregator = round_aggregator(self.algorithm, options.clipping)
+        aggregator = round_aggregator(self.algorithm, options.clipping, options.gathers)
         partial = aggregator.zero()
         probes = {name: self.probes[name] for name in options.probes}
         probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}
@@ -182,6 +185,8 @@ class ClientTrainer:
                 with timer.phase("training"):
                     seed = noise_seed(self.job.seed, round_num, client_id, self.noise_salt)
                     result = release_result(result, self.job.privacy.local, seed)
+            if client_id in self.attackers and self.job.attack is not None:  # what it sends instead
+                result = attacked_result(result, self.job.attack, self.job.seed, round_num, client_id)
             with timer.phase("reduce"):
                 partial = aggregator.add(partial, position, result)
             for name, row in rows.items():

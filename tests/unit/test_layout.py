@@ -28,6 +28,7 @@ TIERS = {
     "selection": 2,
     "privacy": 2,
     "compress": 2,
+    "robust": 2,
     "data": 3,
     "models": 3,
     "runtime": 4,

@@ -1,0 +1,119 @@
+"""The driver's side of a robust round: the gathered updates stacked, ALIE's rows written, the
+job's rule applied, and the aggregate handed to the plugin as ``WeightedMean`` would have.
+
+Usage:
+    robust = RunRobust.of(job, train_pool)            # None: the job sets neither robust nor attack
+    output = robust.release(output, cohort, round_num) # output.aggregate: the rule's tree
+    metrics |= robust.metrics()                        # robust/*, attack/* of the latest release
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.config.job import JobConfig
+from raysim.config.robust import (
+    ALIE,
+    CenteredClip,
+    GeometricMedian,
+    Krum,
+    Median,
+    MultiKrum,
+    NormBound,
+    RobustConfig,
+    TrimmedMean,
+    gathers_updates,
+)
+from raysim.errors import ConfigError
+from raysim.gathered_updates import Gathered, unflatten
+from raysim.robust import rules
+from raysim.robust.attacks import alie_vector, alie_z, malicious_clients
+from raysim.types import Metrics, RoundOutput
+
+
+def robust_vector(
+    rule: RobustConfig | None, x: torch.Tensor, weights: torch.Tensor, start: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, Metrics]:
+    """``rule`` over the rows of ``x`` (n, d); None: their weighted mean (FedAvg's, for ALIE)."""
+    if isinstance(rule, Median):
+        return rules.median(x, chunk)
+    if isinstance(rule, TrimmedMean):
+        return rules.trimmed_mean(x, rule.beta, chunk)
+    if isinstance(rule, Krum):
+        return rules.krum_mean(x, rule.f, 1, chunk)
+    if isinstance(rule, MultiKrum):
+        return rules.krum_mean(x, rule.f, rule.m if rule.m is not None else len(x) - rule.f, chunk)
+    if isinstance(rule, GeometricMedian):
+        return rules.geometric_median(x, weights, rule.nu, rule.max_iterations, rule.tol, chunk)
+    if isinstance(rule, NormBound):
+        return rules.norm_bounded_mean(x, weights, rule.max_norm, chunk)
+    if isinstance(rule, CenteredClip):
+        return rules.centered_clip(x, start, rule.tau, rule.iterations, chunk)
+    w = weights.to(torch.float64)
+    return rules.weighted_rows(x, w / w.sum(), chunk).to(torch.float32), {}
+
+
+@dataclass
+class RunRobust:
+    """A run's robust rule and attack on the driver, and what its latest round measured."""
+
+    rule: RobustConfig | None
+    alie: ALIE | None
+    malicious: frozenset[int]  # every attack's malicious clients (its metric counts them)
+    attacked: bool  # the job sets an attack (0 malicious clients in a cohort is a measurement)
+    previous: torch.Tensor | None = None  # centered clipping's start: the last aggregate
+    latest: Metrics = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, job: JobConfig, train_pool: np.ndarray) -> RunRobust | None:
+        """The job's, or None where it sets neither ``robust`` nor ``attack``."""
+        attack = job.attack
+        if job.robust is None and attack is None:
+            return None
+        malicious = frozenset[int]()
+        if attack is not None:
+            malicious = frozenset(int(c) for c in malicious_clients(train_pool, attack.fraction, job.seed))
+        alie = attack if isinstance(attack, ALIE) else None
+        return cls(job.robust, alie, malicious, attack is not None)
+
+    @property
+    def gathers(self) -> bool:
+        """Whether rounds keep every update (``RoundOptions.gathers``)."""
+        return gathers_updates(self.rule, self.alie)
+
+    def release(self, output: RoundOutput[Any], cohort: np.ndarray, round_num: int) -> RoundOutput[Any]:
+        """``output`` with the rule's aggregate in place of the gathered updates."""
+        ids = [int(c) for c in cohort]
+        count = sum(c in self.malicious for c in ids)
+        self.latest = {"attack/malicious_in_cohort": float(count)} if self.attacked else {}
+        gathered = output.aggregate
+        if not isinstance(gathered, Gathered):
+            return output
+        if not gathered.vectors:
+            return replace(output, aggregate=None)
+        x = torch.stack(gathered.vectors)
+        output = replace(output, aggregate=None)  # the rows live on in x alone
+        bad = [row for row, position in enumerate(gathered.positions) if ids[position] in self.malicious]
+        if self.alie is not None and bad and len(bad) < len(x):
+            z = self.alie.z if self.alie.z is not None else alie_z(len(x), len(bad))
+            good = [row for row in range(len(x)) if row not in set(bad)]
+            x[bad] = alie_vector(x[good], z)
+            self.latest["attack/alie_z"] = z
+        start = self.previous if self.previous is not None else torch.zeros(x.shape[1])
+        weights = torch.tensor(gathered.weights, dtype=torch.float64)
+        try:
+            vector, measured = robust_vector(self.rule, x, weights, start, rules.column_chunk(len(x)))
+        except ValueError as exc:  # a round with fewer updates than the rule needs
+            raise ConfigError([f"robust: round {round_num} has {len(x)} updates: {exc}"]) from exc
+        if isinstance(self.rule, CenteredClip) and self.rule.start == "previous":
+            self.previous = vector
+        self.latest |= measured
+        return replace(output, aggregate=unflatten(vector, gathered.template))
+
+    def metrics(self) -> Metrics:
+        """What the latest release measured (``robust/*``, ``attack/*``)."""
+        return dict(self.latest)

@@ -22,6 +22,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A whole number of at least 0 (``--at-round 0``: the initial model; no run has round -1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def finite_float(text: str) -> float:
     """A finite number (a target of nan or inf is never reached, and says nothing)."""
     try:

@@ -20,7 +20,6 @@ from raysim.cli import compare, eval_checkpoint, ls, report, runs, submit, track
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
-from raysim.cli.run_links import print_run_links
 from raysim.cli.ui import add_server_parser, add_ui_parser
 from raysim.errors import RaysimError
 from raysim.tracking.store_calls import bound_store_calls
@@ -90,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
         "--show-config",
         action="store_true",
         help="with --dry-run: print each variant's (cell's) resolved config, as YAML, above the summary",
+    )
+    run.add_argument(
+        "--rerun-finished",
+        action="store_true",
+        help="run every variant (or sweep cell), also those a run of the same job finished before",
     )
     run.add_argument(
         "--only",
@@ -229,7 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"warning: variant {job.name}: {warning}", file=sys.stderr)
         print("\n".join(summary(jobs, args.output_dir)))
         return 0
-    from raysim.engine.loop import run  # after --dry-run, which imports no Ray nor MLflow
+    from raysim.cli.variant_runs import run_variants  # after --dry-run: it imports no Ray nor MLflow
 
     exit_on_sigterm()  # the run's finally ends it as KILLED and stops its workers
     if args.resume and len(jobs) > 1:
@@ -238,27 +242,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise RaysimError("--branch starts a run from a checkpoint: give it with --resume CHECKPOINT")
     with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:  # a run's final.pt, fetched
         resume = resume_checkpoint(args.resume, jobs[0], Path(scratch)) if args.resume else None
-        results = [
-            run(job, resume_from=resume, output_dir=args.output_dir, branch=args.branch) for job in jobs
-        ]
-    from raysim.engine.round_timer import time_summary
-    from raysim.results.tables import comparison_table
-
-    console.print(comparison_table(results))
-    for r in results:  # where each run's time went (its chart: time_per_round.png)
-        if (times := time_summary(r.history)) is not None:
-            console.print(f"{r.job.name}: {times}" if len(results) > 1 else times, highlight=False)
-    from raysim.tracking.outbox import UNSENT_EXIT_CODE, has_unsent
-    from raysim.tracking.tracking_store import tracking_uri
-
-    stores: dict[tuple[str, str], list[str]] = {}  # variants may log to different stores
-    for r in results:
-        if r.run_id and not has_unsent(r.run_dir):  # not when its store was away at its end
-            stores.setdefault((tracking_uri(r.job.tracking), r.job.tracking.experiment), []).append(r.run_id)
-    for (uri, experiment), run_ids in stores.items():
-        console.print(f"MLflow runs {', '.join(run_ids)} in {uri}, experiment {experiment!r}", soft_wrap=True)
-        print_run_links(console, uri, run_ids)
-    return UNSENT_EXIT_CODE if any(has_unsent(r.run_dir) for r in results) else 0
+        return run_variants(jobs, args, resume)
 
 
 def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:

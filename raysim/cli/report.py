@@ -13,9 +13,13 @@ import argparse
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from raysim.cli.arg_types import finite_float
+from raysim.cli.arg_types import finite_float, non_negative_int
 from raysim.cli.home import raysim_home
+
+if TYPE_CHECKING:
+    from raysim.results.grid_table import Statistic
 
 FORMATS = ("markdown", "latex", "csv")
 FILES = {"markdown": "table.md", "latex": "table.tex", "csv": "table.csv"}
@@ -35,7 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("targets", nargs="+", metavar="SWEEP_OR_RUNS")
     report.add_argument("--metric", required=True, help="the reported metric, e.g. eval/central/accuracy")
     report.add_argument("--rows", default="variant", help="the rows' axis (default: variant)")
-    report.add_argument("--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.alpha")
+    report.add_argument(
+        "--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.partition.alpha"
+    )
     report.add_argument(
         "--where",
         action="append",
@@ -45,6 +51,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "repeatable, all must hold, e.g. --where variant!=local",
     )
     report.add_argument("--stat", default="final", help="final, best, or last:K (mean of the last K values)")
+    report.add_argument(
+        "--at-round",
+        type=non_negative_int,
+        metavar="R",
+        help="each run's value after R rounds (logged at round R-1; 0: the initial model), not its "
+        "--stat; refused when a run did not reach R",
+    )
     report.add_argument("--select", metavar="AXIS", help="the hyperparameter to choose per row and column")
     report.add_argument(
         "--on",
@@ -75,33 +88,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from raysim.cli.console import console
+    from raysim.cli.console import console, err_console
     from raysim.config import TrackingConfig
     from raysim.errors import RaysimError
     from raysim.results import grid_render as render
     from raysim.results.cost_table import COST_KEYS
     from raysim.results.grid_cost import cell_cost
     from raysim.results.grid_paired import paired
+    from raysim.results.grid_rounds import mixed_lengths
     from raysim.results.grid_runs import load_runs, log_report
     from raysim.results.grid_table import Selection, Statistic, build_table, keep_runs
     from raysim.results.run_store import STORE_HINT, RunStore
     from raysim.tracking.outbox import outage_as_error
     from raysim.tracking.tracking_store import tracking_uri
 
+    def say(line: str) -> None:  # notes on stderr: stdout is the table (CSV with --format csv)
+        err_console.print(line, soft_wrap=True, highlight=False, markup=False)
+
     if (args.select is None) != (args.on is None):
         raise RaysimError(
             "--select AXIS and --on VALIDATION_METRIC go together (e.g. --select "
             "algorithm.local.lr --on eval/heldout/accuracy)"
         )
-    statistic = Statistic.parse(args.stat)
+    statistic = Statistic.parse(args.stat) if args.at_round is None else at_round(args)
     selection = Selection(args.select, args.on, args.force_test_selection) if args.select else None
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
     metrics = [args.metric, *([args.on] if args.on else []), *(COST_KEYS if args.cost else [])]
     with outage_as_error(store.uri, "be read", STORE_HINT):  # one line if it dies meanwhile
-        runs, parent = load_runs(store, args.targets, metrics)
+        runs, parent = load_runs(store, args.targets, metrics, say)
     runs = keep_runs(runs, args.where) if args.where else runs
     table = build_table(runs, args.metric, statistic, args.rows, args.columns, selection)
+    if statistic.kind != "at" and (warning := mixed_lengths(table)) is not None:
+        say(warning)
 
     markdown = render.markdown(table)
     if args.paired:
@@ -133,6 +152,19 @@ def cmd_report(args: argparse.Namespace) -> int:
             highlight=False,
         )
     return 0
+
+
+def at_round(args: argparse.Namespace) -> Statistic:
+    """``--at-round R``'s statistic; it replaces ``--stat``, so both at once are refused."""
+    from raysim.errors import RaysimError
+    from raysim.results.grid_table import Statistic
+
+    if args.stat != "final":
+        raise RaysimError(
+            f"--at-round {args.at_round} and --stat {args.stat}: give one (each run's value after R "
+            "rounds, or its --stat)"
+        )
+    return Statistic("at", args.at_round)
 
 
 def default_folder(run_ids: list[str], options: list[str]) -> Path:

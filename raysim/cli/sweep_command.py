@@ -34,7 +34,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     exit_on_sigterm()  # the sweep's run ends KILLED; its cells are cancelled, their runs end KILLED
     with exit_as_requested():  # SIGTERM's 143, which Ray's wait turns into SystemExit(1)
         outcomes = run_sweep(
-            sweep, args.output_dir, lambda line: console.print(line, highlight=False, soft_wrap=True)
+            sweep,
+            args.output_dir,
+            lambda line: console.print(line, highlight=False, soft_wrap=True),
+            rerun_finished=args.rerun_finished,
         )
     failed = [o for o in outcomes.values() if o.status == "FAILED"]
     for outcome in failed:

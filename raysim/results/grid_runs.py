@@ -7,17 +7,19 @@ A sweep is named by its id (the ``raysim.sweep`` tag) or by its parent run (id o
 finished run, else its latest run. Any other target is resolved as ``raysim compare`` does (a run
 id, an experiment's finished runs, a run name); such runs are grouped by their ``raysim.axis.*``
 tags when they have them, else by their ``variant`` tag (else ``job``, else their name) and their params.
+``raysim eval`` runs are never rows: each evaluates a checkpoint of a training run, which is its row
+(the same variant and seed, counted twice, would be refused as a duplicate).
 
 Usage:
     store = RunStore(uri)
-    runs, parent = load_runs(store, ["sweep-1a2b"], ["eval/central/accuracy"])
+    runs, parent = load_runs(store, ["sweep-1a2b"], ["eval/central/accuracy"], print)
     report_run = log_report(store, runs, parent, files, options)
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,20 @@ SWEEP_TAG, CELL_TAG, AXIS_PREFIX = "raysim.sweep", "raysim.cell", "raysim.axis."
 SWEEP, REPORT = "sweep", "report"
 REPORT_KEY_TAG = "raysim.report_key"  # a hash of the runs and options: one report run each
 REPORT_FOLDER = "report"  # the artifacts' folder in the sweep's parent run
+EVAL_TAG = (
+    "evaluated_checkpoint"  # a `raysim eval` run's (raysim.results.checkpoint_eval.EVALUATED_CHECKPOINT)
+)
 
 
-def load_runs(store: RunStore, targets: Sequence[str], metrics: Sequence[str]) -> tuple[list[SeedRun], Any]:
+def load_runs(
+    store: RunStore,
+    targets: Sequence[str],
+    metrics: Sequence[str],
+    say: Callable[[str], None] = lambda line: None,
+) -> tuple[list[SeedRun], Any]:
     """The runs the targets name with the curves of ``metrics``, and the sweep's parent run
-    (None unless every target is one sweep's)."""
+    (None unless every target is one sweep's); ``say`` gets a line when ``raysim eval`` runs
+    were left out."""
     found: dict[str, Any] = {}
     parents = []
     loose = []
@@ -47,13 +58,29 @@ def load_runs(store: RunStore, targets: Sequence[str], metrics: Sequence[str]) -
             found.setdefault(run.info.run_id, run)
     if loose:
         resolved, _ = store.resolve(loose)
-        for run in resolved:
-            if run.data.tags.get(KIND_TAG) not in (SWEEP, REPORT):
-                found.setdefault(run.info.run_id, run)
+        for run in training_runs(resolved, say):
+            found.setdefault(run.info.run_id, run)
     parent = parents[0] if len(parents) == 1 and not loose else None
     names = [run.info.run_name for run in found.values()]
     unique = [names.count(run.info.run_name) == 1 for run in found.values()]
     return [seed_run(store, run, metrics, u) for run, u in zip(found.values(), unique)], parent
+
+
+def training_runs(runs: Sequence[Any], say: Callable[[str], None]) -> list[Any]:
+    """The runs that may be rows: not a sweep's parent, a report, nor a ``raysim eval`` run (those
+    are counted in one line to ``say``)."""
+    evaluations = [run.info.run_name or run.info.run_id for run in runs if EVAL_TAG in run.data.tags]
+    if evaluations:
+        more = f" and {len(evaluations) - 3} more" if len(evaluations) > 3 else ""
+        say(
+            f"left out {len(evaluations)} `raysim eval` run(s) ({', '.join(evaluations[:3])}{more}): "
+            "each evaluates a checkpoint of a training run, whose row it would count twice"
+        )
+    return [
+        run
+        for run in runs
+        if run.data.tags.get(KIND_TAG) not in (SWEEP, REPORT) and EVAL_TAG not in run.data.tags
+    ]
 
 
 def sweep_of(store: RunStore, target: str) -> tuple[Any, list[Any] | None]:

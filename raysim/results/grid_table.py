@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.results.grid_rounds import check_reached, value_after
 
 Curve = tuple[tuple[int, float], ...]  # (round, value), rounds ascending; round -1: before training
 TEST_SCOPES = ("eval/central/", "eval/clients/", "eval/transfer/")  # metrics of test splits
@@ -57,10 +58,11 @@ def higher_is_better(metric: str) -> bool:
 
 @dataclass(frozen=True)
 class Statistic:
-    """What one run contributes: its ``final`` value, its ``best`` value, or the mean of its
-    ``last:K`` logged values (the last K evaluations). Values before round 0 are left out."""
+    """What one run contributes: its ``final`` value, its ``best`` value, the mean of its
+    ``last:K`` logged values (the last K evaluations), or its value ``at`` a round: after ``count``
+    rounds (``raysim.results.grid_rounds``). Values before round 0 are left out but by ``at``."""
 
-    kind: Literal["final", "best", "last"]
+    kind: Literal["final", "best", "last", "at"]
     count: int = 1
 
     @classmethod
@@ -73,6 +75,11 @@ class Statistic:
         return cls("last", int(match.group(1)))
 
     def of(self, curve: Curve, higher: bool) -> float:
+        if self.kind == "at":
+            value = value_after(curve, self.count)
+            if value is None:  # build_table names the runs first (grid_rounds.check_reached)
+                raise RaysimError(f"--at-round {self.count}: a run has no value after {self.count} rounds")
+            return value
         values = [v for step, v in curve if step >= 0] or [v for _, v in curve]
         if self.kind == "final":
             return values[-1]
@@ -85,6 +92,8 @@ class Statistic:
             return "final value"
         if self.kind == "best":
             return "best value over rounds"
+        if self.kind == "at":
+            return f"value after {self.count} {'round' if self.count == 1 else 'rounds'}"
         return f"mean of the last {self.count} logged values"
 
 
@@ -193,6 +202,8 @@ def build_table(
     check_placed(runs, placed)
     needed = [metric, *([selection.metric] if selection else [])]
     check_metrics(runs, needed)
+    if statistic.kind == "at":
+        check_reached(runs, needed, statistic.count)
     groups = group_runs(runs, rows, columns, selection.axes if selection else [])
     row_values = ordered(k[0] for k in groups)
     column_values = ordered(k[1] for k in groups)

@@ -1,6 +1,6 @@
 """An untracked sweep's ledger: one JSON line per cell run (the cell, its status, final metrics,
 seconds and error) in ``<output_dir>/sweeps/<sweep id>.jsonl``, so that a rerun skips the cells
-noted finished.
+noted finished. An untracked job's variants are noted alike (``raysim.cli.finished_variants``).
 
 A driver killed while it wrote a line leaves that line torn. A rerun skips it, saying so, and
 runs its cell again; the next line it notes starts on a line of its own.
@@ -53,9 +53,14 @@ class CellLedger:
     def finished_cells(self, say: Callable[[str], None]) -> set[str]:
         """Cells noted FINISHED or STOPPED on an earlier run; ``say`` gets one warning line when
         torn lines (a driver killed while writing) were skipped."""
+        return set(self.finished(say))
+
+    def finished(self, say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+        """``finished_cells`` with each one's record (its outcome as noted: run id, final metrics,
+        seconds), the latest where a cell was noted twice."""
         if not self.path.exists():
-            return set()
-        finished, torn = set(), []
+            return {}
+        finished, torn = {}, []
         for number, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
             if not line.strip():
                 continue
@@ -63,7 +68,7 @@ class CellLedger:
             if record is None:
                 torn.append(number)
             elif record["status"] in DONE:
-                finished.add(record["cell"])
+                finished[record["cell"]] = record
         if torn:
             lines = ", ".join(map(str, torn[:5])) + (" ..." if len(torn) > 5 else "")
             say(

@@ -31,6 +31,7 @@ from raysim.errors import RaysimError
 from raysim.stop_request import clear_stop_request, note_stop_request
 from raysim.sweep.cell_ledger import CellLedger, CellOutcome, Status
 from raysim.sweep.ray_cells import CellTask, Reporter, run_cell_tasks
+from raysim.sweep.report_hint import report_command
 from raysim.sweep.sweep_lock import hold_sweep, release_sweep
 from raysim.sweep.sweep_parent import SweepRun
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
@@ -130,9 +131,13 @@ def cell_resources(job: JobConfig) -> tuple[float, float]:
     return job.resources.cpus_per_worker, 1.0 if gpus == "auto" else gpus
 
 
-def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) -> dict[str, CellOutcome]:
-    """Runs the sweep's cells not finished before, concurrently; ``say`` gets a line per cell as it
-    ends. Returns the outcome of each cell run now (a finished one from before is not in it).
+def run_sweep(
+    sweep: Sweep, output_dir: str | Path, say: Callable[[str], None], rerun_finished: bool = False
+) -> dict[str, CellOutcome]:
+    """Runs the sweep's cells not finished before (every cell with ``rerun_finished``),
+    concurrently; ``say`` gets a line per cell as it ends, and the ``raysim report`` command of a
+    tracked sweep at the end. Returns the outcome of each cell run now (a finished one from before
+    is not in it).
 
     Raises:
         RaysimError: another driver runs this sweep (``raysim.sweep.sweep_lock``; its pid and host
@@ -147,19 +152,23 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
             say(f"sweep {sweep.id}: going on from {hold.dead_driver}, which no longer runs")
         first = sweep.jobs[sweep.cells[0].name]
         parent = SweepRun.open(sweep, first, hold.dead_driver, say) if first.tracking.enabled else None
-        return run_held(sweep, output_dir, say, parent)
+        return run_held(sweep, output_dir, say, parent, rerun_finished)
     finally:
         release_sweep(hold)
 
 
 def run_held(
-    sweep: Sweep, output_dir: str | Path, say: Callable[[str], None], parent: SweepRun | None
+    sweep: Sweep,
+    output_dir: str | Path,
+    say: Callable[[str], None],
+    parent: SweepRun | None,
+    rerun_finished: bool = False,
 ) -> dict[str, CellOutcome]:
     """``run_sweep`` once this driver holds the sweep (and its MLflow run, when tracked): the sweep
     run ends FINISHED, FAILED (a cell or the driver failed) or KILLED (Ctrl-C, SIGTERM)."""
     status = "FAILED"
     try:
-        outcomes = run_todo(sweep, output_dir, say, parent)
+        outcomes = run_todo(sweep, output_dir, say, parent, rerun_finished)
         status = "FAILED" if any(o.status == "FAILED" for o in outcomes.values()) else "FINISHED"
         return outcomes
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM's exit (raysim.cli.driver)
@@ -173,11 +182,18 @@ def run_held(
 
 
 def run_todo(
-    sweep: Sweep, output_dir: str | Path, say: Callable[[str], None], parent: SweepRun | None
+    sweep: Sweep,
+    output_dir: str | Path,
+    say: Callable[[str], None],
+    parent: SweepRun | None,
+    rerun_finished: bool = False,
 ) -> dict[str, CellOutcome]:
     """Runs the cells not finished before, concurrently; a line as each ends, and one at the end."""
     ledger = CellLedger.of(sweep, output_dir)  # used only without tracking
-    done = parent.finished_cells() if parent is not None else ledger.finished_cells(say)
+    if rerun_finished:
+        done: set[str] = set()
+    else:
+        done = parent.finished_cells() if parent is not None else ledger.finished_cells(say)
     todo = [cell for cell in sweep.cells if cell.name not in done]
     where = f"MLflow run {parent.run_id}" if parent is not None else f"untracked: outcomes in {ledger.path}"
     say(
@@ -200,6 +216,8 @@ def run_todo(
     counts = Counter(o.status for o in outcomes.values())
     ended = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "nothing to run"
     say(f"sweep {sweep.id}: {ended} in {time.perf_counter() - start:.0f} s")
+    if parent is not None:  # its table: raysim report reads the runs from MLflow
+        say(f"its table: {report_command(sweep, outcomes.values(), parent.tracker.uri)}")
     return outcomes
 
 

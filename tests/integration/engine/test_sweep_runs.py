@@ -73,8 +73,13 @@ def test_cells_run_concurrently_as_tagged_child_runs_and_a_rerun_skips_finished_
     finished = [by_cell["fedavg_lr0.05_seed0"].info, by_cell["fedavg_lr0.1_seed0"].info]
     assert max(r.start_time for r in finished) < min(r.end_time for r in finished)  # they overlapped
 
-    again = run_sweep(load_sweep(sweep_file(tmp_path, uri)), tmp_path / "runs", lambda line: None)
+    lines = []
+    again = run_sweep(load_sweep(sweep_file(tmp_path, uri)), tmp_path / "runs", lines.append)
     assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
+    assert lines[-1] == (  # a finished sweep names the command of its table
+        f"its table: raysim report {sweep.id} --metric METRIC --columns algorithm.local.lr "
+        f"--tracking-uri {uri}"
+    )  # (no cell run now logged a metric: the broken ones fail first)
     [same] = client.search_runs([experiment], "tags.`raysim.kind` = 'sweep'")
     assert same.info.run_id == parent.info.run_id
 
@@ -159,6 +164,9 @@ def test_an_untracked_sweep_notes_its_cells_and_a_rerun_skips_the_finished_ones(
     again = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append)
     assert set(again) == {"broken_lr0.05_seed0", "broken_lr0.1_seed0"}  # the finished cells are skipped
     assert not (tmp_path / "mlflow.db").exists()
+    assert not any("raysim report" in line for line in lines)  # report reads MLflow: untracked, no table
+    everything = run_sweep(load_sweep(path, overrides), tmp_path / "runs", lines.append, rerun_finished=True)
+    assert set(everything) == set(first)  # --rerun-finished
 
 
 def test_a_stopped_sweep_ends_the_cell_runs_left_running_killed(tmp_path, opened):

@@ -1,0 +1,89 @@
+"""How far the runs of a grid table went: ``--at-round R`` needs each run's value after R rounds,
+and runs of different lengths in one column compare a short run's final value with a long one's.
+
+Rounds count as ``--target``'s do (``raysim.results.grid_cost``): a value logged at round r was
+reached after r + 1 rounds, so the value after R rounds is the one logged at round R - 1, and
+after 0 rounds the initial model's (``evaluation.at_start``, logged at round -1).
+
+Usage:
+    check_reached(runs, ["eval/central/accuracy"], 3)   # raises, naming the runs that did not
+    warning = mixed_lengths(table)                       # None, or one line to print
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from raysim.errors import RaysimError
+
+if TYPE_CHECKING:
+    from raysim.results.grid_table import Curve, GridTable, SeedRun
+
+_NAMED = 5  # runs named in an error; the rest are counted
+
+
+def rounds_of(curve: Curve) -> int:
+    """Rounds a curve reached: its last logged round + 1 (0 for the initial model's value alone)."""
+    return max((step for step, _ in curve), default=-1) + 1
+
+
+def value_after(curve: Curve, rounds: int) -> float | None:
+    """The value logged after ``rounds`` rounds (at round ``rounds - 1``); None if none was."""
+    values = [value for step, value in curve if step == rounds - 1]
+    return values[-1] if values else None
+
+
+def check_reached(runs: Sequence[SeedRun], metrics: Sequence[str], rounds: int) -> None:
+    """Every finished run has a value of each metric after ``rounds`` rounds.
+
+    Raises:
+        RaysimError: one line naming the runs that stopped before, and those that reached the
+            round without logging the metric there (evaluated every few rounds).
+    """
+    for metric in metrics:
+        curves = {r.name: r.curves[metric] for r in runs if not r.failed and metric in r.curves}
+        short = {name: rounds_of(c) for name, c in curves.items() if rounds_of(c) < rounds}
+        unlogged = [n for n, c in curves.items() if n not in short and value_after(c, rounds) is None]
+        problems = []
+        if short:
+            listed = ", ".join(f"{name} ({n} {_rounds(n)})" for name, n in list(short.items())[:_NAMED])
+            problems.append(
+                f"{len(short)} of {len(curves)} runs did not reach it: {listed}{_more(short)}; "
+                f"the most every run reached is {min(map(rounds_of, curves.values()))}"
+            )
+        if unlogged:
+            listed = ", ".join(unlogged[:_NAMED])
+            problems.append(f"{listed}{_more(unlogged)} did not evaluate {metric} then (evaluation.every)")
+        if problems:
+            after = f"after {rounds} {_rounds(rounds)}"
+            raise RaysimError(f"--at-round {rounds}: no value of {metric} {after}: {'; '.join(problems)}")
+
+
+def mixed_lengths(table: GridTable) -> str | None:
+    """One warning line when a column of ``table`` mixes runs of different lengths (in rounds, of
+    its metric's curve), naming how many runs have which length; None when none does."""
+    lengths: dict[str, list[int]] = {}
+    for (_, column), cell in table.cells.items():
+        lengths.setdefault(column, []).extend(rounds_of(r.curves[table.metric]) for r in cell.runs)
+    if all(len(set(found)) < 2 for found in lengths.values()):
+        return None
+    counts = Counter(n for found in lengths.values() for n in found)
+    listed = ", ".join(f"{count} {_runs(count)} of {n} {_rounds(n)}" for n, count in sorted(counts.items()))
+    return (
+        f"warning: runs of different lengths share a column ({listed}), so a cell mixes values of "
+        "different rounds; --at-round R reports every run after R rounds"
+    )
+
+
+def _rounds(n: int) -> str:
+    return "round" if n == 1 else "rounds"
+
+
+def _runs(n: int) -> str:
+    return "run" if n == 1 else "runs"
+
+
+def _more(names: Sequence[str] | dict[str, int]) -> str:
+    return f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""

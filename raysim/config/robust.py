@@ -74,7 +74,7 @@ class NormBound(BaseModel, frozen=True, extra="forbid"):
 class CenteredClip(BaseModel, frozen=True, extra="forbid"):
     """Centered clipping (Karimireddy et al., ICML 2021, arXiv:2012.10333):
     ``v <- v + mean_i clip(x_i - v, tau)`` ``iterations`` times, from the previous round's
-    aggregate (the paper's momentum start; zero in round 0 and after a resume) or from ``zero``."""
+    aggregate (the paper's momentum start; zero in round 0; a resume is refused) or from ``zero``."""
 
     rule: Literal["centered_clip"]
     tau: float = Field(gt=0, allow_inf_nan=False)

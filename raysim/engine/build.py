@@ -35,7 +35,7 @@ from raysim.plugin_defaults import fresh_state, resume_state
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
-from raysim.robust.release import RunRobust
+from raysim.robust.release import RunRobust, check_resumable
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
 from raysim.runtime.chunks import check_vectorize
@@ -94,6 +94,7 @@ def build(
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
+    check_resumable(job.robust, start_round)
     examples = parts.store.num_examples("train")
     private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
     selector = open_selection(job, parts.store, parts.algorithm, system, checkpoint)

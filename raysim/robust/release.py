@@ -28,7 +28,7 @@ from raysim.config.robust import (
     TrimmedMean,
     gathers_updates,
 )
-from raysim.errors import ConfigError
+from raysim.errors import CheckpointError, ConfigError
 from raysim.gathered_updates import Gathered, unflatten
 from raysim.robust import rules
 from raysim.robust.attacks import alie_vector, alie_z, malicious_clients
@@ -55,6 +55,17 @@ def robust_vector(
         return rules.centered_clip(x, start, rule.tau, rule.iterations, chunk)
     w = weights.to(torch.float64)
     return rules.weighted_rows(x, w / w.sum(), chunk).to(torch.float32), {}
+
+
+def check_resumable(rule: RobustConfig | None, start_round: int) -> None:
+    """Refuses to resume centered clipping that starts from the previous aggregate: checkpoints do
+    not keep it, and starting the resumed round from zero would silently change the run."""
+    if isinstance(rule, CenteredClip) and rule.start == "previous" and start_round > 0:
+        raise CheckpointError(
+            f"robust: centered clipping with start: previous goes on from the last round's aggregate, "
+            f"which checkpoints do not keep, so resuming at round {start_round} would change the run; "
+            f"rerun from round 0, or use start: zero (stateless) for runs you mean to resume"
+        )
 
 
 @dataclass

@@ -10,9 +10,9 @@ import torch
 
 from raysim.aggregate import WeightedMean
 from raysim.config.robust import ALIE, CenteredClip, Krum, Median
-from raysim.errors import ConfigError
+from raysim.errors import CheckpointError, ConfigError
 from raysim.gathered_updates import GatheredUpdates
-from raysim.robust.release import RunRobust
+from raysim.robust.release import RunRobust, check_resumable
 from raysim.types import ClientResult, RoundOutput
 
 ROWS = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
@@ -65,3 +65,13 @@ def test_an_empty_round_has_no_aggregate():
     robust = RunRobust(Median(rule="median"), None, frozenset(), attacked=False)
     empty = replace(output(), aggregate=GatheredUpdates(WeightedMean()).zero())
     assert robust.release(empty, COHORT, 0).aggregate is None
+
+
+def test_resuming_centered_clipping_from_the_previous_aggregate_is_refused_but_a_zero_start_resumes():
+    """The previous aggregate is not in checkpoints: a resumed round would start from zero instead."""
+    previous = CenteredClip(rule="centered_clip", tau=1.0)
+    check_resumable(previous, 0)  # a fresh run
+    check_resumable(CenteredClip(rule="centered_clip", tau=1.0, start="zero"), 3)
+    check_resumable(Median(rule="median"), 3)
+    with pytest.raises(CheckpointError, match="start: zero"):
+        check_resumable(previous, 3)

@@ -35,7 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("targets", nargs="+", metavar="SWEEP_OR_RUNS")
     report.add_argument("--metric", required=True, help="the reported metric, e.g. eval/central/accuracy")
     report.add_argument("--rows", default="variant", help="the rows' axis (default: variant)")
-    report.add_argument("--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.alpha")
+    report.add_argument(
+        "--columns", help="the columns' axis: a sweep axis or param, e.g. dataset.partition.alpha"
+    )
     report.add_argument(
         "--where",
         action="append",

@@ -1,5 +1,6 @@
 """DENSE: data-free one-shot FL (Zhang et al., "DENSE: Data-Free One-Shot Federated Learning",
-NeurIPS 2022, arXiv:2112.12371), as FuseFL compares it (notes/fusefl.md section 3): one round of
+NeurIPS 2022, arXiv:2112.12371), as FuseFL compares it (Tang et al., NeurIPS 2024, arXiv:2410.20380): one
+round of
 local training, then the server, without any data, trains a generator against the ensemble of the
 M client models and distils the ensemble into one model on the synthetic images.
 

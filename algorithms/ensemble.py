@@ -1,7 +1,7 @@
 """The logit Ensemble: the M locally trained client models kept side by side, predicting by the
 mean of their raw logits (FuseFL's "Ensemble" baseline, its upper bound of ensemble and
-distillation one-shot FL; the official code averages logits, not probabilities; notes/fusefl.md
-section 2.10 item 11 and section 3).
+distillation one-shot FL; the official code averages logits, not probabilities; Tang et al.,
+NeurIPS 2024, arXiv:2410.20380).
 
 The client models come from ``raysim.train.oneshot.local_models`` (trained in step 0, or read
 from the cache that ``oneshot_fedavg`` and this plugin share; ``oneshot/trained_clients`` says

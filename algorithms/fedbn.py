@@ -52,6 +52,7 @@ class FedBN:
 
     Config = FedBNConfig
     ClientState = LocalBatchNorm
+    DEFAULT_MODEL = {"name": "resnet10", "width": 16}  # a job that names no model: BatchNorm, as DENSE's
 
     def __init__(self, config: FedBNConfig) -> None:
         self.config = config

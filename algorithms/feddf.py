@@ -1,6 +1,7 @@
 """FedDF one-shot: the clients' one-shot models fused by ensemble distillation on the server
 (Lin et al., "Ensemble Distillation for Robust Model Fusion in Federated Learning", NeurIPS 2020,
-arXiv:2006.07242), as FuseFL compares it (notes/fusefl.md section 3): one round, then the server
+arXiv:2006.07242), as FuseFL compares it (Tang et al., NeurIPS 2024, arXiv:2410.20380): one
+round, then the server
 distils the mean of the M client models' logits into one model on an unlabeled transfer set.
 
 The client models come from ``raysim.train.oneshot.local_models`` (the cache the one-shot methods

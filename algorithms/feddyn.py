@@ -11,8 +11,8 @@ of m,
     w_g <- (1 / |S|) sum_{i in S} w_i - h / alpha.
 Means are unweighted, as in the paper; ``weighted: true`` takes example-weighted ones (the
 FedGuCci code's p_i), replacing (1 / m) sum_i by (|S| / m) sum_i p_i. Float buffers (BatchNorm
-statistics) take the plain mean. ``alpha`` 0.01 as the FedGuCci code (notes/fedgucci.md
-section 5), whose penalty is the norm, not its square: ``reading: fedgucci_code`` adds
+statistics) take the plain mean. ``alpha`` 0.01 as the FedGuCci code (Li et al., KDD
+2025, arXiv:2402.18949), whose penalty is the norm, not its square: ``reading: fedgucci_code`` adds
 ``(alpha / 2) ||w - w_g||_2`` instead (its gradient ``(alpha / 2) (w - w_g) / ||w - w_g||``, the
 norm over all trainable parameters together, 0 at ``w = w_g``); the ``g_i`` and server updates
 stay as above.

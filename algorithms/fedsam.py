@@ -2,10 +2,10 @@
 
 - FedSAM: local SAM (Foret et al., ICLR 2021, arXiv:2010.01412) in FL as in Qu et al., ICML 2022
   (arXiv:2206.02618) and Caldarola et al., ECCV 2022 (arXiv:2203.11834); rho 0.05, the FedGuCci
-  authors' baseline setting (shared/papers/notes/fedgucci.md, section 5).
+  authors' baseline setting (Li et al., KDD 2025, arXiv:2402.18949).
 - FedASAM: local adaptive SAM (Kwon et al., ICML 2021, arXiv:2102.11600; Caldarola et al. 2022).
-  Defaults rho 0.7, eta 0.2: the IMA authors' code for their CNNs (shared/papers/notes/ima.md,
-  section 4); for ResNet, VGG and AlexNet that code uses rho 0.2, eta 0.05.
+  Defaults rho 0.7, eta 0.2: the IMA authors' code for their CNNs (Zhou et al.,
+  IEEE TMC 2024, arXiv:2305.07845); for ResNet, VGG and AlexNet that code uses rho 0.2, eta 0.05.
 Both are FedAvg with ``raysim.train.sharpness.sam_step`` (two backward passes per batch), configured
 by the ``sam`` option (``raysim.train.sharpness.SamConfig``) as in every plugin with SAM: FedSAM's
 ``sam: {rho: 0.05}``, FedASAM's ``sam: {rho: 0.7, adaptive: true, eta: 0.2}``. A partial ``sam``

@@ -1,5 +1,5 @@
-"""FuseFL: one-shot-cost FL by progressive model fusion (Tang et al., NeurIPS 2024;
-shared/papers/notes/fusefl.md, docs/papers.md section 5).
+"""FuseFL: one-shot-cost FL by progressive model fusion (Tang et al., NeurIPS 2024,
+arXiv:2410.20380; docs/papers.md section 5).
 
 The client model (the job's ``model``, narrowed by the job: width 32 for M = 5) is cut at
 ``splits`` into K = len(splits) + 1 stages (by default K = 2, after the middle block). Stage k

@@ -1,6 +1,8 @@
 """IMA: iterative moving averaging of the global model in the late rounds (Zhou, Lin, Zhang and
 Tsang, "Understanding and Improving Model Averaging in Federated Learning on Heterogeneous Data",
-IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). Notes: shared/papers/notes/ima.md.
+IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). "notes
+2.2" marks the maintainers' reading notes of paper and code, which are not part of the
+repository.
 
 A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round
 0, it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates

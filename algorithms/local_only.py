@@ -1,5 +1,5 @@
 """Local: every client trains its own model alone and nothing is aggregated (the "Local" baseline
-of FedGuCci, Li et al., KDD 2025, arXiv:2402.18949; notes/fedgucci.md section 5).
+of FedGuCci, Li et al., KDD 2025, arXiv:2402.18949).
 
 Each client starts from an initial model the first time it is sampled and from its own model,
 kept in its client state, every time after; the global model never changes. The initial model is

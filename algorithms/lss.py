@@ -1,7 +1,8 @@
 """LSS, Local Superior Soups (Chen, Jiang, Zhang et al., NeurIPS 2024, arXiv:2410.23660).
 
 Only local training changes; the server is FedAvg. Each client grows a pool of N models
-("ingredients") from the round's start model ``f_p`` (notes/lss.md 2.2, Alg. 1):
+("ingredients") from the round's start model ``f_p`` (Chen et al., NeurIPS 2024,
+arXiv:2410.23660, Alg. 1):
 
     for i = 1..N:
         theta_i <- mean(pool)             # f_p for the first; a fresh optimizer for each

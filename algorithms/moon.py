@@ -8,13 +8,13 @@ kept in the client's state; the global model the first time), ``sim`` the cosine
 The server is FedAvg's.
 
 The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
-FedGuCci code has no projection head (notes/fedgucci.md section 5). The frozen models'
+FedGuCci code has no projection head (Li et al., KDD 2025, arXiv:2402.18949). The frozen models'
 representations come from the resident model at their weights (``raysim.params.at_weights``,
 through ``torch.func.functional_call``), in eval mode and without gradients, so no client holds a
 second model copy.
 
-Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (notes/fedgucci.md
-section 5) uses ``temperature: 1.0`` and a negative that is never updated: each client's
+Defaults: ``mu`` 1 and ``temperature`` 0.5 (the paper). The FedGuCci authors' code (Li et al., KDD
+2025, arXiv:2402.18949) uses ``temperature: 1.0`` and a negative that is never updated: each client's
 ``prev_model`` is a copy of that client's own random initialisation (its ``Node`` builds a fresh
 model), which ``negative: client_init`` reproduces: the job's model built afresh on the worker
 under a seed of (run seed, client id) (``ClientContext.client_init``), the same every round, so

@@ -1,6 +1,6 @@
 """One-shot FedAvg: every client trains alone once from the shared initial model; the server
 averages the M models' parameters and BatchNorm statistics, weighted by examples (FuseFL's "FedAvg"
-baseline, notes/fusefl.md section 3).
+baseline, Tang et al., NeurIPS 2024, arXiv:2410.20380).
 
 The client models come from ``raysim.train.oneshot.local_models``: trained in step 0, or read
 from the cache when a one-shot method (this one, ``ensemble``) already trained them for the same

@@ -1,6 +1,6 @@
 """SWA and SWAD as FL baselines: FedAvg whose clients upload an average along their local trajectory.
 
-The LSS paper (Chen et al., NeurIPS 2024, arXiv:2410.23660, sec. 4.1 and notes/lss.md 3) moves
+The LSS paper (Chen et al., NeurIPS 2024, arXiv:2410.23660, sec. 4.1) moves
 these centralized weight-averaging methods into FL by changing only the client's local training;
 the server stays FedAvg (``raysim.train.server_opt``).
 

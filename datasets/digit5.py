@@ -1,6 +1,6 @@
 """Digit-Five from local image folders: MNIST, MNIST-M, SVHN, SynthDigits and USPS, one domain
-each, the feature-shift benchmark of FedBN, LSS and IMA (shared/papers/notes/lss.md section 4.1,
-ima.md section 5.2).
+each, the feature-shift benchmark of FedBN, LSS and IMA (Chen et al., NeurIPS 2024,
+arXiv:2410.23660; Zhou et al., IEEE TMC 2024, arXiv:2305.07845).
 
 Nothing ships Digit-Five; put it under ``root`` as image folders, one per domain, named as in
 FedBN's bundle (``domains``):

@@ -1,6 +1,6 @@
 """DomainNet from local image folders: 345 classes in six domains (clipart, infograph, painting,
 quickdraw, real, sketch), one domain per client, the feature-shift benchmark of LSS's Table 2
-(shared/papers/notes/lss.md section 4.1; Peng et al., ICCV 2019, arXiv:1812.01754).
+(Chen et al., NeurIPS 2024, arXiv:2410.23660; Peng et al., ICCV 2019, arXiv:1812.01754).
 
 Nothing ships DomainNet; unpack the official archives under ``root`` as they come, with the
 official split lists beside the domain folders:

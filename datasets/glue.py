@@ -1,9 +1,9 @@
 """GLUE (Wang et al., ICLR 2019, arXiv:1804.07461): sentence and sentence-pair tasks for a
 sequence classifier, STS-B as regression.
 
-FedGuCci (Li et al., KDD 2025, arXiv:2402.18949, Table 3; shared/papers/notes/fedgucci.md,
-sections 3.5 items 6-7, 6.1 and 6.3) fine-tunes RoBERTa-base with LoRA on SST-2, MRPC, CoLA,
-QNLI, RTE and STS-B, split IID over the clients and scored on the GLUE dev sets.
+FedGuCci (Li et al., KDD 2025, arXiv:2402.18949, Table 3 and Appendix A.5) fine-tunes RoBERTa-base
+with LoRA on SST-2, MRPC, CoLA, QNLI, RTE and STS-B, split IID over the clients and scored on the
+GLUE dev sets.
 
 Where the rows come from:
     the hub     ``nyu-mll/glue`` with the task as its configuration (``data_files`` unset): needs

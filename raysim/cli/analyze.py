@@ -12,10 +12,10 @@ artifacts under ``analysis/``.
 
 Tools:
     line A B        loss and accuracy along w(a) = a A + (1 - a) B, both barriers (FedGuCci,
-                    Li et al., KDD 2025, arXiv:2402.18949, Def. 2.1; notes/fedgucci.md section 4)
+                    Li et al., KDD 2025, arXiv:2402.18949, Def. 2.1)
     barrier A B     the two barriers only, from 11 points in [0, 1]
     plane A B C     loss and error contours on the plane through three models (IMA, Zhou et al.,
-                    IEEE TMC 2024, arXiv:2305.07845, Fig. 1; notes/ima.md section 3.1)
+                    IEEE TMC 2024, arXiv:2305.07845, Fig. 1)
     trajectory      the plane through the last three checkpointed global models (IMA Fig. 1,
                     column 4), their mean marked
 """

@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare = sub.add_parser("prepare", help="build (or resume) a dataset's client store offline")
     prepare.add_argument("target", help="a dataset recipe (raysim ls datasets) or a job YAML")
     prepare.add_argument(
-        "overrides", nargs="*", help="key=value options of the recipe (dataset.key=value for a job)"
+        "overrides", nargs="*", help="key=value options of the recipe (dataset.KEY=value for a job)"
     )
     prepare.add_argument(
         "--verify", action="store_true", help="hash every file of the store(s) against its recorded checksum"

@@ -3,7 +3,7 @@
 
 - ``stratified_test_rows``: each client's test rows drawn class by class, so that its train and
   test splits hold its labels in the same proportions (the LSS code's per-client 75/25
-  ``train_test_split(..., stratify=y)``, shared/papers/notes/lss.md section 4.1).
+  ``train_test_split(..., stratify=y)``, Chen et al., NeurIPS 2024, arXiv:2410.23660).
 - A recipe whose source fixes the split (DomainNet's official lists) gives a boolean column
   ``is_test`` instead (``given_test_rows``).
 

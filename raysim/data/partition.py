@@ -42,7 +42,8 @@ class DirichletPartition(BaseModel, frozen=True, extra="forbid"):
     With ``max_size``, no client holds more: classes are dealt out in label order and a client
     at the cap gets no share of later classes. That is the balance rule of the "hetero-dir"
     partitioners FuseFL and IMA use (Yurochkin et al.'s, with a threshold of rows / clients and
-    min_size 10; shared/papers/notes/fusefl.md section 4, ima.md section 5.1). There the class
+    min_size 10; Tang et al., NeurIPS 2024, arXiv:2410.20380; Zhou et al., IEEE TMC 2024,
+    arXiv:2305.07845). There the class
     that crosses the threshold may overshoot it, so sizes stay unequal; here the cap is hard:
     rows that would take a client past it go to the clients with room, in proportion to their
     draw. (max_size = rows / clients therefore gives every client the same size.)
@@ -93,8 +94,8 @@ class DomainPartition(BaseModel, frozen=True, extra="forbid"):
 
 
 class DomainDirichletPartition(BaseModel, frozen=True, extra="forbid"):
-    """Feature and label skew (IMA's Digit-Five/PACS "+FS" rows, shared/papers/notes/ima.md
-    section 5.1): each domain, in sorted order, gets ``clients_per_domain`` clients and is split
+    """Feature and label skew (IMA's Digit-Five/PACS "+FS" rows, Zhou et al., IEEE TMC 2024,
+    arXiv:2305.07845): each domain, in sorted order, gets ``clients_per_domain`` clients and is split
     over them by Dirichlet(alpha) label skew, as ``dirichlet`` splits a whole dataset (each of
     its clients holds ``min_size`` rows)."""
 

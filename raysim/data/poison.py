@@ -1,6 +1,6 @@
 """A backdoor on chosen clients' training images, and the triggered test set that measures it.
 
-FuseFL's shapes (Sec. 3.3 and D.5 of the paper, ``../shared/papers/notes/fusefl.md``): a square
+FuseFL's shapes (Sec. 3.3 and D.5 of the paper, Tang et al., NeurIPS 2024, arXiv:2410.20380): a square
 patch of ``trigger_size`` pixels holds one of ten shapes chosen by a label index, filled with one
 of ten colours, at a uniformly random position. ``dataset.poison`` (``PoisonConfig``) stamps it on
 a fraction of each training batch of the poisoned clients, after augmentation; with a ``target``

@@ -5,7 +5,7 @@ A store partitioned by domain (``domain`` or ``domain_dirichlet``) names each cl
 ``eval/clients/*`` pools them all: ``eval/domain/<name>/accuracy`` (and ``loss``) is the
 accuracy over the test examples of that domain's evaluated clients, and
 ``eval/domain/accuracy_mean`` the unweighted mean over domains, the number IMA reports for
-Digit-Five and PACS (shared/papers/notes/ima.md section 5.2).
+Digit-Five and PACS (Zhou et al., IEEE TMC 2024, arXiv:2305.07845).
 
 Usage:
     domain_of = client_domains(store, plan.clients)   # {} unless the partition is by domain

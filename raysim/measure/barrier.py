@@ -27,7 +27,7 @@ class ClientServerBarrier:
     the cohort; lower is better, 0 means aggregation lost nothing. The server optimizer moves the
     model after aggregating (server Adam's steps have a size of their own), so ``barrier/pure/*``
     measures the aggregate alone, server SGD with lr 1 on the pseudo-gradient, as
-    notes/fedfish.md section 3.4 decides.
+    the FedFish paper runs its server (Dhawan et al. 2024, arXiv:2311.10291).
     """
 
     Config = BarrierConfig

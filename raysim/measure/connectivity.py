@@ -49,7 +49,7 @@ class GroupBarrierConfig(CohortModelsConfig, frozen=True, extra="forbid"):
 class GroupBarrier:
     """FedGuCci's group barrier: what fusing the round's local models loses against their mean.
 
-    Li et al., KDD 2025, arXiv:2402.18949, Def. 3.6; notes/fedgucci.md section 4: the measure
+    Li et al., KDD 2025, arXiv:2402.18949, Def. 3.6: the measure
     behind "FedGuCci lowers the group barrier of the local models against FedAvg".
 
     With ``lam`` the clients' round data sizes (``weights: data``, the FedAvg fusion point) or
@@ -126,7 +126,7 @@ class LossDecomposition:
     """IMA's loss decomposition: bias, locality, variance and covariance of the local models.
 
     Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Theorem 1 and Figs. 2-4; the estimators are
-    notes/ima.md section 3.3's.
+    that paper's.
 
     Classification only. Each loss is logged in the paper's form, the squared error of the
     softmax to the one-hot label (``/squared_error``, in [0, 2]), and as ``/cross_entropy``

@@ -1,6 +1,6 @@
 """Estimators on model outputs: IMA's loss decomposition (Zhou et al., "Understanding and
 Improving Model Averaging in Federated Learning on Heterogeneous Data", IEEE TMC 2024,
-arXiv:2305.07845, Theorem 1 and Fig. 4; notes/ima.md section 3.3) and linear CKA (Kornblith et
+arXiv:2305.07845, Theorem 1 and Fig. 4) and linear CKA (Kornblith et
 al., ICML 2019, arXiv:1905.00414), IMA's covariance measure.
 
 Every function takes (n, C) logits and, where it scores them, integer labels; everything is

@@ -8,14 +8,14 @@ The arithmetic on the points is ``raysim.measure.weight_space``'s, the plots
 
 Sources:
 - Pairwise barriers: FedGuCci, Li et al., "FedGuCci: Making Local Models More Connected in
-  Landscape for Federated Learning", KDD 2025, arXiv:2402.18949, Def. 2.1 (eq. 3-4);
-  notes/fedgucci.md section 4: ``B_loss = max_a [L(w(a)) - (a L(w1) + (1-a) L(w2))]``,
+  Landscape for Federated Learning", KDD 2025, arXiv:2402.18949, Def. 2.1 (eq. 3-4):
+  ``B_loss = max_a [L(w(a)) - (a L(w1) + (1-a) L(w2))]``,
   ``B_acc = max_a [1 - A(w(a)) / (a A(w1) + (1-a) A(w2))]`` with ``w(a) = a w1 + (1-a) w2``.
 - Group barrier: the same paper, Def. 3.6 (eq. 9-10): ``B_loss = L(sum_k lam_k w_k) -
   sum_k lam_k L(w_k)``, ``B_acc = 1 - A(sum_k lam_k w_k) / sum_k lam_k A(w_k)``.
 - The plane through three models (Garipov et al., NeurIPS 2018, arXiv:1802.10026) as IMA draws
   it: Zhou et al., "Understanding and Improving Model Averaging in Federated Learning on
-  Heterogeneous Data", IEEE TMC 2024, arXiv:2305.07845; notes/ima.md section 3.1.
+  Heterogeneous Data", IEEE TMC 2024, arXiv:2305.07845.
 
 The scans treat the float buffers (``RunInfo.buffer_keys``: BatchNorm's running statistics) by
 their ``buffers`` keyword (``raysim.measure.weight_space.Buffers``): by default (``"clamp"``) with the
@@ -23,8 +23,8 @@ point's mixing weights clamped to a convex combination (negatives set to 0, reno
 are interpolated between the models and never extrapolated past them, where a running variance
 can turn negative and the loss NaN; ``"interpolate"`` treats them as the weights are treated,
 ``"first"`` takes them from the first model (a, w1) everywhere. Interpolating BatchNorm networks
-without recomputing their statistics measures the stale statistics too (notes/fedgucci.md
-section 4).
+without recomputing their statistics measures the stale statistics too (Li et al., KDD 2025,
+arXiv:2402.18949).
 
 Usage:
     curve = line_scan(services, w_a, w_b, alphas=np.linspace(0, 1, 11))
@@ -100,7 +100,7 @@ def line_scan(
     ``interpolate(a, b, clip(alpha, 0, 1))``, so each endpoint keeps its own statistics and an
     extrapolated point those of the nearer model. FedGuCci's notes recommend 11 points in
     [0, 1] for barriers and 21 for plots; IMA's 1-D plots use [-0.5, 1.5] in steps of 0.05
-    (notes/ima.md section 3.1).
+    (Zhou et al., IEEE TMC 2024, arXiv:2305.07845).
     """
     grid = np.array(alphas, dtype=np.float64)  # a copy: the Curve owns it
     keys = services.info.buffer_keys
@@ -223,7 +223,7 @@ def _group_terms(lam: np.ndarray, own: Values, fused: dict[str, float]) -> dict[
     )
 
 
-# ---- the plane through three models (notes/ima.md section 3.1) ---------------------------------
+# ---- the plane through three models (Zhou et al., IEEE TMC 2024, arXiv:2305.07845) -------------
 
 
 @dataclass(frozen=True)

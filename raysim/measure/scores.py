@@ -3,7 +3,7 @@
 GLUE (Wang et al., ICLR 2019, arXiv:1804.07461) scores CoLA by the Matthews correlation
 coefficient, MRPC and QQP by F1 beside accuracy, and STS-B by Pearson (and Spearman) correlation;
 FedGuCci (Li et al., KDD 2025, arXiv:2402.18949, Table 3) reports CoLA's MCC and STS-B's
-correlation x 100 (shared/papers/notes/fedgucci.md, sections 6.1 and 8.1 item 9). A dataset
+correlation x 100. A dataset
 asks for them in its spec (``DataSpec.metrics``).
 
 None of them is a mean of per-batch or per-client values, so nothing averages them. Each is a

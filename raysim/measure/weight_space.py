@@ -4,7 +4,7 @@ Models are ``NumpyParams`` dicts. Only floating-point entries take part; integer
 (BatchNorm's ``num_batches_tracked``) come from the first model. The float buffers (BatchNorm's
 running statistics) can be recomputed by a rule of their own (``with_buffers``): the scans of
 ``raysim.measure.landscape`` never extrapolate them by default, where a running variance can turn
-negative (notes/fedgucci.md section 4).
+negative (Li et al., KDD 2025, arXiv:2402.18949).
 
 Usage:
     w = interpolate(a, b, 0.25)                 # 0.25 a + 0.75 b
@@ -115,7 +115,8 @@ def unflatten(vector: np.ndarray, like: NumpyParams) -> NumpyParams:
 
 
 def distance(a: NumpyParams, b: NumpyParams) -> float:
-    """The L2 distance of the flattened float entries (IMA's locality, notes/ima.md 3.3)."""
+    """The L2 distance of the flattened float entries (IMA's locality, Zhou et al., IEEE TMC 2024,
+    arXiv:2305.07845)."""
     check_same_keys([a, b])
     return float(np.linalg.norm(flatten(a) - flatten(b)))
 

@@ -1,4 +1,4 @@
-"""FuseFL's fused network (Tang et al., NeurIPS 2024; shared/papers/notes/fusefl.md sections 2.1-2.6).
+"""FuseFL's fused network (Tang et al., NeurIPS 2024, arXiv:2410.20380).
 
 A client model is cut at named split points (``anatomy.split_blocks``: a block name, or a stage such
 as "layer2" that fits ResNet-10/18/26 alike) into K stages, the head left apart. The fused model

@@ -35,7 +35,7 @@ from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
 from raysim.errors import CheckpointError, RaysimError
 from raysim.plugin_defaults import fresh_state
-from raysim.results.run_store import RUN_ID, run_named
+from raysim.results.run_store import RUN_ID, WHICH_STORE, run_named
 from raysim.sampling import sample_eval_clients
 from raysim.services import Services
 from raysim.tracking.tracker import RUN_DIR_TAG, MlflowTracker
@@ -226,8 +226,7 @@ def attach_run(run_id: str, tracking_uri: str | None) -> tuple[MlflowTracker, An
     database = sqlite_path(uri)
     if database is not None and not database.is_file():  # MLflow would create an empty store
         raise RaysimError(
-            f"no MLflow store at {database}; pass --tracking-uri (or set MLFLOW_TRACKING_URI) "
-            f"to the store the run was logged to"
+            f"no MLflow store at {database}; point at the store the run was logged to: {WHICH_STORE}"
         )
     tracker = MlflowTracker.attach(run_id, uri)
     if not RUN_ID.fullmatch(run_id):  # a run name, which must name one run
@@ -244,7 +243,7 @@ def find_run(tracker: MlflowTracker, run_id: str, uri: str) -> Any:
     except MlflowException:
         raise RaysimError(
             f"no MLflow run {run_id!r} in {uri}; copy the id from `raysim run`'s output or the "
-            f"MLflow UI (raysim ui), or pass --tracking-uri"
+            f"MLflow UI (raysim ui), or point at another store: {WHICH_STORE}"
         ) from None
 
 

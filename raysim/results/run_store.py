@@ -43,6 +43,8 @@ _NEWEST_FIRST = "attributes.start_time DESC"
 _MAX_TAG_CHARS = 8000  # MLflow's limit on a tag value
 _ALWAYS_FETCHED = ("sys/clients_per_s", "train/loss", WALL)  # the table's clients/s, rounds, time
 STORE_HINT = "pass --tracking-uri (or set MLFLOW_TRACKING_URI) to the store the runs were logged to"
+# where a run is looked up by id or name: `raysim run --resume` has no --tracking-uri of its own
+WHICH_STORE = "--tracking-uri (raysim run: tracking.tracking_uri=URI) or MLFLOW_TRACKING_URI"
 
 
 class RunStore:
@@ -270,7 +272,7 @@ def run_named(client: Any, name: str, uri: str) -> Any:
     if not found:
         raise RaysimError(
             f"no MLflow run id or run name {name!r} in {uri}; `raysim runs` lists the store's runs "
-            f"(or pass --tracking-uri)"
+            f"(another store: {WHICH_STORE})"
         )
     if len(found) > 1:
         candidates = "; ".join(f"{r.info.run_id} ({r.info.status}, started {started(r)})" for r in found)

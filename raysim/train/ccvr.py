@@ -1,5 +1,6 @@
 """Classifier calibration with virtual representations, CCVR (Luo et al., NeurIPS 2021,
-arXiv:2106.05001), as FuseFL calibrates its averaged head (notes/fusefl.md section 2.5, item 7 of 2.10).
+arXiv:2106.05001), as FuseFL calibrates its averaged head (Tang et al., NeurIPS 2024,
+arXiv:2410.20380).
 
 Each client sends per class the count, the sum and the sum of outer products of its features, so
 that the server pools exact class means and (unbiased) covariances over all clients:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +38,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim.sampling import noise_seed
+from raysim.train.batching import epoch_batches, has_batchnorm, with_lone_examples
 from raysim.train.client_change import (
     BatchLoss,
     ClientChange,
@@ -95,7 +97,7 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     """Client-side training hyper-parameters."""
 
     epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1)  # BatchNorm: an epoch's last batch of one joins the one before
     lr: float = Field(0.05, gt=0)
     lr_decay: float = Field(1.0, gt=0, le=1)  # round r trains at lr * lr_decay**r
     lr_schedule: Schedule | None = None  # any raysim.train.schedules lr schedule, instead of lr_decay
@@ -142,16 +144,15 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 
 def iterate_batches(
-    tensors: Batch, batch_size: int, generator: torch.Generator | None = None
+    tensors: Batch, batch_size: int, generator: torch.Generator | None = None, *, merge_lone: bool = False
 ) -> Iterator[Batch]:
-    """Yields batches, shuffled when ``generator`` is given."""
+    """Yields batches, shuffled when ``generator`` is given; with ``merge_lone`` (a BatchNorm
+    model's training) a last batch of one joins the one before (``raysim.train.batching``)."""
     first = next(iter(tensors.values()))
     n = len(first)
     # drawn on the CPU (the generator decides), moved to the device once per pass
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    order = to_device(order, first.device)
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
+    for idx in epoch_batches(to_device(order, first.device), batch_size, merge_lone=merge_lone):
         yield {k: v[idx] for k, v in tensors.items()}
 
 
@@ -272,9 +273,9 @@ def train_local_watched(
     watch = ModelWatch(hooks.change, hooks.client)
     private = None if sample_privacy is None else DpSgd.of(sample_privacy, model, spec, config)
     backward = _objective_backward(model, optimizer, spec, config, hooks, watch, private)
-    take_step = hooks.step or gradient_step
+    take_step = with_lone_examples(hooks.step or gradient_step)  # BatchNorm and one example
     num_epochs = round_epochs(config, round_num)
-    draw = iterate_batches if private is None else private.batches
+    draw = partial(iterate_batches, merge_lone=has_batchnorm(model)) if private is None else private.batches
     epochs = (draw(tensors, config.batch_size, generator) for _ in range(num_epochs))
     # the sums stay on the device until the end (one sync per client, not one per batch)
     loss_sum: torch.Tensor | float = 0.0

@@ -2,7 +2,7 @@
 
 FedLC logit calibration (Zhang et al., "Federated Learning with Label Distribution Skew via
 Logits Calibration", ICML 2022, arXiv:2209.00189), as FedGuCci+ and the authors' FedLC baseline
-use it (shared/papers/notes/fedgucci.md, sections 3.3 and 5): each logit is lowered by a margin
+use it (Li et al., KDD 2025, arXiv:2402.18949): each logit is lowered by a margin
 that shrinks with how often the client has seen its class,
 
     z'_c = z_c - strength * n_c^(-1/4),    loss = CE(softmax(z'), y),

@@ -1,4 +1,5 @@
-"""One-shot FL's locally trained client models, trained once and reused (notes/fusefl.md section 3).
+"""One-shot FL's locally trained client models, trained once and reused (FuseFL,
+Tang et al., NeurIPS 2024, arXiv:2410.20380).
 
 One-shot FedAvg, the logit Ensemble and the distillation baselines all start from the same M
 client models, each trained alone from the run's initial model. ``local_models`` trains them in one

@@ -96,7 +96,7 @@ def sam_descend(
     step and connectivity steps).
 
     ``add_clean_gradient`` steps on the clean plus the perturbed gradient instead: the FedGuCci
-    code's SAM connectivity step (shared/papers/notes/fedgucci.md, section 3.3 item 2).
+    code's SAM connectivity step (Li et al., KDD 2025, arXiv:2402.18949).
     Returns the loss at the weights the step started from.
     """
     loss = backward(batch, loss_fn)  # grad L(w)

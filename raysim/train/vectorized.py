@@ -35,6 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raysim import params as P
+from raysim.train.batching import batch_plan, has_batchnorm, lone_example
 from raysim.train.client_change import (
     ClientChange,
     Losses,
@@ -184,8 +185,9 @@ def train_local_vectorized(
     _check_once(model, example)
     model.train()
     budgets = list(step_budgets) if step_budgets is not None else [None] * len(datas)
+    epochs, merge = round_epochs(config, round_num), has_batchnorm(model)
     plans = [
-        _batch_plan(len(data), config, seed, round_num, budget)
+        batch_plan(len(data), config.batch_size, epochs, step_limit(config, budget), seed, merge_lone=merge)
         for data, seed, budget in zip(datas, seeds, budgets, strict=True)
     ]
     chunk = _stack(model, len(datas), config)
@@ -205,7 +207,8 @@ def train_local_vectorized(
         part_own = {k: v.index_select(0, index) for k, v in own.items()}
         for n, gradient in enumerate(gradients):
             dropout.step = optimizer_step = step * len(passes) + n  # each pass its own masks
-            grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
+            with lone_example(model, batch["x"].shape[1]):  # BatchNorm: running statistics
+                grads, (loss, correct, count) = gradient(part.params, part.buffers, batch, keys[index], draws)
             grads = edit_stacked_gradients(change, part.params, grads, part_own)
             watch_stacked_(change, acc, grads, part_own, index, optimizer_step)
             if config.grad_clip is not None:
@@ -243,8 +246,11 @@ def squared_gradient_sums(
         grad(_objective(model, frozen, spec, dropout, task_pass), has_aux=True), randomness="error"
     )
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
-    one_pass = LocalTrainConfig(batch_size=batch_size)
-    plans = [_batch_plan(len(data), one_pass, seed, 0, None) for data, seed in zip(datas, seeds, strict=True)]
+    merge = has_batchnorm(model)
+    plans = [
+        batch_plan(len(data), batch_size, 1, None, seed, merge_lone=merge)
+        for data, seed in zip(datas, seeds, strict=True)
+    ]
     sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
     for _, clients, index, _, batch in dropout.over(
         _steps(plans, [to_tensors(d, device) for d in datas], device)
@@ -290,22 +296,6 @@ def _steps(
             for key, rows_of in flat.items()
         }
         yield step, clients, everyone if clients is None else clients, members, batch
-
-
-def _batch_plan(
-    n: int, config: LocalTrainConfig, seed: int, round_num: int, budget: int | None
-) -> list[torch.Tensor]:
-    """The client's batches as index tensors, in ``train_local``'s order: one ``randperm`` per
-    epoch from a generator seeded with ``seed`` (``iterate_batches``), cut at its step limit."""
-    generator = torch.Generator().manual_seed(seed)
-    limit = step_limit(config, budget)
-    plan: list[torch.Tensor] = []
-    for _ in range(round_epochs(config, round_num)):
-        if n == 0 or (limit is not None and len(plan) >= limit):
-            break
-        order = torch.randperm(n, generator=generator)
-        plan.extend(order[start : start + config.batch_size] for start in range(0, n, config.batch_size))
-    return plan if limit is None else plan[:limit]
 
 
 def _groups_by_size(plans: list[list[torch.Tensor]], step: int) -> list[list[int]]:

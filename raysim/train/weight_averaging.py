@@ -187,7 +187,9 @@ def recompute_batchnorm(
     through ``torch.optim.swa_utils.update_bn``. Returns whether the model has BatchNorm at all."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return False
-    batches = [batch["x"] for batch in iterate_batches(to_tensors(data, device), batch_size)]
+    if len(data) < 2:  # one example has no batch statistics: the averaged ones stay
+        return True
+    batches = [batch["x"] for batch in iterate_batches(to_tensors(data, device), batch_size, merge_lone=True)]
     torch.optim.swa_utils.update_bn(batches, model)
     return True
 

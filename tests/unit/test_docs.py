@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import itertools
 import re
 import textwrap
@@ -305,3 +306,132 @@ def test_the_scanner_finds_what_it_should():
     source = "def f():\n    x = 1\n    return x\n"
     assert _is_quoted("x = 1\nreturn x\n", source) and _is_quoted(source, source)
     assert not _is_quoted("x = 2\nreturn x\n", source) and not _is_quoted("return x\nx = 1\n", source)
+
+
+# ---- what a new user meets first: the algorithm list, citations, help texts, the docs index ----
+
+SOURCES = sorted(
+    p
+    for pattern in (
+        "jobs/**/*.yaml",
+        "raysim/**/*.py",
+        "algorithms/*.py",
+        "datasets/*.py",
+        "tools/**/*.py",
+        "tests/**/*.py",
+    )
+    for p in REPO.glob(pattern)
+    if p != Path(__file__).resolve()
+)
+# a file only the maintainers have: the shared folder beside a clone, its brief, the paper notes
+_OUTSIDE = re.compile(
+    r"(?<![\w/.-])(?:\.\./)*shared/\w[\w./{},-]*|ARCHITECTURE\.md|notes/(?:fedfish|fedgucci|lss|ima|fusefl)\.md"
+)
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+_HELP_KEY = re.compile(  # lower case: ``dataset.KEY=value`` is a placeholder
+    r"(?<![\w./-])((?:dataset|model|algorithm|engine|evaluation|resources|tracking|privacy)(?:\.[a-z_]\w*)+)"
+)
+
+
+def test_every_registered_algorithm_is_named_in_the_readme():
+    from raysim import registry
+
+    built_in = [
+        e.name
+        for e in registry.entries("algorithm")
+        if (REPO / "algorithms") in Path(inspect.getfile(e.factory)).parents
+    ]
+    spans = set(_code((REPO / "README.md").read_text())[1])
+    missing = [name for name in built_in if name not in spans]
+    assert len(built_in) > 30, built_in  # not the test plugins (tests/plugins), which RAYSIM_PLUGIN_PATH adds
+    assert not missing, f"README.md's list of algorithms lacks {missing} (`raysim ls algorithms` lists them)"
+
+
+@pytest.mark.parametrize("path", DOCS + SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_cites_a_file_outside_the_repository(path):
+    text = path.read_text()
+    outside = sorted(set(_OUTSIDE.findall(text)))
+    assert not outside, f"{path.relative_to(REPO)} cites {outside}, which a clone lacks: cite the paper"
+    for target in _LINK.findall(text) if path.suffix == ".md" else []:
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        resolved = (path.parent / target).resolve()
+        assert resolved.is_relative_to(REPO) and resolved.exists(), f"{path.name} links {target}"
+
+
+def _help_texts(parser: argparse.ArgumentParser) -> list[str]:
+    texts = [parser.description or "", parser.epilog or ""]
+    for action in parser._actions:
+        texts.append(action.help or "")
+        if isinstance(action, argparse._SubParsersAction):
+            texts += [a.help or "" for a in action._choices_actions]
+            texts += [t for p in action.choices.values() for t in _help_texts(p)]
+    return texts
+
+
+def _is_config_key(key: str) -> bool:
+    """A field path of the job config, or of any registered plugin's Config for the plugin sections."""
+    from raysim import registry
+    from raysim.config import JobConfig
+
+    section, *rest = key.split(".")
+    if section in ("dataset", "model", "algorithm"):
+        kind = "model" if section == "model" else section
+        return rest == ["name"] or any(_fields(e.config, rest) for e in registry.entries(kind) if e.config)
+    return _fields(JobConfig, key.split("."))
+
+
+def test_every_config_key_a_help_text_quotes_exists():
+    from raysim.cli.main import _parser
+
+    keys = sorted({k.rstrip(".") for text in _help_texts(_parser()) for k in _HELP_KEY.findall(text)})
+    assert keys, "the scanner found no key in the help texts"
+    bad = [k for k in keys if not _is_config_key(k)]
+    assert not bad, f"`raysim ... --help` quotes config keys that do not exist: {bad}"
+
+
+def _job_commands() -> list[tuple[Path, str]]:
+    """Commands in the comments of the job files: indented example lines (``#   raysim run ...``)
+    and inline code spans; prose that merely starts a line with "raysim" is neither."""
+    found = set()
+    for path in REPO.glob("jobs/**/*.yaml"):
+        comments = [line[1:] for line in path.read_text().splitlines() if line.startswith("#")]
+        examples = [line for line in comments if line.startswith("  ")] + _SPAN.findall("\n".join(comments))
+        for command, rest in (c for example in examples for c in _COMMAND.findall(example)):
+            options = re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+            found.add((path, " ".join([command, *options])))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path,command", _job_commands(), ids=lambda v: str(v).replace(str(REPO) + "/", ""))
+def test_commands_in_job_files_exist(path, command):
+    name, *options = command.split()
+    commands = _subcommands()
+    assert name in commands, f"{path.name} quotes `raysim {name}`"
+    unknown = [o for o in options if o not in commands[name]]
+    assert not unknown, f"{path.name}: `raysim {name}` has no option {unknown}"
+
+
+def test_every_doc_is_listed_in_the_docs_index():
+    index = (REPO / "docs" / "README.md").read_text()
+    listed = set(_LINK.findall(index))
+    missing = [
+        p.name for p in sorted((REPO / "docs").glob("*.md")) if p.name != "README.md" and p.name not in listed
+    ]
+    assert not missing, f"docs/README.md does not list {missing}: add a line for each"
+
+
+def test_the_new_scanners_find_what_they_should():
+    assert _OUTSIDE.findall(
+        "see ../shared/papers/notes/ima.md and ARCHITECTURE.md; --output-dir /shared/x"
+    ) == [
+        "../shared/papers/notes/ima.md",
+        "ARCHITECTURE.md",
+    ]
+    assert _OUTSIDE.findall("(notes/fedgucci.md section 4)") == ["notes/fedgucci.md"]
+    assert _HELP_KEY.findall("e.g. dataset.alpha or engine.num_rounds, not eval/central.x, dataset.KEY") == [
+        "dataset.alpha",
+        "engine.num_rounds",
+    ]
+    assert not _is_config_key("dataset.alpha") and _is_config_key("dataset.partition.alpha")
+    assert _is_config_key("algorithm.local.lr") and not _is_config_key("engine.eval_every")

@@ -1,5 +1,5 @@
 """FedGuCci and FedGuCci+ (algorithms/fedgucci.py) against hand-derived values and a numpy
-reference of the authors' client loop (shared/papers/notes/fedgucci.md, sections 3.2.1 and 8.3).
+reference of the authors' client loop (Li et al., KDD 2025, arXiv:2402.18949).
 
 Connectivity term of anchor a at alpha, with m = alpha w + (1 - alpha) a:
     c(w) = (beta / n) * l(m),    grad_w c = (beta * alpha / n) * grad l(m)      (chain rule)

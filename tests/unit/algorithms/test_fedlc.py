@@ -1,5 +1,5 @@
 """FedLC's calibrated cross-entropy (raysim/train/losses.py) and the fedlc plugin, against hand values
-and a numpy reference (Zhang et al., ICML 2022, arXiv:2209.00189; notes/fedgucci.md 3.3, 5).
+and a numpy reference (Zhang et al., ICML 2022, arXiv:2209.00189; Li et al., KDD 2025, arXiv:2402.18949).
 
 z'_c = z_c - tau n_c^(-1/4), loss = CE(softmax(z'), y). Hand values for tau = 0.1 and counts
 (16, 1, 0): shifts 0.1 / 2 = 0.05 and 0.1, and -inf for the unseen class. Equal counts shift every

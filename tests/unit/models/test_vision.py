@@ -176,8 +176,9 @@ def layers_of(model, kind):
 
 
 def ima_fmnist_cnn(model, x):
-    """notes/ima.md 5.3: Conv(1->32, 5x5, no pad) - ReLU - MaxPool2, Conv(32->32, 5x5) - ReLU -
-    MaxPool2, FC(512, 384) - ReLU - FC(384, 128) - ReLU - FC(128, 10); the CIFAR CNN alike."""
+    """IMA's CNN (Zhou et al., IEEE TMC 2024, arXiv:2305.07845): Conv(1->32, 5x5, no pad) - ReLU -
+    MaxPool2, Conv(32->32, 5x5) - ReLU - MaxPool2, FC(512, 384) - ReLU - FC(384, 128) - ReLU -
+    FC(128, 10); the CIFAR CNN alike."""
     conv1, conv2 = layers_of(model, nn.Conv2d)
     fc1, fc2, fc3 = layers_of(model, nn.Linear)
     x = F.max_pool2d(F.relu(conv(x, conv1)), 2)

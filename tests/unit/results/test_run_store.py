@@ -63,3 +63,29 @@ def test_where_filters_on_params_and_tags_as_values(store):
         parse_where(["seed"])
     with pytest.raises(RaysimError, match="no experiment 'stduy'.*experiments: 'study', 'Default'"):
         runs.listing("stduy")
+
+
+def test_a_run_not_found_names_a_way_to_the_right_store_that_raysim_run_has(store, tmp_path):
+    """``--resume NAME`` looks runs up too, and ``raysim run`` has no ``--tracking-uri``: each
+    message names the config key it does have, and that key is real."""
+    from raysim.cli.main import _parser
+    from raysim.config import JobConfig
+
+    uri, _ = store
+    messages = []
+    for target, where in [("study/nothing", uri), ("0123456789abcdef0123456789abcdef", uri)]:
+        with pytest.raises(RaysimError) as info:
+            attach_run(target, where)
+        messages.append(str(info.value))
+    with pytest.raises(RaysimError) as info:
+        attach_run("study/fedavg", f"sqlite:///{tmp_path / 'none.db'}")
+    messages.append(str(info.value))
+    run_options = {
+        o for a in _parser()._subparsers._group_actions[0].choices["run"]._actions for o in a.option_strings
+    }
+    assert (
+        "--tracking-uri" not in run_options
+        and "tracking_uri" in JobConfig.model_fields["tracking"].annotation.model_fields
+    )
+    for message in messages:
+        assert "raysim run: tracking.tracking_uri=URI" in message and "\n" not in message, message

@@ -40,6 +40,7 @@ KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
 PROBE_MODULES = ("raysim.measure.barrier", "raysim.measure.connectivity")  # the built-in probes' modules
 REPO_ROOT = Path(__file__).resolve().parent.parent
+_SELF_REGISTERING = ("raysim.", "raysim_plugins.")  # modules every process loads by itself
 # What register accepts: a type checker holds plugins and probes to their protocols here (any
 # aggregate type: each plugin has its own; an algorithm of either shape).
 AlgorithmFactory = TypeVar("AlgorithmFactory", bound="Callable[[Any], Algorithm[Any] | StagedAlgorithm]")
@@ -136,6 +137,26 @@ def names(kind: Kind) -> list[str]:
 def entries(kind: Kind) -> list[Entry]:
     """Registered entries of ``kind``, sorted by name."""
     return [get(kind, name) for name in names(kind)]
+
+
+def travelling_entries() -> tuple[Entry, ...]:
+    """The entries a worker would not register by itself: those whose factory is neither raysim's
+    nor a plugin file's (``raysim_plugins``), such as a class defined in a notebook (``__main__``).
+    A worker ``adopt``s them; Ray ships a ``__main__`` class by value (cloudpickle), another
+    module's by name, which the worker imports."""
+    return tuple(
+        entry
+        for kind in KINDS
+        for entry in _entries[kind].values()
+        if not entry.factory.__module__.startswith(_SELF_REGISTERING)
+    )
+
+
+def adopt(entries: tuple[Entry, ...]) -> None:
+    """Registers the driver's ``travelling_entries`` in this process, over the built-ins."""
+    load_builtins()
+    for entry in entries:
+        _entries[entry.kind][entry.name] = entry
 
 
 def plugin_roots() -> list[Path]:

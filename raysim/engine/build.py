@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
+from raysim import registry
 from raysim.algorithm import AnyAlgorithm, has_personal_model
 from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
@@ -224,6 +225,7 @@ def start_sized_workers(parts: JobParts, state_dir: Path) -> tuple[Backend, Size
         str(parts.store.path),
         str(state_dir),
         {name: str(s.path) for name, s in parts.transfer.items()},
+        plugins=registry.travelling_entries(),
     )
     sized = sized_resources(
         job.resources,

@@ -128,3 +128,14 @@ def test_switching_a_partitions_kind_by_override_names_the_keys_to_drop_and_the_
     ]
     switched = JobConfig.from_dict(apply_overrides(raw, ["dataset.partition={kind: iid}"]))
     assert switched.dataset.config.partition.kind == "iid"
+
+
+def test_job_takes_a_mapping_or_a_file_and_one_of_its_variants(tmp_path):
+    from raysim.config.files import job
+
+    assert job(BASE, ["seed=4"]).seed == 4  # a notebook's dict, overrides as on the command line
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "variants": [{"name": "a"}, {"name": "b", "seed": 9}]}))
+    assert job(path, variant="b").seed == 9
+    with pytest.raises(ConfigError, match=r"variants: the file has 2 \(a, b\); pick one with variant="):
+        job(path)

@@ -187,3 +187,11 @@ def test_a_seed_of_true_is_no_seed():
     with pytest.raises(ConfigError, match="seed: Input should be a valid integer"):
         JobConfig.from_dict({**base, "seed": True})
     assert JobConfig.from_dict({**base, "seed": 7}).seed == 7
+
+
+def test_model_validate_validates_a_mapping_as_from_dict_does():
+    """pydantic's own validation cannot see the plugins' Configs: it asked for a ``config`` field."""
+    job = JobConfig.model_validate(BASE)
+    assert job == JobConfig.from_dict(BASE) and JobConfig.model_validate(job) is job
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
+        JobConfig.model_validate({**BASE, "algorithm": {"name": "nope"}})

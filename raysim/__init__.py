@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     )
     from raysim.measure.evaluate import evaluate
     from raysim.registry import register
-    from raysim.results.comparison import Comparison
+    from raysim.results.compared import Comparison
     from raysim.results.frames import compare, report, runs
     from raysim.services import Services
     from raysim.train.local import LocalTrainConfig, train_client, train_local
@@ -68,7 +68,7 @@ _MODULES = {  # the module each public name is imported from
     ),
     "raysim.measure.evaluate": ("evaluate",),
     "raysim.registry": ("register",),
-    "raysim.results.comparison": ("Comparison",),
+    "raysim.results.compared": ("Comparison",),
     "raysim.results.frames": ("compare", "report", "runs"),
     "raysim.services": ("Services",),
     "raysim.train.local": ("LocalTrainConfig", "train_client", "train_local"),

@@ -76,7 +76,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
     from raysim.engine.plots import overlaid_curves
-    from raysim.results.comparison import TITLE, compare_runs
+    from raysim.results.compared import TITLE, compare_runs
     from raysim.results.run_store import RunStore
     from raysim.results.tables import markdown, summary_tables, write_csv
     from raysim.tracking.tracking_store import tracking_uri

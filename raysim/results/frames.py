@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raysim.errors import RaysimError
-from raysim.results.comparison import Comparison, compare_runs
+from raysim.results.compared import Comparison, compare_runs
 from raysim.results.run_store import STORE_HINT, RunStore, started
 from raysim.results.tables import RunRecord
 from raysim.tracking.lineage import NUM_ROUNDS  # a continued run's current engine.num_rounds

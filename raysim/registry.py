@@ -22,7 +22,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -139,17 +139,14 @@ def entries(kind: Kind) -> list[Entry]:
     return [get(kind, name) for name in names(kind)]
 
 
-def travelling_entries() -> tuple[Entry, ...]:
-    """The entries a worker would not register by itself: those whose factory is neither raysim's
-    nor a plugin file's (``raysim_plugins``), such as a class defined in a notebook (``__main__``).
-    A worker ``adopt``s them; Ray ships a ``__main__`` class by value (cloudpickle), another
-    module's by name, which the worker imports."""
-    return tuple(
-        entry
-        for kind in KINDS
-        for entry in _entries[kind].values()
-        if not entry.factory.__module__.startswith(_SELF_REGISTERING)
-    )
+def travelling_entries(named: Iterable[tuple[Kind, str]]) -> tuple[Entry, ...]:
+    """The entries of ``named`` (a job's plugins) that a worker would not register by itself:
+    those whose factory is neither raysim's nor a plugin file's (``raysim_plugins``), such as a
+    class defined in a notebook (``__main__``). A worker ``adopt``s them; Ray ships a ``__main__``
+    class by value (cloudpickle), another module's by name, which the worker imports. Only the
+    job's own travel: another registered class the workers cannot import must not stop them."""
+    found = (_entries[kind].get(name) for kind, name in dict.fromkeys(named))
+    return tuple(e for e in found if e is not None and not e.factory.__module__.startswith(_SELF_REGISTERING))
 
 
 def adopt(entries: tuple[Entry, ...]) -> None:

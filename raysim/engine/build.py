@@ -36,7 +36,7 @@ from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
 from raysim.runtime.backend import Backend, SerialBackend
-from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, job_plugins
 from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.gpu_auto import SizedResources, sized_resources
@@ -46,7 +46,7 @@ from raysim.sampling import CohortSchedule, split_population
 from raysim.stored import plain, rebuild
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.driver_lock import claim_run_folder, release_run_folder
-from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide
+from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide, refuse_another_job
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import RunInfo, ServerState
 
@@ -84,12 +84,13 @@ def build(
     """
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
-    parts = open_parts(job)
-    system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
-    check_time_to_target(job, parts.info)
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
+        refuse_another_job(checkpoint, job.to_dict(), branch)  # before the data is opened
+    parts = open_parts(job)
+    system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
+    check_time_to_target(job, parts.info)
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     examples = parts.store.num_examples("train")
     private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
@@ -225,7 +226,7 @@ def start_sized_workers(parts: JobParts, state_dir: Path) -> tuple[Backend, Size
         str(parts.store.path),
         str(state_dir),
         {name: str(s.path) for name, s in parts.transfer.items()},
-        plugins=registry.travelling_entries(),
+        plugins=registry.travelling_entries(job_plugins(job)),
     )
     sized = sized_resources(
         job.resources,

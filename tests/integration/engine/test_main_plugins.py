@@ -59,7 +59,8 @@ def main_plugin():
 
 
 def test_a_plugin_of_main_trains_on_ray_workers_as_in_process(main_plugin, ray_local, tmp_path):
-    assert [e.name for e in registry.travelling_entries()] == ["damped_main_test"]
+    named = [("algorithm", "damped_main_test"), ("algorithm", "fedavg"), ("model", "mlp")]
+    assert [e.name for e in registry.travelling_entries(named)] == ["damped_main_test"]  # built-ins stay
     algorithm = {"name": "damped_main_test", "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}}
     finals = []
     for backend in ("serial", "ray"):

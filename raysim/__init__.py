@@ -1,8 +1,11 @@
 """raysim: a Ray-based, scalable, cross-device federated-learning simulator.
 
-Usage:
-    from raysim import load_jobs, run
-    result = run(load_jobs("jobs/quickstart.yaml", ["engine.num_rounds=5"])[0])
+Usage (docs/python-api.md):
+    import raysim
+    sections = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+    result = raysim.run(raysim.job(sections, ["engine.num_rounds=2"]))  # or a job file's path
+    raysim.runs()                                   # a DataFrame of the store's runs
+    raysim.compare("raysim", result).figure()       # raysim compare's table and curves
 
 The names below are imported on first use (PEP 562), so ``import raysim`` (and so every
 ``raysim`` command, before it imports what it uses) starts without torch, Ray or MLflow.
@@ -17,6 +20,7 @@ if TYPE_CHECKING:
     from raysim.aggregate import Aggregator, Gather, Sum, WeightedMean
     from raysim.algorithm import Algorithm, StagedAlgorithm
     from raysim.config import JobConfig, load_jobs
+    from raysim.config.files import job
     from raysim.data.store import ClientStore, DatasetConfig, Examples
     from raysim.engine.loop import RunResult, run
     from raysim.errors import (
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
     )
     from raysim.measure.evaluate import evaluate
     from raysim.registry import register
+    from raysim.results.compared import Comparison
+    from raysim.results.frames import compare, report, runs
     from raysim.services import Services
     from raysim.train.local import LocalTrainConfig, train_client, train_local
     from raysim.types import (
@@ -48,6 +54,7 @@ _MODULES = {  # the module each public name is imported from
     "raysim.aggregate": ("Aggregator", "Gather", "Sum", "WeightedMean"),
     "raysim.algorithm": ("Algorithm", "StagedAlgorithm"),
     "raysim.config": ("JobConfig", "load_jobs"),
+    "raysim.config.files": ("job",),
     "raysim.data.store": ("ClientStore", "DatasetConfig", "Examples"),
     "raysim.engine.loop": ("RunResult", "run"),
     "raysim.errors": (
@@ -61,6 +68,8 @@ _MODULES = {  # the module each public name is imported from
     ),
     "raysim.measure.evaluate": ("evaluate",),
     "raysim.registry": ("register",),
+    "raysim.results.compared": ("Comparison",),
+    "raysim.results.frames": ("compare", "report", "runs"),
     "raysim.services": ("Services",),
     "raysim.train.local": ("LocalTrainConfig", "train_client", "train_local"),
     "raysim.types": (
@@ -100,6 +109,7 @@ __all__ = [
     "ClientError",
     "ClientResult",
     "ClientStore",
+    "Comparison",
     "ConfigError",
     "DataError",
     "DataSpec",
@@ -121,10 +131,14 @@ __all__ = [
     "StagedAlgorithm",
     "Sum",
     "WeightedMean",
+    "compare",
     "evaluate",
+    "job",
     "load_jobs",
     "register",
+    "report",
     "run",
+    "runs",
     "train_client",
     "train_local",
 ]

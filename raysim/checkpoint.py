@@ -290,7 +290,7 @@ def check_archive(
 def server_state(saved: dict[str, Any]) -> ServerState[Any]:
     """A ``ServerState`` from a checkpoint's ``state`` entry; its ``extra`` stays plain (the dict of
     the plugin's fields, or {} / None where it kept none) until resuming rebuilds it after the
-    plugin's ``init`` (``raysim.engine.build.initial_state``)."""
+    plugin's ``init`` (``raysim.engine.resumed_state.initial_state``)."""
     return ServerState(
         params=saved["params"],
         opt_state=saved["opt_state"],

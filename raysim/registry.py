@@ -22,7 +22,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -40,6 +40,7 @@ KINDS: tuple[Kind, ...] = ("algorithm", "dataset", "model", "probe")
 _PLUGIN_FOLDERS = {"algorithm": "algorithms", "dataset": "datasets"}
 PROBE_MODULES = ("raysim.measure.barrier", "raysim.measure.connectivity")  # the built-in probes' modules
 REPO_ROOT = Path(__file__).resolve().parent.parent
+_SELF_REGISTERING = ("raysim.", "raysim_plugins.")  # modules every process loads by itself
 # What register accepts: a type checker holds plugins and probes to their protocols here (any
 # aggregate type: each plugin has its own; an algorithm of either shape).
 AlgorithmFactory = TypeVar("AlgorithmFactory", bound="Callable[[Any], Algorithm[Any] | StagedAlgorithm]")
@@ -136,6 +137,23 @@ def names(kind: Kind) -> list[str]:
 def entries(kind: Kind) -> list[Entry]:
     """Registered entries of ``kind``, sorted by name."""
     return [get(kind, name) for name in names(kind)]
+
+
+def travelling_entries(named: Iterable[tuple[Kind, str]]) -> tuple[Entry, ...]:
+    """The entries of ``named`` (a job's plugins) that a worker would not register by itself:
+    those whose factory is neither raysim's nor a plugin file's (``raysim_plugins``), such as a
+    class defined in a notebook (``__main__``). A worker ``adopt``s them; Ray ships a ``__main__``
+    class by value (cloudpickle), another module's by name, which the worker imports. Only the
+    job's own travel: another registered class the workers cannot import must not stop them."""
+    found = (_entries[kind].get(name) for kind, name in dict.fromkeys(named))
+    return tuple(e for e in found if e is not None and not e.factory.__module__.startswith(_SELF_REGISTERING))
+
+
+def adopt(entries: tuple[Entry, ...]) -> None:
+    """Registers the driver's ``travelling_entries`` in this process, over the built-ins."""
+    load_builtins()
+    for entry in entries:
+        _entries[entry.kind][entry.name] = entry
 
 
 def plugin_roots() -> list[Path]:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from raysim.cli.home import raysim_home
 from raysim.cli.runs import add_where
-from raysim.errors import RaysimError
 
 if TYPE_CHECKING:
     from raysim.results.tables import RunRecord
@@ -77,42 +76,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
     from raysim.config import TrackingConfig
     from raysim.engine.plots import overlaid_curves
-    from raysim.results.cost_table import COST_KEYS
-    from raysim.results.run_store import RunStore, matches, parse_where
-    from raysim.results.tables import curve_panels, describe, markdown, summary_tables, write_csv
+    from raysim.results.compared import TITLE, compare_runs
+    from raysim.results.run_store import RunStore
+    from raysim.results.tables import markdown, summary_tables, write_csv
     from raysim.tracking.tracking_store import tracking_uri
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
-    runs, notes = store.resolve(args.targets)
-    if args.where:
-        conditions = parse_where(args.where)
-        runs = [run for run in runs if matches(run, conditions)]
-        if not runs:
-            raise RaysimError(f"no run of {', '.join(args.targets)} has {' and '.join(args.where)}")
-    for note in notes:
+    comparison = compare_runs(store, args.targets, args.metric, args.where, args.over_seeds, args.cost)
+    records = comparison.records
+    for note in comparison.notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
-    records = store.records(runs, args.metric, COST_KEYS if args.cost else ())
-    if args.over_seeds:
-        from raysim.results.seed_groups import over_seeds
-
-        records = over_seeds(runs, records)
-    panels = curve_panels(records, args.metric)
-    missing = [m for m in args.metric or [] if m not in {p.metric for p in panels}]
-    if missing:
-        raise RaysimError(
-            f"no compared run logged {', '.join(missing)}; their evaluation metrics: "
-            f"{', '.join(describe(records)) or 'none'} (or name a full key such as train/loss)"
-        )
     console.print(summary_tables(records, "raysim compare (final metrics)"))
 
-    names = [r.name for r in records]
+    names = comparison.names
     folder = Path(args.out) if args.out else default_folder(names, [str(r.run_id) for r in records])
     folder.mkdir(parents=True, exist_ok=True)
     files = [write_csv(records, folder / TABLE_CSV), folder / TABLE_MD]
     files[1].write_text(markdown(records))
-    if panels:
-        files.append(overlaid_curves(panels, "raysim compare: " + shorten(", ".join(names)), folder / CURVES))
+    if comparison.panels:
+        files.append(overlaid_curves(comparison.panels, TITLE + shorten(", ".join(names)), folder / CURVES))
     else:  # e.g. runs with evaluation off: nothing per round to draw
         console.print("no curves: the runs logged no per-round evaluation", highlight=False)
     if args.cost:

@@ -74,22 +74,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from raysim.cli.console import console
+    from raysim.cli.console import console, reading_width
 
     kind = _kind(args.kind) if args.kind else None
     if args.kind and kind is None and args.name is None:  # `raysim ls fedprox`
         for listed in find(args.kind, None):
-            console.print(detail(listed))
+            console.print(detail(listed), width=reading_width(console))
         return 0
     if args.kind and kind is None:
         raise RaysimError(f"unknown kind {args.kind!r}; choose one of {', '.join(KINDS)}")
     if args.name:
         for listed in find(args.name, kind):
-            console.print(detail(listed))
+            console.print(detail(listed), width=reading_width(console))
         return 0
     entries = catalog()
     for title in [kind] if kind else KINDS:
-        console.print(overview(title, entries[title]))
+        console.print(overview(title, entries[title]), width=reading_width(console))
     return 0
 
 

@@ -15,8 +15,6 @@ from rich.table import Table
 
 from raysim.cli.arg_types import positive_int
 
-NUM_ROUNDS_TAG = "num_rounds"  # a continued run's current engine.num_rounds (the param keeps the first)
-COLUMNS = ("name", "run id", "status", "start", "experiment", "algorithm", "rounds", "seed", "overrides")
 WHOLE = ("run id", "status", "start")
 
 
@@ -67,23 +65,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def runs_table(runs: list[Any], experiments: dict[str, str]) -> Table:
-    from raysim.results.run_store import started
-    from raysim.tracking.provenance import OVERRIDES
+    from raysim.results.frames import RUN_COLUMNS, run_row
 
     table = Table(title="raysim runs (newest first)", title_justify="left")
-    for column in COLUMNS:  # ids whole, to copy; the rest folds to fit the terminal
+    for column in RUN_COLUMNS:  # ids whole, to copy; the rest folds to fit the terminal
         table.add_column(column, overflow="fold", no_wrap=column in WHOLE)
     for run in runs:
-        params, tags = run.data.params, run.data.tags
-        table.add_row(
-            run.info.run_name or "",
-            run.info.run_id,
-            run.info.status,
-            started(run),
-            experiments.get(run.info.experiment_id, run.info.experiment_id),
-            tags.get("algorithm") or params.get("algorithm.name", ""),
-            tags.get(NUM_ROUNDS_TAG) or params.get("engine.num_rounds", ""),
-            params.get("seed", ""),
-            tags.get(OVERRIDES, ""),
-        )
+        table.add_row(*run_row(run, experiments))
     return table

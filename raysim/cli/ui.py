@@ -87,7 +87,7 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from raysim.config import TrackingConfig
-    from raysim.tracking.links import ui_base
+    from raysim.tracking.links import remember_ui, ui_base
     from raysim.tracking.tracking_store import (
         absolute_uri,
         artifact_root,
@@ -117,6 +117,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     url = f"http://127.0.0.1:{args.port}"
 
     def ready(seconds: float, experiment: dict | None) -> None:
+        remember_ui(uri, url)  # the links later runs print point here
         console.print(
             f"MLflow UI on [bold]{url}[/] (store {uri}), answered after {seconds:.1f} s; Ctrl-C stops it",
             soft_wrap=True,

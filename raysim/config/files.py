@@ -52,6 +52,30 @@ def load_jobs(
     return jobs
 
 
+def job(
+    source: dict[str, Any] | str | Path, overrides: list[str] | None = None, *, variant: str | None = None
+) -> JobConfig:
+    """One job from a mapping (a notebook's dict, shaped like a job file) or a job file, with
+    ``key=value`` overrides: ``raysim.job({...})``, ``raysim.job("jobs/quickstart.yaml",
+    ["seed=1"], variant="fedprox")``. A file with variants needs ``variant`` (``load_jobs``
+    gives them all).
+
+    Raises:
+        ConfigError: every problem of the job, or a file with several variants and none named.
+    """
+    if isinstance(source, dict):
+        if variant is not None:
+            raise ConfigError(["variant: a mapping is one job; pass variant= with a job file"])
+        return validate_job(drop_unset(apply_overrides(source, overrides or [])))
+    jobs = load_jobs(source, overrides, [variant] if variant is not None else None)
+    if len(jobs) > 1:
+        names = ", ".join(j.name for j in jobs)
+        raise ConfigError(
+            [f"variants: the file has {len(jobs)} ({names}); pick one with variant="], str(source)
+        )
+    return jobs[0]
+
+
 def _one_variant_hint(overrides: list[str], problems: list[str], accepted: list[JobConfig]) -> list[str]:
     """Where an override every variant got fails on some only, how to aim it at the others."""
     if not accepted:

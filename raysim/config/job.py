@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -141,6 +141,15 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
     def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> JobConfig:
         """Validates a job mapping; raises one ConfigError listing every problem."""
         return validate_job(raw, source)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any) -> Self:
+        """``from_dict``: pydantic's own validation cannot see the plugins' Configs (each plugin
+        section is validated by the Config its ``name`` picks), so a mapping goes through
+        ``validate_job``; pydantic's ``options`` (strict, context) do not apply to a job."""
+        job = obj if isinstance(obj, JobConfig) else validate_job(obj)
+        assert isinstance(job, cls)
+        return job
 
 
 def noise_salt(job: JobConfig) -> int:

@@ -15,8 +15,9 @@ import torch
 from rich.console import Console
 
 from raysim import params as P
+from raysim import registry
 from raysim.algorithm import AnyAlgorithm, has_personal_model
-from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
+from raysim.checkpoint import Checkpoint, read_checkpoint
 from raysim.config import JobConfig, probes_never_due
 from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
@@ -28,26 +29,25 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personal
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
 from raysim.engine.privacy_setup import open_privacy
+from raysim.engine.resumed_state import initial_state
 from raysim.engine.selection_setup import open_selection
 from raysim.engine.system_clock import check_time_to_target, open_system
-from raysim.errors import CheckpointError, ConfigError, ResourceError
-from raysim.plugin_defaults import fresh_state, resume_state
+from raysim.errors import ConfigError, ResourceError
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
 from raysim.robust.release import RunRobust, check_resumable
 from raysim.runtime.backend import Backend, SerialBackend
-from raysim.runtime.builders import build_algorithm, build_job_model, build_probes
+from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, job_plugins
 from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.gpu_auto import SizedResources, sized_resources
 from raysim.runtime.gpu_sizing import probe_work
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, split_population
-from raysim.stored import plain, rebuild
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.driver_lock import claim_run_folder, release_run_folder
-from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide
+from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide, refuse_another_job
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import RunInfo, ServerState
 
@@ -87,12 +87,13 @@ def build(
         Console(stderr=True).print(f"note ({job.name}): {job.note}", highlight=False, soft_wrap=True)
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
-    parts = open_parts(job)
-    system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
-    check_time_to_target(job, parts.info)
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
+        refuse_another_job(checkpoint, job.to_dict(), branch)  # before the data is opened
+    parts = open_parts(job)
+    system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
+    check_time_to_target(job, parts.info)
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     check_resumable(job.robust, start_round)
     examples = parts.store.num_examples("train")
@@ -232,6 +233,7 @@ def start_sized_workers(parts: JobParts, state_dir: Path) -> tuple[Backend, Size
         str(parts.store.path),
         str(state_dir),
         {name: str(s.path) for name, s in parts.transfer.items()},
+        plugins=registry.travelling_entries(job_plugins(job)),
     )
     sized = sized_resources(
         job.resources,
@@ -310,78 +312,6 @@ def load_schedule(
                 ]
             )
     return schedule
-
-
-def initial_state(
-    algorithm: AnyAlgorithm[Any],
-    params: P.Params,
-    info: RunInfo,
-    job: JobConfig,
-    checkpoint: Checkpoint | None,
-) -> tuple[ServerState, int]:
-    """The plugin's fresh state (``fresh_state``), or a checkpoint's (completed by the plugin's
-    ``resume_state``).
-
-    Returns:
-        The state and the first round to run.
-    """
-    fresh = fresh_state(algorithm, params, info)
-    if checkpoint is None:
-        return fresh, 0
-    path, last_round = str(checkpoint.path), checkpoint.round_num
-    check_rounds_left(last_round, job.engine.num_rounds, path)
-    check_compatible(checkpoint.state, params, path)
-    refuse_nonfinite_checkpoint(checkpoint.state, path)
-    trail = CheckpointTrail(checkpoint.path, last_round, checkpoint.state)
-    state = resume_state(algorithm, checkpoint.state, fresh, trail)
-    return typed_like(fresh, state, job.algorithm.name, path), last_round + 1
-
-
-def refuse_nonfinite_checkpoint(state: ServerState, path: str, action: str = "resume from") -> None:
-    """A checkpoint whose model or server optimizer holds NaN or infinity cannot be resumed: every
-    client would train from it and fail, and the run would blame their learning rates. Nor is it
-    evaluated (``action``: "evaluate"): its scores would be those of no model the run trained."""
-    saved = {"params": state.params, "opt_state": state.opt_state}
-    if not P.is_finite(saved):
-        bad = P.nonfinite_names(saved)
-        raise CheckpointError(
-            f"{path} is non-finite: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
-            f"hold{'s' if len(bad) == 1 else ''} NaN or infinity; {action} an earlier checkpoint "
-            f"of the run (its checkpoints/ folder)"
-        )
-
-
-def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> None:
-    """A resumed run must have a round left to run: otherwise it would open workers and an MLflow
-    run, train nothing and write a final checkpoint identical to the one it resumed."""
-    if last_round >= num_rounds - 1:
-        raise ConfigError(
-            [
-                f"engine.num_rounds: {resume_from} already completed rounds 0..{last_round}, so a run of "
-                f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
-                f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
-            ]
-        )
-
-
-def typed_like(fresh: ServerState, saved: ServerState, algorithm: str, path: str) -> ServerState:
-    """``saved`` with its plain ``extra`` (the dict of the plugin's fields, as the checkpoint holds
-    it) rebuilt as the plugin's state type, the one ``init`` made for ``fresh``.
-
-    A checkpoint must hold the fields this job's algorithm keeps (branching between algorithms of
-    one family, FedAvg to FedAdam say, is fine; a plugin's ``resume_state`` hook completes state
-    that an older plugin or another of its family did not write).
-
-    Raises:
-        CheckpointError: the checkpoint's plugin state has other fields.
-    """
-    try:
-        extra = rebuild(fresh.extra, plain(saved.extra), "its server state")
-    except ValueError as exc:
-        raise CheckpointError(
-            f"{path}: {exc}; it was written by another kind of algorithm than {algorithm!r}"
-        ) from None
-    return replace(saved, extra=extra)
 
 
 def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Backend:

@@ -86,6 +86,7 @@ class Engine(Generic[A]):
     selector: Selector | None = None  # engine.selection (raysim.selection); None: uniform
     robust: RunRobust | None = None  # a robust rule and an attack's malicious clients
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
+    on_log: Callable[[int, Metrics], None] = lambda step, metrics: None  # the progress display's count
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
     round_timer: RoundTimer | None = None  # the latest ``run_round``'s, until its ``end_round``
     costs: CostMeter = field(init=False)  # what is trained and evaluated, logged with its step
@@ -294,6 +295,7 @@ class Engine(Generic[A]):
         metrics = self.costs.take(metrics) | metrics  # a plugin's own figure wins
         self.history.append((round_num, metrics))
         self.tracker.log_metrics(metrics, step=round_num)
+        self.on_log(round_num, metrics)  # a staged plugin's steps too
 
     def checkpoint(self, state: ServerState, round_num: int, name: str | None = None) -> Path:
         """Server state plus a hard-link snapshot of the client state as of ``round_num``.

@@ -72,15 +72,18 @@ def run(
     progress = RoundProgress(job.name, job.engine.num_rounds, enabled=job.tracking.progress)
     with exit_as_requested(), progress as bar:  # SIGTERM's 143, even where Ray made it 1
         engine, state = build(job, tracker, resume_from, Path(output_dir), branch)
-        engine.on_phase, status = bar.phase, "FAILED"
+        engine.on_phase, engine.on_log, status = bar.phase, bar.update, "FAILED"
         bar.resume_at(engine.start_round, engine.num_rounds)
+        if has_protocol(engine.algorithm):
+            bar.staged()
         try:
             if job.evaluation.at_start and engine.start_round == 0:
                 engine.log(engine.evaluate(state), START_STEP)
             if has_protocol(engine.algorithm):
                 state = engine.algorithm.protocol(engine, state)
             else:
-                state = round_loop(engine, state, bar)
+                state = round_loop(engine, state)
+            bar.finished()
             bar.phase("finishing")
             result = finish(engine, state, time.perf_counter() - start)
             honour_stop_request()  # a SIGTERM whose exit was lost in the final writes or uploads
@@ -97,14 +100,12 @@ def run(
                 engine.tracker.finish(status)  # RUNNING until here, so no other driver continues it
 
 
-def round_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
+def round_loop(engine: Engine[A], state: ServerState) -> ServerState:
     """The default protocol: ``num_rounds`` identical rounds (fewer where a privacy budget stops the
-    run), evaluated and logged when due."""
+    run), evaluated and logged when due (``Engine.log`` moves the progress bar)."""
     for round_num in range(engine.start_round, engine.num_rounds):
         state, metrics = engine.run_round(state, round_num)
-        metrics = engine.end_round(state, round_num, metrics)
-        if bar is not None:
-            bar.update(round_num, metrics)
+        engine.end_round(state, round_num, metrics)
     return state
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysim.engine.round_timer import PHASES, WALL, phase_key, time_summary
 from raysim.types import Metrics
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _CURVES = {
     "accuracy": ("eval/central/accuracy", "eval/clients/accuracy", "train/accuracy"),
@@ -87,21 +91,31 @@ class Panel:
 
 
 _STYLES = {"clients": "-", "central": "--", "heldout": ":"}
+PANEL_WIDTH_IN = 6  # inches per panel of the overlaid curves
+TITLE_CHARS_PER_IN = 11  # characters of a 10-point title that fit an inch, with room to spare
 
 
 def overlaid_curves(panels: list[Panel], title: str, path: str | Path) -> Path:
-    """Every run's curves on shared axes, one panel per metric, the p10-p90 band over clients
-    shaded in the run's colour; returns ``path``."""
-    import matplotlib
+    """``curves_figure`` written to ``path`` (PNG); returns ``path``."""
+    fig = curves_figure(panels, title)
+    fig.savefig(Path(path), dpi=110)
+    return Path(path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def curves_figure(panels: list[Panel], title: str) -> Figure:
+    """Every run's curves on shared axes, one panel per metric, the p10-p90 band over clients
+    shaded in the run's colour. A plain ``Figure`` (no pyplot): a notebook shows it as it is, and
+    nothing stays open in pyplot's list of figures."""
+    from matplotlib import rcParams
+    from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatter, MaxNLocator
 
     runs = list(dict.fromkeys(s.run for panel in panels for s in panel.series))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
     colour = {run: cycle[i % len(cycle)] for i, run in enumerate(runs)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    width = PANEL_WIDTH_IN * len(panels)
+    fig = Figure(figsize=(width, 4.2))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for s in panel.series:
             label = s.run if "/" in s.scope else f"{s.run} ({s.scope})"
@@ -123,10 +137,12 @@ def overlaid_curves(panels: list[Panel], title: str, path: str | Path) -> Path:
         ax.set_ylabel(panel.metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    lines = textwrap.wrap(title, int(width * TITLE_CHARS_PER_IN))  # a long title is wrapped, never cut
     if any(s.band is not None for panel in panels for s in panel.series):
-        title += "\nshaded: 10th-90th percentile over clients"
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+        lines.append("shaded: 10th-90th percentile over clients")
+    fig.suptitle("\n".join(lines), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _save(fig: Any, path: str | Path) -> Path:

@@ -52,6 +52,7 @@ class RoundProgress:
             name, total=num_rounds - start_round, status="", phase=PHASES[0], rounds=self._rounds(start_round)
         )
         self.last: dict[str, float] = {}
+        self.steps = False  # a staged plugin's own protocol: steps it logs, not the job's rounds
 
     def __enter__(self) -> RoundProgress:
         self.progress.start()
@@ -79,15 +80,33 @@ class RoundProgress:
         self.num_rounds = num_rounds if num_rounds is not None else self.num_rounds
         self.progress.update(self.task, total=self.num_rounds - start_round, rounds=self._rounds(start_round))
 
+    def staged(self) -> None:
+        """A staged plugin (FuseFL's stages, a one-shot method's training and distillation) runs
+        its own steps, however many ``engine.num_rounds`` says: the bar counts the steps it logs,
+        with no total (so no ETA) until the run ends."""
+        self.steps = True
+        self.progress.update(self.task, total=None, completed=0, rounds="step -")
+
     def update(self, round_num: int, metrics: Metrics) -> None:
+        """A round (a staged plugin's step) logged ``metrics``."""
         self.last.update({k: v for k, v in metrics.items() if k in _SHOWN})
         shown = next((f"{k.split('/')[-2]} acc {self.last[k]:.3f}" for k in _SHOWN if k in self.last), "")
+        if self.steps:
+            done = int(self.progress.tasks[0].completed) + 1
+            self.progress.update(self.task, completed=done, status=shown, rounds=f"step {round_num}")
+            return
         self.progress.update(
             self.task,
             completed=round_num + 1 - self.start_round,
             status=shown,
             rounds=self._rounds(round_num + 1),
         )
+
+    def finished(self) -> None:
+        """The run's steps are done: a staged plugin's bar fills."""
+        if self.steps:
+            done = self.progress.tasks[0].completed
+            self.progress.update(self.task, total=done)
 
     def _rounds(self, done: int) -> str:
         return f"{done}/{self.num_rounds}"

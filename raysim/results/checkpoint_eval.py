@@ -27,9 +27,10 @@ from raysim.checkpoint import Checkpoint, check_compatible, read_checkpoint
 from raysim.config import JobConfig, apply_overrides
 from raysim.config.job import validate_job
 from raysim.config.renames import upgrade_saved_job
-from raysim.engine.build import open_parts, refuse_nonfinite_checkpoint, start_workers
+from raysim.engine.build import open_parts, start_workers
 from raysim.engine.evaluation import EvaluationPlan, evaluate_global
 from raysim.engine.preflight import preflight
+from raysim.engine.resumed_state import refuse_nonfinite_checkpoint
 from raysim.errors import CheckpointError, ConfigError
 from raysim.results.analysis import FINAL, attach_run, final_checkpoint
 from raysim.runtime.backend import Backend

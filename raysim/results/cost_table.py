@@ -141,6 +141,12 @@ def cost_markdown(records: Sequence[RunRecord]) -> str:
 
 
 def write_cost_csv(records: Sequence[RunRecord], path: Path) -> Path:
+    """``cost_csv`` written to ``path``."""
+    path.write_text(cost_csv(records))
+    return path
+
+
+def cost_csv(records: Sequence[RunRecord]) -> str:
     """One row per run, one column per cost metric (full names, in the metrics' own units), then
     one ``<metric>:std`` column each: the std over a row's seeds, empty for one run."""
     keys = [c.keys[0] for c in COLUMNS]
@@ -151,5 +157,4 @@ def write_cost_csv(records: Sequence[RunRecord], path: Path) -> Path:
         fields, spread = cost_fields(record), cost_spread(record)
         values = [repr(m[key]) if key in m else "" for m in (fields, spread) for key in keys]
         writer.writerow([record.name, record.run_id or "", record.algorithm, *values])
-    path.write_text(buffer.getvalue())
-    return path
+    return buffer.getvalue()

@@ -284,6 +284,12 @@ def comparison_table(results: Sequence[RunResult]) -> RenderableType:
 
 
 def write_csv(records: Sequence[RunRecord], path: Path) -> Path:
+    """``final_csv`` written to ``path``."""
+    path.write_text(final_csv(records))
+    return path
+
+
+def final_csv(records: Sequence[RunRecord]) -> str:
     """One row per run, one column per metric key of the tables' columns (full names)."""
     tables = task_tables(records)
     keys = list(dict.fromkeys(key for t in tables for c in t.columns for key in c.keys))
@@ -298,8 +304,7 @@ def write_csv(records: Sequence[RunRecord], path: Path) -> Path:
                 [record.name, record.run_id or "", record.algorithm, table.task]
                 + ["" if v is None else repr(v) for v in values]
             )
-    path.write_text(buffer.getvalue())
-    return path
+    return buffer.getvalue()
 
 
 def markdown(records: Sequence[RunRecord]) -> str:

@@ -28,6 +28,17 @@ def build_algorithm(job: JobConfig) -> AnyAlgorithm[Any]:
     return algorithm
 
 
+def job_plugins(job: JobConfig) -> list[tuple[registry.Kind, str]]:
+    """The plugins a worker builds for ``job``: its algorithm, models and probes."""
+    groups = job.model_groups.models if job.model_groups is not None else ()
+    return [
+        ("algorithm", job.algorithm.name),
+        ("model", job.model.name),
+        *(("model", section.name) for section in groups),
+        *(("probe", section.name) for section in job.evaluation.probes),
+    ]
+
+
 def build_probes(job: JobConfig) -> dict[str, Probe]:
     """The job's probes by name (``evaluation.probes``)."""
     return {section.name: _build(section, "probe") for section in job.evaluation.probes}

@@ -18,6 +18,7 @@ from raysim.types import ClientFailure, RoundOutput
 
 if TYPE_CHECKING:
     from raysim.aggregate import Partial
+    from raysim.registry import Entry
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class WorkerSetup:
     device: str = "cpu"
     num_threads: int = 1
     gpu_memory_fraction: float | None = None
+    # plugins registered outside raysim and its plugin files (a notebook's): classes, not names
+    plugins: tuple[Entry, ...] = ()
 
 
 # One worker's answer for one round: its share of the round in the round's own shape, its

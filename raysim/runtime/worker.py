@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
+from raysim import registry
 from raysim.algorithm import has_personal_model, vectorizes
 from raysim.compress.upload import Uplink
 from raysim.config import JobConfig, PersonalizationConfig
@@ -71,6 +72,7 @@ class ClientTrainer:
         if setup.gpu_memory_fraction is not None and setup.device.startswith("cuda"):
             # Ray's GPU fractions are scheduling hints only: enforce this worker's share.
             torch.cuda.set_per_process_memory_fraction(setup.gpu_memory_fraction)
+        registry.adopt(setup.plugins)  # before the job, whose sections name them
         self.job = JobConfig.from_dict(setup.job)
         self.device = torch.device(setup.device)
         set_up_arithmetic(self.job.resources, self.device)  # resources.precision, .deterministic

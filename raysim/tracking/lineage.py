@@ -24,6 +24,7 @@ from typing import Any
 from raysim.checkpoint import Checkpoint
 from raysim.config import flatten
 from raysim.config.job import RESUMABLE_CHANGES
+from raysim.errors import CheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"  # a run folder's checkpoints sit in <run_dir>/checkpoints/
 # tags of a resumed or branched run
@@ -145,6 +146,23 @@ def _why_branch(
     if checkpoint.path.absolute().parent.name != CHECKPOINTS_DIR:
         return f"the checkpoint is not in its run folder's {CHECKPOINTS_DIR}/ (a copy?)"
     return ""
+
+
+def refuse_another_job(checkpoint: Checkpoint, job: dict[str, Any], branch: bool) -> None:
+    """A checkpoint of another job (its config differs beyond ``RESUMABLE_CHANGES``) resumes only
+    when asked: ``--branch`` (``branch=True``) starts a new run of this job from it.
+
+    Raises:
+        CheckpointError: the configs differ and ``branch`` is off, naming the keys.
+    """
+    changed = config_changes(checkpoint.job, job)
+    if changed and not branch:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise CheckpointError(
+            f"--resume {checkpoint.path}: it was written by another job (the config changed: "
+            f"{', '.join(changed[:3])}{more}); resume it with that job, or pass --branch "
+            "(raysim.run(..., branch=True)) to start a new run of this job from it"
+        )
 
 
 def config_changes(saved: dict[str, Any], job: dict[str, Any]) -> list[str]:

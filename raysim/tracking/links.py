@@ -9,19 +9,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from urllib.parse import quote
 
-from raysim.tracking.tracking_store import is_server
+from raysim.tracking.tracking_store import is_server, sqlite_path
 
 DEFAULT_UI = "http://127.0.0.1:5000"  # where `raysim ui` serves a local store by default
 
 
 def ui_base(tracking_uri: str, default: str = DEFAULT_UI) -> str:
     """The UI's address: the tracking server itself for an http(s) URI, else where ``raysim ui``
-    serves a local store (``default``)."""
+    last served this local store (``remember_ui``; ``raysim ui --port 5001`` serves it on 5001),
+    else ``default``."""
     if is_server(tracking_uri):
         return tracking_uri.rstrip("/")
-    return default.rstrip("/")
+    record = _record(tracking_uri)
+    remembered = record.read_text().strip() if record is not None and record.is_file() else ""
+    return (remembered or default).rstrip("/")
+
+
+def remember_ui(tracking_uri: str, url: str) -> None:
+    """Notes where ``raysim ui`` serves a SQLite store, so that the links later runs print point
+    there; a store it cannot write beside is left unnoted (the links say the default port)."""
+    record = _record(tracking_uri)
+    if record is not None:
+        try:
+            record.write_text(url + "\n")
+        except OSError:
+            pass
+
+
+def _record(tracking_uri: str) -> Path | None:
+    """``mlflow.db.ui`` beside a store ``mlflow.db``: one line, the UI's address."""
+    database = sqlite_path(tracking_uri)
+    return database.with_name(database.name + ".ui") if database is not None else None
 
 
 def run_link(base: str, experiment_id: str, run_id: str) -> str:

@@ -58,6 +58,7 @@ def test_a_branch_from_fedavg_takes_the_parents_models_as_anchors(tmp_path):
         tiny_job(algorithm={"name": "fedgucci", "num_anchors": 3, "local": local}, engine=engine),
         resume_from=str(checkpoints / "round_00001.pt"),
         output_dir=tmp_path / "fedgucci",
+        branch=True,  # another job's checkpoint
     )
     model_bytes = sum(v.numel() * v.element_size() for v in parent.state.params.values())
     assert branch.history[0][0] == 2

@@ -53,7 +53,7 @@ def test_before_it_averages_ima_is_fedavg(runs):
 def test_a_branch_from_the_fedavg_checkpoint_equals_the_run_from_round_0(runs, tmp_path):
     fedavg, ima = runs
     parent = fedavg.run_dir / "checkpoints" / "round_00002.pt"
-    branch = run(job(IMA, 5), resume_from=str(parent), output_dir=tmp_path)
+    branch = run(job(IMA, 5), resume_from=str(parent), output_dir=tmp_path, branch=True)
     assert [step for step, _ in branch.history] == [3, 4]
     assert_same(branch.state.params, ima.state.params)
     for own, straight in zip(branch.state.extra.window, ima.state.extra.window, strict=True):
@@ -75,7 +75,7 @@ def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(runs, tmp_p
     alone.parent.mkdir()
     shutil.copy(fedavg.run_dir / "checkpoints" / "final.pt", alone)
     with pytest.raises(CheckpointError, match=r"no checkpoint of round 1 .*checkpoint_every: 1"):
-        run(job(IMA, 5), resume_from=str(alone), output_dir=tmp_path / "out")
+        run(job(IMA, 5), resume_from=str(alone), output_dir=tmp_path / "out", branch=True)
 
 
 SGD = {"epochs": 1, "batch_size": 16, "lr": 0.1}

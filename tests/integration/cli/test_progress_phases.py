@@ -33,3 +33,17 @@ def test_personalization_shows_as_personalizing(tmp_path, monkeypatch):
     loop.run(job, output_dir=tmp_path)
     # round 0 trains only; round 1 (the last) evaluates and personalizes; then the final artifacts
     assert seen == ["training", "personalizing", "finishing"]
+
+
+def test_a_one_shot_method_moves_the_bar_by_its_steps(tmp_path, monkeypatch):
+    seen: list[tuple[str, float | None, float]] = []
+    original = RoundProgress.__exit__
+
+    def record(self: RoundProgress, *exc: object) -> None:
+        task = self.progress.tasks[0]
+        seen.append((str(task.fields["rounds"]), task.total, task.completed))
+        original(self, *exc)
+
+    monkeypatch.setattr(RoundProgress, "__exit__", record)
+    loop.run(tiny_job(algorithm={"name": "oneshot_fedavg"}), output_dir=tmp_path)
+    assert seen == [("step 0", 1, 1)]  # unfixed: "0/3", nothing completed

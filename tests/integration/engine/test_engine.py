@@ -68,6 +68,7 @@ def test_resume_from_a_checkpoint_of_another_model_is_refused(tmp_path):
             tiny_job(model={"name": "mlp", "hidden": [8]}),
             resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
             output_dir=tmp_path / "b",
+            branch=True,
         )
     with pytest.raises(CheckpointError, match="no checkpoint"):
         run(tiny_job(), resume_from=str(tmp_path / "nope.pt"), output_dir=tmp_path / "c")
@@ -270,11 +271,13 @@ def test_resuming_another_kind_of_algorithm_is_refused(tmp_path):
             tiny_job(algorithm={"name": "scaffold"}),
             resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
             output_dir=tmp_path / "b",
+            branch=True,
         )
     branch = run(
         tiny_job(algorithm={"name": "fedadam"}, engine={"num_rounds": 2}),  # same family
         resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
         output_dir=tmp_path / "c",
+        branch=True,
     )
     assert [step for step, _ in branch.history] == [1]
 

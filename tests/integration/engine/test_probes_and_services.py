@@ -236,11 +236,19 @@ def test_resume_state_completes_what_an_older_checkpoint_lacks(tmp_path):
     fedavg = run(tiny_job(engine={"num_rounds": 1}), output_dir=tmp_path / "a")
     checkpoint = str(fedavg.run_dir / "checkpoints" / "final.pt")
     branch = run(
-        tiny_job(algorithm={"name": "with_window_test"}), resume_from=checkpoint, output_dir=tmp_path / "b"
+        tiny_job(algorithm={"name": "with_window_test"}),
+        resume_from=checkpoint,
+        output_dir=tmp_path / "b",
+        branch=True,
     )
     assert branch.state.extra == {"window": []} and [s for s, _ in branch.history] == [1, 2]
     with pytest.raises(CheckpointError, match="another kind of algorithm"):
-        run(tiny_job(algorithm={"name": "scaffold"}), resume_from=checkpoint, output_dir=tmp_path / "c")
+        run(
+            tiny_job(algorithm={"name": "scaffold"}),
+            resume_from=checkpoint,
+            output_dir=tmp_path / "c",
+            branch=True,
+        )
 
 
 def test_bytes_down_are_counted_per_payload_part(tmp_path):

@@ -127,15 +127,32 @@ def test_a_checkpoint_written_before_the_option_renames_continues_its_run(
     assert run.info.status == "FINISHED"
 
 
-def test_resume_with_another_config_branches_a_child_run(job_repo, tmp_path, tracking_uri, capsys):
+def test_resume_with_another_config_is_refused_unless_it_branches_a_child_run(
+    job_repo, tmp_path, tracking_uri, capsys
+):
     job_path, _ = job_repo
     raysim_run(job_path, tmp_path / "out")
     client = MlflowClient(tracking_uri)
     [parent] = only_run(client)
     [checkpoint] = (tmp_path / "out").glob("runs/*/checkpoints/final.pt")
     changed = ["engine.num_rounds=3", "algorithm.local.lr=0.05"]
-    raysim_run(job_path, tmp_path / "out", "--resume", str(checkpoint), *changed)
-    assert "the config changed (algorithm.local.lr)" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "run",
+                str(job_path),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--resume",
+                str(checkpoint),
+                *changed,
+            ]
+        )
+        == 2
+    )
+    assert "written by another job (the config changed: algorithm.local.lr); " in capsys.readouterr().err
+    raysim_run(job_path, tmp_path / "out", "--resume", str(checkpoint), "--branch", *changed)
+    assert "branching a new MLflow run, child of run" in capsys.readouterr().err
     [child] = [r for r in only_run(client) if r.info.run_id != parent.info.run_id]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["resumed_from"] == str(checkpoint) and child.data.tags["resumed_from_round"] == "1"

@@ -19,7 +19,7 @@ import torch
 from raysim import params as P
 from raysim import registry
 from raysim.checkpoint import CheckpointTrail, read_checkpoint, save_checkpoint
-from raysim.engine.build import typed_like
+from raysim.engine.resumed_state import typed_like
 from raysim.errors import CheckpointError
 from raysim.plugin_defaults import resume_state
 from raysim.runtime.client_state import ClientStateStore

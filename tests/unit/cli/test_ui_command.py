@@ -98,3 +98,16 @@ def test_ui_on_a_tracking_server_points_at_its_own_ui(capsys):
     uri = "http://127.0.0.1:1"  # nothing answers there: the command starts nothing and says so
     assert main(["ui", "--tracking-uri", uri]) == 0
     assert f"open {uri}" in capsys.readouterr().out
+
+
+def test_the_port_ui_serves_a_store_on_is_the_port_later_run_links_name(tmp_path, monkeypatch, capsys):
+    """Run links said port 5000 whatever port ``raysim ui --port`` was given."""
+    from raysim.tracking.links import DEFAULT_UI, ui_base
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "mlflow.db").touch()
+    assert ui_base(uri) == DEFAULT_UI  # never served: the default port
+    monkeypatch.setattr(ui, "serve", lambda command, address, port, ready, store: ready(1.0, None) or 0)
+    assert main(["ui", "--port", "5077", "--tracking-uri", uri]) == 0
+    assert ui_base(uri) == "http://127.0.0.1:5077"
+    assert ui_base(f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}") == DEFAULT_UI  # another store

@@ -148,3 +148,14 @@ def test_every_job_file_says_its_cost_in_one_greppable_line():
         if not any(COST.match(line) for line in path.read_text().splitlines()[:40])
     ]
     assert not missing, f"job files without a '# cost: ...' header line: {missing}"
+
+
+def test_job_takes_a_mapping_or_a_file_and_one_of_its_variants(tmp_path):
+    from raysim.config.files import job
+
+    assert job(BASE, ["seed=4"]).seed == 4  # a notebook's dict, overrides as on the command line
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "variants": [{"name": "a"}, {"name": "b", "seed": 9}]}))
+    assert job(path, variant="b").seed == 9
+    with pytest.raises(ConfigError, match=r"variants: the file has 2 \(a, b\); pick one with variant="):
+        job(path)

@@ -207,3 +207,11 @@ def test_a_note_is_kept_but_changes_neither_the_noise_nor_the_resumable_config()
     assert "note" not in plain.to_dict()  # a job without one reads as before
     assert noise_salt(plain) == noise_salt(noted)
     assert "note".startswith(RESUMABLE_CHANGES)
+
+
+def test_model_validate_validates_a_mapping_as_from_dict_does():
+    """pydantic's own validation cannot see the plugins' Configs: it asked for a ``config`` field."""
+    job = JobConfig.model_validate(BASE)
+    assert job == JobConfig.from_dict(BASE) and JobConfig.model_validate(job) is job
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
+        JobConfig.model_validate({**BASE, "algorithm": {"name": "nope"}})

@@ -29,7 +29,7 @@ def test_a_job_that_needs_ray_or_mlflow_says_so_before_any_work(monkeypatch):
 
 @pytest.mark.parametrize("num_rounds", [3, 2], ids=["at the end", "past it"])
 def test_resuming_with_no_round_left_names_the_fix(num_rounds):
-    from raysim.engine.build import check_rounds_left
+    from raysim.engine.resumed_state import check_rounds_left
     from raysim.errors import ConfigError
 
     with pytest.raises(

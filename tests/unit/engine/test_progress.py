@@ -48,3 +48,17 @@ def test_a_run_that_fails_to_start_leaves_only_its_error():
     with pytest.raises(RuntimeError), bar:
         raise RuntimeError("no data")
     assert "start-up" not in out.getvalue()
+
+
+def test_a_staged_plugin_shows_its_steps_not_the_jobs_rounds():
+    """FuseFL's stages or a one-shot method's steps: the bar stayed at 0/3 (engine.num_rounds)."""
+    bar, out = _bar(num_rounds=3)
+    with bar:
+        bar.staged()
+        for step in range(5):  # more steps than the job's rounds
+            bar.update(step, {"eval/clients/accuracy": 0.5})
+        bar.finished()
+        task = bar.progress.tasks[0]
+        assert task.completed == task.total == 5
+    text = out.getvalue()
+    assert "step 4" in text and "0/3" not in text

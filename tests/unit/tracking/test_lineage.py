@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from raysim.checkpoint import Checkpoint
-from raysim.tracking.lineage import ParentRun, config_changes, decide
+from raysim.errors import CheckpointError
+from raysim.tracking.lineage import ParentRun, config_changes, decide, refuse_another_job
 from raysim.types import ServerState
 
 JOB = {
@@ -78,3 +79,17 @@ def test_config_changes_ignore_rounds_tracking_and_resources_only():
     assert config_changes(SAVED, {**JOB, "engine": {"num_rounds": 9, "cohort_size": 5}}) == [
         "engine.cohort_size"
     ]
+
+
+def test_another_jobs_checkpoint_is_refused_unless_branching_is_asked_for():
+    """It used to resume with one "branching" line: a wrong --resume went unnoticed."""
+    other = {**SAVED, "algorithm": {"name": "fedprox", "local": {"lr": 0.05}}}
+    with pytest.raises(CheckpointError) as info:
+        refuse_another_job(checkpoint(), other, branch=False)
+    message = str(info.value)
+    assert "written by another job (the config changed: algorithm.local.lr, algorithm.name)" in message
+    assert "pass --branch" in message and "\n" not in message
+    refuse_another_job(checkpoint(), other, branch=True)  # asked for: a new run from it
+    refuse_another_job(
+        checkpoint(), {**SAVED, "engine": {"num_rounds": 9, "cohort_size": 3}}, branch=False
+    )  # more rounds

@@ -6,7 +6,7 @@ Usage:
     raysim.runs("quickstart", where=["seed=0"])             # a DataFrame, newest first
     comparison = raysim.compare("quickstart")               # or RunResults from raysim.run
     comparison.table, comparison.figure()
-    raysim.report("my-sweep", metric="eval/central/accuracy", columns="dataset.alpha")
+    raysim.report("my-sweep", metric="eval/central/accuracy", columns="dataset.partition.alpha")
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ plugins broadcast a plain model, which ``download`` encodes (the server keeps it
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from raysim.config.plugins import PluginSection, update_delta
 from raysim.config.privacy import PrivacyConfig
@@ -84,6 +84,11 @@ class CompressionConfig(BaseModel, frozen=True, extra="forbid"):
         if self.upload is None and self.download is None:
             raise ValueError("set upload, download or both (e.g. upload: {kind: topk, fraction: 0.01})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _set_directions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unset direction stays out of the resolved config: an upload-only job reads as before."""
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 def compression_problems(

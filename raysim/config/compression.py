@@ -106,11 +106,12 @@ def compression_problems(
         algorithm is not None
         and update_delta(get("algorithm", algorithm.name).factory, algorithm.config) is None
     ):
+        name = algorithm.name
         problems.append(
-            f"compression: algorithm {algorithm.name!r} sends no parameter delta that an encoder could "
-            f"compress (its update is another kind of value, or it runs its own protocol); unset compression"
+            f"compression: algorithm {name!r} sends no parameter delta that an encoder could compress "
+            f"(its update is another kind of value, or it runs its own protocol); unset compression"
             if compression.upload is not None
-            else f"compression.download: algorithm {algorithm.name!r} is not one whose clients train from the "
+            else f"compression.download: algorithm {name!r} is not one whose clients train from the "
             f"broadcast model and send back a plain delta (its update is another kind of value, or it "
             f"runs its own protocol); unset compression.download"
         )

@@ -107,13 +107,15 @@ def save_checkpoint(
     run: dict[str, str] | None = None,
     privacy: dict[str, Any] | None = None,
     selection: dict[str, Any] | None = None,
+    downlink: dict[str, Any] | None = None,
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
 
     ``privacy`` is the privacy accounting's state (central DP's ``raysim.privacy.ledger.LedgerState``
     and the clients' counts, as plain values); a resumed run's accountant goes on from it.
     ``selection`` is a guided selection's state and the simulated clock's rounds
-    (``raysim.engine.selection_setup``), as plain values.
+    (``raysim.engine.selection_setup``), as plain values. ``downlink`` is the server's state for
+    ``compression.download`` (``raysim.compress.downlink``: the public model, tensors).
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.
@@ -136,6 +138,7 @@ def save_checkpoint(
         "run": run,
         "privacy": privacy,
         "selection": selection,
+        "downlink": downlink,
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -178,6 +181,7 @@ class Checkpoint:
     run: dict[str, str] | None  # the MLflow run that wrote it; None: untracked, or an older file
     privacy: Any = None  # the privacy accounting's state; None: no privacy, or an older file
     selection: Any = None  # engine.selection's state; None: uniform, or an older file
+    downlink: Any = None  # compression.download's state; None: sent whole, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -198,7 +202,8 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
     run = raw.get("run") if isinstance(raw.get("run"), dict) else None
     privacy = raw.get("privacy")  # checked by the run that resumes (raysim.privacy.run_privacy)
     selection = raw.get("selection")  # checked by the run that resumes (raysim.engine.selection_setup)
-    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection)
+    downlink = raw.get("downlink")  # None: the broadcast went whole, or an older file
+    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection, downlink)
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:

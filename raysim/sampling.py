@@ -22,6 +22,7 @@ from raysim.errors import ConfigError
 _COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION, _GROUPS, _SERVER_NOISE, _CLIENT_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
 _SELECTION = 9  # a guided selection's draws (raysim.selection)
 _COMPRESSION = 10  # random-k's and QSGD's draws (raysim.compress); 11-16: raysim.systems
+_DOWNLOAD = 17  # the server's draws encoding its broadcast (raysim.compress.downlink)
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:
@@ -148,6 +149,12 @@ def compression_seed(seed: int, round_num: int, client_id: int) -> int:
     """A 63-bit seed for the draws that encode one client's update in one round (random-k's
     coordinates, QSGD's rounding): the server, holding the same three numbers, draws alike."""
     return _seed_of([seed, round_num, client_id, _COMPRESSION])
+
+
+def download_seed(seed: int, round_num: int) -> int:
+    """A 63-bit seed for the draws that encode the server's broadcast in one round: every client,
+    holding the run seed and the round, draws alike (random-k's coordinates travel as no index)."""
+    return _seed_of([seed, round_num, _DOWNLOAD])
 
 
 def _seed_of(entropy: list[int]) -> int:

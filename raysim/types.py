@@ -122,6 +122,7 @@ class Payload(Generic[X]):
     params: NumpyParams
     extra: X = None  # type: ignore[assignment]  # None: the plugin sends nothing more
     per_client: dict[int, Any] = field(default_factory=dict)  # client id -> its own part
+    params_bytes: int | None = None  # what ``params`` weighs encoded (compression.download); None: whole
 
 
 @dataclass(frozen=True)

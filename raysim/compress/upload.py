@@ -68,7 +68,7 @@ class Uplink:
     @classmethod
     def of(cls, job: JobConfig, recall: Recall) -> Uplink:
         """The job's uplink; the plugin's ``UPDATE_DELTA`` says where its delta is."""
-        if job.compression is None:
+        if job.compression is None or job.compression.upload is None:
             return cls()
         section = job.algorithm
         where = update_delta(get("algorithm", section.name).factory, section.config)

@@ -23,6 +23,7 @@ from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
+from raysim.engine.downlink_setup import open_downlink
 from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
@@ -108,6 +109,7 @@ def build(
     try:
         engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system, private)
         engine.selector = selector  # the clock's cohorts are its too (open_selection)
+        engine.downlink = open_downlink(job, checkpoint)
         return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage

@@ -27,6 +27,7 @@ from raysim.checkpoint import (
     snapshot_path,
     unwritten,
 )
+from raysim.compress.downlink import Downlink
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
@@ -85,6 +86,7 @@ class Engine(Generic[A]):
     privacy: RunPrivacy | None = None  # central DP's ledger, and what each client spent
     selector: Selector | None = None  # engine.selection (raysim.selection); None: uniform
     robust: RunRobust | None = None  # a robust rule and an attack's malicious clients
+    downlink: Downlink | None = None  # compression.download; None: the broadcast goes whole
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     on_log: Callable[[int, Metrics], None] = lambda step, metrics: None  # the progress display's count
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
@@ -170,6 +172,8 @@ class Engine(Generic[A]):
         #    each worker folds its clients into one partial.
         shared = algorithm.payload(state, round_num, self.info)
         payload = with_client_payloads(algorithm, shared, state, round_num, cohort, self.info)
+        if self.downlink is not None:  # the clients train from the model they decode, x̂
+            payload = self.downlink.send(payload, round_num)
         timer.lap("broadcast")
         probes = self.due_probes(round_num)
         plan = self.system.round(round_num) if self.system is not None else None
@@ -319,6 +323,7 @@ class Engine(Generic[A]):
             run,
             self.privacy.state() if self.privacy is not None else None,
             saved_selection(self.selector, self.system),
+            self.downlink.state() if self.downlink is not None else None,
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -50,10 +50,12 @@ def client_means(clients: list[TrainedClient]) -> Metrics:
 def bytes_down(payload: Payload, cohort_size: int) -> Metrics:
     """What the broadcast weighs over the cohort: in total, and per payload part (the params and
     each field of the plugin's ``extra``, e.g. FedGuCci's anchors apart from the model, once per
-    client; the clients' own parts, ``per_client``, each once)."""
+    client; the clients' own parts, ``per_client``, each once). The params weigh their encoded
+    message where ``compression.download`` encoded them (``Payload.params_bytes``)."""
     extra = plain(payload.extra)  # the dict of the extra's fields
     fields = extra.items() if isinstance(extra, dict) else []
-    parts = {"params": P.num_bytes(payload.params)} | {k: P.num_bytes(v) for k, v in fields}
+    params = P.num_bytes(payload.params) if payload.params_bytes is None else payload.params_bytes
+    parts = {"params": params} | {k: P.num_bytes(v) for k, v in fields}
     out = {f"sys/bytes_down/{name}": float(size * cohort_size) for name, size in parts.items()}
     own = sum(P.num_bytes(part) for part in payload.per_client.values())  # each to its client alone
     if payload.per_client:

@@ -9,7 +9,9 @@ from raysim.errors import ConfigError
 from raysim.sampling import (
     CohortSchedule,
     client_seed,
+    compression_seed,
     cyclic_groups,
+    download_seed,
     eligible,
     poisson_rate,
     sample_cohort,
@@ -124,3 +126,10 @@ def test_the_poisson_rate_keeps_the_expected_cohort_and_refuses_more_than_a_grou
         poisson_rate(20, 6, bands=4)
     with pytest.raises(ConfigError, match="bands: 30 groups need at least 30 clients, not 20"):
         cyclic_groups(20, 30, seed=0)
+
+
+def test_the_broadcasts_draws_are_a_stream_of_their_own_per_round():
+    seeds = {download_seed(0, r) for r in range(50)}
+    assert len(seeds) == 50 and download_seed(0, 3) == download_seed(0, 3)
+    assert not seeds & {compression_seed(0, r, c) for r in range(50) for c in range(20)}
+    assert not seeds & {client_seed(0, r, c) for r in range(50) for c in range(20)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -37,3 +39,28 @@ def power_step(m: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p, _ = np.linalg.qr(m @ q)
     q_new = m.T @ p
     return p @ q_new.T, q_new
+
+
+def downlink_rounds(
+    models: list[np.ndarray], compress: Callable[[np.ndarray], np.ndarray]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The server's side of bidirectional compression with error feedback (Tang et al. 2019,
+    DoubleSqueeze), one tensor: x̂ and e start as the first model and zero; each round t sends
+    c = C(x_t - x_{t-1} + e), the clients add it, x̂ += c, and e = x_t - x_{t-1} + e - c.
+    Returns (x̂, e) after each round."""
+    public, residual, last = models[0].copy(), np.zeros_like(models[0]), models[0]
+    out = []
+    for x in models:
+        v = x - last + residual
+        sent = compress(v)
+        public, residual, last = public + sent, v - sent, x
+        out.append((public, residual))
+    return out
+
+
+def top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """x with all but its k largest magnitudes zeroed."""
+    kept = np.zeros(x.size)
+    chosen = sorted(top_k_indices(x, k))
+    kept[chosen] = x.ravel()[chosen]
+    return kept.reshape(x.shape)

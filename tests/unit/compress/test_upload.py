@@ -9,6 +9,7 @@ import torch
 from raysim.compress.codec import ErrorFeedback
 from raysim.compress.sparse import TopSparse
 from raysim.compress.upload import Uplink
+from raysim.config import JobConfig
 from raysim.types import ClientResult
 
 
@@ -49,3 +50,15 @@ def test_without_compression_the_update_goes_as_it_is():
     update = {"w": torch.ones(3)}
     result, sent = Uplink().send(ClientResult(update, 1.0, {}), 0, 0)
     assert result.update is update and sent == 12 and Uplink().plugin_part({"x": 1}) == {"x": 1}
+
+
+def test_a_job_compressing_only_its_download_sends_updates_as_they_are():
+    job = JobConfig.from_dict(
+        {
+            "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 4}},
+            "model": {"name": "mlp", "hidden": [8]},
+            "algorithm": {"name": "fedavg"},
+            "compression": {"download": {"kind": "sign"}},
+        }
+    )
+    assert Uplink.of(job, lambda c, r: None).encoder is None  # the client state stays the plugin's

@@ -65,3 +65,53 @@ def test_local_dp_is_refused_with_compression():
     local = {"local": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}
     with pytest.raises(ConfigError, match="privacy.local noises every coordinate"):
         job({"kind": "topk", "fraction": 0.1}, privacy=local)
+
+
+def downloading(download: dict, **sections) -> JobConfig:
+    return JobConfig.from_dict({**BASE, "compression": {"download": download}, **sections})
+
+
+@pytest.mark.parametrize(
+    "download, key",
+    [
+        ({"kind": "topk", "fraction": 0}, "compression.download.topk.fraction"),
+        ({"kind": "randomk", "fraction": 1.5}, "compression.download.randomk.fraction"),
+        ({"kind": "qsgd", "bits": 17}, "compression.download.qsgd.bits"),
+        ({"kind": "powersgd", "rank": 0}, "compression.download.powersgd.rank"),
+    ],
+)
+def test_a_bad_download_setting_is_one_line_naming_its_key(download, key):
+    with pytest.raises(ConfigError) as info:
+        downloading(download)
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(key), info.value.problems
+
+
+def test_a_compression_section_naming_neither_direction_is_one_line():
+    with pytest.raises(ConfigError, match="set upload, download or both") as info:
+        JobConfig.from_dict({**BASE, "compression": {}})
+    assert len(info.value.problems) == 1
+
+
+def test_download_alone_round_trips_and_leaves_the_upload_unset():
+    config = downloading({"kind": "randomk", "fraction": 0.1})
+    assert config.compression.upload is None and config.compression.download.error_feedback is True
+    assert JobConfig.from_dict(config.to_dict()) == config
+    assert list(config.to_dict()["compression"]) == ["download"]
+    assert list(job({"kind": "sign"}).to_dict()["compression"]) == ["upload"]  # reads as before
+
+
+def test_a_download_for_a_plugin_without_a_plain_broadcast_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="compression.download: algorithm 'scaffold'") as info:
+        downloading({"kind": "sign"}, algorithm={"name": "scaffold"})
+    assert len(info.value.problems) == 1
+    both = {**BASE, "algorithm": {"name": "scaffold"}}
+    with pytest.raises(ConfigError) as info:  # both directions: still one line
+        JobConfig.from_dict(
+            both | {"compression": {"upload": {"kind": "sign"}, "download": {"kind": "sign"}}}
+        )
+    assert len(info.value.problems) == 1
+
+
+def test_local_dp_allows_a_compressed_download():
+    local = {"local": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}
+    assert downloading({"kind": "topk", "fraction": 0.1}, privacy=local).compression is not None

@@ -45,6 +45,7 @@ def engine(tmp_path):
         job=SimpleNamespace(to_dict=lambda: {}),
         privacy=None,  # a run without privacy accounting
         selector=None,  # nor a guided selection
+        downlink=None,  # nor a compressed broadcast
         system=None,
     )
     write(fake, 3)

@@ -58,6 +58,14 @@ def test_a_cohorts_metrics_are_its_clients_means_bytes_and_failures_and_no_bookk
     }
 
 
+def test_encoded_params_weigh_their_message_once_per_client():
+    """compression.download: the params weigh ``params_bytes`` (their encoded message), not 4 * 6."""
+    payload = Payload({"w": np.zeros((2, 3), np.float32)}, Extra(np.zeros(4, np.float32), 1), params_bytes=5)
+    clients = [TrainedClient(c, 1.0, 0.1, {}) for c in range(3)]
+    out = round_metrics(RoundOutput(None, clients), payload)
+    assert out["sys/bytes_down/params"] == 15.0 and out["sys/bytes_down"] == 15.0 + 48.0
+
+
 def test_clients_whose_weights_are_all_zero_average_to_zero():
     out = round_metrics(RoundOutput(None, [TrainedClient(0, 0.0, 0.0, {"train/loss": 5.0})]), Payload({}))
     assert out["train/loss"] == 0.0

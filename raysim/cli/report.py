@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from raysim.cli.arg_types import finite_float
+from raysim.cli.arg_types import finite_float, output_folder
 from raysim.cli.home import raysim_home
 
 FORMATS = ("markdown", "latex", "csv")
@@ -65,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--output-dir",
         "--out",
         dest="out",
+        type=output_folder,
         help="folder for the files (default: $RAYSIM_HOME or .raysim, then report/<hash>)",
     )
     report.add_argument(

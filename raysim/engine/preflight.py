@@ -24,8 +24,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from raysim.config import JobConfig
+from raysim.config.sections import tracking_uri_problem
 from raysim.errors import ResourceError
-from raysim.tracking.tracking_store import is_server, sqlite_path, tracking_uri
+from raysim.tracking.tracking_store import check_sqlite_file, is_server, sqlite_path, tracking_uri
 
 PROBE_TIMEOUT_S = 5.0
 # Database servers MLflow can use as its store, by URI scheme (``postgresql+psycopg2`` -> ``postgresql``).
@@ -76,9 +77,13 @@ def check_output_dir(folder: Path) -> None:
 
 
 def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:
-    """An MLflow server answers its REST API; a SQLite store's folder can be written; a database
-    server accepts connections. Other stores are left to MLflow. ``hint`` ends the error: what
-    else the user may do."""
+    """The URI is one raysim can use (``tracking_uri_problem``); an MLflow server answers its REST
+    API; a SQLite store's folder can be written and its file, if any, is a SQLite database; a
+    database server accepts connections. Other stores are left to MLflow. ``hint`` ends the error:
+    what else the user may do."""
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise ResourceError(problem)
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     database = sqlite_path(uri)
@@ -148,6 +153,7 @@ def check_writable_folder(database: Path, uri: str) -> None:
     unwritable = [p for p in (folder, database) if p.exists() and not os.access(p, os.R_OK | os.W_OK)]
     if unwritable:
         raise ResourceError(f"the MLflow store {uri}: {unwritable[0]} is not writable; {STORE_HINT}")
+    check_sqlite_file(database, STORE_HINT)
 
 
 def check_ray_address(address: str, named: str = "") -> None:

@@ -89,6 +89,33 @@ def test_a_sqlite_store_whose_folder_cannot_be_made_is_named(tmp_path):
     raises_fast(check_tracking_store, uri, "cannot be created", str(tmp_path / "file" / "runs"))
 
 
+def test_a_sqlite_store_path_holding_another_file_or_a_folder_is_named_and_left_alone(tmp_path):
+    """A 1-byte notes file became an MLflow store; a folder ended in SQLAlchemy's traceback."""
+    (tmp_path / "notes.db").write_bytes(b"x")
+    with pytest.raises(
+        ResourceError, match=f"store {tmp_path / 'notes.db'} is a file but not a SQLite database"
+    ):
+        check_tracking_store(f"sqlite:///{tmp_path / 'notes.db'}")
+    assert (tmp_path / "notes.db").read_bytes() == b"x"
+    with pytest.raises(ResourceError, match=f"store {tmp_path} is a folder, not a SQLite database"):
+        check_tracking_store(f"sqlite:///{tmp_path}")
+    (tmp_path / "empty.db").write_bytes(b"")
+    check_tracking_store(f"sqlite:///{tmp_path / 'empty.db'}")  # MLflow makes an empty file a store
+
+
+@pytest.mark.parametrize(
+    "uri, says",
+    [
+        ("file:///tmp/mlruns", "is MLflow's file store"),
+        ("sqlite:/x.db", "is no SQLite URI"),
+        ("ftp://x", "'ftp'"),
+    ],
+)
+def test_a_uri_from_mlflow_tracking_uri_raysim_cannot_use_is_named(uri, says):
+    """MLFLOW_TRACKING_URI skips the job's validation: these ended in MLflow's or SQLAlchemy's traceback."""
+    raises_fast(check_tracking_store, uri, says)
+
+
 def test_a_good_sqlite_store_passes_and_its_folder_exists(tmp_path):
     check_tracking_store(f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}")
     assert (tmp_path / "new").is_dir()

@@ -26,7 +26,13 @@ from urllib.parse import urlsplit
 from raysim.config import JobConfig
 from raysim.config.sections import tracking_uri_problem
 from raysim.errors import ResourceError
-from raysim.tracking.tracking_store import check_sqlite_file, is_server, sqlite_path, tracking_uri
+from raysim.tracking.tracking_store import (
+    check_existing_store,
+    check_sqlite_file,
+    is_server,
+    sqlite_path,
+    tracking_uri,
+)
 
 PROBE_TIMEOUT_S = 5.0
 # Database servers MLflow can use as its store, by URI scheme (``postgresql+psycopg2`` -> ``postgresql``).
@@ -101,6 +107,20 @@ def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:
                 f"the MLflow store {uri}: its database server {address} {unreachable(exc, address)}; "
                 f"start it, or {hint}"
             ) from None
+
+
+def check_existing_tracking_store(uri: str, hint: str) -> None:
+    """``check_tracking_store`` for a command that reads or adds to runs already logged: a SQLite
+    store must exist and hold MLflow's tables (MLflow would make a new store of any other file).
+
+    Raises:
+        ResourceError: naming the store and ``hint``.
+    """
+    database = sqlite_path(uri)
+    if database is not None:
+        check_existing_store(database, hint)
+    else:
+        check_tracking_store(uri, hint)
 
 
 def check_tracking_server(uri: str, hint: str = STORE_HINT) -> None:

@@ -41,7 +41,7 @@ def test_a_server_that_is_gone_or_hangs_is_one_line_naming_it(capsys, tmp_path):
 @pytest.mark.timeout(120)
 def test_a_server_that_goes_away_after_the_check_is_one_line_too(capsys, monkeypatch, tmp_path):
     # the server answered the check, and went away after it
-    monkeypatch.setattr(run_store, "check_tracking_store", lambda uri, hint: None, raising=False)
+    monkeypatch.setattr(run_store, "check_existing_tracking_store", lambda uri, hint: None)
     uri = refused_uri()
     line = one_error_line([*REPORT, uri, "--out", str(tmp_path)], capsys)
     assert f"the MLflow store {uri} cannot be read (no connection)" in line

@@ -40,7 +40,7 @@ def test_a_server_that_is_gone_or_hangs_is_one_line_naming_it(capsys):
 @pytest.mark.timeout(120)
 def test_a_server_that_goes_away_after_the_check_is_one_line_too(capsys, monkeypatch):
     # the server answered the check, and went away after it
-    monkeypatch.setattr(run_store, "check_tracking_store", lambda uri, hint: None, raising=False)
+    monkeypatch.setattr(run_store, "check_existing_tracking_store", lambda uri, hint: None)
     uri = refused_uri()
     line = one_error_line(["runs", "--tracking-uri", uri], capsys)
     assert f"the MLflow store {uri} cannot be read (no connection)" in line and "--tracking-uri" in line

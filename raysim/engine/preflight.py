@@ -61,25 +61,35 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
             )
 
 
-def check_output_dir(folder: Path) -> None:
-    """The run folder can be made under ``folder`` (``--output-dir``): the nearest part of it that
-    exists is a folder in which this process can make a folder. It makes one there and removes it at
-    once: permission bits alone say yes to root, and to pseudo-filesystems (``/proc``) that refuse.
+def check_output_dir(folder: Path, *inside: str) -> None:
+    """The run's files can be made under ``folder`` (``--output-dir``), in each of its subfolders
+    ``inside`` (``runs``: where a run folder goes): the nearest part of each that exists is a folder
+    in which this process can make a folder. It makes one there and removes it at once: permission
+    bits alone say yes to root, and to pseudo-filesystems (``/proc``) that refuse.
 
     Raises:
         ResourceError: naming the file or unwritable folder in the way.
     """
-    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        where = "is" if existing == folder else f"lies under {existing}, which is"
-        raise ResourceError(f"the output folder {folder} (--output-dir) {where} a file; pass a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
-    except OSError as exc:
-        raise ResourceError(
-            f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
-            f"{exc.strerror or exc}); pass a folder you can write"
-        ) from None
+    root = folder.absolute()
+    for target in [root / name for name in inside] or [root]:
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir():
+            if existing == root:
+                where = "is a file; pass a folder"
+            elif existing in root.parents:
+                where = f"lies under {existing}, which is a file; pass a folder"
+            else:
+                where = (
+                    f"holds a file {existing} where raysim makes a folder; move it, or pass another folder"
+                )
+            raise ResourceError(f"the output folder {folder} (--output-dir) {where}")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
+        except OSError as exc:
+            raise ResourceError(
+                f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
+                f"{exc.strerror or exc}); pass a folder you can write"
+            ) from None
 
 
 def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:

@@ -141,7 +141,7 @@ def run_sweep(sweep: Sweep, output_dir: str | Path, say: Callable[[str], None]) 
             tracking stores.
     """
     refuse_mixed_tracking(sweep)
-    check_output_dir(Path(output_dir))  # one named error, not the lock's OSError
+    check_output_dir(Path(output_dir), "sweeps", "runs")  # one named error, not the lock's OSError
     first = sweep.jobs[sweep.cells[0].name]
     if first.tracking.enabled:  # the sweep's run opens before any cell's own preflight
         check_tracking_store(tracking_uri(first.tracking))

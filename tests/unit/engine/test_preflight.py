@@ -1,6 +1,7 @@
 """Preflight: an unreachable tracking store or Ray address is a ResourceError naming it, in seconds."""
 
 import http.server
+import os
 import socket
 import threading
 import time
@@ -160,6 +161,32 @@ def test_an_output_dir_that_is_or_lies_under_a_file_is_named_and_nothing_is_crea
         check_output_dir(tmp_path / "file" / "a" / "b")
     check_output_dir(tmp_path / "new" / "out")  # missing folders are made by the run, not here
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only folder")
+def test_a_read_only_output_dir_or_runs_folder_is_refused_naming_it(tmp_path):
+    """A read-only runs/ inside a writable --output-dir failed with a traceback once the data was
+    prepared (issue 29, item 7)."""
+    read_only, inner = tmp_path / "ro", tmp_path / "ok" / "runs"
+    for folder in (read_only, inner):
+        folder.mkdir(parents=True)
+        folder.chmod(0o555)
+    try:
+        for out, blocked in ((read_only, read_only), (tmp_path / "ok", inner)):
+            with pytest.raises(
+                ResourceError, match=f"{out} .--output-dir. cannot be written .{blocked}: Perm"
+            ):
+                check_output_dir(out, "runs")
+    finally:
+        for folder in (read_only, inner):
+            folder.chmod(0o755)
+
+
+def test_a_file_where_the_runs_folder_goes_is_named(tmp_path):
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(ResourceError, match=f"holds a file {tmp_path / 'runs'} where raysim makes a folder"):
+        check_output_dir(tmp_path, "runs")
+    check_output_dir(tmp_path, "sweeps")  # a folder the run makes
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")

@@ -41,6 +41,17 @@ MOVED_KEYS = {
 # Settings that change how or where a run goes, not what it computes: a continued run may differ
 # in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash).
 RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.")
+# Of those, what never changes the trained model: where results are recorded, and where and on
+# how many workers clients train. Not the arithmetic (a format, a device, deterministic kernels).
+ARITHMETIC = ("resources.precision", "resources.gpus_per_worker", "resources.deterministic")
+
+
+def changes_no_model(key: str) -> bool:
+    """``key`` (dotted) says where a job runs or what it records, never what it trains: sweeping
+    it would give cells that train the same model."""
+    where = key == "tracking" or key.startswith(("tracking.", "resources."))
+    return where and not key.startswith(ARITHMETIC)
+
 
 # A job's name (a variant's, for a job file with variants) names its run folder under --output-dir:
 # one plain path component, so no name can place the folder elsewhere ("../x", "a/b", ".hidden").

@@ -136,3 +136,24 @@ def test_a_job_name_that_is_no_folder_name_is_refused_for_a_sweep_of_variants(tm
     <output dir>/sweeps/; each variant's name was checked, the file's own was not."""
     problems = problems_of(job_file(tmp_path, {"seeds": [0]}, name="../up"))
     assert len(problems) == 1 and problems[0].startswith("name '../up': names the run folder, so it must be")
+
+
+@pytest.mark.parametrize(
+    "key", ["resources.backend", "resources.num_workers", "tracking.experiment", "tracking"]
+)
+def test_an_axis_that_cannot_change_the_model_is_refused_naming_it(tmp_path, key):
+    """A grid over resources.backend ran cells that trained the same model (issue 29, item 8)."""
+    values = {"resources.backend": ["ray", "serial"], "resources.num_workers": [1, 2]}.get(key, ["a", "b"])
+    if key == "tracking":
+        values = {"on": {"enabled": True}, "off": {"enabled": False}}
+    [problem] = problems_of(job_file(tmp_path, {"grid": {key: values}}))
+    assert problem.startswith(f"sweep.grid.{key}: says where the cells run or what they record, not what")
+    [problem] = problems_of(job_file(tmp_path, {"random": {"samples": 2, "axes": {key: {"choice": [1, 2]}}}}))
+    assert problem.startswith(f"sweep.random.axes.{key}: says where the cells run")
+
+
+@pytest.mark.parametrize(
+    "key, values", [("resources.precision", ["fp32", "bf16"]), ("resources.deterministic", [True, False])]
+)
+def test_an_axis_over_the_arithmetic_is_a_sweep(tmp_path, key, values):
+    assert len(load_sweep(job_file(tmp_path, {"grid": {key: values}})).cells) == 4

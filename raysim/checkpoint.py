@@ -248,6 +248,11 @@ def parse_state(raw: Any, path: str | Path) -> tuple[ServerState, int]:
         )
     if raw["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {raw['format']!r}, expected {FORMAT}")
+    if not isinstance(raw["job"], dict):  # --resume and raysim eval rebuild the run from it
+        raise CheckpointError(
+            f"{path}: its 'job' entry is a {type(raw['job']).__name__}, not the run's config (a "
+            f"mapping): edited or damaged; use another checkpoint of the run"
+        )
     try:
         state, round_num = server_state(raw["state"]), int(raw["round_num"])
     except Exception as exc:

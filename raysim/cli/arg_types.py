@@ -3,12 +3,14 @@
 Usage:
     parser.add_argument("--limit", type=positive_int)
     parser.add_argument("--target", type=finite_float)
+    parser.add_argument("--output-dir", type=output_folder)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -42,3 +44,16 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
+
+
+def output_folder(text: str) -> str:
+    """A folder the command can make its files in: not a file, nor under one, and writable
+    (``raysim.engine.preflight.check_output_dir``), checked before any store is read."""
+    from raysim.engine.preflight import check_output_dir
+    from raysim.errors import ResourceError
+
+    try:
+        check_output_dir(Path(text))
+    except ResourceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

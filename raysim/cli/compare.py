@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raysim.cli.arg_types import output_folder
 from raysim.cli.home import raysim_home
 from raysim.cli.runs import add_where
 
@@ -51,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--output-dir",
         "--out",
         dest="out",
+        type=output_folder,
         help="folder for the files (default: $RAYSIM_HOME or .raysim, then compare/<runs>)",
     )
     compare.add_argument(

@@ -11,10 +11,12 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from raysim.stop_request import note_stop_request
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+_unraisablehook = sys.unraisablehook  # the hook before ``_drop_lost_exit``: every other report
 
 
 def quiet_startup() -> None:
@@ -36,3 +38,16 @@ def exit_on_sigterm() -> None:
 
     if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
         signal.signal(signal.SIGTERM, terminate)
+        if sys.unraisablehook is not _drop_lost_exit:
+            global _unraisablehook
+            _unraisablehook, sys.unraisablehook = sys.unraisablehook, _drop_lost_exit
+
+
+def _drop_lost_exit(unraisable: Any) -> None:
+    """Python cannot raise the handler's exit where it lands in a destructor, a weakref or
+    garbage-collection callback, or the interpreter's shutdown: it printed "Exception ignored
+    in ..." and the exit's traceback. The stop was noted and is honoured at the next client or
+    round end, so that report alone is dropped."""
+    exc = unraisable.exc_value
+    if not (isinstance(exc, SystemExit) and exc.code == SIGTERM_EXIT_CODE):
+        _unraisablehook(unraisable)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raysim.cli.arg_types import finite_float, non_negative_int
+from raysim.cli.arg_types import finite_float, non_negative_int, output_folder
 from raysim.cli.home import raysim_home
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--output-dir",
         "--out",
         dest="out",
+        type=output_folder,
         help="folder for the files (default: $RAYSIM_HOME or .raysim, then report/<hash>)",
     )
     report.add_argument(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,14 +34,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     from raysim.cli.console import console
-    from raysim.tracking.outbox import UPLOADED_FILE, read_unsent, summary, upload
-    from raysim.tracking.tracker import MlflowTracker
+    from raysim.tracking.outbox import UPLOADED_FILE, summary
+    from raysim.tracking.unsent import claimed, read_unsent, upload
 
     folder = Path(args.run_folder)
-    unsent = read_unsent(folder)
-    uri = args.tracking_uri or unsent.tracking_uri
-    what = summary([record for _, record in unsent.records])
-    num_sent = upload(unsent, MlflowTracker.attach(unsent.run_id, uri).deliver)
+    with claimed(folder):  # a second upload of the folder is refused: nothing goes twice
+        unsent = read_unsent(folder)  # every line checked before anything is sent
+        uri = args.tracking_uri or unsent.tracking_uri
+        what = summary([record for _, record in unsent.records])
+        num_sent = (
+            upload(unsent, run_tracker(unsent.run_id, uri, unsent.path).deliver) if unsent.records else 0
+        )
     done = f"sent {what} to MLflow run {unsent.run_id} in {uri}" if num_sent else "nothing left to send"
     console.print(f"{done}; noted in {folder / UPLOADED_FILE}", soft_wrap=True, highlight=False)
     return 0
+
+
+def run_tracker(run_id: str, uri: str, path: Path) -> Any:
+    """A tracker attached to the MLflow run ``path`` names, once the store (never made here)
+    answers and holds the run.
+
+    Raises:
+        RaysimError: a URI raysim cannot use, a store that is missing or down, a run it lacks.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from raysim.engine.preflight import check_existing_tracking_store
+    from raysim.errors import ResourceError
+    from raysim.tracking.tracker import MlflowTracker
+
+    hint = "pass --tracking-uri to the store the run logged to"
+    check_existing_tracking_store(uri, hint)
+    tracker = MlflowTracker.attach(run_id, uri)
+    try:
+        tracker.client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise ResourceError(f"{path} names MLflow run {run_id}, which {uri} does not hold; {hint}") from None
+    return tracker

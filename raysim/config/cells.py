@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raysim.config.evaluated import check_evaluated
 from raysim.config.files import apply_overrides, flatten, load_jobs, read_job_file
-from raysim.config.job import JobConfig, check_folder_name
+from raysim.config.job import JobConfig, changes_no_model, check_folder_name
 from raysim.config.mlflow_names import key_problem
 from raysim.config.overrides import split_sweep
 from raysim.config.sweep import Cell, SweepConfig, expand_cells, parse_only, parse_sweep, select, sweep_id
@@ -130,10 +130,17 @@ def check_mlflow_keys(sweep: Sweep) -> list[str]:
 
 
 def check_axes(spec: SweepConfig, bases: list[JobConfig]) -> list[str]:
-    """One problem per axis key some variant's resolved job lacks, naming that variant's nearest key."""
+    """One problem per axis key some variant's resolved job lacks, naming that variant's nearest
+    key, and per axis that cannot change the trained model (``changes_no_model``)."""
     problems = []
     for key in spec.axis_keys:
         where = f"sweep.grid.{key}" if key in spec.grid else f"sweep.random.axes.{key}"
+        if changes_no_model(key):
+            problems.append(
+                f"{where}: says where the cells run or what they record, not what they train, so every "
+                f"cell would train the same model; set it once for the whole sweep (key=value after the file)"
+            )
+            continue
         lacking = [job for job in bases if key not in _keys(job)]
         if not lacking:
             continue

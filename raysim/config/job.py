@@ -47,9 +47,22 @@ MOVED_KEYS = {
 # ``note`` is words for the reader).
 RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.", "note")
 
+# Of those, what never changes the trained model: where results are recorded, and where and on
+# how many workers clients train. Not the arithmetic (a format, a device, deterministic kernels).
+ARITHMETIC = ("resources.precision", "resources.gpus_per_worker", "resources.deterministic")
+
+
+def changes_no_model(key: str) -> bool:
+    """``key`` (dotted) says where a job runs or what it records, never what it trains: sweeping
+    it would give cells that train the same model."""
+    where = key == "tracking" or key.startswith(("tracking.", "resources."))
+    return where and not key.startswith(ARITHMETIC)
+
+
 # A job file's own top-level keys, beside a job's sections: variants merge over the rest, and a
 # sweep's cells are the variants' jobs (raysim.config.files, raysim.config.cells).
 FILE_KEYS = ("variants", "sweep")
+
 
 # A job's name (a variant's, for a job file with variants) names its run folder under --output-dir:
 # one plain path component, so no name can place the folder elsewhere ("../x", "a/b", ".hidden").

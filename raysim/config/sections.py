@@ -12,10 +12,36 @@ from pydantic import BaseModel, Field, field_validator
 from raysim.config.plugins import PluginSection
 from raysim.config.selection import SelectionConfig
 
-# The stores MLflow has built in, by URI scheme ("": a folder path). Others fail deep in MLflow.
-TRACKING_SCHEMES = frozenset(
-    {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
-)
+# The stores raysim logs to, by URI scheme. Others fail deep in MLflow; MLflow 3 refuses its file
+# store ("", "file": a folder of runs) unless told to, and raysim keeps artifacts beside a database.
+TRACKING_SCHEMES = frozenset({"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"})
+STORE_FORMS = "sqlite:///path/mlflow.db or an MLflow server's http(s):// address"
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why raysim cannot use ``uri`` as its MLflow store (a file store, a malformed SQLite URI, an
+    unknown scheme), or None. The same rule for the job's key, MLFLOW_TRACKING_URI and the
+    commands' ``--tracking-uri``."""
+    if uri == "databricks":  # MLflow's name for the default Databricks profile
+        return None
+    scheme = urlsplit(uri).scheme.split("+")[0]  # postgresql+psycopg2
+    if scheme in ("", "file"):
+        return (
+            f"{uri} is MLflow's file store (a folder of runs), which MLflow 3 no longer develops "
+            f"and raysim does not log to; use {STORE_FORMS} (`mlflow migrate-filestore` moves "
+            f"its runs into a database)"
+        )
+    if scheme == "sqlite" and not (uri.startswith("sqlite:///") and len(uri) > len("sqlite:///")):
+        return (
+            f"{uri} is no SQLite URI: write sqlite:///relative/path.db or "
+            f"sqlite:////absolute/path.db (three slashes, then the path)"
+        )
+    if scheme not in TRACKING_SCHEMES:
+        return (
+            f"MLflow has no store for the scheme {scheme!r} ({uri}); use {STORE_FORMS} (or a "
+            f"database server's postgresql://, mysql:// or mssql:// address)"
+        )
+    return None
 
 
 class EngineConfig(BaseModel, frozen=True, extra="forbid"):
@@ -120,12 +146,9 @@ class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
     @field_validator("tracking_uri")
     @classmethod
     def _known_scheme(cls, uri: str | None) -> str | None:
-        scheme = urlsplit(uri).scheme.split("+")[0] if uri else ""  # postgresql+psycopg2
-        if scheme not in TRACKING_SCHEMES:
-            raise ValueError(
-                f"MLflow has no store for the scheme {scheme!r}; use a folder path or one "
-                f"of {', '.join(f'{known}://' for known in sorted(TRACKING_SCHEMES - {''}))}"
-            )
+        problem = tracking_uri_problem(uri) if uri is not None else None
+        if problem:
+            raise ValueError(problem)
         return uri
 
 

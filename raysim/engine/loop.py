@@ -68,7 +68,7 @@ def run(
             then ends FAILED).
     """
     start = time.perf_counter()
-    check_output_dir(Path(output_dir))  # before data, workers or an MLflow run
+    check_output_dir(Path(output_dir), "runs")  # before data, workers or an MLflow run
     progress = RoundProgress(job.name, job.engine.num_rounds, enabled=job.tracking.progress)
     with exit_as_requested(), progress as bar:  # SIGTERM's 143, even where Ray made it 1
         engine, state = build(job, tracker, resume_from, Path(output_dir), branch)

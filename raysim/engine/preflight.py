@@ -24,8 +24,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from raysim.config import JobConfig
+from raysim.config.sections import tracking_uri_problem
 from raysim.errors import ResourceError
-from raysim.tracking.tracking_store import is_server, sqlite_path, tracking_uri
+from raysim.tracking.tracking_store import (
+    check_existing_store,
+    check_sqlite_file,
+    is_server,
+    sqlite_path,
+    tracking_uri,
+)
 
 PROBE_TIMEOUT_S = 5.0
 # Database servers MLflow can use as its store, by URI scheme (``postgresql+psycopg2`` -> ``postgresql``).
@@ -54,31 +61,45 @@ def preflight(job: JobConfig, *, tracking: bool = True) -> None:
             )
 
 
-def check_output_dir(folder: Path) -> None:
-    """The run folder can be made under ``folder`` (``--output-dir``): the nearest part of it that
-    exists is a folder in which this process can make a folder. It makes one there and removes it at
-    once: permission bits alone say yes to root, and to pseudo-filesystems (``/proc``) that refuse.
+def check_output_dir(folder: Path, *inside: str) -> None:
+    """The run's files can be made under ``folder`` (``--output-dir``), in each of its subfolders
+    ``inside`` (``runs``: where a run folder goes): the nearest part of each that exists is a folder
+    in which this process can make a folder. It makes one there and removes it at once: permission
+    bits alone say yes to root, and to pseudo-filesystems (``/proc``) that refuse.
 
     Raises:
         ResourceError: naming the file or unwritable folder in the way.
     """
-    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        where = "is" if existing == folder else f"lies under {existing}, which is"
-        raise ResourceError(f"the output folder {folder} (--output-dir) {where} a file; pass a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
-    except OSError as exc:
-        raise ResourceError(
-            f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
-            f"{exc.strerror or exc}); pass a folder you can write"
-        ) from None
+    root = folder.absolute()
+    for target in [root / name for name in inside] or [root]:
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir():
+            if existing == root:
+                where = "is a file; pass a folder"
+            elif existing in root.parents:
+                where = f"lies under {existing}, which is a file; pass a folder"
+            else:
+                where = (
+                    f"holds a file {existing} where raysim makes a folder; move it, or pass another folder"
+                )
+            raise ResourceError(f"the output folder {folder} (--output-dir) {where}")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
+        except OSError as exc:
+            raise ResourceError(
+                f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
+                f"{exc.strerror or exc}); pass a folder you can write"
+            ) from None
 
 
 def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:
-    """An MLflow server answers its REST API; a SQLite store's folder can be written; a database
-    server accepts connections. Other stores are left to MLflow. ``hint`` ends the error: what
-    else the user may do."""
+    """The URI is one raysim can use (``tracking_uri_problem``); an MLflow server answers its REST
+    API; a SQLite store's folder can be written and its file, if any, is a SQLite database; a
+    database server accepts connections. Other stores are left to MLflow. ``hint`` ends the error:
+    what else the user may do."""
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise ResourceError(problem)
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     database = sqlite_path(uri)
@@ -96,6 +117,20 @@ def check_tracking_store(uri: str, hint: str = STORE_HINT) -> None:
                 f"the MLflow store {uri}: its database server {address} {unreachable(exc, address)}; "
                 f"start it, or {hint}"
             ) from None
+
+
+def check_existing_tracking_store(uri: str, hint: str) -> None:
+    """``check_tracking_store`` for a command that reads or adds to runs already logged: a SQLite
+    store must exist and hold MLflow's tables (MLflow would make a new store of any other file).
+
+    Raises:
+        ResourceError: naming the store and ``hint``.
+    """
+    database = sqlite_path(uri)
+    if database is not None:
+        check_existing_store(database, hint)
+    else:
+        check_tracking_store(uri, hint)
 
 
 def check_tracking_server(uri: str, hint: str = STORE_HINT) -> None:
@@ -148,6 +183,7 @@ def check_writable_folder(database: Path, uri: str) -> None:
     unwritable = [p for p in (folder, database) if p.exists() and not os.access(p, os.R_OK | os.W_OK)]
     if unwritable:
         raise ResourceError(f"the MLflow store {uri}: {unwritable[0]} is not writable; {STORE_HINT}")
+    check_sqlite_file(database, STORE_HINT)
 
 
 def check_ray_address(address: str, named: str = "") -> None:

@@ -33,13 +33,14 @@ from raysim.checkpoint import check_compatible, read_state, round_of_name
 from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
+from raysim.engine.preflight import check_existing_tracking_store
 from raysim.errors import CheckpointError, RaysimError
 from raysim.plugin_defaults import fresh_state
 from raysim.results.run_store import RUN_ID, WHICH_STORE, run_named
 from raysim.sampling import sample_eval_clients
 from raysim.services import Services
 from raysim.tracking.tracker import RUN_DIR_TAG, MlflowTracker
-from raysim.tracking.tracking_store import download_artifact, sqlite_path
+from raysim.tracking.tracking_store import download_artifact
 from raysim.tracking.tracking_store import tracking_uri as default_tracking_uri
 from raysim.types import Metrics, NumpyParams
 
@@ -219,15 +220,12 @@ def attach_run(run_id: str, tracking_uri: str | None) -> tuple[MlflowTracker, An
     run; ``tracking_uri`` None: MLFLOW_TRACKING_URI, else ./mlflow.db.
 
     Raises:
-        RaysimError: no such store (a SQLite file that is missing) or no such run in it, or a
-            name several runs share.
+        RaysimError: no such store (a URI raysim cannot use, a SQLite file that is missing or no
+            MLflow store, a server that does not answer) or no such run in it, or a name several
+            runs share.
     """
     uri = tracking_uri or default_tracking_uri(TrackingConfig())
-    database = sqlite_path(uri)
-    if database is not None and not database.is_file():  # MLflow would create an empty store
-        raise RaysimError(
-            f"no MLflow store at {database}; point at the store the run was logged to: {WHICH_STORE}"
-        )
+    check_existing_tracking_store(uri, f"point at the store the run was logged to: {WHICH_STORE}")
     tracker = MlflowTracker.attach(run_id, uri)
     if not RUN_ID.fullmatch(run_id):  # a run name, which must name one run
         tracker.run_id = run_named(tracker.client, run_id, uri).info.run_id

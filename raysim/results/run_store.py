@@ -24,14 +24,14 @@ from typing import Any
 
 import yaml
 
-from raysim.engine.preflight import check_tracking_store
+from raysim.engine.preflight import check_existing_tracking_store
 from raysim.engine.round_timer import WALL
 from raysim.errors import RaysimError
 from raysim.results.tables import RunRecord, curve_keys, default_metrics, logged_keys, markdown
 from raysim.tracking.links import run_link, ui_base
 from raysim.tracking.outbox import outage_reason
 from raysim.tracking.store_calls import bound_store_calls
-from raysim.tracking.tracking_store import artifact_repository, sqlite_path
+from raysim.tracking.tracking_store import artifact_repository
 from raysim.types import Metrics
 
 KIND_TAG = "raysim.kind"
@@ -52,19 +52,16 @@ class RunStore:
     the comparison or report run).
 
     Raises:
-        RaysimError: no SQLite store at ``uri``; a server (or database server) that does not answer
-            within seconds (``raysim.engine.preflight``).
+        RaysimError: a URI raysim cannot use; no MLflow store in the SQLite file at ``uri`` (missing,
+            empty, not SQLite, no MLflow tables); a server (or database server) that does not
+            answer within seconds (``raysim.engine.preflight``).
     """
 
     def __init__(self, uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
         bound_store_calls()  # a server that dies later costs seconds a call, not minutes
-        database = sqlite_path(uri)
-        if database is not None and not database.is_file():  # MLflow would create an empty store
-            raise RaysimError(f"no MLflow store at {database}; {STORE_HINT}")
-        if database is None:
-            check_tracking_store(uri, STORE_HINT)
+        check_existing_tracking_store(uri, STORE_HINT)  # MLflow would make a store of a missing file
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
 

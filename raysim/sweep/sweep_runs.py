@@ -26,7 +26,7 @@ from raysim.config import JobConfig, JobOrigin, validate_job
 from raysim.config.cells import Sweep, mixed_tracking
 from raysim.config.sweep import ERROR_TAG, STOPPED_TAG, Cell
 from raysim.engine.loop import run
-from raysim.engine.preflight import check_output_dir
+from raysim.engine.preflight import check_output_dir, check_tracking_store
 from raysim.errors import RaysimError
 from raysim.stop_request import clear_stop_request, note_stop_request
 from raysim.sweep.cell_ledger import CellLedger, CellOutcome, Status
@@ -35,6 +35,7 @@ from raysim.sweep.report_hint import report_command
 from raysim.sweep.sweep_lock import hold_sweep, release_sweep
 from raysim.sweep.sweep_parent import SweepRun
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
+from raysim.tracking.tracking_store import tracking_uri
 from raysim.types import Metrics
 
 SHOWN_METRICS = ("eval/central/accuracy", "eval/clients/accuracy")  # a cell's progress line, when logged
@@ -145,12 +146,14 @@ def run_sweep(
             tracking stores.
     """
     refuse_mixed_tracking(sweep)
-    check_output_dir(Path(output_dir))  # one named error, not the lock's OSError
+    check_output_dir(Path(output_dir), "sweeps", "runs")  # one named error, not the lock's OSError
+    first = sweep.jobs[sweep.cells[0].name]
+    if first.tracking.enabled:  # the sweep's run opens before any cell's own preflight
+        check_tracking_store(tracking_uri(first.tracking))
     hold = hold_sweep(sweep.id, output_dir)  # a second driver of this sweep stops here
     try:
         if hold.dead_driver:
             say(f"sweep {sweep.id}: going on from {hold.dead_driver}, which no longer runs")
-        first = sweep.jobs[sweep.cells[0].name]
         parent = SweepRun.open(sweep, first, hold.dead_driver, say) if first.tracking.enabled else None
         return run_held(sweep, output_dir, say, parent, rerun_finished)
     finally:

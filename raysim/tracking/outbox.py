@@ -11,7 +11,7 @@ store rejects for any other reason (a bad value) raises, as it always did.
 Still waiting when the run ends, the records are saved in the run folder as ``UNSENT_FILE``
 (JSON lines: a header naming the run and its store, then one record per line), and
 ``raysim track upload RUN_FOLDER`` sends them later to the same MLflow run, noting each one sent
-(a ``{"sent": SEQ}`` line), so that uploading twice sends nothing twice.
+(a ``{"sent": SEQ}`` line), so that uploading twice sends nothing twice (``raysim.tracking.unsent``).
 
 Usage:
     outbox = Outbox(tracker.deliver, tracker.uri)
@@ -271,69 +271,3 @@ def summary(records: list[Record]) -> str:
         "the run's end" if any(isinstance(r, EndRecord) for r in records) else "",
     ]
     return f"{len(records)} records ({', '.join(p for p in parts if p)})"
-
-
-@dataclass(frozen=True)
-class UnsentRecords:
-    """A run folder's ``UNSENT_FILE``: the run and store it names, the records not yet sent."""
-
-    path: Path
-    run_id: str
-    tracking_uri: str
-    records: list[tuple[int, Record]]  # (seq, record), in the order they were logged
-
-
-def read_unsent(folder: Path) -> UnsentRecords:
-    """The records of ``folder``'s ``UNSENT_FILE`` that no ``{"sent": SEQ}`` line marks as sent
-    (none, once it became ``UPLOADED_FILE``).
-
-    Raises:
-        ResourceError: the folder holds neither file (or it names no run).
-    """
-    path = next((p for p in (folder / UNSENT_FILE, folder / UPLOADED_FILE) if p.is_file()), None)
-    if path is None:
-        raise ResourceError(f"{folder} holds no {UNSENT_FILE}: nothing to upload (is it a run folder?)")
-    lines = []
-    for text in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a "sent" line torn by a crash: sent again
-            lines.append(json.loads(text))
-    if not lines or "run_id" not in lines[0]:
-        raise ResourceError(f"{path} names no MLflow run on its first line; it is not raysim's")
-    sent = {line["sent"] for line in lines if "sent" in line}
-    records = [
-        (line["seq"], KINDS[line["kind"]](**{k: v for k, v in line.items() if k not in ("seq", "kind")}))
-        for line in lines[1:]
-        if "kind" in line and line["seq"] not in sent
-    ]
-    return UnsentRecords(path, lines[0]["run_id"], lines[0]["tracking_uri"], records)
-
-
-def upload(unsent: UnsentRecords, deliver: Callable[[Record], None]) -> int:
-    """Sends the records in order, noting each one sent in the file; renames the file to
-    ``UPLOADED_FILE`` once all are. Returns how many were sent.
-
-    Raises:
-        ResourceError: the store still cannot take them (those sent stay noted: run it again).
-    """
-    with unsent.path.open("a") as marks:
-        if not unsent.path.read_text().endswith("\n"):  # a mark torn by a crash ends its line here
-            marks.write("\n")
-        for num_sent, (seq, record) in enumerate(unsent.records):
-            if isinstance(record, ArtifactRecord) and not Path(record.path).is_file():
-                raise ResourceError(f"{record.path}, an artifact of the run, is gone; it cannot be uploaded")
-            try:
-                with one_attempt(record):
-                    deliver(record)
-            except Exception as exc:
-                reason = outage_reason(exc)
-                if reason is None:
-                    raise
-                raise ResourceError(
-                    f"the MLflow store {unsent.tracking_uri} still cannot take records ({reason}): "
-                    f"{num_sent} of {len(unsent.records)} sent; run this again later"
-                ) from None
-            marks.write(json.dumps({"sent": seq}) + "\n")
-            marks.flush()
-            os.fsync(marks.fileno())
-    os.replace(unsent.path, unsent.path.with_name(UPLOADED_FILE))
-    return len(unsent.records)

@@ -20,6 +20,7 @@ from raysim.errors import ResourceError
 
 _STORE_LOCK_TIMEOUT_S = 600
 ARTIFACTS_DIR = "mlruns"  # a SQLite store's artifacts, beside its database
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database
 
 
 def tracking_uri(config: TrackingConfig) -> str:
@@ -36,6 +37,44 @@ def sqlite_path(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+
+
+def check_sqlite_file(database: Path, hint: str) -> None:
+    """A SQLite store's path is free, an empty file, or a SQLite database: SQLite takes a file
+    shorter than its header for an empty database, and MLflow would write its tables over it.
+
+    Raises:
+        ResourceError: a folder, or a file holding something else, is in the way.
+    """
+    if database.is_dir():
+        raise ResourceError(f"the MLflow store {database} is a folder, not a SQLite database; {hint}")
+    if database.is_file() and database.stat().st_size > 0:
+        with database.open("rb") as file:
+            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise ResourceError(
+                    f"the MLflow store {database} is a file but not a SQLite database; {hint}"
+                )
+
+
+def check_existing_store(database: Path, hint: str) -> None:
+    """A reader's SQLite store holds MLflow's tables; it is opened read-only, so a missing, empty or
+    foreign file is refused, never made into a store.
+
+    Raises:
+        ResourceError: naming the file and ``hint`` (what else the user may do).
+    """
+    if not database.is_file() or database.stat().st_size == 0:
+        raise ResourceError(f"no MLflow store at {database}; {hint}")
+    check_sqlite_file(database, hint)
+    try:
+        with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as exc:
+        raise ResourceError(f"the MLflow store {database} cannot be read ({exc}); {hint}") from None
+    if not {"experiments", "runs"} <= tables:
+        raise ResourceError(
+            f"{database} is a SQLite database but no MLflow store (no experiments or runs table); {hint}"
+        )
 
 
 def is_server(uri: str) -> bool:

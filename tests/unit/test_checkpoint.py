@@ -220,6 +220,16 @@ def test_one_flipped_byte_is_refused_naming_the_file(tmp_path, reader):
         reader(path)
 
 
+@pytest.mark.parametrize("job", [["name", "x"], "x", None])
+def test_a_job_entry_that_is_no_mapping_is_refused_naming_the_file(tmp_path, job):
+    """--resume and raysim eval ended in an AttributeError traceback (issue 29, item 7)."""
+    state = ServerState({"w": torch.zeros(1)}, {}, {}, frozenset())
+    path = save_checkpoint(tmp_path / "final.pt", state, 3, job)
+    for reader in (read_checkpoint, read_state):
+        with pytest.raises(CheckpointError, match=f"{path}: its 'job' entry is a {type(job).__name__}, not"):
+            reader(path)
+
+
 def test_a_round_before_the_first_is_refused_naming_the_file(tmp_path):
     """round_num=-5 used to resume as if five rounds before the start had run."""
     state = ServerState({"w": torch.zeros(1)}, {}, {}, frozenset())

@@ -128,6 +128,7 @@ def test_sigterm_ends_the_running_cells_killed_at_once_even_where_their_interrup
         stopped = time.time()
         _, err = driver.communicate(timeout=CANCEL_GRACE_S + 60)
         assert driver.returncode == 128 + signal.SIGTERM, err
+        assert "Exception ignored" not in err and "Traceback" not in err, err
         assert statuses(short_dir, "cell") == ["KILLED", "KILLED"]
         trained_on_s = last_cell_metric_s(short_dir) - stopped
         assert trained_on_s < 10, f"a cell logged rounds {trained_on_s:.0f} s after the sweep was stopped"

@@ -226,6 +226,7 @@ def test_sigterm_ends_the_run_as_killed_through_its_own_clean_up(short_dir, back
         driver.send_signal(signal.SIGTERM)
         _, err = driver.communicate(timeout=60)
         assert driver.returncode == 128 + signal.SIGTERM, err
+        assert "Exception ignored" not in err and "Traceback" not in err, err
         assert run_statuses(short_dir) == ["KILLED"]
         wait_for(lambda: not processes_of(short_dir), 30, "no process of the run left")
     finally:
@@ -244,6 +245,7 @@ def test_sigterm_while_ray_starts_ends_the_driver_as_on_the_serial_backend(short
         driver.send_signal(signal.SIGTERM)
         _, err = driver.communicate(timeout=60)
         assert driver.returncode == 128 + signal.SIGTERM, err
+        assert "Exception ignored" not in err and "Traceback" not in err, err
         assert run_statuses(short_dir) in ([], ["KILLED"])  # no MLflow run before the workers are up
         wait_for(lambda: not processes_of(short_dir), 30, "no process of the driver's Ray left")
     finally:

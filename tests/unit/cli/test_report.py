@@ -41,7 +41,7 @@ def test_a_server_that_is_gone_or_hangs_is_one_line_naming_it(capsys, tmp_path):
 @pytest.mark.timeout(120)
 def test_a_server_that_goes_away_after_the_check_is_one_line_too(capsys, monkeypatch, tmp_path):
     # the server answered the check, and went away after it
-    monkeypatch.setattr(run_store, "check_tracking_store", lambda uri, hint: None, raising=False)
+    monkeypatch.setattr(run_store, "check_existing_tracking_store", lambda uri, hint: None)
     uri = refused_uri()
     line = one_error_line([*REPORT, uri, "--out", str(tmp_path)], capsys)
     assert f"the MLflow store {uri} cannot be read (no connection)" in line
@@ -113,3 +113,29 @@ def test_the_columns_example_is_a_real_key(capsys):
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     assert "e.g. dataset.partition.alpha" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("uri", ["ftp://x", "sqlite:/x.db"])
+def test_a_uri_of_no_store_is_one_line(uri, capsys, tmp_path):
+    """Tracebacks from MLflow and SQLAlchemy (issue 29, item 7)."""
+    assert uri in one_error_line([*REPORT, uri, "--out", str(tmp_path)], capsys)
+
+
+def test_a_file_that_is_no_sqlite_database_is_one_line_and_left_as_it_was(capsys, tmp_path):
+    """SQLite took a 1-byte file for an empty database, which MLflow made a store (issue 29, item 7)."""
+    (tmp_path / "x.db").write_bytes(b"x")
+    line = one_error_line([*REPORT, f"sqlite:///{tmp_path / 'x.db'}", "--out", str(tmp_path)], capsys)
+    assert f"{tmp_path / 'x.db'} is a file but not a SQLite database" in line
+    assert (tmp_path / "x.db").read_bytes() == b"x" and [p.name for p in tmp_path.iterdir()] == ["x.db"]
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_any_store_is_read(capsys, tmp_path):
+    """FileExistsError's traceback, after the table was printed (issue 29, item 7)."""
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main([*REPORT, "ftp://never-read", "--output-dir", str(tmp_path / "taken")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert (
+        f"argument --output-dir/--out: the output folder {tmp_path / 'taken'} (--output-dir) is a file" in err
+    )

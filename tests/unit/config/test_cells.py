@@ -165,3 +165,24 @@ def test_cells_logging_to_different_experiments_are_refused_when_the_sweep_loads
     variants = [{"name": "fedavg"}, {"name": "other", "tracking": {"experiment": "elsewhere"}}]
     [problem] = problems_of(job_file(tmp_path, {"seeds": [0]}, variants=variants))
     assert problem.startswith("sweep: the cells log to different MLflow stores or experiments")
+
+
+@pytest.mark.parametrize(
+    "key", ["resources.backend", "resources.num_workers", "tracking.experiment", "tracking"]
+)
+def test_an_axis_that_cannot_change_the_model_is_refused_naming_it(tmp_path, key):
+    """A grid over resources.backend ran cells that trained the same model (issue 29, item 8)."""
+    values = {"resources.backend": ["ray", "serial"], "resources.num_workers": [1, 2]}.get(key, ["a", "b"])
+    if key == "tracking":
+        values = {"on": {"enabled": True}, "off": {"enabled": False}}
+    [problem] = problems_of(job_file(tmp_path, {"grid": {key: values}}))
+    assert problem.startswith(f"sweep.grid.{key}: says where the cells run or what they record, not what")
+    [problem] = problems_of(job_file(tmp_path, {"random": {"samples": 2, "axes": {key: {"choice": [1, 2]}}}}))
+    assert problem.startswith(f"sweep.random.axes.{key}: says where the cells run")
+
+
+@pytest.mark.parametrize(
+    "key, values", [("resources.precision", ["fp32", "bf16"]), ("resources.deterministic", [True, False])]
+)
+def test_an_axis_over_the_arithmetic_is_a_sweep(tmp_path, key, values):
+    assert len(load_sweep(job_file(tmp_path, {"grid": {key: values}})).cells) == 4

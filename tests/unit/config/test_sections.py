@@ -13,18 +13,31 @@ def test_a_tracking_uri_of_no_mlflow_store_is_refused_naming_the_key_and_the_sch
     [problem] = problems_of({**BASE, "tracking": {"tracking_uri": uri}})
     scheme = uri.split(":")[0]
     assert problem.startswith(f"tracking.tracking_uri: MLflow has no store for the scheme {scheme!r}")
-    assert "sqlite://" in problem and "http://" in problem and "folder path" in problem
+    assert "sqlite:///" in problem and "http(s)://" in problem
+
+
+@pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "mlruns", "/abs/mlruns"])
+def test_mlflows_file_store_is_refused_naming_a_database_or_a_server(uri):
+    """MLflow 3 raises on its file store deep inside the run (issue 29, item 7)."""
+    [problem] = problems_of({**BASE, "tracking": {"tracking_uri": uri}})
+    assert problem.startswith(f"tracking.tracking_uri: {uri} is MLflow's file store")
+    assert "sqlite:///path/mlflow.db or an MLflow server's http(s):// address" in problem
+
+
+@pytest.mark.parametrize("uri", ["sqlite:/x.db", "sqlite://x.db", "sqlite:///"])
+def test_a_malformed_sqlite_uri_is_refused_showing_the_right_form(uri):
+    """SQLAlchemy's "Could not parse SQLAlchemy URL" traceback, deep in the run (issue 29, item 7)."""
+    [problem] = problems_of({**BASE, "tracking": {"tracking_uri": uri}})
+    assert problem.startswith(f"tracking.tracking_uri: {uri} is no SQLite URI: write sqlite:///")
 
 
 @pytest.mark.parametrize(
     "uri",
     [
         "sqlite:///mlflow.db",
+        "sqlite:////abs/mlflow.db",
         "http://127.0.0.1:5000",
         "https://mlflow.example.org",
-        "file:///tmp/mlruns",
-        "mlruns",
-        "/abs/mlruns",
         "postgresql+psycopg2://u@h/db",
         "databricks",
         None,

@@ -1,4 +1,5 @@
-"""Every registered algorithm runs from a two-line job (``algorithm`` and ``dataset: digits``) with
+"""What ``raysim.run`` checks before anything is built; and that every registered algorithm runs
+from a two-line job (``algorithm`` and ``dataset: digits``) with
 the model its plugin or the recipe names, for two rounds on the serial backend, not only
 validates (tests/unit/config/test_job_default_model.py). Each client trains 33 examples a round:
 at the default batch size of 32 (and 16, 8, ...) its last batch is one example, which BatchNorm
@@ -12,6 +13,7 @@ import pytest
 import raysim.engine.loop as loop
 from raysim import registry
 from raysim.config import JobConfig, deep_merge
+from raysim.errors import ResourceError
 
 # what makes a plugin's own long schedule short; never its model or local batch size
 LIGHT = {
@@ -59,3 +61,14 @@ def test_fedavg_trains_a_batchnorm_resnet_whose_clients_end_on_a_batch_of_one(ba
     train = [m for _, m in result.history if "train/steps" in m]
     assert train and all(m["train/steps"] == examples // batch_size for m in train)  # one step fewer
     assert all(m["train/num_examples"] == examples for m in train)  # and no example left out
+
+
+def test_an_output_dir_whose_runs_folder_cannot_be_made_is_refused_before_the_data(tmp_path, monkeypatch):
+    """The run folder's mkdir failed with a traceback after the data was prepared (issue 29, item 7)."""
+    (tmp_path / "runs").write_text("")  # where the run folders go
+    monkeypatch.setattr(loop, "build", lambda *args: pytest.fail("built the run before the check"))
+    job = JobConfig.from_dict(
+        {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
+    )
+    with pytest.raises(ResourceError, match=f"holds a file {tmp_path / 'runs'} where raysim makes a folder"):
+        loop.run(job, output_dir=tmp_path)

@@ -1,6 +1,7 @@
 """Preflight: an unreachable tracking store or Ray address is a ResourceError naming it, in seconds."""
 
 import http.server
+import os
 import socket
 import threading
 import time
@@ -89,6 +90,33 @@ def test_a_sqlite_store_whose_folder_cannot_be_made_is_named(tmp_path):
     raises_fast(check_tracking_store, uri, "cannot be created", str(tmp_path / "file" / "runs"))
 
 
+def test_a_sqlite_store_path_holding_another_file_or_a_folder_is_named_and_left_alone(tmp_path):
+    """A 1-byte notes file became an MLflow store; a folder ended in SQLAlchemy's traceback."""
+    (tmp_path / "notes.db").write_bytes(b"x")
+    with pytest.raises(
+        ResourceError, match=f"store {tmp_path / 'notes.db'} is a file but not a SQLite database"
+    ):
+        check_tracking_store(f"sqlite:///{tmp_path / 'notes.db'}")
+    assert (tmp_path / "notes.db").read_bytes() == b"x"
+    with pytest.raises(ResourceError, match=f"store {tmp_path} is a folder, not a SQLite database"):
+        check_tracking_store(f"sqlite:///{tmp_path}")
+    (tmp_path / "empty.db").write_bytes(b"")
+    check_tracking_store(f"sqlite:///{tmp_path / 'empty.db'}")  # MLflow makes an empty file a store
+
+
+@pytest.mark.parametrize(
+    "uri, says",
+    [
+        ("file:///tmp/mlruns", "is MLflow's file store"),
+        ("sqlite:/x.db", "is no SQLite URI"),
+        ("ftp://x", "'ftp'"),
+    ],
+)
+def test_a_uri_from_mlflow_tracking_uri_raysim_cannot_use_is_named(uri, says):
+    """MLFLOW_TRACKING_URI skips the job's validation: these ended in MLflow's or SQLAlchemy's traceback."""
+    raises_fast(check_tracking_store, uri, says)
+
+
 def test_a_good_sqlite_store_passes_and_its_folder_exists(tmp_path):
     check_tracking_store(f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}")
     assert (tmp_path / "new").is_dir()
@@ -133,6 +161,32 @@ def test_an_output_dir_that_is_or_lies_under_a_file_is_named_and_nothing_is_crea
         check_output_dir(tmp_path / "file" / "a" / "b")
     check_output_dir(tmp_path / "new" / "out")  # missing folders are made by the run, not here
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only folder")
+def test_a_read_only_output_dir_or_runs_folder_is_refused_naming_it(tmp_path):
+    """A read-only runs/ inside a writable --output-dir failed with a traceback once the data was
+    prepared (issue 29, item 7)."""
+    read_only, inner = tmp_path / "ro", tmp_path / "ok" / "runs"
+    for folder in (read_only, inner):
+        folder.mkdir(parents=True)
+        folder.chmod(0o555)
+    try:
+        for out, blocked in ((read_only, read_only), (tmp_path / "ok", inner)):
+            with pytest.raises(
+                ResourceError, match=f"{out} .--output-dir. cannot be written .{blocked}: Perm"
+            ):
+                check_output_dir(out, "runs")
+    finally:
+        for folder in (read_only, inner):
+            folder.chmod(0o755)
+
+
+def test_a_file_where_the_runs_folder_goes_is_named(tmp_path):
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(ResourceError, match=f"holds a file {tmp_path / 'runs'} where raysim makes a folder"):
+        check_output_dir(tmp_path, "runs")
+    check_output_dir(tmp_path, "sweeps")  # a folder the run makes
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")

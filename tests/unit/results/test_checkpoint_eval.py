@@ -63,6 +63,18 @@ def test_a_run_id_is_looked_up_in_the_store(tmp_path):
         find_checkpoint("0123456789abcdef0123456789abcdef", f"sqlite:///{missing}", tmp_path)
 
 
+@pytest.mark.parametrize("uri", ["ftp://x", "sqlite:/x.db", "not-sqlite"])
+def test_a_store_raysim_cannot_read_is_one_error_and_no_store_is_made(tmp_path, uri):
+    """raysim eval and analyze made a 1-byte file an MLflow store; the others were tracebacks
+    (issue 29, item 7)."""
+    if uri == "not-sqlite":
+        (tmp_path / "notes.db").write_bytes(b"x")
+        uri = f"sqlite:///{tmp_path / 'notes.db'}"
+    with pytest.raises(RaysimError, match=r"no SQLite URI|no store for the scheme|not a SQLite database"):
+        find_checkpoint("0123456789abcdef0123456789abcdef", uri, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == (["notes.db"] if "notes" in uri else [])
+
+
 def test_evaluation_resources_and_tracking_may_change():
     refuse_fixed_overrides(
         ["evaluation.clients=50", "evaluation.personalization.epochs=2", "resources.backend=serial",

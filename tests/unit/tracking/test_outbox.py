@@ -26,10 +26,9 @@ from raysim.tracking.outbox import (
     ParamsRecord,
     one_attempt,
     outage_reason,
-    read_unsent,
-    upload,
 )
 from raysim.tracking.store_calls import HTTP_DEFAULTS
+from raysim.tracking.unsent import read_unsent, upload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/mlflow_failures.py
 from mlflow_failures import artifacts_full, database_full, server_gone  # noqa: E402

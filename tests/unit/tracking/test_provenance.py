@@ -94,7 +94,7 @@ def test_runs_that_differ_on_the_command_line_differ_in_name(tmp_path):
     assert name("engine.num_rounds=6") == "study/avg num_rounds=6"
     assert name("algorithm.name=fedprox", "algorithm.local.lr=0.1") == "study/avg algorithm=fedprox lr=0.1"
     # where and how a run goes does not change what it computes: not in the name
-    assert name("resources.backend=serial", "tracking.tracking_uri=/x") == "study/avg"
+    assert name("resources.backend=serial", "tracking.tracking_uri=sqlite:///x.db") == "study/avg"
     assert name("seed=1", extra=["lr=0.03"]) == "study/avg seed=1 lr=0.03"  # a sweep cell's axes
     assert name("tracking.tags={a: " + "x" * 40 + "}") == "study/avg"
     assert name("algorithm.local.lr=0." + "1" * 60) == "study/avg lr=0." + "1" * 21 + "…"  # a legend's width

@@ -16,8 +16,8 @@ arXiv:2410.23660, Alg. 1):
 ``reading: paper`` (the default) takes the paper's forms: ``affinity = ||theta_i - f_p||_2`` and
 ``diversity = (1/|pool|) sum_m ||theta_i - theta_m||_2`` (the self-term is 0 and left out),
 lambda_a = lambda_d = 3, every ingredient trains ``local.epochs`` epochs, one mix per batch.
-``reading: lss_code`` is the released code (github ubc-tea/Local-Superior-Soups, 1e244c0;
-notes 2.6): squared L2 affinity, the squared volume of the simplex the pool spans (Cayley-Menger)
+``reading: lss_code`` is the released code (github ubc-tea/Local-Superior-Soups, 1e244c0):
+squared L2 affinity, the squared volume of the simplex the pool spans (Cayley-Menger)
 as diversity, lambda_a = lambda_d = 1e-3, ingredients after the first train ``local.epochs // 8``
 epochs (at least 1), and two mixes per batch whose losses are summed and divided by 15, the code's
 gradient-accumulation step. Its later ingredients' loss (the first mixes nothing: plain CE) is
@@ -83,7 +83,7 @@ from raysim.types import (
 Reading = Literal["paper", "lss_code"]
 _WEIGHT = {"paper": 3.0, "lss_code": 1e-3}  # lambda_a and lambda_d (paper E.1; the code's defaults)
 _MIXES = {"paper": 1, "lss_code": 2}  # mixes per batch (Alg. 1; the code's n_soups_sampling)
-_CODE_ACCUMULATION = 15  # the code divides its summed mix losses by its accumulation step (notes 2.6)
+_CODE_ACCUMULATION = 15  # the code divides its summed mix losses by its accumulation step (the authors' code)
 _MIX_TAG, _SHUFFLE_TAG = 0x1550, 0x1551  # keep the mixing and shuffling streams apart
 _EPS = 1e-12  # ||.||_2 = sqrt(sum sq + eps): a defined gradient where theta_i == f_p
 
@@ -150,8 +150,9 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
 def mix_coefficients(
     seed: int, ingredient: int, batch_num: int, num_members: int, num_mixes: int
 ) -> np.ndarray:
-    """Dirichlet(1, ..., 1) coefficients, ``(num_mixes, num_members)``: uniform on the simplex (notes
-    A5); the last column weighs the live ingredient. A pure function of its arguments."""
+    """Dirichlet(1, ..., 1) coefficients, ``(num_mixes, num_members)``: uniform on the simplex (as
+    the authors' code draws them); the last column weighs the live ingredient. A pure function of
+    its arguments."""
     rng = np.random.default_rng([seed, _MIX_TAG, ingredient, batch_num])
     return rng.dirichlet(np.ones(num_members), size=num_mixes)
 
@@ -193,7 +194,7 @@ def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
 
 
 def l2_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``||a - b||_2``, with a defined gradient at ``a == b`` (notes 2.3)."""
+    """``||a - b||_2``, with a defined gradient at ``a == b`` (LSS paper, Sec. 3.3.2-3.3.3)."""
     return torch.sqrt(squared_distance(a, b) + _EPS)
 
 

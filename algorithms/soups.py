@@ -133,7 +133,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
         if needs and self.selection_fraction == 0:
             raise ValueError(
                 f"{' and '.join(needs)} need held-back accuracy: set selection_fraction above 0 "
-                "(0.2 is the notes' choice), or recipe: uniform with keep: last"
+                "(0.2 is our choice; the LSS paper gives no size), or recipe: uniform with keep: last"
             )
         return self
 

@@ -182,7 +182,7 @@ def group_barrier(
     ``lam`` is uniform (1/K, the FedAvg fusion point) or ``weights`` normalised (data sizes).
     Unlike a pairwise barrier these are signed: a fused model better than its members gives a
     negative barrier. With ``samples > 0`` also the Monte-Carlo max over that many
-    Dirichlet(1) draws of ``lam`` (seeded; the notes' recommendation for the sup reading):
+    Dirichlet(1) draws of ``lam`` (seeded; our choice for the sup reading of FedGuCci paper, Sec. 3.2):
     ``loss_barrier_max``, ``accuracy_barrier_max``. Every model, the fusion and the draws are
     evaluated in one ``map_clients`` call.
 

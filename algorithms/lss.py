@@ -28,13 +28,14 @@ own mean). The code then steps once per 15 batches with ``zero_grad`` in between
 can be set on its own. The code's other settings (Adam without weight decay, batch 128, N = 3) are
 the job's (``jobs/lss/``).
 
-A single ingredient has nothing to mix with: it trains on its own loss, so N = 1 without affinity
-is FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a frozen pool member,
-in every mix, in the diversity term and in the upload (N + 1 members); off by default (notes A1,
-as the code). BatchNorm statistics are the live model's, updated by every mixed forward pass and
-sent as they end (notes A7). Mixing coefficients are a pure function of the client's seed, the
-ingredient and the batch (``mix_coefficients``). ``local.max_steps`` caps each ingredient's
-batches; a straggler's ``step_budget`` caps those of all ingredients together (it finishes fewer).
+A single ingredient has nothing to mix with: it trains on its own loss, so N = 1 without affinity is
+FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a frozen pool member, in
+every mix, in the diversity term and in the upload (N + 1 members); off by default (as the authors'
+code). BatchNorm statistics are the live model's, updated by every mixed forward pass and sent as
+they end (as the authors' code; the paper is silent). Mixing coefficients are a pure function of the
+client's seed, the ingredient and the batch (``mix_coefficients``). ``local.max_steps`` caps each
+ingredient's batches; a straggler's ``step_budget`` caps those of all ingredients together (it
+finishes fewer).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def mix_coefficients(
 
 
 def live_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The trainable parameters: the pooled ones (BatchNorm statistics are buffers, notes A6)."""
+    """The trainable parameters: the pooled ones (BatchNorm statistics are buffers, as in the code)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 

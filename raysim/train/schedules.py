@@ -6,7 +6,7 @@ schedule scales the lr it starts from, ``lr0`` (``LocalTrainConfig.lr``); ``swit
 of them, the second starting from the lr the first reached.
 
 - ``exponential``: ``lr0 * decay^t``, the per-round decay of FedAvg-style experiments (IMA's
-  baselines use 0.99: Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Table VII; notes ima.md 2.3).
+  baselines use 0.99: Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Table VII and Sec. 6.3).
 - ``constant``: ``lr0``, or a fixed ``lr`` (IMA's "small constant lr" ablation, CLR, 5e-5).
 - ``cyclic``: between ``lr0`` and ``lr_min`` every ``period`` rounds (IMA's CD ablation).
 - ``step``: ``lr0 * factor^floor(t / every)`` (IMA's stage decay, SD: halve every 20 rounds).

@@ -1,5 +1,5 @@
 """IMA end to end: IMA(FedAvg) is FedAvg before its start round; branching from a FedAvg
-checkpoint equals an IMA run from round 0 (notes ima.md 7 item 4, the paper's Table II); an IMA
+checkpoint equals an IMA run from round 0 (the IMA paper's Sec. 7.2.3, Table II); an IMA
 run resumed from its own checkpoint equals the uninterrupted run. All bit for bit (same seed)."""
 
 import math

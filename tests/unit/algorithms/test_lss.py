@@ -260,7 +260,7 @@ def test_impossible_configs_are_refused_naming_the_key(options, message):
 
 
 def test_batchnorm_statistics_follow_every_mixed_pass_and_travel():
-    """Notes A7: one set of running statistics, the live model's, updated by the mixed passes of
+    """As the authors' code: one set of running statistics, the live model's, updated by the mixed passes of
     every ingredient and sent with the soup; so N = 2 ends with other statistics than N = 1."""
 
     def update(num_models):

@@ -7,7 +7,7 @@ and sends the body's delta; the server averages the bodies (``raysim.train.serve
 head stays at its initialisation for the whole run. A client's predictor (``personal_model``,
 ``eval/personal/...``) is the global model fine-tuned on the client's whole train split for
 ``finetune_epochs`` epochs at ``local``'s optimizer, lr and batch size: the head alone by default,
-as the notes' reading of the released code (one epoch); ``finetune_part: full`` fine-tunes every
+as the LSS authors' code runs FedBABU (one epoch); ``finetune_part: full`` fine-tunes every
 layer, the paper's main personalization protocol.
 """
 

@@ -13,8 +13,8 @@ client for each peer (the sum of the weights the client gave that peer so far). 
    trained also receives the initial model;
 2. client: starting from its own model ``θ_i`` (its state; the initial model the first time) it
    weighs each peer ``n`` by ``w_n = max(0, (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||)``, ``L`` its mean
-   loss on its scoring split (``scoring_fraction`` of its examples, as PFLlib's 20% the LSS notes
-   follow, ``split_for_scoring``), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
+   loss on its scoring split (``scoring_fraction`` of its examples, PFLlib's 20%, which the LSS
+   baselines here follow, ``split_for_scoring``), moves to ``θ_i + Σ_n w_n (θ_n - θ_i) / Σ_n w_n`` where some
    ``w_n > 0`` (else keeps ``θ_i``), trains on the rest of its examples and uploads its model and
    its weights;
 3. server: stores the model and adds the weights to the client's affinities.

@@ -2,12 +2,12 @@
 
 Zexi Li, Jie Lin, Zhiqi Li, Didi Zhu, Tao Shen, Tao Lin, Chao Wu, Nicholas D. Lane, "FedGuCci:
 Making Local Models More Connected in Landscape for Federated Learning", KDD 2025,
-arXiv:2402.18949, and the authors' code (github.com/ZexiLee/fedgucci). "notes 3.2" marks the
-maintainers' reading notes of paper and code, which are not part of the repository; user guide:
-docs/fedgucci.md.
+arXiv:2402.18949 (the FedGuCci paper), and the authors' code (github.com/ZexiLee/fedgucci); user
+guide: docs/fedgucci.md.
 
-Client (notes 3.1-3.2). With anchors a_1..a_n (the n = min(N, t+1) newest global models, newest
-first, the round's own starting model included), each client minimises (Eq. 13, the code's 1/n)
+Client (FedGuCci paper, Sec. 4.1, Eq. 7-8 and 12-13). With anchors a_1..a_n (the n = min(N, t+1)
+newest global models, newest first, the round's own starting model included), each client
+minimises (Eq. 13, the code's 1/n)
 
     l(w) + (beta / n) * sum_j l(alpha_j w + (1 - alpha_j) a_j)
 
@@ -15,23 +15,24 @@ on the same mini-batch. The interpolated terms run through ``torch.func.function
 ``alpha w + (1 - alpha) a.detach()`` over the trainable parameters, so autograd gives the live weights
 ``alpha * grad l(m_j)`` and the anchors nothing. The terms are written once, as a ``ClientChange``'s
 passes, for the sequential and the vectorized trainer. ``update_mode``:
-- ``sequential`` (default, the authors' code, notes 3.2.1): per batch one optimizer step on the
+- ``sequential`` (default, the authors' code): per batch one optimizer step on the
   task loss, then one step per anchor (newest first) on that anchor's term at the already
   updated weights: 1 + n steps, each with momentum and weight decay.
-- ``joint`` (Eq. 13 as written, notes 3.2.2): one loss, one backward pass, one step.
+- ``joint`` (Eq. 13 as written): one loss, one backward pass, one step.
 ``alpha_mode``: ``fixed`` (alpha = 0.5, the code) or ``uniform`` (alpha_j ~ U(0, 1) per batch and
-anchor, the cited learning-lines works; notes 3.1).
+anchor, the cited learning-lines works; Eq. 7).
 
-FedGuCci+ (notes 3.3) = FedGuCci with ``logit_calibration: {strength: 0.1}`` (FedLC's calibrated
-cross-entropy, ``raysim.train.losses``, replaces the task loss in every term) and ``sam: {rho: 0.05}``
-(``raysim.train.sharpness.sam_descend`` takes every step, the task step and each connectivity step; in
-joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches either off.
+FedGuCci+ (FedGuCci paper, Sec. 4.2) = FedGuCci with ``logit_calibration: {strength: 0.1}`` (FedLC's
+calibrated cross-entropy, ``raysim.train.losses``, replaces the task loss in every term) and ``sam:
+{rho: 0.05}`` (``raysim.train.sharpness.sam_descend`` takes every step, the task step and each
+connectivity step; in joint mode, the one step; ``adaptive: true`` makes it ASAM). ``null`` switches
+either off.
 
 Server: FedAvg (any ``raysim.train.server_opt`` optimizer), weighted by the examples trained on; it
 then pushes the new global model onto ``ServerState.extra.anchors`` (a list of the newest N
 models' trainable tensors, newest first). The broadcast's params are anchor 1; only the older
 anchors travel in ``payload.extra.anchors``, so the engine counts them apart as
-``sys/bytes_down/anchors`` (notes 8.2: "count anchor bytes separately").
+``sys/bytes_down/anchors``, so that the paper's no-extra-communication claim can be checked.
 """
 
 from __future__ import annotations
@@ -101,13 +102,13 @@ class FedGuCciConfig(BaseModel, frozen=True, extra="forbid"):
     alpha_mode: Literal["fixed", "uniform"] = "fixed"
     update_mode: Literal["sequential", "joint"] = "sequential"
     # train: the interpolated pass in train mode with the live model's buffers (BN statistics it
-    # would update are discarded); eval: the code's quirk (notes 3.5 item 4), eval mode with the
+    # would update are discarded); eval: the authors' code's quirk, eval mode with the
     # round's global buffers (no dropout, BN normalises with the global running statistics).
     interpolated_mode: Literal["train", "eval"] = "train"
     logit_calibration: LogitCalibrationConfig | None = None  # FedLC's CE as the task loss (FedGuCci+)
     sam: SamConfig | None = None  # SAM (or ASAM) on every step (FedGuCci+)
     # paper: SAM steps on the perturbed gradient; fedgucci_code: the code's SAM connectivity steps
-    # on the clean plus the perturbed gradient (notes 3.3 item 2)
+    # on the clean plus the perturbed gradient (the authors' code)
     reading: Literal["paper", "fedgucci_code"] = "paper"
     local: LocalTrainConfig = LocalTrainConfig()
     server: ServerOptimizerConfig = ServerOptimizerConfig()  # SGD lr 1 == FedAvg
@@ -243,7 +244,7 @@ class Connectivity:
 
 def sam_steps(sam: SamConfig | None, num_passes: int, add_clean_gradient: bool) -> LocalStep | None:
     """How each pass takes its step: SAM's (or a plain one when ``sam`` is None). With
-    ``add_clean_gradient`` (``reading: fedgucci_code``, notes 3.3 item 2) the connectivity steps,
+    ``add_clean_gradient`` (``reading: fedgucci_code``, the authors' code) the connectivity steps,
     every batch's passes after its first, step on the clean plus the perturbed gradient."""
     if sam is None:
         return None

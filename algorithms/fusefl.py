@@ -13,17 +13,18 @@ every client's features of the fused model (one more round, ``raysim.train.ccvr`
 fused model is evaluated on the workers as the registered model ``fusefl_fused``.
 
 The fused head reads the M towers' top features joined by ``feature_fusion``: summed, as the
-official code does (notes 2.10 item 6), M times the scale each client's head trained on, or their
-mean, that scale. The sum is the default: CCVR retrains the head on it with SGD at the local lr,
-tuned to that scale (the mean calibrates more slowly and ends lower). With ``ccvr.enabled:
-false`` the averaged head is used as it is, and it is weak whatever the scale, which moves its
-predictions only through its bias: each client's head trained on its own tower's features, and
-the average applies every head to every tower's (docs/papers.md section 5 has the numbers).
+official code does (the paper says "averaging and calibrating", Algorithm 1 line 12), M times the
+scale each client's head trained on, or their mean, that scale. The sum is the default: CCVR
+retrains the head on it with SGD at the local lr, tuned to that scale (the mean calibrates more
+slowly and ends lower). With ``ccvr.enabled: false`` the averaged head is used as it is, and it is
+weak whatever the scale, which moves its predictions only through its bias: each client's head
+trained on its own tower's features, and the average applies every head to every tower's
+(docs/papers.md section 5 has the numbers).
 
 Every client starts from the run's initial model (the official code's shared block init; its
-heads are initialised apart, here they start equal too, notes 2.10 item 10). Frozen fused blocks
+heads are initialised apart, here they start equal too; the paper is silent). Frozen fused blocks
 never train; ``frozen_bn`` says what their BatchNorm layers do: "eval" (the
-default; normalise with the running statistics as uploaded, notes 2.10 item 5) or "train" (the
+default; normalise with the running statistics as uploaded; the paper says only "freeze") or "train" (the
 official code's: batch statistics, the client's copy's running statistics overwritten).
 
 Logged per stage (step k): the stage's cohort metrics (``services.round_metrics``): the clients'
@@ -34,13 +35,13 @@ fused model's ``eval/central/*`` and ``eval/clients/*`` as the job's evaluation 
 global model's (``services.evaluate_weights``), ``fusefl/params`` and ``fusefl/mib`` (|F_fus|,
 parameters, MiB of float32 as Table 4) and ``fusefl/paper_comm_mib`` (M x |F_fus|, Table 13's convention).
 
-Per-client architectures (the paper's ResNet-10/18/26 mix, notes 2.8): a job's ``model_groups``
-give clients different model sections; tower m is client m's architecture (``ctx.model_of``), and
-conv1x1 adapters read the sum of the towers' channels. The split points must align (the same number
-of stages, the same spatial sizes at every split, one feature size at the top): ``check_models``
-says what does not, on the driver before any worker starts. Each client then starts from its own
-architecture's initial model, built from the run seed on every worker (the official code's shared
-init), so stage 0 sends no parameters (``sys/bytes_down`` 0 at step 0).
+Per-client architectures (the ResNet-10/18/26 mix of the FuseFL paper, Sec. 6.2, Table 3): a job's
+``model_groups`` give clients different model sections; tower m is client m's architecture
+(``ctx.model_of``), and conv1x1 adapters read the sum of the towers' channels. The split points must
+align (the same number of stages, the same spatial sizes at every split, one feature size at the
+top): ``check_models`` says what does not, on the driver before any worker starts. Each client then
+starts from its own architecture's initial model, built from the run seed on every worker (the
+official code's shared init), so stage 0 sends no parameters (``sys/bytes_down`` 0 at step 0).
 """
 
 from __future__ import annotations
@@ -97,10 +98,10 @@ Fused = dict[str, dict[str, Params]]  # stage k -> tower m (position among sorte
 class FuseFLConfig(BaseModel, frozen=True, extra="forbid"):
     """FuseFL: K stages of training on the fused frozen lower blocks, then CCVR."""
 
-    local: LocalTrainConfig = LocalTrainConfig()  # per stage: E / K epochs (notes 2.9)
+    local: LocalTrainConfig = LocalTrainConfig()  # per stage: E / K epochs (FuseFL paper, Sec. 4.3)
     # block or stage names of the job's model, bottom-up: ("layer2",) is the paper's K = 2 on
-    # ResNet-18, ("stem", "layer2", "layer3") its K = 4 (notes 2.3); None: K = 2, cut after the
-    # middle block below the head (on ResNet-18 that is layer2, the paper's)
+    # ResNet-18, ("stem", "layer2", "layer3") its K = 4 (the authors' code's split points); None:
+    # K = 2, cut after the middle block below the head (on ResNet-18 that is layer2, the paper's)
     splits: tuple[str, ...] | None = None
     adapter: AdapterKind = "conv1x1"
     frozen_bn: FrozenBN = "eval"

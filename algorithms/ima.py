@@ -1,15 +1,13 @@
 """IMA: iterative moving averaging of the global model in the late rounds (Zhou, Lin, Zhang and
 Tsang, "Understanding and Improving Model Averaging in Federated Learning on Heterogeneous Data",
-IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA). "notes
-2.2" marks the maintainers' reading notes of paper and code, which are not part of the
-repository.
+IEEE TMC 2024, arXiv:2305.07845; author code TailinZhou/FedIMA).
 
-A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round
-0, it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates
-(notes 2.2, 2.5 items 1 to 4). From ``average_from`` (the paper's t_s) on, once the window is
-full (the author code never averages fewer than P models; it waits for ``t >= P``, one round more
-when t_s < P), the global model, which is broadcast and evaluated, is the uniform mean of that window
-(eq. 5, notes 2.1):
+A wrapper around any registered round-based algorithm, the ``inner`` one. Every round, from round 0,
+it keeps the last ``window`` (P) models the inner server update made: FedAvg's FMA aggregates (IMA
+paper, Sec. 6.2, Algorithm 1; window and warm-up as in the authors' code). From ``average_from``
+(the paper's t_s) on, once the window is full (the author code never averages fewer than P models;
+it waits for ``t >= P``, one round more when t_s < P), the global model, which is broadcast and
+evaluated, is the uniform mean of that window (IMA paper, Eq. 5):
 
     w_bar^t = (1/P) * sum_{i=t-P+1..t} w^i  for t >= max(t_s, P - 1),   w_bar^t = w^t  before.
 
@@ -18,22 +16,22 @@ An ``init`` whose run would end before that round is refused: it would be its in
 The window holds the inner's models, never earlier means: a sliding simple moving average of the
 FMA trajectory, fed back to the clients every round.
 
-``placement`` (notes 2.4):
+``placement`` (as in the authors' code):
 - ``after_server_update``: IMA averages whatever the inner's own server update makes (FedAvg,
   FedProx, SCAFFOLD, FedFish; FedNova and FedGMA "average the method's output").
 - ``before_server_optimizer``: the authors' FedAdam/FedYogi order. The window holds the pure
   aggregates ``global - pseudo_gradient`` and from t_s the server optimizer steps toward their
   mean (its pseudo-gradient becomes ``global - mean(H)``). It needs an inner whose aggregate is
   the mean client delta. ``reset_server_opt_state`` zeroes the optimizer's moments at t_s (the
-  author code means to; its reset is lost after one round, notes 2.4).
+  author code means to; its reset is lost after one round).
 
-Mild client exploration (notes 2.3): from t_s the inner's client lr follows ``exploration``,
+Mild client exploration (IMA paper, Sec. 6.3): from t_s the inner's client lr follows ``exploration``,
 starting from the lr it reached; the default x0.97 per round gives
 ``lr_t = lr0 * 0.99^t_s * 0.97^(t - t_s)`` over an inner ``lr_decay: 0.99``. ``exploration:
 null`` keeps the inner's schedule (Table III's NAD); ``epochs_exploration`` is Table III's ED.
 
 Before t_s an IMA run is its inner algorithm's run bit for bit, so it may branch from that run's
-checkpoint of round t_s - 1 (notes 7 item 4, Table II): ``resume_state`` fills the window with the
+checkpoint of round t_s - 1 (IMA paper, Sec. 7.2.3, Table II): ``resume_state`` fills the window with the
 parent's models of its last P rounds, read from its per-round checkpoints.
 """
 
@@ -234,7 +232,7 @@ class IMA(Generic[A]):
 
     def _active(self, round_num: int, window: list[Params]) -> bool:
         """Whether this round's global model is the window mean: from t_s on, once the window is
-        full (never a part-filled window, as in the author code; notes 2.5 item 4)."""
+        full (never a part-filled window, as in the author code)."""
         return round_num >= self.config.average_from and len(window) == self.config.window
 
     def _before_server_optimizer(

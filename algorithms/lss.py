@@ -16,8 +16,8 @@ arXiv:2410.23660, Alg. 1):
 ``reading: paper`` (the default) takes the paper's forms: ``affinity = ||theta_i - f_p||_2`` and
 ``diversity = (1/|pool|) sum_m ||theta_i - theta_m||_2`` (the self-term is 0 and left out),
 lambda_a = lambda_d = 3, every ingredient trains ``local.epochs`` epochs, one mix per batch.
-``reading: lss_code`` is the released code (github ubc-tea/Local-Superior-Soups, 1e244c0;
-notes 2.6): squared L2 affinity, the squared volume of the simplex the pool spans (Cayley-Menger)
+``reading: lss_code`` is the released code (github ubc-tea/Local-Superior-Soups, 1e244c0):
+squared L2 affinity, the squared volume of the simplex the pool spans (Cayley-Menger)
 as diversity, lambda_a = lambda_d = 1e-3, ingredients after the first train ``local.epochs // 8``
 epochs (at least 1), and two mixes per batch whose losses are summed and divided by 15, the code's
 gradient-accumulation step. Its later ingredients' loss (the first mixes nothing: plain CE) is
@@ -28,13 +28,14 @@ own mean). The code then steps once per 15 batches with ``zero_grad`` in between
 can be set on its own. The code's other settings (Adam without weight decay, batch 128, N = 3) are
 the job's (``jobs/lss/``).
 
-A single ingredient has nothing to mix with: it trains on its own loss, so N = 1 without affinity
-is FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a frozen pool member,
-in every mix, in the diversity term and in the upload (N + 1 members); off by default (notes A1,
-as the code). BatchNorm statistics are the live model's, updated by every mixed forward pass and
-sent as they end (notes A7). Mixing coefficients are a pure function of the client's seed, the
-ingredient and the batch (``mix_coefficients``). ``local.max_steps`` caps each ingredient's
-batches; a straggler's ``step_budget`` caps those of all ingredients together (it finishes fewer).
+A single ingredient has nothing to mix with: it trains on its own loss, so N = 1 without affinity is
+FedAvg bit for bit. ``start_in_pool`` takes Alg. 1 literally: ``f_p`` is a frozen pool member, in
+every mix, in the diversity term and in the upload (N + 1 members); off by default (as the authors'
+code). BatchNorm statistics are the live model's, updated by every mixed forward pass and sent as
+they end (as the authors' code; the paper is silent). Mixing coefficients are a pure function of the
+client's seed, the ingredient and the batch (``mix_coefficients``). ``local.max_steps`` caps each
+ingredient's batches; a straggler's ``step_budget`` caps those of all ingredients together (it
+finishes fewer).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from raysim.types import (
 Reading = Literal["paper", "lss_code"]
 _WEIGHT = {"paper": 3.0, "lss_code": 1e-3}  # lambda_a and lambda_d (paper E.1; the code's defaults)
 _MIXES = {"paper": 1, "lss_code": 2}  # mixes per batch (Alg. 1; the code's n_soups_sampling)
-_CODE_ACCUMULATION = 15  # the code divides its summed mix losses by its accumulation step (notes 2.6)
+_CODE_ACCUMULATION = 15  # the code divides its summed mix losses by its accumulation step (the authors' code)
 _MIX_TAG, _SHUFFLE_TAG = 0x1550, 0x1551  # keep the mixing and shuffling streams apart
 _EPS = 1e-12  # ||.||_2 = sqrt(sum sq + eps): a defined gradient where theta_i == f_p
 
@@ -150,14 +151,15 @@ class LSSConfig(BaseModel, frozen=True, extra="forbid"):
 def mix_coefficients(
     seed: int, ingredient: int, batch_num: int, num_members: int, num_mixes: int
 ) -> np.ndarray:
-    """Dirichlet(1, ..., 1) coefficients, ``(num_mixes, num_members)``: uniform on the simplex (notes
-    A5); the last column weighs the live ingredient. A pure function of its arguments."""
+    """Dirichlet(1, ..., 1) coefficients, ``(num_mixes, num_members)``: uniform on the simplex (as
+    the authors' code draws them); the last column weighs the live ingredient. A pure function of
+    its arguments."""
     rng = np.random.default_rng([seed, _MIX_TAG, ingredient, batch_num])
     return rng.dirichlet(np.ones(num_members), size=num_mixes)
 
 
 def live_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The trainable parameters: the pooled ones (BatchNorm statistics are buffers, notes A6)."""
+    """The trainable parameters: the pooled ones (BatchNorm statistics are buffers, as in the code)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
@@ -193,7 +195,7 @@ def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
 
 
 def l2_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``||a - b||_2``, with a defined gradient at ``a == b`` (notes 2.3)."""
+    """``||a - b||_2``, with a defined gradient at ``a == b`` (LSS paper, Sec. 3.3.2-3.3.3)."""
     return torch.sqrt(squared_distance(a, b) + _EPS)
 
 

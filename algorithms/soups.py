@@ -11,7 +11,7 @@ the server stays FedAvg (``raysim.train.server_opt``). Each round a client:
    each ingredient is its best epoch by held-back accuracy (``keep: best_epoch``) or its last;
 3. uploads the soup, ``delta = global - soup``, weighted by the examples trained on:
    - ``recipe: uniform``, the uniform soup of every ingredient (Wortsman et al., ICML 2022,
-     arXiv:2203.05482, eq. 1); the LSS paper's "Soups" [notes: ours, it does not say which];
+     arXiv:2203.05482, eq. 1); the LSS paper's "Soups" [our choice: it does not say which];
    - ``recipe: greedy``, Wortsman et al.'s Recipe 1: ingredients by held-back accuracy, best
      first, each kept when the soup's held-back accuracy does not drop.
 
@@ -133,7 +133,7 @@ class SoupsConfig(BaseModel, frozen=True, extra="forbid"):
         if needs and self.selection_fraction == 0:
             raise ValueError(
                 f"{' and '.join(needs)} need held-back accuracy: set selection_fraction above 0 "
-                "(0.2 is the notes' choice), or recipe: uniform with keep: last"
+                "(0.2 is our choice; the LSS paper gives no size), or recipe: uniform with keep: last"
             )
         return self
 

@@ -12,8 +12,8 @@ With the lists, each client's test split is its domain's official test images (i
 them with ``clients_per_domain`` > 1) and ``test_fraction`` is not used; without them the
 store's ``test_fraction`` splits each client. Images are read as RGB and resized to ``size`` x
 ``size`` (the LSS code: 64); every layout rule is in ``raysim.data.image_folders``. The LSS paper
-uses 5 of the 6 domains without saying which; ``domains`` defaults to dropping quickdraw (notes
-A10).
+uses 5 of the 6 domains without saying which; ``domains`` defaults to dropping quickdraw (our
+choice; the authors' code builds all 6).
 
 Usage:
     store = open_dataset("domainnet", DomainNetConfig(root="data/domainnet"))

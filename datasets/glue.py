@@ -24,7 +24,7 @@ error; the others are classification with int64 labels.
 Scores beside accuracy (``DataSpec.metrics``, ``raysim.measure.scores``): CoLA the Matthews correlation,
 STS-B Pearson's r, MRPC and QQP the F1 of class 1, as GLUE reports them.
 
-Code differences the paper notes list (fedgucci.md 3.5 item 7): the authors' code scored MRPC
+Code differences from the FedGuCci paper (its Table 3; App. A.4 says dev sets): the authors' code scored MRPC
 on its test split (``test_split: test`` reproduces that; GLUE's other test splits are unlabeled)
 and treated STS-B as classification, which cannot have produced its numbers; this recipe uses
 the dev sets and regression.

@@ -48,7 +48,7 @@ from raysim.measure.weight_space import mix
 from raysim.results.analysis import FinishedRun
 from raysim.types import Metrics
 
-BARRIER_POINTS = 11  # FedGuCci's notes: 11 points in [0, 1] for barriers
+BARRIER_POINTS = 11  # 11 points in [0, 1] for barriers (the FedGuCci paper gives no grid)
 
 
 def run_analysis(args: argparse.Namespace, console: Console) -> int:

@@ -153,7 +153,7 @@ class TrackingConfig(BaseModel, frozen=True, extra="forbid"):
 
 
 class PersonalizationConfig(BaseModel, frozen=True, extra="forbid"):
-    """Few-shot personalization of held-out clients (FedFish, sec. 3.2 of the notes).
+    """Few-shot personalization of held-out clients (FedFish paper, Sec. 5.2.2, App. A.3).
 
     Each evaluated client fine-tunes a copy of the global model on the first ``fraction`` of its
     data (taken from its train split, which the store shuffled with a seed) and is evaluated on

@@ -98,8 +98,8 @@ def line_scan(
 
     The float buffers (``services.info.buffer_keys``) follow ``buffers``: by default
     ``interpolate(a, b, clip(alpha, 0, 1))``, so each endpoint keeps its own statistics and an
-    extrapolated point those of the nearer model. FedGuCci's notes recommend 11 points in
-    [0, 1] for barriers and 21 for plots; IMA's 1-D plots use [-0.5, 1.5] in steps of 0.05
+    extrapolated point those of the nearer model. We take 11 points in [0, 1] for barriers and
+    21 for plots (the FedGuCci paper gives no grid); IMA's 1-D plots use [-0.5, 1.5] in steps of 0.05
     (Zhou et al., IEEE TMC 2024, arXiv:2305.07845).
     """
     grid = np.array(alphas, dtype=np.float64)  # a copy: the Curve owns it
@@ -182,7 +182,7 @@ def group_barrier(
     ``lam`` is uniform (1/K, the FedAvg fusion point) or ``weights`` normalised (data sizes).
     Unlike a pairwise barrier these are signed: a fused model better than its members gives a
     negative barrier. With ``samples > 0`` also the Monte-Carlo max over that many
-    Dirichlet(1) draws of ``lam`` (seeded; the notes' recommendation for the sup reading):
+    Dirichlet(1) draws of ``lam`` (seeded; our choice for the sup reading of FedGuCci paper, Sec. 3.2):
     ``loss_barrier_max``, ``accuracy_barrier_max``. Every model, the fusion and the draws are
     evaluated in one ``map_clients`` call.
 
@@ -278,7 +278,7 @@ class Plane:
 
     def grid(self, size: int = 21, padding: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
         """``size`` evenly spaced x and y values covering the three models' bounding box, widened
-        by ``padding`` times its extent on each side (IMA's notes suggest 20-50%)."""
+        by ``padding`` times its extent on each side (20-50% frames plots like the IMA paper's, Sec. 3.2)."""
         if size < 2:
             raise ValueError(f"Plane.grid: size must be >= 2, got {size}")
         low, high = self.coords.min(axis=0), self.coords.max(axis=0)

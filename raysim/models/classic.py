@@ -3,12 +3,12 @@
 VGG-11 (Simonyan & Zisserman, ICLR 2015, arXiv:1409.1556) in kuangliu's CIFAR variant: eight 3x3
 convs (pad 1, with bias) [64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M], each followed by
 its norm (if any) and a ReLU, "M" a 2x2 max-pool, then a linear classifier on the flattened maps
-(512 features at 32x32). FedGuCci (Li et al., KDD 2025, arXiv:2402.18949, notes 6.1) uses it
+(512 features at 32x32). FedGuCci (Li et al., KDD 2025, arXiv:2402.18949, App. A.2) uses it
 without norm on Fashion-MNIST resized to 1x32x32; IMA (Zhou et al., IEEE TMC 2024,
-arXiv:2305.07845, notes 5.3) with GroupNorm(2) and a linear projector FC(512, 128) on CIFAR-100.
+arXiv:2305.07845, Table IV) with GroupNorm(2) and a linear projector FC(512, 128) on CIFAR-100.
 kuangliu's trailing AvgPool2d(kernel_size=1) is the identity and is left out.
 
-AlexNet (Krizhevsky et al., NeurIPS 2012) as IMA's AlexNet-GN for PACS (notes 5.3): torchvision's
+AlexNet (Krizhevsky et al., NeurIPS 2012) as IMA's AlexNet-GN for PACS (IMA paper, Table IV): torchvision's
 conv stack with GroupNorm(32) after each conv, AdaptiveAvgPool(6, 6), then FC(9216, 1024) - ReLU -
 FC(1024, 512) - ReLU - FC(512, C), without dropout. Its pools need images of at least 63x63 (PACS
 is 224x224).

@@ -15,11 +15,12 @@ State-dict names: ``stages.<k>.<m>.adapter.*`` and ``stages.<k>.<m>.block.*`` fo
 of tower m, and ``head.*``; a client's upload at stage k is one ``FusedPart``'s state dict.
 
 The towers are given as models (``fused_net(towers, ...)``), one per client, so per-client
-architectures (ResNet-10/18/26 mixed, notes 2.8) need only towers whose stage outputs have the same
-spatial sizes at every split point (a conv1x1 adapter reads the sum of their channels, "avg" needs
-equal outputs) and the same flattened feature size at the top (the head is one, averaged):
-``tower_misfits`` names what does not align. The registered ``fusefl_fused`` model builds M copies
-of one ``base`` model section, or one tower per section of ``towers`` (per-client architectures).
+architectures (ResNet-10/18/26 mixed, FuseFL paper, Sec. 6.2, Table 3) need only towers whose stage
+outputs have the same spatial sizes at every split point (a conv1x1 adapter reads the sum of their
+channels, "avg" needs equal outputs) and the same flattened feature size at the top (the head is
+one, averaged): ``tower_misfits`` names what does not align. The registered ``fusefl_fused`` model
+builds M copies of one ``base`` model section, or one tower per section of ``towers`` (per-client
+architectures).
 
 Usage:
     stages = client_stages(model, ("layer2",))       # [stem..layer2.1, layer3.0..pool]

@@ -44,7 +44,7 @@ class LoraConfig(BaseModel, frozen=True, extra="forbid"):
     parts, e.g. "c_attn" matches "transformer.h.0.attn.c_attn"); None takes the architecture's
     default (``DEFAULT_TARGETS``, else peft's own table). ``bias`` is peft's: "none" keeps every
     bias frozen, "all" trains (and sends) every bias of the model, "lora_only" those of the
-    adapted layers. FedGuCci's GLUE runs use ``bias="all"`` (notes fedgucci.md, section 6.1).
+    adapted layers. FedGuCci's GLUE runs use ``bias="all"`` (the FedGuCci authors' code).
     """
 
     r: PositiveInt = 8

@@ -232,7 +232,7 @@ def build_resnet20(config: ResNet20Config, spec: DataSpec) -> ResNet:
 
     Three stages of three BasicBlocks at widths 16, 32, 64, option-A (zero-padding) shortcuts and
     Kaiming fan_in init, as the reference code FedGuCci trains on CIFAR-100 (arXiv:2402.18949,
-    notes 6.1). FedGuCci's paper removes the norms (``norm: none``) while its code keeps BatchNorm.
+    App. A.2). FedGuCci's paper removes the norms (``norm: none``) while its code keeps BatchNorm.
     The convs have no bias (``bias=False``, as the reference code), also under ``norm: none``: the
     norm-free ResNet-20 has no per-channel offsets, and its only biases are the linear layers'.
     """

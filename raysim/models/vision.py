@@ -261,7 +261,7 @@ def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> BlockSequential:
 
 @register("model", "simple_cnn", config=SimpleCNNConfig)
 def build_simple_cnn(config: SimpleCNNConfig, spec: DataSpec) -> BlockSequential:
-    """FedGuCci's CIFAR-10 SimpleCNN (Li et al., KDD 2025, arXiv:2402.18949, notes 6.1).
+    """FedGuCci's CIFAR-10 SimpleCNN (Li et al., KDD 2025, arXiv:2402.18949, App. A.2).
 
     122,570 params on 3x32x32 with 10 classes (32 -> 30 -> 15 -> 13 -> 6 -> 4: flatten 64*4*4).
     Blocks: "conv1", "conv2" (conv 3x3, ReLU, pool), "conv3" (conv 3x3, ReLU), "fc1" and "head".
@@ -277,7 +277,7 @@ def build_simple_cnn(config: SimpleCNNConfig, spec: DataSpec) -> BlockSequential
 
 @register("model", "cnn_digit5", config=CNNDigit5Config)
 def build_cnn_digit5(config: CNNDigit5Config, spec: DataSpec) -> BlockSequential:
-    """IMA's Digit-Five CNN-GN (Zhou et al., IEEE TMC 2024, arXiv:2305.07845, notes 5.3).
+    """IMA's Digit-Five CNN-GN (Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Table IV).
 
     The authors' public code: three blocks conv 5x5 (pad 2) - GroupNorm - ReLU - max-pool of 64,
     64 and 128 channels, FC(flat, 384) - ReLU - FC(384, 128) - FC(128, C); 806,090 params on

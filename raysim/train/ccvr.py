@@ -5,7 +5,7 @@ arXiv:2410.20380).
 Each client sends per class the count, the sum and the sum of outer products of its features, so
 that the server pools exact class means and (unbiased) covariances over all clients:
 ``mu_c = sum_m S_mc / N_c`` and ``Sigma_c = (sum_m Q_mc - N_c mu_c mu_c^T) / (N_c - 1)``, the
-textbook form of the notes' formula (not the official code's, which drops the last term). The
+textbook form of CCVR's pooled covariance (not the FuseFL authors' code's, which drops the last term). The
 server then draws virtual features ~ N(mu_c, Sigma_c) and trains only the head on them with
 cross-entropy and plain SGD.
 
@@ -28,7 +28,9 @@ from raysim import params as P
 
 
 class CCVRConfig(BaseModel, frozen=True, extra="forbid"):
-    """CCVR's calibration of FuseFL's averaged head (notes 2.5, 2.9: the official code's values)."""
+    """CCVR's calibration of FuseFL's averaged head (FuseFL paper, Algorithm 1 line 12).
+
+    The defaults are the authors' code's values."""
 
     enabled: bool = True  # False: the averaged head as it is, far weaker (docs/papers.md section 5)
     samples_per_class: PositiveInt = 5000

@@ -6,12 +6,12 @@ schedule scales the lr it starts from, ``lr0`` (``LocalTrainConfig.lr``); ``swit
 of them, the second starting from the lr the first reached.
 
 - ``exponential``: ``lr0 * decay^t``, the per-round decay of FedAvg-style experiments (IMA's
-  baselines use 0.99: Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Table VII; notes ima.md 2.3).
+  baselines use 0.99: Zhou et al., IEEE TMC 2024, arXiv:2305.07845, Table VII and Sec. 6.3).
 - ``constant``: ``lr0``, or a fixed ``lr`` (IMA's "small constant lr" ablation, CLR, 5e-5).
 - ``cyclic``: between ``lr0`` and ``lr_min`` every ``period`` rounds (IMA's CD ablation).
 - ``step``: ``lr0 * factor^floor(t / every)`` (IMA's stage decay, SD: halve every 20 rounds).
 - ``switch``: ``before`` until ``from_round``, then ``after`` from the lr reached, without a
-  reset. IMA's "mild client exploration" (notes 2.3) is ``switch`` from ``exponential 0.99`` to
+  reset. IMA's "mild client exploration" (IMA paper, Sec. 6.3) is ``switch`` from ``exponential 0.99`` to
   ``exponential 0.97``: ``lr_t = lr0 * 0.99^t_s * 0.97^(t - t_s)`` for ``t >= t_s``.
 - ``EpochDecay`` (``LocalTrainConfig.epochs_schedule``): one epoch fewer every ``every`` rounds
   from ``from_round`` on, down to ``min_epochs`` (IMA's epoch-decay ablation, ED).
@@ -51,7 +51,7 @@ class Constant(BaseModel, frozen=True, extra="forbid"):
 class Cyclic(BaseModel, frozen=True, extra="forbid"):
     """From ``lr0`` down to ``lr_min`` and again, every ``period`` rounds (IMA's CD ablation).
 
-    ``sawtooth`` (the paper's words, notes 2.3: "decaying lr from lr_max to lr_min every 20
+    ``sawtooth`` (the IMA paper's words, Sec. 7.3.2: "decaying lr from lr_max to lr_min every 20
     rounds") falls linearly to ``lr_min`` at the period's last round and restarts at ``lr0``;
     ``triangle`` (what the author code means) falls over the first half and climbs back over the
     second (the code's second half overshoots ``lr0``; here it ends where the next period starts).
@@ -104,9 +104,9 @@ Switch.model_rebuild()
 
 
 class EpochDecay(BaseModel, frozen=True, extra="forbid"):
-    """Local epochs ``max(E - floor((t - from_round) / every), min_epochs)`` from ``from_round``
-    on, ``E`` before: IMA's epoch-decay ablation, ED (notes 2.3; ``E <- max(E - 1, 1)`` every 20
-    rounds, the first cut 20 rounds after the start, as in the author code)."""
+    """Local epochs ``max(E - floor((t - from_round) / every), min_epochs)`` from ``from_round`` on,
+    ``E`` before: IMA's epoch-decay ablation, ED (IMA paper, Sec. 7.3.2, Table III; ``E <- max(E -
+    1, 1)`` every 20 rounds, the first cut 20 rounds after the start, as in the author code)."""
 
     from_round: int = Field(0, ge=0)
     every: int = Field(20, ge=1)

@@ -359,6 +359,31 @@ def test_nothing_cites_a_file_outside_the_repository(path):
         assert resolved.is_relative_to(REPO) and resolved.exists(), f"{path.name} links {target}"
 
 
+# a section of the maintainers' notes on a paper ("notes 3.2", "(notes A5)", "the notes' reading",
+# "sec. 3.2 of the notes", "FedGuCci's notes"): the notes are not in the repository, the paper is
+_NOTES = re.compile(
+    r"(?<!release )\bnotes'?\s+(?:§\s*|sec(?:tion)?\.?\s*)?(?:\d+(?:\.\d+)*|A\d+)\b|\bnotes\s+§"
+    r"|\bthe notes(?:'| \()|\bof the notes\b|\b(?:engineering|reading|maintainers'?)\s+notes\b"
+    r"|\b(?:its|(?:FedFish|FedGuCci|LSS|IMA|FuseFL)(?:'s)?)\s+notes\b|\[notes:"
+    r"|\bnotes\s+(?:fedfish|fedgucci|lss|ima|fusefl)\.md|\b(?:fedfish|fedgucci|lss|ima|fusefl)\.md\s+§?\d",
+    re.I,
+)
+
+
+def _notes_cited(text: str) -> list[str]:
+    """The notes' sections ``text`` cites, also across a line break of a comment or docstring."""
+    return _NOTES.findall(re.sub(r"\n\s*(?:#\s*)?", " ", text))
+
+
+@pytest.mark.parametrize("path", DOCS + SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_cites_the_maintainers_notes(path):
+    cited = sorted(set(_notes_cited(path.read_text())))
+    assert not cited, (
+        f"{path.relative_to(REPO)} cites {cited} of the maintainers' notes, which a clone lacks: cite the "
+        "paper's section, equation or table (docs/papers.md), the authors' code, or state the choice"
+    )
+
+
 def _help_texts(parser: argparse.ArgumentParser) -> list[str]:
     texts = [parser.description or "", parser.epilog or ""]
     for action in parser._actions:
@@ -429,6 +454,27 @@ def test_the_new_scanners_find_what_they_should():
         "ARCHITECTURE.md",
     ]
     assert _OUTSIDE.findall("(notes/fedgucci.md section 4)") == ["notes/fedgucci.md"]
+    bad = (
+        "(notes 3.2), notes §2.9 item 7, (notes\n    A5), # the notes' reading, sec. 3.2 of the"
+        " notes,\n# notes 2.4; FedGuCci's notes recommend; the LSS notes follow; notes ima.md 2.3;"
+        " [notes: ours]"
+    )
+    assert _notes_cited(bad) == [
+        "notes 3.2",
+        "notes §2.9",
+        "notes A5",
+        "the notes'",
+        "of the notes",
+        "notes 2.4",
+        "FedGuCci's notes",
+        "LSS notes",
+        "notes ima.md",
+        "[notes:",
+    ]
+    fine = (
+        "release notes 2.0; the driver notes each cell; ## Environment notes; notes = []; the notes, a check"
+    )
+    assert _notes_cited(fine) == []
     assert _HELP_KEY.findall("e.g. dataset.alpha or engine.num_rounds, not eval/central.x, dataset.KEY") == [
         "dataset.alpha",
         "engine.num_rounds",

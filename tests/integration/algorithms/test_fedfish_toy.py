@@ -1,9 +1,9 @@
-"""FedFish's toy regression (paper sec. 5.1; notes sec. 4): two clients fit sin(2x) on supports that
+"""FedFish's toy regression (FedFish paper, Sec. 5.1, Fig. 1-2): two clients fit sin(2x) on supports that
 overlap fully, partly or not at all; one aggregation. The client-server barrier (MSE of the
 aggregate on a client's data minus that of the client's own model) of FedFish stays below
 FedAvg's as heterogeneity grows: equal with full overlap, clearly lower with partial or no overlap.
 
-The stand-in is the notes' [DECISION]: y = sin(2x) + N(0, 0.05^2), 200 points per client, a
+The paper does not give the function; our stand-in: y = sin(2x) + N(0, 0.05^2), 200 points per client, a
 1-64-64-1 MLP from a shared init, local SGD with batches of 10, server SGD with lr 1. ReLU units
 act on parts of the input range (the paper's Fig. 1 intuition); averaged over three seeds.
 """

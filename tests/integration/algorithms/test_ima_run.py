@@ -1,5 +1,5 @@
 """IMA end to end: IMA(FedAvg) is FedAvg before its start round; branching from a FedAvg
-checkpoint equals an IMA run from round 0 (notes ima.md 7 item 4, the paper's Table II); an IMA
+checkpoint equals an IMA run from round 0 (the IMA paper's Sec. 7.2.3, Table II); an IMA
 run resumed from its own checkpoint equals the uninterrupted run. All bit for bit (same seed)."""
 
 import math
@@ -80,8 +80,8 @@ def test_a_branch_without_the_parents_earlier_checkpoints_is_refused(runs, tmp_p
 
 SGD = {"epochs": 1, "batch_size": 16, "lr": 0.1}
 MOMENTUM = {**SGD, "momentum": 0.5}
-# Every inner algorithm the issue and the paper's Table I name, with its placement (notes 2.4:
-# IMA averages FedNova's and FedGMA's outputs; FedAdam/FedYogi step toward the window mean).
+# Every inner algorithm the issue and the paper's Table I name, with its placement (as in the authors'
+# code: IMA averages FedNova's and FedGMA's outputs; FedAdam/FedYogi step toward the window mean).
 TABLE_I = {
     "fedavg": ({"local": MOMENTUM}, "after_server_update"),
     "fedprox": ({"local": MOMENTUM}, "after_server_update"),

@@ -219,7 +219,8 @@ def test_sequential_with_beta_zero_is_fedavg_without_momentum_and_weight_decay()
 
 
 def test_sequential_with_beta_zero_still_moves_under_momentum():
-    """Each zero-gradient connectivity step still applies momentum (notes 8.3): not FedAvg."""
+    """Each zero-gradient connectivity step still applies momentum (the authors' code's sequential
+    steps): not FedAvg."""
     local = {"lr": 0.3, "batch_size": 4, "epochs": 2, "momentum": 0.9}
     fedavg = plugin("fedavg", local=local).client_update(context(X, Y, payload()))
     gucci = client(beta=0.0, local=local)

@@ -1,11 +1,12 @@
 """IMA (Zhou et al., IEEE TMC 2024, arXiv:2305.07845) against an independent numpy reference.
 
 The server is driven with given mean deltas d_t (what FedAvg-family clients aggregate to), so the
-FMA model of round t is w^t = g_{t-1} - d_t, with g the broadcast model. Eq. (5), notes 2.1/2.2:
-H keeps the last P FMA models from round 0; g_t = mean(H) from t_s on, g_t = w^t before.
+FMA model of round t is w^t = g_{t-1} - d_t, with g the broadcast model. IMA paper, Eq. (5) and
+Algorithm 1: H keeps the last P FMA models from round 0; g_t = mean(H) from t_s on, g_t = w^t before.
 FedAdam (Reddi et al., Algorithm 2; no bias correction, v starts at tau^2) steps on the
 pseudo-gradient g - target: target = w^t (plain FedAdam), mean(H) from t_s with
-``before_server_optimizer`` (notes 2.4); with ``after_server_update`` H holds the Adam outputs.
+``before_server_optimizer`` (the authors' code's order); with ``after_server_update`` H holds the
+Adam outputs.
 """
 
 from dataclasses import replace

@@ -139,7 +139,7 @@ def test_two_ingredients_of_two_steps_each_upload_the_mean_of_the_reference_pool
 
 
 def test_lss_code_weighs_its_summed_mixes_by_one_fifteenth_against_full_weight_regularisers():
-    """The released code's phase-2 loss (notes 2.6), by hand at a live ingredient theta = 0 beside one
+    """The released code's phase-2 loss (the authors' code), by hand at a live ingredient theta = 0 beside one
     frozen member at 0: every mix of the pool is 0, so each of the two mixes' CE is ln 2, the
     segment's squared volume ||theta - frozen||^2 is 0 and the affinity is ||f_p||^2:
         loss = (ln 2 + ln 2) / 15 + lambda_a ||f_p||^2.
@@ -260,7 +260,7 @@ def test_impossible_configs_are_refused_naming_the_key(options, message):
 
 
 def test_batchnorm_statistics_follow_every_mixed_pass_and_travel():
-    """Notes A7: one set of running statistics, the live model's, updated by the mixed passes of
+    """As the authors' code: one set of running statistics, the live model's, updated by the mixed passes of
     every ingredient and sent with the soup; so N = 2 ends with other statistics than N = 1."""
 
     def update(num_models):

@@ -30,7 +30,7 @@ def test_counting_leaves_the_model_as_it_was():
 
 
 def test_resnet18_at_32x32_costs_the_published_figures():
-    """FuseFL's notes (section 2.6): ResNet-18 on 32x32 images is 0.555 GMAC and 11,173,962
+    """ResNet-18 on 32x32 images (the FuseFL paper's model) is 0.555 GMAC and 11,173,962
     parameters (10 classes)."""
     from raysim.models import build_model
     from raysim.types import DataSpec

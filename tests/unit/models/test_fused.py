@@ -87,14 +87,15 @@ def test_one_stage_without_adapters_gives_the_ensembles_features():
     assert not any("adapter" in name for name in net.state_dict())
 
 
-K8 = ("stem", "layer1.0", "layer1.1", "layer2.0", "layer3.0", "layer4.0", "layer4.1")  # notes 2.3
+# the authors' code's split points for K = 8
+K8 = ("stem", "layer1.0", "layer1.1", "layer2.0", "layer3.0", "layer4.0", "layer4.1")
 
 
 @pytest.mark.parametrize(
     ("splits", "mib"), [(("layer2",), 53.71), (("stem", "layer2", "layer3"), 55.38), (K8, 68.08)]
 )
 def test_the_fused_resnet18_has_the_papers_table_4_size(splits, mib):
-    """Table 4 (M = 5, width 32, 10 classes): parameters in MiB of float32 (notes 2.3, 2.6)."""
+    """Table 4 (M = 5, width 32, 10 classes): parameters in MiB of float32 (FuseFL paper, Table 4)."""
     torch.manual_seed(0)
     net = build_fused(FusedConfig(base={"name": "resnet18", "width": 32}, splits=splits, num_towers=5), CIFAR)
     assert num_parameters(net) * 4 / 2**20 == pytest.approx(mib, abs=0.005)

@@ -1,5 +1,5 @@
-"""FuseFL's fused model over towers of different architectures (notes 2.8) against hand-written
-torch, and what keeps architectures from being fused."""
+"""FuseFL's fused model over towers of different architectures (FuseFL paper, Sec. 6.2, Table 3)
+against hand-written torch, and what keeps architectures from being fused."""
 
 import pytest
 import torch

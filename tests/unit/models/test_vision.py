@@ -219,7 +219,7 @@ def ima_digit_cnn(model, x):
     ],
 )
 def test_cnns_compute_the_papers_layer_sequence(name, shape, reference):
-    """Recomputed with torch.nn.functional in the order the notes (and the authors' code) give."""
+    """Recomputed with torch.nn.functional in the order the papers (and the authors' code) give."""
     torch.manual_seed(0)
     model = build_model(name, {}, image_spec(shape))
     for norm in layers_of(model, nn.GroupNorm):  # non-trivial affine parameters

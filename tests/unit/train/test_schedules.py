@@ -1,6 +1,6 @@
 """Round-dependent client schedules (``raysim.train.schedules``) against hand-computed values.
 
-IMA's regime switch (Zhou et al., arXiv:2305.07845, notes ima.md 2.3): lr0 0.01, x0.99 per round
+IMA's regime switch (Zhou et al., arXiv:2305.07845, Sec. 6.3): lr0 0.01, x0.99 per round
 until t_s, then x0.97 from the lr reached: lr_t = 0.01 * 0.99^t_s * 0.97^(t - t_s).
 """
 

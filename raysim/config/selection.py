@@ -26,7 +26,7 @@ class OortSelection(BaseModel, frozen=True, extra="forbid"):
     epsilon_decay: float = Field(0.98, gt=0, le=1)  # ... by this factor a round
     alpha: float = Field(2.0, ge=0)  # the penalty's exponent on a client slower than T
     cutoff: float = Field(0.95, gt=0, le=1)  # c: exploit among clients above c x the cut-off's utility
-    clip_quantile: float = Field(0.95, gt=0, le=1)  # statistical utilities clipped at this quantile
+    clip_quantile: float = Field(0.95, gt=0, le=1)  # utilities clipped at the sorted one at int(this * n)
     window: int = Field(20, ge=1)  # W: the pacer compares the utility of the last W rounds' and the W before
     round_s: float | None = Field(None, gt=0)  # T, the preferred round duration; None: measured
     pacer_step_s: float | None = Field(None, gt=0)  # what the pacer adds to T; None: T's start / 10

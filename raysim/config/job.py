@@ -230,11 +230,11 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
         problems += sampling_problems(core.privacy, engine.sampling, engine.schedule, core.system is not None)
         problems += compression_problems(core.compression, sections["algorithm"], core.privacy)
         central = core.privacy is not None and core.privacy.central is not None
+        guided = engine.selection is not None and engine.selection.kind == "power_of_choice"
+        built = _built_algorithm(sections["algorithm"]) if core.robust or core.attack or guided else None
         problems += selection_problems(
-            engine.selection, engine.cohort_size, engine.sampling, engine.schedule, central
+            engine.selection, engine.cohort_size, engine.sampling, engine.schedule, central, built
         )
-        central = core.privacy is not None and core.privacy.central is not None
-        built = _built_algorithm(sections["algorithm"]) if core.robust or core.attack else None
         problems += robust_problems(core.robust, core.attack, engine, central, built)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)), source)
@@ -261,7 +261,8 @@ def unknown_top_level_key(key: str) -> str:
 
 def _built_algorithm(section: PluginSection | None) -> tuple[str, object] | None:
     """The algorithm section's name and plugin, built to ask for its aggregator (a robust rule
-    replaces a weighted mean only); None where the section did not validate."""
+    replaces a weighted mean only; power-of-choice needs an unweighted one); None where the
+    section did not validate."""
     if section is None:
         return None
     return section.name, registry.get("algorithm", section.name).factory(section.config)

@@ -13,12 +13,22 @@ Usage:
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from raysim.aggregate import WeightedMean
 from raysim.config.sections import EngineConfig
+
+
+FLOAT_SLACK = 1e-9  # beta * n a hair below an integer by float error (0.29 * 100) still reaches it
+
+
+def trimmed_count(beta: float, n: int) -> int:
+    """``floor(beta * n)``, the values a trimmed mean drops from each side of ``n``, robust to
+    float error (``int(0.29 * 100)`` is 28)."""
+    return math.floor(beta * n + FLOAT_SLACK)
 
 
 class Median(BaseModel, frozen=True, extra="forbid"):
@@ -187,6 +197,6 @@ def _cohort_problems(robust: RobustConfig, n: int) -> list[str]:
         ]
     if isinstance(robust, MultiKrum) and robust.m is not None and robust.m > n:
         return [f"robust.m: averages the m best of the cohort's {n} updates; choose m in 1..{n}"]
-    if isinstance(robust, TrimmedMean) and n - 2 * int(robust.beta * n) < 1:
+    if isinstance(robust, TrimmedMean) and n - 2 * trimmed_count(robust.beta, n) < 1:
         return [f"robust.beta: trimming {robust.beta} of {n} from each side leaves no update; lower it"]
     return []

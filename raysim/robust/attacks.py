@@ -15,6 +15,7 @@ Usage:
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from statistics import NormalDist
 from typing import Any
@@ -33,8 +34,9 @@ _GAUSSIAN = 0x5BE0CD19137E2179 & (2**63 - 1)  # a Gaussian attacker's noise, apa
 
 
 def malicious_clients(train_pool: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """``round(fraction * len(train_pool))`` clients of the pool, a seeded choice, ascending."""
-    count = int(round(fraction * len(train_pool)))
+    """``floor(fraction * len(train_pool) + 0.5)`` clients of the pool (halves round up), a seeded
+    choice, ascending."""
+    count = math.floor(fraction * len(train_pool) + 0.5)
     order = np.random.default_rng([seed, _MALICIOUS]).permutation(len(train_pool))
     return np.sort(np.asarray(train_pool)[order[:count]]).astype(np.int64)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from raysim.config.robust import trimmed_count
 from raysim.types import Metrics
 
 TEMPORARY_VALUES = 2**22  # a chunk's temporaries: about 32 MB of float64 whatever the model
@@ -42,7 +43,7 @@ def median(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, Metrics]:
 def trimmed_mean(x: torch.Tensor, beta: float, chunk: int) -> tuple[torch.Tensor, Metrics]:
     """Coordinate-wise mean of what is left once ``floor(beta * n)`` values are dropped from each end."""
     n, d = x.shape
-    k = int(beta * n)
+    k = trimmed_count(beta, n)
     if n - 2 * k < 1:
         raise ValueError(f"trimming {k} of {n} updates from each side leaves none; lower robust.beta")
     out = torch.empty(d, dtype=torch.float32, device=x.device)
@@ -111,13 +112,15 @@ def geometric_median(
     sum of distances ``g`` changes by at most ``tol * g``."""
     alphas = weights.to(torch.float64) / weights.sum()
     v = weighted_rows(x, alphas, chunk)
-    objective = float((alphas * row_distances(x, v, chunk)).sum())
+    distances = row_distances(x, v, chunk)  # a pass over every update: once an iteration
+    objective = float((alphas * distances).sum())
     iterations = 0
     while iterations < max_iterations:
-        betas = alphas / row_distances(x, v, chunk).clamp(min=nu)
+        betas = alphas / distances.clamp(min=nu)
         v = weighted_rows(x, betas / betas.sum(), chunk)
         iterations += 1
-        previous, objective = objective, float((alphas * row_distances(x, v, chunk)).sum())
+        distances = row_distances(x, v, chunk)
+        previous, objective = objective, float((alphas * distances).sum())
         if abs(previous - objective) <= tol * objective:
             break
     return v.to(torch.float32), {"robust/weiszfeld_iterations": float(iterations)}

@@ -15,12 +15,17 @@ Departures, each stated in docs/systems.md:
 
 - The clients report only their mean loss (``train/loss``), so ``U_i = |B_i| * mean loss``, a lower
   bound of the paper's root mean square (equal when every example's loss is the same).
-- The clipped statistical utilities are scaled to [0, 1] (min to max over the explored clients)
-  before the bonus is added, as the authors' code does (else the bonus, under 1, is lost beside
-  ``|B_i| * loss``); R and L_i count rounds from 1.
+- The statistical utilities are normalized before the bonus is added as the authors' code does
+  (FedScale's oort ``get_norm``; else the bonus, under 1, is lost beside ``|B_i| * loss``): over
+  the explored clients' utilities sorted, clipped at the one at index ``int(clip_quantile * n)``,
+  then ``(min(u, clip) - 0.999 min) / max(max - 0.999 min, 1e-4)``, ``max`` the unclipped
+  maximum. R and L_i count rounds from 1.
 - T starts at ``round_s``, or at the 30th percentile of the first trained round's durations (the
-  authors' code's ``round_threshold``); the step is ``pacer_step_s``, or a tenth of T's start. The
-  pacer looks every ``window`` rounds (the authors' code), not every round.
+  authors' code's ``round_threshold``), and stays there but for the pacer, which adds
+  ``pacer_step_s`` seconds (or a tenth of T's start), as the paper's Algorithm 1 does; the
+  authors' code instead recomputes T each round as a percentile of every duration it knows, and
+  its pacer moves that percentile. The pacer looks every ``window`` rounds (the authors' code),
+  not every round.
 - Without a ``system:`` section there are no durations: no penalty, no pacer, and exploration is
   uniform. Clients that were drawn but did not report stay unexplored.
 """
@@ -36,6 +41,8 @@ from raysim.config.selection import OortSelection
 from raysim.selection.selector import Feedback, weighted_draw
 
 T_PERCENTILE = 30.0  # T's start among the first durations (the authors' code's round_threshold)
+LOW_SHARE = 0.999  # the authors' code scales from just below the least utility: none scores 0
+RANGE_FLOOR = 1e-4  # ... and over a range of at least this (its ``thres``)
 
 
 class Oort:
@@ -74,14 +81,18 @@ class Oort:
 
     def utilities(self, clients: np.ndarray, round_num: int) -> np.ndarray:
         """Each client's utility this round (every one of ``clients`` explored)."""
-        every = np.array(list(self.utility.values()))
-        clip = float(np.quantile(every, self.config.clip_quantile))
-        low, span = float(every.min()), clip - float(every.min())
-        stat = np.array([min(self.utility[int(c)], clip) for c in clients])
-        stat = (stat - low) / span if span > 0 else np.zeros(len(clients))
+        stat = self.normalized(np.array([self.utility[int(c)] for c in clients], np.float64))
         last = np.array([self.last_round[int(c)] + 1 for c in clients], np.float64)
         utility = stat + np.sqrt(0.1 * np.log(round_num + 1) / last)
         return utility * self.penalties(clients)
+
+    def normalized(self, stat: np.ndarray) -> np.ndarray:
+        """Statistical utilities clipped and scaled as the authors' code does (FedScale's oort
+        ``get_norm``), over every explored client's."""
+        every = np.sort(np.array(list(self.utility.values()), np.float64))
+        clip = every[min(int(len(every) * self.config.clip_quantile), len(every) - 1)]
+        low = LOW_SHARE * every[0]
+        return (np.minimum(stat, clip) - low) / max(every[-1] - low, RANGE_FLOOR)
 
     def penalties(self, clients: np.ndarray) -> np.ndarray:
         """``(T / t_i) ** alpha`` for a client slower than T, else 1 (1 without durations)."""

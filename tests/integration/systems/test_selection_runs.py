@@ -20,7 +20,10 @@ def cohorts(result):
     "sections",
     [
         {"engine": {"selection": {"kind": "oort", "epsilon": 0.5}}, "system": {"devices": DEVICES}},
-        {"engine": {"selection": {"kind": "power_of_choice", "d": 8}}},
+        {
+            "engine": {"selection": {"kind": "power_of_choice", "d": 8}},
+            "algorithm": {"name": "fedavg", "weighted": False},
+        },
     ],
     ids=["oort-on-the-clock", "power-of-choice"],
 )

@@ -4,6 +4,7 @@ honour is refused when the job is read, in one line naming the key and the fix."
 import pytest
 
 from raysim.config import JobConfig, deep_merge
+from raysim.config.robust import trimmed_count
 from raysim.errors import ConfigError
 
 BASE = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
@@ -87,3 +88,9 @@ def test_the_largest_f_krum_allows_and_a_label_flip_on_any_plugin_are_read():
 def test_a_job_without_robust_or_attack_reads_as_before():
     config = JobConfig.from_dict(BASE).to_dict()
     assert "robust" not in config and "attack" not in config
+
+
+@pytest.mark.parametrize(("beta", "n", "count"), [(0.29, 100, 29), (0.57, 100, 57), (0.1, 7, 0), (0.5, 9, 4)])
+def test_the_trimmed_count_is_floor_beta_n_despite_float_error(beta, n, count):
+    """By hand: 0.29 * 100 and 0.57 * 100 fall a hair below 29 and 57 in floating point."""
+    assert trimmed_count(beta, n) == count

@@ -22,7 +22,7 @@ def job(selection, algorithm="fedavg") -> JobConfig:
     base = {
         "dataset": {"name": "digits", "partition": {"kind": "iid", "num_clients": 20}},
         "model": {"name": "mlp", "hidden": [8]},
-        "algorithm": {"name": algorithm},
+        "algorithm": {"name": algorithm} | ({"weighted": False} if algorithm == "fedavg" else {}),
         "engine": {"num_rounds": 4, "cohort_size": 5, "selection": selection},
     }
     return JobConfig.from_dict(deep_merge(base, {}))

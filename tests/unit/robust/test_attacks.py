@@ -29,6 +29,12 @@ def test_the_malicious_set_is_a_pure_function_of_the_seed():
     assert set(malicious_clients(POOL, 0.1, seed=5)) <= set(malicious_clients(POOL, 0.3, seed=5))
 
 
+@pytest.mark.parametrize(("fraction", "count"), [(0.25, 3), (0.35, 4), (0.45, 5), (0.3, 3), (0.24, 2)])
+def test_the_malicious_count_rounds_half_up(fraction, count):
+    """floor(fraction * 10 + 0.5), by hand: 2.5 -> 3, 3.5 -> 4, 4.5 -> 5 (not to the even 2, 4, 4)."""
+    assert len(malicious_clients(np.arange(10), fraction, seed=0)) == count
+
+
 def tree():
     return {"w": torch.tensor([[1.0, -2.0]]), "steps": torch.tensor([3])}  # an integer leaf is kept
 

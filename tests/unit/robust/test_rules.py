@@ -34,6 +34,14 @@ def test_trimmed_mean_drops_floor_beta_n_from_each_side(beta):
     assert metrics["robust/trimmed"] == 2 * int(beta * 7)
 
 
+def test_trimmed_mean_drops_the_intended_count_where_beta_n_is_a_hair_below_it():
+    """0.29 * 100 is 28.999999999999996 in floating point: 29 dropped from each side, by hand."""
+    x = np.random.default_rng(1).normal(size=(100, 3))
+    out, metrics = rules.trimmed_mean(tensor(x), 0.29, chunk=2)
+    assert metrics["robust/trimmed"] == 58
+    np.testing.assert_allclose(out.numpy(), np.sort(x, axis=0)[29:71].mean(0), rtol=1e-5, atol=1e-6)
+
+
 def test_trimming_half_of_an_even_cohort_is_refused():
     with pytest.raises(ValueError, match="leaves none"):
         rules.trimmed_mean(tensor(X[:6]), 0.5, chunk=3)
@@ -73,6 +81,15 @@ def test_the_geometric_median_is_weiszfelds_fixed_point_and_beats_its_neighbours
 def test_weiszfeld_stops_at_max_iterations():
     _, metrics = rules.geometric_median(tensor(), torch.tensor(WEIGHTS), 1e-8, 3, 0.0, chunk=4)
     assert metrics["robust/weiszfeld_iterations"] == 3
+
+
+def test_weiszfeld_measures_the_distances_once_an_iteration(monkeypatch):
+    """Each pass over the updates is one call: the start's, then one an iteration."""
+    calls = []
+    measure = rules.row_distances
+    monkeypatch.setattr(rules, "row_distances", lambda *a: calls.append(1) or measure(*a))
+    rules.geometric_median(tensor(), torch.tensor(WEIGHTS), 1e-8, 3, 0.0, chunk=4)
+    assert len(calls) == 1 + 3
 
 
 def test_norm_bounding_clips_each_update_then_takes_the_weighted_mean():

@@ -31,15 +31,18 @@ def fed(config, history=HISTORY, speeds=None):
 
 
 def reference_utility(history, clients, round_num, t_pref, alpha, clip_quantile):
-    """Oort's Algorithm 1 as docs/systems.md states it: |B| x loss clipped at its quantile and scaled
-    to [0, 1], plus sqrt(0.1 log R / L) (rounds from 1), times (T / t) ** alpha when t > T."""
+    """Oort's Algorithm 1 as docs/systems.md states it: |B| x loss normalized as FedScale's oort
+    get_norm does (clipped at the sorted one at index int(q n), then (u - 0.999 min) / (max - 0.999
+    min), max unclipped), plus sqrt(0.1 log R / L) (rounds from 1), times (T / t) ** alpha when t > T."""
     stat = {c: n * loss for c, (n, loss, _, _) in history.items()}
-    clip = np.quantile(np.array(list(stat.values())), clip_quantile)
-    low = min(stat.values())
+    every = sorted(stat.values())
+    clip = every[min(int(len(every) * clip_quantile), len(every) - 1)]
+    low = 0.999 * every[0]
+    span = max(every[-1] - low, 1e-4)
     out = []
     for c in clients:
         _, _, last, t = history[c]
-        u = (min(stat[c], clip) - low) / (clip - low) + math.sqrt(0.1 * math.log(round_num + 1) / (last + 1))
+        u = (min(stat[c], clip) - low) / span + math.sqrt(0.1 * math.log(round_num + 1) / (last + 1))
         out.append(u * (t_pref / t) ** alpha if t > t_pref else u)
     return np.array(out)
 
@@ -51,6 +54,22 @@ def test_the_utility_is_the_papers_clipped_statistical_utility_bonus_and_penalty
     expected = reference_utility(HISTORY, clients, 7, 18.0, 2.0, 0.95)
     assert oort.utilities(clients, 7) == pytest.approx(expected)
     assert expected[1] < expected[0] and expected[3] < 0.5  # slow clients pay the penalty
+
+
+def test_a_heavy_tail_is_clipped_at_the_sorted_utility_the_authors_code_takes():
+    """40 clients of utility 1..39 and 1000: the clip is the sorted one at index int(0.95 * 40) =
+    38, 39; scaled by hand, (min(u, 39) - 0.999) / (1000 - 0.999)."""
+    history = {c: (1, float(c + 1), 0, None) for c in range(39)} | {39: (1, 1000.0, 0, None)}
+    oort = fed(OortSelection(), history)
+    bonus = math.sqrt(0.1 * math.log(6))
+    expected = np.array([0.001, 38.001, 38.001]) / 999.001 + bonus
+    assert oort.utilities(np.array([0, 38, 39]), 5) == pytest.approx(expected)
+
+
+def test_equal_utilities_are_scaled_over_the_range_floor():
+    history = {c: (10, 0.5, 0, None) for c in range(3)}  # 5 each: (5 - 4.995) / max(0.005, 1e-4)
+    oort = fed(OortSelection(), history)
+    assert oort.utilities(np.arange(3), 0) == pytest.approx(np.ones(3))
 
 
 def test_without_durations_there_is_no_penalty():

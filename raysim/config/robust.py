@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from raysim.aggregate import WeightedMean
 from raysim.config.sections import EngineConfig
 
-
 FLOAT_SLACK = 1e-9  # beta * n a hair below an integer by float error (0.29 * 100) still reaches it
 
 

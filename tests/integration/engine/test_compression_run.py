@@ -6,6 +6,8 @@ import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
+from raysim.runtime import worker as raysim_worker
+from raysim.runtime.client_state import ClientStateStore
 
 FOUR = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}
 # top-k 1% of the MLP's tensors (1024, 16, 160, 10 values): k = 10, 1, 2, 1 values of float32 and
@@ -54,3 +56,23 @@ def test_a_resumed_run_keeps_the_clients_residuals(tmp_path):
     assert [step for step, _ in resumed.history] == [2, 3]
     for k, v in whole.state.params.items():
         assert torch.equal(v, resumed.state.params[k]), k
+
+
+def test_a_diverged_clients_residual_is_never_kept_while_checks_wait(tmp_path, monkeypatch):
+    """On a GPU a worker queues its clients' finiteness checks (``device_reads``; forced here on
+    the CPU). The error-feedback residual of an update not yet checked must not be kept: clients
+    0, 7 and 14 diverge (tests/plugins/algorithms/diverging.py) and leave no state to read later."""
+    deferred, real = [], raysim_worker.RoundChecks
+    monkeypatch.setattr(raysim_worker, "defers_reads", lambda device: True)
+    monkeypatch.setattr(raysim_worker, "RoundChecks", lambda defer: deferred.append(defer) or real(defer))
+    job = tiny_job(
+        algorithm={"name": "diverging_test", "inner": "fedavg"},
+        engine={"num_rounds": 3, "max_failed_clients": 6},
+        compression={"upload": {"kind": "topk", "fraction": 0.05}},
+    )
+    result = run(job, output_dir=tmp_path)
+    assert sum(m["sys/nonfinite_clients"] for _, m in result.history) > 0
+    assert deferred == [False] * 3  # each client's memory is kept at once: so is its check
+    store = ClientStateStore(result.run_dir / "client_state")
+    assert [store.get(c, before_round=9) for c in (0, 7, 14)] == [None] * 3
+    assert sum(store.get(c, before_round=9) is not None for c in range(20)) > 3  # the others' kept

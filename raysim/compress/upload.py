@@ -49,7 +49,7 @@ def encoder_of(config: EncoderConfig) -> Encoder:
     elif isinstance(config, RandomK):
         encoder = RandomSparse(config.fraction)
     elif isinstance(config, QSGD):
-        encoder = Quantized(config.bits)
+        encoder = Quantized(config.bits, config.bucket or 0)
     elif isinstance(config, ScaledSign):
         encoder = Sign()
     else:

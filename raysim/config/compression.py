@@ -43,10 +43,12 @@ class RandomK(BaseModel, frozen=True, extra="forbid"):
 
 class QSGD(BaseModel, frozen=True, extra="forbid"):
     """QSGD (Alistarh et al. 2017): each coordinate stochastically rounded to one of ``2^bits - 1``
-    levels of the tensor's norm; unbiased."""
+    levels of its bucket's norm; unbiased. A bucket is ``bucket`` consecutive values of a tensor
+    (512 as in the paper's experiments; 0 or null: the whole tensor, far noisier for a large one)."""
 
     kind: Literal["qsgd"]
     bits: int = Field(ge=1, le=16)
+    bucket: int | None = Field(512, ge=0)
     error_feedback: bool = False
 
 

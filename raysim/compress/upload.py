@@ -47,7 +47,7 @@ def encoder_of(config: EncoderConfig) -> Encoder:
     if isinstance(config, TopK):
         encoder = TopSparse(config.fraction)
     elif isinstance(config, RandomK):
-        encoder = RandomSparse(config.fraction)
+        encoder = RandomSparse(config.fraction, unbiased=not config.error_feedback)
     elif isinstance(config, QSGD):
         encoder = Quantized(config.bits, config.bucket or 0)
     elif isinstance(config, ScaledSign):

@@ -107,8 +107,8 @@ class Uplink:
 
 
 def _check_finite(decoded: Params, memory: dict[str, Memory]) -> None:
-    """Refuses an encoded update (or residual) that is not finite though the update was: the
-    update plus last round's residual overflowed, and the server would sum NaN.
+    """Refuses an encoded update, or the memory kept for the next round, that is not finite: last
+    round's residual held NaN, or its sum with the update overflowed; the server would sum NaN.
 
     Raises:
         NonFiniteError: naming the tensors.
@@ -119,8 +119,8 @@ def _check_finite(decoded: Params, memory: dict[str, Memory]) -> None:
     bad = P.nonfinite_names(sent)
     raise NonFiniteError(
         f"the encoded update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
-        f"the update plus its error-feedback residual overflowed (lower the learning rate, or set "
-        f"local.grad_clip)"
+        f"the update or its error-feedback residual is not finite, or their sum overflowed (lower the "
+        f"learning rate, or set local.grad_clip)"
     )
 
 

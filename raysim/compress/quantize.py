@@ -27,7 +27,7 @@ class Quantized:
 
     def encode(self, tensor: torch.Tensor, memory: Memory, generator: torch.Generator) -> Encoded:
         levels, d = 2**self.bits - 1, tensor.numel()
-        size = self.bucket if 0 < self.bucket < d else d
+        size = self.bucket if 0 < self.bucket < d else max(d, 1)
         buckets = -(-d // size)
         draws = torch.rand(tensor.shape, generator=generator, device=generator.device).to(tensor.device)
         values, draws = (_rows(t.reshape(-1), buckets, size) for t in (tensor, draws))

@@ -44,6 +44,11 @@ def dense_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def whole(tensor: torch.Tensor) -> Encoded:
+    """The tensor sent dense: where an encoding would not be smaller (and nothing is kept)."""
+    return Encoded(tensor.clone(), dense_bytes(tensor), {})
+
+
 def packed_bytes(count: int, bits: int) -> int:
     """``count`` values of ``bits`` bits each, packed into whole bytes."""
     return math.ceil(count * bits / 8)

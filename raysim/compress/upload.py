@@ -7,6 +7,9 @@ client-state store beside the plugin's own state, as ``{"plugin": ..., "codec": 
 survives rounds, worker restarts and checkpoints with it. The encoder's draws come from a
 generator seeded by (run seed, round, client) (``raysim.sampling.compression_seed``).
 
+The worker checks the update before it is encoded; ``send`` checks what it decoded and keeps, so
+no client's memory holds NaN for a later round to send.
+
 Without ``compression`` the uplink sends the update as it is and counts its bytes.
 
 Usage:
@@ -31,6 +34,7 @@ from raysim.compress.sparse import RandomSparse, TopSparse
 from raysim.config import JobConfig
 from raysim.config.compression import QSGD, EncoderConfig, RandomK, ScaledSign, TopK
 from raysim.config.plugins import update_delta
+from raysim.errors import NonFiniteError
 from raysim.registry import get
 from raysim.sampling import compression_seed
 from raysim.stored import plain
@@ -43,9 +47,9 @@ def encoder_of(config: EncoderConfig) -> Encoder:
     if isinstance(config, TopK):
         encoder = TopSparse(config.fraction)
     elif isinstance(config, RandomK):
-        encoder = RandomSparse(config.fraction)
+        encoder = RandomSparse(config.fraction, unbiased=not config.error_feedback)
     elif isinstance(config, QSGD):
-        encoder = Quantized(config.bits)
+        encoder = Quantized(config.bits, config.bucket or 0)
     elif isinstance(config, ScaledSign):
         encoder = Sign()
     else:
@@ -75,6 +79,11 @@ class Uplink:
         assert where is not None, "validate_job refuses a plugin without a delta"
         return cls(encoder_of(job.compression.upload), where, job.seed, recall)
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether ``send`` joins every client's state with the encoder's memory, to be kept."""
+        return self.encoder is not None
+
     def plugin_part(self, saved: Any) -> Any:
         """The plugin's own state out of what the store holds for a client."""
         return saved if self.encoder is None or saved is None else saved["plugin"]
@@ -90,10 +99,29 @@ class Uplink:
         device = next(iter(delta.values())).device if delta else torch.device("cpu")
         generator = torch.Generator(device).manual_seed(compression_seed(self.seed, round_num, client_id))
         decoded, sent, memory = encode_tree(self.encoder, delta, memory, generator)
+        _check_finite(decoded, memory)  # what the server sums, and what the client keeps
         update = decoded if not self.delta else replace(result.update, **{self.delta: decoded})
         rest = P.num_bytes(result.update) - P.num_bytes(delta)  # the other fields travel whole
         state = {"plugin": plain(result.state), "codec": memory}
         return replace(result, update=update, state=state), sent + rest
+
+
+def _check_finite(decoded: Params, memory: dict[str, Memory]) -> None:
+    """Refuses an encoded update, or the memory kept for the next round, that is not finite: last
+    round's residual held NaN, or its sum with the update overflowed; the server would sum NaN.
+
+    Raises:
+        NonFiniteError: naming the tensors.
+    """
+    sent = {"decoded": decoded, "memory": memory}
+    if P.is_finite(sent):
+        return
+    bad = P.nonfinite_names(sent)
+    raise NonFiniteError(
+        f"the encoded update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
+        f"the update or its error-feedback residual is not finite, or their sum overflowed (lower the "
+        f"learning rate, or set local.grad_clip)"
+    )
 
 
 def _delta_of(update: Any, where: str) -> Params:

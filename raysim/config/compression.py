@@ -28,7 +28,8 @@ from raysim.registry import get
 
 
 class TopK(BaseModel, frozen=True, extra="forbid"):
-    """The ``ceil(fraction * d)`` largest-magnitude coordinates of each tensor, with their indices."""
+    """The ``ceil(fraction * d)`` largest-magnitude coordinates of each tensor, with their indices;
+    the tensor whole where they would weigh as much as it does (a large fraction)."""
 
     kind: Literal["topk"]
     fraction: float = Field(gt=0, le=1)
@@ -37,7 +38,8 @@ class TopK(BaseModel, frozen=True, extra="forbid"):
 
 class RandomK(BaseModel, frozen=True, extra="forbid"):
     """``ceil(fraction * d)`` coordinates of each tensor drawn at random from the shared seed of
-    (run seed, round, client): the server draws the same, so no index is sent."""
+    (run seed, round, client): the server draws the same, so no index is sent. Without error
+    feedback they are scaled by ``d / k`` (Wangni et al. 2018), so the update stays unbiased."""
 
     kind: Literal["randomk"]
     fraction: float = Field(gt=0, le=1)
@@ -46,10 +48,12 @@ class RandomK(BaseModel, frozen=True, extra="forbid"):
 
 class QSGD(BaseModel, frozen=True, extra="forbid"):
     """QSGD (Alistarh et al. 2017): each coordinate stochastically rounded to one of ``2^bits - 1``
-    levels of the tensor's norm; unbiased."""
+    levels of its bucket's norm; unbiased. A bucket is ``bucket`` consecutive values of a tensor
+    (512 as in the paper's experiments; 0 or null: the whole tensor, far noisier for a large one)."""
 
     kind: Literal["qsgd"]
     bits: int = Field(ge=1, le=16)
+    bucket: int | None = Field(512, ge=0)
     error_feedback: bool = False
 
 
@@ -62,7 +66,8 @@ class ScaledSign(BaseModel, frozen=True, extra="forbid"):
 
 class PowerSGD(BaseModel, frozen=True, extra="forbid"):
     """PowerSGD (Vogels et al. 2019): each matrix as a rank-``rank`` product ``P Q^T`` from one
-    power iteration on the warm-started Q; vectors (biases, norms) sent whole."""
+    power iteration on the warm-started Q; vectors (biases, norms), and matrices whose factors
+    would weigh as much as they do (``(n + m) rank >= n m``), sent whole."""
 
     kind: Literal["powersgd"]
     rank: int = Field(ge=1)

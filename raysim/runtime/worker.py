@@ -119,8 +119,10 @@ class ClientTrainer:
         if per_client is not None:
             payload = replace(payload, per_client=per_client)
         self.timer = PhaseTimer(self.device)
-        # on a GPU the clients' checks and metrics are read back once per round (device_reads)
+        # on a GPU the clients' checks and metrics are read back once per round (device_reads);
+        # not where the encoder's memory of each client's update is kept at once (compression)
         defer = defers_reads(self.device) and not options.probes and not options.keep_local_models
+        defer = defer and not self.uplink.keeps_state
         try:
             report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(defer))
         except RetrainRound:  # an update was not finite: again, each client checked at once

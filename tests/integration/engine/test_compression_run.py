@@ -7,11 +7,13 @@ import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
+from raysim.runtime import worker as raysim_worker
+from raysim.runtime.client_state import ClientStateStore
 
 FOUR = {"partition": {"kind": "dirichlet", "num_clients": 4, "alpha": 0.5, "min_size": 20}}
-# top-k 1% of the MLP's tensors (1024, 16, 160, 10 values): k = 10, 1, 2, 1 values of float32 and
-# as many indices of 10, 4, 8, 4 bits, bit-packed per tensor
-TOPK_BYTES = (40 + 13) + (4 + 1) + (8 + 2) + (4 + 1)
+# top-k 1% of the MLP's tensors (1024, 16, 160, 10 values): k = ceil(1%) = 11, 1, 2, 1 values of
+# float32 and as many indices of 10, 4, 8, 4 bits, bit-packed per tensor
+TOPK_BYTES = (44 + 14) + (4 + 1) + (8 + 2) + (4 + 1)
 DENSE_BYTES = 4 * (64 * 16 + 16 + 16 * 10 + 10)
 
 
@@ -57,8 +59,9 @@ def test_a_resumed_run_keeps_the_clients_residuals(tmp_path):
         assert torch.equal(v, resumed.state.params[k]), k
 
 
-# top-k 5% of the MLP's tensors: k = 51, 1, 8, 1 float32 values and as many indices of 10, 4, 8, 4 bits
-TOPK5_BYTES = (204 + 64) + (4 + 1) + (32 + 8) + (4 + 1)
+# top-k 5% of the MLP's tensors (1024, 16, 160, 10 values): k = ceil(5% of each) = 52, 1, 8, 1 float32
+# values and as many indices of 10, 4, 8, 4 bits
+TOPK5_BYTES = (208 + 65) + (4 + 1) + (32 + 8) + (4 + 1)
 
 
 def test_a_resumed_run_continues_the_compressed_broadcast_bit_for_bit(tmp_path):
@@ -91,8 +94,29 @@ def test_a_compressed_broadcast_and_compressed_updates_still_learn(tmp_path):
     both = run(tiny_job(compression=compression, engine={"num_rounds": 5}), output_dir=tmp_path / "both")
     first, last = both.history[0][1], both.history[-1][1]
     assert last["eval/clients/accuracy"] > max(0.3, first["eval/clients/accuracy"])  # 10 classes
-    # sign: a bit a value and a float32 scale; QSGD 4 bits: 5 bits a value and a float32 norm
+    # sign: a bit a value and a float32 scale; QSGD 4 bits: 5 bits a value and a float32 norm per
+    # bucket of 512 values (two for the 1024-value weight)
     up = (128 + 4) + (2 + 4) + (20 + 4) + (2 + 4)
-    down = (640 + 4) + (10 + 4) + (100 + 4) + (7 + 4)
+    down = (640 + 8) + (10 + 4) + (100 + 4) + (7 + 4)
     assert [m["sys/bytes_up"] for _, m in both.history] == [6 * up] * 5
     assert [m["sys/bytes_down"] for _, m in both.history] == [6 * down] * 5
+
+
+def test_a_diverged_clients_residual_is_never_kept_while_checks_wait(tmp_path, monkeypatch):
+    """On a GPU a worker queues its clients' finiteness checks (``device_reads``; forced here on
+    the CPU). The error-feedback residual of an update not yet checked must not be kept: clients
+    0, 7 and 14 diverge (tests/plugins/algorithms/diverging.py) and leave no state to read later."""
+    deferred, real = [], raysim_worker.RoundChecks
+    monkeypatch.setattr(raysim_worker, "defers_reads", lambda device: True)
+    monkeypatch.setattr(raysim_worker, "RoundChecks", lambda defer: deferred.append(defer) or real(defer))
+    job = tiny_job(
+        algorithm={"name": "diverging_test", "inner": "fedavg"},
+        engine={"num_rounds": 3, "max_failed_clients": 6},
+        compression={"upload": {"kind": "topk", "fraction": 0.05}},
+    )
+    result = run(job, output_dir=tmp_path)
+    assert sum(m["sys/nonfinite_clients"] for _, m in result.history) > 0
+    assert deferred == [False] * 3  # each client's memory is kept at once: so is its check
+    store = ClientStateStore(result.run_dir / "client_state")
+    assert [store.get(c, before_round=9) for c in (0, 7, 14)] == [None] * 3
+    assert sum(store.get(c, before_round=9) is not None for c in range(20)) > 3  # the others' kept

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from raysim import registry
+from raysim.config.plugins import update_delta
 from raysim.stop_request import note_stop_request
 from raysim.train.local import LocalTrainConfig
 from raysim.types import ClientContext, ClientResult
@@ -34,6 +35,11 @@ class DivergingConfig(BaseModel, frozen=True, extra="forbid"):
     every: int = 7
     failure: Literal["diverge", "raise", "stop", "lost_stop", "changed_stop", "lost_interrupt"] = "diverge"
     local: LocalTrainConfig = LocalTrainConfig()
+
+    def update_delta(self) -> str | None:
+        """The inner algorithm's (``compression`` encodes it)."""
+        entry = registry.get("algorithm", self.inner)
+        return update_delta(entry.factory, entry.config(local=self.local))
 
 
 @registry.register("algorithm", "diverging_test")

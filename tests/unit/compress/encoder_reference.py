@@ -12,20 +12,33 @@ def top_k_indices(x: np.ndarray, k: int) -> set[int]:
     return {int(i) for i in np.argsort(-np.abs(x.ravel()))[:k]}
 
 
-def qsgd_variance(v: np.ndarray, bits: int) -> float:
-    """E||Q(v) - v||^2 exactly: each coordinate is ||v|| / s times a Bernoulli(p) around its lower
-    level, p the remainder of |v_i| / ||v|| * s, so its variance is (||v|| / s)^2 p (1 - p)."""
+def buckets(v: np.ndarray, bucket: int) -> list[np.ndarray]:
+    """QSGD's buckets (Alistarh et al. 2017, Section 3.1): ``bucket`` consecutive values each, the
+    last maybe shorter; 0 the whole vector."""
+    flat = v.ravel()
+    size = bucket if 0 < bucket < flat.size else flat.size
+    return [flat[i : i + size] for i in range(0, flat.size, size)]
+
+
+def qsgd_variance(v: np.ndarray, bits: int, bucket: int = 0) -> float:
+    """E||Q(v) - v||^2 exactly: in each bucket b, each coordinate is ||b|| / s times a Bernoulli(p)
+    around its lower level, p the remainder of |v_i| / ||b|| * s, so its variance is
+    (||b|| / s)^2 p (1 - p)."""
     s = 2**bits - 1
-    norm = np.linalg.norm(v)
-    r = np.abs(v) / norm * s
-    p = r - np.floor(r)
-    return float(np.sum((norm / s) ** 2 * p * (1 - p)))
+    total = 0.0
+    for b in buckets(v, bucket):
+        norm = np.linalg.norm(b)
+        r = np.abs(b) / norm * s
+        p = r - np.floor(r)
+        total += float(np.sum((norm / s) ** 2 * p * (1 - p)))
+    return total
 
 
-def qsgd_variance_bound(v: np.ndarray, bits: int) -> float:
-    """Alistarh et al. 2017, Lemma 3.1: E||Q(v) - v||^2 <= min(d / s^2, sqrt(d) / s) ||v||^2."""
-    s, d = 2**bits - 1, v.size
-    return float(min(d / s**2, np.sqrt(d) / s) * np.sum(v**2))
+def qsgd_variance_bound(v: np.ndarray, bits: int, bucket: int = 0) -> float:
+    """Alistarh et al. 2017, Lemma 3.1 in each bucket b of d_b values:
+    E||Q(b) - b||^2 <= min(d_b / s^2, sqrt(d_b) / s) ||b||^2."""
+    s = 2**bits - 1
+    return float(sum(min(b.size / s**2, np.sqrt(b.size) / s) * np.sum(b**2) for b in buckets(v, bucket)))
 
 
 def scaled_sign(p: np.ndarray) -> np.ndarray:

@@ -19,11 +19,14 @@ TREE = {"w": torch.randn(16, 64, generator=gen(12)), "b": torch.randn(16, genera
 @pytest.mark.parametrize(
     "encoder, expected",
     [
-        # w: k = round(10.24) = 10 values (40 B) + 10 indices of 10 bits (13 B);
-        # b: k = round(0.16) -> 1 value (4 B) + 1 index of 4 bits (1 B)
-        (TopSparse(0.01), 40 + 13 + 4 + 1),
-        (RandomSparse(0.1), 102 * 4 + 2 * 4),  # k = 102 and 2; no index: the seed is shared
-        (Quantized(4), math.ceil(1024 * 5 / 8) + 4 + math.ceil(16 * 5 / 8) + 4),  # sign + 4 bits, a norm
+        # w: k = ceil(10.24) = 11 values (44 B) + 11 indices of 10 bits (14 B);
+        # b: k = ceil(0.16) = 1 value (4 B) + 1 index of 4 bits (1 B)
+        (TopSparse(0.01), 44 + 14 + 4 + 1),
+        (RandomSparse(0.1), 103 * 4 + 2 * 4),  # k = 103 and 2; no index: the seed is shared
+        # a sign and 4 bits each; a float32 norm per bucket: 2 of w's 1024 values, 1 of b's 16
+        (Quantized(4, 512), math.ceil(1024 * 5 / 8) + 2 * 4 + math.ceil(16 * 5 / 8) + 4),
+        (Quantized(4, 100), math.ceil(1024 * 5 / 8) + 11 * 4 + math.ceil(16 * 5 / 8) + 4),
+        (Quantized(4, 0), math.ceil(1024 * 5 / 8) + 4 + math.ceil(16 * 5 / 8) + 4),  # a norm each
         (Sign(), 1024 // 8 + 4 + 16 // 8 + 4),  # a bit each and a float32 scale
         (LowRank(2), (16 + 64) * 2 * 4 + 16 * 4),  # P and Q of w; b whole
         (TopSparse(1.0), (1024 + 16) * 4),  # k == d: whole, no index

@@ -90,7 +90,7 @@ def test_random_k_draws_are_a_pure_function_of_the_seed_and_round_that_clients_r
 
 def test_qsgd_without_error_feedback_sends_each_change_alone():
     rounds = models(3)
-    downlink = Downlink(Quantized(2), seed=0)
+    downlink = Downlink(Quantized(2, 0), seed=0)  # one norm: the reference below
     sent = broadcast(downlink, rounds)
     assert downlink.memory == {"w": {}, "b": {}}  # nothing kept: x̂ drifts from the model
     for t in range(1, ROUNDS):
@@ -117,7 +117,7 @@ def test_powersgd_runs_one_power_step_on_the_q_the_server_kept():
     assert after.params_bytes == (8 + 12) * 2 * 8 + 8 * 8 + 8  # P and Q of w; b and n whole
 
 
-@pytest.mark.parametrize("inner", [RandomSparse(0.3), LowRank(1), Quantized(3)])
+@pytest.mark.parametrize("inner", [RandomSparse(0.3), LowRank(1), Quantized(3, 0)])
 def test_a_downlink_restored_from_its_saved_state_sends_what_the_uninterrupted_one_sends(inner):
     rounds = models(5)
     whole = broadcast(Downlink(ErrorFeedback(inner), seed=3), rounds)

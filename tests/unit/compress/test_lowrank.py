@@ -22,10 +22,15 @@ def test_power_sgd_one_step_matches_numpy_qr_and_warm_starts():
     np.testing.assert_allclose(second.decoded.numpy(), power_step(m2.numpy(), q1)[0], atol=1e-10)
 
 
-def test_power_sgd_sends_vectors_whole_and_caps_the_rank():
+def test_power_sgd_sends_vectors_whole():
     bias = torch.randn(7, generator=gen(9))
     assert torch.equal(LowRank(4).encode(bias, {}, gen()).decoded, bias)
-    thin = torch.randn(5, 2, generator=gen(10)).double()
-    sent = LowRank(4).encode(thin, {}, gen())  # rank 2 at most: exact
-    torch.testing.assert_close(sent.decoded, thin)
-    assert sent.memory["q"].shape == (2, 2)
+
+
+def test_power_sgd_sends_whole_a_matrix_its_factors_would_outweigh():
+    """10 x 3 at rank 4 (r = 3): (10 + 3) 3 = 39 float32 (156 B) against 30 (120 B). A rank
+    capped at min(n, m) always is such a matrix: (n + m) m >= n m."""
+    m = torch.randn(10, 3, generator=gen(11))
+    sent = LowRank(4).encode(m, {}, gen())
+    assert sent.num_bytes == 120 and torch.equal(sent.decoded, m) and sent.memory == {}
+    assert LowRank(1).encode(m, {}, gen()).num_bytes == (10 + 3) * 4  # 52 B < 120 B: factors

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import pytest
 import torch
 from encoder_inputs import distinct, gen
 from encoder_reference import top_k_indices
 
 from raysim.compress.codec import ErrorFeedback
 from raysim.compress.sparse import RandomSparse, TopSparse, index_bits, num_kept
+from raysim.compress.upload import encoder_of
+from raysim.config.compression import RandomK
 
 
 def test_top_k_sends_the_k_largest_magnitudes():
@@ -48,3 +54,45 @@ def test_random_k_draws_are_the_generators():
 
 def test_index_bits_number_every_coordinate():
     assert [index_bits(d) for d in (2, 3, 4, 5, 1024, 1025)] == [1, 2, 2, 3, 10, 11]
+
+
+@pytest.mark.parametrize(
+    "fraction, d, k",
+    [(0.25, 10, 3), (0.01, 1050, 11), (0.07, 100, 7), (0.14, 100, 14), (0.001, 10, 1), (1.0, 7, 7)],
+)
+def test_k_is_the_fraction_of_d_rounded_up(fraction, d, k):
+    """ceil(fraction * d): 2.5 -> 3 and 10.5 -> 11 (at least the fraction asked); 0.07 * 100 is
+    7.000000000000001 in floats and 0.14 * 100 is 14.000000000000002, yet k is 7 and 14."""
+    assert num_kept(fraction, d) == k
+
+
+def test_top_k_of_a_large_fraction_sends_the_tensor_whole():
+    """0.9 of 1000 float32: 900 values (3600 B) and 900 indices of 10 bits (1125 B) would weigh
+    more than the 4000 B of the tensor."""
+    x = torch.randn(1000, generator=gen(3))
+    sent = ErrorFeedback(TopSparse(0.9)).encode(x, {}, gen())
+    assert sent.num_bytes == 4000 and torch.equal(sent.decoded, x)
+    assert torch.equal(sent.memory["residual"], torch.zeros(1000))
+    assert TopSparse(0.7).encode(x, {}, gen()).num_bytes == 700 * 4 + math.ceil(700 * 10 / 8)  # 3675
+
+
+def test_random_k_without_error_feedback_is_unbiased():
+    """Scaled by d / k (Wangni et al. 2018): each coordinate's mean over N draws is within 5
+    standard errors of x, a draw's deviation having variance x_i^2 (d / k - 1); unscaled, the mean
+    is (k / d) x."""
+    x, draws = torch.randn(20, generator=gen(2)).double(), 4000
+    scaled, plain = RandomSparse(0.25, unbiased=True), RandomSparse(0.25)
+    g = gen(9)
+    mean = torch.stack([scaled.encode(x, {}, g).decoded for _ in range(draws)]).mean(0).numpy()
+    error = np.abs(x.numpy()) * math.sqrt(20 / 5 - 1) / math.sqrt(draws)
+    assert np.all(np.abs(mean - x.numpy()) < 5 * error)
+    g = gen(9)
+    biased = torch.stack([plain.encode(x, {}, g).decoded for _ in range(draws)]).mean(0).numpy()
+    assert np.all(np.abs(biased - x.numpy() / 4) < 5 * error / 4)
+    assert np.abs(biased - x.numpy()).max() > 10 * error.max()
+
+
+def test_random_k_is_scaled_only_without_error_feedback():
+    assert encoder_of(RandomK(kind="randomk", fraction=0.1, error_feedback=False)) == RandomSparse(0.1, True)
+    fed_back = encoder_of(RandomK(kind="randomk", fraction=0.1))
+    assert fed_back == ErrorFeedback(RandomSparse(0.1, False))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from raysim.compress.codec import ErrorFeedback
 from raysim.compress.sparse import TopSparse
 from raysim.compress.upload import Uplink
 from raysim.config import JobConfig
+from raysim.errors import NonFiniteError
 from raysim.types import ClientResult
 
 
@@ -62,3 +64,13 @@ def test_a_job_compressing_only_its_download_sends_updates_as_they_are():
         }
     )
     assert Uplink.of(job, lambda c, r: None).encoder is None  # the client state stays the plugin's
+
+
+@pytest.mark.parametrize("residual", [[0.0, float("nan")], [0.0, 3e38]])
+def test_an_encoded_update_or_residual_that_is_not_finite_is_refused(residual):
+    """A finite update with a NaN residual (kept by an older run) or one whose sum with the
+    residual overflows float32 (3e38 + 1e38): the server must not sum it, the client not keep it."""
+    stored = {7: {"plugin": None, "codec": {"w": {"residual": torch.tensor(residual)}}}}
+    update = ClientResult({"w": torch.tensor([1.0, 1e38])}, 1.0, {})
+    with pytest.raises(NonFiniteError, match=r"encoded update .* \['(decoded|memory)/w"):
+        uplink("", stored).send(update, 7, 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from raysim.compress.quantize import Quantized
+from raysim.compress.upload import encoder_of
 from raysim.config import JobConfig
 from raysim.errors import ConfigError
 
@@ -25,6 +27,7 @@ def job(upload: dict, **sections) -> JobConfig:
         ({"kind": "randomk", "fraction": 1.5}, "compression.upload.randomk.fraction"),
         ({"kind": "qsgd", "bits": 0}, "compression.upload.qsgd.bits"),
         ({"kind": "qsgd", "bits": 17}, "compression.upload.qsgd.bits"),
+        ({"kind": "qsgd", "bits": 4, "bucket": -1}, "compression.upload.qsgd.bucket"),
         ({"kind": "powersgd", "rank": 0}, "compression.upload.powersgd.rank"),
         ({"kind": "zip"}, "compression.upload"),
     ],
@@ -115,3 +118,11 @@ def test_a_download_for_a_plugin_without_a_plain_broadcast_is_refused_in_one_lin
 def test_local_dp_allows_a_compressed_download():
     local = {"local": {"clip_bound": 1.0, "noise_multiplier": 1.0}, "delta": 1e-5}
     assert downloading({"kind": "topk", "fraction": 0.1}, privacy=local).compression is not None
+
+
+def test_qsgd_buckets_512_values_by_default_and_null_or_0_means_the_whole_tensor():
+    assert job({"kind": "qsgd", "bits": 4}).compression.upload.bucket == 512
+    for whole in (0, None):
+        upload = job({"kind": "qsgd", "bits": 4, "bucket": whole}).compression.upload
+        assert encoder_of(upload) == Quantized(4, 0)
+    assert encoder_of(job({"kind": "qsgd", "bits": 2, "bucket": 64}).compression.upload) == Quantized(2, 64)

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
+from raysim.config.asynchrony import AsynchronyConfig
 from raysim.config.plugins import PluginSection
 from raysim.config.selection import SelectionConfig
 
@@ -31,6 +32,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # privacy accountant's amplification by sampling assumes, docs/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
     selection: SelectionConfig | None = None  # None: uniform; oort, power_of_choice (docs/systems.md)
+    asynchrony: AsynchronyConfig | None = None  # None: synchronous; fedbuff, fedasync (docs/systems.md)
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -40,18 +41,15 @@ def async_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None 
                 "not the clients in flight nor the model versions they started from; rerun it from the start"
             ]
         )
-    clock = AsyncClock(engine.system, config.concurrency)
     versions = {0: state}
-    clock.fill(0, 0.0)
     histogram: Counter[int] = Counter()
-    for step in range(engine.num_rounds):
+    clock = AsyncClock(engine.system, config.concurrency)
+    for step, arrived, failed in server_steps(clock, config.updates_per_step, engine.num_rounds):
         engine.on_phase("training")
-        arrived, failed = arrivals(clock, config.updates_per_step, step)
+        needed = {flight.version for flight in arrived + clock.in_flight}
+        versions = {v: s for v, s in versions.items() if v in needed}
         state, metrics = server_step(engine, config, state, versions, arrived, step)
         versions[step + 1] = state
-        clock.fill(step + 1, arrived[-1].end_s)  # the last arrival's slot starts on the new model
-        kept = {flight.version for flight in clock.in_flight}
-        versions = {v: s for v, s in versions.items() if v in kept}
         staleness = [step - flight.version for flight in arrived]
         histogram.update(staleness)
         engine.cohorts[step] = [flight.client for flight in arrived]
@@ -68,6 +66,17 @@ def async_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None 
             bar.update(step, metrics)
     save_histogram(engine, histogram)
     return state
+
+
+def server_steps(clock: AsyncClock, count: int, steps: int) -> Iterator[tuple[int, list[Flight], int]]:
+    """Each server step's arrivals (``count`` reports, in order) and failures among them. A slot
+    that frees while the buffer fills starts a client on the model of the moment; the last one's
+    waits for the step, whose new model it then trains."""
+    clock.fill(0, 0.0)
+    for step in range(steps):
+        arrived, failed = arrivals(clock, count, step)
+        yield step, arrived, failed
+        clock.fill(step + 1, arrived[-1].end_s)
 
 
 def arrivals(clock: AsyncClock, count: int, version: int) -> tuple[list[Flight], int]:

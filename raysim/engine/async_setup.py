@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from raysim.aggregate import WeightedMean
 from raysim.algorithm import AnyAlgorithm, has_protocol, plugin_hook
 from raysim.config import JobConfig
+from raysim.config.plugins import update_delta
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of, client_state_type
 
@@ -24,7 +27,9 @@ def check_asynchrony(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
     if config is None:
         return
     problems = [
-        f"{WHY}: {p}" for p in job_problems(job, population) + plugin_problems(job.algorithm.name, algorithm)
+        f"{WHY}: {p}"
+        for p in job_problems(job, population)
+        + plugin_problems(job.algorithm.name, algorithm, job.algorithm.config)
     ]
     if problems:
         raise ConfigError(problems)
@@ -51,11 +56,6 @@ def job_problems(job: JobConfig, population: int) -> list[str]:
         problems.append(
             f"concurrency {config.concurrency} is above the {population} training clients; lower it"
         )
-    if job.privacy is not None and job.privacy.central is not None:
-        problems.append(
-            "central DP accounts for rounds of a sampled cohort, which asynchronous steps are not: "
-            "remove privacy.central"
-        )
     if engine.selection is not None and engine.selection.kind != "uniform":
         problems.append(
             f"engine.selection {engine.selection.kind} learns from whole rounds; asynchronous clients "
@@ -66,16 +66,12 @@ def job_problems(job: JobConfig, population: int) -> list[str]:
             "engine.schedule fixes each round's cohort; asynchronous clients start when a slot frees: "
             "remove it"
         )
-    if engine.sampling != "fixed":
-        problems.append(
-            "engine.sampling poisson draws round cohorts; asynchronous clients start one by one: remove it"
-        )
     if job.evaluation.probes:
         problems.append("evaluation.probes measure a synchronous round's clients: remove them")
     return problems
 
 
-def plugin_problems(name: str, algorithm: AnyAlgorithm[Any]) -> list[str]:
+def plugin_problems(name: str, algorithm: AnyAlgorithm[Any], config: BaseModel) -> list[str]:
     """Only FedAvg-family plugins: clients send a delta, folded by ``WeightedMean``, no more."""
     fix = "use a FedAvg-family plugin (fedavg, fedavgm, fedadam, fedprox, ...)"
     if has_protocol(algorithm):
@@ -92,4 +88,6 @@ def plugin_problems(name: str, algorithm: AnyAlgorithm[Any]) -> list[str]:
             return [f"algorithm {name!r}: {what}; {fix}"]
     if client_state_type(algorithm) is not None:
         return [f"algorithm {name!r} keeps client state, whose order of writes asynchrony changes; {fix}"]
+    if update_delta(type(algorithm), config) != "":
+        return [f"algorithm {name!r}: its clients' updates are not parameter deltas (UPDATE_DELTA); {fix}"]
     return []

@@ -69,6 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also a cost table: seconds and peak memory of a client update, MACs per example, "
         "parameters and bytes sent up and down, inference cost of the final predictor",
     )
+    compare.add_argument(
+        "--x",
+        metavar="KEY",
+        help="draw the curves against a logged metric instead of the round, e.g. sys/sim_clock_s "
+        "(the simulated clock of a system: section: synchronous and asynchronous runs on one axis)",
+    )
     compare.add_argument("--no-log", action="store_true", help="write the files only; log no MLflow run")
     compare.set_defaults(handler=cmd_compare)
 
@@ -92,12 +98,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise RaysimError(f"no run of {', '.join(args.targets)} has {' and '.join(args.where)}")
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
-    records = store.records(runs, args.metric, COST_KEYS if args.cost else ())
+    extra = (*(COST_KEYS if args.cost else ()), *([args.x] if args.x else []))
+    records = store.records(runs, args.metric, extra)
     if args.over_seeds:
         from raysim.results.seed_groups import over_seeds
 
         records = over_seeds(runs, records)
-    panels = curve_panels(records, args.metric)
+    panels = curve_panels(records, args.metric, args.x)
     missing = [m for m in args.metric or [] if m not in {p.metric for p in panels}]
     if missing:
         raise RaysimError(
@@ -120,6 +127,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
         options = [f"metric={m}" for m in args.metric or []] + (["cost"] if args.cost else [])
+        options += [f"x={args.x}"] if args.x else []
         run = store.log_comparison(records, files, options)
         console.print(
             f"logged as MLflow run {run.info.run_id} ({run.info.run_name}): "

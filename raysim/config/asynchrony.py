@@ -1,5 +1,5 @@
 """``engine.asynchrony``: asynchronous FL on the simulated clock, FedBuff or FedAsync
-(docs/systems.md, "Asynchronous FL"); ``raysim.systems.asynchrony`` times the clients,
+(docs/systems.md, "Asynchronous FL"); ``raysim.systems.async_clock`` times the clients,
 ``raysim.engine.async_rounds`` runs the server steps."""
 
 from __future__ import annotations

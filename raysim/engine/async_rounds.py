@@ -1,6 +1,6 @@
 """Asynchronous FL's server steps (``engine.asynchrony``: FedBuff, FedAsync) on the simulated clock.
 
-Each logged step is one server step. ``raysim.systems.asynchrony.AsyncClock`` says which clients
+Each logged step is one server step. ``raysim.systems.async_clock.AsyncClock`` says which clients
 arrive, from which model version; the arrivals are trained here, at the step that folds them,
 grouped by the version each started from. That is the same simulation as training each client
 when it starts: its update depends only on its start model, its data and its seed (keyed by the
@@ -23,7 +23,7 @@ from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
 from raysim.errors import ConfigError
 from raysim.services import RoundOptions
-from raysim.systems.asynchrony import AsyncClock, Flight, staleness_weight
+from raysim.systems.async_clock import AsyncClock, Flight, staleness_weight
 from raysim.types import Metrics, Params, RoundOutput, ServerState
 
 A = TypeVar("A")

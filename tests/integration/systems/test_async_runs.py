@@ -9,6 +9,7 @@ import numpy as np
 from jobs import tiny_job
 from raysim.engine.loop import run
 
+TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
 DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 1.0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
 
 
@@ -30,7 +31,10 @@ def test_fedbuff_with_a_buffer_of_every_client_is_a_fedavg_round(tmp_path):
 def fedasync_run(tmp_path):
     engine = {"num_rounds": 6, "asynchrony": {"kind": "fedasync", "concurrency": 5}}
     return run(
-        tiny_job(engine=engine, system={"devices": DEVICES}, evaluation={"every": 3}), output_dir=tmp_path
+        tiny_job(
+            engine=engine, system={"devices": DEVICES}, evaluation={"every": 3, "time_to_target": TARGET}
+        ),
+        output_dir=tmp_path,
     )
 
 
@@ -44,6 +48,7 @@ def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path
     assert np.allclose(mixing, [0.6 * (1 + tau) ** -0.5 for tau in staleness])
     histogram = json.loads((first.run_dir / "staleness.json").read_text())
     assert sum(histogram.values()) == 6
-    assert "eval/clients/accuracy" in first.final
+    third = first.history[2][1]  # the first evaluation: the target's time is the async clock's
+    assert third["tta/eval/clients/accuracy_0.01/sim_s"] == third["sys/sim_clock_s"]
     for key, value in first.state.params.items():
         assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key

@@ -11,7 +11,7 @@ import torch
 from raysim.config.system import SystemConfig
 from raysim.engine.async_rounds import async_loop, batches, buffered_mean, mix, server_steps
 from raysim.errors import ConfigError
-from raysim.systems.asynchrony import AsyncClock, Flight
+from raysim.systems.async_clock import AsyncClock, Flight
 from raysim.systems.devices import Fleet
 from raysim.systems.rounds import REPORTED, Outcome, SimulatedSystem
 from raysim.train.local import LocalTrainConfig

@@ -1,4 +1,4 @@
-"""Asynchronous FL's clock (raysim/systems/asynchrony.py): clients in flight arrive in the order a
+"""Asynchronous FL's clock (raysim/systems/async_clock.py): clients in flight arrive in the order a
 hand computation gives, ties broken by client id; launches are pure functions of the seed; the
 staleness laws match their formulas."""
 
@@ -10,7 +10,7 @@ from fleets import fleet, system
 
 from raysim.config.asynchrony import StalenessConfig
 from raysim.config.system import SystemConfig
-from raysim.systems.asynchrony import AsyncClock, staleness_weight
+from raysim.systems.async_clock import AsyncClock, staleness_weight
 
 # 50 examples, 2 epochs, comm 2 s: client c reports 2 + 100 / speed seconds after it starts
 SPEEDS = [10.0, 20.0, 25.0]  # 12 s, 7 s, 6 s

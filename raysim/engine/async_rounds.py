@@ -14,10 +14,11 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
+from raysim.algorithm import Algorithm, runs_rounds
 from raysim.config.asynchrony import AsynchronyConfig
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
@@ -26,11 +27,11 @@ from raysim.services import RoundOptions
 from raysim.systems.async_clock import AsyncClock, Flight, staleness_weight
 from raysim.types import Metrics, Params, RoundOutput, ServerState
 
-A = TypeVar("A")
+Delta = Params | None  # a FedAvg-family plugin's aggregate: the mean delta, None when nobody reported
 STALENESS_FILE = "staleness.json"  # the run's histogram of staleness, an artifact
 
 
-def async_loop(engine: Engine[A], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
+def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
     """``num_rounds`` server steps of FedBuff or FedAsync; the final server state."""
     config = engine.job.engine.asynchrony
     assert config is not None and engine.system is not None  # check_asynchrony refuses the rest
@@ -96,7 +97,7 @@ def arrivals(clock: AsyncClock, count: int, version: int) -> tuple[list[Flight],
 
 
 def server_step(
-    engine: Engine[A],
+    engine: Engine[Delta],
     config: AsynchronyConfig,
     state: ServerState,
     versions: dict[int, ServerState],
@@ -109,7 +110,8 @@ def server_step(
         for batch in batches(arrived)
     ]
     outputs = [output for _, output in trained]
-    payload = engine.algorithm.payload(state, step, engine.info)  # what every client received, in size
+    algorithm = delta_plugin(engine)
+    payload = algorithm.payload(state, step, engine.info)  # what every client received, in size
     metrics = engine.round_metrics(merged(outputs), payload)
     if config.kind == "fedasync":
         [(tau, output)] = trained
@@ -122,9 +124,7 @@ def server_step(
             (staleness_weight(config.staleness, tau), group_weight(engine, o), o.aggregate)
             for tau, o in trained
         ]
-        new_state, server_metrics = engine.algorithm.server_update(
-            state, buffered_mean(weighted), step, engine.info
-        )
+        new_state, server_metrics = algorithm.server_update(state, buffered_mean(weighted), step, engine.info)
         metrics |= server_metrics
     refuse_nonfinite(new_state.params, "the new global model", step)
     return new_state, metrics
@@ -150,19 +150,27 @@ def batches(arrived: list[Flight]) -> list[list[Flight]]:
     return groups
 
 
-def train(engine: Engine[A], start: ServerState, batch: list[Flight]) -> RoundOutput[A]:
+def train(engine: Engine[Delta], start: ServerState, batch: list[Flight]) -> RoundOutput[Delta]:
     """One group's training from the model version it started from (its ``round_num``)."""
     version = batch[0].version
-    payload = engine.algorithm.payload(start, version, engine.info)
+    payload = delta_plugin(engine).payload(start, version, engine.info)
     budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
     cohort = np.array([flight.client for flight in batch], dtype=np.int64)
     return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets))
 
 
-def group_weight(engine: Engine[Any], output: RoundOutput[Any]) -> float:
+def delta_plugin(engine: Engine[Delta]) -> Algorithm[Delta]:
+    """The run's plugin, of the round loop's shape (``check_asynchrony`` refused any other)."""
+    algorithm = engine.algorithm
+    if not runs_rounds(algorithm):
+        raise TypeError(f"algorithm {engine.job.algorithm.name!r} has no round loop for asynchronous steps")
+    return algorithm
+
+
+def group_weight(engine: Engine[Delta], output: RoundOutput[Delta]) -> float:
     """What the plugin's ``WeightedMean`` divided the group's sum by: its clients' weights, or
     their count where it is unweighted."""
-    weighted = getattr(engine.algorithm.aggregator(), "weighted", True)
+    weighted = getattr(delta_plugin(engine).aggregator(), "weighted", True)
     return float(sum(c.weight for c in output.clients)) if weighted else float(len(output.clients))
 
 
@@ -173,8 +181,12 @@ def buffered_mean(groups: list[tuple[float, float, Params | None]]) -> Params | 
     if not present:
         return None
     total = sum(w for _, w, _ in present)
-    keys = present[0][2].keys()
-    return {k: sum(mean[k].double() * (s * w / total) for s, w, mean in present).float() for k in keys}
+    sums: Params = {}
+    for s, w, mean in present:
+        for key, tensor in mean.items():
+            scaled = tensor.double() * (s * w / total)
+            sums[key] = sums[key] + scaled if key in sums else scaled
+    return {key: tensor.float() for key, tensor in sums.items()}
 
 
 def mix(current: Params, start: Params, delta: Params | None, alpha: float) -> Params:

@@ -41,6 +41,11 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
     vectorize_chunk: int | Literal["auto"] = 16
 
+    @property
+    def clients_per_round(self) -> int:
+        """The client updates a round trains: ``cohort_size``, or an asynchronous step's arrivals."""
+        return self.cohort_size if self.asynchrony is None else self.asynchrony.updates_per_step
+
     @field_validator("vectorize", mode="before")
     @classmethod
     def _yaml_on_off(cls, mode: Any) -> Any:

@@ -1,4 +1,5 @@
-"""``run(job)``: build everything, run the round loop (or the plugin's own protocol), finish.
+"""``run(job)``: build everything, run the round loop (or the plugin's own protocol, or asynchronous
+server steps: ``raysim.engine.async_rounds``), finish.
 
 Usage:
     result = run(load_jobs("jobs/quickstart.yaml")[0])

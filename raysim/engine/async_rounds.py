@@ -20,6 +20,7 @@ import numpy as np
 
 from raysim.algorithm import Algorithm, runs_rounds
 from raysim.config.asynchrony import AsynchronyConfig
+from raysim.engine.async_setup import NO_RESUME
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
 from raysim.errors import ConfigError
@@ -35,13 +36,8 @@ def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | N
     """``num_rounds`` server steps of FedBuff or FedAsync; the final server state."""
     config = engine.job.engine.asynchrony
     assert config is not None and engine.system is not None  # check_asynchrony refuses the rest
-    if engine.start_round > 0:
-        raise ConfigError(
-            [
-                "engine.asynchrony: an asynchronous run cannot resume: its checkpoints keep the model, "
-                "not the clients in flight nor the model versions they started from; rerun it from the start"
-            ]
-        )
+    if engine.start_round > 0:  # build refuses it first (refuse_resume)
+        raise ConfigError([f"engine.asynchrony: {NO_RESUME}"])
     versions = {0: state}
     histogram: Counter[int] = Counter()
     clock = AsyncClock(engine.system, config.concurrency)

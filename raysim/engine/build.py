@@ -22,6 +22,7 @@ from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
+from raysim.engine.async_setup import refuse_resume
 from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personalizable
@@ -89,6 +90,7 @@ def build(
     parts = open_parts(job)
     system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
     check_time_to_target(job, parts.info)
+    refuse_resume(job, resume_from)  # engine.asynchrony's clients in flight are not checkpointed
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))

@@ -5,9 +5,11 @@ simulated clock and a staleness histogram, the same for one seed run twice."""
 import json
 
 import numpy as np
+import pytest
 
 from jobs import tiny_job
 from raysim.engine.loop import run
+from raysim.errors import ConfigError
 
 TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
 DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 1.0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
@@ -52,3 +54,16 @@ def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path
     assert third["tta/eval/clients/accuracy_0.01/sim_s"] == third["sys/sim_clock_s"]
     for key, value in first.state.params.items():
         assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key
+
+
+def test_an_asynchronous_run_is_refused_resuming_before_a_run_folder_starts(tmp_path):
+    first = fedasync_run(tmp_path)
+    folders = sorted((tmp_path / "runs").iterdir())
+    longer = first.job.to_dict() | {"engine": first.job.to_dict()["engine"] | {"num_rounds": 9}}
+    with pytest.raises(ConfigError, match="an asynchronous run cannot resume"):
+        run(
+            type(first.job).from_dict(longer),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+            output_dir=tmp_path,
+        )
+    assert sorted((tmp_path / "runs").iterdir()) == folders

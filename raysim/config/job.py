@@ -122,7 +122,8 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
         for kind in PLUGIN_SECTIONS:
             out[kind] = getattr(self, kind).to_dict()
         out["evaluation"]["probes"] = [probe.to_dict() for probe in self.evaluation.probes]
-        for optional in ("note", "system", "privacy", "compression"):  # left unset, they stay out: it reads as before
+        # left unset, they stay out: it reads as before
+        for optional in ("note", "system", "privacy", "compression"):
             if getattr(self, optional) is None:
                 del out[optional]
         if self.model_groups is not None:

@@ -21,8 +21,8 @@ from raysim.errors import ConfigError
 # purpose tags keep the streams independent
 _COHORT, _CLIENT, _EVAL, _HELDOUT, _VALIDATION, _GROUPS, _SERVER_NOISE, _CLIENT_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
 _SELECTION = 9  # a guided selection's draws (raysim.selection)
-_COMPRESSION = 10  # random-k's and QSGD's draws (raysim.compress); 11-16: raysim.systems
-_DOWNLOAD = 17  # the server's draws encoding its broadcast (raysim.compress.downlink)
+_COMPRESSION = 10  # random-k's and QSGD's draws (raysim.compress); 11-18: raysim.systems (17-18: async_clock)
+_DOWNLOAD = 19  # the server's draws encoding its broadcast (raysim.compress.downlink)
 
 
 def sample_cohort(num_clients: int, cohort_size: int, seed: int, round_num: int) -> np.ndarray:

@@ -60,7 +60,7 @@ def estimate_run(job: JobConfig, store: ClientStore, home: str | Path) -> Estima
     per_client = math.ceil(float(sizes.mean()) / local.batch_size) * local.epochs if len(sizes) else 0
     if local.max_steps is not None:
         per_client = min(per_client, local.max_steps)
-    steps = job.engine.num_rounds * job.engine.cohort_size * per_client
+    steps = job.engine.num_rounds * job.engine.clients_per_round * per_client
     shape = (local.batch_size, *store.spec.input_shape)
     basis = f"{job.model.name} on a batch of {'x'.join(map(str, shape))}"
     step_s = step_seconds(job, store, local.batch_size, Path(home) / CACHE_FILE)

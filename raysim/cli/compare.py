@@ -70,6 +70,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also a cost table: seconds and peak memory of a client update, MACs per example, "
         "parameters and bytes sent up and down, inference cost of the final predictor",
     )
+    compare.add_argument(
+        "--x",
+        metavar="KEY",
+        help="draw the curves against a logged metric instead of the round, e.g. sys/sim_clock_s "
+        "(the simulated clock of a system: section: synchronous and asynchronous runs on one axis)",
+    )
     compare.add_argument("--no-log", action="store_true", help="write the files only; log no MLflow run")
     compare.set_defaults(handler=cmd_compare)
 
@@ -85,7 +91,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
     store = RunStore(args.tracking_uri or tracking_uri(TrackingConfig()))
-    comparison = compare_runs(store, args.targets, args.metric, args.where, args.over_seeds, args.cost)
+    comparison = compare_runs(
+        store, args.targets, args.metric, args.where, args.over_seeds, args.cost, x=args.x
+    )
     records = comparison.records
     for note in comparison.notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
@@ -105,6 +113,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     console.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True, highlight=False)
     if not args.no_log:
         options = [f"metric={m}" for m in args.metric or []] + (["cost"] if args.cost else [])
+        options += [f"x={args.x}"] if args.x else []
         run = store.log_comparison(records, files, options)
         console.print(
             f"logged as MLflow run {run.info.run_id} ({run.info.run_name}): "

@@ -45,8 +45,8 @@ def summary(jobs: list[JobConfig], output_dir: str, sweep: Sweep | None = None) 
 
 def workload(jobs: list[JobConfig], sweep: Sweep | None) -> str:
     """``3 variants x 10 rounds x cohort 5 = 150 client trainings`` (or cells, for a sweep)."""
-    trainings = sum(job.engine.num_rounds * job.engine.cohort_size for job in jobs)
-    shapes = Counter((job.engine.num_rounds, job.engine.cohort_size) for job in jobs)
+    trainings = sum(job.engine.num_rounds * job.engine.clients_per_round for job in jobs)
+    shapes = Counter((job.engine.num_rounds, job.engine.clients_per_round) for job in jobs)
     unit = "cell" if sweep is not None else "variant"
     count = f"{len(jobs)} {unit}{'s' if len(jobs) != 1 else ''}"
     if sweep is not None:

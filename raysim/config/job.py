@@ -148,6 +148,8 @@ class JobConfig(JobCore, frozen=True, extra="forbid"):
             del out["evaluation"]["time_to_target"]
         if self.engine.selection is None:
             del out["engine"]["selection"]
+        if self.engine.asynchrony is None:
+            del out["engine"]["asynchrony"]
         return out
 
     @classmethod

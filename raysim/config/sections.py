@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
+from raysim.config.asynchrony import AsynchronyConfig
 from raysim.config.plugins import PluginSection
 from raysim.config.selection import SelectionConfig
 
@@ -57,6 +58,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # privacy accountant's amplification by sampling assumes, docs/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
     selection: SelectionConfig | None = None  # None: uniform; oort, power_of_choice (docs/systems.md)
+    asynchrony: AsynchronyConfig | None = None  # None: synchronous; fedbuff, fedasync (docs/systems.md)
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).
@@ -64,6 +66,11 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     # Clients trained at once; auto: as many as the worker's memory holds, measured on its first
     # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
     vectorize_chunk: int | Literal["auto"] = 16
+
+    @property
+    def clients_per_round(self) -> int:
+        """The client updates a round trains: ``cohort_size``, or an asynchronous step's arrivals."""
+        return self.cohort_size if self.asynchrony is None else self.asynchrony.updates_per_step
 
     @field_validator("vectorize", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
+from raysim.engine.async_setup import refuse_resume
 from raysim.engine.downlink_setup import open_downlink
 from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
@@ -88,6 +89,7 @@ def build(
         Console(stderr=True).print(f"note ({job.name}): {job.note}", highlight=False, soft_wrap=True)
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
+    refuse_resume(job, resume_from)  # engine.asynchrony's clients in flight are not checkpointed
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))

@@ -251,7 +251,7 @@ class Engine(Generic[A]):
         if self.is_eval_round(round_num) or self.is_personalization_round(round_num):
             metrics = metrics | self.evaluate(state, round_num)
             if self.targets is not None:
-                clock = self.system.round(round_num).end_s if self.system is not None else None
+                clock = metrics.get("sys/sim_clock_s") if self.system is not None else None
                 metrics |= self.targets.reached(metrics, round_num, clock)
         if (timer := self.take_round_timer(round_num)) is not None:
             metrics |= timer.metrics()

@@ -1,4 +1,5 @@
-"""``run(job)``: build everything, run the round loop (or the plugin's own protocol), finish.
+"""``run(job)``: build everything, run the round loop (or the plugin's own protocol, or asynchronous
+server steps: ``raysim.engine.async_rounds``), finish.
 
 Usage:
     result = run(load_jobs("jobs/quickstart.yaml")[0])
@@ -15,6 +16,7 @@ from typing import TypeVar
 
 from raysim.algorithm import has_protocol
 from raysim.config import JobConfig
+from raysim.engine.async_rounds import async_loop
 from raysim.engine.build import build
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.plots import learning_curve, time_per_round
@@ -81,6 +83,8 @@ def run(
                 engine.log(engine.evaluate(state), START_STEP)
             if has_protocol(engine.algorithm):
                 state = engine.algorithm.protocol(engine, state)
+            elif job.engine.asynchrony is not None:
+                state = async_loop(engine, state, bar)
             else:
                 state = round_loop(engine, state)
             bar.finished()

@@ -78,7 +78,7 @@ class Series:
 
     run: str
     scope: str  # clients, central, heldout, or a full metric key
-    rounds: list[int]
+    rounds: list[float]  # the x values: rounds, or a logged key's (the simulated clock)
     values: list[float]
     band: tuple[list[float], list[float]] | None = None  # p10 and p90 over clients, per round
 
@@ -88,6 +88,7 @@ class Panel:
     metric: str
     series: list[Series]
     log_y: bool = False  # perplexities span orders of magnitude while a model learns
+    x_label: str = "round"  # or the logged key the curves are drawn against (sys/sim_clock_s)
 
 
 _STYLES = {"clients": "-", "central": "--", "heldout": ":"}
@@ -132,8 +133,9 @@ def curves_figure(panels: list[Panel], title: str) -> Figure:
         if panel.log_y:
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(panel.x_label)
+        if panel.x_label == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel.metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -11,6 +11,7 @@ from raysim import params as P
 from raysim.algorithm import AnyAlgorithm, has_protocol
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
+from raysim.engine.async_setup import check_asynchrony
 from raysim.errors import ConfigError
 from raysim.systems.availability import open_availability
 from raysim.systems.devices import Fleet, device_speeds
@@ -28,6 +29,7 @@ def open_system(
     ``max_steps``), their examples per round (``engine.max_client_examples``) and the model's size
     (its parameters and float buffers), which stand for both the broadcast and the update.
     """
+    check_asynchrony(job, algorithm, len(train_pool))
     config = job.system
     if config is None:
         return None

@@ -64,9 +64,11 @@ def compare_runs(
     over_seeds: bool = False,
     cost: bool = False,
     records: Sequence[RunRecord] = (),
+    x: str | None = None,
 ) -> Comparison:
     """The runs ``targets`` name in ``store`` (run ids, run names, experiments), those matching
-    every ``where`` condition, after the ``records`` of runs already at hand.
+    every ``where`` condition, after the ``records`` of runs already at hand; their curves against
+    the round, or against the logged metric ``x`` (``sys/sim_clock_s``: the simulated clock).
 
     Raises:
         RaysimError: no run matches, or no run logged a metric asked for (naming those logged).
@@ -81,13 +83,13 @@ def compare_runs(
             runs = [run for run in runs if matches(run, conditions)]
             if not runs:
                 raise RaysimError(f"no run of {', '.join(targets)} has {' and '.join(where)}")
-        fetched = store.records(runs, metrics, COST_KEYS if cost else ())
+        fetched = store.records(runs, metrics, (*(COST_KEYS if cost else ()), *([x] if x else [])))
         if over_seeds:
             from raysim.results.seed_groups import over_seeds as seed_means
 
             fetched = seed_means(runs, fetched)
         found += fetched
-    panels = curve_panels(found, metrics)
+    panels = curve_panels(found, metrics, x)
     missing = [m for m in metrics or [] if m not in {p.metric for p in panels}]
     if missing:
         raise RaysimError(

@@ -345,20 +345,27 @@ def logged_keys(key: str) -> list[str]:
     return keys + [loss for k in keys if (loss := loss_key(k))]
 
 
-def curve_panels(records: Sequence[RunRecord], metrics: Sequence[str] | None = None) -> list[Panel]:
+def curve_panels(
+    records: Sequence[RunRecord], metrics: Sequence[str] | None = None, x: str | None = None
+) -> list[Panel]:
     """One panel per metric: a line per run and scope, shaded between the 10th and 90th
     percentile over clients where those were logged (the ``eval/clients`` and ``eval/heldout``
-    scopes). A metric that no run logged is skipped; none at all gives no panels."""
+    scopes), against the round or the logged key ``x`` (``sys/sim_clock_s``: the simulated
+    clock). A metric that no run logged is skipped; none at all gives no panels."""
     panels = []
     for metric in metrics or default_metrics(records):
-        series = [s for r in records for scope, key in curve_keys(metric) if (s := _series(r, scope, key))]
+        series = [s for r in records for scope, key in curve_keys(metric) if (s := _series(r, scope, key, x))]
         if series:
-            panels.append(Panel(metric, series, log_y="perplexity" in metric))
+            panels.append(Panel(metric, series, log_y="perplexity" in metric, x_label=x or "round"))
     return panels
 
 
-def _series(record: RunRecord, scope: str, key: str) -> Series | None:
-    rows = [(step, m) for step, m in record.history if metric_value(m, key) is not None]
+def _series(record: RunRecord, scope: str, key: str, x: str | None = None) -> Series | None:
+    rows: list[tuple[float, Metrics]] = [
+        (s, m) for s, m in record.history if metric_value(m, key) is not None
+    ]
+    if x is not None:  # the rows that logged x too, drawn at its value
+        rows = [(m[x], m) for _, m in rows if x in m]
     if not rows:
         return None
     low, high = _values(rows, key + "_p10"), _values(rows, key + "_p90")
@@ -366,7 +373,7 @@ def _series(record: RunRecord, scope: str, key: str) -> Series | None:
     return Series(record.name, scope, [step for step, _ in rows], _values(rows, key) or [], band)
 
 
-def _values(rows: list[tuple[int, Metrics]], key: str) -> list[float] | None:
+def _values(rows: list[tuple[float, Metrics]], key: str) -> list[float] | None:
     """``key`` at every row, or None when a row lacks it."""
     values = [metric_value(m, key) for _, m in rows]
     return None if None in values else [float(v) for v in values if v is not None]

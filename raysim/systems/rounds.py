@@ -169,7 +169,7 @@ class SimulatedSystem:
         work = LocalWork.of(self.local, round_num)
         stragglers = straggler_positions(len(selected), config.straggler_fraction, self.seed, round_num)
         outcomes = [
-            self._outcome(int(client), position in stragglers, work, round_num, start)
+            self.outcome(int(client), position in stragglers, work, round_num, start)
             for position, client in enumerate(selected)
         ]
         reports = sorted((o.seconds, i) for i, o in enumerate(outcomes) if o.status == REPORTED)
@@ -195,9 +195,9 @@ class SimulatedSystem:
             budgets,
         )
 
-    def _outcome(
-        self, client: int, straggler: bool, work: LocalWork, round_num: int, start: float
-    ) -> Outcome:
+    def outcome(self, client: int, straggler: bool, work: LocalWork, round_num: int, start: float) -> Outcome:
+        """What becomes of ``client`` starting ``work`` at ``start`` (its draws keyed by ``round_num``):
+        it reports, or fails (offline, late, dropped out) when that shows; seconds from ``start``."""
         config, fleet = self.config, self.fleet
         n, speed = int(fleet.num_examples[client]), float(fleet.examples_per_s[client])
         comm_s = 2 * self.model_bytes / float(fleet.bytes_per_s[client])  # the model down, its update up

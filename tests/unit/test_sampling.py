@@ -133,3 +133,19 @@ def test_the_broadcasts_draws_are_a_stream_of_their_own_per_round():
     assert len(seeds) == 50 and download_seed(0, 3) == download_seed(0, 3)
     assert not seeds & {compression_seed(0, r, c) for r in range(50) for c in range(20)}
     assert not seeds & {client_seed(0, r, c) for r in range(50) for c in range(20)}
+
+
+def test_every_purpose_tag_names_one_stream():
+    """Two draws sharing a tag would be correlated streams (the download's and the async clock's
+    launches once both took 17): every tag of raysim.sampling and raysim.systems is distinct."""
+    import raysim.sampling as sampling
+    from raysim.systems import async_clock, availability, devices, rounds
+
+    tags = {
+        f"{module.__name__}.{name}": value
+        for module in (sampling, async_clock, availability, devices, rounds)
+        for name, value in vars(module).items()
+        if name.startswith("_") and name.isupper() and isinstance(value, int) and not isinstance(value, bool)
+    }
+    assert len(tags) >= 19
+    assert len(set(tags.values())) == len(tags), sorted(tags.items(), key=lambda item: item[1])

@@ -27,6 +27,11 @@ def test_the_summary_says_the_workload_where_results_go_and_each_note(monkeypatc
     lines = dry_run.summary(jobs, "out")
     assert lines[0] == "dry run: 2 variants x 3 rounds x cohort 2 = 12 client trainings; nothing started"
     assert "  estimate  unknown until the dataset is prepared" in lines
+    fedasync = {"asynchrony": {"kind": "fedasync", "concurrency": 2}}  # one client a server step
+    asynchronous = job("c", engine={"num_rounds": 3, "cohort_size": 2, **fedasync}, system={})
+    assert dry_run.summary([asynchronous], "out")[0].startswith(
+        "dry run: 1 variant x 3 rounds x cohort 1 = 3 "
+    )
     assert "  results   run folders under out/runs/" in lines
     assert "  results   MLflow sqlite:///x.db, experiment 'exp'" in lines
     assert any(line.startswith("  results   MLflow") and "'other'" in line for line in lines)

@@ -203,3 +203,14 @@ def test_curves_are_shaded_between_p10_and_p90_where_logged(tmp_path):
 
 def test_a_metric_no_run_logged_gives_no_panel():
     assert curve_panels([record(CLASSIFIER, "a", history(4.0))], ["mcc"]) == []
+
+
+def test_curves_drawn_against_the_simulated_clock(tmp_path):
+    rows = [(0, {"eval/central/accuracy": 0.5, "sys/sim_clock_s": 12.5}), (1, {"eval/central/accuracy": 0.7})]
+    rows.append((2, {"eval/central/accuracy": 0.8, "sys/sim_clock_s": 40.0}))
+    [panel] = curve_panels([record(CLASSIFIER, "a", rows)], ["accuracy"], x="sys/sim_clock_s")
+    [central] = panel.series
+    assert central.rounds == [12.5, 40.0] and central.values == [0.5, 0.8]  # round 1 logged no clock
+    assert panel.x_label == "sys/sim_clock_s"
+    png = overlaid_curves([panel], "on the clock", tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

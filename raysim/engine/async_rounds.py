@@ -1,0 +1,211 @@
+"""Asynchronous FL's server steps (``engine.asynchrony``: FedBuff, FedAsync) on the simulated clock.
+
+Each logged step is one server step. ``raysim.systems.async_clock.AsyncClock`` says which clients
+arrive, from which model version; the arrivals are trained here, at the step that folds them,
+grouped by the version each started from. That is the same simulation as training each client
+when it starts: its update depends only on its start model, its data and its seed (keyed by the
+version, ``round_num`` to the workers), never on what the server did meanwhile. Only the model
+versions some client in flight started from are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from raysim.algorithm import Algorithm, runs_rounds
+from raysim.config.asynchrony import AsynchronyConfig
+from raysim.engine.async_setup import NO_RESUME
+from raysim.engine.engine import Engine, refuse_nonfinite
+from raysim.engine.progress import RoundProgress
+from raysim.errors import ConfigError
+from raysim.services import RoundOptions
+from raysim.systems.async_clock import AsyncClock, Flight, staleness_weight
+from raysim.types import Metrics, Params, RoundOutput, ServerState
+
+Delta = Params | None  # a FedAvg-family plugin's aggregate: the mean delta, None when nobody reported
+STALENESS_FILE = "staleness.json"  # the run's histogram of staleness, an artifact
+
+
+def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
+    """``num_rounds`` server steps of FedBuff or FedAsync; the final server state."""
+    config = engine.job.engine.asynchrony
+    assert config is not None and engine.system is not None  # check_asynchrony refuses the rest
+    if engine.start_round > 0:  # build refuses it first (refuse_resume)
+        raise ConfigError([f"engine.asynchrony: {NO_RESUME}"])
+    versions = {0: state}
+    histogram: Counter[int] = Counter()
+    clock = AsyncClock(engine.system, config.concurrency)
+    for step, arrived, failed in server_steps(clock, config.updates_per_step, engine.num_rounds):
+        engine.on_phase("training")
+        needed = {flight.version for flight in arrived + clock.in_flight}
+        versions = {v: s for v, s in versions.items() if v in needed}
+        state, metrics = server_step(engine, config, state, versions, arrived, step)
+        versions[step + 1] = state
+        staleness = [step - flight.version for flight in arrived]
+        histogram.update(staleness)
+        engine.cohorts[step] = [flight.client for flight in arrived]
+        metrics |= {
+            "sys/sim_clock_s": arrived[-1].end_s,
+            "sys/aggregated_clients": float(len(arrived)),
+            "async/staleness_mean": float(np.mean(staleness)),
+            "async/staleness_max": float(max(staleness)),
+            "async/failed": float(failed),
+            "async/versions_kept": float(len(versions)),
+        }
+        metrics = engine.end_round(state, step, metrics)
+        if bar is not None:
+            bar.update(step, metrics)
+    save_histogram(engine, histogram)
+    return state
+
+
+def server_steps(clock: AsyncClock, count: int, steps: int) -> Iterator[tuple[int, list[Flight], int]]:
+    """Each server step's arrivals (``count`` reports, in order) and failures among them. A slot
+    that frees while the buffer fills starts a client on the model of the moment; the last one's
+    waits for the step, whose new model it then trains."""
+    clock.fill(0, 0.0)
+    for step in range(steps):
+        arrived, failed = arrivals(clock, count, step)
+        yield step, arrived, failed
+        clock.fill(step + 1, arrived[-1].end_s)
+
+
+def arrivals(clock: AsyncClock, count: int, version: int) -> tuple[list[Flight], int]:
+    """The next ``count`` reports, in order, and the failures among them; every slot but the last
+    one's is refilled on ``version`` at once (the last waits for the server step)."""
+    arrived: list[Flight] = []
+    failed = 0
+    while len(arrived) < count:
+        flight = clock.pop()
+        if flight.reported:
+            arrived.append(flight)
+        else:
+            failed += 1
+        if len(arrived) < count:
+            clock.fill(version, flight.end_s)
+    return arrived, failed
+
+
+def server_step(
+    engine: Engine[Delta],
+    config: AsynchronyConfig,
+    state: ServerState,
+    versions: dict[int, ServerState],
+    arrived: list[Flight],
+    step: int,
+) -> tuple[ServerState, Metrics]:
+    """Trains the arrivals from their start versions and folds them into the model."""
+    trained = [
+        (step - batch[0].version, train(engine, versions[batch[0].version], batch))
+        for batch in batches(arrived)
+    ]
+    outputs = [output for _, output in trained]
+    algorithm = delta_plugin(engine)
+    payload = algorithm.payload(state, step, engine.info)  # what every client received, in size
+    metrics = engine.round_metrics(merged(outputs), payload)
+    if config.kind == "fedasync":
+        [(tau, output)] = trained
+        alpha = config.alpha * staleness_weight(config.staleness, tau)
+        start = versions[arrived[0].version].params
+        new_state = replace(state, params=mix(state.params, start, output.aggregate, alpha))
+        metrics |= {"async/mixing": alpha}
+    else:
+        weighted = [
+            (staleness_weight(config.staleness, tau), group_weight(engine, o), o.aggregate)
+            for tau, o in trained
+        ]
+        new_state, server_metrics = algorithm.server_update(state, buffered_mean(weighted), step, engine.info)
+        metrics |= server_metrics
+    refuse_nonfinite(new_state.params, "the new global model", step)
+    return new_state, metrics
+
+
+def batches(arrived: list[Flight]) -> list[list[Flight]]:
+    """The arrivals grouped by start version, in order of first arrival; a client that arrives
+    twice from one version trains in a later group (a cohort holds a client once)."""
+    groups: list[list[Flight]] = []
+    for flight in arrived:
+        home = next(
+            (
+                g
+                for g in groups
+                if g[0].version == flight.version and all(f.client != flight.client for f in g)
+            ),
+            None,
+        )
+        if home is None:
+            groups.append([flight])
+        else:
+            home.append(flight)
+    return groups
+
+
+def train(engine: Engine[Delta], start: ServerState, batch: list[Flight]) -> RoundOutput[Delta]:
+    """One group's training from the model version it started from (its ``round_num``)."""
+    version = batch[0].version
+    payload = delta_plugin(engine).payload(start, version, engine.info)
+    budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
+    cohort = np.array([flight.client for flight in batch], dtype=np.int64)
+    return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets))
+
+
+def delta_plugin(engine: Engine[Delta]) -> Algorithm[Delta]:
+    """The run's plugin, of the round loop's shape (``check_asynchrony`` refused any other)."""
+    algorithm = engine.algorithm
+    if not runs_rounds(algorithm):
+        raise TypeError(f"algorithm {engine.job.algorithm.name!r} has no round loop for asynchronous steps")
+    return algorithm
+
+
+def group_weight(engine: Engine[Delta], output: RoundOutput[Delta]) -> float:
+    """What the plugin's ``WeightedMean`` divided the group's sum by: its clients' weights, or
+    their count where it is unweighted."""
+    weighted = getattr(delta_plugin(engine).aggregator(), "weighted", True)
+    return float(sum(c.weight for c in output.clients)) if weighted else float(len(output.clients))
+
+
+def buffered_mean(groups: list[tuple[float, float, Params | None]]) -> Params | None:
+    """FedBuff's buffer: ``sum_g s_g W_g mean_g / sum_g W_g`` over the groups' (staleness weight
+    s_g, total client weight W_g, mean delta); the plain weighted mean when every s_g is 1."""
+    present = [(s, w, mean) for s, w, mean in groups if mean is not None and w > 0]
+    if not present:
+        return None
+    total = sum(w for _, w, _ in present)
+    sums: Params = {}
+    for s, w, mean in present:
+        for key, tensor in mean.items():
+            scaled = tensor.double() * (s * w / total)
+            sums[key] = sums[key] + scaled if key in sums else scaled
+    return {key: tensor.float() for key, tensor in sums.items()}
+
+
+def mix(current: Params, start: Params, delta: Params | None, alpha: float) -> Params:
+    """FedAsync: ``(1 - alpha) x + alpha x_client``, the client's model ``x_client = start - delta``."""
+    if delta is None:
+        return current
+    return {k: (1 - alpha) * current[k] + alpha * (start[k] - delta[k].to(start[k].dtype)) for k in current}
+
+
+def merged(outputs: list[RoundOutput[Any]]) -> RoundOutput[None]:
+    """The groups' outputs as one cohort's, for its metrics."""
+    return RoundOutput(
+        None,
+        clients=[c for o in outputs for c in o.clients],
+        failures=[f for o in outputs for f in o.failures],
+        bytes_up=sum(o.bytes_up for o in outputs),
+        params_up=sum(o.params_up for o in outputs),
+    )
+
+
+def save_histogram(engine: Engine[Any], histogram: Counter[int]) -> None:
+    """How many updates arrived at each staleness, as ``staleness.json`` in the run's folder."""
+    engine.run_dir.mkdir(parents=True, exist_ok=True)
+    path = engine.run_dir / STALENESS_FILE
+    path.write_text(json.dumps({str(tau): n for tau, n in sorted(histogram.items())}))
+    engine.tracker.log_artifact(path)

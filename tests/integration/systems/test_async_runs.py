@@ -1,0 +1,69 @@
+"""``engine.asynchrony`` in real runs (serial backend, digits): FedBuff with every client in flight
+and a buffer of them all is synchronous FedAvg's round; FedAsync's steps log their staleness, the
+simulated clock and a staleness histogram, the same for one seed run twice."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jobs import tiny_job
+from raysim.engine.loop import run
+from raysim.errors import ConfigError
+
+TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
+DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 1.0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
+
+
+def test_fedbuff_with_a_buffer_of_every_client_is_a_fedavg_round(tmp_path):
+    # transfers take 4 s and training next to nothing: every client reports once before the first
+    # one's second report, so the buffer holds each client once, all from the initial model
+    fast = DEVICES | {"examples_per_s": 1e6, "examples_per_s_sigma": 0}
+    system = {"system": {"devices": fast}}
+    synchronous = run(tiny_job(engine={"num_rounds": 1, "cohort_size": 20}, **system), output_dir=tmp_path)
+    fedbuff = {"kind": "fedbuff", "concurrency": 20, "buffer_size": 20}
+    buffered = run(tiny_job(engine={"num_rounds": 1, "asynchrony": fedbuff}, **system), output_dir=tmp_path)
+    [(_, metrics)] = buffered.history
+    assert metrics["async/staleness_max"] == 0 and metrics["sys/aggregated_clients"] == 20
+    assert metrics["sys/sim_clock_s"] == synchronous.history[0][1]["sys/sim_clock_s"]  # the slowest report
+    for key, value in synchronous.state.params.items():
+        assert np.allclose(buffered.state.params[key].numpy(), value.numpy(), atol=1e-6), key
+
+
+def fedasync_run(tmp_path):
+    engine = {"num_rounds": 6, "asynchrony": {"kind": "fedasync", "concurrency": 5}}
+    return run(
+        tiny_job(
+            engine=engine, system={"devices": DEVICES}, evaluation={"every": 3, "time_to_target": TARGET}
+        ),
+        output_dir=tmp_path,
+    )
+
+
+def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path):
+    first, again = fedasync_run(tmp_path), fedasync_run(tmp_path)
+    clocks = [m["sys/sim_clock_s"] for _, m in first.history]
+    assert clocks == sorted(clocks) and clocks == [m["sys/sim_clock_s"] for _, m in again.history]
+    staleness = [m["async/staleness_max"] for _, m in first.history]
+    assert max(staleness) > 0  # five clients in flight: later arrivals started from older models
+    mixing = [m["async/mixing"] for _, m in first.history]
+    assert np.allclose(mixing, [0.6 * (1 + tau) ** -0.5 for tau in staleness])
+    histogram = json.loads((first.run_dir / "staleness.json").read_text())
+    assert sum(histogram.values()) == 6
+    third = first.history[2][1]  # the first evaluation: the target's time is the async clock's
+    assert third["tta/eval/clients/accuracy_0.01/sim_s"] == third["sys/sim_clock_s"]
+    for key, value in first.state.params.items():
+        assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key
+
+
+def test_an_asynchronous_run_is_refused_resuming_before_a_run_folder_starts(tmp_path):
+    first = fedasync_run(tmp_path)
+    folders = sorted((tmp_path / "runs").iterdir())
+    longer = first.job.to_dict() | {"engine": first.job.to_dict()["engine"] | {"num_rounds": 9}}
+    with pytest.raises(ConfigError, match="an asynchronous run cannot resume"):
+        run(
+            type(first.job).from_dict(longer),
+            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
+            output_dir=tmp_path,
+        )
+    assert sorted((tmp_path / "runs").iterdir()) == folders

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysim.config import JobConfig
+from raysim.config.job import changes_no_model
 
 if TYPE_CHECKING:
     from raysim.engine.loop import RunResult
@@ -31,12 +32,16 @@ if TYPE_CHECKING:
     from raysim.tracking.tracker import Tracker
 
 FINGERPRINT_TAG = "raysim.job_fingerprint"
-_HOW = ("tracking", "resources")  # where and how a variant runs, not what it computes
 
 
 def job_fingerprint(job: JobConfig) -> str:
-    """``fedavg-1a2b3c4d5e6f``: the variant's name and a hash of its job's name and its config."""
-    config = {k: v for k, v in job.to_dict().items() if k not in _HOW}
+    """``fedavg-1a2b3c4d5e6f``: the variant's name and a hash of its job's name and what its config
+    computes: not where and how it runs or is recorded (``changes_no_model``: tracking, workers),
+    nor its ``note``; the arithmetic (``resources.precision``, ...) it keeps."""
+    config = {k: v for k, v in job.to_dict().items() if k not in ("tracking", "note")}
+    config["resources"] = {
+        k: v for k, v in config["resources"].items() if not changes_no_model(f"resources.{k}")
+    }
     origin = job.origin.job if job.origin is not None else job.name
     text = json.dumps([origin, config], sort_keys=True, default=str)
     return f"{job.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"

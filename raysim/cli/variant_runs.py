@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raysim.cli.console import console
@@ -37,6 +38,8 @@ def run_variants(jobs: Sequence[JobConfig], args: argparse.Namespace, resume: st
     from raysim.engine.loop import run
 
     variants = has_variants(jobs)
+    if variants:  # before the store is read for finished variants, or a variant's tracker opens it
+        check_where_results_go(jobs, args.output_dir)
     skips = variants and resume is None and not args.rerun_finished  # --resume continues one run
     earlier = finished_before(jobs, args.output_dir, say) if skips else {}
     todo = [job for job in jobs if job.name not in earlier]
@@ -62,6 +65,18 @@ def run_variants(jobs: Sequence[JobConfig], args: argparse.Namespace, resume: st
                 say(rest_line(jobs, len(earlier) + len(results), todo[len(results)].name, args))
         raise
     return print_finished(jobs, earlier, results)
+
+
+def check_where_results_go(jobs: Sequence[JobConfig], output_dir: str | Path) -> None:
+    """The output folder and every variant's tracking store, checked as a run checks its own
+    (``raysim.engine.preflight``): a bad URI or a file that is no store is one line, and left as
+    it was, rather than opened by MLflow."""
+    from raysim.engine.preflight import check_output_dir, check_tracking_store
+    from raysim.tracking.tracking_store import tracking_uri
+
+    check_output_dir(Path(output_dir), "runs")
+    for uri in dict.fromkeys(tracking_uri(job.tracking) for job in jobs if job.tracking.enabled):
+        check_tracking_store(uri)
 
 
 def has_variants(jobs: Sequence[JobConfig]) -> bool:

@@ -44,6 +44,9 @@ def test_the_fingerprint_changes_with_what_a_variant_computes_only(tmp_path):
     assert job_fingerprint(a) == job_fingerprint(jobs(tmp_path)[0])
     same = jobs(tmp_path, "resources.num_workers=3", "tracking.experiment=other")[0]
     assert job_fingerprint(same) == job_fingerprint(a)  # where and how it runs
+    assert job_fingerprint(jobs(tmp_path, "note=read me")[0]) == job_fingerprint(a)  # words only
+    for arithmetic in ("resources.precision=bf16", "resources.deterministic=true"):
+        assert job_fingerprint(jobs(tmp_path, arithmetic)[0]) != job_fingerprint(a), arithmetic
     assert job_fingerprint(jobs(tmp_path, "a:engine.num_rounds=3")[0]) != job_fingerprint(a)
     assert job_fingerprint(jobs(tmp_path, name="other")[0]) != job_fingerprint(a)  # another job's
 
@@ -83,3 +86,29 @@ def test_tracked_variants_with_a_finished_run_of_their_fingerprint_are_skipped(t
     assert earlier["a"].run_id is not None and earlier["a"].rounds == 2  # from its history
     moved = jobs(tmp_path, "tracking.enabled=true", "tracking.experiment=other")
     assert finished_before(moved, tmp_path / "out", print) == {}  # another experiment's runs
+
+
+@pytest.mark.parametrize("store", ["one_byte", "text", "ftp"])
+def test_a_tracking_store_of_no_use_is_one_line_before_any_variant_reads_or_makes_it(
+    store, tmp_path, capsys, monkeypatch
+):
+    """The variants' path read the store for finished variants, and opened each variant's
+    tracker, before a run's own check: a 1-byte file became an MLflow database, a text file or
+    ``ftp://`` a SQLAlchemy traceback."""
+    from raysim.cli.main import main
+
+    path = tmp_path / "mlflow.db"
+    if store == "ftp":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://x")
+        tracking = {"progress": False}
+    else:
+        path.write_bytes(b"x" if store == "one_byte" else b"not a database\n" * 200)
+        tracking = {"progress": False, "tracking_uri": f"sqlite:///{path}"}
+    before = path.read_bytes() if path.exists() else None
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**JOB, "tracking": tracking}))
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err and len(out.err.strip().splitlines()) == 1, out.err
+    assert (path.read_bytes() if path.exists() else None) == before  # left as it was
+    assert not (tmp_path / "out").exists()  # no run folder, no ledger

@@ -30,11 +30,10 @@ def test_a_model_the_algorithm_cannot_use_is_refused_as_the_run_refuses_it(algor
         check_start(job(algorithm={"name": algorithm}))
 
 
-def test_a_fitting_job_passes_and_an_unprepared_one_is_skipped_with_the_reason():
+def test_a_fitting_job_passes_and_an_unprepared_one_is_skipped_with_the_reason(tmp_path):
     assert check_start(job(algorithm={"name": "fedavg"})).num_clients == 6
-    fresh = job(
-        algorithm={"name": "fedavg"}, dataset={**DIGITS, "partition": {"kind": "iid", "num_clients": 7}}
-    )
+    # its own empty cache: the shared one may hold any store another test or run prepared
+    fresh = job(algorithm={"name": "fedavg"}, dataset={**DIGITS, "cache_dir": str(tmp_path)})
     assert check_start(fresh) == (
         "skipped: dataset digits is not prepared (raysim prepare JOB.yaml, then dry-run again)"
     )

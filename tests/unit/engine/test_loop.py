@@ -72,3 +72,10 @@ def test_an_output_dir_whose_runs_folder_cannot_be_made_is_refused_before_the_da
     )
     with pytest.raises(ResourceError, match=f"holds a file {tmp_path / 'runs'} where raysim makes a folder"):
         loop.run(job, output_dir=tmp_path)
+
+
+def test_a_jobs_note_is_printed_when_its_run_starts(tmp_path, capsys):
+    """A job whose known behaviour surprises says so on the console, not only in its file."""
+    note = "scores near chance from a random start: see docs/papers.md"
+    run_two_line_job(tmp_path, {"name": "fedavg"}, note=note, engine={"num_rounds": 1}, model={"name": "mlp"})
+    assert f"note (job): {note}" in " ".join(capsys.readouterr().err.split())

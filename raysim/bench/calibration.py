@@ -1,17 +1,26 @@
-"""A rough wall time for a job, from how long one local step of its model takes on this machine:
-the estimate ``raysim run --dry-run`` prints.
+"""A rough wall time for a job, from how long one local step and one forward pass of its model take
+on this machine: the estimate ``raysim run --dry-run`` prints.
 
-The step time is measured once per machine, model section and batch shape, and cached in
-``<raysim home>/calibration.json``: the job's model, a batch of ``batch_size`` rows of its store
-(rows repeated when the store has fewer), ``WARMUP`` untimed steps, then the fastest of ``STEPS``
-timed steps of forward, task loss, backward and an SGD step, on the CPU, in this process, with
-as many torch threads as a worker gets (``resources.cpus_per_worker``). A run then takes about
-``rounds x cohort x local steps x step time / workers training at once`` plus ``STARTUP_S``.
+Both are measured once per machine, model section and batch shapes, and cached in
+``<raysim home>/calibration.json``: the job's model on a batch of ``batch_size`` rows of its store
+(rows repeated when the store has fewer), ``WARMUP`` untimed steps, then the median of ``STEPS``
+timed steps of forward, task loss, backward and an SGD step, and the median of ``STEPS`` forward
+passes on a batch of ``evaluation.batch_size`` rows; on the CPU, in this process, with as many
+torch threads as a worker gets (``resources.cpus_per_worker``). A run then takes about
 
-How rough: it counts local SGD only. Evaluation, a plugin's extra server work (distillation,
-data-free synthesis, Fisher passes, FuseFL's fusion) and extra local work (LSS's or FedGuCci's
-regularizers, SAM's second pass) are not in it, nor a machine shared with other work; expect the
-right order of magnitude, and a real run up to a few times longer. Delete the file to measure again.
+- training: rounds x cohort x local steps x step time / workers training at once (Ray's workers,
+  at most as many as this machine's cores hold; serial's one);
+- evaluation: evaluated rounds (every ``evaluation.every``-th, the last, and the start with
+  ``at_start``) x examples evaluated (the central test set and the evaluated clients' test splits)
+  x a forward pass's time per example;
+- overhead: ``STARTUP_S`` and, with Ray, ``RAY_START_S`` once; ``ROUND_S`` a round and
+  ``CLIENT_S`` a client training (dispatch, weights in and the update out, its data read) shared
+  by the workers.
+
+How rough: a plugin's extra server work (distillation, data-free synthesis, Fisher passes,
+FuseFL's fusion), extra local work (LSS's or FedGuCci's regularizers, SAM's second pass),
+personalization and transfer evaluation are not in it, and a machine shared with other work runs
+slower; expect a real run within about 1.5x on a quiet machine. Delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -20,9 +29,12 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,19 +46,39 @@ from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_job_model
 from raysim.train.local import LocalTrainConfig
 
-WARMUP, STEPS = 2, 5
-STARTUP_S = 5.0  # a run's start: data opened, workers and the MLflow run started (docs/performance.md)
+WARMUP, STEPS = 2, 7
+# From jobs/quickstart.yaml's fedavg on 2 shared CPU cores (2026-12-06): 6.7 s before the first round
+# serially, 21-26 s with Ray's 2 workers; its rounds came within 1.3x of the estimate (docs/performance.md).
+STARTUP_S = 7.0  # the process's imports, data opened, the MLflow run started
+RAY_START_S = 15.0  # Ray's processes and workers started, once a run
+ROUND_S = {"serial": 0.05, "ray": 0.1}  # a round outside the workers: merge, server step, logging
+CLIENT_S = 0.05  # a client training's fixed cost: dispatch, weights in, update out, data read
 CACHE_FILE = "calibration.json"
 
 
 @dataclass(frozen=True)
-class Estimate:
-    """A run's estimated seconds, and the measured step it comes from."""
+class Costs:
+    """One measured local SGD step, and one example's share of a forward pass (evaluation)."""
 
-    seconds: float
-    step_s: float  # one local step of the model on one batch
+    step_s: float
+    forward_s: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A run's estimated seconds, its parts, and the measured costs they come from."""
+
+    training_s: float
+    evaluation_s: float
+    overhead_s: float
+    costs: Costs
     steps: int  # local steps of the whole run
+    examples: int  # examples a whole run's evaluations look at
     basis: str  # the model and batch shape the step was measured on
+
+    @property
+    def seconds(self) -> float:
+        return self.training_s + self.evaluation_s + self.overhead_s
 
 
 def estimate_run(job: JobConfig, store: ClientStore, home: str | Path) -> Estimate | None:
@@ -60,11 +92,41 @@ def estimate_run(job: JobConfig, store: ClientStore, home: str | Path) -> Estima
     per_client = math.ceil(float(sizes.mean()) / local.batch_size) * local.epochs if len(sizes) else 0
     if local.max_steps is not None:
         per_client = min(per_client, local.max_steps)
-    steps = job.engine.num_rounds * job.engine.clients_per_round * per_client
+    rounds, cohort, workers = job.engine.num_rounds, job.engine.clients_per_round, parallel(job)
+    steps = rounds * cohort * per_client
+    examples = evaluation_rounds(job) * evaluated_examples(job, store)
     shape = (local.batch_size, *store.spec.input_shape)
     basis = f"{job.model.name} on a batch of {'x'.join(map(str, shape))}"
-    step_s = step_seconds(job, store, local.batch_size, Path(home) / CACHE_FILE)
-    return Estimate(STARTUP_S + steps * step_s / parallel(job), step_s, steps, basis)
+    costs = measured_costs(job, store, local.batch_size, Path(home) / CACHE_FILE)
+    backend = job.resources.backend
+    overhead = STARTUP_S + (RAY_START_S if backend == "ray" else 0.0)
+    overhead += rounds * (ROUND_S.get(backend, ROUND_S["ray"]) + cohort * CLIENT_S / workers)
+    training = steps * costs.step_s / workers
+    return Estimate(training, examples * costs.forward_s, overhead, costs, steps, examples, basis)
+
+
+def evaluation_rounds(job: JobConfig) -> int:
+    """Evaluations of a run: after every ``every``-th round, after the last, and at the start."""
+    rounds, every = job.engine.num_rounds, job.evaluation.every
+    due = rounds // every if every else 0
+    last = 0 if every and rounds % every == 0 else 1  # the last round is due already
+    return due + last + int(job.evaluation.at_start)
+
+
+def evaluated_examples(job: JobConfig, store: ClientStore) -> int:
+    """Examples one evaluation looks at: the central test set and the test splits of the
+    evaluated training and held-out clients (as many as ``evaluation.clients`` and
+    ``heldout_clients`` say, of their mean size)."""
+    evaluation = job.evaluation
+    tests = store.num_examples("test")
+    heldout = round(store.num_clients * evaluation.heldout_fraction)
+    trained = store.num_clients - heldout
+    clients = min(evaluation.clients or trained, trained) + min(
+        evaluation.heldout_clients or heldout, heldout
+    )
+    central = store.central_test()
+    mean = float(tests.mean()) if len(tests) else 0.0
+    return (len(central.arrays["x"]) if central is not None else 0) + round(clients * mean)
 
 
 def parallel(job: JobConfig) -> int:
@@ -80,41 +142,64 @@ def threads(job: JobConfig) -> int:
     return max(1, int(job.resources.cpus_per_worker))
 
 
-def step_seconds(job: JobConfig, store: ClientStore, batch_size: int, cache: Path) -> float:
-    """One local step's seconds: from the cache, else measured now and cached."""
+def measured_costs(job: JobConfig, store: ClientStore, batch_size: int, cache: Path) -> Costs:
+    """A local step's and an evaluated example's seconds: from the cache, else measured now and cached."""
+    eval_batch = job.evaluation.batch_size
     key = json.dumps(
         [platform.node(), platform.machine(), os.cpu_count(), torch.__version__, job.model.to_dict()]
-        + [batch_size, list(store.spec.input_shape), store.spec.task, threads(job)],
+        + [batch_size, eval_batch, list(store.spec.input_shape), store.spec.task, threads(job)],
         sort_keys=True,
     )
     known = _read(cache)
-    if key not in known:
-        known[key] = measure_step(job, store, batch_size)
+    if not isinstance(known.get(key), dict):  # none, or an older cache's step alone
+        costs = measure(job, store, batch_size, eval_batch)
+        known[key] = {"step_s": costs.step_s, "forward_s": costs.forward_s}
         _write(cache, known)
-    return float(known[key])
+    return Costs(float(known[key]["step_s"]), float(known[key]["forward_s"]))
 
 
-def measure_step(job: JobConfig, store: ClientStore, batch_size: int) -> float:
-    """The fewest seconds of one SGD step of the job's model on a batch shaped like its data (the
-    fastest step is the machine's; slower ones measure other work sharing it)."""
+def measure(job: JobConfig, store: ClientStore, batch_size: int, eval_batch: int) -> Costs:
+    """The median seconds of one SGD step of the job's model on a batch shaped like its data, and
+    of one example's share of a forward pass on an evaluation batch (a median, not the fastest:
+    a run meets the machine as it is, other work included)."""
     model = build_job_model(job, store.spec)
-    rows = store.first_rows(batch_size).arrays
-    take = np.resize(np.arange(len(rows["x"])), batch_size)  # repeats rows of a small store
-    x = torch.from_numpy(rows["x"][take].copy())
-    y = torch.from_numpy(rows["y"][take].copy()) if "y" in rows else None
+    x, y = _batch(store, batch_size)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times, before = [], torch.get_num_threads()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        _loss(model(x), x, y, store.spec.task).backward()
+        optimizer.step()
+
+    before = torch.get_num_threads()
     torch.set_num_threads(threads(job))
-    with torch.random.fork_rng(devices=[]):
-        for i in range(WARMUP + STEPS):
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            _loss(model(x), x, y, store.spec.task).backward()
-            optimizer.step()
-            if i >= WARMUP:
-                times.append(time.perf_counter() - start)
-    torch.set_num_threads(before)
-    return min(times)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            step_s = _median_seconds(step)
+            x, _ = _batch(store, eval_batch)
+            with torch.no_grad():
+                forward_s = _median_seconds(lambda: model(x)) / eval_batch
+    finally:
+        torch.set_num_threads(before)
+    return Costs(step_s, forward_s)
+
+
+def _batch(store: ClientStore, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    rows = store.first_rows(size).arrays
+    take = np.resize(np.arange(len(rows["x"])), size)  # repeats rows of a small store
+    y = torch.from_numpy(rows["y"][take].copy()) if "y" in rows else None
+    return torch.from_numpy(rows["x"][take].copy()), y
+
+
+def _median_seconds(work: Callable[[], object]) -> float:
+    """The median of ``STEPS`` timed calls of ``work``, after ``WARMUP`` untimed ones."""
+    times = []
+    for i in range(WARMUP + STEPS):
+        start = time.perf_counter()
+        work()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None, task: str) -> torch.Tensor:
@@ -126,7 +211,7 @@ def _loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None, task: str)
     return F.cross_entropy(out, y.long())
 
 
-def _read(cache: Path) -> dict[str, float]:
+def _read(cache: Path) -> dict[str, Any]:
     try:
         known = json.loads(cache.read_text())
     except (OSError, ValueError):  # none yet, or a torn one: measure again
@@ -134,7 +219,7 @@ def _read(cache: Path) -> dict[str, float]:
     return known if isinstance(known, dict) else {}
 
 
-def _write(cache: Path, known: dict[str, float]) -> None:
+def _write(cache: Path, known: dict[str, Any]) -> None:
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")

@@ -48,7 +48,7 @@ def workload(jobs: list[JobConfig], sweep: Sweep | None) -> str:
     trainings = sum(job.engine.num_rounds * job.engine.clients_per_round for job in jobs)
     shapes = Counter((job.engine.num_rounds, job.engine.clients_per_round) for job in jobs)
     unit = "cell" if sweep is not None else "variant"
-    count = f"{len(jobs)} {unit}{'s' if len(jobs) != 1 else ''}"
+    count = plural(len(jobs), unit)
     if sweep is not None:
         count += f" ({axes(sweep)})"
     if len(shapes) == 1:
@@ -61,12 +61,16 @@ def axes(sweep: Sweep) -> str:
     """How the cells are made: ``2 variants x 2 grid points x 3 seeds``, of how many in all."""
     variants = len({cell.variant for cell in sweep.cells})
     points = math.prod(len(sweep.spec.points(key)) for key in sweep.spec.grid)
-    parts = [f"{variants} variants", f"{points} grid points" if sweep.spec.grid else ""]
+    parts = [plural(variants, "variant"), plural(points, "grid point") if sweep.spec.grid else ""]
     if sweep.spec.random is not None:
-        parts.append(f"{sweep.spec.random.samples} random samples")
-    parts.append(f"{len({cell.seed for cell in sweep.cells})} seeds")
+        parts.append(plural(sweep.spec.random.samples, "random sample"))
+    parts.append(plural(len({cell.seed for cell in sweep.cells}), "seed"))
     chosen = f"; {len(sweep.cells)} of {sweep.total} chosen" if len(sweep.cells) < sweep.total else ""
     return " x ".join(part for part in parts if part) + chosen
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def start_checks(jobs: list[JobConfig]) -> dict[str, ClientStore | str]:
@@ -95,17 +99,24 @@ def estimate_of(job: JobConfig, checked: dict[str, ClientStore | str]) -> Estima
 
 
 def estimate_line(estimates: list[Estimate | str], jobs: list[JobConfig]) -> str:
-    """``~14 min here (rough: local SGD only, ...)``, or why there is none."""
+    """``~14 min on this machine, ... (rough: training 9 min, evaluation 2 min, overhead 3 min;
+    ...)``, or why there is none."""
     unknown = [e for e in estimates if isinstance(e, str)]
     known = [e for e in estimates if isinstance(e, Estimate)]
     if not known:
         return unknown[0]
-    seconds = sum(e.seconds for e in known)
+    parts = {
+        "training": sum(e.training_s for e in known),
+        "evaluation": sum(e.evaluation_s for e in known),
+        "overhead": sum(e.overhead_s for e in known),
+    }
     basis = known[0]
     text = (
-        f"~{duration(seconds)} on this machine, one after another (rough, local SGD only: "
-        f"{basis.step_s * 1000:.3g} ms a step of {basis.basis}; raysim.bench.calibration, cached in "
-        f"{Path(raysim_home()) / CACHE_FILE})"
+        f"~{duration(sum(parts.values()))} on this machine, one after another (rough: "
+        + ", ".join(f"{part} {duration(seconds)}" for part, seconds in parts.items())
+        + f"; {basis.costs.step_s * 1000:.3g} ms a local step of {basis.basis}, "
+        f"{basis.costs.forward_s * 1000:.2g} ms an evaluated example; raysim.bench.calibration, "
+        f"cached in {Path(raysim_home()) / CACHE_FILE})"
     )
     return text + (f"; {len(unknown)} of {len(jobs)} not counted: {unknown[0]}" if unknown else "")
 

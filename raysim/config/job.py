@@ -257,8 +257,8 @@ def unknown_top_level_key(key: str) -> str:
         return f"{key}: a job file's own section; set it at the file's top level, not in a variant"
     valid = job_file_keys()
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{key}: unknown key; {hint}(valid keys: {', '.join(valid)})"
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{key}: unknown key{hint} (valid keys: {', '.join(valid)})"
 
 
 def _built_algorithm(section: PluginSection | None) -> tuple[str, object] | None:

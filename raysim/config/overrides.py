@@ -85,11 +85,28 @@ def split_sweep(overrides: Sequence[str], source: str) -> tuple[list[str], list[
             rest.append(item)
         elif target is not None:
             problems.append(f"override {item!r}: the sweep crosses every variant; drop {target + ':'!r}")
+        elif dotted := _dotted_axis(override):
+            problems.append(dotted)
         else:
             sweep.append(override)
     if problems:
         raise ConfigError(problems, source)
     return sweep, rest
+
+
+def _dotted_axis(override: str) -> str | None:
+    """Why ``sweep.grid.algorithm.local.lr=[..]`` cannot work (an axis's name has dots, which an
+    override's key splits into nested keys), with the whole-grid form that does; None otherwise."""
+    key, _, value = override.partition("=")
+    for section in ("sweep.grid.", "sweep.random.axes."):
+        axis = key[len(section) :] if key.startswith(section) else ""
+        if "." in axis:
+            whole = f"{section[:-1]}={{{axis}: {value}}}"
+            return (
+                f"override {override!r}: a sweep axis's name has dots, which an override's key "
+                f"cannot hold; set the whole {section[:-1]}: {whole!r} (docs/sweeps.md)"
+            )
+    return None
 
 
 def check_targets(overrides: Sequence[str], variants: Sequence[str], source: str) -> None:

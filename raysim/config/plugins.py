@@ -134,8 +134,8 @@ def _wording(err: ErrorDetails, loc: list[str], model: type[BaseModel]) -> str:
     if err["type"] == "extra_forbidden":
         valid = _fields_at(model, loc[:-1])
         close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        return f"unknown key; {hint}(valid keys: {', '.join(sorted(valid))})"
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown key{hint} (valid keys: {', '.join(sorted(valid))})"
     if err["type"] == "missing":
         return "required"
     if err["type"] == "union_tag_not_found":  # a tagged union's section without its tag

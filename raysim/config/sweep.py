@@ -286,8 +286,8 @@ def parse_only(texts: list[str], spec: SweepConfig) -> list[dict[str, str]]:
                 )
             elif key not in valid:
                 close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                problems.append(f"--only {key}: not an axis of this sweep; {hint}(axes: {', '.join(valid)})")
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                problems.append(f"--only {key}: not an axis of this sweep{hint} (axes: {', '.join(valid)})")
             else:
                 wanted[key] = value
         filters.append(wanted)

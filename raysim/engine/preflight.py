@@ -13,6 +13,7 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import ssl
@@ -86,9 +87,12 @@ def check_output_dir(folder: Path, *inside: str) -> None:
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".raysim-probe-", dir=existing))
         except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.ENOENT:  # /proc's answer to a new entry in a folder that exists
+                reason = f"it takes no new entries ({reason})"
             raise ResourceError(
-                f"the output folder {folder} (--output-dir) cannot be written ({existing}: "
-                f"{exc.strerror or exc}); pass a folder you can write"
+                f"the output folder {folder} (--output-dir) cannot be written (cannot make a "
+                f"folder in {existing}: {reason}); pass a folder you can write"
             ) from None
 
 

@@ -26,7 +26,7 @@ def test_dry_run_lists_the_chosen_cells_and_their_count(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("sweep quick-") and lines[0].endswith(": 2 cells of 8")
     assert [line.split()[0] for line in lines[1:3]] == ["fedprox_lr0.01_seed1", "fedprox_lr0.1_seed1"]
-    assert lines[3].startswith("dry run: 2 cells (1 variants x 2 grid points x 1 seeds; 2 of 8 chosen)")
+    assert lines[3].startswith("dry run: 2 cells (1 variant x 2 grid points x 1 seed; 2 of 8 chosen)")
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -47,3 +47,33 @@ def test_the_summary_raises_what_the_runs_start_would():
     prepare_store("digits", fedbn.dataset.config)
     with pytest.raises(ConfigError, match="fedbn keeps BatchNorm layers local"):
         dry_run.summary([fedbn], "out")
+
+
+def test_the_estimate_line_names_its_parts(monkeypatch):
+    from raysim.bench.calibration import Costs, Estimate
+
+    costs = Costs(0.0124, 0.0006)
+    estimate = Estimate(100.0, 20.0, 30.0, costs, steps=1000, examples=500, basis="mlp on a batch of 10x64")
+    monkeypatch.setattr(dry_run, "check_start", lambda job: object())  # a prepared store
+    monkeypatch.setattr(dry_run, "estimate_run", lambda job, store, home: estimate)
+    [line] = [line for line in dry_run.summary([job("a"), job("b")], "out") if "estimate" in line]
+    assert line.startswith(
+        "  estimate  ~5 min on this machine, one after another (rough: training 3 min, evaluation "
+        "40 s, overhead 60 s; 12.4 ms a local step of mlp on a batch of 10x64, 0.6 ms an evaluated "
+        "example; raysim.bench.calibration, cached in "
+    )
+
+
+def test_one_of_a_sweeps_axes_is_singular():
+    """Before: "1 variants x 1 grid points x 1 seeds"."""
+    from types import SimpleNamespace
+
+    from raysim.config.sweep import parse_sweep
+
+    spec = parse_sweep({"seeds": [0], "grid": {"algorithm.local.lr": [0.1]}})
+    one = SimpleNamespace(spec=spec, cells=[SimpleNamespace(variant="a", seed=0)], total=1)
+    assert dry_run.axes(one) == "1 variant x 1 grid point x 1 seed"
+    two = SimpleNamespace(
+        spec=spec, cells=[SimpleNamespace(variant=v, seed=s) for v in "ab" for s in (0, 1)], total=8
+    )
+    assert dry_run.axes(two) == "2 variants x 1 grid point x 2 seeds; 4 of 8 chosen"

@@ -195,6 +195,8 @@ def test_an_unknown_top_level_key_lists_every_section_of_a_job_file():
     valid = problem.split("valid keys: ")[1].rstrip(")").split(", ")
     assert problem.startswith("modle: unknown key; did you mean 'model'?")
     assert {"dataset", "model", "algorithm", "model_groups", "variants", "sweep", "engine"} <= set(valid)
+    [far] = problems_of({**BASE, "qqqqq": 1})  # before: "unknown key; (valid keys: ...)"
+    assert far.startswith("qqqqq: unknown key (valid keys: ")
     [problem] = problems_of({**BASE, "sweep": {"seeds": [0]}})  # in a variant: the file's, not the job's
     assert problem == "sweep: a job file's own section; set it at the file's top level, not in a variant"
 

@@ -59,3 +59,20 @@ def test_unset_drops_a_key_the_variant_inherits(tmp_path):
     path.write_text(inherits)
     fedprox, fedavg = load_jobs(path, ["fedavg:algorithm.mu=!unset"])
     assert (fedprox.algorithm.config.mu, fedavg.algorithm.name) == (0.1, "fedavg")
+
+
+def test_a_dotted_grid_axis_override_is_one_line_naming_the_whole_grid_form():
+    """Before, ``sweep.grid.algorithm.local.lr=[0.1]`` nested the axis and every cell failed on
+    "algorithm.name: required", one line per cell."""
+    from raysim.config.overrides import split_sweep
+
+    with pytest.raises(ConfigError) as info:
+        split_sweep(["sweep.grid.algorithm.local.lr=[0.1]", "sweep.seeds=[0]"], "job.yaml")
+    assert info.value.problems == [
+        "override 'sweep.grid.algorithm.local.lr=[0.1]': a sweep axis's name has dots, which an "
+        "override's key cannot hold; set the whole sweep.grid: "
+        "'sweep.grid={algorithm.local.lr: [0.1]}' (docs/sweeps.md)"
+    ]
+    assert split_sweep(["sweep.grid={algorithm.local.lr: [0.1]}"], "job.yaml")[0] == [
+        "sweep.grid={algorithm.local.lr: [0.1]}"
+    ]

@@ -84,6 +84,8 @@ def test_partial_sections_merge_at_any_depth():
     assert config.middle == Middle(inner=Inner(a=5, b=200), c=30)
     problems = problems_of({**BASE, "algorithm": {"name": "fedadam", "server": {"lrr": 1}}})
     assert len(problems) == 1 and "algorithm.server.lrr: unknown key; did you mean 'lr'" in problems[0]
+    [far] = problems_of({**BASE, "algorithm": {"name": "fedadam", "server": {"qqqqq": 1}}})
+    assert "algorithm.server.qqqqq: unknown key (valid keys: " in far  # before: "unknown key; (valid"
 
 
 def test_another_member_of_a_tagged_union_starts_from_its_own_defaults():

@@ -161,3 +161,5 @@ def test_a_bad_only_filter_names_the_axes_and_the_nearest():
         parse_only(["algorithm.local.rl=0.1"], spec)
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_only(["fedavg"], spec)
+    with pytest.raises(ConfigError, match=r"--only qqqqq: not an axis of this sweep \(axes: "):
+        parse_only(["qqqqq=1"], spec)  # before: "not an axis of this sweep; (axes: ..."

@@ -141,3 +141,13 @@ def results(jobs: list[JobConfig], output_dir: str, sweep: Sweep | None) -> list
     if not places:
         lines.append("MLflow: none (tracking.enabled: false)")
     return lines
+
+
+def resolved_configs(jobs: list[JobConfig]) -> str:
+    """One YAML document per variant, headed by its name: the config ``raysim run`` would run,
+    every default filled in."""
+    import yaml
+
+    return "".join(
+        f"---\n# variant: {job.name}\n" + yaml.safe_dump(job.to_dict(), sort_keys=False) for job in jobs
+    )

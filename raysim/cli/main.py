@@ -224,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     jobs = load_jobs(args.config, args.overrides, args.variant)
     if args.dry_run:
-        from raysim.cli.dry_run import summary
+        from raysim.cli.dry_run import resolved_configs, summary
 
         if args.show_config:
             print(resolved_configs(jobs), end="")
@@ -252,16 +252,6 @@ def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
     from raysim.tracking.tracking_store import tracking_uri
 
     return str(find_checkpoint(target, tracking_uri(job.tracking), scratch))
-
-
-def resolved_configs(jobs: list[JobConfig]) -> str:
-    """One YAML document per variant, headed by its name: the config ``raysim run`` would run,
-    every default filled in."""
-    import yaml
-
-    return "".join(
-        f"---\n# variant: {job.name}\n" + yaml.safe_dump(job.to_dict(), sort_keys=False) for job in jobs
-    )
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

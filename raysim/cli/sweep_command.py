@@ -20,8 +20,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise RaysimError("--resume continues one run; a sweep resumes by itself: run the same command again")
     sweep = load_sweep(args.config, args.overrides, args.variant, args.only, args.confirm_cells)
     if args.dry_run:
-        from raysim.cli.dry_run import summary
-        from raysim.cli.main import resolved_configs
+        from raysim.cli.dry_run import resolved_configs, summary
 
         jobs = [sweep.jobs[cell.name] for cell in sweep.cells]
         print(resolved_configs(jobs) if args.show_config else "", end="")

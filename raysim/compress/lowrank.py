@@ -33,7 +33,8 @@ class LowRank:
         if sent >= dense_bytes(tensor):  # (n + m) r >= n m: the factors weigh more than the matrix
             return whole(tensor)
         q = memory.get("q")
-        if q is None or q.shape != (m, rank):
+        # none yet, another shape, or zero (kept after a zero change): a zero Q spans nothing
+        if q is None or q.shape != (m, rank) or not bool(q.any()):
             q = torch.randn(m, rank, generator=generator, device=generator.device, dtype=tensor.dtype)
         p = torch.linalg.qr(matrix @ q.to(tensor.device)).Q  # reduced: n x rank, orthonormal columns
         q = matrix.T @ p

@@ -120,6 +120,12 @@ def compression_problems(
             f"broadcast model and send back a plain delta (its update is another kind of value, or it "
             f"runs its own protocol); unset compression.download"
         )
+    if compression.download is not None and not compression.download.error_feedback:
+        problems.append(
+            "compression.download.error_feedback: false leaves the clients' decoded model and the "
+            "server's (evaluated, saved) apart for good, their gap a sum of every round's encoding "
+            "error; set error_feedback: true"
+        )
     if compression.upload is not None and privacy is not None and privacy.local is not None:
         problems.append(
             "compression: privacy.local noises every coordinate of the update that leaves the client, "

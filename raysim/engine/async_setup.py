@@ -81,6 +81,16 @@ def job_problems(job: JobConfig, population: int) -> list[str]:
         )
     if job.evaluation.probes:
         problems.append("evaluation.probes measure a synchronous round's clients: remove them")
+    if job.compression is not None:
+        problems.append(
+            "compression encodes a round's broadcast, and keeps each client's error-feedback memory "
+            "by round, which asynchronous launches reorder (a later launch may train first): unset it"
+        )
+    if job.robust is not None or (job.attack is not None and job.attack.kind == "alie"):
+        problems.append(
+            "robust rules and ALIE need a round's updates together; asynchronous steps train their "
+            "arrivals in groups by start version, so a rule would see a part of the buffer: unset it"
+        )
     return problems
 
 

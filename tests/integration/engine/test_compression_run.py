@@ -90,7 +90,8 @@ def test_a_resumed_run_continues_the_compressed_broadcast_bit_for_bit(tmp_path):
 
 
 def test_a_compressed_broadcast_and_compressed_updates_still_learn(tmp_path):
-    compression = {"upload": {"kind": "sign"}, "download": {"kind": "qsgd", "bits": 4}}
+    download = {"kind": "qsgd", "bits": 4, "error_feedback": True}
+    compression = {"upload": {"kind": "sign"}, "download": download}
     both = run(tiny_job(compression=compression, engine={"num_rounds": 5}), output_dir=tmp_path / "both")
     first, last = both.history[0][1], both.history[-1][1]
     assert last["eval/clients/accuracy"] > max(0.3, first["eval/clients/accuracy"])  # 10 classes

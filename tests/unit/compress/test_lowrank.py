@@ -34,3 +34,14 @@ def test_power_sgd_sends_whole_a_matrix_its_factors_would_outweigh():
     sent = LowRank(4).encode(m, {}, gen())
     assert sent.num_bytes == 120 and torch.equal(sent.decoded, m) and sent.memory == {}
     assert LowRank(1).encode(m, {}, gen()).num_bytes == (10 + 3) * 4  # 52 B < 120 B: factors
+
+
+def test_power_sgd_redraws_a_kept_q_that_is_zero():
+    """A zero change (a download's round 0) leaves Q = M^T P = 0; a step from it spans nothing and
+    decoded the first rows of the next matrix. It starts afresh from a random Q instead."""
+    matrix = torch.tensor(np.random.default_rng(0).normal(size=(8, 6)), dtype=torch.float32)
+    zero_kept = LowRank(2).encode(torch.zeros(8, 6), {}, gen()).memory
+    assert not zero_kept["q"].any()
+    fresh = LowRank(2).encode(matrix, {}, gen(5)).decoded
+    after_zero = LowRank(2).encode(matrix, zero_kept, gen(5)).decoded
+    assert torch.equal(after_zero, fresh)

@@ -126,3 +126,12 @@ def test_qsgd_buckets_512_values_by_default_and_null_or_0_means_the_whole_tensor
         upload = job({"kind": "qsgd", "bits": 4, "bucket": whole}).compression.upload
         assert encoder_of(upload) == Quantized(4, 0)
     assert encoder_of(job({"kind": "qsgd", "bits": 2, "bucket": 64}).compression.upload) == Quantized(2, 64)
+
+
+def test_a_download_without_error_feedback_is_refused():
+    """The clients train from x-hat while the server evaluates and saves x_t: without a residual
+    their gap is the sum of every round's encoding error (an outside review)."""
+    with pytest.raises(ConfigError, match="compression.download.error_feedback: false") as info:
+        downloading({"kind": "qsgd", "bits": 4})  # QSGD: no error feedback by default
+    assert len(info.value.problems) == 1
+    downloading({"kind": "qsgd", "bits": 4, "error_feedback": True})

@@ -76,6 +76,11 @@ def test_plugins_that_are_not_fedavg_family(algorithm, why):
         ({"engine": {"selection": {"kind": "oort"}}}, "engine.selection oort learns from whole rounds"),
         ({"engine": {"schedule": "cohorts.json"}}, "engine.schedule fixes each round's cohort"),
         ({"system": {"over_commit": 1.5}}, "system.over_commit"),
+        # an outside review: a download ignored, residuals reordered, a rule over part of a buffer
+        ({"compression": {"download": {"kind": "topk", "fraction": 0.1}}}, "compression encodes"),
+        ({"compression": {"upload": {"kind": "sign"}}}, "error-feedback memory by round"),
+        ({"robust": {"rule": "median"}}, "robust rules and ALIE need a round's updates together"),
+        ({"attack": {"kind": "alie", "fraction": 0.2}}, "robust rules and ALIE"),
     ],
 )
 def test_what_asynchrony_cannot_honour(sections, why):

@@ -44,8 +44,15 @@ MOVED_KEYS = {
 
 # Settings that change how or where a run goes, not what it computes: a continued run may differ
 # in them (``engine.num_rounds`` is the point of resuming; workers may be fewer after a crash;
-# ``note`` is words for the reader).
-RESUMABLE_CHANGES = ("engine.num_rounds", "tracking.", "resources.", "note")
+# ``note`` is words for the reader; a robust rule's device and memory, where the driver runs it).
+RESUMABLE_CHANGES = (
+    "engine.num_rounds",
+    "tracking.",
+    "resources.",
+    "note",
+    "robust.device",
+    "robust.memory_mb",
+)
 
 # Of those, what never changes the trained model: where results are recorded, and where and on
 # how many workers clients train. Not the arithmetic (a format, a device, deterministic kernels).

@@ -7,7 +7,7 @@ plugin's weighted mean, and malicious clients to test it against (docs/robustnes
 (the cohort against Krum's f, a plugin without a weighted mean, central DP) are ``robust_problems``.
 
 Usage:
-    robust: {rule: multi_krum, f: 2, m: 5}
+    robust: {rule: multi_krum, f: 2, m: 5}               # device: auto, memory_mb: None (every rule)
     attack: {kind: sign_flip, fraction: 0.3}
 """
 
@@ -30,14 +30,24 @@ def trimmed_count(beta: float, n: int) -> int:
     return math.floor(beta * n + FLOAT_SLACK)
 
 
-class Median(BaseModel, frozen=True, extra="forbid"):
+class RuleSettings(BaseModel, frozen=True, extra="forbid"):
+    """Where every rule runs on the driver (``raysim.robust.placement``): ``auto`` on the GPU the
+    workers train on where the driver sees it, else its CPU; ``memory_mb`` bounds the release's
+    memory there, the ``n x d`` float32 rows included (None: 80% of the card's free memory on a
+    GPU, the rows and 96 MiB of column chunks on the CPU)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    memory_mb: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+class Median(RuleSettings, frozen=True, extra="forbid"):
     """Coordinate-wise median (Yin et al., ICML 2018, arXiv:1803.01498): the middle value of each
     coordinate, the mean of the two middle ones for an even count."""
 
     rule: Literal["median"]
 
 
-class TrimmedMean(BaseModel, frozen=True, extra="forbid"):
+class TrimmedMean(RuleSettings, frozen=True, extra="forbid"):
     """Coordinate-wise trimmed mean (Yin et al. 2018): each coordinate's ``floor(beta * n)`` largest
     and smallest values dropped, the rest averaged."""
 
@@ -45,7 +55,7 @@ class TrimmedMean(BaseModel, frozen=True, extra="forbid"):
     beta: float = Field(0.1, ge=0, le=0.5)  # trimmed from each side (1/2 of an odd n: the median)
 
 
-class Krum(BaseModel, frozen=True, extra="forbid"):
+class Krum(RuleSettings, frozen=True, extra="forbid"):
     """Krum (Blanchard et al., NeurIPS 2017): the update whose ``n - f - 2`` nearest others are
     nearest (sum of squared distances); needs ``n > 2f + 2``."""
 
@@ -53,7 +63,7 @@ class Krum(BaseModel, frozen=True, extra="forbid"):
     f: int = Field(ge=0)  # Byzantine clients tolerated per round
 
 
-class MultiKrum(BaseModel, frozen=True, extra="forbid"):
+class MultiKrum(RuleSettings, frozen=True, extra="forbid"):
     """Multi-Krum (Blanchard et al. 2017): the mean of the ``m`` updates of best Krum score."""
 
     rule: Literal["multi_krum"]
@@ -61,7 +71,7 @@ class MultiKrum(BaseModel, frozen=True, extra="forbid"):
     m: int | None = Field(None, ge=1)  # None: n - f, the paper's choice
 
 
-class GeometricMedian(BaseModel, frozen=True, extra="forbid"):
+class GeometricMedian(RuleSettings, frozen=True, extra="forbid"):
     """RFA's geometric median (Pillutla et al., IEEE TSP 2022, arXiv:1912.13445): smoothed Weiszfeld
     iterations, distances floored at ``nu``, from the weighted mean, until the weighted sum of
     distances changes by at most ``tol`` of itself or after ``max_iterations``."""
@@ -72,7 +82,7 @@ class GeometricMedian(BaseModel, frozen=True, extra="forbid"):
     tol: float = Field(1e-6, ge=0, allow_inf_nan=False)
 
 
-class NormBound(BaseModel, frozen=True, extra="forbid"):
+class NormBound(RuleSettings, frozen=True, extra="forbid"):
     """Norm bounding (Sun et al. 2019, arXiv:1911.07963): each update scaled to L2 norm at most
     ``max_norm``, then the weighted mean."""
 
@@ -80,7 +90,7 @@ class NormBound(BaseModel, frozen=True, extra="forbid"):
     max_norm: float = Field(gt=0, allow_inf_nan=False)
 
 
-class CenteredClip(BaseModel, frozen=True, extra="forbid"):
+class CenteredClip(RuleSettings, frozen=True, extra="forbid"):
     """Centered clipping (Karimireddy et al., ICML 2021, arXiv:2012.10333):
     ``v <- v + mean_i clip(x_i - v, tau)`` ``iterations`` times, from the previous round's
     aggregate (the paper's momentum start; zero in round 0; a resume is refused) or from ``zero``."""

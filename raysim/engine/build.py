@@ -38,6 +38,7 @@ from raysim.errors import ConfigError, ResourceError
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.privacy.sample_level import sample_privacy_problems
 from raysim.probe import Probe, check_probes
+from raysim.robust.placement import release_device
 from raysim.robust.release import RunRobust, check_resumable
 from raysim.runtime.backend import Backend, SerialBackend
 from raysim.runtime.builders import build_algorithm, build_job_model, build_probes, job_plugins
@@ -99,6 +100,8 @@ def build(
     check_time_to_target(job, parts.info)
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     check_resumable(job.robust, start_round)
+    if job.robust is not None:
+        release_device(job)  # robust.device: cuda without a GPU, refused before the workers start
     examples = parts.store.num_examples("train")
     private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
     selector = open_selection(job, parts.store, parts.algorithm, system, checkpoint)

@@ -1,6 +1,9 @@
 """The driver's side of a robust round: the gathered updates stacked, ALIE's rows written, the
 job's rule applied, and the aggregate handed to the plugin as ``WeightedMean`` would have.
 
+The rule runs on ``raysim.robust.placement``'s device (the workers' GPU where the driver sees it)
+in its memory budget; the aggregate comes back to the CPU, where the plugin's server step runs.
+
 Usage:
     robust = RunRobust.of(job, train_pool)            # None: the job sets neither robust nor attack
     output = robust.release(output, cohort, round_num) # output.aggregate: the rule's tree
@@ -9,6 +12,7 @@ Usage:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,9 +34,11 @@ from raysim.config.robust import (
 )
 from raysim.errors import CheckpointError, ConfigError
 from raysim.gathered_updates import Gathered, unflatten
-from raysim.robust import rules
+from raysim.robust import placement, rules
 from raysim.robust.attacks import alie_vector, alie_z, malicious_clients
 from raysim.types import Metrics, RoundOutput
+
+log = logging.getLogger("raysim")
 
 
 def robust_vector(
@@ -78,6 +84,8 @@ class RunRobust:
     attacked: bool  # the job sets an attack (0 malicious clients in a cohort is a measurement)
     previous: torch.Tensor | None = None  # centered clipping's start: the last aggregate
     latest: Metrics = field(default_factory=dict)
+    device: torch.device = torch.device("cpu")  # where the rule runs (placement.release_device)
+    noted: set[str] = field(default_factory=set)  # console lines already logged: each once a run
 
     @classmethod
     def of(cls, job: JobConfig, train_pool: np.ndarray) -> RunRobust | None:
@@ -89,7 +97,10 @@ class RunRobust:
         if attack is not None:
             malicious = frozenset(int(c) for c in malicious_clients(train_pool, attack.fraction, job.seed))
         alie = attack if isinstance(attack, ALIE) else None
-        return cls(job.robust, alie, malicious, attack is not None)
+        device, note = placement.release_device(job)
+        robust = cls(job.robust, alie, malicious, attack is not None, device=device)
+        robust.note(note)
+        return robust
 
     @property
     def gathers(self) -> bool:
@@ -106,24 +117,40 @@ class RunRobust:
             return output
         if not gathered.vectors:
             return replace(output, aggregate=None)
-        x = torch.stack(gathered.vectors)
+        device, chunk, note = placement.placed(
+            len(gathered.vectors), gathered.vectors[0].numel(), self.device, self.rule
+        )
+        self.note(note)
+        x = placement.stacked(gathered.vectors, device)
         output = replace(output, aggregate=None)  # the rows live on in x alone
         bad = [row for row, position in enumerate(gathered.positions) if ids[position] in self.malicious]
         if self.alie is not None and bad and len(bad) < len(x):
             z = self.alie.z if self.alie.z is not None else alie_z(len(x), len(bad))
             good = [row for row in range(len(x)) if row not in set(bad)]
-            x[bad] = alie_vector(x[good], z)
+            for cols in rules.column_slices(x.shape[1], chunk):
+                x[bad, cols] = alie_vector(x[good, cols], z)
             self.latest["attack/alie_z"] = z
         start = self.previous if self.previous is not None else torch.zeros(x.shape[1])
         weights = torch.tensor(gathered.weights, dtype=torch.float64)
         try:
-            vector, measured = robust_vector(self.rule, x, weights, start, rules.column_chunk(len(x)))
+            vector, measured = robust_vector(self.rule, x, weights, start, chunk)
         except ValueError as exc:  # a round with fewer updates than the rule needs
             raise ConfigError([f"robust: round {round_num} has {len(x)} updates: {exc}"]) from exc
+        finally:
+            del x
+            if device.type == "cuda":  # the driver's cache would keep the rows from the workers
+                torch.cuda.empty_cache()
+        vector = vector.cpu()  # the plugin's server step, and next round's start, on the CPU
         if isinstance(self.rule, CenteredClip) and self.rule.start == "previous":
             self.previous = vector
         self.latest |= measured
         return replace(output, aggregate=unflatten(vector, gathered.template))
+
+    def note(self, line: str) -> None:
+        """``line`` logged, once a run (an empty one not at all)."""
+        if line and line not in self.noted:
+            self.noted.add(line)
+            log.warning(line)
 
     def metrics(self) -> Metrics:
         """What the latest release measured (``robust/*``, ``attack/*``)."""

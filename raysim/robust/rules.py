@@ -1,9 +1,14 @@
 """Byzantine-robust aggregation rules over a round's stacked updates (docs/robustness.md).
 
-Each rule takes ``x`` (n, d): one flattened update a row, on any device, and the rows' weights
-where it averages; it returns the aggregate (d,) float32 and its metrics. Coordinate-wise rules
-sort, and pairwise distances accumulate, over column chunks of ``chunk`` coordinates, so the
-temporaries stay ``n x chunk`` (``n x n`` for distances) whatever ``d`` is; sums run in float64.
+Each rule takes ``x`` (n, d): one flattened float32 update a row, on any device (the weights and
+start follow it), and the rows' weights where it averages; it returns the aggregate (d,) float32
+on ``x``'s device and its metrics. Coordinate-wise rules sort, and pairwise distances accumulate,
+over column chunks of ``chunk`` coordinates, so the temporaries stay ``n x chunk`` (``n x n`` for
+distances) whatever ``d`` is (``raysim.robust.placement`` sizes ``chunk`` from a memory budget).
+
+Sorting is exact in float32 (a float64 copy would order the same values the same way); sums and
+distances run in float64 chunk by chunk, never over a float64 copy of all of ``x``: a float32 sum
+of a million squares loses the digits that decide Krum's choice and Weiszfeld's stopping test.
 
 Usage:
     aggregate, metrics = krum_mean(x, f=2, m=1, chunk=column_chunk(len(x)))
@@ -18,7 +23,7 @@ import torch
 from raysim.config.robust import trimmed_count
 from raysim.types import Metrics
 
-TEMPORARY_VALUES = 2**22  # a chunk's temporaries: about 32 MB of float64 whatever the model
+TEMPORARY_VALUES = 2**22  # a chunk's values on the CPU by default: 96 MiB of temporaries (placement)
 
 
 def column_chunk(n: int, budget: int = TEMPORARY_VALUES) -> int:
@@ -26,7 +31,8 @@ def column_chunk(n: int, budget: int = TEMPORARY_VALUES) -> int:
     return max(1, budget // max(n, 1))
 
 
-def _chunks(d: int, chunk: int) -> Iterator[slice]:
+def column_slices(d: int, chunk: int) -> Iterator[slice]:
+    """The column chunks of ``d`` coordinates, ``chunk`` at a time."""
     return (slice(start, min(start + chunk, d)) for start in range(0, d, chunk))
 
 
@@ -34,9 +40,10 @@ def median(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, Metrics]:
     """Coordinate-wise median: the middle value, the mean of the two middle ones for even ``n``."""
     n, d = x.shape
     out = torch.empty(d, dtype=torch.float32, device=x.device)
-    for cols in _chunks(d, chunk):
-        ordered = x[:, cols].to(torch.float64).sort(dim=0).values
-        out[cols] = ((ordered[(n - 1) // 2] + ordered[n // 2]) / 2).to(torch.float32)
+    for cols in column_slices(d, chunk):
+        ordered = x[:, cols].sort(dim=0).values
+        middle = ordered[(n - 1) // 2].to(torch.float64) + ordered[n // 2].to(torch.float64)
+        out[cols] = (middle / 2).to(torch.float32)
     return out, {}
 
 
@@ -47,9 +54,9 @@ def trimmed_mean(x: torch.Tensor, beta: float, chunk: int) -> tuple[torch.Tensor
     if n - 2 * k < 1:
         raise ValueError(f"trimming {k} of {n} updates from each side leaves none; lower robust.beta")
     out = torch.empty(d, dtype=torch.float32, device=x.device)
-    for cols in _chunks(d, chunk):
-        ordered = x[:, cols].to(torch.float64).sort(dim=0).values
-        out[cols] = ordered[k : n - k].mean(0).to(torch.float32)
+    for cols in column_slices(d, chunk):
+        ordered = x[:, cols].sort(dim=0).values
+        out[cols] = ordered[k : n - k].to(torch.float64).mean(0).to(torch.float32)
     return out, {"robust/trimmed": float(2 * k)}
 
 
@@ -57,7 +64,7 @@ def squared_distances(x: torch.Tensor, chunk: int) -> torch.Tensor:
     """(n, n) float64 squared Euclidean distances between rows, summed over column chunks."""
     n, d = x.shape
     total = torch.zeros(n, n, dtype=torch.float64, device=x.device)
-    for cols in _chunks(d, chunk):
+    for cols in column_slices(d, chunk):
         part = x[:, cols].to(torch.float64)
         total += torch.cdist(part, part, compute_mode="donot_use_mm_for_euclid_dist").square()
     return total
@@ -82,7 +89,7 @@ def krum_mean(x: torch.Tensor, f: int, m: int, chunk: int) -> tuple[torch.Tensor
     scores = krum_scores(squared_distances(x, chunk), f)
     chosen = torch.sort(scores, stable=True).indices[:m]
     out = torch.zeros(d, dtype=torch.float32, device=x.device)
-    for cols in _chunks(d, chunk):
+    for cols in column_slices(d, chunk):
         out[cols] = x[:, cols][chosen].to(torch.float64).mean(0).to(torch.float32)
     return out, {"robust/selected": float(m)}
 
@@ -90,7 +97,7 @@ def krum_mean(x: torch.Tensor, f: int, m: int, chunk: int) -> tuple[torch.Tensor
 def row_distances(x: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
     """(n,) float64 L2 distance of each row of ``x`` from ``v`` (d,)."""
     total = torch.zeros(len(x), dtype=torch.float64, device=x.device)
-    for cols in _chunks(x.shape[1], chunk):
+    for cols in column_slices(x.shape[1], chunk):
         total += (x[:, cols].to(torch.float64) - v[cols].to(torch.float64)).square().sum(1)
     return total.sqrt()
 
@@ -98,8 +105,8 @@ def row_distances(x: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
 def weighted_rows(x: torch.Tensor, coefficients: torch.Tensor, chunk: int) -> torch.Tensor:
     """``sum_i coefficients[i] * x[i]`` (d,) float64."""
     out = torch.empty(x.shape[1], dtype=torch.float64, device=x.device)
-    c = coefficients.to(torch.float64)
-    for cols in _chunks(x.shape[1], chunk):
+    c = coefficients.to(x.device, torch.float64)
+    for cols in column_slices(x.shape[1], chunk):
         out[cols] = c @ x[:, cols].to(torch.float64)
     return out
 
@@ -110,7 +117,8 @@ def geometric_median(
     """RFA's smoothed Weiszfeld (Pillutla et al. 2022, Alg. 3): from the weighted mean,
     ``v <- sum_i b_i x_i / sum_i b_i`` with ``b_i = a_i / max(nu, |v - x_i|)``, until the weighted
     sum of distances ``g`` changes by at most ``tol * g``."""
-    alphas = weights.to(torch.float64) / weights.sum()
+    w = weights.to(x.device, torch.float64)
+    alphas = w / w.sum()
     v = weighted_rows(x, alphas, chunk)
     distances = row_distances(x, v, chunk)  # a pass over every update: once an iteration
     objective = float((alphas * distances).sum())
@@ -132,7 +140,7 @@ def norm_bounded_mean(
     """The weighted mean of the rows, each first scaled to L2 norm at most ``max_norm``."""
     norms = row_distances(x, torch.zeros(x.shape[1], device=x.device), chunk)
     scales = (max_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
-    w = weights.to(torch.float64)
+    w = weights.to(x.device, torch.float64)
     mean = weighted_rows(x, w * scales / w.sum(), chunk)
     return mean.to(torch.float32), {"robust/clipped_fraction": float((norms > max_norm).double().mean())}
 

@@ -79,7 +79,9 @@ def test_what_a_robust_round_cannot_honour_is_refused_in_one_line(sections, says
 def test_the_largest_f_krum_allows_and_a_label_flip_on_any_plugin_are_read():
     job = JobConfig.from_dict(deep_merge(BASE, {"robust": {"rule": "krum", "f": 3}}))
     assert (
-        job.robust is not None and job.robust.f == 3 and job.to_dict()["robust"] == {"rule": "krum", "f": 3}
+        job.robust is not None
+        and job.robust.f == 3
+        and job.to_dict()["robust"] == {"rule": "krum", "f": 3, "device": "auto", "memory_mb": None}
     )
     flip = {"attack": {"kind": "label_flip", "fraction": 0.2}, "algorithm": {"name": "scaffold"}}
     assert JobConfig.from_dict(deep_merge(BASE, flip)).attack.kind == "label_flip"
@@ -94,3 +96,18 @@ def test_a_job_without_robust_or_attack_reads_as_before():
 def test_the_trimmed_count_is_floor_beta_n_despite_float_error(beta, n, count):
     """By hand: 0.29 * 100 and 0.57 * 100 fall a hair below 29 and 57 in floating point."""
     assert trimmed_count(beta, n) == count
+
+
+def test_where_a_rule_runs_changes_neither_a_resume_nor_the_noise():
+    """Checkpoints written before robust.device and robust.memory_mb resume; a run may move."""
+    from raysim.config.job import noise_salt
+    from raysim.tracking.lineage import config_changes
+
+    job = JobConfig.from_dict(deep_merge(BASE, {"robust": {"rule": "median"}}))
+    saved = job.to_dict()
+    saved["robust"] = {"rule": "median"}  # as written before the two settings
+    moved = JobConfig.from_dict(
+        deep_merge(BASE, {"robust": {"rule": "median", "device": "cpu", "memory_mb": 64}})
+    )
+    assert config_changes(saved, moved.to_dict()) == []
+    assert noise_salt(job) == noise_salt(moved)

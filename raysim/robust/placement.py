@@ -50,7 +50,7 @@ def release_device(job: JobConfig) -> tuple[torch.device, str]:
         return torch.device("cuda"), ""
     return torch.device("cpu"), (
         "robust: the workers train on GPUs but the driver's process sees none; the rule runs on "
-        "the driver's CPU (set robust.device: cpu to say so)"
+        "the driver's CPU (robust.device: cpu chooses it without this line)"
     )
 
 
@@ -90,10 +90,9 @@ def placed(n: int, d: int, device: torch.device, rule: RobustConfig | None) -> t
         if device.type != "cuda" or setting != "auto" or memory_mb is not None:
             raise
     cpu = torch.device("cpu")
-    note = (
-        f"robust: {n} updates of {d:,} values ({n * d * ROW_BYTES / MiB:,.0f} MiB) do not fit the "
-        f"card's free memory; the rule runs on the driver's CPU (robust.memory_mb and "
-        f"robust.device: cuda insist on the card)"
+    note = (  # the same line every round, so said once a run whatever the round's n
+        "robust: a round's updates do not fit the card's free memory; the rule runs on the "
+        "driver's CPU where they do not (robust.device: cuda or robust.memory_mb say their size)"
     )
     return cpu, column_chunk(n, d, cpu, None), note
 

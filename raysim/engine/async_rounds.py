@@ -5,7 +5,8 @@ arrive, from which model version; the arrivals are trained here, at the step tha
 grouped by the version each started from. That is the same simulation as training each client
 when it starts: its update depends only on its start model, its data and its seed (keyed by the
 version, ``round_num`` to the workers), never on what the server did meanwhile. Only the model
-versions some client in flight started from are kept.
+versions some client in flight started from are kept (``raysim.engine.async_state``, which a
+checkpoint saves so that a resumed run goes on as if never stopped).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import numpy as np
 
 from raysim.algorithm import Algorithm, runs_rounds
 from raysim.config.asynchrony import AsynchronyConfig
-from raysim.engine.async_setup import NO_RESUME
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
-from raysim.errors import ConfigError
 from raysim.services import RoundOptions
 from raysim.systems.async_clock import AsyncClock, Flight, staleness_weight
 from raysim.types import Metrics, Params, RoundOutput, ServerState
@@ -33,22 +32,21 @@ STALENESS_FILE = "staleness.json"  # the run's histogram of staleness, an artifa
 
 
 def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
-    """``num_rounds`` server steps of FedBuff or FedAsync; the final server state."""
-    config = engine.job.engine.asynchrony
-    assert config is not None and engine.system is not None  # check_asynchrony refuses the rest
-    if engine.start_round > 0:  # build refuses it first (refuse_resume)
-        raise ConfigError([f"engine.asynchrony: {NO_RESUME}"])
-    versions = {0: state}
-    histogram: Counter[int] = Counter()
-    clock = AsyncClock(engine.system, config.concurrency)
-    for step, arrived, failed in server_steps(clock, config.updates_per_step, engine.num_rounds):
+    """Server steps of FedBuff or FedAsync up to ``num_rounds`` (from ``start_round`` where the run
+    resumes); the final server state. ``engine.asynchrony`` holds what a checkpoint keeps of them."""
+    run = engine.asynchrony
+    assert run is not None  # build opens it for every job with engine.asynchrony
+    config, clock = run.config, run.clock
+    count, first = config.updates_per_step, engine.start_round
+    for step, arrived, failed in server_steps(clock, count, first, engine.num_rounds, run.last_end_s):
         engine.on_phase("training")
         needed = {flight.version for flight in arrived + clock.in_flight}
-        versions = {v: s for v, s in versions.items() if v in needed}
+        versions = {v: s for v, s in run.versions.items() if v in needed}
         state, metrics = server_step(engine, config, state, versions, arrived, step)
-        versions[step + 1] = state
+        run.versions = versions | {step + 1: state}
+        run.last_end_s = arrived[-1].end_s
         staleness = [step - flight.version for flight in arrived]
-        histogram.update(staleness)
+        run.histogram.update(staleness)
         engine.cohorts[step] = [flight.client for flight in arrived]
         metrics |= {
             "sys/sim_clock_s": arrived[-1].end_s,
@@ -56,21 +54,24 @@ def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | N
             "async/staleness_mean": float(np.mean(staleness)),
             "async/staleness_max": float(max(staleness)),
             "async/failed": float(failed),
-            "async/versions_kept": float(len(versions)),
+            "async/versions_kept": float(len(run.versions)),
         }
-        metrics = engine.end_round(state, step, metrics)
+        metrics = engine.end_round(state, step, metrics)  # a checkpoint keeps ``run`` as it is now
         if bar is not None:
             bar.update(step, metrics)
-    save_histogram(engine, histogram)
+    save_histogram(engine, run.histogram)
     return state
 
 
-def server_steps(clock: AsyncClock, count: int, steps: int) -> Iterator[tuple[int, list[Flight], int]]:
-    """Each server step's arrivals (``count`` reports, in order) and failures among them. A slot
-    that frees while the buffer fills starts a client on the model of the moment; the last one's
-    waits for the step, whose new model it then trains."""
-    clock.fill(0, 0.0)
-    for step in range(steps):
+def server_steps(
+    clock: AsyncClock, count: int, first: int, steps: int, now: float = 0.0
+) -> Iterator[tuple[int, list[Flight], int]]:
+    """Each server step's arrivals (``count`` reports, in order) and failures among them, from step
+    ``first`` (``now``: when the step before it ended). A slot that frees while the buffer fills
+    starts a client on the model of the moment; the last one's waits for the step, whose new model
+    it then trains (so a checkpoint taken at a step sees that slot still free)."""
+    clock.fill(first, now)
+    for step in range(first, steps):
         arrived, failed = arrivals(clock, count, step)
         yield step, arrived, failed
         clock.fill(step + 1, arrived[-1].end_s)

@@ -35,19 +35,6 @@ def check_asynchrony(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
         raise ConfigError(problems)
 
 
-def refuse_resume(job: JobConfig, resume_from: str | None) -> None:
-    """An asynchronous run cannot resume (refused before any worker or MLflow run starts, so the
-    run it would continue keeps its status)."""
-    if job.engine.asynchrony is not None and resume_from is not None:
-        raise ConfigError([f"{WHY}: {NO_RESUME}"])
-
-
-NO_RESUME = (
-    "an asynchronous run cannot resume: its checkpoints keep the model, not the clients in flight "
-    "nor the model versions they started from; rerun it from the start"
-)
-
-
 def job_problems(job: JobConfig, population: int) -> list[str]:
     config, engine = job.engine.asynchrony, job.engine
     assert config is not None

@@ -1,15 +1,16 @@
 """``engine.asynchrony`` in real runs (serial backend, digits): FedBuff with every client in flight
 and a buffer of them all is synchronous FedAvg's round; FedAsync's steps log their staleness, the
-simulated clock and a staleness histogram, the same for one seed run twice."""
+simulated clock and a staleness histogram, the same for one seed run twice; a FedBuff run stopped
+and resumed ends as the uninterrupted one, bit for bit."""
 
 import json
 
 import numpy as np
-import pytest
+import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
-from raysim.errors import ConfigError
+from raysim.sampling import CohortSchedule
 
 TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
 DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 1.0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
@@ -56,14 +57,24 @@ def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path
         assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key
 
 
-def test_an_asynchronous_run_is_refused_resuming_before_a_run_folder_starts(tmp_path):
-    first = fedasync_run(tmp_path)
-    folders = sorted((tmp_path / "runs").iterdir())
-    longer = first.job.to_dict() | {"engine": first.job.to_dict()["engine"] | {"num_rounds": 9}}
-    with pytest.raises(ConfigError, match="an asynchronous run cannot resume"):
-        run(
-            type(first.job).from_dict(longer),
-            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
-            output_dir=tmp_path,
-        )
-    assert sorted((tmp_path / "runs").iterdir()) == folders
+def fedbuff_run(tmp_path, steps, resume_from=None):
+    fedbuff = {"kind": "fedbuff", "concurrency": 5, "buffer_size": 2}
+    job = tiny_job(engine={"num_rounds": steps, "asynchrony": fedbuff}, system={"devices": DEVICES})
+    return run(job, output_dir=tmp_path, resume_from=resume_from)
+
+
+def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_path):
+    straight = fedbuff_run(tmp_path / "straight", 6)
+    stopped = fedbuff_run(tmp_path / "resumed", 3)
+    resumed = fedbuff_run(tmp_path / "resumed", 6, str(stopped.run_dir / "checkpoints" / "final.pt"))
+    assert max(m["async/staleness_max"] for _, m in straight.history) > 0  # clients were in flight
+    for key, value in straight.state.params.items():
+        assert torch.equal(resumed.state.params[key], value), key
+    keys = ("sys/sim_clock_s", "async/staleness_mean", "async/versions_kept", "eval/clients/accuracy")
+    assert [[m[k] for k in keys] for _, m in resumed.history] == [
+        [m[k] for k in keys] for step, m in straight.history if step >= 3
+    ]
+    arrivals = [CohortSchedule.load(r.run_dir / "cohorts.json", 20) for r in (straight, stopped, resumed)]
+    assert arrivals[0].cohorts == arrivals[1].cohorts + arrivals[2].cohorts  # the arrival order
+    histogram = (straight.run_dir / "staleness.json").read_text()
+    assert (resumed.run_dir / "staleness.json").read_text() == histogram  # the whole run's

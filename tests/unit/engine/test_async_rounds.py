@@ -1,16 +1,12 @@
 """Asynchronous FL's server steps (raysim/engine/async_rounds.py): each step's arrivals and their
 staleness as worked out by hand, FedBuff's staleness-weighted buffer and FedAsync's mixing against
-numpy, the arrivals grouped by start version, and a resumed asynchronous run refused."""
-
-from types import SimpleNamespace
+numpy, and the arrivals grouped by start version."""
 
 import numpy as np
-import pytest
 import torch
 
 from raysim.config.system import SystemConfig
-from raysim.engine.async_rounds import async_loop, batches, buffered_mean, mix, server_steps
-from raysim.errors import ConfigError
+from raysim.engine.async_rounds import batches, buffered_mean, mix, server_steps
 from raysim.systems.async_clock import AsyncClock, Flight
 from raysim.systems.devices import Fleet
 from raysim.systems.rounds import REPORTED, Outcome, SimulatedSystem
@@ -31,7 +27,7 @@ def test_each_steps_arrivals_and_staleness_match_the_hand_computed_schedule():
     clock = AsyncClock(three_clients(), concurrency=3)
     steps = [
         [(f.end_s, f.client, step - f.version) for f in arrived]
-        for step, arrived, _ in server_steps(clock, count=2, steps=4)
+        for step, arrived, _ in server_steps(clock, 2, 0, 4)
     ]
     # Buffer of 2, every client in flight. Step 0 folds 2 and 1 (both from version 0); 2 restarts at
     # 6 s on version 0 (the buffer still filling), 1 at 7 s on version 1. Step 1 folds 0 (version
@@ -70,12 +66,3 @@ def test_fedasync_mixes_the_clients_model_into_the_current_one():
     expected = (1 - alpha) * x + alpha * (start - delta)  # x_client = start - delta
     mixed = mix({"w": torch.tensor(x)}, {"w": torch.tensor(start)}, {"w": torch.tensor(delta)}, alpha)
     assert np.allclose(mixed["w"].numpy(), expected)
-
-
-def test_an_asynchronous_run_does_not_resume():
-    engine = SimpleNamespace(
-        job=SimpleNamespace(engine=SimpleNamespace(asynchrony=object())), system=object()
-    )
-    engine.start_round = 5
-    with pytest.raises(ConfigError, match="an asynchronous run cannot resume"):
-        async_loop(engine, None)

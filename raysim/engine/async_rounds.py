@@ -21,6 +21,7 @@ import numpy as np
 
 from raysim.algorithm import Algorithm, runs_rounds
 from raysim.config.asynchrony import AsynchronyConfig
+from raysim.engine.async_robust import release_buffer, rule_held
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
 from raysim.services import RoundOptions
@@ -101,25 +102,36 @@ def server_step(
     arrived: list[Flight],
     step: int,
 ) -> tuple[ServerState, Metrics]:
-    """Trains the arrivals from their start versions and folds them into the model."""
-    trained = [
-        (step - batch[0].version, train(engine, versions[batch[0].version], batch))
-        for batch in batches(arrived)
-    ]
-    outputs = [output for _, output in trained]
+    """Trains the arrivals from their start versions and folds them into the model; a robust
+    rule (or ALIE) sees the whole buffer (``raysim.engine.async_robust``)."""
+    with rule_held(engine) as robust:
+        gathers = robust is not None and robust.gathers
+        trained = [
+            (step - b[0].version, b, train(engine, versions[b[0].version], b, gathers))
+            for b in batches(arrived)
+        ]
+    buffer = merged([output for _, _, output in trained])
+    if robust is not None:
+        scaled = [
+            (staleness_weight(config.staleness, tau), [f.client for f in b], o) for tau, b, o in trained
+        ]
+        buffer = release_buffer(robust, scaled, step)
     algorithm = delta_plugin(engine)
     payload = algorithm.payload(state, step, engine.info)  # what every client received, in size
-    metrics = engine.round_metrics(merged(outputs), payload)
+    metrics = engine.round_metrics(buffer, payload)
     if config.kind == "fedasync":
-        [(tau, output)] = trained
+        [(tau, _, output)] = trained
         alpha = config.alpha * staleness_weight(config.staleness, tau)
         start = versions[arrived[0].version].params
         new_state = replace(state, params=mix(state.params, start, output.aggregate, alpha))
         metrics |= {"async/mixing": alpha}
+    elif robust is not None and robust.gathers:  # the rule's aggregate of the weighted buffer
+        new_state, server_metrics = algorithm.server_update(state, buffer.aggregate, step, engine.info)
+        metrics |= server_metrics
     else:
         weighted = [
             (staleness_weight(config.staleness, tau), group_weight(engine, o), o.aggregate)
-            for tau, o in trained
+            for tau, _, o in trained
         ]
         new_state, server_metrics = algorithm.server_update(state, buffered_mean(weighted), step, engine.info)
         metrics |= server_metrics
@@ -147,13 +159,16 @@ def batches(arrived: list[Flight]) -> list[list[Flight]]:
     return groups
 
 
-def train(engine: Engine[Delta], start: ServerState, batch: list[Flight]) -> RoundOutput[Delta]:
-    """One group's training from the model version it started from (its ``round_num``)."""
+def train(
+    engine: Engine[Delta], start: ServerState, batch: list[Flight], gathers: bool = False
+) -> RoundOutput[Delta]:
+    """One group's training from the model version it started from (its ``round_num``); with
+    ``gathers`` every update kept, for a robust rule over the buffer."""
     version = batch[0].version
     payload = delta_plugin(engine).payload(start, version, engine.info)
     budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
     cohort = np.array([flight.client for flight in batch], dtype=np.int64)
-    return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets))
+    return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets, gathers=gathers))
 
 
 def delta_plugin(engine: Engine[Delta]) -> Algorithm[Delta]:

@@ -10,6 +10,7 @@ import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
+from raysim.robust.attacks import malicious_clients
 from raysim.sampling import CohortSchedule
 
 TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
@@ -78,3 +79,20 @@ def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_pat
     assert arrivals[0].cohorts == arrivals[1].cohorts + arrivals[2].cohorts  # the arrival order
     histogram = (straight.run_dir / "staleness.json").read_text()
     assert (resumed.run_dir / "staleness.json").read_text() == histogram  # the whole run's
+
+
+def test_fedbuffs_median_reads_each_steps_whole_buffer_alie_included(tmp_path):
+    fedbuff = {"kind": "fedbuff", "concurrency": 6, "buffer_size": 4}
+    attacked = tiny_job(
+        engine={"num_rounds": 3, "asynchrony": fedbuff},
+        system={"devices": DEVICES},
+        robust={"rule": "median"},
+        attack={"kind": "alie", "fraction": 0.3},
+    )
+    result = run(attacked, output_dir=tmp_path)
+    cohorts = CohortSchedule.load(result.run_dir / "cohorts.json", 20).cohorts
+    malicious = {int(c) for c in malicious_clients(np.arange(20), 0.3, attacked.seed)}
+    counts = [sum(c in malicious for c in buffer) for buffer in cohorts]
+    assert [m["attack/malicious_in_cohort"] for _, m in result.history] == counts  # the whole buffer's
+    assert 0 < sum(counts) < 12 and all(m["sys/aggregated_clients"] == 4 for _, m in result.history)
+    assert all(torch.isfinite(v).all() for v in result.state.params.values())

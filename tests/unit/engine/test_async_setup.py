@@ -79,13 +79,28 @@ def test_plugins_that_are_not_fedavg_family(algorithm, why):
         # an outside review: a download ignored, residuals reordered, a rule over part of a buffer
         ({"compression": {"download": {"kind": "topk", "fraction": 0.1}}}, "compression encodes"),
         ({"compression": {"upload": {"kind": "sign"}}}, "error-feedback memory by round"),
-        ({"robust": {"rule": "median"}}, "robust rules and ALIE need a round's updates together"),
-        ({"attack": {"kind": "alie", "fraction": 0.2}}, "robust rules and ALIE"),
+        ({"robust": {"rule": "krum", "f": 1}}, "krum needs a buffer of more than 2f + 2 = 4 updates"),
     ],
 )
 def test_what_asynchrony_cannot_honour(sections, why):
     problem = refusal(job(**sections))
     assert problem.startswith("engine.asynchrony: ") and why in problem
+
+
+FEDASYNC = {"engine": {"asynchrony": {"kind": "fedasync", "concurrency": 4, "buffer_size": None}}}
+
+
+@pytest.mark.parametrize(
+    "sections", [{"robust": {"rule": "median"}}, {"attack": {"kind": "alie", "fraction": 0.2}}]
+)
+def test_a_robust_rule_or_alie_over_fedasyncs_single_update(sections):
+    problem = refusal(job(**FEDASYNC, **sections))
+    assert "FedAsync folds one update a step" in problem and "use kind fedbuff" in problem
+
+
+def test_a_robust_rule_and_alie_over_a_fedbuff_buffer_pass():
+    config = job(robust={"rule": "median"}, attack={"kind": "alie", "fraction": 0.2})
+    check_asynchrony(config, build_algorithm(config), 20)
 
 
 @pytest.mark.parametrize(

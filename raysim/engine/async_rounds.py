@@ -140,18 +140,16 @@ def server_step(
 
 
 def batches(arrived: list[Flight]) -> list[list[Flight]]:
-    """The arrivals grouped by start version, in order of first arrival; a client that arrives
-    twice from one version trains in a later group (a cohort holds a client once)."""
+    """The arrivals grouped by start version, in order of first arrival, trained in that order; a
+    client that arrives twice trains in a group after the one holding its earlier arrival (a
+    cohort holds a client once, and its stored state, the upload's error feedback, goes from each
+    of its launches to the next)."""
     groups: list[list[Flight]] = []
     for flight in arrived:
-        home = next(
-            (
-                g
-                for g in groups
-                if g[0].version == flight.version and all(f.client != flight.client for f in g)
-            ),
-            None,
+        after = max(
+            (i for i, g in enumerate(groups) if any(f.client == flight.client for f in g)), default=-1
         )
+        home = next((g for g in groups[after + 1 :] if g[0].version == flight.version), None)
         if home is None:
             groups.append([flight])
         else:
@@ -167,8 +165,10 @@ def train(
     version = batch[0].version
     payload = delta_plugin(engine).payload(start, version, engine.info)
     budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
+    launches = {flight.client: flight.launch for flight in batch}  # each launch's state, read and kept
     cohort = np.array([flight.client for flight in batch], dtype=np.int64)
-    return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets, gathers=gathers))
+    options = RoundOptions(step_budgets=budgets, gathers=gathers, state_keys=launches)
+    return engine.train_cohort(payload, cohort, version, options)
 
 
 def delta_plugin(engine: Engine[Delta]) -> Algorithm[Delta]:

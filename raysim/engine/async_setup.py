@@ -69,10 +69,10 @@ def job_problems(job: JobConfig, population: int) -> list[str]:
         )
     if job.evaluation.probes:
         problems.append("evaluation.probes measure a synchronous round's clients: remove them")
-    if job.compression is not None:
+    if job.compression is not None and job.compression.download is not None:
         problems.append(
-            "compression encodes a round's broadcast, and keeps each client's error-feedback memory "
-            "by round, which asynchronous launches reorder (a later launch may train first): unset it"
+            "compression.download encodes one broadcast a round as a change from the model every "
+            "client holds; asynchronous clients start from different versions: unset it (upload works)"
         )
     return problems + robust_problems(job)
 

@@ -52,6 +52,12 @@ class AsyncRun:
         }
 
 
+def newest_state_key(run: AsyncRun | None) -> int | None:
+    """The newest client-state file a checkpoint freezes: an asynchronous client's state is kept
+    under its launch index (``RoundOptions.state_keys``), so every launch so far; None: by round."""
+    return None if run is None else run.clock.launches - 1
+
+
 def open_asynchrony(
     job: JobConfig,
     system: SimulatedSystem | None,

@@ -31,7 +31,7 @@ from raysim.compress.downlink import Downlink
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
-from raysim.engine.async_state import AsyncRun
+from raysim.engine.async_state import AsyncRun, newest_state_key
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
@@ -311,7 +311,8 @@ class Engine(Generic[A]):
         then is the old snapshot dropped."""
         path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
         try:
-            frozen = ClientStateStore(self.state_dir).snapshot(snapshot_path(path, round_num), round_num)
+            target, last_key = snapshot_path(path, round_num), newest_state_key(self.asynchrony)
+            frozen = ClientStateStore(self.state_dir).snapshot(target, round_num, last_key)
         except OSError as exc:  # a full disk: the old pair stays, as when the checkpoint file fails
             raise unwritten(path, exc) from exc
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)

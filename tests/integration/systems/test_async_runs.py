@@ -6,6 +6,7 @@ and resumed ends as the uninterrupted one, bit for bit."""
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from jobs import tiny_job
@@ -58,25 +59,40 @@ def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path
         assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key
 
 
-def fedbuff_run(tmp_path, steps, resume_from=None):
+def fedbuff_run(tmp_path, steps, resume_from=None, **sections):
     fedbuff = {"kind": "fedbuff", "concurrency": 5, "buffer_size": 2}
-    job = tiny_job(engine={"num_rounds": steps, "asynchrony": fedbuff}, system={"devices": DEVICES})
+    engine = {"num_rounds": steps, "asynchrony": fedbuff}
+    job = tiny_job(engine=engine, system={"devices": DEVICES}, **sections)
     return run(job, output_dir=tmp_path, resume_from=resume_from)
 
 
-def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_path):
-    straight = fedbuff_run(tmp_path / "straight", 6)
-    stopped = fedbuff_run(tmp_path / "resumed", 3)
-    resumed = fedbuff_run(tmp_path / "resumed", 6, str(stopped.run_dir / "checkpoints" / "final.pt"))
+# with top-k's error feedback, each client's residual lives in the client-state snapshot, by launch
+UPLOAD = {"compression": {"upload": {"kind": "topk", "fraction": 0.1}}}
+
+
+@pytest.mark.parametrize("sections", [{}, UPLOAD], ids=["plain", "topk_upload"])
+def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_path, sections):
+    straight = fedbuff_run(tmp_path / "straight", 6, **sections)
+    stopped = fedbuff_run(tmp_path / "resumed", 3, **sections)
+    final = str(stopped.run_dir / "checkpoints" / "final.pt")
+    resumed = fedbuff_run(tmp_path / "resumed", 6, final, **sections)
     assert max(m["async/staleness_max"] for _, m in straight.history) > 0  # clients were in flight
     for key, value in straight.state.params.items():
         assert torch.equal(resumed.state.params[key], value), key
-    keys = ("sys/sim_clock_s", "async/staleness_mean", "async/versions_kept", "eval/clients/accuracy")
+    keys = (
+        "sys/sim_clock_s",
+        "sys/bytes_up",
+        "async/staleness_mean",
+        "async/versions_kept",
+        "eval/clients/accuracy",
+    )
     assert [[m[k] for k in keys] for _, m in resumed.history] == [
         [m[k] for k in keys] for step, m in straight.history if step >= 3
     ]
     arrivals = [CohortSchedule.load(r.run_dir / "cohorts.json", 20) for r in (straight, stopped, resumed)]
     assert arrivals[0].cohorts == arrivals[1].cohorts + arrivals[2].cohorts  # the arrival order
+    clients = [c for cohort in arrivals[2].cohorts for c in cohort]
+    assert set(clients) & {c for cohort in arrivals[1].cohorts for c in cohort}  # residuals carried over
     histogram = (straight.run_dir / "staleness.json").read_text()
     assert (resumed.run_dir / "staleness.json").read_text() == histogram  # the whole run's
 

@@ -122,9 +122,10 @@ class RoundOptions:
     their local work (client id -> local steps, i.e. batches), and central DP's clip bound where
     the job sets ``privacy.central`` (each contribution clipped on its worker), and whether every
     update is kept (``gathers``: a robust rule or ALIE reads them all, ``raysim.gathered_updates``),
-    and the key a client's stored state is read before and written under, and its upload encoder
-    seeded by, where it is not the round (``state_keys``: an asynchronous client's launch index,
-    ``raysim.engine.async_rounds``)."""
+    and the key under which a client's upload encoder reads its memory (the newest state kept before
+    it), keeps its state and seeds its draws, where it is not the round (``state_keys``: an
+    asynchronous client's launch index, ``raysim.engine.async_rounds``, whose plugins keep no
+    state of their own)."""
 
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim.engine.engine import Engine
 from raysim.gathered_updates import Gathered
 from raysim.robust.release import RunRobust
 from raysim.types import RoundOutput
@@ -30,7 +31,7 @@ Group = tuple[float, list[int], RoundOutput[Any]]  # (staleness weight, cohort i
 
 
 @contextmanager
-def rule_held(engine: Any) -> Iterator[RunRobust | None]:
+def rule_held(engine: Engine[Any]) -> Iterator[RunRobust | None]:
     """The run's ``RunRobust`` (None: the job has none), kept from ``Engine.train_cohort`` while a
     step's groups train, so that it applies to the whole buffer instead of each group."""
     robust = engine.robust

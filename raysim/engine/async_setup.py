@@ -94,6 +94,8 @@ def robust_problems(job: JobConfig) -> list[str]:
             f"robust.f: {rule.rule} needs a buffer of more than 2f + 2 = {2 * rule.f + 2} updates, "
             f"buffer_size is {n}; raise buffer_size or lower f"
         ]
+    if isinstance(rule, MultiKrum) and rule.m is not None and rule.m > n:
+        return [f"robust.m: averages the m best of a buffer's {n} updates; choose m in 1..{n}"]
     return []
 
 

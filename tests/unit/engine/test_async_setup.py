@@ -100,6 +100,15 @@ def test_a_robust_rule_or_alie_over_fedasyncs_single_update(sections):
     assert "FedAsync folds one update a step" in problem and "use kind fedbuff" in problem
 
 
+def test_krum_is_checked_against_the_buffer_not_the_unused_cohort_size():
+    buffer = {"asynchrony": FEDBUFF | {"concurrency": 12, "buffer_size": 12}, "cohort_size": 5}
+    config = job(engine=buffer, robust={"rule": "krum", "f": 3})  # 12 > 2f + 2, though 5 is not
+    check_asynchrony(config, build_algorithm(config), 20)
+    four = {"engine": {"asynchrony": FEDBUFF | {"buffer_size": 4}}}
+    problem = refusal(job(**four, robust={"rule": "multi_krum", "f": 0, "m": 5}))
+    assert "robust.m: averages the m best of a buffer's 4 updates" in problem
+
+
 def test_upload_compression_passes():
     config = job(compression={"upload": {"kind": "topk", "fraction": 0.1}})
     check_asynchrony(config, build_algorithm(config), 20)

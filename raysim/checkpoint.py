@@ -108,6 +108,7 @@ def save_checkpoint(
     privacy: dict[str, Any] | None = None,
     selection: dict[str, Any] | None = None,
     downlink: dict[str, Any] | None = None,
+    asynchrony: dict[str, Any] | None = None,
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
 
@@ -116,6 +117,8 @@ def save_checkpoint(
     ``selection`` is a guided selection's state and the simulated clock's rounds
     (``raysim.engine.selection_setup``), as plain values. ``downlink`` is the server's state for
     ``compression.download`` (``raysim.compress.downlink``: the public model, tensors).
+    ``asynchrony`` is an asynchronous run's clock, clients in flight and the model versions they
+    need (``raysim.engine.async_state``).
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.
@@ -139,6 +142,7 @@ def save_checkpoint(
         "privacy": privacy,
         "selection": selection,
         "downlink": downlink,
+        "asynchrony": asynchrony,
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -182,6 +186,7 @@ class Checkpoint:
     privacy: Any = None  # the privacy accounting's state; None: no privacy, or an older file
     selection: Any = None  # engine.selection's state; None: uniform, or an older file
     downlink: Any = None  # compression.download's state; None: sent whole, or an older file
+    asynchrony: Any = None  # engine.asynchrony's state; None: a synchronous run, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -203,7 +208,10 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
     privacy = raw.get("privacy")  # checked by the run that resumes (raysim.privacy.run_privacy)
     selection = raw.get("selection")  # checked by the run that resumes (raysim.engine.selection_setup)
     downlink = raw.get("downlink")  # None: the broadcast went whole, or an older file
-    return Checkpoint(Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection, downlink)
+    asynchrony = raw.get("asynchrony")  # checked by the run that resumes (raysim.engine.async_state)
+    return Checkpoint(
+        Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection, downlink, asynchrony
+    )
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, int, dict[str, Any], str | None]:

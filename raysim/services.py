@@ -121,13 +121,18 @@ class RoundOptions:
     run), whether every client's local model comes back, and the clients doing only part of
     their local work (client id -> local steps, i.e. batches), and central DP's clip bound where
     the job sets ``privacy.central`` (each contribution clipped on its worker), and whether every
-    update is kept (``gathers``: a robust rule or ALIE reads them all, ``raysim.gathered_updates``)."""
+    update is kept (``gathers``: a robust rule or ALIE reads them all, ``raysim.gathered_updates``),
+    and the key under which a client's upload encoder reads its memory (the newest state kept before
+    it), keeps its state and seeds its draws, where it is not the round (``state_keys``: an
+    asynchronous client's launch index, ``raysim.engine.async_rounds``, whose plugins keep no
+    state of their own)."""
 
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False
     step_budgets: dict[int, int] = field(default_factory=dict)
     clipping: ClientClipping | None = None
     gathers: bool = False
+    state_keys: dict[int, int] = field(default_factory=dict)
 
 
 class Services(Protocol[A_co]):

@@ -171,7 +171,9 @@ def robust_problems(
     """The ``robust`` and ``attack`` sections against the rest of the job, one line each: the
     cohort (``engine.cohort_size``, the expected one under Poisson sampling) against the rule,
     central DP, the plugin's aggregator (``algorithm``: its name and built plugin), vectorizing."""
-    problems = _cohort_problems(robust, engine.cohort_size) if robust is not None else []
+    # asynchronous FedBuff's rule reads a buffer, not a cohort: raysim.engine.async_setup checks it
+    sync = engine.asynchrony is None
+    problems = _cohort_problems(robust, engine.cohort_size) if robust is not None and sync else []
     if robust is not None and central_privacy:
         problems.append(
             "robust: a robust rule reads every update, central DP releases only their noised sum; "

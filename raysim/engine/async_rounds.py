@@ -5,7 +5,8 @@ arrive, from which model version; the arrivals are trained here, at the step tha
 grouped by the version each started from. That is the same simulation as training each client
 when it starts: its update depends only on its start model, its data and its seed (keyed by the
 version, ``round_num`` to the workers), never on what the server did meanwhile. Only the model
-versions some client in flight started from are kept.
+versions some client in flight started from are kept (``raysim.engine.async_state``, which a
+checkpoint saves so that a resumed run goes on as if never stopped).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import numpy as np
 
 from raysim.algorithm import Algorithm, runs_rounds
 from raysim.config.asynchrony import AsynchronyConfig
-from raysim.engine.async_setup import NO_RESUME
+from raysim.engine.async_robust import release_buffer, rule_held
 from raysim.engine.engine import Engine, refuse_nonfinite
 from raysim.engine.progress import RoundProgress
-from raysim.errors import ConfigError
 from raysim.services import RoundOptions
 from raysim.systems.async_clock import AsyncClock, Flight, staleness_weight
 from raysim.types import Metrics, Params, RoundOutput, ServerState
@@ -33,22 +33,21 @@ STALENESS_FILE = "staleness.json"  # the run's histogram of staleness, an artifa
 
 
 def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | None = None) -> ServerState:
-    """``num_rounds`` server steps of FedBuff or FedAsync; the final server state."""
-    config = engine.job.engine.asynchrony
-    assert config is not None and engine.system is not None  # check_asynchrony refuses the rest
-    if engine.start_round > 0:  # build refuses it first (refuse_resume)
-        raise ConfigError([f"engine.asynchrony: {NO_RESUME}"])
-    versions = {0: state}
-    histogram: Counter[int] = Counter()
-    clock = AsyncClock(engine.system, config.concurrency)
-    for step, arrived, failed in server_steps(clock, config.updates_per_step, engine.num_rounds):
+    """Server steps of FedBuff or FedAsync up to ``num_rounds`` (from ``start_round`` where the run
+    resumes); the final server state. ``engine.asynchrony`` holds what a checkpoint keeps of them."""
+    run = engine.asynchrony
+    assert run is not None  # build opens it for every job with engine.asynchrony
+    config, clock = run.config, run.clock
+    count, first = config.updates_per_step, engine.start_round
+    for step, arrived, failed in server_steps(clock, count, first, engine.num_rounds, run.last_end_s):
         engine.on_phase("training")
         needed = {flight.version for flight in arrived + clock.in_flight}
-        versions = {v: s for v, s in versions.items() if v in needed}
+        versions = {v: s for v, s in run.versions.items() if v in needed}
         state, metrics = server_step(engine, config, state, versions, arrived, step)
-        versions[step + 1] = state
+        run.versions = versions | {step + 1: state}
+        run.last_end_s = arrived[-1].end_s
         staleness = [step - flight.version for flight in arrived]
-        histogram.update(staleness)
+        run.histogram.update(staleness)
         engine.cohorts[step] = [flight.client for flight in arrived]
         metrics |= {
             "sys/sim_clock_s": arrived[-1].end_s,
@@ -56,21 +55,24 @@ def async_loop(engine: Engine[Delta], state: ServerState, bar: RoundProgress | N
             "async/staleness_mean": float(np.mean(staleness)),
             "async/staleness_max": float(max(staleness)),
             "async/failed": float(failed),
-            "async/versions_kept": float(len(versions)),
+            "async/versions_kept": float(len(run.versions)),
         }
-        metrics = engine.end_round(state, step, metrics)
+        metrics = engine.end_round(state, step, metrics)  # a checkpoint keeps ``run`` as it is now
         if bar is not None:
             bar.update(step, metrics)
-    save_histogram(engine, histogram)
+    save_histogram(engine, run.histogram)
     return state
 
 
-def server_steps(clock: AsyncClock, count: int, steps: int) -> Iterator[tuple[int, list[Flight], int]]:
-    """Each server step's arrivals (``count`` reports, in order) and failures among them. A slot
-    that frees while the buffer fills starts a client on the model of the moment; the last one's
-    waits for the step, whose new model it then trains."""
-    clock.fill(0, 0.0)
-    for step in range(steps):
+def server_steps(
+    clock: AsyncClock, count: int, first: int, steps: int, now: float = 0.0
+) -> Iterator[tuple[int, list[Flight], int]]:
+    """Each server step's arrivals (``count`` reports, in order) and failures among them, from step
+    ``first`` (``now``: when the step before it ended). A slot that frees while the buffer fills
+    starts a client on the model of the moment; the last one's waits for the step, whose new model
+    it then trains (so a checkpoint taken at a step sees that slot still free)."""
+    clock.fill(first, now)
+    for step in range(first, steps):
         arrived, failed = arrivals(clock, count, step)
         yield step, arrived, failed
         clock.fill(step + 1, arrived[-1].end_s)
@@ -100,25 +102,36 @@ def server_step(
     arrived: list[Flight],
     step: int,
 ) -> tuple[ServerState, Metrics]:
-    """Trains the arrivals from their start versions and folds them into the model."""
-    trained = [
-        (step - batch[0].version, train(engine, versions[batch[0].version], batch))
-        for batch in batches(arrived)
-    ]
-    outputs = [output for _, output in trained]
+    """Trains the arrivals from their start versions and folds them into the model; a robust
+    rule (or ALIE) sees the whole buffer (``raysim.engine.async_robust``)."""
+    with rule_held(engine) as robust:
+        gathers = robust is not None and robust.gathers
+        trained = [
+            (step - b[0].version, b, train(engine, versions[b[0].version], b, gathers))
+            for b in batches(arrived)
+        ]
+    buffer = merged([output for _, _, output in trained])
+    if robust is not None:
+        scaled = [
+            (staleness_weight(config.staleness, tau), [f.client for f in b], o) for tau, b, o in trained
+        ]
+        buffer = release_buffer(robust, scaled, step)
     algorithm = delta_plugin(engine)
     payload = algorithm.payload(state, step, engine.info)  # what every client received, in size
-    metrics = engine.round_metrics(merged(outputs), payload)
+    metrics = engine.round_metrics(buffer, payload)
     if config.kind == "fedasync":
-        [(tau, output)] = trained
+        [(tau, _, output)] = trained
         alpha = config.alpha * staleness_weight(config.staleness, tau)
         start = versions[arrived[0].version].params
         new_state = replace(state, params=mix(state.params, start, output.aggregate, alpha))
         metrics |= {"async/mixing": alpha}
+    elif robust is not None and robust.gathers:  # the rule's aggregate of the weighted buffer
+        new_state, server_metrics = algorithm.server_update(state, buffer.aggregate, step, engine.info)
+        metrics |= server_metrics
     else:
         weighted = [
             (staleness_weight(config.staleness, tau), group_weight(engine, o), o.aggregate)
-            for tau, o in trained
+            for tau, _, o in trained
         ]
         new_state, server_metrics = algorithm.server_update(state, buffered_mean(weighted), step, engine.info)
         metrics |= server_metrics
@@ -127,18 +140,16 @@ def server_step(
 
 
 def batches(arrived: list[Flight]) -> list[list[Flight]]:
-    """The arrivals grouped by start version, in order of first arrival; a client that arrives
-    twice from one version trains in a later group (a cohort holds a client once)."""
+    """The arrivals grouped by start version, in order of first arrival, trained in that order; a
+    client that arrives twice trains in a group after the one holding its earlier arrival (a
+    cohort holds a client once, and its stored state, the upload's error feedback, goes from each
+    of its launches to the next)."""
     groups: list[list[Flight]] = []
     for flight in arrived:
-        home = next(
-            (
-                g
-                for g in groups
-                if g[0].version == flight.version and all(f.client != flight.client for f in g)
-            ),
-            None,
+        after = max(
+            (i for i, g in enumerate(groups) if any(f.client == flight.client for f in g)), default=-1
         )
+        home = next((g for g in groups[after + 1 :] if g[0].version == flight.version), None)
         if home is None:
             groups.append([flight])
         else:
@@ -146,13 +157,18 @@ def batches(arrived: list[Flight]) -> list[list[Flight]]:
     return groups
 
 
-def train(engine: Engine[Delta], start: ServerState, batch: list[Flight]) -> RoundOutput[Delta]:
-    """One group's training from the model version it started from (its ``round_num``)."""
+def train(
+    engine: Engine[Delta], start: ServerState, batch: list[Flight], gathers: bool = False
+) -> RoundOutput[Delta]:
+    """One group's training from the model version it started from (its ``round_num``); with
+    ``gathers`` every update kept, for a robust rule over the buffer."""
     version = batch[0].version
     payload = delta_plugin(engine).payload(start, version, engine.info)
     budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
+    launches = {flight.client: flight.launch for flight in batch}  # each launch's state, read and kept
     cohort = np.array([flight.client for flight in batch], dtype=np.int64)
-    return engine.train_cohort(payload, cohort, version, RoundOptions(step_budgets=budgets))
+    options = RoundOptions(step_budgets=budgets, gathers=gathers, state_keys=launches)
+    return engine.train_cohort(payload, cohort, version, options)
 
 
 def delta_plugin(engine: Engine[Delta]) -> Algorithm[Delta]:

@@ -11,6 +11,7 @@ from raysim.aggregate import WeightedMean
 from raysim.algorithm import AnyAlgorithm, has_protocol, plugin_hook
 from raysim.config import JobConfig
 from raysim.config.plugins import update_delta
+from raysim.config.robust import ALIE, Krum, MultiKrum
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of, client_state_type
 
@@ -33,19 +34,6 @@ def check_asynchrony(job: JobConfig, algorithm: AnyAlgorithm[Any], population: i
     ]
     if problems:
         raise ConfigError(problems)
-
-
-def refuse_resume(job: JobConfig, resume_from: str | None) -> None:
-    """An asynchronous run cannot resume (refused before any worker or MLflow run starts, so the
-    run it would continue keeps its status)."""
-    if job.engine.asynchrony is not None and resume_from is not None:
-        raise ConfigError([f"{WHY}: {NO_RESUME}"])
-
-
-NO_RESUME = (
-    "an asynchronous run cannot resume: its checkpoints keep the model, not the clients in flight "
-    "nor the model versions they started from; rerun it from the start"
-)
 
 
 def job_problems(job: JobConfig, population: int) -> list[str]:
@@ -81,17 +69,34 @@ def job_problems(job: JobConfig, population: int) -> list[str]:
         )
     if job.evaluation.probes:
         problems.append("evaluation.probes measure a synchronous round's clients: remove them")
-    if job.compression is not None:
+    if job.compression is not None and job.compression.download is not None:
         problems.append(
-            "compression encodes a round's broadcast, and keeps each client's error-feedback memory "
-            "by round, which asynchronous launches reorder (a later launch may train first): unset it"
+            "compression.download encodes one broadcast a round as a change from the model every "
+            "client holds; asynchronous clients start from different versions: unset it (upload works)"
         )
-    if job.robust is not None or (job.attack is not None and job.attack.kind == "alie"):
-        problems.append(
-            "robust rules and ALIE need a round's updates together; asynchronous steps train their "
-            "arrivals in groups by start version, so a rule would see a part of the buffer: unset it"
-        )
-    return problems
+    return problems + robust_problems(job)
+
+
+def robust_problems(job: JobConfig) -> list[str]:
+    """A robust rule (or ALIE) applies to each FedBuff step's whole buffer (``async_robust``)."""
+    config, rule = job.engine.asynchrony, job.robust
+    assert config is not None
+    if rule is None and not isinstance(job.attack, ALIE):
+        return []
+    if config.kind == "fedasync":
+        return [
+            "robust rules and ALIE compare a step's updates, and FedAsync folds one update a step (a "
+            "rule over one update is that update): use kind fedbuff, or unset robust and attack.alie"
+        ]
+    n = config.updates_per_step
+    if isinstance(rule, Krum | MultiKrum) and n <= 2 * rule.f + 2:
+        return [
+            f"robust.f: {rule.rule} needs a buffer of more than 2f + 2 = {2 * rule.f + 2} updates, "
+            f"buffer_size is {n}; raise buffer_size or lower f"
+        ]
+    if isinstance(rule, MultiKrum) and rule.m is not None and rule.m > n:
+        return [f"robust.m: averages the m best of a buffer's {n} updates; choose m in 1..{n}"]
+    return []
 
 
 def plugin_problems(name: str, algorithm: AnyAlgorithm[Any], config: BaseModel) -> list[str]:

@@ -23,7 +23,7 @@ from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
-from raysim.engine.async_setup import refuse_resume
+from raysim.engine.async_state import open_asynchrony
 from raysim.engine.downlink_setup import open_downlink
 from raysim.engine.engine import Engine
 from raysim.engine.eval_plan import evaluation_plan, open_transfer_stores
@@ -90,7 +90,6 @@ def build(
         Console(stderr=True).print(f"note ({job.name}): {job.note}", highlight=False, soft_wrap=True)
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
-    refuse_resume(job, resume_from)  # engine.asynchrony's clients in flight are not checkpointed
     checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
     if checkpoint is not None:  # written before options were renamed: today's names, no change
         checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
@@ -105,6 +104,7 @@ def build(
     examples = parts.store.num_examples("train")
     private = open_privacy(job, parts.algorithm, parts.train_pool, examples, checkpoint)
     selector = open_selection(job, parts.store, parts.algorithm, system, checkpoint)
+    asynchrony = open_asynchrony(job, system, state, start_round, checkpoint)
     tracker = tracker or (MlflowTracker(job.tracking) if job.tracking.enabled else MemoryTracker())
     lineage = resume_lineage(tracker, job, checkpoint, branch) if checkpoint is not None else None
     if lineage is not None and lineage.continues:
@@ -115,6 +115,7 @@ def build(
         engine = start_run(parts, tracker, run_dir, checkpoint, lineage, start_round, system, private)
         engine.selector = selector  # the clock's cohorts are its too (open_selection)
         engine.downlink = open_downlink(job, checkpoint)
+        engine.asynchrony = asynchrony
         return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage

@@ -31,6 +31,7 @@ from raysim.compress.downlink import Downlink
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
+from raysim.engine.async_state import AsyncRun, newest_state_key
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
@@ -87,6 +88,7 @@ class Engine(Generic[A]):
     selector: Selector | None = None  # engine.selection (raysim.selection); None: uniform
     robust: RunRobust | None = None  # a robust rule and an attack's malicious clients
     downlink: Downlink | None = None  # compression.download; None: the broadcast goes whole
+    asynchrony: AsyncRun | None = None  # engine.asynchrony's clock and clients in flight
     on_phase: Callable[[str], None] = lambda phase: None  # the progress display's phase (progress.PHASES)
     on_log: Callable[[int, Metrics], None] = lambda step, metrics: None  # the progress display's count
     warned_diverging: bool = False  # the warning about a huge training loss comes once per run
@@ -309,7 +311,8 @@ class Engine(Generic[A]):
         then is the old snapshot dropped."""
         path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
         try:
-            frozen = ClientStateStore(self.state_dir).snapshot(snapshot_path(path, round_num), round_num)
+            target, last_key = snapshot_path(path, round_num), newest_state_key(self.asynchrony)
+            frozen = ClientStateStore(self.state_dir).snapshot(target, round_num, last_key)
         except OSError as exc:  # a full disk: the old pair stays, as when the checkpoint file fails
             raise unwritten(path, exc) from exc
         run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
@@ -324,6 +327,7 @@ class Engine(Generic[A]):
             self.privacy.state() if self.privacy is not None else None,
             saved_selection(self.selector, self.system),
             self.downlink.state() if self.downlink is not None else None,
+            self.asynchrony.state() if self.asynchrony is not None else None,
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -111,10 +111,11 @@ class ClientStateStore:
             if r not in keep and r < round_num:
                 old.unlink(missing_ok=True)
 
-    def snapshot(self, target: str | Path, up_to_round: int) -> Path | None:
+    def snapshot(self, target: str | Path, up_to_round: int, up_to_key: int | None = None) -> Path | None:
         """Freezes the versions written up to ``up_to_round`` into ``target`` (hard links), with its
         round and, last, the manifest of its files; replaces a snapshot already there (a continued
-        run writing its ``final.pt`` again).
+        run writing its ``final.pt`` again). ``up_to_key``: the newest file to freeze where files
+        are not named by round (an asynchronous run's, by launch: ``RoundOptions.state_keys``).
 
         Returns ``target``, or None when no client had state (nothing to freeze, no folder).
         """
@@ -124,7 +125,8 @@ class ClientStateStore:
         try:
             _mark_layout(fresh)  # marker and layout first, the manifest last: a snapshot in place is whole
             (fresh / SNAPSHOT_ROUND_FILE).write_text(f"{up_to_round}\n")
-            num_frozen = write_manifest(fresh, self._link_into(fresh, up_to_round))
+            last = up_to_round if up_to_key is None else up_to_key
+            num_frozen = write_manifest(fresh, self._link_into(fresh, last))
         except BaseException:
             shutil.rmtree(fresh, ignore_errors=True)  # a partial snapshot (a full disk, say) is never kept
             raise
@@ -138,10 +140,10 @@ class ClientStateStore:
         shutil.rmtree(stale, ignore_errors=True)
         return target if num_frozen else None
 
-    def _link_into(self, folder: Path, up_to_round: int) -> Iterator[Path]:
-        """Hard-links each version written up to ``up_to_round`` into ``folder``; yields each link."""
+    def _link_into(self, folder: Path, last: int) -> Iterator[Path]:
+        """Hard-links each version written up to ``last`` into ``folder``; yields each link."""
         for path in _round_files(self.root):
-            if int(path.name[:-3]) <= up_to_round:
+            if int(path.name[:-3]) <= last:
                 dest = folder / path.relative_to(self.root)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 _link_or_copy(path, dest)

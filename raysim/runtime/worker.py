@@ -171,10 +171,11 @@ class ClientTrainer:
                         if peak is not None:
                             peak_bytes = max(peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
-                    result, sent = self.uplink.send(result, client_id, round_num)  # compression.upload
+                    key = options.state_keys.get(client_id, round_num)  # asynchronous: its launch
+                    result, sent = self.uplink.send(result, client_id, key)  # compression.upload
                 if result.state is not None:
                     with timer.phase("data_loading"):
-                        self.states.put(client_id, round_num, result.state)
+                        self.states.put(client_id, key, result.state)
             except NonFiniteError as exc:
                 failures.append(ClientFailure(client_id, position, exc, stage="update_check"))
                 continue

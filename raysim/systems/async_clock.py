@@ -60,6 +60,12 @@ class AsyncClock:
             flight = self.launch(version, now)
             heapq.heappush(self._queue, (flight.end_s, flight.client, flight))
 
+    def resume(self, launches: int, in_flight: list[Flight]) -> None:
+        """The clock as a checkpoint left it: ``launches`` made, ``in_flight`` not yet arrived."""
+        self.launches = launches
+        self._queue = [(flight.end_s, flight.client, flight) for flight in in_flight]
+        heapq.heapify(self._queue)
+
     def pop(self) -> Flight:
         """The next arrival (a report or a failure): the earliest finish, ties by client id."""
         return heapq.heappop(self._queue)[2]

@@ -1,15 +1,18 @@
 """``engine.asynchrony`` in real runs (serial backend, digits): FedBuff with every client in flight
 and a buffer of them all is synchronous FedAvg's round; FedAsync's steps log their staleness, the
-simulated clock and a staleness histogram, the same for one seed run twice."""
+simulated clock and a staleness histogram, the same for one seed run twice; a FedBuff run stopped
+and resumed ends as the uninterrupted one, bit for bit."""
 
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from jobs import tiny_job
 from raysim.engine.loop import run
-from raysim.errors import ConfigError
+from raysim.robust.attacks import malicious_clients
+from raysim.sampling import CohortSchedule
 
 TARGET = {"metric": "eval/clients/accuracy", "values": [0.01]}  # reached at the first evaluation
 DEVICES = {"examples_per_s": 10, "examples_per_s_sigma": 1.0, "bytes_per_s": 4840, "bytes_per_s_sigma": 0}
@@ -56,14 +59,56 @@ def test_fedasync_logs_staleness_and_the_clock_and_repeats_for_one_seed(tmp_path
         assert np.array_equal(again.state.params[key].numpy(), value.numpy()), key
 
 
-def test_an_asynchronous_run_is_refused_resuming_before_a_run_folder_starts(tmp_path):
-    first = fedasync_run(tmp_path)
-    folders = sorted((tmp_path / "runs").iterdir())
-    longer = first.job.to_dict() | {"engine": first.job.to_dict()["engine"] | {"num_rounds": 9}}
-    with pytest.raises(ConfigError, match="an asynchronous run cannot resume"):
-        run(
-            type(first.job).from_dict(longer),
-            resume_from=str(first.run_dir / "checkpoints" / "final.pt"),
-            output_dir=tmp_path,
-        )
-    assert sorted((tmp_path / "runs").iterdir()) == folders
+def fedbuff_run(tmp_path, steps, resume_from=None, **sections):
+    fedbuff = {"kind": "fedbuff", "concurrency": 5, "buffer_size": 2}
+    engine = {"num_rounds": steps, "asynchrony": fedbuff}
+    job = tiny_job(engine=engine, system={"devices": DEVICES}, **sections)
+    return run(job, output_dir=tmp_path, resume_from=resume_from)
+
+
+# with top-k's error feedback, each client's residual lives in the client-state snapshot, by launch
+UPLOAD = {"compression": {"upload": {"kind": "topk", "fraction": 0.1}}}
+
+
+@pytest.mark.parametrize("sections", [{}, UPLOAD], ids=["plain", "topk_upload"])
+def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_path, sections):
+    straight = fedbuff_run(tmp_path / "straight", 6, **sections)
+    stopped = fedbuff_run(tmp_path / "resumed", 3, **sections)
+    final = str(stopped.run_dir / "checkpoints" / "final.pt")
+    resumed = fedbuff_run(tmp_path / "resumed", 6, final, **sections)
+    assert max(m["async/staleness_max"] for _, m in straight.history) > 0  # clients were in flight
+    for key, value in straight.state.params.items():
+        assert torch.equal(resumed.state.params[key], value), key
+    keys = (
+        "sys/sim_clock_s",
+        "sys/bytes_up",
+        "async/staleness_mean",
+        "async/versions_kept",
+        "eval/clients/accuracy",
+    )
+    assert [[m[k] for k in keys] for _, m in resumed.history] == [
+        [m[k] for k in keys] for step, m in straight.history if step >= 3
+    ]
+    arrivals = [CohortSchedule.load(r.run_dir / "cohorts.json", 20) for r in (straight, stopped, resumed)]
+    assert arrivals[0].cohorts == arrivals[1].cohorts + arrivals[2].cohorts  # the arrival order
+    clients = [c for cohort in arrivals[2].cohorts for c in cohort]
+    assert set(clients) & {c for cohort in arrivals[1].cohorts for c in cohort}  # residuals carried over
+    histogram = (straight.run_dir / "staleness.json").read_text()
+    assert (resumed.run_dir / "staleness.json").read_text() == histogram  # the whole run's
+
+
+def test_fedbuffs_median_reads_each_steps_whole_buffer_alie_included(tmp_path):
+    fedbuff = {"kind": "fedbuff", "concurrency": 6, "buffer_size": 4}
+    attacked = tiny_job(
+        engine={"num_rounds": 3, "asynchrony": fedbuff},
+        system={"devices": DEVICES},
+        robust={"rule": "median"},
+        attack={"kind": "alie", "fraction": 0.3},
+    )
+    result = run(attacked, output_dir=tmp_path)
+    cohorts = CohortSchedule.load(result.run_dir / "cohorts.json", 20).cohorts
+    malicious = {int(c) for c in malicious_clients(np.arange(20), 0.3, attacked.seed)}
+    counts = [sum(c in malicious for c in buffer) for buffer in cohorts]
+    assert [m["attack/malicious_in_cohort"] for _, m in result.history] == counts  # the whole buffer's
+    assert 0 < sum(counts) < 12 and all(m["sys/aggregated_clients"] == 4 for _, m in result.history)
+    assert all(torch.isfinite(v).all() for v in result.state.params.values())

@@ -46,6 +46,7 @@ def engine(tmp_path):
         privacy=None,  # a run without privacy accounting
         selector=None,  # nor a guided selection
         downlink=None,  # nor a compressed broadcast
+        asynchrony=None,  # nor clients in flight
         system=None,
     )
     write(fake, 3)

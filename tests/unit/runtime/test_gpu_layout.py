@@ -74,10 +74,9 @@ def cluster(monkeypatch, tmp_path):
     timed: list[list[int]] = []
 
     def time_layouts(setup, resources, work, layouts, cards):
-        timed.append([layout.workers_per_card for layout in layouts])
-        return [
-            timing(n, {1: 0.30, 2: 0.20, 4: 0.25}[n] * cards) for n in (l.workers_per_card for l in layouts)
-        ]
+        counts = [layout.workers_per_card for layout in layouts]
+        timed.append(counts)
+        return [timing(n, {1: 0.30, 2: 0.20, 4: 0.25}[n] * cards) for n in counts]
 
     monkeypatch.setattr(layout_timing, "time_layouts", time_layouts)
     return timed

@@ -103,7 +103,11 @@ BENCHES = {
         POPULATION_DRY_RUN,
     ),
 }
-TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
+# sequential, as measured before the bench job took the auto defaults: peaks comparable across runs
+TWO_WORKERS = [
+    "resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2",
+    "engine.vectorize=off",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------- the driver: one process per step

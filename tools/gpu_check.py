@@ -143,7 +143,8 @@ def check(out: Path, dry: bool) -> int:
     DEADLINE = time.perf_counter() + TOTAL_S
     steps["ray"], _ = run_step(log, "ray", [sys.executable, "-c", RAY_PROBE], env)
     has_ray = steps["ray"]["ok"]
-    for name in ("pytest", *BENCHES, "two_workers"):
+    # the slice step right after the first bench: the checks of 2026-11-27 before the scale benches
+    for name in ("pytest", "bench", "two_workers", *list(BENCHES)[1:]):
         write_report(out, report)  # a check cut short still leaves what it measured
         if name == "pytest":
             steps[name] = gpu_tests(log, env, cuda) if has_ray else skipped("the gpu tests need Ray")
@@ -151,8 +152,6 @@ def check(out: Path, dry: bool) -> int:
             steps[name] = bench(log, env, name, dry, has_ray)
         else:
             steps[name] = two_workers(log, env, out, dry) if has_ray else skipped("fractional GPUs need Ray")
-        if name == "bench":  # the slice step runs next: the layout's figures are in first
-            write_report(out, report)
     report["passed"] = all(step["ok"] for step in steps.values())  # a skipped step is no pass
     return finish(out, report, log)
 

@@ -3,7 +3,7 @@ training measured on a whole GPU of the cluster (``ray_backend.probe_gpu_worker`
 with ``gpu_sizing.measure_worker``) and the share that packs as many such workers as fit; under
 the serial backend the whole card, its workers taking turns in one process. With
 ``engine.vectorize: auto`` and ``resources.num_workers`` unset, the probe's peak only bounds the
-workers a card may hold: the count is the fastest layout measured (``layout.py``,
+workers a card may hold: the count is the fastest layout measured (``gpu_layout.py``,
 ``layout_timing.py``), cached per machine and job shape and written to the run's folder
 (``gpu_layout.json``).
 
@@ -24,8 +24,7 @@ import torch
 
 from raysim.config import JobConfig, ResourcesConfig
 from raysim.errors import ResourceError
-from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, describe, no_gpu, share_of, sizing_tags
-from raysim.runtime.layout import (
+from raysim.runtime.gpu_layout import (
     cache_path,
     candidates,
     choose,
@@ -37,6 +36,7 @@ from raysim.runtime.layout import (
     shape_key,
     write_record,
 )
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, describe, no_gpu, share_of, sizing_tags
 from raysim.runtime.memory import workers_per_gpu
 from raysim.runtime.wire import WorkerSetup
 
@@ -105,9 +105,9 @@ def fastest_layout(
     Raises:
         ResourceError: a worker that does not fit a card alone (``share_of``).
     """
-    from raysim.runtime import layout_timing
+    from raysim.runtime import layout_timing, ray_placement
 
-    cards, cpus = layout_timing.cluster_shape()
+    cards, cpus = ray_placement.cluster_shape()
     key = shape_key(setup.job, peak.device_name, cards, cpus)
     record, cached = read_cached(key), True
     if record is None:

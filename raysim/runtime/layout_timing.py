@@ -1,14 +1,14 @@
-"""Each candidate layout of ``layout.py`` timed on the cluster: a pool of Ray workers started as
+"""Each candidate layout of ``gpu_layout.py`` timed on the cluster: a pool of Ray workers started as
 the run would start it, one warm-up round and ``TIMED_ROUNDS`` timed rounds of a cohort drawn as
 round 0's is (the initial model, client state in a scratch folder), then the pool shut down.
 
 A real pool rather than a model of one: what several processes on one card gain over one
 vectorized worker (overlapping host work, the driver's copies spread over workers) is what a
 model would have to guess. It costs one pool start and two rounds a candidate, once per machine
-and job shape (``layout.read_cached``).
+and job shape (``gpu_layout.read_cached``).
 
 Usage:
-    cards, cpus = cluster_shape()
+    cards, cpus = cluster_shape()   # raysim.runtime.ray_placement
     timings = time_layouts(setup, resources, work, candidates(fits, cpus // cards), cards)
 """
 
@@ -19,20 +19,13 @@ import time
 from dataclasses import replace
 
 import numpy as np
-import ray
 
 from raysim.config import ResourcesConfig
 from raysim.runtime.backend import Backend
+from raysim.runtime.gpu_layout import TIMED_ROUNDS, Layout, LayoutTiming
 from raysim.runtime.gpu_sizing import ProbeWork
-from raysim.runtime.layout import TIMED_ROUNDS, Layout, LayoutTiming
 from raysim.runtime.wire import WorkerSetup
 from raysim.services import RoundOptions
-
-
-def cluster_shape() -> tuple[int, float]:
-    """The Ray cluster's whole GPUs (at least one) and CPUs."""
-    total = ray.cluster_resources()
-    return max(1, int(total.get("GPU", 0.0))), float(total.get("CPU", 0.0))
 
 
 def pool_resources(resources: ResourcesConfig, layout: Layout, cards: int) -> ResourcesConfig:

@@ -12,6 +12,12 @@ from raysim.config import ResourcesConfig
 from raysim.errors import ResourceError
 
 
+def cluster_shape() -> tuple[int, float]:
+    """The Ray cluster's whole GPUs (at least one) and CPUs: what a GPU layout is laid out on."""
+    total = ray.cluster_resources()
+    return max(1, int(total.get("GPU", 0.0))), float(total.get("CPU", 0.0))
+
+
 def resolve_num_workers(resources: ResourcesConfig) -> int:
     """The configured worker count, or as many as the cluster's CPUs (or GPU slots) allow."""
     total = ray.cluster_resources()

@@ -9,8 +9,7 @@ import pytest
 from raysim.config import ResourcesConfig
 from raysim.runtime import layout_timing
 from raysim.runtime.gpu_auto import LAYOUT_FILE, chooses_layout, sized_resources
-from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, chunk_fit_error
-from raysim.runtime.layout import (
+from raysim.runtime.gpu_layout import (
     Layout,
     LayoutTiming,
     candidates,
@@ -19,6 +18,7 @@ from raysim.runtime.layout import (
     read_cached,
     shape_key,
 )
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, chunk_fit_error
 from raysim.runtime.wire import WorkerSetup
 from raysim.types import Payload
 
@@ -66,7 +66,7 @@ def test_only_vectorize_auto_with_the_worker_count_left_unset_chooses_a_layout()
 def cluster(monkeypatch, tmp_path):
     """A cluster of 2 cards and 16 CPUs whose layouts time as injected; the cache in tmp_path."""
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(layout_timing, "cluster_shape", lambda: (2, 16.0))
+    monkeypatch.setattr("raysim.runtime.ray_placement.cluster_shape", lambda: (2, 16.0))
     peak = WorkerPeak(
         30 * GiB, 0.5 * GiB, 80 * GiB, "Test GPU 80GB", 64, least_bytes=6 * GiB, vectorizes=True
     )
@@ -110,7 +110,7 @@ def test_auto_takes_the_fastest_measured_layout_records_it_and_caches_it(cluster
 def test_a_damaged_cache_is_measured_again(cluster, tmp_path):
     key = shape_key(AUTO, "card", 1, 8.0)
     assert read_cached(key) is None
-    from raysim.runtime.layout import cache_path
+    from raysim.runtime.gpu_layout import cache_path
 
     cache_path(key).parent.mkdir(parents=True)
     cache_path(key).write_text("{not json")

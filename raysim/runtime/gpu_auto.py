@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +83,9 @@ def sized_resources(
 
     made = work()
     peak = probe_gpu_worker(setup, resources, made)
-    share = share_of(peak)
     if chooses_layout(resources, setup.job):
         return fastest_layout(resources, setup, made, peak)
+    share = share_of(peak)
     sized = resources.model_copy(update={"gpus_per_worker": share})
     return SizedResources(sized, sizing_tags(peak, share), describe(peak, share))
 
@@ -112,6 +112,8 @@ def fastest_layout(
     record, cached = read_cached(key), True
     if record is None:
         fits = workers_per_gpu(peak.least, peak.device_bytes)
+        if fits < 1:  # not even one client with the CUDA context fits the card
+            share_of(replace(peak, allocated_bytes=peak.least - peak.outside_bytes))
         layouts = candidates(fits, int(cpus / cards / resources.cpus_per_worker))
         timings = layout_timing.time_layouts(setup, resources, work, layouts, cards)
         record, cached = layout_record(choose(timings), timings, key), False

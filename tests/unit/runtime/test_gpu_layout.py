@@ -7,8 +7,9 @@ import json
 import pytest
 
 from raysim.config import ResourcesConfig
+from raysim.errors import ResourceError
 from raysim.runtime import layout_timing
-from raysim.runtime.gpu_auto import LAYOUT_FILE, chooses_layout, sized_resources
+from raysim.runtime.gpu_auto import LAYOUT_FILE, chooses_layout, fastest_layout, sized_resources
 from raysim.runtime.gpu_layout import (
     Layout,
     LayoutTiming,
@@ -23,6 +24,7 @@ from raysim.runtime.wire import WorkerSetup
 from raysim.types import Payload
 
 GiB = 2**30
+WORK = ProbeWork(Payload(params={}), [0], cohort=(0, 1))
 AUTO = {"engine": {"vectorize": "auto", "cohort_size": 50}, "model": {"name": "cnn_pfl"}}
 
 
@@ -128,3 +130,11 @@ def test_a_configured_chunk_that_cannot_fit_the_card_is_one_error_naming_the_fix
         "(81,920 MiB), 128 fit; set engine.vectorize_chunk to 128 or auto"
     )
     assert chunk_fit_error(64, 64, WorkerPeak(20 * GiB, 0.5 * GiB, 80 * GiB, "g", 64)) is None
+
+
+def test_a_worker_whose_one_client_does_not_fit_the_card_is_refused_before_any_layout(cluster, tmp_path):
+    setup = WorkerSetup(job=AUTO, store_path="s", state_dir=str(tmp_path / "run" / "client_state"))
+    huge = WorkerPeak(70 * GiB, 0.5 * GiB, 80 * GiB, "Test GPU 80GB", 64, 70 * GiB, vectorizes=True)
+    with pytest.raises(ResourceError, match=r"one worker peaks at 71,680 MiB, more than 80% of the GPU"):
+        fastest_layout(ResourcesConfig(gpus_per_worker="auto"), setup, WORK, huge)
+    assert cluster == []  # nothing timed

@@ -8,14 +8,21 @@ each step in its own process, with a time limit, and writes every step's outcome
 1. ``ray``: a local Ray starts and runs a task. If it cannot, the steps that need Ray are skipped
    and the benchmark runs on the serial backend; the JSON says so.
 2. ``pytest``: the tests marked ``gpu`` (``pytest -m gpu`` over the files that hold such tests).
-3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml``: seconds per round, clients/s, and
-   the vectorized side against the plain loop on the same GPU; ``bench_vectorized``: the same
-   with raysim's own workers vectorized (``engine.vectorize=on``); ``bench_lm``:
-   ``jobs/bench/lm_lora.yaml`` with the small decoder, tokens/s against a plain HuggingFace loop.
+3. ``bench``: ``raysim bench jobs/bench/pfl_cifar10_gpu.yaml`` with its defaults
+   (``gpus_per_worker: auto``, ``vectorize: auto``): the layout raysim measured fastest and the
+   alternatives' clients/s, seconds per round, clients/s, and the vectorized side against the
+   plain loop on the same GPU.
 4. ``two_workers`` (``gpu_two_workers.py``): a run with two Ray workers on one GPU
    (``gpus_per_worker: 0.5``), each card process's peak memory read from NVML while they train;
    then two raysim workers each allocate 80% of their slice, which must succeed, and 110%, which
    must fail: the slice is enforced.
+5. ``bench_cohort1000``: cohort 1,000 on the CIFAR shape in the measured layout, clients/s;
+   ``bench_lm``: ``jobs/bench/lm_lora.yaml`` with the small decoder, tokens/s against a plain
+   HuggingFace loop; ``bench_lm_vectorized``: the same, batched LoRA (``engine.vectorize=on``);
+   ``bench_lm_population``: a 10,000-client LoRA population, tokens/s and clients/s.
+
+The steps share one deadline (``TOTAL_S``): a step gets its own limit or what is left of it, and
+the JSON is written after every step, so a check cut short still reports what it measured.
 
 Without a CUDA device it stops, unless ``--cpu-dry-run``: then every step runs on the CPU, small,
 so the whole path can be seen working on a development machine (the slice step then only builds
@@ -42,13 +49,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_check_rows import summary  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
+DEADLINE = float("inf")  # perf_counter's time by which every step must end (check sets it)
 BENCH_JOB = "jobs/bench/pfl_cifar10_gpu.yaml"
+COHORT_JOB = "jobs/bench/pfl_cifar10_cohort1000.yaml"
 MIB = 2**20
 # Seconds per step: the whole check must end well inside one 10-minute command.
 LIMITS = {
-    "ray": 60, "pytest": 150, "bench": 120, "bench_vectorized": 120, "bench_lm": 150, "two_workers": 150,
+    "ray": 60, "pytest": 150, "bench": 150, "two_workers": 90, "bench_cohort1000": 180, "bench_lm": 90,
+    "bench_lm_vectorized": 90, "bench_lm_population": 120,
 }  # fmt: skip
+TOTAL_S = 555  # the whole check: about 9 minutes of an H100, inside one 10-minute command
 # The dry run shrinks the benchmark's job to what 2 CPU cores train in seconds (both Ray steps).
 DRY_RUN = [
     "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
@@ -59,23 +72,44 @@ LM_DRY_RUN = [
     "dataset.num_clients=20", "dataset.words_per_client=300", "dataset.seq_len=64",
     "engine.num_rounds=2", "engine.cohort_size=4", "resources.gpus_per_worker=0",
 ]  # fmt: skip
+# a GPU figure rests on at least 2 warm-up and 10 timed rounds (raysim.bench.bench_file)
+LM_GPU = [
+    "model.preset=small",
+    "resources.gpus_per_worker=1",
+    "engine.num_rounds=12",
+    "bench.warmup_rounds=2",
+]
+COHORT_DRY_RUN = [
+    "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
+    "engine.cohort_size=40", "resources.num_workers=2", "resources.cpus_per_worker=1",
+    "resources.gpus_per_worker=0",
+]  # fmt: skip
+POPULATION_DRY_RUN = [
+    "dataset.num_clients=200", "dataset.words_per_client=200", "dataset.seq_len=32",
+    "engine.num_rounds=3", "engine.cohort_size=8", "resources.gpus_per_worker=0",
+]  # fmt: skip
 # The benchmarks: step -> (benchmark file, overrides on a GPU, overrides in a CPU dry run).
 BENCHES = {
-    "bench": (BENCH_JOB, [], DRY_RUN),
-    "bench_vectorized": (BENCH_JOB, ["engine.vectorize=on"], [*DRY_RUN, "engine.vectorize=on"]),
-    "bench_lm": (
+    "bench": (BENCH_JOB, [], DRY_RUN),  # the job's defaults: the layout measured fastest
+    # 4 CPUs a worker: 1, 2 and 4 workers a card timed (16 cores), a pool start fewer than 8 would cost
+    "bench_cohort1000": (COHORT_JOB, ["resources.cpus_per_worker=4"], COHORT_DRY_RUN),
+    "bench_lm": ("jobs/bench/lm_lora.yaml", LM_GPU, LM_DRY_RUN),
+    "bench_lm_vectorized": (
         "jobs/bench/lm_lora.yaml",
-        # a GPU figure rests on at least 2 warm-up and 10 timed rounds (raysim.bench.bench_file)
-        [
-            "model.preset=small",
-            "resources.gpus_per_worker=1",
-            "engine.num_rounds=12",
-            "bench.warmup_rounds=2",
-        ],
-        LM_DRY_RUN,
+        [*LM_GPU, "engine.vectorize=on"],
+        [*LM_DRY_RUN, "engine.vectorize=on"],
+    ),
+    "bench_lm_population": (
+        "jobs/bench/lm_population.yaml",
+        ["model.preset=small", "resources.gpus_per_worker=1"],
+        POPULATION_DRY_RUN,
     ),
 }
-TWO_WORKERS = ["resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2"]
+# sequential, as measured before the bench job took the auto defaults: peaks comparable across runs
+TWO_WORKERS = [
+    "resources.num_workers=2", "resources.gpus_per_worker=0.5", "resources.cpus_per_worker=2",
+    "engine.vectorize=off",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------- the driver: one process per step
@@ -107,28 +141,38 @@ def check(out: Path, dry: bool) -> int:
     report["mode"] = "gpu" if cuda else "cpu-dry-run"
     steps: dict[str, Any] = {}
     report["steps"] = steps
+    global DEADLINE
+    DEADLINE = time.perf_counter() + TOTAL_S
     steps["ray"], _ = run_step(log, "ray", [sys.executable, "-c", RAY_PROBE], env)
     has_ray = steps["ray"]["ok"]
-    if has_ray:
-        steps["pytest"] = gpu_tests(log, env, cuda)
-    else:
-        steps["pytest"] = skipped("the gpu tests need Ray, and Ray did not start")
-    for name in BENCHES:
-        steps[name] = bench(log, env, name, dry, has_ray)
-    if has_ray:
-        two = [sys.executable, str(Path(__file__).with_name("gpu_two_workers.py")), "--out", str(out)]
-        two += ["--cpu-dry-run"] * dry
-        (out / "two_workers.json").unlink(missing_ok=True)  # the step writes it afresh
-        steps["two_workers"], _ = run_step(log, "two_workers", two, env)
-        steps["two_workers"].update(read_json(out / "two_workers.json"))
-    else:
-        steps["two_workers"] = skipped("fractional GPUs need Ray, and Ray did not start")
+    # the slice step right after the first bench: the checks of 2026-11-27 before the scale benches
+    for name in ("pytest", "bench", "two_workers", *list(BENCHES)[1:]):
+        write_report(out, report)  # a check cut short still leaves what it measured
+        if name == "pytest":
+            steps[name] = gpu_tests(log, env, cuda) if has_ray else skipped("the gpu tests need Ray")
+        elif name in BENCHES:
+            steps[name] = bench(log, env, name, dry, has_ray)
+        else:
+            steps[name] = two_workers(log, env, out, dry) if has_ray else skipped("fractional GPUs need Ray")
     report["passed"] = all(step["ok"] for step in steps.values())  # a skipped step is no pass
     return finish(out, report, log)
 
 
-def finish(out: Path, report: dict[str, Any], log: Any) -> int:
+def two_workers(log: Any, env: dict[str, str], out: Path, dry: bool) -> dict[str, Any]:
+    """``gpu_two_workers.py``: two Ray workers on one card, each held to its half."""
+    two = [sys.executable, str(Path(__file__).with_name("gpu_two_workers.py")), "--out", str(out)]
+    two += ["--cpu-dry-run"] * dry
+    (out / "two_workers.json").unlink(missing_ok=True)  # the step writes it afresh
+    result, _ = run_step(log, "two_workers", two, env)
+    return result | read_json(out / "two_workers.json")
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def finish(out: Path, report: dict[str, Any], log: Any) -> int:
+    write_report(out, report)
     say(log, f"\n{summary(report)}\nwritten: {out / 'gpu_check.json'}, {out / 'gpu_check.log'}\n")
     log.close()
     return 0 if report.get("passed") else 1
@@ -217,14 +261,17 @@ def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> tu
     """Runs one step in a session of its own, killed whole at its time limit (Ray's processes
     too); its outcome, and its output, which also goes to the log (through a file, which no
     leftover process can hold open)."""
-    say(log, f"\n===== {name}: {' '.join(command)}\n")
+    limit = min(LIMITS[name], int(DEADLINE - time.perf_counter()))
+    if limit < 10:
+        return skipped(f"the check's {TOTAL_S} s were spent"), ""
+    say(log, f"\n===== {name} (at most {limit} s): {' '.join(command)}\n")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as output:
         child = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            code: int | None = child.wait(timeout=LIMITS[name])
+            code: int | None = child.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -235,7 +282,7 @@ def run_step(log: Any, name: str, command: list[str], env: dict[str, str]) -> tu
     say(log, text)
     result: dict[str, Any] = {"ok": code == 0, "seconds": seconds}
     if code is None:
-        result["error"] = f"killed after {LIMITS[name]} s"
+        result["error"] = f"killed after {limit} s"
     elif code:
         result["error"] = f"exit {code}: " + " | ".join(text.strip().splitlines()[-3:])
     say(log, f"----- {name}: {'ok' if code == 0 else 'FAILED'} in {seconds} s\n")
@@ -309,58 +356,15 @@ def bench(log: Any, env: dict[str, str], name: str, dry: bool, has_ray: bool) ->
         "driver_overhead_s",
         "vectorized_round_s",
         "vectorized_vs_plain",
+        "vectorized_clients_per_s",
     )
     result.update({k: found[k] for k in keep if k in found})
+    result.update({k: v for k, v in found.items() if k.startswith("gpu_")})  # the layout measured
     return result
 
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def summary(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    lines = [
-        f"card: {m.get('card')}, torch {m['torch']}, Python {m['python']}, "
-        f"{report['carried_mib']} MiB carried"
-    ]
-    for name, step in report.get("steps", {}).items():
-        state = "ok" if step["ok"] else ("skipped" if step.get("skipped") else "FAILED")
-        why = step.get("error") or step.get("skipped") or ""
-        seconds = f"{step['seconds']} s" if "seconds" in step else ""
-        lines.append(f"  {name:12} {state:8} {seconds:>8}  {why}")
-    if "error" in report:
-        lines.append(report["error"])
-    lines.append("PASSED" if report.get("passed") else "NOT PASSED")
-    if "steps" in report:
-        lines.append(f"row for docs/performance.md:\n{table_row(report)}")
-    return "\n".join(lines)
-
-
-def table_row(report: dict[str, Any]) -> str:
-    """The check as a row of docs/performance.md's table of figures."""
-    steps, m = report["steps"], report["machine"]
-    tests, bench, two = steps["pytest"], steps["bench"], steps["two_workers"]
-    vectorized, lm = steps["bench_vectorized"], steps["bench_lm"]
-    peaks = two.get("card_processes_peak_mib", {})
-    workers = {pid: mib for pid, mib in peaks.items() if pid != str(two.get("driver_pid"))}
-    slices = two.get("slices", [])
-    cells = [
-        time.strftime("%Y-%m-%d"),
-        m.get("card") or "none (CPU dry run)",
-        m["torch"],
-        ", ".join(f"{n} {k}" for k, n in tests.get("tests", {}).items()) or tests.get("skipped", "-"),
-        f"{bench['raysim_round_s']:.3f}" if "raysim_round_s" in bench else "-",
-        f"{bench['raysim_clients_per_s']:.1f}" if "raysim_clients_per_s" in bench else "-",
-        f"{bench['vectorized_vs_plain']:.3f}x" if "vectorized_vs_plain" in bench else "-",
-        f"{vectorized['raysim_round_s']:.3f}" if "raysim_round_s" in vectorized else "-",
-        f"{lm['throughput_vs_ideal']:.3f}" if "throughput_vs_ideal" in lm else "-",
-        str(two.get("clients_per_s", "-")),
-        " / ".join(str(mib) for mib in workers.values() if isinstance(mib, int)) or "-",
-        ("yes" if two.get("enforced") else "no")
-        + "".join(f" (slices of {s['slice_mib']} MiB)" for s in slices[:1] if "slice_mib" in s),
-    ]
-    return "| " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":

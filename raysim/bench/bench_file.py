@@ -27,6 +27,9 @@ class BenchConfig(BaseModel, frozen=True, extra="forbid"):
     startup: bool = True  # also time start-up, in fresh processes (raysim.bench.startup)
     # where the plain loop and the vectorized side train (auto: the GPU when the job asks for one)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # time the plain loop beside raysim; false: raysim's rounds alone (the loop's data still read,
+    # for examples/s and tokens/s), for cohorts whose plain loop would take minutes a round
+    plain_loop: bool = True
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:

@@ -135,6 +135,14 @@ class PlainLoop:
         self.tokens = num_examples * local.epochs * per_example
         return seconds
 
+    def count(self, round_num: int) -> float:
+        """Reads the round's data and counts its tokens (or examples) without training
+        (``bench.plain_loop: false``); 0.0 seconds."""
+        data = self._client_data(round_num)
+        per_example = self.store.spec.input_shape[0] if self.store.spec.task == "causal_lm" else 1
+        self.tokens = sum(len(x) for x, _ in data) * self.local.epochs * per_example
+        return 0.0
+
     def _fisher_pass(self, x: torch.Tensor, y: torch.Tensor | None, batch_size: int) -> float:
         """FedFish's extra pass: squared batch gradients summed, at the final local weights."""
         synchronize(self.device)

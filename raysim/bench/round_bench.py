@@ -54,7 +54,8 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
 
         return {"populations": run_population_benchmark(path, overrides, bench.populations, console)}
     out = Path(".raysim") / "bench"
-    services, state = build(job, MemoryTracker(), None, out)
+    tracker = MemoryTracker()
+    services, state = build(job, tracker, None, out)
     device = bench_device(job, bench)
     check_gpu_rounds(job, bench, device)
     plain = PlainLoop(job, services.store, services.train_pool, device)
@@ -62,7 +63,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
     cores = training_cores(job, services.backend.num_workers, device)
     parallel = (  # the ideal measured: the plain loop in one process per core raysim trains on
         ParallelPlainLoop(job, services.store, services.train_pool, cores)
-        if device.type == "cpu" and cores > 1
+        if device.type == "cpu" and cores > 1 and bench.plain_loop
         else None
     )
     timed_rounds = job.engine.num_rounds - bench.warmup_rounds
@@ -78,7 +79,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
             state, metrics = services.run_round(state, round_num)
             raysim_round = time.perf_counter() - t0
             vectorized_round = vectorized.round(round_num, plain.global_state) if vectorized else 0.0
-            plain_round = plain.round(round_num)
+            plain_round = plain.round(round_num) if bench.plain_loop else plain.count(round_num)
             parallel_round = parallel.round(round_num) if parallel is not None else 0.0
             if round_num >= bench.warmup_rounds:
                 raysim_s.append(raysim_round)
@@ -91,13 +92,19 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         services.backend.shutdown()
         if parallel is not None:
             parallel.close()
-    figures = summarize(job, services.backend.num_workers, cores, raysim_s, plain_s)
+    workers = services.backend.num_workers
+    if bench.plain_loop:
+        figures = summarize(job, workers, cores, raysim_s, plain_s)
+    else:
+        figures = raysim_alone(job, workers, raysim_s)
     figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
+    figures |= {k: v for k, v in tracker.tags.items() if k.startswith("gpu")}  # the measured layout
     unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
     figures[f"raysim_{unit}_per_s"] = sum(tokens) / sum(raysim_s)  # totals: the rounds as run
-    figures[f"plain_{unit}_per_s"] = sum(tokens) / sum(plain_s)
-    figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
+    if bench.plain_loop:
+        figures[f"plain_{unit}_per_s"] = sum(tokens) / sum(plain_s)
+        figures["throughput_vs_ideal"] = 1 / figures["ratio_to_ideal"]  # raysim / (plain x workers)
     if parallel is not None:
         figures["parallel_plain_round_s"] = statistics.median(parallel_s)
         figures |= Ratio.of(raysim_s, parallel_s).figures("ratio_to_parallel_plain")
@@ -108,9 +115,11 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         )
     if vectorized is not None:
         figures["vectorized_round_s"] = statistics.median(vectorized_s)
-        figures |= Ratio.of(vectorized_s, plain_s).figures("vectorized_vs_plain")
+        figures["vectorized_clients_per_s"] = job.engine.cohort_size / figures["vectorized_round_s"]
+        if bench.plain_loop:
+            figures |= Ratio.of(vectorized_s, plain_s).figures("vectorized_vs_plain")
         figures["vectorized_rounds_s"] = vectorized_s
-    console.print(_table(figures))
+    console.print(_table(figures) if bench.plain_loop else _alone_table(figures))
     if bench.startup:
         figures |= startup_seconds(job)
         console.print(startup_table(figures))
@@ -120,21 +129,27 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         f"outside the workers (broadcast, transfer, merge, server step): "
         f"{figures['driver_overhead_s']:.3f} s per round (median)"
     )
-    console.print(
-        f"{unit}/s over the timed rounds: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
-        f"{figures[f'plain_{unit}_per_s']:.0f} (x{cores} cores ideal); "
-        f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal (1 / raysim over ideal)"
-    )
+    if bench.plain_loop:
+        console.print(
+            f"{unit}/s over the timed rounds: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
+            f"{figures[f'plain_{unit}_per_s']:.0f} (x{cores} cores ideal); "
+            f"raysim reaches {figures['throughput_vs_ideal']:.3f} of the ideal (1 / raysim over ideal)"
+        )
+    else:
+        console.print(f"{unit}/s over the timed rounds: raysim {figures[f'raysim_{unit}_per_s']:.0f}")
     if "plain_fisher_share" in figures:
         console.print(
             f"FedFish's Fisher pass is {figures['plain_fisher_share']:.0%} of the plain loop's "
             f"round (both sides run it)"
         )
     if vectorized is not None:
+        against = ""
+        if bench.plain_loop:
+            against = f", {Ratio.of(vectorized_s, plain_s).text()} the plain loop's time per step"
         console.print(
             f"vectorized ({vectorized.chunk_size.size} clients at once, on {figures['device']}): "
-            f"{figures['vectorized_round_s']:.3f} s per round (median), "
-            f"{Ratio.of(vectorized_s, plain_s).text()} the plain loop's time per step"
+            f"{figures['vectorized_round_s']:.3f} s per round (median)"
+            f"{against}, {figures['vectorized_clients_per_s']:.1f} clients/s"
         )
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
@@ -169,6 +184,28 @@ def summarize(
         "raysim_rounds_s": raysim_s,
         "plain_rounds_s": plain_s,
     }
+
+
+def raysim_alone(job: JobConfig, num_workers: int, raysim_s: list[float]) -> dict[str, Any]:
+    """raysim's medians alone (``bench.plain_loop: false``: a cohort the plain loop would take
+    minutes a round over)."""
+    raysim = statistics.median(raysim_s)
+    return {
+        "benchmark": job.name,
+        "num_workers": num_workers,
+        "timed_rounds": len(raysim_s),
+        "raysim_round_s": raysim,
+        "raysim_clients_per_s": job.engine.cohort_size / raysim,
+        "raysim_rounds_s": raysim_s,
+    }
+
+
+def _alone_table(f: dict[str, Any]) -> Table:
+    table = Table(title=f"{f['benchmark']}: median of {f['timed_rounds']} timed rounds (no plain loop)")
+    for column in ("raysim s/round", "raysim clients/s"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{f['raysim_round_s']:.3f}", f"{f['raysim_clients_per_s']:.1f}")
+    return table
 
 
 def _table(f: dict[str, Any]) -> Table:

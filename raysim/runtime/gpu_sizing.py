@@ -23,7 +23,7 @@ Usage:
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,8 +34,9 @@ from raysim.config import JobConfig
 from raysim.errors import ResourceError
 from raysim.plugin_defaults import first_payload, fresh_state
 from raysim.runtime.chunks import ChunkSize, is_out_of_memory
-from raysim.runtime.memory import MiB, gpu_share, workers_per_gpu
+from raysim.runtime.memory import SAFETY, MiB, gpu_share, workers_per_gpu
 from raysim.runtime.wire import WorkerSetup
+from raysim.sampling import sample_cohort
 from raysim.services import RoundOptions
 from raysim.types import Params, Payload, RunInfo
 
@@ -44,10 +45,19 @@ RAY_UNITS = 10_000  # Ray counts a fractional resource in 1/10,000ths of one, ro
 
 @dataclass(frozen=True)
 class ProbeWork:
-    """What the probe trains: the first round's payload and the clients of one chunk (or one)."""
+    """What the probe trains: the first round's payload and the clients of one chunk (or one);
+    and what the layout's candidates train (``layout_timing``): a cohort drawn from the pool,
+    with the plugin that merges its partials (the driver's: never shipped to the probe)."""
 
     payload: Payload
     client_ids: list[int]
+    cohort: tuple[int, ...] = ()
+    algorithm: Any = field(default=None, compare=False, repr=False)
+    num_examples: Any = field(default=None, compare=False, repr=False)  # the train split's, by client
+
+    def shipped(self) -> ProbeWork:
+        """What the probe's task needs: the payload and its clients."""
+        return replace(self, cohort=(), algorithm=None, num_examples=None)
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,18 @@ class WorkerPeak:
     device_bytes: float  # the card's memory
     device_name: str
     clients: int  # trained at once: 1, or a chunk
+    # The least a worker needs (its context, the model and the chunk it cannot shrink: one client
+    # under auto chunks); 0.0: its peak, ``bytes``.
+    least_bytes: float = 0.0
+    vectorizes: bool = False  # the worker trains in chunks
 
     @property
     def bytes(self) -> float:
         return self.allocated_bytes + self.outside_bytes
+
+    @property
+    def least(self) -> float:
+        return self.least_bytes or self.bytes
 
 
 def probe_work(
@@ -84,7 +102,9 @@ def probe_work(
     count = max(1, min(count, engine.cohort_size, len(train_pool)))
     sizes = num_examples[train_pool]
     largest = np.argsort(-sizes, kind="stable")[:count]  # ties: the lower client id first
-    return ProbeWork(payload, [int(c) for c in train_pool[largest]])
+    drawn = sample_cohort(len(train_pool), min(engine.cohort_size, len(train_pool)), job.seed, 0)
+    cohort = tuple(int(c) for c in train_pool[drawn])  # what the layouts' trial rounds train
+    return ProbeWork(payload, [int(c) for c in train_pool[largest]], cohort, algorithm, num_examples)
 
 
 def measure_worker(setup: WorkerSetup, work: ProbeWork) -> WorkerPeak:
@@ -106,11 +126,12 @@ def measure_worker(setup: WorkerSetup, work: ProbeWork) -> WorkerPeak:
         report = trainer.train(work.payload, list(enumerate(ids)), 0, RoundOptions())
         torch.cuda.synchronize(device)
         allocated, clients = float(torch.cuda.max_memory_allocated(device)), len(ids)
-        chunks = trainer.chunk_size
+        chunks, least = trainer.chunk_size, 0.0
+        resident = torch.cuda.memory_allocated(device)  # the model and what it keeps
         if trainer.vectorizes and chunks.bytes_per_client > 0:  # auto chunks: the one ChunkSize chose
             clients = chunks.size or 1
-            resident = torch.cuda.memory_allocated(device)  # the model and what it keeps
             allocated = max(allocated, resident + clients * chunks.bytes_per_client)
+            least = resident + chunks.bytes_per_client
         free, total = torch.cuda.mem_get_info(device)
         outside = max(0.0, total - free - torch.cuda.memory_reserved(device))
         name = torch.cuda.get_device_name(device)
@@ -122,7 +143,31 @@ def measure_worker(setup: WorkerSetup, work: ProbeWork) -> WorkerPeak:
                 f"batch size or engine.vectorize_chunk, or use a larger card"
             )
         raise failure.error  # the plugin's own failure: round 0 would meet it too
-    return WorkerPeak(allocated, float(outside), float(total), name, clients)
+    peak = WorkerPeak(allocated, float(outside), float(total), name, clients, least and least + outside)
+    configured = setup.job.get("engine", {}).get("vectorize_chunk", "auto")
+    if trainer.vectorizes and configured != "auto":
+        if (error := chunk_fit_error(int(configured), chunks.size or 1, peak)) is not None:
+            raise ResourceError(error)
+    return replace(peak, vectorizes=trainer.vectorizes)
+
+
+def chunk_fit_error(configured: int, kept: int, peak: WorkerPeak) -> str | None:
+    """Why a configured ``engine.vectorize_chunk`` cannot train on the whole card the probe
+    measured (it ran out of memory and was halved to ``kept``, or it peaks past ``SAFETY`` of
+    the card), with the chunk that fits; None when it fits."""
+    card = f"the whole {peak.device_name} ({peak.device_bytes / MiB:,.0f} MiB)"
+    if kept < configured:
+        return (
+            f"engine.vectorize_chunk: {configured} clients at once ran out of memory on {card}, "
+            f"{kept} fit; set engine.vectorize_chunk to {kept} or auto"
+        )
+    if peak.bytes > SAFETY * peak.device_bytes:
+        fits = max(1, int(configured * SAFETY * peak.device_bytes // peak.bytes))
+        return (
+            f"engine.vectorize_chunk: {configured} clients at once peak at {peak.bytes / MiB:,.0f} MiB, "
+            f"more than {SAFETY:.0%} of {card}; set engine.vectorize_chunk to {fits} or auto"
+        )
+    return None
 
 
 def share_of(peak: WorkerPeak) -> float:

@@ -108,7 +108,7 @@ def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: Probe
     plan = plan.ship(stores_to_ship(plan, [view]), ray.put)
     measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(_measure_here)
     on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return _result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work))
+    return _result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work.shipped()))
 
 
 def _gpu_node_view(plan: DataPlan) -> tuple[str, NodeView]:

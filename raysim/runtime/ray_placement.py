@@ -12,10 +12,21 @@ from raysim.config import ResourcesConfig
 from raysim.errors import ResourceError
 
 
+def cluster_shape() -> tuple[int, float]:
+    """The Ray cluster's whole GPUs (at least one) and CPUs: what a GPU layout is laid out on."""
+    total = ray.cluster_resources()
+    return max(1, int(total.get("GPU", 0.0))), float(total.get("CPU", 0.0))
+
+
 def resolve_num_workers(resources: ResourcesConfig) -> int:
     """The configured worker count, or as many as the cluster's CPUs (or GPU slots) allow."""
     total = ray.cluster_resources()
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    if resources.gpu_share > 0 and gpus == 0:
+        raise ResourceError(
+            f"resources.gpus_per_worker={resources.gpu_share:g} asks for a GPU, and the Ray cluster has "
+            f"none; set resources.gpus_per_worker to 0 (CPU workers) or run where a GPU is"
+        )
     if resources.num_workers is not None:
         wanted = resources.num_workers
         needs_cpus, needs_gpus = wanted * resources.cpus_per_worker, wanted * resources.gpu_share

@@ -22,7 +22,9 @@ def test_more_workers_than_cpus_is_refused(tmp_path, ray_local):
 
 
 def test_gpu_shares_without_gpus_are_refused(ray_local):
-    with pytest.raises(ResourceError, match="the cluster has 2 CPU, 0 GPU"):
+    with pytest.raises(
+        ResourceError, match="gpus_per_worker=0.25 asks for a GPU, and the Ray cluster has none"
+    ):
         resolve_num_workers(ResourcesConfig(gpus_per_worker=0.25))
 
 

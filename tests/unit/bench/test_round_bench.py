@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from raysim.bench.bench_file import load_benchmark
-from raysim.bench.round_bench import summarize, training_cores
+from raysim.bench.round_bench import raysim_alone, summarize, training_cores
 
 JOB = "jobs/bench/pfl_cifar10.yaml"  # Ray workers on the CPU, one thread each
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -31,3 +31,11 @@ def test_raysim_over_the_ideal_is_the_ratio_of_the_medians_with_the_spread_of_ea
     assert figures["ratio_to_ideal_median_of_round_ratios"] == pytest.approx(1.75)  # named, not the headline
     assert figures["timed_rounds"] == 4
     assert (figures["num_workers"], figures["cores"]) == (1, 2)
+
+
+def test_without_the_plain_loop_raysims_rounds_stand_alone():
+    job, bench = load_benchmark("jobs/bench/pfl_cifar10_cohort1000.yaml", [])
+    assert not bench.plain_loop and job.engine.cohort_size == 1000
+    figures = raysim_alone(job, 2, [2.0, 4.0, 5.0])
+    assert figures["raysim_clients_per_s"] == pytest.approx(1000 / 4.0)
+    assert not any(key.startswith(("plain", "ratio", "ideal")) for key in figures)

@@ -27,5 +27,15 @@ def test_workers_left_to_raysim_fill_the_gpus_at_the_measured_share_capped_by_th
     assert resolve_num_workers(ResourcesConfig(gpus_per_worker=0.125)) == 4
 
 
+def test_a_gpu_share_on_a_cluster_without_a_gpu_is_one_error_naming_the_fix(monkeypatch):
+    cluster(monkeypatch, CPU=64.0)  # a CPU machine's local Ray: placing would wait 120 s, then fail
+    for workers in (None, 2):
+        with pytest.raises(ray_placement.ResourceError, match=(
+            r"^resources.gpus_per_worker=0.5 asks for a GPU, and the Ray cluster has none; set "
+            r"resources.gpus_per_worker to 0 \(CPU workers\) or run where a GPU is$"
+        )):  # fmt: skip
+            resolve_num_workers(ResourcesConfig(gpus_per_worker=0.5, num_workers=workers))
+
+
 def test_a_node_holds_as_many_workers_as_its_gpus_take_shares():
     assert worker_slots({"CPU": 16.0, "GPU": 1.0}, ResourcesConfig(gpus_per_worker=0.2)) == 5

@@ -46,3 +46,11 @@ def test_ray_is_pinned_as_the_project_pins_it():
     pyproject = (gpu_check.REPO / "pyproject.toml").read_text()
     ray_pin = next(p for p in gpu_bundle.PINS if p.startswith("ray=="))
     assert f'"ray[default]=={ray_pin.split("==")[1]}"' in pyproject
+
+
+def test_a_step_past_the_checks_deadline_is_skipped_not_started(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "DEADLINE", gpu_check.time.perf_counter() + 5)
+    result, output = gpu_check.run_step(None, "bench", ["false"], {})
+    assert (
+        result == {"ok": False, "skipped": f"the check's {gpu_check.TOTAL_S} s were spent"} and output == ""
+    )

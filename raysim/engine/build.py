@@ -327,7 +327,10 @@ def make_backend(job: JobConfig, setup: WorkerSetup, store: ClientStore) -> Back
     resources = job.resources
     if resources.backend == "serial":
         if resources.gpu_share > 0 and not torch.cuda.is_available():
-            raise ResourceError("resources.gpus_per_worker > 0 but this machine has no CUDA device")
+            raise ResourceError(
+                f"resources.gpus_per_worker={resources.gpus_per_worker} asks for a GPU, but this machine "
+                "has no CUDA device; set resources.gpus_per_worker to 0 (CPU workers) or run where a GPU is"
+            )
         device = "cuda" if resources.gpu_share > 0 else "cpu"
         serial_setup = replace(setup, device=device, num_threads=max(1, int(resources.cpus_per_worker)))
         return SerialBackend(serial_setup, num_workers=resources.num_workers or 1)

@@ -49,7 +49,10 @@ def test_a_huge_training_loss_from_a_finite_model_warns_once_and_the_run_ends(tm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_a_gpu_request_on_a_machine_without_one_is_refused_before_training(tmp_path):
     job = tiny_job(resources={"backend": "serial", "gpus_per_worker": 0.5})
-    with pytest.raises(ResourceError, match="gpus_per_worker > 0 but this machine has no CUDA device"):
+    with pytest.raises(
+        ResourceError,
+        match="asks for a GPU, but this machine has no CUDA device; set resources.gpus_per_worker to 0",
+    ):
         run(job, output_dir=tmp_path)
     assert not list(tmp_path.rglob("checkpoint*"))  # nothing trained
 

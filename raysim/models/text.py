@@ -83,8 +83,11 @@ class HFTokenModel(nn.Module):
         return None if self.pad_token_id is None else (x != self.pad_token_id).long()
 
     def trimmed(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` without its trailing all-padding columns, when ``trim_padding`` is on."""
-        if not self.trim_padding or self.pad_token_id is None:
+        """``x`` without its trailing all-padding columns, when ``trim_padding`` is on. Under a
+        ``torch.func`` transform (``vmap``: one client of a chunk) ``x`` stays whole, as a shape
+        cannot depend on the data there; the vectorized trainer trims the chunk's batch before."""
+        under_transform = torch._C._functorch.maybe_current_level() is not None
+        if not self.trim_padding or self.pad_token_id is None or under_transform:
             return x
         used = (x != self.pad_token_id).any(0).nonzero()
         return x[:, : int(used[-1]) + 1] if len(used) else x[:, :1]

@@ -8,7 +8,9 @@ One 64-bit hash gives four elements 16 bits each (a keep probability exact to 2*
 integer arithmetic over every element cost a third of a vectorized step on the CPU benchmark's
 CNN, a quarter of the elements a quarter of that.
 They are not the masks ``torch.manual_seed(ctx.seed)`` gives the sequential loop, so a model with
-dropout trains vectorized to a different (equally distributed) result.
+dropout trains vectorized to a different (equally distributed) result. A transformers model's
+attention dropout, drawn inside its attention function, goes through its attention modules'
+``nn.Dropout`` meanwhile (``raysim.train.vmap_attention``), so it is hashed too.
 
 Usage:
     dropout = HashedDropout(model)                     # the model's nn.Dropout layers
@@ -24,6 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+from raysim.train.vmap_attention import vmap_attention
 
 T = TypeVar("T", bound=tuple[Any, ...])
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -71,6 +75,7 @@ class HashedDropout:
     """Swaps the forward of ``model``'s ``nn.Dropout`` layers for hashed masks while active."""
 
     def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self.layers = [m for m in model.modules() if type(m) is nn.Dropout and m.p > 0]
         self.keys = torch.zeros((), dtype=torch.int64)  # set inside the vmapped function
         self.step = 0
@@ -82,13 +87,15 @@ class HashedDropout:
 
     def over(self, steps: Iterator[T]) -> Iterator[T]:
         """``steps`` (tuples whose first item is the step) with the layers drawing from the hash
-        while they run; each layer's own forward is back afterwards, also on an error."""
+        and transformers' attention through ``vmap_attention`` while they run; each layer's own
+        forward is back afterwards, also on an error."""
         for layer in self.layers:
             layer.forward = self._forward(layer)  # type: ignore[method-assign, assignment]
         try:
-            for item in steps:
-                self.step = item[0]
-                yield item
+            with vmap_attention(self.model):
+                for item in steps:
+                    self.step = item[0]
+                    yield item
         finally:
             for layer in self.layers:
                 del layer.forward  # the class's forward again

@@ -201,7 +201,9 @@ def train_local_vectorized(
     keys = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     lr = round_lr(config, round_num)
     sums = torch.zeros(len(datas), 3, device=device)  # loss * count, #correct, #predictions
-    for step, training, index, members, batch in dropout.over(_steps(plans, tensors, device)):
+    for step, training, index, members, batch in dropout.over(
+        _steps(plans, tensors, device, _trim(model, dropout))
+    ):
         part = chunk.take(training)
         draws = torch.tensor([list(each[i].next_draws()) for i in members], device=device)  # (K, #draws)
         part_own = {k: v.index_select(0, index) for k, v in own.items()}
@@ -253,7 +255,7 @@ def squared_gradient_sums(
     ]
     sums = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
     for _, clients, index, _, batch in dropout.over(
-        _steps(plans, [to_tensors(d, device) for d in datas], device)
+        _steps(plans, [to_tensors(d, device) for d in datas], device, _trim(model, dropout))
     ):
         take = (lambda t: t) if clients is None else (lambda t: t.index_select(0, clients))
         part = {k: take(b) for k, b in buffers.items()}
@@ -268,12 +270,15 @@ def squared_gradient_sums(
 
 
 def _steps(
-    plans: list[list[torch.Tensor]], tensors: list[Batch], device: torch.device | str
+    plans: list[list[torch.Tensor]],
+    tensors: list[Batch],
+    device: torch.device | str,
+    trim: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor, list[int], Batch]]:
     """Each step's groups: the step, the clients (None: all of them), their positions (on the
     device, and as a list) and their stacked batch ``[clients, batch, ...]``. Clients with a batch
     at the step, grouped by its size (a short last batch trains apart, so BatchNorm never sees
-    padding).
+    padding). ``trim`` (``_trim``) cuts the columns of a group's inputs.
 
     Every client's rows sit in one tensor per key, and every step's rows are indexed in it by one
     index tensor, moved to the device once: a step gathers its batch in one kernel per key, where
@@ -295,7 +300,16 @@ def _steps(
             key: rows_of.index_select(0, picked).view(len(members), -1, *rows_of.shape[1:])
             for key, rows_of in flat.items()
         }
+        if trim is not None:
+            batch["x"] = trim(batch["x"].flatten(0, 1)).unflatten(0, batch["x"].shape[:2])
         yield step, clients, everyone if clients is None else clients, members, batch
+
+
+def _trim(model: nn.Module, dropout: HashedDropout) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A model's ``trimmed`` (a text classifier's trailing padding, which it cannot cut client by
+    client under ``vmap``) for the group's inputs, unless it draws dropout: a hashed mask depends
+    on the input's width, which would then depend on the other clients of the group."""
+    return None if dropout.layers else getattr(model, "trimmed", None)
 
 
 def _groups_by_size(plans: list[list[torch.Tensor]], step: int) -> list[list[int]]:

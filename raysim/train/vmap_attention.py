@@ -8,7 +8,9 @@ transformers model inside ``model`` computes attention eagerly: scores, transfor
 eager mask (always built: no branch on the data), softmax, the attention module's own
 ``nn.Dropout`` (which ``HashedDropout`` replaces: each client's masks from its seed), values.
 The same function as SDPA up to float rounding; it holds the (T x T) scores of every head for
-the backward, as SDPA's math path does.
+the backward, as SDPA's math path does. Without attention dropout (eval mode, FedFish's Fisher
+pass, a model whose attention dropout is 0) on a GPU, SDPA's fused kernel runs instead, with the
+same always-built mask.
 
 Usage:
     with vmap_attention(model):
@@ -23,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NAME = "raysim_vmap"
@@ -39,20 +42,32 @@ def vmap_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: (B, H, T, D) query, key and value (key and value may
-    hold fewer heads, shared by groups of query heads) -> output (B, T, H, D) and weights."""
+    hold fewer heads, shared by groups of query heads) -> output (B, T, H, D) and the weights
+    (None from the fused kernel)."""
     if key.shape[1] != query.shape[1]:  # grouped-query attention
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
+    if dropout == 0 and fused_attention(query):  # no mask to draw: the fused kernel, batched by vmap
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        return out.transpose(1, 2).contiguous(), None
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]]
+    if mask is not None:
+        scores = scores + mask
     weights = scores.softmax(-1, dtype=torch.float32).to(value.dtype)
     if dropout > 0:
         weights = _dropout_layer(module, dropout)(weights)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def fused_attention(query: torch.Tensor) -> bool:
+    """Whether attention without dropout takes SDPA's fused kernel: on a GPU, where ``vmap`` has
+    batching rules for its memory-efficient and flash kernels (no T x T scores kept); on the CPU
+    it has none and would run the kernel once per client, so the eager products are used."""
+    return query.is_cuda
 
 
 def _dropout_layer(module: nn.Module, rate: float) -> nn.Module:

@@ -104,3 +104,21 @@ def test_attention_dropout_without_a_dropout_layer_is_refused_naming_the_module(
     for layer in model.hf.model.layers:
         layer.self_attn.attention_dropout = 0.0
     assert vectorization_blocker(model, torch.randint(1, 50, (2, 12))) is None
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap's per-client fallback on the CPU
+def test_the_fused_kernel_without_dropout_trains_as_each_client_alone(monkeypatch):
+    """Without attention dropout a GPU attends through SDPA's fused kernel; forced here on the CPU
+    (where vmap runs it once per client), it must train each client as the sequential loop does."""
+    from raysim.train import vmap_attention
+
+    calls = []
+    monkeypatch.setattr(vmap_attention, "fused_attention", lambda query: calls.append(1) or True)
+    datas = client_data("causal_lm")
+    stacked, _, _ = vectorized("causal_lm", datas, SEEDS)
+    assert calls  # the fused branch ran
+    for i, data in enumerate(datas):
+        alone = lora_model("causal_lm")
+        train_local(alone, data, CONFIG, seed=SEEDS[i], spec=LM)
+        for key, value in P.model_params(alone).items():
+            torch.testing.assert_close(stacked[key][i], value, rtol=1e-5, atol=1e-6, msg=f"client {i} {key}")

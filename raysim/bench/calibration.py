@@ -1,21 +1,22 @@
-"""A rough wall time for a job, from how long one local step and one forward pass of its model take
-on this machine: the estimate ``raysim run --dry-run`` prints.
+"""A rough wall time for a job, from how long one local step, one forward pass and one client's
+fixed work take for its model on this machine: the estimate ``raysim run --dry-run`` prints.
 
-Both are measured once per machine, model section and batch shapes, and cached in
+All three are measured once per machine, model section and batch shapes, and cached in
 ``<raysim home>/calibration.json``: the job's model on a batch of ``batch_size`` rows of its store
 (rows repeated when the store has fewer), ``WARMUP`` untimed steps, then the median of ``STEPS``
-timed steps of forward, task loss, backward and an SGD step, and the median of ``STEPS`` forward
-passes on a batch of ``evaluation.batch_size`` rows; on the CPU, in this process, with as many
-torch threads as a worker gets (``resources.cpus_per_worker``). A run then takes about
+timed steps of forward, task loss, backward and an SGD step; the median of ``STEPS`` forward
+passes on a batch of ``evaluation.batch_size`` rows; and the median of ``STEPS`` clients' work
+outside their steps (``client_seconds``); on the CPU, in this process, with as many torch threads
+as a worker gets (``resources.cpus_per_worker``). A run then takes about
 
 - training: rounds x cohort x local steps x step time / workers training at once (Ray's workers,
   at most as many as this machine's cores hold; serial's one);
 - evaluation: evaluated rounds (every ``evaluation.every``-th, the last, and the start with
   ``at_start``) x examples evaluated (the central test set and the evaluated clients' test splits)
   x a forward pass's time per example;
-- overhead: ``STARTUP_S`` and, with Ray, ``RAY_START_S`` once; ``ROUND_S`` a round and
-  ``CLIENT_S`` a client training (dispatch, weights in and the update out, its data read) shared
-  by the workers.
+- overhead: ``STARTUP_S`` and, with Ray, ``RAY_START_S`` once; ``ROUND_S`` a round; and a
+  client's fixed work, measured, for each client trained, shared by the workers. Ray adds nothing
+  per client: a worker takes its share of a round's clients in one call and returns one partial.
 
 How rough: a plugin's extra server work (distillation, data-free synthesis, Fisher passes,
 FuseFL's fusion), extra local work (LSS's or FedGuCci's regularizers, SAM's second pass),
@@ -25,6 +26,7 @@ slower; expect a real run within about 1.5x on a quiet machine. Delete the file 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -32,19 +34,24 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from raysim import params as P
+from raysim.aggregate import WeightedMean
 from raysim.config import JobConfig
 from raysim.data.store import ClientStore
 from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_job_model
-from raysim.train.local import LocalTrainConfig
+from raysim.runtime.device_reads import check_finite_result
+from raysim.train.local import LocalTrainConfig, to_tensors
+from raysim.types import ClientResult, Params
 
 WARMUP, STEPS = 2, 7
 # From jobs/quickstart.yaml's fedavg on 2 shared CPU cores (2026-12-06): 6.7 s before the first round
@@ -52,16 +59,18 @@ WARMUP, STEPS = 2, 7
 STARTUP_S = 7.0  # the process's imports, data opened, the MLflow run started
 RAY_START_S = 15.0  # Ray's processes and workers started, once a run
 ROUND_S = {"serial": 0.05, "ray": 0.1}  # a round outside the workers: merge, server step, logging
-CLIENT_S = 0.05  # a client training's fixed cost: dispatch, weights in, update out, data read
 CACHE_FILE = "calibration.json"
+CACHE_VERSION = 2  # raise it when ``Costs`` or what they time changes: older entries are measured again
 
 
 @dataclass(frozen=True)
 class Costs:
-    """One measured local SGD step, and one example's share of a forward pass (evaluation)."""
+    """One measured local SGD step, one example's share of a forward pass (evaluation), and one
+    client's fixed work outside its steps."""
 
     step_s: float
     forward_s: float
+    client_s: float
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,16 @@ class Estimate:
 
 
 def estimate_run(job: JobConfig, store: ClientStore, home: str | Path) -> Estimate | None:
-    """The job's estimated wall time; None for a plugin without a ``local`` section of local SGD."""
+    """The job's estimated wall time, its costs measured here or cached under ``home``; None for a
+    plugin without a ``local`` section of local SGD."""
     local = local_section(job.algorithm.config)
     if not isinstance(local, LocalTrainConfig):
         return None
+    return estimate(job, store, local, measured_costs(job, store, local.batch_size, Path(home) / CACHE_FILE))
+
+
+def estimate(job: JobConfig, store: ClientStore, local: LocalTrainConfig, costs: Costs) -> Estimate:
+    """The job's estimated wall time from these costs: training, evaluation and overhead."""
     sizes = store.num_examples("train")
     if job.engine.max_client_examples is not None:
         sizes = np.minimum(sizes, job.engine.max_client_examples)
@@ -97,10 +112,9 @@ def estimate_run(job: JobConfig, store: ClientStore, home: str | Path) -> Estima
     examples = evaluation_rounds(job) * evaluated_examples(job, store)
     shape = (local.batch_size, *store.spec.input_shape)
     basis = f"{job.model.name} on a batch of {'x'.join(map(str, shape))}"
-    costs = measured_costs(job, store, local.batch_size, Path(home) / CACHE_FILE)
     backend = job.resources.backend
     overhead = STARTUP_S + (RAY_START_S if backend == "ray" else 0.0)
-    overhead += rounds * (ROUND_S.get(backend, ROUND_S["ray"]) + cohort * CLIENT_S / workers)
+    overhead += rounds * (ROUND_S.get(backend, ROUND_S["ray"]) + cohort * costs.client_s / workers)
     training = steps * costs.step_s / workers
     return Estimate(training, examples * costs.forward_s, overhead, costs, steps, examples, basis)
 
@@ -143,26 +157,49 @@ def threads(job: JobConfig) -> int:
 
 
 def measured_costs(job: JobConfig, store: ClientStore, batch_size: int, cache: Path) -> Costs:
-    """A local step's and an evaluated example's seconds: from the cache, else measured now and cached."""
+    """The job's costs on this machine: from the cache, else measured now and cached."""
     eval_batch = job.evaluation.batch_size
     key = json.dumps(
-        [platform.node(), platform.machine(), os.cpu_count(), torch.__version__, job.model.to_dict()]
-        + [batch_size, eval_batch, list(store.spec.input_shape), store.spec.task, threads(job)],
+        [CACHE_VERSION, platform.node(), platform.machine(), os.cpu_count(), torch.__version__]
+        + [job.model.to_dict(), batch_size, eval_batch, list(store.spec.input_shape), store.spec.task]
+        + [threads(job)],
         sort_keys=True,
     )
     known = _read(cache)
-    if not isinstance(known.get(key), dict):  # none, or an older cache's step alone
+    costs = _costs_of(known.get(key))
+    if costs is None:
         costs = measure(job, store, batch_size, eval_batch)
-        known[key] = {"step_s": costs.step_s, "forward_s": costs.forward_s}
+        known[key] = asdict(costs)
         _write(cache, known)
-    return Costs(float(known[key]["step_s"]), float(known[key]["forward_s"]))
+    return costs
+
+
+def _costs_of(entry: object) -> Costs | None:
+    """A cache entry's costs; None for none or one that lacks a cost (measure again)."""
+    names = [f.name for f in fields(Costs)]
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(n), (int, float)) for n in names):
+        return None
+    return Costs(**{n: float(entry[n]) for n in names})
 
 
 def measure(job: JobConfig, store: ClientStore, batch_size: int, eval_batch: int) -> Costs:
-    """The median seconds of one SGD step of the job's model on a batch shaped like its data, and
-    of one example's share of a forward pass on an evaluation batch (a median, not the fastest:
-    a run meets the machine as it is, other work included)."""
+    """The job's model's step, forward pass and client costs, with a worker's torch threads."""
     model = build_job_model(job, store.spec)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads(job))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            step_s = step_seconds(model, store, batch_size)
+            forward_s = forward_seconds(model, store, eval_batch)
+            client_s = client_seconds(model, store)
+    finally:
+        torch.set_num_threads(before)
+    return Costs(step_s, forward_s, client_s)
+
+
+def step_seconds(model: nn.Module, store: ClientStore, batch_size: int) -> float:
+    """The median seconds of one SGD step of the model on a batch shaped like the store's data (a
+    median, not the fastest: a run meets the machine as it is, other work included)."""
     x, y = _batch(store, batch_size)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -171,17 +208,37 @@ def measure(job: JobConfig, store: ClientStore, batch_size: int, eval_batch: int
         _loss(model(x), x, y, store.spec.task).backward()
         optimizer.step()
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads(job))
-    try:
-        with torch.random.fork_rng(devices=[]):
-            step_s = _median_seconds(step)
-            x, _ = _batch(store, eval_batch)
-            with torch.no_grad():
-                forward_s = _median_seconds(lambda: model(x)) / eval_batch
-    finally:
-        torch.set_num_threads(before)
-    return Costs(step_s, forward_s)
+    return _median_seconds(step)
+
+
+def forward_seconds(model: nn.Module, store: ClientStore, eval_batch: int) -> float:
+    """One example's share of the median forward pass on an evaluation batch."""
+    x, _ = _batch(store, eval_batch)
+    with torch.no_grad():
+        return _median_seconds(lambda: model(x)) / eval_batch
+
+
+def client_seconds(model: nn.Module, store: ClientStore) -> float:
+    """The median seconds a worker spends on a client outside its local steps
+    (``raysim.runtime.worker``): the global weights loaded into its resident model, the client's
+    examples read and made tensors, its update (global - local) computed and checked finite, and
+    that folded into the round's float64 sum. All but the read grow with the model."""
+    global_params = P.clone(P.model_params(model))
+    aggregator: WeightedMean[Params] = WeightedMean()
+    partial = aggregator.zero()
+    clients = itertools.cycle(range(store.num_clients))  # a new client each time, as a round reads
+
+    def client() -> None:
+        nonlocal partial
+        P.load_into(model, global_params)
+        to_tensors(store.client_data(next(clients)))
+        result: ClientResult[Params, None] = ClientResult(
+            P.delta(global_params, P.model_params(model)), weight=1.0
+        )
+        check_finite_result(result)
+        partial = aggregator.add(partial, 0, result)
+
+    return _median_seconds(client)
 
 
 def _batch(store: ClientStore, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:

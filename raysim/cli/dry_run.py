@@ -115,7 +115,8 @@ def estimate_line(estimates: list[Estimate | str], jobs: list[JobConfig]) -> str
         f"~{duration(sum(parts.values()))} on this machine, one after another (rough: "
         + ", ".join(f"{part} {duration(seconds)}" for part, seconds in parts.items())
         + f"; {basis.costs.step_s * 1000:.3g} ms a local step of {basis.basis}, "
-        f"{basis.costs.forward_s * 1000:.2g} ms an evaluated example; raysim.bench.calibration, "
+        f"{basis.costs.forward_s * 1000:.2g} ms an evaluated example, "
+        f"{basis.costs.client_s * 1000:.2g} ms a client's work outside its steps; raysim.bench.calibration, "
         f"cached in {Path(raysim_home()) / CACHE_FILE})"
     )
     return text + (f"; {len(unknown)} of {len(jobs)} not counted: {unknown[0]}" if unknown else "")

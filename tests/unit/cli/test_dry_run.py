@@ -52,7 +52,7 @@ def test_the_summary_raises_what_the_runs_start_would():
 def test_the_estimate_line_names_its_parts(monkeypatch):
     from raysim.bench.calibration import Costs, Estimate
 
-    costs = Costs(0.0124, 0.0006)
+    costs = Costs(0.0124, 0.0006, 0.0031)
     estimate = Estimate(100.0, 20.0, 30.0, costs, steps=1000, examples=500, basis="mlp on a batch of 10x64")
     monkeypatch.setattr(dry_run, "check_start", lambda job: object())  # a prepared store
     monkeypatch.setattr(dry_run, "estimate_run", lambda job, store, home: estimate)
@@ -60,7 +60,7 @@ def test_the_estimate_line_names_its_parts(monkeypatch):
     assert line.startswith(
         "  estimate  ~5 min on this machine, one after another (rough: training 3 min, evaluation "
         "40 s, overhead 60 s; 12.4 ms a local step of mlp on a batch of 10x64, 0.6 ms an evaluated "
-        "example; raysim.bench.calibration, cached in "
+        "example, 3.1 ms a client's work outside its steps; raysim.bench.calibration, cached in "
     )
 
 

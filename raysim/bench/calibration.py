@@ -157,7 +157,8 @@ def threads(job: JobConfig) -> int:
 
 
 def measured_costs(job: JobConfig, store: ClientStore, batch_size: int, cache: Path) -> Costs:
-    """The job's costs on this machine: from the cache, else measured now and cached."""
+    """The job's costs on this machine: from the cache, else measured now and cached. Both backends
+    run the same worker code, so the worker's threads stand for the backend in the key."""
     eval_batch = job.evaluation.batch_size
     key = json.dumps(
         [CACHE_VERSION, platform.node(), platform.machine(), os.cpu_count(), torch.__version__]

@@ -357,6 +357,13 @@ def bench(log: Any, env: dict[str, str], name: str, dry: bool, has_ray: bool) ->
         "vectorized_round_s",
         "vectorized_vs_plain",
         "vectorized_clients_per_s",
+        "ratio_to_ideal_iqr",
+        "round_spread_s",  # the rounds' variation and the phase it comes from (item 5's question)
+        "spread_phase",
+        "spread_phase_s",
+        "phase_spread_s",
+        "raysim_rounds_s",
+        "raysim_round_phases",
     )
     result.update({k: found[k] for k in keep if k in found})
     result.update({k: v for k, v in found.items() if k.startswith("gpu_")})  # the layout measured

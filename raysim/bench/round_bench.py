@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +40,10 @@ from raysim.bench.plain_loop import ParallelPlainLoop, PlainLoop
 from raysim.bench.startup import startup_seconds, startup_table
 from raysim.config import JobConfig
 from raysim.engine.build import build
+from raysim.engine.round_timer import WALL
 from raysim.tracking.tracker import MemoryTracker
+
+PHASE_PREFIX = "sys/time/"  # the round timer's phases (raysim.engine.round_timer)
 
 
 def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> dict[str, Any]:
@@ -73,11 +77,14 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         f"timed rounds after {bench.warmup_rounds} warm-up; plain loop on {device.type}"
     )
     raysim_s, plain_s, overhead_s, tokens, vectorized_s, parallel_s = [], [], [], [], [], []
+    phases: list[dict[str, float]] = []  # each timed round's split (sys/time/*): what varies
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
             state, metrics = services.run_round(state, round_num)
             raysim_round = time.perf_counter() - t0
+            timer = services.take_round_timer(round_num)  # end_round's split, which a bench never calls
+            metrics = metrics | (timer.metrics() if timer is not None else {})
             vectorized_round = vectorized.round(round_num, plain.global_state) if vectorized else 0.0
             plain_round = plain.round(round_num) if bench.plain_loop else plain.count(round_num)
             parallel_round = parallel.round(round_num) if parallel is not None else 0.0
@@ -85,6 +92,7 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
                 raysim_s.append(raysim_round)
                 plain_s.append(plain_round)
                 overhead_s.append(metrics["sys/driver_overhead_s"])
+                phases.append({k: float(v) for k, v in metrics.items() if k.startswith(PHASE_PREFIX)})
                 tokens.append(plain.tokens)
                 vectorized_s.append(vectorized_round)
                 parallel_s.append(parallel_round)
@@ -99,6 +107,8 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         figures = raysim_alone(job, workers, raysim_s)
     figures["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     figures["driver_overhead_s"] = statistics.median(overhead_s)
+    figures["raysim_round_phases"] = phases
+    figures |= phase_spread(phases)
     figures |= {k: v for k, v in tracker.tags.items() if k.startswith("gpu")}  # the measured layout
     unit = "tokens" if services.store.spec.task == "causal_lm" else "examples"
     figures[f"raysim_{unit}_per_s"] = sum(tokens) / sum(raysim_s)  # totals: the rounds as run
@@ -129,6 +139,11 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         f"outside the workers (broadcast, transfer, merge, server step): "
         f"{figures['driver_overhead_s']:.3f} s per round (median)"
     )
+    if "spread_phase" in figures:
+        console.print(
+            f"raysim's rounds vary by {figures['round_spread_s']:.3f} s (interquartile range), most in "
+            f"{figures['spread_phase']} ({figures['spread_phase_s']:.3f} s)"
+        )
     if bench.plain_loop:
         console.print(
             f"{unit}/s over the timed rounds: raysim {figures[f'raysim_{unit}_per_s']:.0f}, plain loop "
@@ -153,6 +168,29 @@ def run_benchmark(path: str | Path, overrides: list[str], console: Console) -> d
         )
     console.print(f"figures written to {out / f'{job.name}.json'}")
     return figures
+
+
+def phase_spread(phases: list[dict[str, float]]) -> dict[str, Any]:
+    """Where raysim's round-to-round variation comes from: the interquartile range of the rounds'
+    wall time, and the phase (``sys/time/*``, wall time itself left out) whose own range is widest.
+    Empty with fewer than two rounds or no phases."""
+    wall = [p.get(WALL) for p in phases]
+    names = sorted({k for p in phases for k in p} - {WALL})
+    if len(phases) < 2 or not names or any(w is None for w in wall):
+        return {}
+    spread = {name: _iqr([p.get(name, 0.0) for p in phases]) for name in names}
+    widest = max(names, key=spread.__getitem__)
+    return {
+        "round_spread_s": _iqr([w for w in wall if w is not None]),
+        "spread_phase": widest.removeprefix(PHASE_PREFIX).removesuffix("_s"),
+        "spread_phase_s": spread[widest],
+        "phase_spread_s": spread,
+    }
+
+
+def _iqr(values: list[float]) -> float:
+    low, high = np.percentile(values, [25, 75])
+    return float(high - low)
 
 
 def training_cores(job: JobConfig, num_workers: int, device: torch.device) -> int:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from raysim.bench.bench_file import load_benchmark
-from raysim.bench.round_bench import raysim_alone, summarize, training_cores
+from raysim.bench.round_bench import phase_spread, raysim_alone, summarize, training_cores
 
 JOB = "jobs/bench/pfl_cifar10.yaml"  # Ray workers on the CPU, one thread each
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -39,3 +39,19 @@ def test_without_the_plain_loop_raysims_rounds_stand_alone():
     figures = raysim_alone(job, 2, [2.0, 4.0, 5.0])
     assert figures["raysim_clients_per_s"] == pytest.approx(1000 / 4.0)
     assert not any(key.startswith(("plain", "ratio", "ideal")) for key in figures)
+
+
+def test_the_rounds_spread_is_put_on_the_phase_that_varies_most():
+    # four rounds: training steady at 1.0 s, data loading 0.1-0.9 s, the wall time their sum
+    loading = [0.1, 0.9, 0.1, 0.9]
+    phases = [
+        {"sys/time/wall_s": 1.0 + d, "sys/time/training_s": 1.0, "sys/time/data_loading_s": d}
+        for d in loading
+    ]
+    spread = phase_spread(phases)
+    # the 25th and 75th percentiles of [0.1, 0.1, 0.9, 0.9] by linear interpolation: 0.1 and 0.9
+    assert spread["spread_phase"] == "data_loading"
+    assert spread["spread_phase_s"] == pytest.approx(0.8)
+    assert spread["round_spread_s"] == pytest.approx(0.8)
+    assert spread["phase_spread_s"]["sys/time/training_s"] == 0.0
+    assert phase_spread(phases[:1]) == {} and phase_spread([{}, {}]) == {}

@@ -156,6 +156,7 @@ class ClientTrainer:
             t0 = time.perf_counter()
             try:
                 budget = options.step_budgets.get(client_id)
+                key = options.state_keys.get(client_id, round_num)  # asynchronous: its launch
                 with timer.phase("training"):
                     if chunks is not None:
                         (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
@@ -166,12 +167,11 @@ class ClientTrainer:
                         peak = PeakMemory(self.device) if measured else None
                         with peak or contextlib.nullcontext():
                             result, rows = self._train_one(
-                                payload, global_params, client_id, round_num, probes, budget
+                                payload, global_params, client_id, round_num, probes, budget, key
                             )
                         if peak is not None:
                             peak_bytes = max(peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
-                    key = options.state_keys.get(client_id, round_num)  # asynchronous: its launch
                     result, sent = self.uplink.send(result, client_id, key)  # compression.upload
                 if result.state is not None:
                     with timer.phase("data_loading"):
@@ -188,10 +188,10 @@ class ClientTrainer:
             if self.job.privacy is not None and self.job.privacy.local is not None:
                 # local DP: only the clipped, noised update leaves the client (raysim.privacy.local_noise)
                 with timer.phase("training"):
-                    seed = noise_seed(self.job.seed, round_num, client_id, self.noise_salt)
+                    seed = noise_seed(self.job.seed, key, client_id, self.noise_salt)
                     result = release_result(result, self.job.privacy.local, seed)
             if client_id in self.attackers and self.job.attack is not None:  # what it sends instead
-                result = attacked_result(result, self.job.attack, self.job.seed, round_num, client_id)
+                result = attacked_result(result, self.job.attack, self.job.seed, key, client_id)
             with timer.phase("reduce"):
                 partial = aggregator.add(partial, position, result)
             for name, row in rows.items():
@@ -235,7 +235,8 @@ class ClientTrainer:
             if params:
                 P.load_into(self.model, params)
             self.model.train()
-            ctxs = [self._context(payload, params, c, round_num, budgets.get(c)) for c in ids]
+            keys = options.state_keys
+            ctxs = [self._context(payload, params, c, round_num, budgets.get(c), keys.get(c)) for c in ids]
             with local_precision(self.job.resources, self.device):
                 return algorithm.vectorized_update(ctxs)
 
@@ -254,15 +255,17 @@ class ClientTrainer:
         round_num: int,
         probes: dict[str, Probe],
         step_budget: int | None = None,
+        key: int | None = None,
     ) -> tuple[ClientResult, dict[str, Metrics]]:
-        seed = client_seed(self.job.seed, round_num, client_id)
+        key = round_num if key is None else key  # what keys its draws (``_context``)
+        seed = client_seed(self.job.seed, key, client_id)
         model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
             P.load_into(model, global_params)  # in place: the model is never rebuilt
         else:
             self.resident.restore_initial(client_id)
         model.zero_grad(set_to_none=True)
-        data = self.round_data(client_id, round_num)
+        data = self.round_data(client_id, key)
         view = ClientView(
             client_id,
             round_num,
@@ -273,7 +276,7 @@ class ClientTrainer:
         )
         before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
         model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
-        ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
+        ctx = self._context(payload, global_params, client_id, round_num, step_budget, key, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         with local_precision(self.job.resources, self.device):
             result = self.algorithm.client_update(ctx)
@@ -290,9 +293,13 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         budget: int | None,
+        key: int | None = None,
         data: ClientData | None = None,
     ) -> ClientContext:
-        """The client's context on the resident model (its data read here unless given)."""
+        """The client's context on the resident model (its data read here unless given). Its draws
+        (data, seed) are keyed by ``key``, an asynchronous client's launch (two launches from one
+        version draw apart), else the round; ``round_num`` stays the model's version."""
+        key = round_num if key is None else key
         own = payload.per_client.get(client_id)
         return ClientContext(
             client_id=client_id,
@@ -300,9 +307,9 @@ class ClientTrainer:
             model=self.model_of(client_id),
             payload=payload,
             global_params=params,
-            data=data if data is not None else self.round_data(client_id, round_num),
+            data=data if data is not None else self.round_data(client_id, key),
             state=self._client_state(client_id, round_num),
-            seed=client_seed(self.job.seed, round_num, client_id),
+            seed=client_seed(self.job.seed, key, client_id),
             device=self.device,
             spec=self.store.spec,
             client_init=lambda: self.client_init(client_id),

@@ -22,7 +22,9 @@ def test_fedbuff_with_a_buffer_of_every_client_is_a_fedavg_round(tmp_path):
     # transfers take 4 s and training next to nothing: every client reports once before the first
     # one's second report, so the buffer holds each client once, all from the initial model
     fast = DEVICES | {"examples_per_s": 1e6, "examples_per_s_sigma": 0}
-    system = {"system": {"devices": fast}}
+    # one batch a client: an asynchronous client draws its shuffle by launch, a round's by the
+    # round, and a whole-data batch makes the two orders one update
+    system = {"system": {"devices": fast}, "algorithm": {"local": {"batch_size": 4096}}}
     synchronous = run(tiny_job(engine={"num_rounds": 1, "cohort_size": 20}, **system), output_dir=tmp_path)
     fedbuff = {"kind": "fedbuff", "concurrency": 20, "buffer_size": 20}
     buffered = run(tiny_job(engine={"num_rounds": 1, "asynchrony": fedbuff}, **system), output_dir=tmp_path)

@@ -71,12 +71,14 @@ def server_steps(
     """Each server step's arrivals (``count`` reports, in order) and failures among them, from step
     ``first`` (``now``: when the step before it ended). A slot that frees while the buffer fills
     starts a client on the model of the moment; the last one's waits for the step, whose new model
-    it then trains (so a checkpoint taken at a step sees that slot still free)."""
-    clock.fill(first, now)
+    it then trains, launched as the next step begins: a checkpoint taken at a step (``final.pt``
+    too) sees that slot still free, and a finished run launches no client it would not train (an
+    availability trace that ends there fails only a resume that runs on)."""
     for step in range(first, steps):
+        clock.fill(step, now)
         arrived, failed = arrivals(clock, count, step)
         yield step, arrived, failed
-        clock.fill(step + 1, arrived[-1].end_s)
+        now = arrived[-1].end_s
 
 
 def arrivals(clock: AsyncClock, count: int, version: int) -> tuple[list[Flight], int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -28,7 +27,7 @@ from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import round_aggregator
 from raysim.privacy.local_noise import release_result
-from raysim.probe import ClientView, Probe
+from raysim.probe import ClientView, Probe, measured
 from raysim.robust.attacks import attacked_result, job_malicious
 from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
@@ -235,8 +234,8 @@ class ClientTrainer:
             if params:
                 P.load_into(self.model, params)
             self.model.train()
-            keys = options.state_keys
-            ctxs = [self._context(payload, params, c, round_num, budgets.get(c), keys.get(c)) for c in ids]
+            keys = {c: options.state_keys.get(c, round_num) for c in ids}
+            ctxs = [self._context(payload, params, c, round_num, budgets.get(c), keys[c]) for c in ids]
             with local_precision(self.job.resources, self.device):
                 return algorithm.vectorized_update(ctxs)
 
@@ -254,10 +253,9 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         probes: dict[str, Probe],
-        step_budget: int | None = None,
-        key: int | None = None,
+        step_budget: int | None,
+        key: int,
     ) -> tuple[ClientResult, dict[str, Metrics]]:
-        key = round_num if key is None else key  # what keys its draws (``_context``)
         seed = client_seed(self.job.seed, key, client_id)
         model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
@@ -274,14 +272,14 @@ class ClientTrainer:
             self._evaluate,
             lambda: self.store.client_data(client_id, "test"),
         )
-        before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
+        before = {name: measured(probe.before_training, view) for name, probe in probes.items()}
         model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
         ctx = self._context(payload, global_params, client_id, round_num, step_budget, key, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         with local_precision(self.job.resources, self.device):
             result = self.algorithm.client_update(ctx)
         rows = {
-            name: {"client_id": float(client_id), **before[name], **_measure(probe.after_training, view)}
+            name: {"client_id": float(client_id), **before[name], **measured(probe.after_training, view)}
             for name, probe in probes.items()
         }
         return result, rows
@@ -293,13 +291,11 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         budget: int | None,
-        key: int | None = None,
+        key: int,
         data: ClientData | None = None,
     ) -> ClientContext:
-        """The client's context on the resident model (its data read here unless given). Its draws
-        (data, seed) are keyed by ``key``, an asynchronous client's launch (two launches from one
-        version draw apart), else the round; ``round_num`` stays the model's version."""
-        key = round_num if key is None else key
+        """The client's context on the resident model (its data read here unless given); ``key``
+        keys its draws: the round, or an asynchronous client's launch (``round_num``: the version)."""
         own = payload.per_client.get(client_id)
         return ClientContext(
             client_id=client_id,
@@ -397,11 +393,3 @@ class ClientTrainer:
     def model_of(self, client_id: int) -> nn.Module:
         """The resident model of the client's architecture (the job's model without model groups)."""
         return self.resident.of_client(client_id)
-
-
-def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:
-    """A probe hook in eval mode without gradients: measuring must not change training (no
-    BatchNorm statistics updated, no gradients left behind)."""
-    view.model.eval()
-    with torch.no_grad():
-        return hook(view)

@@ -11,7 +11,7 @@ from test_async_setup import job
 
 from raysim.config.asynchrony import AsynchronyConfig
 from raysim.config.robust import ALIE, Krum, MultiKrum
-from raysim.engine.async_robust import release_buffer
+from raysim.engine.async_robust import release_buffer, stacked
 from raysim.engine.async_rounds import server_step
 from raysim.gathered_updates import Gathered, flatten, template_of
 from raysim.robust.release import RunRobust
@@ -109,3 +109,12 @@ def test_a_stale_alie_attacker_is_scaled_by_its_own_staleness_weight():
     expected = (honest[:3].sum(0) + 0.1 * honest[3] + 0.1 * attacker) / 5
     np.testing.assert_allclose(released.aggregate["w"].numpy(), expected, rtol=1e-6)
     assert robust.metrics()["attack/malicious_in_cohort"] == 1.0
+
+
+def test_the_buffer_holds_the_groups_rows_themselves_with_their_staleness_weights():
+    # the driver keeps two copies of the rows (the groups' and the rule's stack), as a synchronous
+    # round does; scaled copies made a third (an outside review)
+    parts = groups(fresh=3)
+    rows, scales = stacked(parts)
+    assert all(a is b for a, b in zip(rows.vectors, [v for _, _, o in parts for v in o.aggregate.vectors]))
+    assert rows.positions == [0, 1, 2, 3, 4] and scales == [1.0, 1.0, 1.0, 0.1, 0.1]

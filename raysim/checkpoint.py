@@ -109,6 +109,7 @@ def save_checkpoint(
     selection: dict[str, Any] | None = None,
     downlink: dict[str, Any] | None = None,
     asynchrony: dict[str, Any] | None = None,
+    time_to_target: list[float] | None = None,
 ) -> Path:
     """Writes atomically; ``round_num`` is the last completed round.
 
@@ -118,7 +119,8 @@ def save_checkpoint(
     (``raysim.engine.selection_setup``), as plain values. ``downlink`` is the server's state for
     ``compression.download`` (``raysim.compress.downlink``: the public model, tensors).
     ``asynchrony`` is an asynchronous run's clock, clients in flight and the model versions they
-    need (``raysim.engine.async_state``).
+    need (``raysim.engine.async_state``). ``time_to_target`` lists the
+    ``evaluation.time_to_target`` values reached: a resumed run logs none of them again.
 
     ``run`` names the MLflow run that wrote the checkpoint (``run_id``, ``tracking_uri``):
     resuming from it continues that run. Checkpoints written before it existed load as ``None``.
@@ -143,6 +145,7 @@ def save_checkpoint(
         "selection": selection,
         "downlink": downlink,
         "asynchrony": asynchrony,
+        "time_to_target": time_to_target,
         "state": {
             "params": state.params,
             "opt_state": state.opt_state,
@@ -187,6 +190,7 @@ class Checkpoint:
     selection: Any = None  # engine.selection's state; None: uniform, or an older file
     downlink: Any = None  # compression.download's state; None: sent whole, or an older file
     asynchrony: Any = None  # engine.asynchrony's state; None: a synchronous run, or an older file
+    time_to_target: Any = None  # the target values reached; None: no targets, or an older file
 
 
 def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpoint:
@@ -210,7 +214,17 @@ def read_checkpoint(path: str | Path, with_client_state: bool = True) -> Checkpo
     downlink = raw.get("downlink")  # None: the broadcast went whole, or an older file
     asynchrony = raw.get("asynchrony")  # checked by the run that resumes (raysim.engine.async_state)
     return Checkpoint(
-        Path(path), state, round_num, raw["job"], state_dir, run, privacy, selection, downlink, asynchrony
+        Path(path),
+        state,
+        round_num,
+        raw["job"],
+        state_dir,
+        run,
+        privacy,
+        selection,
+        downlink,
+        asynchrony,
+        raw.get("time_to_target"),
     )
 
 

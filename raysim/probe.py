@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
@@ -67,6 +68,14 @@ class ClientView:
     data: ClientData
     evaluate: Callable[[ClientData], Metrics]
     test_data: Callable[[], ClientData]
+
+
+def measured(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:
+    """A probe hook in eval mode without gradients: measuring must not change training (no
+    BatchNorm statistics updated, no gradients left behind)."""
+    view.model.eval()
+    with torch.no_grad():
+        return hook(view)
 
 
 @dataclass(frozen=True)

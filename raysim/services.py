@@ -123,9 +123,10 @@ class RoundOptions:
     the job sets ``privacy.central`` (each contribution clipped on its worker), and whether every
     update is kept (``gathers``: a robust rule or ALIE reads them all, ``raysim.gathered_updates``),
     and the key under which a client's upload encoder reads its memory (the newest state kept before
-    it), keeps its state and seeds its draws, where it is not the round (``state_keys``: an
-    asynchronous client's launch index, ``raysim.engine.async_rounds``, whose plugins keep no
-    state of their own)."""
+    it), keeps its state and seeds every draw (its data, shuffling, dropout, noise, attack, encoder),
+    where it is not the round (``state_keys``: an asynchronous client's launch index,
+    ``raysim.engine.async_rounds``, whose plugins keep no state of their own; the plugin's round
+    stays the model's version)."""
 
     probes: tuple[str, ...] = ()
     keep_local_models: bool = False

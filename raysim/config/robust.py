@@ -173,7 +173,7 @@ def robust_problems(
     central DP, the plugin's aggregator (``algorithm``: its name and built plugin), vectorizing."""
     # asynchronous FedBuff's rule reads a buffer, not a cohort: raysim.engine.async_setup checks it
     sync = engine.asynchrony is None
-    problems = _cohort_problems(robust, engine.cohort_size) if robust is not None and sync else []
+    problems = cohort_problems(robust, engine.cohort_size) if robust is not None and sync else []
     if robust is not None and central_privacy:
         problems.append(
             "robust: a robust rule reads every update, central DP releases only their noised sum; "
@@ -199,15 +199,21 @@ def robust_problems(
     return problems
 
 
-def _cohort_problems(robust: RobustConfig, n: int) -> list[str]:
+def cohort_problems(
+    robust: RobustConfig, n: int, cohort: str = "cohort", knob: str = "engine.cohort_size"
+) -> list[str]:
+    """The rule against the ``n`` updates it reads at once: a round's ``cohort``, or FedBuff's
+    buffer (``cohort="buffer"``, ``knob`` its buffer_size); one line each, naming ``knob``."""
     if isinstance(robust, Krum | MultiKrum) and n <= 2 * robust.f + 2:
         return [
-            f"robust.f: {robust.rule} needs a cohort of more than 2f + 2 = {2 * robust.f + 2} "
-            f"clients, engine.cohort_size is {n}; lower f to at most {max((n - 3) // 2, 0)} "
-            f"or raise the cohort"
+            f"robust.f: {robust.rule} needs a {cohort} of more than 2f + 2 = {2 * robust.f + 2} "
+            f"updates, {knob} is {n}; lower f to at most {max((n - 3) // 2, 0)} or raise {knob}"
         ]
     if isinstance(robust, MultiKrum) and robust.m is not None and robust.m > n:
-        return [f"robust.m: averages the m best of the cohort's {n} updates; choose m in 1..{n}"]
+        return [f"robust.m: averages the m best of the {cohort}'s {n} updates; choose m in 1..{n}"]
     if isinstance(robust, TrimmedMean) and n - 2 * trimmed_count(robust.beta, n) < 1:
-        return [f"robust.beta: trimming {robust.beta} of {n} from each side leaves no update; lower it"]
+        return [
+            f"robust.beta: trimming {robust.beta} of {n} from each side leaves no update of the "
+            f"{cohort}; lower beta or raise {knob}"
+        ]
     return []

@@ -3,8 +3,9 @@
 Each logged step is one server step. ``raysim.systems.async_clock.AsyncClock`` says which clients
 arrive, from which model version; the arrivals are trained here, at the step that folds them,
 grouped by the version each started from. That is the same simulation as training each client
-when it starts: its update depends only on its start model, its data and its seed (keyed by the
-version, ``round_num`` to the workers), never on what the server did meanwhile. Only the model
+when it starts: its update depends only on its start model (its version, ``round_num`` to the
+workers) and its draws (data, seed: keyed by its launch, ``RoundOptions.state_keys``, so two
+launches from one version train apart), never on what the server did meanwhile. Only the model
 versions some client in flight started from are kept (``raysim.engine.async_state``, which a
 checkpoint saves so that a resumed run goes on as if never stopped).
 """
@@ -70,12 +71,14 @@ def server_steps(
     """Each server step's arrivals (``count`` reports, in order) and failures among them, from step
     ``first`` (``now``: when the step before it ended). A slot that frees while the buffer fills
     starts a client on the model of the moment; the last one's waits for the step, whose new model
-    it then trains (so a checkpoint taken at a step sees that slot still free)."""
-    clock.fill(first, now)
+    it then trains, launched as the next step begins: a checkpoint taken at a step (``final.pt``
+    too) sees that slot still free, and a finished run launches no client it would not train (an
+    availability trace that ends there fails only a resume that runs on)."""
     for step in range(first, steps):
+        clock.fill(step, now)
         arrived, failed = arrivals(clock, count, step)
         yield step, arrived, failed
-        clock.fill(step + 1, arrived[-1].end_s)
+        now = arrived[-1].end_s
 
 
 def arrivals(clock: AsyncClock, count: int, version: int) -> tuple[list[Flight], int]:
@@ -165,7 +168,7 @@ def train(
     version = batch[0].version
     payload = delta_plugin(engine).payload(start, version, engine.info)
     budgets = {flight.client: flight.budget for flight in batch if flight.budget is not None}
-    launches = {flight.client: flight.launch for flight in batch}  # each launch's state, read and kept
+    launches = {flight.client: flight.launch for flight in batch}  # its draws, state read and kept
     cohort = np.array([flight.client for flight in batch], dtype=np.int64)
     options = RoundOptions(step_budgets=budgets, gathers=gathers, state_keys=launches)
     return engine.train_cohort(payload, cohort, version, options)

@@ -11,7 +11,7 @@ from raysim.aggregate import WeightedMean
 from raysim.algorithm import AnyAlgorithm, has_protocol, plugin_hook
 from raysim.config import JobConfig
 from raysim.config.plugins import update_delta
-from raysim.config.robust import ALIE, Krum, MultiKrum
+from raysim.config.robust import ALIE, cohort_problems
 from raysim.errors import ConfigError
 from raysim.plugin_defaults import aggregator_of, client_state_type
 
@@ -88,15 +88,7 @@ def robust_problems(job: JobConfig) -> list[str]:
             "robust rules and ALIE compare a step's updates, and FedAsync folds one update a step (a "
             "rule over one update is that update): use kind fedbuff, or unset robust and attack.alie"
         ]
-    n = config.updates_per_step
-    if isinstance(rule, Krum | MultiKrum) and n <= 2 * rule.f + 2:
-        return [
-            f"robust.f: {rule.rule} needs a buffer of more than 2f + 2 = {2 * rule.f + 2} updates, "
-            f"buffer_size is {n}; raise buffer_size or lower f"
-        ]
-    if isinstance(rule, MultiKrum) and rule.m is not None and rule.m > n:
-        return [f"robust.m: averages the m best of a buffer's {n} updates; choose m in 1..{n}"]
-    return []
+    return [] if rule is None else cohort_problems(rule, config.updates_per_step, "buffer", "buffer_size")
 
 
 def plugin_problems(name: str, algorithm: AnyAlgorithm[Any], config: BaseModel) -> list[str]:

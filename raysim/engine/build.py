@@ -116,6 +116,8 @@ def build(
         engine.selector = selector  # the clock's cohorts are its too (open_selection)
         engine.downlink = open_downlink(job, checkpoint)
         engine.asynchrony = asynchrony
+        if engine.targets is not None and checkpoint is not None:  # each value logged once a run
+            engine.targets.restore(checkpoint.time_to_target)
         return engine, state
     except BaseException:
         release_run_folder(run_dir)  # a continued run's lock, taken in resume_lineage

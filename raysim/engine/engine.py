@@ -328,6 +328,7 @@ class Engine(Generic[A]):
             saved_selection(self.selector, self.system),
             self.downlink.state() if self.downlink is not None else None,
             self.asynchrony.state() if self.asynchrony is not None else None,
+            self.targets.reached_values() if self.targets is not None else None,
         )
         drop_other_snapshots(saved, keep=frozen)
         return saved

@@ -159,11 +159,20 @@ def evaluate_clients(
 
 class TimeToTarget:
     """Logs, once, the round and the simulated time at which ``metric`` first reaches each value:
-    ``tta/<metric>_<value>/round`` and ``.../sim_s`` (the clock at the round's end)."""
+    ``tta/<metric>_<value>/round`` and ``.../sim_s`` (the clock at the round's end). A checkpoint
+    keeps the values reached (``reached_values``), so a resumed run logs none of them again."""
 
     def __init__(self, config: TimeToTargetConfig) -> None:
         self.config = config
         self.pending = sorted(set(config.values), reverse=config.at_most)
+
+    def reached_values(self) -> list[float]:
+        """The values reached so far (a checkpoint's ``time_to_target``)."""
+        return sorted(set(self.config.values) - set(self.pending))
+
+    def restore(self, reached: list[float] | None) -> None:
+        """The values a checkpoint says were reached (None: none, or an older file) pend no more."""
+        self.pending = [v for v in self.pending if v not in set(reached or ())]
 
     def reached(self, metrics: Metrics, round_num: int, sim_clock_s: float | None) -> Metrics:
         """The ``tta/...`` metrics of the values this evaluation (``metrics``) reached first.

@@ -42,17 +42,29 @@ log = logging.getLogger("raysim")
 
 
 def robust_vector(
-    rule: RobustConfig | None, x: torch.Tensor, weights: torch.Tensor, start: torch.Tensor, chunk: int
+    rule: RobustConfig | None,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    start: torch.Tensor,
+    chunk: int,
+    scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
-    """``rule`` over the rows of ``x`` (n, d); None: their weighted mean (FedAvg's, for ALIE)."""
+    """``rule`` over the rows of ``x`` (n, d); None: their weighted mean (FedAvg's, for ALIE).
+
+    ``scales`` (n,): each row's staleness weight (FedBuff, ``raysim.engine.async_robust``). Krum
+    and Multi-Krum choose among the rows as sent and average the chosen rows scaled; every other
+    rule reads the scaled rows (``x`` is scaled in place: it is the release's own copy)."""
+    if isinstance(rule, Krum):
+        return rules.krum_mean(x, rule.f, 1, chunk, scales)
+    if isinstance(rule, MultiKrum):
+        m = rule.m if rule.m is not None else len(x) - rule.f
+        return rules.krum_mean(x, rule.f, m, chunk, scales)
+    if scales is not None:
+        x.mul_(scales.to(x.device, torch.float32)[:, None])
     if isinstance(rule, Median):
         return rules.median(x, chunk)
     if isinstance(rule, TrimmedMean):
         return rules.trimmed_mean(x, rule.beta, chunk)
-    if isinstance(rule, Krum):
-        return rules.krum_mean(x, rule.f, 1, chunk)
-    if isinstance(rule, MultiKrum):
-        return rules.krum_mean(x, rule.f, rule.m if rule.m is not None else len(x) - rule.f, chunk)
     if isinstance(rule, GeometricMedian):
         return rules.geometric_median(x, weights, rule.nu, rule.max_iterations, rule.tol, chunk)
     if isinstance(rule, NormBound):
@@ -107,8 +119,16 @@ class RunRobust:
         """Whether rounds keep every update (``RoundOptions.gathers``)."""
         return gathers_updates(self.rule, self.alie)
 
-    def release(self, output: RoundOutput[Any], cohort: np.ndarray, round_num: int) -> RoundOutput[Any]:
-        """``output`` with the rule's aggregate in place of the gathered updates."""
+    def release(
+        self,
+        output: RoundOutput[Any],
+        cohort: np.ndarray,
+        round_num: int,
+        scales: list[float] | None = None,
+    ) -> RoundOutput[Any]:
+        """``output`` with the rule's aggregate in place of the gathered updates; ``scales``: each
+        gathered row's staleness weight (FedBuff's buffer), applied as ``robust_vector`` says, to
+        ALIE's rows too (written from the honest rows as sent)."""
         ids = [int(c) for c in cohort]
         count = sum(c in self.malicious for c in ids)
         self.latest = {"attack/malicious_in_cohort": float(count)} if self.attacked else {}
@@ -132,8 +152,9 @@ class RunRobust:
             self.latest["attack/alie_z"] = z
         start = self.previous if self.previous is not None else torch.zeros(x.shape[1])
         weights = torch.tensor(gathered.weights, dtype=torch.float64)
+        factors = None if scales is None else torch.tensor(scales, dtype=torch.float64)
         try:
-            vector, measured = robust_vector(self.rule, x, weights, start, chunk)
+            vector, measured = robust_vector(self.rule, x, weights, start, chunk, factors)
         except ValueError as exc:  # a round with fewer updates than the rule needs
             raise ConfigError([f"robust: round {round_num} has {len(x)} updates: {exc}"]) from exc
         finally:

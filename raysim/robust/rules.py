@@ -82,16 +82,24 @@ def krum_scores(distances: torch.Tensor, f: int) -> torch.Tensor:
     return others.sort(dim=1).values[:, :closest].sum(1)
 
 
-def krum_mean(x: torch.Tensor, f: int, m: int, chunk: int) -> tuple[torch.Tensor, Metrics]:
-    """The mean of the ``m`` rows of lowest Krum score (Krum: ``m = 1``), ties to the lower row."""
-    n, d = x.shape
-    m = min(m, n)
+def krum_selection(x: torch.Tensor, f: int, m: int, chunk: int) -> torch.Tensor:
+    """The indices of the ``m`` rows of lowest Krum score, best first, ties to the lower row."""
     scores = krum_scores(squared_distances(x, chunk), f)
-    chosen = torch.sort(scores, stable=True).indices[:m]
-    out = torch.zeros(d, dtype=torch.float32, device=x.device)
-    for cols in column_slices(d, chunk):
-        out[cols] = x[:, cols][chosen].to(torch.float64).mean(0).to(torch.float32)
-    return out, {"robust/selected": float(m)}
+    return torch.sort(scores, stable=True).indices[: min(m, len(x))]
+
+
+def krum_mean(
+    x: torch.Tensor, f: int, m: int, chunk: int, scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, Metrics]:
+    """The mean of the ``m`` rows of lowest Krum score (Krum: ``m = 1``), ties to the lower row;
+    with ``scales`` (n,), each chosen row times its scale, the choice made on the rows as given."""
+    chosen = krum_selection(x, f, m, chunk)
+    factors = None if scales is None else scales.to(x.device, torch.float64)[chosen, None]
+    out = torch.zeros(x.shape[1], dtype=torch.float32, device=x.device)
+    for cols in column_slices(x.shape[1], chunk):
+        rows = x[:, cols][chosen].to(torch.float64)
+        out[cols] = (rows if factors is None else rows * factors).mean(0).to(torch.float32)
+    return out, {"robust/selected": float(len(chosen))}
 
 
 def row_distances(x: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -28,7 +27,7 @@ from raysim.errors import NonFiniteError
 from raysim.measure.evaluate import evaluate
 from raysim.plugin_defaults import round_aggregator
 from raysim.privacy.local_noise import release_result
-from raysim.probe import ClientView, Probe
+from raysim.probe import ClientView, Probe, measured
 from raysim.robust.attacks import attacked_result, job_malicious
 from raysim.runtime.builders import build_algorithm, build_probes
 from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
@@ -156,6 +155,7 @@ class ClientTrainer:
             t0 = time.perf_counter()
             try:
                 budget = options.step_budgets.get(client_id)
+                key = options.state_keys.get(client_id, round_num)  # asynchronous: its launch
                 with timer.phase("training"):
                     if chunks is not None:
                         (result, seconds), rows = chunks.result(client_id), dict[str, Metrics]()
@@ -166,12 +166,11 @@ class ClientTrainer:
                         peak = PeakMemory(self.device) if measured else None
                         with peak or contextlib.nullcontext():
                             result, rows = self._train_one(
-                                payload, global_params, client_id, round_num, probes, budget
+                                payload, global_params, client_id, round_num, probes, budget, key
                             )
                         if peak is not None:
                             peak_bytes = max(peak_bytes or 0.0, peak.bytes)
                     checks.check(result)  # before its state is kept or its update folded
-                    key = options.state_keys.get(client_id, round_num)  # asynchronous: its launch
                     result, sent = self.uplink.send(result, client_id, key)  # compression.upload
                 if result.state is not None:
                     with timer.phase("data_loading"):
@@ -188,10 +187,10 @@ class ClientTrainer:
             if self.job.privacy is not None and self.job.privacy.local is not None:
                 # local DP: only the clipped, noised update leaves the client (raysim.privacy.local_noise)
                 with timer.phase("training"):
-                    seed = noise_seed(self.job.seed, round_num, client_id, self.noise_salt)
+                    seed = noise_seed(self.job.seed, key, client_id, self.noise_salt)
                     result = release_result(result, self.job.privacy.local, seed)
             if client_id in self.attackers and self.job.attack is not None:  # what it sends instead
-                result = attacked_result(result, self.job.attack, self.job.seed, round_num, client_id)
+                result = attacked_result(result, self.job.attack, self.job.seed, key, client_id)
             with timer.phase("reduce"):
                 partial = aggregator.add(partial, position, result)
             for name, row in rows.items():
@@ -235,7 +234,8 @@ class ClientTrainer:
             if params:
                 P.load_into(self.model, params)
             self.model.train()
-            ctxs = [self._context(payload, params, c, round_num, budgets.get(c)) for c in ids]
+            keys = {c: options.state_keys.get(c, round_num) for c in ids}
+            ctxs = [self._context(payload, params, c, round_num, budgets.get(c), keys[c]) for c in ids]
             with local_precision(self.job.resources, self.device):
                 return algorithm.vectorized_update(ctxs)
 
@@ -253,16 +253,17 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         probes: dict[str, Probe],
-        step_budget: int | None = None,
+        step_budget: int | None,
+        key: int,
     ) -> tuple[ClientResult, dict[str, Metrics]]:
-        seed = client_seed(self.job.seed, round_num, client_id)
+        seed = client_seed(self.job.seed, key, client_id)
         model = self.model_of(client_id)
         if global_params:  # an empty broadcast: the plugin owns the model's weights
             P.load_into(model, global_params)  # in place: the model is never rebuilt
         else:
             self.resident.restore_initial(client_id)
         model.zero_grad(set_to_none=True)
-        data = self.round_data(client_id, round_num)
+        data = self.round_data(client_id, key)
         view = ClientView(
             client_id,
             round_num,
@@ -271,14 +272,14 @@ class ClientTrainer:
             self._evaluate,
             lambda: self.store.client_data(client_id, "test"),
         )
-        before = {name: _measure(probe.before_training, view) for name, probe in probes.items()}
+        before = {name: measured(probe.before_training, view) for name, probe in probes.items()}
         model.train()  # whatever ran before (evaluation, a probe, another plugin's loop)
-        ctx = self._context(payload, global_params, client_id, round_num, step_budget, data)
+        ctx = self._context(payload, global_params, client_id, round_num, step_budget, key, data)
         torch.manual_seed(seed)  # dropout and any other torch randomness in the plugin
         with local_precision(self.job.resources, self.device):
             result = self.algorithm.client_update(ctx)
         rows = {
-            name: {"client_id": float(client_id), **before[name], **_measure(probe.after_training, view)}
+            name: {"client_id": float(client_id), **before[name], **measured(probe.after_training, view)}
             for name, probe in probes.items()
         }
         return result, rows
@@ -290,9 +291,11 @@ class ClientTrainer:
         client_id: int,
         round_num: int,
         budget: int | None,
+        key: int,
         data: ClientData | None = None,
     ) -> ClientContext:
-        """The client's context on the resident model (its data read here unless given)."""
+        """The client's context on the resident model (its data read here unless given); ``key``
+        keys its draws: the round, or an asynchronous client's launch (``round_num``: the version)."""
         own = payload.per_client.get(client_id)
         return ClientContext(
             client_id=client_id,
@@ -300,9 +303,9 @@ class ClientTrainer:
             model=self.model_of(client_id),
             payload=payload,
             global_params=params,
-            data=data if data is not None else self.round_data(client_id, round_num),
+            data=data if data is not None else self.round_data(client_id, key),
             state=self._client_state(client_id, round_num),
-            seed=client_seed(self.job.seed, round_num, client_id),
+            seed=client_seed(self.job.seed, key, client_id),
             device=self.device,
             spec=self.store.spec,
             client_init=lambda: self.client_init(client_id),
@@ -390,11 +393,3 @@ class ClientTrainer:
     def model_of(self, client_id: int) -> nn.Module:
         """The resident model of the client's architecture (the job's model without model groups)."""
         return self.resident.of_client(client_id)
-
-
-def _measure(hook: Callable[[ClientView], Metrics], view: ClientView) -> Metrics:
-    """A probe hook in eval mode without gradients: measuring must not change training (no
-    BatchNorm statistics updated, no gradients left behind)."""
-    view.model.eval()
-    with torch.no_grad():
-        return hook(view)

@@ -22,7 +22,9 @@ def test_fedbuff_with_a_buffer_of_every_client_is_a_fedavg_round(tmp_path):
     # transfers take 4 s and training next to nothing: every client reports once before the first
     # one's second report, so the buffer holds each client once, all from the initial model
     fast = DEVICES | {"examples_per_s": 1e6, "examples_per_s_sigma": 0}
-    system = {"system": {"devices": fast}}
+    # one batch a client: an asynchronous client draws its shuffle by launch, a round's by the
+    # round, and a whole-data batch makes the two orders one update
+    system = {"system": {"devices": fast}, "algorithm": {"local": {"batch_size": 4096}}}
     synchronous = run(tiny_job(engine={"num_rounds": 1, "cohort_size": 20}, **system), output_dir=tmp_path)
     fedbuff = {"kind": "fedbuff", "concurrency": 20, "buffer_size": 20}
     buffered = run(tiny_job(engine={"num_rounds": 1, "asynchrony": fedbuff}, **system), output_dir=tmp_path)
@@ -72,6 +74,7 @@ UPLOAD = {"compression": {"upload": {"kind": "topk", "fraction": 0.1}}}
 
 @pytest.mark.parametrize("sections", [{}, UPLOAD], ids=["plain", "topk_upload"])
 def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_path, sections):
+    sections = sections | {"evaluation": {"every": 1, "time_to_target": TARGET}}
     straight = fedbuff_run(tmp_path / "straight", 6, **sections)
     stopped = fedbuff_run(tmp_path / "resumed", 3, **sections)
     final = str(stopped.run_dir / "checkpoints" / "final.pt")
@@ -93,6 +96,9 @@ def test_a_resumed_fedbuff_run_ends_as_the_uninterrupted_one_bit_for_bit(tmp_pat
     assert arrivals[0].cohorts == arrivals[1].cohorts + arrivals[2].cohorts  # the arrival order
     clients = [c for cohort in arrivals[2].cohorts for c in cohort]
     assert set(clients) & {c for cohort in arrivals[1].cohorts for c in cohort}  # residuals carried over
+    tta = "tta/eval/clients/accuracy_0.01/round"  # reached at step 0, before the checkpoint
+    assert [step for step, m in straight.history if tta in m] == [0]
+    assert not any(tta in m for _, m in resumed.history)  # logged once a run, not again on resuming
     histogram = (straight.run_dir / "staleness.json").read_text()
     assert (resumed.run_dir / "staleness.json").read_text() == histogram  # the whole run's
 

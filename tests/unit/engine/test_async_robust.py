@@ -5,10 +5,13 @@ against numpy's median of the hand-scaled updates."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from test_async_setup import job
 
 from raysim.config.asynchrony import AsynchronyConfig
+from raysim.config.robust import ALIE, Krum, MultiKrum
+from raysim.engine.async_robust import release_buffer, stacked
 from raysim.engine.async_rounds import server_step
 from raysim.gathered_updates import Gathered, flatten, template_of
 from raysim.robust.release import RunRobust
@@ -52,3 +55,66 @@ def test_fedbuffs_median_is_numpys_over_the_staleness_weighted_buffer_then_the_s
     scale = {1: 3**-0.5, 3: 3**-0.5, 2: 2**-0.5, 4: 2**-0.5}  # staleness 2 and 1
     median = np.median([scale[c] * np.array(UPDATES[c]) for c in (1, 2, 3, 4)], axis=0)
     assert np.allclose(state.params["w"].numpy(), np.array([2.0, 0.0]) - 0.5 * median, atol=1e-6)
+
+
+# an outside review: rows scaled by s(tau) before Krum made a shrunk (stale) row near every other,
+# so Krum chose the stalest; row 4 is the stale one, and Krum over the scaled rows would choose it
+ROWS = np.array([[2.0, 0.5], [-2.0, 0.0], [0.5, 2.0], [0.0, -2.5], [3.0, 3.0]], dtype=np.float32)
+SCALES = np.array([1.0, 1.0, 1.0, 1.0, 0.1])  # rows 0-3 fresh, row 4 stale
+
+
+def groups(fresh=4):
+    """A fresh group (clients 1 to ``fresh``, rows 0 on) and a stale one (s = 0.1: the rest, to
+    client 5), as ``server_step`` hands them over."""
+
+    def output(part):
+        trees = [{"w": torch.tensor(row)} for row in part]
+        rows = Gathered(list(range(len(part))), [1.0] * len(part), [flatten(t) for t in trees])
+        return RoundOutput(
+            Gathered(rows.positions, rows.weights, rows.vectors, template_of(trees[0])),
+            clients=[],
+            failures=[],
+        )
+
+    ids = [1, 2, 3, 4, 5]
+    return [(1.0, ids[:fresh], output(ROWS[:fresh])), (0.1, ids[fresh:], output(ROWS[fresh:]))]
+
+
+def numpy_krum_choice(x, f, m):
+    n = len(x)
+    scores = [sorted(float(((x[i] - x[j]) ** 2).sum()) for j in range(n) if j != i) for i in range(n)]
+    return np.argsort([sum(s[: n - f - 2]) for s in scores], kind="stable")[:m]
+
+
+@pytest.mark.parametrize(("m", "rows"), [(1, [0]), (2, [0, 2]), (3, [0, 2, 4])])
+def test_krum_chooses_among_the_rows_as_sent_and_averages_the_chosen_rows_scaled(m, rows):
+    rule = Krum(rule="krum", f=1) if m == 1 else MultiKrum(rule="multi_krum", f=1, m=m)
+    robust = RunRobust(rule, None, frozenset(), attacked=False)
+    released = release_buffer(robust, groups(), step=3)
+    chosen = numpy_krum_choice(ROWS.astype(np.float64), f=1, m=m)
+    assert list(numpy_krum_choice(ROWS * SCALES[:, None], f=1, m=1)) == [4]
+    assert list(chosen) == rows  # the scaled rows' Krum would take row 4 first
+    expected = (SCALES[chosen, None] * ROWS[chosen]).mean(0)
+    np.testing.assert_allclose(released.aggregate["w"].numpy(), expected, rtol=1e-6)
+    assert robust.metrics()["robust/selected"] == m
+
+
+def test_a_stale_alie_attacker_is_scaled_by_its_own_staleness_weight():
+    # the attacker (client 5, stale) writes mean - z std of the honest rows as sent, then its row
+    # counts s(tau) times, as every other stale update does (the review found it at full weight)
+    robust = RunRobust(None, ALIE(kind="alie", fraction=0.2, z=1.0), frozenset({5}), attacked=True)
+    released = release_buffer(robust, groups(fresh=3), step=3)  # client 4 (row 3) stale and honest
+    honest = ROWS[:4].astype(np.float64)
+    attacker = honest.mean(0) - honest.std(0, ddof=1)
+    expected = (honest[:3].sum(0) + 0.1 * honest[3] + 0.1 * attacker) / 5
+    np.testing.assert_allclose(released.aggregate["w"].numpy(), expected, rtol=1e-6)
+    assert robust.metrics()["attack/malicious_in_cohort"] == 1.0
+
+
+def test_the_buffer_holds_the_groups_rows_themselves_with_their_staleness_weights():
+    # the driver keeps two copies of the rows (the groups' and the rule's stack), as a synchronous
+    # round does; scaled copies made a third (an outside review)
+    parts = groups(fresh=3)
+    rows, scales = stacked(parts)
+    assert all(a is b for a, b in zip(rows.vectors, [v for _, _, o in parts for v in o.aggregate.vectors]))
+    assert rows.positions == [0, 1, 2, 3, 4] and scales == [1.0, 1.0, 1.0, 0.1, 0.1]

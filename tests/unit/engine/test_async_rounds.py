@@ -8,6 +8,7 @@ step's groups train in, against error-feedback top-k worked by hand, ``sys/bytes
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from test_async_setup import job
 
@@ -18,6 +19,7 @@ from raysim.config.asynchrony import AsynchronyConfig
 from raysim.config.system import SystemConfig
 from raysim.engine.async_rounds import batches, buffered_mean, mix, server_step, server_steps
 from raysim.engine.metrics import round_metrics
+from raysim.errors import ConfigError
 from raysim.runtime.builders import build_algorithm
 from raysim.runtime.client_state import ClientStateStore
 from raysim.systems.async_clock import AsyncClock, Flight
@@ -54,6 +56,27 @@ def test_each_steps_arrivals_and_staleness_match_the_hand_computed_schedule():
         [(14.0, 1, 1), (18.0, 2, 0)],
         [(21.0, 1, 1), (24.0, 0, 2)],
     ]
+
+
+class EndingClock(AsyncClock):
+    """``three_clients``' clock, whose availability trace ends after its sixth launch."""
+
+    def launch(self, version, now):
+        if self.launches == 6:
+            raise ConfigError(["system.availability: no idle training client is online (the trace ends)"])
+        return super().launch(version, now)
+
+
+def test_a_finished_run_launches_no_client_it_would_not_train():
+    # an outside review: the slot freed by the last step's last report was refilled after that
+    # step, so a trace ending there failed a run whose every step was logged. Launches 0-2 start,
+    # step 0 refills 3 (6 s); step 1 starts 4 (7 s), refills 5 (12 s), and its last slot would
+    # start launch 6, the seventh: past the trace's end
+    clock = EndingClock(three_clients(), concurrency=3)
+    assert [step for step, _, _ in server_steps(clock, 2, 0, 2)] == [0, 1]
+    assert clock.launches == 6 and len(clock.in_flight) == 2  # the slot stays free for a resume
+    with pytest.raises(ConfigError, match="the trace ends"):  # a run that goes on needs it
+        list(server_steps(clock, 2, 2, 3, now=12.0))
 
 
 def flight(client, version):

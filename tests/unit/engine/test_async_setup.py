@@ -106,7 +106,15 @@ def test_krum_is_checked_against_the_buffer_not_the_unused_cohort_size():
     check_asynchrony(config, build_algorithm(config), 20)
     four = {"engine": {"asynchrony": FEDBUFF | {"buffer_size": 4}}}
     problem = refusal(job(**four, robust={"rule": "multi_krum", "f": 0, "m": 5}))
-    assert "robust.m: averages the m best of a buffer's 4 updates" in problem
+    assert "robust.m: averages the m best of the buffer's 4 updates" in problem
+
+
+def test_a_trimmed_mean_that_trims_the_whole_buffer():
+    # an outside review: only Krum's sizes were checked, so this failed at step 0, not before training
+    four = {"engine": {"asynchrony": FEDBUFF | {"concurrency": 6, "buffer_size": 4}}}
+    problem = refusal(job(**four, robust={"rule": "trimmed_mean", "beta": 0.5}))
+    assert "robust.beta: trimming 0.5 of 4 from each side leaves no update of the buffer" in problem
+    assert "raise buffer_size" in problem
 
 
 def test_upload_compression_passes():

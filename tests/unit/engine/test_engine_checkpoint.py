@@ -47,6 +47,7 @@ def engine(tmp_path):
         selector=None,  # nor a guided selection
         downlink=None,  # nor a compressed broadcast
         asynchrony=None,  # nor clients in flight
+        targets=None,  # nor evaluation.time_to_target
         system=None,
     )
     write(fake, 3)

@@ -66,7 +66,22 @@ def test_time_to_target_logs_each_value_once():
     assert tta.reached({"eval/clients/accuracy": 0.9}, 3, None) == {key.format(0.8, "round"): 3.0}
     loss = TimeToTarget(TimeToTargetConfig(metric="eval/clients/loss", values=[1.0], at_most=True))
     assert loss.reached({"eval/clients/loss": 0.9}, 4, None) == {"tta/eval/clients/loss_1/round": 4.0}
+    assert tta.reached_values() == [0.5, 0.8] and loss.reached_values() == [1.0]
     with pytest.raises(ConfigError, match="'eval/clients/loss' is not evaluated.*evaluated: eval/x"):
         TimeToTarget(TimeToTargetConfig(metric="eval/clients/loss", values=[1.0])).reached(
             {"eval/x": 1}, 0, None
         )
+
+
+def test_time_to_target_restored_from_a_checkpoint_logs_only_the_values_not_reached():
+    # an outside review: a resumed run logged a value reached before its checkpoint a second time
+    tta = TimeToTarget(TimeToTargetConfig(metric="eval/clients/accuracy", values=[0.5, 0.8]))
+    tta.restore([0.5])  # what the checkpoint kept
+    assert tta.reached({"eval/clients/accuracy": 0.9}, 4, None) == {
+        "tta/eval/clients/accuracy_0.8/round": 4.0
+    }
+    older = TimeToTarget(TimeToTargetConfig(metric="eval/clients/accuracy", values=[0.5]))
+    older.restore(None)  # a checkpoint written before raysim kept them: every value pends
+    assert older.reached({"eval/clients/accuracy": 0.6}, 4, None) == {
+        "tta/eval/clients/accuracy_0.5/round": 4.0
+    }

@@ -20,31 +20,23 @@ import numpy as np
 
 from raysim import params as P
 from raysim.algorithm import AnyAlgorithm, runs_rounds
-from raysim.checkpoint import (
-    drop_other_snapshots,
-    round_checkpoint_name,
-    save_checkpoint,
-    snapshot_path,
-    unwritten,
-)
 from raysim.compress.downlink import Downlink
 from raysim.config import JobConfig
 from raysim.config.plugins import section_config
 from raysim.data.store import ClientStore
-from raysim.engine.async_state import AsyncRun, newest_state_key
+from raysim.engine.async_state import AsyncRun
+from raysim.engine.checkpoint_writer import write_checkpoint
 from raysim.engine.cost import CostMeter
 from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_global, evaluate_predictor
 from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
-from raysim.engine.selection_setup import saved_selection
 from raysim.errors import ClientError, ConfigError, NonFiniteError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.probe import Probe, ProbeRound, is_due
 from raysim.robust.release import RunRobust
 from raysim.runtime.backend import Backend
-from raysim.runtime.client_state import ClientStateStore
 from raysim.sampling import CohortSchedule, poisson_rate, sample_cohort, sample_cyclic_poisson, sample_poisson
 from raysim.selection.selector import Selector, choose, feedback_of
 from raysim.services import EVALUATE, LOGITS, MapRequest, RoundOptions
@@ -304,34 +296,9 @@ class Engine(Generic[A]):
         self.on_log(round_num, metrics)  # a staged plugin's steps too
 
     def checkpoint(self, state: ServerState, round_num: int, name: str | None = None) -> Path:
-        """Server state plus a hard-link snapshot of the client state as of ``round_num``.
-
-        A crash at any step leaves a checkpoint with its own snapshot: the new snapshot goes
-        under a new name, then the checkpoint naming it replaces the old one atomically, and only
-        then is the old snapshot dropped."""
-        path = self.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))
-        try:
-            target, last_key = snapshot_path(path, round_num), newest_state_key(self.asynchrony)
-            frozen = ClientStateStore(self.state_dir).snapshot(target, round_num, last_key)
-        except OSError as exc:  # a full disk: the old pair stays, as when the checkpoint file fails
-            raise unwritten(path, exc) from exc
-        run_id, uri = self.tracker.run_id, getattr(self.tracker, "uri", None)
-        run = {"run_id": run_id, "tracking_uri": uri} if run_id is not None and uri is not None else None
-        saved = save_checkpoint(
-            path,
-            state,
-            round_num,
-            self.job.to_dict(),
-            None if frozen is None else str(frozen),
-            run,
-            self.privacy.state() if self.privacy is not None else None,
-            saved_selection(self.selector, self.system),
-            self.downlink.state() if self.downlink is not None else None,
-            self.asynchrony.state() if self.asynchrony is not None else None,
-            self.targets.reached_values() if self.targets is not None else None,
-        )
-        drop_other_snapshots(saved, keep=frozen)
-        return saved
+        """Server state plus a hard-link snapshot of the client state as of ``round_num``
+        (``raysim.engine.checkpoint_writer``)."""
+        return write_checkpoint(self, state, round_num, name)
 
     def summarize_probes(
         self,

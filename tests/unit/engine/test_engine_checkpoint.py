@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import raysim.checkpoint
-import raysim.engine.engine
+import raysim.engine.checkpoint_writer
 import raysim.runtime.client_state
 from raysim.checkpoint import read_checkpoint
 from raysim.engine.engine import Engine
@@ -68,7 +68,7 @@ STEPS = {
     "while listing the snapshot's files": (raysim.runtime.client_state, "write_manifest"),
     "while writing the checkpoint file": (raysim.checkpoint.torch, "save"),
     "before the checkpoint replaces the old one": (Path, "replace"),
-    "before the old snapshot is dropped": (raysim.engine.engine, "drop_other_snapshots"),
+    "before the old snapshot is dropped": (raysim.engine.checkpoint_writer, "drop_other_snapshots"),
 }
 
 

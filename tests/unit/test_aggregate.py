@@ -145,3 +145,18 @@ def test_merging_read_only_partials_never_writes_into_them_and_matches_the_float
     last = torch.tensor([0.5, 1.0], dtype=torch.float64)
     expected = ((totals[0] + totals[1] + totals[2] + last) / 12).float()
     assert torch.equal(out["w"], expected)  # bit for bit: float64 sums in worker order, one rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_partials_on_a_gpu_merge_and_divide_there_to_the_cpu_s_bits():
+    agg = WeightedMean()
+    results = [result(1.0 / (i + 3), i + 1) for i in range(4)]
+    on_card = [ClientResult({k: t.cuda() for k, t in r.update["nested"].items()}, r.weight) for r in results]
+    on_host = [ClientResult(r.update["nested"], r.weight) for r in results]
+    card = [fold(agg, on_card[:2]), pickle.loads(pickle.dumps(fold(agg, on_card[2:], start=2)))]
+    host = [fold(agg, on_host[:2]), fold(agg, on_host[2:], start=2)]
+    assert card[1].total["b"].is_cuda  # a GPU partial travels as torch ships it, not as an array
+    mean_card = agg.result(agg.merge(agg.merge(agg.zero(), card[0]), card[1]))["b"]
+    mean_host = agg.result(agg.merge(agg.merge(agg.zero(), host[0]), host[1]))["b"]
+    assert mean_card.is_cuda and torch.equal(mean_card.cpu(), mean_host)

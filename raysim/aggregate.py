@@ -15,10 +15,12 @@ Usage:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
+import numpy as np
 import torch
 
 from raysim.params import tree_map
@@ -64,23 +66,51 @@ class _Sums(Generic[T]):
     total: T | None  # tree of float64 tensors, or None before the first add
     weight: float
     count: int
+    # ``total`` is not this partial's own (another partial's, taken as is; or arrays Ray hands
+    # over read-only): the next fold writes a new total instead of adding in place
+    borrowed: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles ``total`` as numpy arrays, which Ray moves without a copy (a tensor is copied
+        twice on each side); they arrive read-only, so the partial arrives borrowed."""
+        arrays = None if self.total is None else tree_map(_as_array, self.total)
+        return (_unpickled_sums, (arrays, self.weight, self.count))
+
+
+def _as_array(t: torch.Tensor) -> Any:
+    return t.numpy() if t.device.type == "cpu" else t  # a GPU tensor travels as torch ships it
+
+
+def _unpickled_sums(arrays: Any, weight: float, count: int) -> _Sums[Any]:
+    with warnings.catch_warnings():  # torch warns of read-only arrays; a borrowed total is never written
+        warnings.simplefilter("ignore", UserWarning)
+        total = tree_map(lambda a: torch.from_numpy(a) if isinstance(a, np.ndarray) else a, arrays)
+    return _Sums(total, weight, count, borrowed=True)
 
 
 def _merge_sums(left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
-    return _Sums(_fold(left.total, right.total, 1.0), left.weight + right.weight, left.count + right.count)
+    if left.total is None and right.total is not None:  # into zero: right's sums as they are, no copy
+        return _Sums(right.total, left.weight + right.weight, left.count + right.count, borrowed=True)
+    return _fold(left, right.total, 1.0, right.weight, right.count)
 
 
-def _fold(total: T | None, update: T | None, scale: float) -> T | None:
-    """``total + scale * update`` in float64, in place when ``total`` exists.
+def _fold(acc: _Sums[T], update: T | None, scale: float, weight: float, count: int) -> _Sums[T]:
+    """``acc`` plus ``scale * update`` (summed in float64) and ``weight`` and ``count``; the sums
+    in place where ``acc`` owns them.
 
     Partials stay on the updates' device (a GPU worker copies one partial to the host per round,
     not one update per client); merging partials that arrive from workers happens on the CPU.
     """
+    weight, count = acc.weight + weight, acc.count + count
     if update is None:
-        return total
-    if total is None:
-        return tree_map(lambda t: t.detach().to(torch.float64, copy=True).mul_(scale), update)
-    return tree_map(lambda acc, t: acc.add_(t.detach().to(acc.device), alpha=scale), total, update)
+        return _Sums(acc.total, weight, count, acc.borrowed)
+    if acc.total is None:
+        total = tree_map(lambda t: t.detach().to(torch.float64, copy=True).mul_(scale), update)
+    elif acc.borrowed:
+        total = tree_map(lambda a, t: torch.add(a, t.detach().to(a.device), alpha=scale), acc.total, update)
+    else:
+        total = tree_map(lambda a, t: a.add_(t.detach().to(a.device), alpha=scale), acc.total, update)
+    return _Sums(total, weight, count)
 
 
 class WeightedMean(Generic[T]):
@@ -99,7 +129,7 @@ class WeightedMean(Generic[T]):
     def add(self, acc: _Sums[T], position: int, result: ClientResult) -> _Sums[T]:
         w = float(result.weight) if self.weighted else 1.0
         update = cast(T, result.update)  # the plugin's clients send updates of this structure
-        return _Sums(_fold(acc.total, update, w), acc.weight + w, acc.count + 1)
+        return _fold(acc, update, w, w, 1)
 
     def merge(self, left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
         return _merge_sums(left, right)
@@ -107,11 +137,16 @@ class WeightedMean(Generic[T]):
     def result(self, acc: _Sums[T]) -> T | None:
         if acc.total is None or acc.weight == 0:
             return None
-        return tree_map(lambda t: (t / acc.weight).to(torch.float32), acc.total)
+        return tree_map(lambda t: _divided(t, acc.weight), acc.total)
 
     def with_total_weight(self, acc: _Sums[T], weight: float) -> _Sums[T]:
         """``acc`` to be divided by ``weight``: central DP's fixed denominator (``raysim.private_sums``)."""
         return replace(acc, weight=weight)
+
+
+def _divided(t: torch.Tensor, weight: float) -> torch.Tensor:
+    """``(t / weight).to(float32)`` in one pass: divided in float64, rounded once on the store."""
+    return torch.div(t, weight, out=torch.empty(t.shape, dtype=torch.float32, device=t.device))
 
 
 class Sum(Generic[T]):
@@ -123,7 +158,7 @@ class Sum(Generic[T]):
 
     def add(self, acc: _Sums[T], position: int, result: ClientResult) -> _Sums[T]:
         update = cast(T, result.update)  # the plugin's clients send updates of this structure
-        return _Sums(_fold(acc.total, update, 1.0), acc.weight + float(result.weight), acc.count + 1)
+        return _fold(acc, update, 1.0, float(result.weight), 1)
 
     def merge(self, left: _Sums[T], right: _Sums[T]) -> _Sums[T]:
         return _merge_sums(left, right)

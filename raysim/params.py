@@ -205,11 +205,16 @@ def global_norm(params: Mapping[str, torch.Tensor], skip: Collection[str] = ()) 
     is. Squares are summed in float64 per tensor and the tensors' sums added in order, with one
     device-to-host transfer for all of them. 0.0 when nothing is left.
     """
-    squares = [(v.detach().double() ** 2).sum() for k, v in params.items() if k not in skip]
+    squares = [_squared(v).sum() for k, v in params.items() if k not in skip]
     if not squares:
         return 0.0
     device = squares[0].device
     return math.sqrt(sum(torch.stack([s.to(device) for s in squares]).tolist()))
+
+
+def _squared(v: torch.Tensor) -> torch.Tensor:
+    """``v.double() ** 2`` with one float64 tensor, not two (the same values: a square is ``x * x``)."""
+    return v.detach().to(torch.float64, copy=True).square_()
 
 
 def distance(

@@ -46,6 +46,7 @@ from raysim.runtime.chunks import check_vectorize
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.gpu_auto import SizedResources, sized_resources
 from raysim.runtime.gpu_sizing import probe_work
+from raysim.runtime.memory import keep_round_memory
 from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, split_population
 from raysim.systems.rounds import SimulatedSystem
@@ -266,6 +267,7 @@ def engine_of(
     privacy: RunPrivacy | None = None,
 ) -> Engine[Any]:
     """The engine over a job's parts once their workers run: its verbs log to ``tracker``."""
+    keep_round_memory()  # the rounds' model-sized temporaries reuse their pages, not fault them in
     target = parts.job.evaluation.time_to_target
     return Engine(
         job=parts.job,

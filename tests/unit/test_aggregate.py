@@ -1,5 +1,6 @@
 """Aggregators against hand-computed values, and associativity across groupings."""
 
+import pickle
 from dataclasses import dataclass
 
 import pytest
@@ -110,3 +111,52 @@ def test_gather_keeps_numbers_in_updates():
     acc = agg.add(agg.zero(), 0, ClientResult({"w": torch.ones(2), "steps": 3, "tag": "a"}, 1.0))
     [(position, result)] = agg.result(acc)
     assert position == 0 and result.update["steps"] == 3 and result.update["tag"] == "a"
+
+
+def _read_only_copy(partial):
+    """``partial`` as a Ray worker's arrives: pickled with its arrays out of band, which come back
+    read-only (Ray hands over the object store's memory). Returns it and the out-of-band buffers."""
+    buffers = []
+    data = pickle.dumps(partial, protocol=5, buffer_callback=buffers.append)
+    return pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers]), buffers
+
+
+def test_a_partial_pickles_its_sums_out_of_band_as_ray_moves_arrays_without_a_copy():
+    agg = WeightedMean()
+    partial = fold(agg, [result(1.0, 2), result(3.0, 1)])
+    arrived, buffers = _read_only_copy(partial)
+    assert len(buffers) == 2  # "w" and "nested.b": no tensor pickled in band
+    assert arrived.total["w"].dtype == torch.float64
+    assert torch.equal(agg.result(arrived)["w"], agg.result(partial)["w"])
+
+
+def test_merging_read_only_partials_never_writes_into_them_and_matches_the_float64_sum():
+    agg = WeightedMean()
+    groups = [[result(1.5, 1), result(2.25, 3)], [result(-4.0, 2)], [result(7.125, 5)]]
+    partials = [_read_only_copy(fold(agg, g))[0] for g in groups]
+    before = [p.total["w"].clone() for p in partials]
+    merged = agg.zero()
+    for partial in partials:
+        merged = agg.merge(merged, partial)
+    out = agg.result(agg.merge(merged, fold(agg, [result(0.5, 1)])))
+    for partial, kept in zip(partials, before, strict=True):
+        assert torch.equal(partial.total["w"], kept)
+    totals = [p.total["w"] for p in partials]
+    last = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    expected = ((totals[0] + totals[1] + totals[2] + last) / 12).float()
+    assert torch.equal(out["w"], expected)  # bit for bit: float64 sums in worker order, one rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_partials_on_a_gpu_merge_and_divide_there_to_the_cpu_s_bits():
+    agg = WeightedMean()
+    results = [result(1.0 / (i + 3), i + 1) for i in range(4)]
+    on_card = [ClientResult({k: t.cuda() for k, t in r.update["nested"].items()}, r.weight) for r in results]
+    on_host = [ClientResult(r.update["nested"], r.weight) for r in results]
+    card = [fold(agg, on_card[:2]), pickle.loads(pickle.dumps(fold(agg, on_card[2:], start=2)))]
+    host = [fold(agg, on_host[:2]), fold(agg, on_host[2:], start=2)]
+    assert card[1].total["b"].is_cuda  # a GPU partial travels as torch ships it, not as an array
+    mean_card = agg.result(agg.merge(agg.merge(agg.zero(), card[0]), card[1]))["b"]
+    mean_host = agg.result(agg.merge(agg.merge(agg.zero(), host[0]), host[1]))["b"]
+    assert mean_card.is_cuda and torch.equal(mean_card.cpu(), mean_host)

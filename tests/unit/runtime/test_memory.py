@@ -124,3 +124,37 @@ def test_a_rounds_gpu_peak_survives_a_block_measured_inside_it(monkeypatch):
     later = PhaseTimer(torch.device("cuda"))  # the next round: a span of its own, same card
     cuda.alloc(50)
     assert later.times().gpu_max_allocated_bytes == 150
+
+
+ROUNDS = """
+import resource, statistics, sys, torch
+from raysim.aggregate import WeightedMean
+from raysim.runtime.memory import keep_round_memory
+from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step
+from raysim.types import ClientResult, ServerState
+
+params = {"w": torch.ones(1_600_000), "b": torch.ones(128)}  # pfl's CNN's size
+mean = WeightedMean()
+partials = [mean.add(mean.zero(), i, ClientResult(params, 1.0)) for i in range(2)]
+state = ServerState(params=params)
+
+def round_faults():  # the driver's part of a round: merge, mean, server step
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    aggregate = mean.result(mean.merge(mean.merge(mean.zero(), partials[0]), partials[1]))
+    apply_server_step(state, aggregate, ServerOptimizerConfig())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if sys.argv[1] == "keep":
+    keep_round_memory()
+for _ in range(10):  # the heap grows to the rounds' layout
+    round_faults()
+print(statistics.median(round_faults() for _ in range(21)))  # the kernel reclaims a page now and then
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_round_s_temporaries_reuse_the_heap_instead_of_faulting_fresh_pages_in():
+    """Without ``keep_round_memory`` about half of such processes fault some 8,000 pages in every
+    round (where glibc's adaptive thresholds end up depends on the heap's layout)."""
+    run = subprocess.run([sys.executable, "-c", ROUNDS, "keep"], capture_output=True, text=True, check=True)
+    assert float(run.stdout) < 100  # pages: the merged sums alone are 3,125 of them

@@ -312,9 +312,16 @@ def is_finite(tree: Any) -> bool:
     """Whether no floating-point tensor in ``tree`` holds a NaN or an infinity.
 
     One reduction per tensor, on the tensor's device; the flags are combined there, so the
-    answer costs one device-to-host sync however many tensors the tree holds.
+    answer costs one device-to-host sync however many tensors the tree holds. On the CPU, where a
+    read costs nothing, each tensor is first summed in its own dtype, several times faster than a
+    float32 sum into float64: a finite sum proves every element finite (NaN and infinity
+    propagate), and only a sum that is not (a NaN, or finite elements overflowing) is checked
+    exactly.
     """
-    flag = finite_flag(tree)
+    leaves = float_leaves(tree)
+    if all(t.device.type == "cpu" for t in leaves) and all(math.isfinite(t.sum()) for t in leaves):
+        return True  # one vectorized pass each, in the tensor's own dtype (below)
+    flag = finite_flag(leaves)
     return True if flag is None else bool(flag)
 
 

@@ -74,6 +74,17 @@ def test_huge_but_finite_values_are_finite():
     assert P.is_finite(big) and P.nonfinite_names(big) == []
 
 
+def test_on_the_cpu_a_finite_tree_is_proven_by_its_own_dtype_sums(monkeypatch):
+    """The exact per-tensor flags (a float64 sum each, several times slower) are only for a tree
+    whose quick sums are not finite."""
+
+    def exact(tree):
+        raise AssertionError("the exact check ran on a finite tree")
+
+    monkeypatch.setattr(P, "finite_flag", exact)
+    assert P.is_finite(tree())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_plus_and_minus_infinity_together_are_not_finite(dtype):
     both = torch.tensor([math.inf, 1.0, -math.inf], dtype=dtype)  # their sum is NaN, not inf

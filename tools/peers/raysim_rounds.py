@@ -1,0 +1,41 @@
+"""raysim's side of a peer comparison: a bench file's rounds alone, each timed around
+``run_round`` as ``raysim bench`` times them, without its plain-loop and vectorized sides.
+
+Usage (from the repository root):
+    python tools/peers/raysim_rounds.py jobs/bench/pfl_cifar10.yaml [key=value ...]
+
+Prints each round's seconds and, last, ``JSON {...}`` with the timed rounds' median (the first
+``bench.warmup_rounds`` are left out), as ``tools/peers/pfl_cifar_shape.py`` prints pfl's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from raysim.bench.bench_file import load_benchmark
+from raysim.engine.build import build
+from raysim.tracking.tracker import MemoryTracker
+
+
+def main(path: str, overrides: list[str]) -> None:
+    job, bench = load_benchmark(path, overrides)
+    services, state = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
+    seconds = []
+    try:
+        for round_num in range(job.engine.num_rounds):
+            t0 = time.perf_counter()
+            state, _ = services.run_round(state, round_num)
+            seconds.append(time.perf_counter() - t0)
+            print(f"round {round_num}: {seconds[-1]:.3f} s", flush=True)
+    finally:
+        services.backend.shutdown()
+    timed = seconds[bench.warmup_rounds :]
+    print("JSON " + json.dumps({"median_s": statistics.median(timed), "rounds_s": timed}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

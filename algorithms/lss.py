@@ -55,6 +55,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
+from raysim.train.at_weights import at_weights
 from raysim.train.local import (
     Backward,
     Batch,
@@ -180,7 +181,7 @@ def mixed_loss(
                 name: own * p + sum(w * member[name] for w, member in zip(weights, frozen))
                 for name, p in live.items()
             }
-            loss, num_correct, num_items = task(P.at_weights(model, mix), batch, spec)
+            loss, num_correct, num_items = task(at_weights(model, mix), batch, spec)
             losses.append(loss)
             correct, count = correct + num_correct, count + num_items
         total = torch.stack(losses)

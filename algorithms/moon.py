@@ -9,7 +9,7 @@ The server is FedAvg's.
 
 The representation is the model anatomy's ``features(x)`` (raysim/models/anatomy.py): the
 FedGuCci code has no projection head (Li et al., KDD 2025, arXiv:2402.18949). The frozen models'
-representations come from the resident model at their weights (``raysim.params.at_weights``,
+representations come from the resident model at their weights (``raysim.train.at_weights``,
 through ``torch.func.functional_call``), in eval mode and without gradients, so no client holds a
 second model copy.
 
@@ -37,6 +37,7 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
+from raysim.train.at_weights import at_weights
 from raysim.train.local import (
     Batch,
     BatchLoss,
@@ -109,7 +110,7 @@ class FrozenFeatures:
     gradients and mode are as they were afterwards."""
 
     def __init__(self, model: nn.Module, params: Params) -> None:
-        self.frozen = P.at_weights(model, params)
+        self.frozen = at_weights(model, params)
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

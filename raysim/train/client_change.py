@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from raysim import params as P
+from raysim.train.at_weights import at_weights
 
 Weights = dict[str, torch.Tensor]  # one client's tensors by name (no client axis)
 # A batch's mean loss, #correct and #predictions; the counts may stay tensors on the device.
@@ -123,7 +123,7 @@ def model_pass(
 ) -> Losses:
     """``one_pass`` on the live ``model`` (``train_local``'s side): ``task`` at the model's own
     trainable parameters and buffers is ``model_loss(model)`` itself; at any other weights it runs
-    the model through ``functional_call`` (``params.at_weights``), so autograd reaches them."""
+    the model through ``functional_call`` (``raysim.train.at_weights``), so autograd reaches them."""
     if one_pass is task_pass:  # the plain objective: no dicts to build
         return task_pass(lambda weights, buffers: model_loss(model), {}, {}, draws)
     weights: Weights = {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -132,7 +132,7 @@ def model_pass(
     def task(at: Weights, at_buffers: Weights) -> BatchLoss:
         if at is weights and at_buffers is buffers:
             return model_loss(model)
-        return model_loss(P.at_weights(model, at | at_buffers))
+        return model_loss(at_weights(model, at | at_buffers))
 
     return one_pass(task, weights, buffers, draws)
 

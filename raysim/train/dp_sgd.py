@@ -60,6 +60,7 @@ from torch.func import grad, vmap
 from raysim import params as P
 from raysim.config.privacy import SamplePrivacy
 from raysim.errors import ConfigError
+from raysim.train.at_weights import at_weights
 from raysim.train.client_change import BatchLoss, Pass, Weights, task_pass
 from raysim.train.task_loss import task_loss
 from raysim.types import DataSpec
@@ -115,7 +116,7 @@ def per_example_gradients(
 
     def example_loss(at: Weights, example: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         one = {k: v.unsqueeze(0) for k, v in example.items()}  # a batch of one: (1, ...)
-        loss, correct, count = task_loss(P.at_weights(model, at), one, spec)
+        loss, correct, count = task_loss(at_weights(model, at), one, spec)
         device = loss.device
         return loss, (
             loss.detach(),

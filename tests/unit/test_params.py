@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
+from raysim.train.at_weights import at_weights
 
 
 def test_to_device_turns_array_leaves_into_tensors_and_keeps_the_rest():
@@ -289,7 +290,7 @@ def test_at_weights_runs_forward_and_features_at_the_given_weights():
         "body.weight": torch.tensor([[1.0, 0.0], [0.0, -1.0]]),
         "head.weight": torch.tensor([[2.0, 3.0]]),
     }
-    view = P.at_weights(model, weights)
+    view = at_weights(model, weights)
     x = torch.ones(1, 2)
     assert torch.equal(view.features(x), torch.tensor([[1.0, 0.0]]))
     assert torch.equal(view(x), torch.tensor([[2.0]]))
@@ -302,6 +303,6 @@ def test_at_weights_passes_gradients_to_what_the_weights_came_from():
     model = Split()
     a = torch.tensor(1.5, requires_grad=True)
     weights = {"body.weight": a * torch.eye(2), "head.weight": a * torch.tensor([[2.0, 3.0]])}
-    P.at_weights(model, weights)(torch.tensor([[1.0, 0.0]])).sum().backward()
+    at_weights(model, weights)(torch.tensor([[1.0, 0.0]])).sum().backward()
     assert a.grad is not None and float(a.grad) == pytest.approx(4 * 1.5)
     assert model.body.weight.grad is None  # the model's own weights took no part

@@ -37,6 +37,7 @@ from raysim.checkpoint import CheckpointTrail, load_checkpoint, save_checkpoint
 from raysim.config import JobConfig, validate_job
 from raysim.errors import CheckpointError, ConfigError
 from raysim.stored import from_plain
+from raysim.train.at_weights import at_weights
 from raysim.train.task_loss import task_loss
 from raysim.types import ClientResult, DataSpec, RunInfo
 
@@ -135,7 +136,7 @@ def run_pass(one_pass, model, batch, conn):
     buffers = dict(model.named_buffers())
 
     def task(at, at_buffers):
-        return task_loss(P.at_weights(model, at | at_buffers), batch, SPEC)
+        return task_loss(at_weights(model, at | at_buffers), batch, SPEC)
 
     return one_pass(task, weights, buffers, conn.alphas)
 

@@ -12,7 +12,7 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from raysim.checkpoint import (
     drop_other_snapshots,
@@ -21,17 +21,36 @@ from raysim.checkpoint import (
     snapshot_path,
     unwritten,
 )
-from raysim.engine.async_state import newest_state_key
+from raysim.compress.downlink import Downlink
+from raysim.config import JobConfig
+from raysim.engine.async_state import AsyncRun, newest_state_key
+from raysim.engine.evaluation import TimeToTarget
 from raysim.engine.selection_setup import saved_selection
+from raysim.privacy.run_privacy import RunPrivacy
 from raysim.runtime.client_state import ClientStateStore
+from raysim.selection.selector import Selector
+from raysim.systems.rounds import SimulatedSystem
+from raysim.tracking.tracker import Tracker
 from raysim.types import ServerState
 
-if TYPE_CHECKING:
-    from raysim.engine.engine import Engine
+
+class Checkpointed(Protocol):
+    """What a checkpoint reads of the run (``raysim.engine.engine.Engine`` has it all)."""
+
+    job: JobConfig
+    tracker: Tracker
+    run_dir: Path
+    state_dir: Path
+    system: SimulatedSystem | None
+    targets: TimeToTarget | None
+    privacy: RunPrivacy | None
+    selector: Selector | None
+    downlink: Downlink | None
+    asynchrony: AsyncRun | None
 
 
 def write_checkpoint(
-    engine: Engine[Any], state: ServerState, round_num: int, name: str | None = None
+    engine: Checkpointed, state: ServerState, round_num: int, name: str | None = None
 ) -> Path:
     """Server state plus a hard-link snapshot of the client state as of ``round_num``; the path."""
     path = engine.run_dir / "checkpoints" / (name or round_checkpoint_name(round_num))

@@ -6,8 +6,8 @@ import byzantine_reference as ref
 import numpy as np
 import pytest
 import torch
+from gathered_rows import round_output
 
-from raysim.aggregate import WeightedMean
 from raysim.config import JobConfig, deep_merge
 from raysim.config.robust import (
     CenteredClip,
@@ -19,10 +19,8 @@ from raysim.config.robust import (
     TrimmedMean,
 )
 from raysim.errors import ResourceError
-from raysim.gathered_updates import GatheredUpdates
 from raysim.robust import placement, release
 from raysim.robust.release import RunRobust
-from raysim.types import ClientResult, RoundOutput
 
 BASE = {"dataset": {"name": "digits"}, "model": {"name": "mlp"}, "algorithm": {"name": "fedavg"}}
 MiB = 2**20
@@ -38,11 +36,7 @@ def job(device="auto", gpus=0.0):
 
 
 def output(rows=ROWS):
-    gather = GatheredUpdates(WeightedMean())
-    acc = gather.zero()
-    for position, row in enumerate(rows):
-        acc = gather.add(acc, position, ClientResult({"w": torch.tensor(row)}, weight=1.0))
-    return RoundOutput(aggregate=gather.result(acc), clients=[], failures=[])
+    return round_output(rows)
 
 
 def test_auto_runs_on_the_cpu_where_the_workers_do_or_the_driver_sees_no_gpu(monkeypatch):

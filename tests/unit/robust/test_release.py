@@ -6,25 +6,20 @@ from dataclasses import replace
 import byzantine_reference as ref
 import numpy as np
 import pytest
-import torch
+from gathered_rows import round_output
 
 from raysim.aggregate import WeightedMean
 from raysim.config.robust import ALIE, CenteredClip, Krum, Median
 from raysim.errors import CheckpointError, ConfigError
 from raysim.gathered_updates import GatheredUpdates
 from raysim.robust.release import RunRobust, check_resumable
-from raysim.types import ClientResult, RoundOutput
 
 ROWS = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
 COHORT = np.array([10, 11, 12, 13, 14, 15])
 
 
 def output(rows=ROWS):
-    gather = GatheredUpdates(WeightedMean())
-    acc = gather.zero()
-    for position, row in enumerate(rows):
-        acc = gather.add(acc, position, ClientResult({"w": torch.tensor(row)}, weight=1.0))
-    return RoundOutput(aggregate=gather.result(acc), clients=[], failures=[])
+    return round_output(rows)
 
 
 def test_a_median_release_returns_the_tree_of_the_coordinate_wise_median():

@@ -79,11 +79,7 @@ LM_GPU = [
     "engine.num_rounds=12",
     "bench.warmup_rounds=2",
 ]
-COHORT_DRY_RUN = [
-    "dataset.num_examples=2000", "dataset.partition.num_clients=100", "engine.num_rounds=3",
-    "engine.cohort_size=40", "resources.num_workers=2", "resources.cpus_per_worker=1",
-    "resources.gpus_per_worker=0",
-]  # fmt: skip
+COHORT_DRY_RUN = [o for o in DRY_RUN if not o.startswith("engine.cohort_size=")] + ["engine.cohort_size=40"]
 POPULATION_DRY_RUN = [
     "dataset.num_clients=200", "dataset.words_per_client=200", "dataset.seq_len=32",
     "engine.num_rounds=3", "engine.cohort_size=8", "resources.gpus_per_worker=0",

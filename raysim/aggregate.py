@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_che
 import numpy as np
 import torch
 
-from raysim.params import tree_map
+from raysim.params import leaves, tree_map
 from raysim.types import A_co, ClientResult, Metrics, Tree
 
 # A partial aggregate. Only the aggregator that made it reads it (workers fold into it, the driver
@@ -142,6 +142,52 @@ class WeightedMean(Generic[T]):
     def with_total_weight(self, acc: _Sums[T], weight: float) -> _Sums[T]:
         """``acc`` to be divided by ``weight``: central DP's fixed denominator (``raysim.private_sums``)."""
         return replace(acc, weight=weight)
+
+
+def merged_result(aggregator: Aggregator[A_co], partials: Sequence[Partial]) -> A_co:
+    """``result`` of ``partials`` merged in order (the driver's step after its workers report).
+
+    A ``WeightedMean`` of partials on the CPU takes one pass that never holds the merged sums:
+    each slice of each tensor is summed across the partials in order and divided into the
+    float32 mean while in cache. The same additions of the same values in the same order, and
+    the same division, so the same bits as ``merge`` then ``result``; a 1.6M-parameter model's
+    mean no longer writes and reads 12.8 MB of float64 sums each round."""
+    sums: list[_Sums[Any]] = (
+        [p for p in partials if p.total is not None] if type(aggregator) is WeightedMean else []
+    )
+    on_cpu = bool(sums) and all(
+        isinstance(t, torch.Tensor) and t.device.type == "cpu" for p in sums for t in leaves(p.total)
+    )
+    if not on_cpu:
+        merged = aggregator.zero()
+        for partial in partials:
+            merged = aggregator.merge(merged, partial)
+        return aggregator.result(merged)
+    weight = 0.0
+    for partial in partials:
+        weight += partial.weight  # in order, as merging sums it
+    if weight == 0:
+        return cast(A_co, None)
+    return cast(A_co, tree_map(lambda *ts: _mean_in_slices(ts, weight), *(p.total for p in sums)))
+
+
+# elements: a slice's float64 sum (1 MiB) stays in cache and still splits over torch's threads
+# (2**15 elements a thread); 2**15 or 2**21 were slower than the two passes on the 2-core VM
+_SLICE = 1 << 17
+
+
+def _mean_in_slices(totals: tuple[torch.Tensor, ...], weight: float) -> torch.Tensor:
+    out = torch.empty(totals[0].shape, dtype=torch.float32)
+    flat_out, flats = out.view(-1), [t.reshape(-1) for t in totals]
+    for start in range(0, flat_out.numel(), _SLICE):
+        part = slice(start, start + _SLICE)
+        total = flats[0][part]
+        if len(flats) > 1:  # as merging adds a partial: ``alpha=1.0``, into a new sum, then in place
+            total = torch.add(total, flats[1][part], alpha=1.0)
+            for other in flats[2:]:
+                total.add_(other[part], alpha=1.0)
+        torch.div(total, weight, out=flat_out[part])
+    return out
 
 
 def _divided(t: torch.Tensor, weight: float) -> torch.Tensor:

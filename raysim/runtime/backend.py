@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from raysim.aggregate import Sum, WeightedMean, merged_result
 from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig
 from raysim.plugin_defaults import round_aggregator
@@ -89,15 +90,13 @@ def merge_reports(
     takes the aggregate."""
     start = time.perf_counter()
     aggregator = round_aggregator(algorithm, options.clipping, options.gathers)
-    merged = aggregator.zero()
     probe_rows: dict[str, list[Metrics]] = {name: [] for name in options.probes}
     for report in reports:
-        merged = aggregator.merge(merged, report.aggregate)
         for name, rows in report.probe_rows.items():
             probe_rows[name] += rows
     for rows in probe_rows.values():
         rows.sort(key=lambda row: row["client_id"])  # independent of the sharding
-    aggregate = aggregator.result(merged)
+    aggregate = merged_result(aggregator, [report.aggregate for report in reports])
     peaks = [report.client_peak_bytes for report in reports if report.client_peak_bytes is not None]
     return RoundOutput(
         aggregate=aggregate,
@@ -111,6 +110,16 @@ def merge_reports(
         worker_times=[times for report in reports for times in report.worker_times],
         merge_s=time.perf_counter() - start,
     )
+
+
+def answers_in_segments(algorithm: AnyAlgorithm[A], options: RoundOptions) -> bool:
+    """Whether the driver may read a worker's answer in place from memory the worker rewrites in
+    its next call (``shared_segments``): the round sums (``WeightedMean``, ``Sum``: their result
+    is a new tensor, never a view of a partial) and keeps nothing per client (probes' rows,
+    local models) past the merge."""
+    aggregator = round_aggregator(algorithm, options.clipping, options.gathers)
+    summing = type(aggregator) in (WeightedMean, Sum)
+    return summing and not options.probes and not options.keep_local_models
 
 
 def split_evenly(items: np.ndarray, num_parts: int) -> list[list[int]]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import ray
@@ -35,13 +34,28 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
 from raysim.errors import RaysimError, ResourceError
-from raysim.runtime.backend import by_point, chunk, map_units, merge_reports, shard_cohort, split_evenly
-from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker, no_gpu
+from raysim.runtime.backend import (
+    answers_in_segments,
+    by_point,
+    chunk,
+    map_units,
+    merge_reports,
+    shard_cohort,
+    split_evenly,
+)
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, no_gpu
 from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
 from raysim.runtime.ray_session import init_ray
-from raysim.runtime.shipping import DataPlan, NodeView, node_view, stores_to_ship
+from raysim.runtime.ray_workers import (
+    ClusterTrainer,
+    WorkerPlace,
+    gpu_node_view,
+    measure_here,
+    view_of_this_node,
+)
+from raysim.runtime.shared_segments import DriverSegments, Packed
+from raysim.runtime.shipping import DataPlan, stores_to_ship
 from raysim.runtime.wire import WorkerReport, WorkerSetup
-from raysim.runtime.worker import ClientTrainer
 from raysim.services import MapRequest, RoundOptions
 from raysim.types import Metrics, NumpyParams, Payload, RoundOutput
 
@@ -53,41 +67,8 @@ _POLL_S = 1.0  # how often a pending call checks that its worker still has a nod
 WorkerHandle = Any
 A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
-
-
-def node_label() -> str:
-    """This process's node, for messages: host name, address and Ray node id."""
-    node_id = ray.get_runtime_context().get_node_id()
-    return f"{socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node_id[:8]})"
-
-
-@dataclass(frozen=True)
-class WorkerPlace:
-    """Where a worker runs and which copy of the training store it opened."""
-
-    node_id: str
-    node: str
-    store_path: str
-
-
-class ClusterTrainer(ClientTrainer):
-    """A ``ClientTrainer`` on whichever node Ray placed it: it opens the stores that node holds at
-    the driver's paths, or their shipped copies, and keeps client state only in the driver's
-    state directory (``shipping.DataPlan``). A worker Ray restarts on another node decides afresh.
-    """
-
-    def __init__(self, setup: WorkerSetup, plan: DataPlan) -> None:
-        node = node_label()
-        super().__init__(plan.resolve(setup, ray.get, node))
-        self.states = plan.state_store(node)
-        self.place = WorkerPlace(ray.get_runtime_context().get_node_id(), node, str(self.store.path))
-
-    def where(self) -> WorkerPlace:
-        return self.place
-
-
-def _view_of_this_node(plan: DataPlan) -> NodeView:
-    return node_view(plan, node_label())
+# a shard's ``train`` arguments: its (position, client) pairs, round, options, its clients' parts
+Call: TypeAlias = tuple[list[tuple[int, int]], int, RoundOptions, dict[int, Any] | None]
 
 
 def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: ProbeWork) -> WorkerPeak:
@@ -104,19 +85,11 @@ def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: Probe
     if most < 1:
         raise ResourceError(no_gpu(f"no node of the Ray cluster has a whole one (the largest has {most:g})"))
     plan = DataPlan.of(setup, resources.ship_data)
-    node_id, view = _result(ray.remote(num_cpus=0, num_gpus=1)(_gpu_node_view).remote(plan))
+    node_id, view = _result(ray.remote(num_cpus=0, num_gpus=1)(gpu_node_view).remote(plan))
     plan = plan.ship(stores_to_ship(plan, [view]), ray.put)
-    measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(_measure_here)
+    measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(measure_here)
     on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return _result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work.shipped()))
-
-
-def _gpu_node_view(plan: DataPlan) -> tuple[str, NodeView]:
-    return ray.get_runtime_context().get_node_id(), _view_of_this_node(plan)
-
-
-def _measure_here(setup: WorkerSetup, plan: DataPlan, work: ProbeWork) -> WorkerPeak:
-    return measure_worker(plan.resolve(setup, ray.get, node_label()), work)
 
 
 def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
@@ -178,6 +151,16 @@ class RayBackend:
         nodes = {place.node_id for place in self.places}
         if len(nodes) > 1:
             log.info("%d workers on %d nodes", len(self.workers), len(nodes))
+        self.segments = DriverSegments()
+        self.local = self._mapping_workers()
+
+    def _mapping_workers(self) -> set[int]:
+        """The bundles of the workers on the driver's node that map its segments: their rounds
+        go through shared memory (``shared_segments``), the others' through the object store."""
+        driver = ray.get_runtime_context().get_node_id()
+        here = [w for w, place in zip(self.workers, self.places) if place.node_id == driver]
+        maps = _get([w.maps.remote(self.segments.broadcast.name) for w in here])
+        return {self.bundle_of[w] for w, ok in zip(here, maps) if ok}
 
     def _data_plan(self, setup: WorkerSetup, resources: ResourcesConfig) -> DataPlan:
         """The stores' fingerprints, and shipped copies of those some worker's node cannot read
@@ -185,9 +168,9 @@ class RayBackend:
         plan = DataPlan.of(setup, resources.ship_data)
         driver = ray.get_runtime_context().get_node_id()
         nodes = set(placement_group_table(self.placement)["bundles_to_node_id"].values()) - {driver}
-        probe = ray.remote(num_cpus=0)(_view_of_this_node)
+        probe = ray.remote(num_cpus=0)(view_of_this_node)
         on = [NodeAffinitySchedulingStrategy(node, soft=False) for node in sorted(nodes)]
-        views: list[NodeView] = _get([probe.options(scheduling_strategy=s).remote(plan) for s in on])
+        views: list[Any] = _get([probe.options(scheduling_strategy=s).remote(plan) for s in on])
         shipped = stores_to_ship(plan, views)
         if shipped:
             log.info("shipping %s through the object store", ", ".join(plan.stores[n].path for n in shipped))
@@ -201,21 +184,34 @@ class RayBackend:
         round_num: int,
         options: RoundOptions,
     ) -> RoundOutput[A]:
-        # ONE copy of the shared part in the object store for every worker; each client's own
-        # part goes to the worker that trains it only
-        payload_ref = ray.put(replace(payload, per_client={}))
+        # ONE copy of the shared part for every worker (a segment for those on this node, the
+        # object store for the others); each client's own part goes to the worker that trains it
+        shared = replace(payload, per_client={})
+        packed = self.segments.send(shared, ray.cloudpickle.dumps) if self.local else None
+        broadcast = Broadcast(packed, ray.put(shared) if len(self.local) < len(self.workers) else None)
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
-        reports = self._run_shards(payload_ref, payload.per_client, shards, round_num, options)
-        del payload_ref
+        answers = answers_in_segments(algorithm, options)
+        reports = self._run_shards(broadcast, payload.per_client, shards, round_num, options, answers)
+        del broadcast
         return merge_reports(algorithm, reports, options)
+
+    def _train(self, worker: WorkerHandle, broadcast: Broadcast, call: Call, answer: bool) -> Any:
+        """One worker's call: through shared memory on this node (its answer into its segment
+        where ``answer``), else through the object store."""
+        bundle = self.bundle_of[worker]
+        if bundle not in self.local:
+            return worker.train.remote(broadcast.ref, *call)
+        segment = self.segments.answer_segment(bundle) if answer else None
+        return worker.train_here.remote(broadcast.packed, *call, segment)
 
     def _run_shards(
         self,
-        payload_ref: Any,
+        broadcast: Broadcast,
         per_client: dict[int, Any],
         shards: list[list[tuple[int, int]]],
         round_num: int,
         options: RoundOptions,
+        answers: bool,
     ) -> list[WorkerReport]:
         """Runs the shards; clients of workers that died for good are re-sharded over the rest.
 
@@ -225,23 +221,18 @@ class RayBackend:
         outside the workers; the re-run clients only fold into other partials, and partials are
         float64 sums under an associative aggregator, merged in a fixed order (the survivors in
         worker order, then the re-run shards), so only the order of float64 additions changes.
+        A re-run answers whole: a survivor's first answer may still lie in its segment, unmerged.
         """
         reports: list[WorkerReport] = []
         pending = list(zip(self.workers, shards))
         while pending:
-            refs = [
-                (
-                    w,
-                    shard,
-                    w.train.remote(payload_ref, shard, round_num, options, parts_of(per_client, shard)),
-                )
-                for w, shard in pending
-                if shard
-            ]
+            calls = [(w, (s, round_num, options, parts_of(per_client, s))) for w, s in pending if s]
+            refs = [(w, call[0], self._train(w, broadcast, call, answers)) for w, call in calls]
+            answers = False
             orphans: list[tuple[int, int]] = []
             for worker, shard, ref in refs:
                 try:
-                    reports.append(self._await(worker, ref))
+                    reports.append(self.segments.received(self.bundle_of[worker], self._await(worker, ref)))
                 except RayActorError:
                     self._drop(worker, f"round {round_num}")
                     orphans += shard
@@ -338,6 +329,16 @@ class RayBackend:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self.placement)
         self.plan = replace(self.plan, stores={})  # frees the shipped files in the object store
+        self.segments.close()
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A round's shared payload: packed in the driver's segment (None: no worker on its node),
+    and in the object store (None: every worker on its node)."""
+
+    packed: Packed | None
+    ref: Any
 
 
 def parts_of(per_client: dict[int, Any], shard: list[tuple[int, int]]) -> dict[int, Any] | None:

@@ -1,7 +1,7 @@
 """The worker: one resident model that trains many clients per call and returns one partial.
 
 ``ClientTrainer`` is plain Python. The serial backend calls it in-process; the Ray backend runs
-it as a long-lived actor (``ray_backend.py``). Both therefore share exactly one implementation.
+it as a long-lived actor (``ray_workers.py``). Both therefore share exactly one implementation.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from raysim.runtime.chunks import ChunkResults, ChunkSize, worker_vectorizes
 from raysim.runtime.client_state import ClientStateStore
 from raysim.runtime.device_reads import RetrainRound, RoundChecks, UnreadClient, defers_reads, read_clients
 from raysim.runtime.map_tasks import map_units
-from raysim.runtime.memory import PeakMemory
+from raysim.runtime.memory import PeakMemory, keep_round_memory
 from raysim.runtime.personal import (
     client_init_params,
     evaluate_personal_clients,
@@ -95,6 +95,8 @@ class ClientTrainer:
                 self.job, self.algorithm, self.model, self.device, self.store
             )
         )
+        if self.device.type == "cpu":  # each client's model-sized temporaries reuse their pages
+            keep_round_memory()
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
         self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
 

@@ -109,8 +109,8 @@ def _update(
     w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, c: ServerOptimizerConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if c.kind == "sgd":
-        if c.momentum == 0:
-            return w - c.lr * g, m, v
+        if c.momentum == 0:  # lr 1 (FedAvg): w - g, the same bits as w - 1.0 * g in one pass
+            return (w - g if c.lr == 1 else w - c.lr * g), m, v
         m = c.momentum * m + g
         direction = g + c.momentum * m if c.nesterov else m
         return w - c.lr * direction, m, v

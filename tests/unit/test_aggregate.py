@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from raysim.aggregate import Gather, Sum, WeightedMean
+from raysim.aggregate import Gather, Sum, WeightedMean, merged_result
 from raysim.types import ClientResult
 
 
@@ -160,3 +160,49 @@ def test_partials_on_a_gpu_merge_and_divide_there_to_the_cpu_s_bits():
     mean_card = agg.result(agg.merge(agg.merge(agg.zero(), card[0]), card[1]))["b"]
     mean_host = agg.result(agg.merge(agg.merge(agg.zero(), host[0]), host[1]))["b"]
     assert mean_card.is_cuda and torch.equal(mean_card.cpu(), mean_host)
+
+
+@pytest.mark.parametrize("num_partials", [1, 2, 3])
+def test_the_one_pass_mean_of_partials_has_the_bits_of_merging_them(num_partials):
+    """``merged_result``: slices summed in worker order and divided, never the merged sums; the
+    same bits as ``merge`` then ``result``, for tensors longer than a slice and not a multiple of
+    it, a partial with no sums (its clients' weight still counts) and read-only arrivals."""
+    agg = WeightedMean()
+    gen = torch.Generator().manual_seed(num_partials)
+    size = 3 * 2**17 + 77
+
+    def client(i):
+        w = torch.randn(size, generator=gen) * 10 ** (i % 5 - 2)
+        return ClientResult({"w": w, "b": {"x": torch.randn(5, generator=gen)}}, weight=1.0 + i / 3)
+
+    partials = [
+        _read_only_copy(fold(agg, [client(3 * p + i) for i in range(3)]))[0] for p in range(num_partials)
+    ]
+    partials.insert(1, fold(agg, [ClientResult(None, weight=2.5)]))  # weight, no sums
+    expected_merged = agg.zero()
+    for partial in partials:
+        expected_merged = agg.merge(expected_merged, partial)
+    expected = agg.result(expected_merged)
+    out = merged_result(agg, partials)
+    assert out["w"].dtype == torch.float32
+    assert torch.equal(out["w"], expected["w"]) and torch.equal(out["b"]["x"], expected["b"]["x"])
+    assert not torch.equal(out["w"], agg.result(partials[0])["w"]) or num_partials == 1  # all partials count
+
+
+def test_the_one_pass_mean_keeps_other_aggregators_and_empty_rounds_as_they_were():
+    assert merged_result(WeightedMean(), [WeightedMean().zero()]) is None
+    summed = merged_result(Sum(), [fold(Sum(), [result(1.0, 2)]), fold(Sum(), [result(3.0, 1)])])
+    assert torch.equal(summed["w"], torch.tensor([4.0, 8.0]))
+    zero_weight = fold(WeightedMean(), [result(1.0, 0)])
+    assert merged_result(WeightedMean(), [zero_weight]) is None
+
+
+def test_the_one_pass_mean_sums_partials_in_worker_order():
+    """(1e20 + -1e20) + 3 = 3, where any other order loses the 3: the order is the merge's."""
+    agg = WeightedMean()
+    values = [1e20, -1e20, 3.0]
+    partials = [
+        _read_only_copy(fold(agg, [ClientResult({"w": torch.full((2**18 + 5,), v)}, 1.0)]))[0] for v in values
+    ]
+    out = merged_result(agg, partials)["w"]
+    assert torch.equal(out, torch.full((2**18 + 5,), 1.0))  # 3 / 3 clients, by hand

@@ -1,8 +1,8 @@
 """The package's tiers (docs/architecture.md, section 1): each module imports raysim only from its
-own tier or the tiers before it, and only five modules import Ray: the runtime's ray_backend.py
-with ray_session.py (``ray.init``) and ray_placement.py (worker counts), the sweep's ray_cells.py
-(a sweep's cells as Ray tasks) and the CLI's ray_jobs.py (the Ray Jobs client of ``raysim
-submit``). Imports inside functions count too (a lazy import is still a dependency).
+own tier or the tiers before it, and only six modules import Ray: the runtime's ray_backend.py
+with ray_workers.py (the actor), ray_session.py (``ray.init``) and ray_placement.py (worker
+counts), the sweep's ray_cells.py (a sweep's cells as Ray tasks) and the CLI's ray_jobs.py (the
+Ray Jobs client of ``raysim submit``). Imports inside functions count too (a lazy import is still a dependency).
 
 The unit tests mirror the package: the tests of ``raysim/train/local.py`` live in
 ``tests/unit/train/``, those of ``raysim/params.py`` in ``tests/unit/test_params.py``.
@@ -84,7 +84,7 @@ def test_every_module_imports_only_its_tier_or_earlier_ones():
     assert not wrong, "\n".join(wrong)
 
 
-def test_only_the_five_ray_modules_import_ray():
+def test_only_the_six_ray_modules_import_ray():
     importers = sorted(
         name for name, path in modules() if any(t == "ray" or t.startswith("ray.") for t in imports(path))
     )
@@ -93,6 +93,7 @@ def test_only_the_five_ray_modules_import_ray():
         "raysim.runtime.ray_backend",
         "raysim.runtime.ray_placement",
         "raysim.runtime.ray_session",
+        "raysim.runtime.ray_workers",
         "raysim.sweep.ray_cells",
     ]
 

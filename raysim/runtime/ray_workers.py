@@ -1,0 +1,93 @@
+"""What runs inside Ray's processes: the ``ClusterTrainer`` actor and the tasks that look at a
+node; ``ray_backend.py`` is the driver's side, which starts them and calls them.
+
+A ``ClusterTrainer`` on the driver's own node takes its round through shared memory
+(``train_here``, ``raysim.runtime.shared_segments``): the broadcast read from the driver's
+segment, its answer written into a segment of its own where the driver offers one.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker
+from raysim.runtime.shared_segments import Attached, Packed, Unfit, pack, unpack
+from raysim.runtime.shipping import DataPlan, NodeView, node_view
+from raysim.runtime.wire import WorkerReport, WorkerSetup
+from raysim.runtime.worker import ClientTrainer
+from raysim.services import RoundOptions
+
+
+def node_label() -> str:
+    """This process's node, for messages: host name, address and Ray node id."""
+    node_id = ray.get_runtime_context().get_node_id()
+    return f"{socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node_id[:8]})"
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where a worker runs and which copy of the training store it opened."""
+
+    node_id: str
+    node: str
+    store_path: str
+
+
+class ClusterTrainer(ClientTrainer):
+    """A ``ClientTrainer`` on whichever node Ray placed it: it opens the stores that node holds at
+    the driver's paths, or their shipped copies, and keeps client state only in the driver's
+    state directory (``shipping.DataPlan``). A worker Ray restarts on another node decides afresh.
+    """
+
+    def __init__(self, setup: WorkerSetup, plan: DataPlan) -> None:
+        node = node_label()
+        super().__init__(plan.resolve(setup, ray.get, node))
+        self.states = plan.state_store(node)
+        self.place = WorkerPlace(ray.get_runtime_context().get_node_id(), node, str(self.store.path))
+        self.segments = Attached()
+
+    def where(self) -> WorkerPlace:
+        return self.place
+
+    def maps(self, segment: str) -> bool:
+        """Whether this process can map the driver's ``segment`` (it shares the driver's memory)."""
+        try:
+            self.segments.buffer(segment)
+        except OSError:
+            return False
+        return True
+
+    def train_here(
+        self,
+        broadcast: Packed,
+        tasks: list[tuple[int, int]],
+        round_num: int,
+        options: RoundOptions,
+        per_client: dict[int, Any] | None,
+        answer: str | None,
+    ) -> WorkerReport | Packed | Unfit:
+        """``train`` with the payload read from the driver's segment (copied: the next round's
+        broadcast rewrites it), and the report written into the ``answer`` segment where the
+        driver offers one; a report that does not fit goes back whole, with the size it needs."""
+        payload = unpack(self.segments.buffer(broadcast.segment), broadcast, copy=True)
+        report = self.train(payload, tasks, round_num, options, per_client)
+        self.segments.keep_only({broadcast.segment} | ({answer} if answer else set()))
+        if answer is None:
+            return report
+        return pack(self.segments.buffer(answer), answer, report, ray.cloudpickle.dumps)
+
+
+def view_of_this_node(plan: DataPlan) -> NodeView:
+    return node_view(plan, node_label())
+
+
+def gpu_node_view(plan: DataPlan) -> tuple[str, NodeView]:
+    return ray.get_runtime_context().get_node_id(), view_of_this_node(plan)
+
+
+def measure_here(setup: WorkerSetup, plan: DataPlan, work: ProbeWork) -> WorkerPeak:
+    return measure_worker(plan.resolve(setup, ray.get, node_label()), work)

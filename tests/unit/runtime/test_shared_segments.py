@@ -1,0 +1,150 @@
+"""Shared-memory segments: what crosses them arrives byte for byte, large buffers out of band;
+views and copies behave as the reader needs; segments grow, and are unlinked by the driver only."""
+
+import multiprocessing
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.aggregate import WeightedMean
+from raysim.runtime.shared_segments import Attached, DriverSegments, Packed, Segment, Unfit, pack, unpack
+from raysim.types import ClientResult
+
+
+@dataclass(frozen=True)
+class Report:
+    big: dict[str, np.ndarray]
+    small: np.ndarray
+    note: str
+
+
+def report(seed: int = 0) -> Report:
+    rng = np.random.default_rng(seed)
+    big = {"w": rng.standard_normal((300, 100)), "b": rng.standard_normal(20_000).astype(np.float32)}
+    return Report(big, rng.integers(0, 9, 10), "kept in band")
+
+
+def same(a: Report, b: Report) -> bool:
+    arrays = [(a.big[k], b.big[k]) for k in a.big] + [(a.small, b.small)]
+    return a.note == b.note and all(x.dtype == y.dtype and x.tobytes() == y.tobytes() for x, y in arrays)
+
+
+def test_large_buffers_cross_out_of_band_and_arrive_byte_for_byte():
+    segment = Segment(1 << 20)
+    try:
+        packed = pack(segment.buffer, segment.name, report())
+        assert isinstance(packed, Packed)
+        assert [size for _, size in packed.spans] == [300 * 100 * 8, 20_000 * 4]  # the small array in band
+        assert len(packed.data) < 2_000  # the rest: structure and small values
+        assert all(offset % 64 == 0 for offset, _ in packed.spans)
+        assert same(unpack(segment.buffer, packed, copy=False), report())
+        assert same(unpack(segment.buffer, packed, copy=True), report())
+    finally:
+        segment.close()
+
+
+def test_views_read_the_segment_in_place_and_copies_are_the_readers_own():
+    segment = Segment(1 << 20)
+    try:
+        packed = pack(segment.buffer, segment.name, report(0))
+        assert isinstance(packed, Packed)
+        view, copy = unpack(segment.buffer, packed, copy=False), unpack(segment.buffer, packed, copy=True)
+        assert not view.big["w"].flags.writeable and copy.big["w"].flags.writeable
+        pack(segment.buffer, segment.name, report(1))  # the writer's next round
+        later, first = report(1), report(0)
+        assert all(np.array_equal(view.big[k], later.big[k]) for k in later.big)  # read in place
+        assert np.array_equal(view.small, first.small)  # in band: the view's own
+        assert same(copy, first)
+    finally:
+        segment.close()
+
+
+def test_what_does_not_fit_comes_back_whole_with_the_size_it_needs():
+    segment = Segment(1_000)
+    try:
+        unfit = pack(segment.buffer, segment.name, report())
+        assert isinstance(unfit, Unfit) and unfit.value is not None
+        assert unfit.needed == 240_000 + 80_000  # both spans, each 64-byte aligned
+        assert bytes(segment.buffer[:16]) == bytes(16)  # nothing written
+    finally:
+        segment.close()
+
+
+def test_a_partial_read_from_a_segment_merges_to_the_same_bits():
+    """Two workers' ``WeightedMean`` partials: their mean through segments equals the in-process one."""
+    agg = WeightedMean()
+    rng = np.random.default_rng(3)
+    partials = []
+    for worker in range(2):
+        acc = agg.zero()
+        for client in range(3):
+            update = {"w": torch.from_numpy(rng.standard_normal((64, 300)).astype(np.float32))}
+            acc = agg.add(acc, client, ClientResult(update, weight=float(10 + worker + client)))
+        partials.append(acc)
+    expected = agg.result(agg.merge(agg.merge(agg.zero(), partials[0]), partials[1]))
+    segments, attached = DriverSegments(), Attached()  # the workers' side: one mapping each
+    try:
+        received = []
+        for worker, partial in enumerate(partials):
+            name = segments.answer_segment(worker)
+            assert segments.answer_segment(worker) == name  # one segment per worker
+            first = pack(attached.buffer(name), name, partial)
+            assert isinstance(first, Unfit)  # the first round's answer is sent whole
+            segments.received(worker, first)
+            name = segments.answer_segment(worker)  # grown
+            packed = pack(attached.buffer(name), name, partial)
+            assert isinstance(packed, Packed) and packed.spans
+            received.append(segments.received(worker, packed))
+        merged = agg.result(agg.merge(agg.merge(agg.zero(), received[0]), received[1]))
+        assert merged["w"].dtype == torch.float32 and torch.equal(merged["w"], expected["w"])
+    finally:
+        segments.close()
+
+
+def test_a_grown_broadcast_is_a_new_segment_and_the_old_one_is_gone():
+    segments, attached = DriverSegments(), Attached()
+    try:
+        first = segments.send({"x": np.zeros(100_000)})
+        again = segments.send({"x": np.ones(100_000)})
+        assert again.segment == first.segment  # fits: rewritten in place
+        bigger = segments.send({"x": np.ones(400_000)})
+        assert bigger.segment != first.segment
+        with pytest.raises(FileNotFoundError):
+            attached.buffer(first.segment)
+        assert np.array_equal(
+            unpack(attached.buffer(bigger.segment), bigger, copy=True)["x"], np.ones(400_000)
+        )
+        attached.keep_only(set())
+    finally:
+        segments.close()
+    with pytest.raises(FileNotFoundError):
+        attached.buffer(bigger.segment)
+
+
+def _read_in_another_process(name: str, packed: Packed, out: "multiprocessing.Queue[float]") -> None:
+    attached = Attached()
+    value = unpack(attached.buffer(name), packed, copy=True)
+    out.put(float(value["x"].sum()))
+    attached.keep_only(set())
+
+
+def test_a_worker_process_reads_the_segment_and_its_exit_leaves_it_to_the_driver():
+    """The worker maps the driver's segment by name; when it exits, its resource tracker does not
+    unlink the driver's segment (Python before 3.13 registers every attach)."""
+    segments = DriverSegments()
+    try:
+        packed = segments.send({"x": np.arange(50_000, dtype=np.float64)})
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        child = context.Process(target=_read_in_another_process, args=(packed.segment, packed, out))
+        child.start()
+        assert out.get(timeout=60) == float(np.arange(50_000).sum())
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        attached = Attached()
+        assert unpack(attached.buffer(packed.segment), packed, copy=True)["x"][-1] == 49_999
+        attached.keep_only(set())
+    finally:
+        segments.close()

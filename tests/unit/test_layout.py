@@ -2,7 +2,8 @@
 own tier or the tiers before it, and only six modules import Ray: the runtime's ray_backend.py
 with ray_workers.py (the actor), ray_session.py (``ray.init``) and ray_placement.py (worker
 counts), the sweep's ray_cells.py (a sweep's cells as Ray tasks) and the CLI's ray_jobs.py (the
-Ray Jobs client of ``raysim submit``). Imports inside functions count too (a lazy import is still a dependency).
+Ray Jobs client of ``raysim submit``). Imports inside functions count too (a lazy import is still a
+dependency).
 
 The unit tests mirror the package: the tests of ``raysim/train/local.py`` live in
 ``tests/unit/train/``, those of ``raysim/params.py`` in ``tests/unit/test_params.py``.

@@ -179,7 +179,8 @@ def _return_free_heap() -> None:
 
 def keep_round_memory() -> None:
     """Makes glibc's malloc keep the memory a round's model-sized temporaries free for the next
-    round (on the driver: the merged float64 sums, their mean, the server step's tensors).
+    round (on the driver: the merged float64 sums, their mean, the server step's tensors; on a
+    CPU worker: each client's update and partial sums, for the next client).
 
     glibc serves allocations under 32 MB from its heap but gives the heap's top back to the kernel
     once twice the largest recent one is free there, so every round faulted the same pages in

@@ -1,4 +1,5 @@
-"""RayBackend: long-lived worker actors, one broadcast ``ray.put`` per round, one partial each.
+"""RayBackend: long-lived worker actors, one broadcast per round, one partial each (through shared
+memory for the workers on the driver's node, ``shared_segments.py``; the object store beyond).
 
 Workers are ``ClientTrainer`` actors reserved together in a placement group (a job never starts
 with half a pool), spread over a cluster's nodes by ``resources.placement``. Each opens the job's
@@ -187,13 +188,25 @@ class RayBackend:
         # ONE copy of the shared part for every worker (a segment for those on this node, the
         # object store for the others); each client's own part goes to the worker that trains it
         shared = replace(payload, per_client={})
-        packed = self.segments.send(shared, ray.cloudpickle.dumps) if self.local else None
-        broadcast = Broadcast(packed, ray.put(shared) if len(self.local) < len(self.workers) else None)
+        here = {self.bundle_of[w] for w in self.workers} & self.local
+        packed = self._send(shared) if here else None
+        beyond = any(self.bundle_of[w] not in self.local for w in self.workers)
+        broadcast = Broadcast(packed, ray.put(shared) if beyond else None)
         shards = shard_cohort(cohort, self.num_examples[cohort], len(self.workers))
         answers = answers_in_segments(algorithm, options)
         reports = self._run_shards(broadcast, payload.per_client, shards, round_num, options, answers)
         del broadcast
         return merge_reports(algorithm, reports, options)
+
+    def _send(self, shared: Payload) -> Packed | None:
+        """The broadcast packed in the driver's segment; None, and the object store for every
+        worker from then on, where /dev/shm cannot hold it."""
+        try:
+            return self.segments.send(shared, ray.cloudpickle.dumps)
+        except OSError as exc:
+            log.warning("/dev/shm cannot hold the broadcast (%s): rounds go through Ray's object store", exc)
+            self.local = set()
+            return None
 
     def _train(self, worker: WorkerHandle, broadcast: Broadcast, call: Call, answer: bool) -> Any:
         """One worker's call: through shared memory on this node (its answer into its segment
@@ -267,6 +280,7 @@ class RayBackend:
         """A worker Ray could not restart leaves the pool, and the log says so."""
         if dead in self.workers:
             self.workers.remove(dead)
+            self.local.discard(self.bundle_of[dead])
             self.dead_workers += 1
         log.warning("%s: a worker died for good (%d left); re-running its work", during, len(self.workers))
         if not self.workers:
@@ -325,11 +339,11 @@ class RayBackend:
         return [results[i] for i in range(len(parts))]
 
     def shutdown(self) -> None:
+        self.segments.close()
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self.placement)
         self.plan = replace(self.plan, stores={})  # frees the shipped files in the object store
-        self.segments.close()
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class ClusterTrainer(ClientTrainer):
         self.states = plan.state_store(node)
         self.place = WorkerPlace(ray.get_runtime_context().get_node_id(), node, str(self.store.path))
         self.segments = Attached()
+        self.answer: str | None = None  # the last answer segment offered: kept mapped between offers
 
     def where(self) -> WorkerPlace:
         return self.place
@@ -75,7 +76,8 @@ class ClusterTrainer(ClientTrainer):
         driver offers one; a report that does not fit goes back whole, with the size it needs."""
         payload = unpack(self.segments.buffer(broadcast.segment), broadcast, copy=True)
         report = self.train(payload, tasks, round_num, options, per_client)
-        self.segments.keep_only({broadcast.segment} | ({answer} if answer else set()))
+        self.answer = answer or self.answer
+        self.segments.keep_only({broadcast.segment} | ({self.answer} if self.answer else set()))
         if answer is None:
             return report
         return pack(self.segments.buffer(answer), answer, report, ray.cloudpickle.dumps)

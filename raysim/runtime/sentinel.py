@@ -7,6 +7,8 @@ files), and only then does the sentinel do its duty:
 
 - ``end-run URI RUN_ID``: end the MLflow run as KILLED, with an end time, if it is still RUNNING
   (else it shows RUNNING forever);
+- ``unlink-segments PREFIX``: unlink the driver's shared-memory segments (``/dev/shm/PREFIX*``,
+  ``raysim.runtime.shared_segments``), which would otherwise hold their memory until a reboot;
 - ``reap-ray SESSION_DIR PID:START ...``: kill what is left of the local Ray node the driver
   started. Ray ties its GCS, raylet and workers to the driver (they die within seconds), but the
   node's dashboard and runtime-env agents then spend 60 s trying to report the raylet's death to
@@ -43,7 +45,8 @@ class Sentinel:
 
     @classmethod
     def start(cls, duty: str, *args: str) -> Sentinel:
-        """Starts a sentinel for ``duty`` (``end-run`` or ``reap-ray``) with its arguments."""
+        """Starts a sentinel for ``duty`` (``end-run``, ``unlink-segments`` or ``reap-ray``) with its
+        arguments."""
         debug = bool(os.environ.get("RAYSIM_DEBUG"))
         process = subprocess.Popen(
             [sys.executable, "-P", os.path.abspath(__file__), duty, *args],
@@ -102,7 +105,20 @@ def reap_ray(session_dir: str, *processes: str) -> None:
             process.kill()
 
 
-DUTIES: dict[str, Callable[..., None]] = {"end-run": end_run, "reap-ray": reap_ray}
+def unlink_segments(prefix: str) -> None:
+    """Unlinks every shared-memory segment whose name begins with ``prefix`` (Linux: /dev/shm)."""
+    import glob
+
+    for path in glob.glob(os.path.join("/dev/shm", glob.escape(prefix) + "*")):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            os.unlink(path)
+
+
+DUTIES: dict[str, Callable[..., None]] = {
+    "end-run": end_run,
+    "unlink-segments": unlink_segments,
+    "reap-ray": reap_ray,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -14,11 +14,18 @@ pickled bytes are small and hold everything else; the buffers are laid one after
 segment, and the other side unpickles against views of them. The values are the same bytes, so
 a run's results do not change.
 
-Who owns what. The driver creates every segment (``Segment``) and unlinks it at the end; if the
-driver dies, Python's resource tracker unlinks it. A worker maps a segment by name
+Who owns what. The driver creates every segment (``Segment``: its pages taken from /dev/shm at
+once, so a full /dev/shm is an ``OSError`` here, never a SIGBUS on a later write) and unlinks it
+at the end; a sentinel process (``raysim.runtime.sentinel``) unlinks those of a driver killed
+outright (segments are named ``raysim_<driver pid>_...``). A worker maps a segment by name
 (``Attached``) and never unlinks it. A segment is rewritten only by its one writer, and only
-after its reader is done with it: the broadcast before a round's calls start, a worker's answer
-segment during that worker's next call, which the driver makes only after merging the answer.
+after its reader is done with it: the broadcast before a round's calls start; a worker's answer
+segment during that worker's next call, which the driver makes only after merging the answer
+(a re-run of a lost worker's clients in the same round is offered no segment, and answers whole).
+
+Memory: the broadcast (the payload's size) plus, per worker on the node, its answer (a float64
+partial: twice the float32 model) with a quarter more room, held for the run in /dev/shm beside
+Ray's object store; where /dev/shm cannot hold them, the rounds go through the object store.
 
 Usage:
     segment = Segment(1 << 20)                             # the driver
@@ -29,11 +36,15 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
+
+from raysim.runtime.sentinel import Sentinel
 
 _IN_BAND_BYTES = 1 << 16  # smaller buffers stay in the pickled bytes: not worth a span
 _ALIGN = 64  # each buffer starts on a cache line (and any dtype's alignment)
@@ -99,7 +110,18 @@ class Segment:
     one (a new name, which the readers map anew)."""
 
     def __init__(self, size: int) -> None:
-        self._memory = shared_memory.SharedMemory(create=True, size=max(size, _ALIGN))
+        """Raises:
+        OSError: /dev/shm cannot hold ``size`` bytes (nothing is left behind)."""
+        name = f"{segment_prefix(os.getpid())}{secrets.token_hex(6)}"
+        self._memory = shared_memory.SharedMemory(name=name, create=True, size=max(size, _ALIGN))
+        _CREATED.add(self._memory.name)
+        allocate = getattr(os, "posix_fallocate", None)  # Linux; tmpfs pages are taken now
+        if allocate is not None:
+            try:
+                allocate(self._memory._fd, 0, self._memory.size)  # type: ignore[attr-defined]
+            except OSError:
+                self.close()
+                raise
 
     @property
     def name(self) -> str:
@@ -173,25 +195,39 @@ def _whole(memory: shared_memory.SharedMemory) -> memoryview:
     return memoryview(memory.buf)
 
 
+_CREATED: set[str] = set()  # segments this process created (and its resource tracker unlinks)
+
+
+def segment_prefix(pid: int) -> str:
+    """The names of driver ``pid``'s segments begin so (what its sentinel unlinks)."""
+    return f"raysim_{pid}_"
+
+
 def _attach(name: str) -> shared_memory.SharedMemory:
     """The segment mapped, without registering it with this process's resource tracker, which
     would unlink the driver's segment when this worker exits (Python before 3.13 registers every
-    attach; 3.13 has ``track=False``)."""
+    attach; 3.13 has ``track=False``). The process that created it keeps its registration."""
     try:
         return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
     except TypeError:
         memory = shared_memory.SharedMemory(name=name)
-        resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
+        if name not in _CREATED:
+            resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
         return memory
 
 
 class DriverSegments:
     """The driver's segments: one broadcast that every worker of its node reads, and an answer
-    segment per such worker, each grown to what the last round needed."""
+    segment per such worker, each grown to what the last round needed; and the sentinel that
+    unlinks them if the driver is killed outright.
+
+    Raises (``send``): OSError where /dev/shm cannot hold the broadcast."""
 
     def __init__(self) -> None:
+        self.sentinel = Sentinel.start("unlink-segments", segment_prefix(os.getpid()))
         self.broadcast = Segment(0)
         self.answers: dict[int, Segment] = {}
+        self.no_room: set[int] = set()  # workers whose answers /dev/shm could not hold
 
     def send(self, value: Any, dumps: Dumps = pickle.dumps) -> Packed:
         """``value`` packed into the broadcast segment, grown first where it does not fit."""
@@ -202,8 +238,11 @@ class DriverSegments:
         assert isinstance(packed, Packed), "a segment grown to the size needed holds it"
         return packed
 
-    def answer_segment(self, worker: int) -> str:
-        """The name of the segment worker ``worker`` writes its answer into."""
+    def answer_segment(self, worker: int) -> str | None:
+        """The name of the segment worker ``worker`` writes its answer into; None where /dev/shm
+        could not hold it (the worker answers whole, through Ray)."""
+        if worker in self.no_room:
+            return None
         if worker not in self.answers:
             self.answers[worker] = Segment(0)
         return self.answers[worker].name
@@ -212,12 +251,22 @@ class DriverSegments:
         """The worker's answer: read in place from its segment (valid until its next call), or
         sent whole, its segment then grown for the next round."""
         if isinstance(answer, Packed):
+            assert answer.segment == self.answers[worker].name, "an answer is read where it was written"
             return unpack(self.answers[worker].buffer, answer, copy=False)
         if isinstance(answer, Unfit):
-            self.answers[worker] = self.answers[worker].grown(answer.needed)
+            self._grow_answer(worker, answer.needed)
             return answer.value
         return answer
 
+    def _grow_answer(self, worker: int, size: int) -> None:
+        try:
+            self.answers[worker] = self.answers[worker].grown(size)
+        except OSError:  # /dev/shm is full: this worker answers through Ray from now on
+            self.answers.pop(worker).close()
+            self.no_room.add(worker)
+
     def close(self) -> None:
+        """Unlinks every segment and stands the sentinel down."""
         for segment in [self.broadcast, *self.answers.values()]:
             segment.close()
+        self.sentinel.stand_down()

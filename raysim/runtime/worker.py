@@ -95,8 +95,8 @@ class ClientTrainer:
                 self.job, self.algorithm, self.model, self.device, self.store
             )
         )
-        if self.device.type == "cpu":  # each client's model-sized temporaries reuse their pages
-            keep_round_memory()
+        if self.device.type == "cpu":  # a client's model-sized temporaries reuse the last one's pages
+            keep_round_memory()  # (a round's first client, measured, still trims the heap)
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
         self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
 

@@ -5,7 +5,9 @@ Usage (from the repository root):
     python tools/peers/raysim_rounds.py jobs/bench/pfl_cifar10.yaml [key=value ...]
 
 Prints each round's seconds and, last, ``JSON {...}`` with the timed rounds' median (the first
-``bench.warmup_rounds`` are left out), as ``tools/peers/pfl_cifar_shape.py`` prints pfl's.
+``bench.warmup_rounds`` are left out), as ``tools/peers/pfl_cifar_shape.py`` prints pfl's, and the
+median time outside the workers (the engine's ``sys/driver_overhead_s``, as ``raysim bench``
+reports it).
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ from raysim.tracking.tracker import MemoryTracker
 def main(path: str, overrides: list[str]) -> None:
     job, bench = load_benchmark(path, overrides)
     services, state = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
-    seconds = []
+    seconds, outside = [], []
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
-            state, _ = services.run_round(state, round_num)
+            state, metrics = services.run_round(state, round_num)
             seconds.append(time.perf_counter() - t0)
+            outside.append(metrics["sys/driver_overhead_s"])
             print(f"round {round_num}: {seconds[-1]:.3f} s", flush=True)
     finally:
         services.backend.shutdown()
-    timed = seconds[bench.warmup_rounds :]
-    print("JSON " + json.dumps({"median_s": statistics.median(timed), "rounds_s": timed}), flush=True)
+    warm = bench.warmup_rounds
+    timed = seconds[warm:]
+    figures: dict[str, object] = {"median_s": statistics.median(timed), "rounds_s": timed}
+    figures["outside_s"] = statistics.median(outside[warm:])
+    print("JSON " + json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,29 @@ def test_a_reused_pid_is_never_killed(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/shm")
+def test_unlink_segments_removes_a_dead_drivers_segments_and_no_other():
+    from multiprocessing import shared_memory
+
+    from raysim.runtime.shared_segments import segment_prefix
+
+    prefix, other = segment_prefix(4_000_000_001), segment_prefix(4_000_000_002)
+    mine = [shared_memory.SharedMemory(name=f"{prefix}{i}", create=True, size=64) for i in range(2)]
+    theirs = shared_memory.SharedMemory(name=f"{other}0", create=True, size=64)
+    try:
+        driver_dies(Sentinel.start("unlink-segments", prefix))
+        for memory in mine:
+            with pytest.raises(FileNotFoundError):
+                shared_memory.SharedMemory(name=memory.name)
+        shared_memory.SharedMemory(name=theirs.name).close()  # still there
+    finally:
+        for memory in [*mine, theirs]:
+            memory.close()
+            try:
+                memory.unlink()
+            except FileNotFoundError:  # unlinked by the sentinel: only the tracker's record is left
+                from multiprocessing import resource_tracker
+
+                resource_tracker.unregister(memory._name, "shared_memory")

@@ -1,7 +1,9 @@
 """Shared-memory segments: what crosses them arrives byte for byte, large buffers out of band;
 views and copies behave as the reader needs; segments grow, and are unlinked by the driver only."""
 
+import errno
 import multiprocessing
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +11,16 @@ import pytest
 import torch
 
 from raysim.aggregate import WeightedMean
-from raysim.runtime.shared_segments import Attached, DriverSegments, Packed, Segment, Unfit, pack, unpack
+from raysim.runtime.shared_segments import (
+    Attached,
+    DriverSegments,
+    Packed,
+    Segment,
+    Unfit,
+    pack,
+    segment_prefix,
+    unpack,
+)
 from raysim.types import ClientResult
 
 
@@ -147,4 +158,40 @@ def test_a_worker_process_reads_the_segment_and_its_exit_leaves_it_to_the_driver
         assert unpack(attached.buffer(packed.segment), packed, copy=True)["x"][-1] == 49_999
         attached.keep_only(set())
     finally:
+        segments.close()
+
+
+def _no_room(fd, offset, length):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="Linux: pages taken at creation")
+def test_a_segment_takes_its_pages_at_once_and_a_full_dev_shm_is_an_error_leaving_nothing(monkeypatch):
+    """tmpfs grows a file lazily: without taking the pages, a full /dev/shm would SIGBUS a later
+    write. Here the refusal comes at creation, and the name is gone."""
+    segment = Segment(1 << 20)
+    try:
+        assert segment.name.startswith(segment_prefix(os.getpid()))
+        assert os.stat(f"/dev/shm/{segment.name}").st_blocks * 512 >= 1 << 20  # allocated, not sparse
+    finally:
+        segment.close()
+    created = []
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, o, n: created.append(fd) or _no_room(fd, o, n))
+    with pytest.raises(OSError, match="No space"):
+        Segment(1 << 20)
+    assert created and not [p for p in os.listdir("/dev/shm") if p.startswith(segment_prefix(os.getpid()))]
+
+
+def test_a_worker_whose_answer_dev_shm_cannot_hold_answers_through_ray(monkeypatch):
+    segments = DriverSegments()
+    try:
+        name = segments.answer_segment(0)
+        monkeypatch.setattr(os, "posix_fallocate", _no_room)
+        value = segments.received(0, Unfit({"x": 1}, needed=1 << 20))
+        assert value == {"x": 1}  # the answer itself is kept
+        assert segments.answer_segment(0) is None and name is not None
+        with pytest.raises(FileNotFoundError):
+            Attached().buffer(name)  # the old segment is gone too
+    finally:
+        monkeypatch.undo()
         segments.close()

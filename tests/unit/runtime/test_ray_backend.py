@@ -1,0 +1,78 @@
+"""How ``RayBackend`` sends a round to each worker, without Ray: workers on the driver's node
+through its segments, the others through the object store, whatever workers were lost."""
+
+import numpy as np
+import pytest
+
+from raysim.aggregate import WeightedMean
+from raysim.runtime import ray_backend
+from raysim.runtime.ray_backend import RayBackend
+from raysim.runtime.shared_segments import DriverSegments, Packed
+from raysim.services import RoundOptions
+from raysim.types import Payload, RoundOutput
+
+
+class Method:
+    def __init__(self, worker, name):
+        self.worker, self.name = worker, name
+
+    def remote(self, *args):
+        self.worker.calls.append((self.name, args))
+        return self.worker
+
+
+class Worker:
+    """A handle whose calls are recorded; its answer is an empty report."""
+
+    def __init__(self):
+        self.calls = []
+        self.train, self.train_here = Method(self, "train"), Method(self, "train_here")
+
+
+class Plugin:
+    def aggregator(self):
+        return WeightedMean()
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """Three workers: bundles 0 and 1 on the driver's node, 2 on another."""
+    backend = object.__new__(RayBackend)
+    backend.workers = [Worker(), Worker(), Worker()]
+    backend.bundle_of = {w: i for i, w in enumerate(backend.workers)}
+    backend.local, backend.dead_workers = {0, 1}, 0
+    backend.num_examples = np.full(10, 5)
+    backend.segments = DriverSegments()
+    monkeypatch.setattr(ray_backend.ray, "put", lambda value: ("ref", value))
+    empty = RoundOutput(aggregate=WeightedMean().zero())
+    monkeypatch.setattr(RayBackend, "_await", lambda self, worker, ref: empty)
+    yield backend
+    backend.segments.close()
+
+
+def round_calls(backend):
+    payload = Payload({"w": np.ones(20_000, dtype=np.float32)})
+    backend.train_cohort(Plugin(), payload, np.arange(6), 0, RoundOptions())
+    calls = {i: w.calls[-1] for i, w in enumerate(backend.workers)}
+    for worker in backend.workers:
+        worker.calls.clear()
+    return calls
+
+
+def test_workers_on_the_drivers_node_read_the_segment_and_the_others_the_object_store(pool):
+    calls = round_calls(pool)
+    assert [calls[i][0] for i in range(3)] == ["train_here", "train_here", "train"]
+    assert all(isinstance(calls[i][1][0], Packed) for i in (0, 1))
+    assert calls[2][1][0][0] == "ref"  # what ray.put returned
+    assert calls[0][1][-1] == pool.segments.answers[0].name  # an answer segment offered
+
+
+def test_a_lost_local_worker_leaves_the_others_a_broadcast(pool):
+    """A worker on the driver's node gone for good: the remote worker still gets the object
+    store's copy (the pool's count of local workers no longer tells)."""
+    pool._drop(pool.workers[0], "round 0")
+    calls = round_calls(pool)
+    assert sorted(calls) == [0, 1]  # the survivors, now bundles 1 and 2
+    assert calls[0][0] == "train_here" and calls[1][0] == "train"
+    assert calls[1][1][0] is not None and calls[1][1][0][0] == "ref"
+    assert pool.local == {1}

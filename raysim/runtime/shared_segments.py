@@ -28,9 +28,11 @@ partial: twice the float32 model) with a quarter more room, held for the run in 
 Ray's object store; where /dev/shm cannot hold them, the rounds go through the object store.
 
 Usage:
-    segment = Segment(1 << 20)                             # the driver
-    packed = pack(segment.buffer, segment.name, payload)    # None: it does not fit
-    payload = unpack(Attached().buffer(packed.segment), packed, copy=True)   # a worker
+    segments = DriverSegments()                     # the driver
+    packed = segments.send(payload)                 # grown first where it does not fit
+    attached = Attached()                           # a worker, once
+    payload = unpack(attached.buffer(packed.segment), packed, copy=True)
+    answer = pack(attached.buffer(name), name, report)   # Packed, or Unfit: sent whole
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def _aligned(offset: int) -> int:
 
 
 class Segment:
-    """A shared-memory segment the driver creates and unlinks; ``grow`` replaces it by a larger
+    """A shared-memory segment the driver creates and unlinks; ``grown`` replaces it by a larger
     one (a new name, which the readers map anew)."""
 
     def __init__(self, size: int) -> None:

@@ -21,7 +21,8 @@ from raysim.data.round_data import cap_examples
 from raysim.data.store import ClientStore
 from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_algorithm, build_job_model
-from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows, keep_freed_memory
+from raysim.runtime.chunks import ChunkResults, ChunkSize, example_rows
+from raysim.runtime.memory import keep_freed_memory
 from raysim.sampling import client_seed, sample_cohort
 from raysim.train.local import LocalTrainConfig
 from raysim.train.vectorizable import vectorization_blocker

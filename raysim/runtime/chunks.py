@@ -19,9 +19,7 @@ Usage:
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -41,6 +39,7 @@ from raysim.runtime.memory import (
     check_slice,
     chunk_that_fits,
     cpu_memory_share,
+    keep_freed_memory,
     memory_budget,
 )
 from raysim.train.vectorizable import vectorization_blocker
@@ -83,27 +82,6 @@ def worker_vectorizes(
     if vectorizes and device.type == "cpu":
         keep_freed_memory()
     return vectorizes
-
-
-def keep_freed_memory() -> None:
-    """Makes glibc's malloc keep freed memory for the next allocation instead of returning it.
-
-    A chunk's tensors are large (16 clients' gradient of pfl's CNN's dense layer: 100 MB), above
-    the 32 MB beyond which glibc maps fresh pages for each allocation and unmaps them when freed,
-    so every step paid the kernel for faulting in and zeroing them again: measured on the CIFAR
-    benchmark's shape, about a third of a vectorized step. The process keeps its peak heap.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl): nothing to tune
-        return
-    libc.mallopt(_M_MMAP_MAX, 0)  # no allocation of its own mapping: all from the heap
-    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # and the heap's top is never given back
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
 def check_vectorize(job: JobConfig, algorithm: AnyAlgorithm, model: nn.Module, store: ClientStore) -> None:

@@ -172,7 +172,7 @@ def peak_rss_bytes() -> float:
 
 def _return_free_heap() -> None:
     """Gives the heap's free pages back to the kernel (glibc's ``malloc_trim``): a worker keeps
-    freed memory (``raysim.runtime.chunks.keep_freed_memory``), which would hide a block's use."""
+    freed memory (``keep_freed_memory``), which would hide a block's use."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing kept to give back
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -186,15 +186,33 @@ def keep_round_memory() -> None:
     once twice the largest recent one is free there, so every round faulted the same pages in
     again: on the CIFAR benchmark's shape about 55 MB a round, most of the driver's time outside
     the workers. Allocations of 32 MB and more still map pages of their own; the heap keeps its
-    peak (as a vectorizing worker's does, ``raysim.runtime.chunks.keep_freed_memory``).
+    peak (as a vectorizing worker's does, ``keep_freed_memory``).
     """
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
+    _mallopt({_M_MMAP_THRESHOLD: 32 * MiB, _M_TRIM_THRESHOLD: _NEVER})  # glibc's own mmap ceiling
+
+
+def keep_freed_memory() -> None:
+    """Makes glibc's malloc keep all freed memory for the next allocation instead of returning it
+    (a vectorizing CPU worker).
+
+    A chunk's tensors are large (16 clients' gradient of pfl's CNN's dense layer: 100 MB), above
+    the 32 MB beyond which glibc maps fresh pages for each allocation and unmaps them when freed,
+    so every step paid the kernel for faulting in and zeroing them again: measured on the CIFAR
+    benchmark's shape, about a third of a vectorized step. The process keeps its peak heap.
+    """
+    _mallopt({_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: _NEVER})  # no mapping of its own: all from the heap
+
+
+def _mallopt(settings: dict[int, int]) -> None:
+    """glibc's ``mallopt`` for each (parameter, value); nothing where the C library is not glibc."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 32 * MiB)  # glibc's own ceiling, fixed there
-        libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # the heap's top is never given back
+        for parameter, value in settings.items():
+            libc.mallopt(parameter, value)
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
+_NEVER = 2**31 - 1  # a trim threshold no heap top reaches: never given back
 
 
 def _reset_peak_rss() -> bool:

@@ -133,7 +133,7 @@ def test_auto_never_takes_more_than_its_limit():
 
 MAPPED = """
 import ctypes, numpy as np
-from raysim.runtime.chunks import keep_freed_memory
+from raysim.runtime.memory import keep_freed_memory
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -16,8 +16,8 @@ Usage:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 import numpy as np
@@ -33,6 +33,9 @@ Partial: TypeAlias = Any
 T = TypeVar("T", bound=Tree)  # the structure of the updates an aggregator sums
 R = TypeVar("R", bound=ClientResult[Any, Any])  # what a ``Gather`` keeps: the plugin's ClientResult[U, S]
 Gathered: TypeAlias = list[tuple[int, R]]  # (cohort position, result), by position
+# where a partial's float64 sums are written: a new tensor of that shape and dtype, or None for
+# one of the process's own (``placed``)
+Memory: TypeAlias = Callable[[torch.Size, torch.dtype], "torch.Tensor | None"]
 
 
 class Aggregator(Protocol[A_co]):
@@ -69,6 +72,7 @@ class _Sums(Generic[T]):
     # ``total`` is not this partial's own (another partial's, taken as is; or arrays Ray hands
     # over read-only): the next fold writes a new total instead of adding in place
     borrowed: bool = False
+    memory: Memory | None = field(default=None, compare=False)  # where the first fold writes (``placed``)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles ``total`` as numpy arrays, which Ray moves without a copy (a tensor is copied
@@ -103,14 +107,32 @@ def _fold(acc: _Sums[T], update: T | None, scale: float, weight: float, count: i
     """
     weight, count = acc.weight + weight, acc.count + count
     if update is None:
-        return _Sums(acc.total, weight, count, acc.borrowed)
+        return replace(acc, weight=weight, count=count)
     if acc.total is None:
-        total = tree_map(lambda t: t.detach().to(torch.float64, copy=True).mul_(scale), update)
+        total = tree_map(lambda t: _scaled_copy(t.detach(), scale, acc.memory), update)
     elif acc.borrowed:
         total = tree_map(lambda a, t: torch.add(a, t.detach().to(a.device), alpha=scale), acc.total, update)
     else:
         total = tree_map(lambda a, t: a.add_(t.detach().to(a.device), alpha=scale), acc.total, update)
     return _Sums(total, weight, count)
+
+
+def _scaled_copy(t: torch.Tensor, scale: float, memory: Memory | None) -> torch.Tensor:
+    """``scale * t`` in a new float64 tensor: ``t`` converted (exactly) then multiplied in place,
+    in ``memory`` where it offers room for a CPU tensor."""
+    out = memory(t.shape, torch.float64) if memory is not None and t.device.type == "cpu" else None
+    if out is None:
+        return t.to(torch.float64, copy=True).mul_(scale)
+    return out.copy_(t).mul_(scale)
+
+
+def placed(partial: Partial, memory: Memory) -> Partial:
+    """A zero ``partial`` whose sums the first fold writes into ``memory`` (a Ray worker's answer
+    segment: the partial is then already where the driver reads it, ``shared_segments.pack``);
+    the same partial where its aggregator keeps no float64 sums. The values are unchanged."""
+    if isinstance(partial, _Sums) and partial.total is None:
+        return replace(partial, memory=memory)
+    return partial
 
 
 class WeightedMean(Generic[T]):

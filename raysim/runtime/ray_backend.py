@@ -49,6 +49,7 @@ from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
 from raysim.runtime.ray_session import init_ray
 from raysim.runtime.ray_workers import (
     ClusterTrainer,
+    ShardCall,
     WorkerPlace,
     gpu_node_view,
     measure_here,
@@ -214,8 +215,9 @@ class RayBackend:
         bundle = self.bundle_of[worker]
         if bundle not in self.local:
             return worker.train.remote(broadcast.ref, *call)
+        assert broadcast.packed is not None, "a round with a worker on this node packs its broadcast"
         segment = self.segments.answer_segment(bundle) if answer else None
-        return worker.train_here.remote(broadcast.packed, *call, segment)
+        return worker.train_here.remote(ShardCall(broadcast.packed, *call, segment))
 
     def _run_shards(
         self,

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker
-from raysim.runtime.shared_segments import Attached, Packed, Unfit, pack, unpack
+from raysim.runtime.shared_segments import Attached, Packed, Unfit, carved, pack, unpack
 from raysim.runtime.shipping import DataPlan, NodeView, node_view
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
@@ -62,25 +62,33 @@ class ClusterTrainer(ClientTrainer):
             return False
         return True
 
-    def train_here(
-        self,
-        broadcast: Packed,
-        tasks: list[tuple[int, int]],
-        round_num: int,
-        options: RoundOptions,
-        per_client: dict[int, Any] | None,
-        answer: str | None,
-    ) -> WorkerReport | Packed | Unfit:
+    def train_here(self, call: ShardCall) -> WorkerReport | Packed | Unfit:
         """``train`` with the payload read from the driver's segment (copied: the next round's
         broadcast rewrites it), and the report written into the ``answer`` segment where the
-        driver offers one; a report that does not fit goes back whole, with the size it needs."""
+        driver offers one, its partial's sums folded there from the first client on; a report
+        that does not fit goes back whole, with the size it needs."""
+        broadcast, answer = call.broadcast, call.answer
         payload = unpack(self.segments.buffer(broadcast.segment), broadcast, copy=True)
-        report = self.train(payload, tasks, round_num, options, per_client)
+        memory = carved(self.segments.buffer(answer)) if answer is not None else None
+        report = self.train(payload, call.tasks, call.round_num, call.options, call.per_client, memory)
         self.answer = answer or self.answer
         self.segments.keep_only({broadcast.segment} | ({self.answer} if self.answer else set()))
         if answer is None:
             return report
         return pack(self.segments.buffer(answer), answer, report, ray.cloudpickle.dumps)
+
+
+@dataclass(frozen=True)
+class ShardCall:
+    """A worker's part of a round through shared memory, as one argument: Ray serializes each
+    argument of a call apart, and one costs about half of six to send."""
+
+    broadcast: Packed  # the round's payload, in the driver's segment
+    tasks: list[tuple[int, int]]  # (cohort position, client id)
+    round_num: int
+    options: RoundOptions
+    per_client: dict[int, Any] | None  # these clients' own payload parts
+    answer: str | None  # the segment to answer in; None: answer whole, through Ray
 
 
 def view_of_this_node(plan: DataPlan) -> NodeView:

@@ -12,7 +12,8 @@ driver creates once and both sides keep mapped is written in place round after r
 How: pickle protocol 5 keeps each large buffer out of band (numpy arrays offer theirs), so the
 pickled bytes are small and hold everything else; the buffers are laid one after another in the
 segment, and the other side unpickles against views of them. The values are the same bytes, so
-a run's results do not change.
+a run's results do not change. A worker folds its partial's float64 sums in its answer segment
+from the round's first client on (``carved``), so its answer is packed without copying them.
 
 Who owns what. The driver creates every segment (``Segment``: its pages taken from /dev/shm at
 once, so a full /dev/shm is an ``OSError`` here, never a SIGBUS on a later write) and unlinks it
@@ -32,12 +33,14 @@ Usage:
     packed = segments.send(payload)                 # grown first where it does not fit
     attached = Attached()                           # a worker, once
     payload = unpack(attached.buffer(packed.segment), packed, copy=True)
+    memory = carved(attached.buffer(name))          # the partial's sums folded in place
     answer = pack(attached.buffer(name), name, report)   # Packed, or Unfit: sent whole
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import secrets
@@ -46,6 +49,10 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
+import numpy as np
+import torch
+
+from raysim.aggregate import Memory
 from raysim.runtime.sentinel import Sentinel
 
 _IN_BAND_BYTES = 1 << 16  # smaller buffers stay in the pickled bytes: not worth a span
@@ -72,8 +79,9 @@ class Unfit:
 
 
 def pack(buffer: memoryview, segment: str, value: Any, dumps: Dumps = pickle.dumps) -> Packed | Unfit:
-    """``value`` pickled with its buffers of 64 KiB or more written into ``buffer`` (the mapped
-    ``segment``); ``Unfit`` with the bytes they need where they do not fit."""
+    """``value`` pickled with its buffers of 64 KiB or more in ``buffer`` (the mapped ``segment``):
+    those that already lie in it (a partial folded there, ``carved``) where they are, the others
+    written after them; ``Unfit`` with the bytes they need where they do not fit."""
     large: list[memoryview] = []
 
     def out_of_band(buf: pickle.PickleBuffer) -> bool:
@@ -84,15 +92,41 @@ def pack(buffer: memoryview, segment: str, value: Any, dumps: Dumps = pickle.dum
         return False
 
     data = dumps(value, protocol=5, buffer_callback=out_of_band)
-    spans, end = [], 0
-    for view in large:
-        spans.append((end, view.nbytes))
-        end = _aligned(end + view.nbytes)
+    base = _address(buffer)
+    at = [_address(view) - base for view in large]
+    in_place = [0 <= offset <= buffer.nbytes - view.nbytes for offset, view in zip(at, large)]
+    end = max((_aligned(o + v.nbytes) for o, v, here in zip(at, large, in_place) if here), default=0)
+    spans, copies = [], []
+    for offset, view, here in zip(at, large, in_place):
+        if not here:
+            offset, end = end, _aligned(end + view.nbytes)
+            copies.append((offset, view))
+        spans.append((offset, view.nbytes))
     if end > buffer.nbytes:
         return Unfit(value, end)
-    for (offset, size), view in zip(spans, large):
-        buffer[offset : offset + size] = view
+    for offset, view in copies:
+        buffer[offset : offset + view.nbytes] = view
     return Packed(data, segment, tuple(spans))
+
+
+def carved(buffer: memoryview) -> Memory:
+    """New tensors laid one after another in ``buffer`` from its start, each on a cache line;
+    None for one that does not fit (it is made in the process's own memory, and ``pack`` copies
+    it). A worker's partial folded into its answer segment so is sent without a copy
+    (``raysim.aggregate.placed``)."""
+    used = 0
+
+    def tensor(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+        nonlocal used
+        count = math.prod(shape)
+        size = count * dtype.itemsize
+        if count == 0 or used + size > buffer.nbytes:
+            return None
+        out = torch.frombuffer(buffer, dtype=dtype, count=count, offset=used).view(shape)
+        used = _aligned(used + size)
+        return out
+
+    return tensor
 
 
 def unpack(buffer: memoryview, packed: Packed, copy: bool) -> Any:
@@ -105,6 +139,11 @@ def unpack(buffer: memoryview, packed: Packed, copy: bool) -> Any:
 
 def _aligned(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
+
+
+def _address(view: memoryview) -> int:
+    """Where a contiguous buffer's first byte lies in this process's memory."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
 class Segment:

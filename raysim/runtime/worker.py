@@ -16,6 +16,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
+from raysim.aggregate import Memory, placed
 from raysim.algorithm import has_personal_model, vectorizes
 from raysim.compress.upload import Uplink
 from raysim.config import JobConfig, PersonalizationConfig
@@ -100,9 +101,6 @@ class ClientTrainer:
         self.timer = PhaseTimer()  # ``train`` starts one per round; this one times reads outside a round
         self.chunk_size = ChunkSize.for_worker(self.job, self.model, self.device, setup.gpu_memory_fraction)
 
-    def ping(self) -> str:
-        return "ok"
-
     def train(
         self,
         payload: Payload,
@@ -110,12 +108,14 @@ class ClientTrainer:
         round_num: int,
         options: RoundOptions,
         per_client: dict[int, Any] | None = None,
+        memory: Memory | None = None,
     ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
         The probes named in ``options`` measure each client before and after its training.
         ``per_client`` holds these clients' own payload parts where they travel apart from the
-        shared payload (Ray); None: they are the payload's ``per_client``.
+        shared payload (Ray); None: they are the payload's ``per_client``. ``memory``: where the
+        partial's sums are folded (a Ray worker's answer segment, ``aggregate.placed``).
         """
         if per_client is not None:
             payload = replace(payload, per_client=per_client)
@@ -125,9 +125,9 @@ class ClientTrainer:
         defer = defers_reads(self.device) and not options.probes and not options.keep_local_models
         defer = defer and not self.uplink.keeps_state
         try:
-            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(defer))
+            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(defer), memory)
         except RetrainRound:  # an update was not finite: again, each client checked at once
-            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(False))
+            report = self._train_tasks(payload, tasks, round_num, options, RoundChecks(False), memory)
         return replace(report, worker_times=[self.timer.times()])
 
     def _train_tasks(
@@ -137,10 +137,11 @@ class ClientTrainer:
         round_num: int,
         options: RoundOptions,
         checks: RoundChecks,
+        memory: Memory | None,
     ) -> WorkerReport:
         timer = self.timer
         aggregator = round_aggregator(self.algorithm, options.clipping, options.gathers)
-        partial = aggregator.zero()
+        partial = aggregator.zero() if memory is None else placed(aggregator.zero(), memory)
         probes = {name: self.probes[name] for name in options.probes}
         probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}
         failures: list[ClientFailure] = []

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from raysim.aggregate import Gather, Sum, WeightedMean, merged_result
+from raysim.aggregate import Gather, Sum, WeightedMean, merged_result, placed
 from raysim.types import ClientResult
 
 
@@ -206,3 +206,34 @@ def test_the_one_pass_mean_sums_partials_in_worker_order():
     ]
     out = merged_result(agg, partials)["w"]
     assert torch.equal(out, torch.full((2**18 + 5,), 1.0))  # 3 / 3 clients, by hand
+
+
+def test_a_placed_partial_folds_into_the_memory_it_was_given_to_the_hand_computed_sums():
+    """``placed``: the first fold writes ``weight * update`` in float64 into the tensors the memory
+    hands out, and later folds add there; where the memory has no room (None), the sums are the
+    process's own. Sums: 2 * [1, 2] + 3 * [3, 6] = [11, 22]; 2 * 1 + 3 * 3 = 11."""
+    given: list[torch.Tensor] = []
+
+    def memory(shape, dtype):
+        if len(shape) == 0:
+            return None  # no room for the scalar
+        given.append(torch.full(shape, 99.0, dtype=dtype))  # not zeroed: the first fold overwrites
+        return given[-1]
+
+    for agg, expected in ((WeightedMean(), 11.0), (Sum(), 4.0)):  # Sum: 1 * [1, 2] + 1 * [3, 6]
+        given.clear()
+        acc = agg.add(placed(agg.zero(), memory), 0, result(1.0, 2.0))
+        acc = agg.add(acc, 1, result(3.0, 3.0))
+        assert acc.total["w"] is given[0] and acc.total["w"].dtype == torch.float64
+        assert acc.total["w"].tolist() == [expected, 2 * expected]
+        assert acc.total["nested"]["b"].item() == expected  # the scalar in the process's own memory
+        assert len(given) == 1
+
+
+def test_placing_leaves_other_aggregators_and_started_partials_as_they_are():
+    def memory(shape, dtype):
+        raise AssertionError("never asked")
+
+    assert placed(Gather().zero(), memory) == []
+    started = WeightedMean().add(WeightedMean().zero(), 0, result(1.0, 1.0))
+    assert placed(started, memory) is started

@@ -62,9 +62,9 @@ def round_calls(backend):
 def test_workers_on_the_drivers_node_read_the_segment_and_the_others_the_object_store(pool):
     calls = round_calls(pool)
     assert [calls[i][0] for i in range(3)] == ["train_here", "train_here", "train"]
-    assert all(isinstance(calls[i][1][0], Packed) for i in (0, 1))
+    assert all(isinstance(calls[i][1][0].broadcast, Packed) for i in (0, 1))
     assert calls[2][1][0][0] == "ref"  # what ray.put returned
-    assert calls[0][1][-1] == pool.segments.answers[0].name  # an answer segment offered
+    assert calls[0][1][0].answer == pool.segments.answers[0].name  # an answer segment offered
 
 
 def test_a_lost_local_worker_leaves_the_others_a_broadcast(pool):

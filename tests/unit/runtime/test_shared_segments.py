@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.aggregate import WeightedMean
+from raysim.aggregate import WeightedMean, placed
 from raysim.runtime.shared_segments import (
     Attached,
     DriverSegments,
     Packed,
     Segment,
     Unfit,
+    carved,
     pack,
     segment_prefix,
     unpack,
@@ -112,6 +113,60 @@ def test_a_partial_read_from_a_segment_merges_to_the_same_bits():
         assert merged["w"].dtype == torch.float32 and torch.equal(merged["w"], expected["w"])
     finally:
         segments.close()
+
+
+def test_carved_tensors_lie_one_after_another_on_cache_lines_until_one_does_not_fit():
+    buffer = memoryview(bytearray(1_000))
+    memory = carved(buffer)
+    first, second = memory(torch.Size([3, 5]), torch.float64), memory(torch.Size([7]), torch.float32)
+    assert first is not None and second is not None
+    assert (first.shape, first.dtype, second.shape) == ((3, 5), torch.float64, (7,))
+    base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    assert (first.data_ptr() - base, second.data_ptr() - base) == (0, 128)  # 120 bytes, aligned to 64
+    first.fill_(2.5)
+    assert np.frombuffer(buffer, dtype=np.float64, count=15).tolist() == [2.5] * 15  # the buffer itself
+    assert memory(torch.Size([110]), torch.float64) is None  # 880 bytes from 192: no room
+    assert memory(torch.Size([0]), torch.float64) is None
+    assert memory(torch.Size([10]), torch.float64) is not None  # a smaller one still fits after
+
+
+def test_a_partial_folded_in_its_answer_segment_is_packed_where_it_lies_with_the_same_bits():
+    """The worker's partial folded in place: ``pack`` records where its sums already lie (no
+    copy), writes the report's other large buffers after them, and the driver reads the same
+    bits as the partial folded in the worker's own memory; -0.0 and NaN updates included."""
+    rng = np.random.default_rng(5)
+    updates = [rng.standard_normal((128, 100)).astype(np.float32) for _ in range(3)]
+    updates[0][0, :3] = [-0.0, np.nan, np.inf]
+    extra = rng.standard_normal(20_000)  # 160 KB: out of band, not a partial's
+    agg, segment = WeightedMean(), Segment(1 << 20)
+    try:
+        own, here = agg.zero(), placed(agg.zero(), carved(segment.buffer))
+        for i, update in enumerate(updates):
+            result = ClientResult({"w": torch.from_numpy(update)}, weight=float(i + 2))
+            own, here = agg.add(own, i, result), agg.add(here, i, result)
+        assert here.total["w"].data_ptr() == np.frombuffer(segment.buffer, np.uint8).ctypes.data
+        packed = pack(segment.buffer, segment.name, (here, extra))
+        assert isinstance(packed, Packed)
+        assert packed.spans == ((0, 128 * 100 * 8), (102_400, 160_000))  # the sums in place, then the rest
+        read, read_extra = unpack(segment.buffer, packed, copy=False)
+        assert read.total["w"].numpy().tobytes() == own.total["w"].numpy().tobytes()
+        assert read_extra.tobytes() == extra.tobytes()
+        assert read.weight == own.weight == 9.0
+    finally:
+        del here, read
+        segment.close()
+
+
+def test_a_partial_with_no_room_in_its_segment_is_folded_in_own_memory_and_sent_whole():
+    agg, segment = WeightedMean(), Segment(1_000)
+    try:
+        update = {"w": torch.ones(20_000)}
+        partial = agg.add(placed(agg.zero(), carved(segment.buffer)), 0, ClientResult(update, weight=2.0))
+        assert partial.total["w"].tolist()[:2] == [2.0, 2.0]
+        unfit = pack(segment.buffer, segment.name, partial)
+        assert isinstance(unfit, Unfit) and unfit.needed == 160_000
+    finally:
+        segment.close()
 
 
 def test_a_grown_broadcast_is_a_new_segment_and_the_old_one_is_gone():

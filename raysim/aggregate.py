@@ -72,7 +72,7 @@ class _Sums(Generic[T]):
     # ``total`` is not this partial's own (another partial's, taken as is; or arrays Ray hands
     # over read-only): the next fold writes a new total instead of adding in place
     borrowed: bool = False
-    memory: Memory | None = field(default=None, compare=False)  # where the first fold writes (``placed``)
+    memory: Memory | None = field(default=None, compare=False, repr=False)  # the first fold's (``placed``)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles ``total`` as numpy arrays, which Ray moves without a copy (a tensor is copied

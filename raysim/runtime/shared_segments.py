@@ -95,11 +95,12 @@ def pack(buffer: memoryview, segment: str, value: Any, dumps: Dumps = pickle.dum
     base = _address(buffer)
     at = [_address(view) - base for view in large]
     in_place = [0 <= offset <= buffer.nbytes - view.nbytes for offset, view in zip(at, large)]
-    end = max((_aligned(o + v.nbytes) for o, v, here in zip(at, large, in_place) if here), default=0)
+    end = max((o + v.nbytes for o, v, here in zip(at, large, in_place) if here), default=0)
     spans, copies = [], []
     for offset, view, here in zip(at, large, in_place):
         if not here:
-            offset, end = end, _aligned(end + view.nbytes)
+            offset = _aligned(end)
+            end = offset + view.nbytes
             copies.append((offset, view))
         spans.append((offset, view.nbytes))
     if end > buffer.nbytes:
@@ -111,16 +112,16 @@ def pack(buffer: memoryview, segment: str, value: Any, dumps: Dumps = pickle.dum
 
 def carved(buffer: memoryview) -> Memory:
     """New tensors laid one after another in ``buffer`` from its start, each on a cache line;
-    None for one that does not fit (it is made in the process's own memory, and ``pack`` copies
-    it). A worker's partial folded into its answer segment so is sent without a copy
-    (``raysim.aggregate.placed``)."""
+    None for one that does not fit, or that is small enough to travel in the pickled bytes (it
+    is made in the process's own memory; ``pack`` copies a large one). A worker's partial folded
+    into its answer segment so is sent without a copy (``raysim.aggregate.placed``)."""
     used = 0
 
     def tensor(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
         nonlocal used
         count = math.prod(shape)
         size = count * dtype.itemsize
-        if count == 0 or used + size > buffer.nbytes:
+        if size < _IN_BAND_BYTES or used + size > buffer.nbytes:
             return None
         out = torch.frombuffer(buffer, dtype=dtype, count=count, offset=used).view(shape)
         used = _aligned(used + size)

@@ -116,44 +116,65 @@ def test_a_partial_read_from_a_segment_merges_to_the_same_bits():
 
 
 def test_carved_tensors_lie_one_after_another_on_cache_lines_until_one_does_not_fit():
-    buffer = memoryview(bytearray(1_000))
+    buffer = memoryview(bytearray(300_000))
     memory = carved(buffer)
-    first, second = memory(torch.Size([3, 5]), torch.float64), memory(torch.Size([7]), torch.float32)
+    first, second = memory(torch.Size([10_001]), torch.float64), memory(torch.Size([20_000]), torch.float32)
     assert first is not None and second is not None
-    assert (first.shape, first.dtype, second.shape) == ((3, 5), torch.float64, (7,))
+    assert (first.shape, first.dtype, second.shape, second.dtype) == (
+        (10_001,),
+        torch.float64,
+        (20_000,),
+        torch.float32,
+    )
     base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
-    assert (first.data_ptr() - base, second.data_ptr() - base) == (0, 128)  # 120 bytes, aligned to 64
+    assert (first.data_ptr() - base, second.data_ptr() - base) == (0, 80_064)  # 80,008 bytes, to 64
     first.fill_(2.5)
-    assert np.frombuffer(buffer, dtype=np.float64, count=15).tolist() == [2.5] * 15  # the buffer itself
-    assert memory(torch.Size([110]), torch.float64) is None  # 880 bytes from 192: no room
-    assert memory(torch.Size([0]), torch.float64) is None
-    assert memory(torch.Size([10]), torch.float64) is not None  # a smaller one still fits after
+    assert np.frombuffer(buffer, dtype=np.float64, count=10_001).tolist() == [2.5] * 10_001  # the buffer
+    assert memory(torch.Size([20_000]), torch.float64) is None  # 160,000 bytes from 160,064: no room
+    assert memory(torch.Size([100]), torch.float64) is None  # small: it travels in the pickled bytes
+    assert memory(torch.Size([8_200]), torch.float64) is not None  # a smaller large one still fits
 
 
 def test_a_partial_folded_in_its_answer_segment_is_packed_where_it_lies_with_the_same_bits():
     """The worker's partial folded in place: ``pack`` records where its sums already lie (no
-    copy), writes the report's other large buffers after them, and the driver reads the same
-    bits as the partial folded in the worker's own memory; -0.0 and NaN updates included."""
+    copy) and writes the report's other large buffers after them, even one that comes first
+    (copied to the segment's start it would overwrite the sums); the driver reads the same bits
+    as the partial folded in the worker's own memory, -0.0, NaN and infinity included."""
     rng = np.random.default_rng(5)
     updates = [rng.standard_normal((128, 100)).astype(np.float32) for _ in range(3)]
     updates[0][0, :3] = [-0.0, np.nan, np.inf]
     extra = rng.standard_normal(20_000)  # 160 KB: out of band, not a partial's
     agg, segment = WeightedMean(), Segment(1 << 20)
+    here = read = None
     try:
         own, here = agg.zero(), placed(agg.zero(), carved(segment.buffer))
         for i, update in enumerate(updates):
             result = ClientResult({"w": torch.from_numpy(update)}, weight=float(i + 2))
             own, here = agg.add(own, i, result), agg.add(here, i, result)
         assert here.total["w"].data_ptr() == np.frombuffer(segment.buffer, np.uint8).ctypes.data
-        packed = pack(segment.buffer, segment.name, (here, extra))
+        packed = pack(segment.buffer, segment.name, (extra, here))
         assert isinstance(packed, Packed)
-        assert packed.spans == ((0, 128 * 100 * 8), (102_400, 160_000))  # the sums in place, then the rest
-        read, read_extra = unpack(segment.buffer, packed, copy=False)
+        assert packed.spans == ((102_400, 160_000), (0, 128 * 100 * 8))  # the rest after the sums
+        read_extra, read = unpack(segment.buffer, packed, copy=False)
         assert read.total["w"].numpy().tobytes() == own.total["w"].numpy().tobytes()
         assert read_extra.tobytes() == extra.tobytes()
         assert read.weight == own.weight == 9.0
     finally:
         del here, read
+        segment.close()
+
+
+def test_sums_that_fill_their_segment_to_the_last_byte_are_packed_in_place():
+    """A carved tensor may end anywhere before the segment's end (no alignment after the last)."""
+    segment = Segment(80_008)
+    try:
+        buffer = segment.buffer[:80_008]
+        sums = carved(buffer)(torch.Size([10_001]), torch.float64)
+        assert sums is not None
+        packed = pack(buffer, segment.name, sums.numpy())
+        assert isinstance(packed, Packed) and packed.spans == ((0, 80_008),)
+        del sums
+    finally:
         segment.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import ray
@@ -69,7 +70,7 @@ class ClusterTrainer(ClientTrainer):
         that does not fit goes back whole, with the size it needs."""
         broadcast, answer = call.broadcast, call.answer
         payload = unpack(self.segments.buffer(broadcast.segment), broadcast, copy=True)
-        memory = carved(self.segments.buffer(answer)) if answer is not None else None
+        memory = partial(carved, self.segments.buffer(answer)) if answer is not None else None
         report = self.train(payload, call.tasks, call.round_num, call.options, call.per_client, memory)
         self.answer = answer or self.answer
         self.segments.keep_only({broadcast.segment} | ({self.answer} if self.answer else set()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -108,14 +109,14 @@ class ClientTrainer:
         round_num: int,
         options: RoundOptions,
         per_client: dict[int, Any] | None = None,
-        memory: Memory | None = None,
+        memory: Callable[[], Memory] | None = None,
     ) -> WorkerReport:
         """Trains ``tasks`` ((cohort position, client id) pairs) in order; folds their results.
 
         The probes named in ``options`` measure each client before and after its training.
         ``per_client`` holds these clients' own payload parts where they travel apart from the
-        shared payload (Ray); None: they are the payload's ``per_client``. ``memory``: where the
-        partial's sums are folded (a Ray worker's answer segment, ``aggregate.placed``).
+        shared payload (Ray); None: they are the payload's ``per_client``. ``memory`` gives where
+        each attempt folds its partial's sums (a Ray worker's answer segment, ``aggregate.placed``).
         """
         if per_client is not None:
             payload = replace(payload, per_client=per_client)
@@ -137,11 +138,11 @@ class ClientTrainer:
         round_num: int,
         options: RoundOptions,
         checks: RoundChecks,
-        memory: Memory | None,
+        memory: Callable[[], Memory] | None,
     ) -> WorkerReport:
         timer = self.timer
         aggregator = round_aggregator(self.algorithm, options.clipping, options.gathers)
-        partial = aggregator.zero() if memory is None else placed(aggregator.zero(), memory)
+        partial = aggregator.zero() if memory is None else placed(aggregator.zero(), memory())
         probes = {name: self.probes[name] for name in options.probes}
         probe_rows: dict[str, list[Metrics]] = {name: [] for name in probes}
         failures: list[ClientFailure] = []

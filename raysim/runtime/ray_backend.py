@@ -161,6 +161,8 @@ class RayBackend:
         go through shared memory (``shared_segments``), the others' through the object store."""
         driver = ray.get_runtime_context().get_node_id()
         here = [w for w, place in zip(self.workers, self.places) if place.node_id == driver]
+        if not here:  # a driver beside the cluster: no segment, no sentinel
+            return set()
         maps = _get([w.maps.remote(self.segments.broadcast.name) for w in here])
         return {self.bundle_of[w] for w, ok in zip(here, maps) if ok}
 

@@ -261,21 +261,34 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 class DriverSegments:
     """The driver's segments: one broadcast that every worker of its node reads, and an answer
     segment per such worker, each grown to what the last round needed; and the sentinel that
-    unlinks them if the driver is killed outright.
+    unlinks them if the driver is killed outright. Both come at first use: a driver whose
+    workers all run on other nodes creates neither.
 
     Raises (``send``): OSError where /dev/shm cannot hold the broadcast."""
 
     def __init__(self) -> None:
-        self.sentinel = Sentinel.start("unlink-segments", segment_prefix(os.getpid()))
-        self.broadcast = Segment(0)
+        self.sentinel: Sentinel | None = None
+        self._broadcast: Segment | None = None
         self.answers: dict[int, Segment] = {}
         self.no_room: set[int] = set()  # workers whose answers /dev/shm could not hold
+
+    def _new(self) -> Segment:
+        """A new, empty segment; the sentinel is started before the first one."""
+        if self.sentinel is None:
+            self.sentinel = Sentinel.start("unlink-segments", segment_prefix(os.getpid()))
+        return Segment(0)
+
+    @property
+    def broadcast(self) -> Segment:
+        if self._broadcast is None:
+            self._broadcast = self._new()
+        return self._broadcast
 
     def send(self, value: Any, dumps: Dumps = pickle.dumps) -> Packed:
         """``value`` packed into the broadcast segment, grown first where it does not fit."""
         packed = pack(self.broadcast.buffer, self.broadcast.name, value, dumps)
         if isinstance(packed, Unfit):
-            self.broadcast = self.broadcast.grown(packed.needed)
+            self._broadcast = self.broadcast.grown(packed.needed)
             packed = pack(self.broadcast.buffer, self.broadcast.name, value, dumps)
         assert isinstance(packed, Packed), "a segment grown to the size needed holds it"
         return packed
@@ -286,7 +299,7 @@ class DriverSegments:
         if worker in self.no_room:
             return None
         if worker not in self.answers:
-            self.answers[worker] = Segment(0)
+            self.answers[worker] = self._new()
         return self.answers[worker].name
 
     def received(self, worker: int, answer: Any) -> Any:
@@ -309,6 +322,7 @@ class DriverSegments:
 
     def close(self) -> None:
         """Unlinks every segment and stands the sentinel down."""
-        for segment in [self.broadcast, *self.answers.values()]:
+        for segment in [*([self._broadcast] if self._broadcast else []), *self.answers.values()]:
             segment.close()
-        self.sentinel.stand_down()
+        if self.sentinel is not None:
+            self.sentinel.stand_down()

@@ -190,6 +190,22 @@ def test_a_partial_with_no_room_in_its_segment_is_folded_in_own_memory_and_sent_
         segment.close()
 
 
+def test_segments_and_their_sentinel_come_at_first_use():
+    """A driver whose workers all run on other nodes creates no segment and starts no sentinel."""
+    before = set(os.listdir("/dev/shm"))
+    unused = DriverSegments()
+    unused.close()
+    assert unused.sentinel is None and set(os.listdir("/dev/shm")) == before
+    used = DriverSegments()
+    try:
+        name = used.answer_segment(0)
+        assert used.sentinel is not None and used.sentinel.process.poll() is None  # standing by
+        assert name in set(os.listdir("/dev/shm")) - before
+    finally:
+        used.close()
+    assert used.sentinel.process.returncode == 0 and set(os.listdir("/dev/shm")) == before
+
+
 def test_a_grown_broadcast_is_a_new_segment_and_the_old_one_is_gone():
     segments, attached = DriverSegments(), Attached()
     try:

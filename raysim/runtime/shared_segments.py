@@ -322,7 +322,9 @@ class DriverSegments:
 
     def close(self) -> None:
         """Unlinks every segment and stands the sentinel down."""
-        for segment in [*([self._broadcast] if self._broadcast else []), *self.answers.values()]:
+        for segment in self.answers.values():
             segment.close()
+        if self._broadcast is not None:
+            self._broadcast.close()
         if self.sentinel is not None:
             self.sentinel.stand_down()

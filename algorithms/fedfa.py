@@ -52,9 +52,9 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
+from raysim.train.batching import Batch
 from raysim.train.local import (
     Backward,
-    Batch,
     BatchLoss,
     LocalHooks,
     LocalTrainConfig,

@@ -24,15 +24,13 @@ from pydantic import BaseModel, model_validator
 
 from raysim import params as P
 from raysim.registry import register
-from raysim.train.batching import has_batchnorm, lone_example
+from raysim.train.batching import has_batchnorm, iterate_batches, lone_example, to_tensors
 from raysim.train.client_change import ClientChange, PerClient, Weights
 from raysim.train.local import (
     LocalHooks,
     LocalTrainConfig,
     examples_trained_on,
-    iterate_batches,
     round_epochs,
-    to_tensors,
     train_client_watched,
 )
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state, params_payload

@@ -53,6 +53,7 @@ from raysim.checkpoint import CheckpointTrail
 from raysim.errors import CheckpointError
 from raysim.registry import register
 from raysim.stored import from_plain, plain
+from raysim.train.batching import Batch
 from raysim.train.client_change import (
     BatchLoss,
     ClientChange,
@@ -66,7 +67,6 @@ from raysim.train.client_change import (
 )
 from raysim.train.local import (
     Backward,
-    Batch,
     LocalHooks,
     LocalStep,
     LocalTrainConfig,

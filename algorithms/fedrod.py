@@ -38,16 +38,14 @@ from torch import nn
 from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
+from raysim.train.batching import Batch, iterate_batches, to_tensors
 from raysim.train.local import (
     Backward,
-    Batch,
     BatchLoss,
     LocalHooks,
     LocalTrainConfig,
     examples_trained_on,
-    iterate_batches,
     round_lr,
-    to_tensors,
     train_client,
 )
 from raysim.train.losses import balanced_softmax_loss, client_label_counts

@@ -78,8 +78,9 @@ from raysim.models.fused import (
 )
 from raysim.registry import register
 from raysim.services import Services
+from raysim.train.batching import iterate_batches, to_tensors
 from raysim.train.ccvr import CCVRConfig, FeatureStats, calibrated_head, class_statistics
-from raysim.train.local import LocalTrainConfig, iterate_batches, to_tensors, train_context
+from raysim.train.local import LocalTrainConfig, train_context
 from raysim.train.server_opt import init_state
 from raysim.types import (
     ClientContext,

@@ -56,9 +56,9 @@ from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.at_weights import at_weights
+from raysim.train.batching import Batch
 from raysim.train.local import (
     Backward,
-    Batch,
     BatchLoss,
     ExtraLoss,
     LocalHooks,

@@ -38,14 +38,8 @@ from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.registry import register
 from raysim.train.at_weights import at_weights
-from raysim.train.local import (
-    Batch,
-    BatchLoss,
-    LocalHooks,
-    LocalTrainConfig,
-    examples_trained_on,
-    train_client,
-)
+from raysim.train.batching import Batch
+from raysim.train.local import BatchLoss, LocalHooks, LocalTrainConfig, examples_trained_on, train_client
 from raysim.train.server_opt import ServerOptimizerConfig, apply_server_step, init_state
 from raysim.types import (
     ClientContext,

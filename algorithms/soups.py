@@ -45,9 +45,9 @@ from raysim import params as P
 from raysim.aggregate import WeightedMean
 from raysim.measure.evaluate import evaluate
 from raysim.registry import register
+from raysim.train.batching import Batch
 from raysim.train.local import (
     Backward,
-    Batch,
     BatchLoss,
     LocalHooks,
     LocalStep,

@@ -50,7 +50,8 @@ from raysim.data.store import ClientStore
 from raysim.plugin_defaults import local_section
 from raysim.runtime.builders import build_job_model
 from raysim.runtime.device_reads import check_finite_result
-from raysim.train.local import LocalTrainConfig, to_tensors
+from raysim.train.batching import to_tensors
+from raysim.train.local import LocalTrainConfig
 from raysim.types import ClientResult, Params
 
 WARMUP, STEPS = 2, 7

@@ -4,10 +4,10 @@ every recipe's config carries (``raysim.data.store.DatasetConfig``)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from raysim.config.asynchrony import AsynchronyConfig
 from raysim.config.plugins import PluginSection
@@ -45,6 +45,15 @@ def tracking_uri_problem(uri: str) -> str | None:
     return None
 
 
+def _yaml_on_off(mode: Any) -> Any:
+    """YAML reads a bare ``on`` or ``off`` (in a file or a ``key=value`` override) as a boolean."""
+    return {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode
+
+
+# A switch with a default that decides for itself: auto, on (or refuse what cannot), off.
+OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_on_off)]
+
+
 class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     """The round loop."""
 
@@ -62,7 +71,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     # Train a worker's clients in chunks at once (raysim.train.vectorized): off (the sequential
     # loop, bit for bit as before), auto (where the plugin and model allow), on (or refuse the job).
-    vectorize: Literal["auto", "on", "off"] = "off"
+    vectorize: OnOffAuto = "off"
     # Clients trained at once; auto: as many as the worker's memory holds, measured on its first
     # chunks (raysim.runtime.chunks.ChunkSize). Either way halved when a chunk runs out of memory.
     vectorize_chunk: int | Literal["auto"] = 16
@@ -71,12 +80,6 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
     def clients_per_round(self) -> int:
         """The client updates a round trains: ``cohort_size``, or an asynchronous step's arrivals."""
         return self.cohort_size if self.asynchrony is None else self.asynchrony.updates_per_step
-
-    @field_validator("vectorize", mode="before")
-    @classmethod
-    def _yaml_on_off(cls, mode: Any) -> Any:
-        """YAML reads a bare ``on``/``off`` (in a file or a ``key=value`` override) as a boolean."""
-        return {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode
 
     @field_validator("vectorize_chunk", mode="plain")
     @classmethod

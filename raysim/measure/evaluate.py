@@ -7,7 +7,7 @@ from torch import nn
 
 from raysim.measure import scores
 from raysim.measure.pooling import perplexity
-from raysim.train.local import iterate_batches, to_tensors
+from raysim.train.batching import iterate_batches, to_tensors
 from raysim.train.task_loss import outputs_loss
 from raysim.types import ClientData, DataSpec, Metrics
 

@@ -14,7 +14,7 @@ from torch import nn
 from raysim import params as P
 from raysim.measure.evaluate import evaluate
 from raysim.services import MapRequest, MapTask
-from raysim.train.local import iterate_batches, to_tensors
+from raysim.train.batching import iterate_batches, to_tensors
 from raysim.types import ClientData, DataSpec
 
 if TYPE_CHECKING:

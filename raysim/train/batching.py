@@ -1,4 +1,5 @@
-"""How a client's shuffled examples form training batches when the model has BatchNorm.
+"""How a client's examples become training batches: its arrays as tensors on the device once, then
+shuffled batches drawn from them as index views.
 
 BatchNorm in train mode normalises a batch by its own statistics, which one example cannot give
 (torch refuses it outright after a 1x1 feature map: "Expected more than 1 value per channel when
@@ -13,7 +14,8 @@ training"). So, for a model with a BatchNorm layer in train mode:
 ``train_local`` and ``train_local_vectorized`` both form batches here, so the two agree.
 
 Usage:
-    for idx in epoch_batches(order, batch_size, merge_lone=has_batchnorm(model)): ...
+    tensors = to_tensors(data, device)
+    for batch in iterate_batches(tensors, batch_size, generator, merge_lone=has_batchnorm(model)): ...
     with lone_example(model, len(batch["y"])): loss = step(...)
 """
 
@@ -23,11 +25,45 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from raysim.types import ClientData
+
 S = TypeVar("S", bound=Callable[..., object])
+Batch = dict[str, torch.Tensor]
+
+
+def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
+    """Moves a client's arrays to ``device`` once; batches are then index views."""
+    # Arrays read from a memory map are read-only; torch needs writable memory.
+    return {
+        k: to_device(torch.from_numpy(np.require(v, requirements="W")), device)
+        for k, v in data.arrays.items()
+    }
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``; to a GPU through pinned memory without waiting: a pageable copy
+    waits for the card's queue to drain, which would idle it between clients."""
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def iterate_batches(
+    tensors: Batch, batch_size: int, generator: torch.Generator | None = None, *, merge_lone: bool = False
+) -> Iterator[Batch]:
+    """Yields batches, shuffled when ``generator`` is given; with ``merge_lone`` (a BatchNorm
+    model's training) a last batch of one joins the one before (``epoch_batches``)."""
+    first = next(iter(tensors.values()))
+    n = len(first)
+    # drawn on the CPU (the generator decides), moved to the device once per pass
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    for idx in epoch_batches(to_device(order, first.device), batch_size, merge_lone=merge_lone):
+        yield {k: v[idx] for k, v in tensors.items()}
 
 
 def batchnorm_layers(model: nn.Module) -> list[_BatchNorm]:

@@ -26,19 +26,20 @@ Usage:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
 from raysim import params as P
+from raysim.config.sections import OnOffAuto
 from raysim.sampling import noise_seed
-from raysim.train.batching import epoch_batches, has_batchnorm, with_lone_examples
+from raysim.train.batching import Batch, has_batchnorm, iterate_batches, to_tensors, with_lone_examples
 from raysim.train.client_change import (
     BatchLoss,
     ClientChange,
@@ -50,12 +51,12 @@ from raysim.train.client_change import (
     edit_model_gradients,
     model_pass,
 )
+from raysim.train.conv_layout import channels_last, wants_channels_last
 from raysim.train.dp_sgd import DpSgd, SampleNoise
 from raysim.train.schedules import EpochDecay, Exponential, Schedule
 from raysim.train.task_loss import task_loss, train_metrics
 from raysim.types import ClientContext, ClientData, ClientMetrics, DataSpec, Params
 
-Batch = dict[str, torch.Tensor]
 ExtraLoss = Callable[[nn.Module, Batch], torch.Tensor]
 LossFn = Callable[[nn.Module, Batch, DataSpec], BatchLoss]
 
@@ -107,6 +108,7 @@ class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
     max_steps: int | None = Field(None, ge=1)  # stop after this many batches (local steps)
     grad_clip: float | None = Field(None, gt=0)  # max global grad norm
+    channels_last: OnOffAuto = "auto"  # convolutions in channels-last memory; auto: on the CPU
 
     @model_validator(mode="after")
     def _one_lr_schedule(self) -> "LocalTrainConfig":
@@ -124,36 +126,6 @@ def step_limit(config: LocalTrainConfig, step_budget: int | None) -> int | None:
     if step_budget is None or config.max_steps is None:
         return config.max_steps if step_budget is None else step_budget
     return min(step_budget, config.max_steps)
-
-
-def to_tensors(data: ClientData, device: torch.device | str = "cpu") -> Batch:
-    """Moves a client's arrays to ``device`` once; batches are then index views."""
-    # Arrays read from a memory map are read-only; torch needs writable memory.
-    return {
-        k: to_device(torch.from_numpy(np.require(v, requirements="W")), device)
-        for k, v in data.arrays.items()
-    }
-
-
-def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``tensor`` on ``device``; to a GPU through pinned memory without waiting: a pageable copy
-    waits for the card's queue to drain, which would idle it between clients."""
-    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
-def iterate_batches(
-    tensors: Batch, batch_size: int, generator: torch.Generator | None = None, *, merge_lone: bool = False
-) -> Iterator[Batch]:
-    """Yields batches, shuffled when ``generator`` is given; with ``merge_lone`` (a BatchNorm
-    model's training) a last batch of one joins the one before (``raysim.train.batching``)."""
-    first = next(iter(tensors.values()))
-    n = len(first)
-    # drawn on the CPU (the generator decides), moved to the device once per pass
-    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    for idx in epoch_batches(to_device(order, first.device), batch_size, merge_lone=merge_lone):
-        yield {k: v[idx] for k, v in tensors.items()}
 
 
 def lr_schedule(config: LocalTrainConfig) -> Schedule:
@@ -267,6 +239,27 @@ def train_local_watched(
         ``max_steps`` stops the first epoch early. Under DP-SGD, its counts too (``DpSgd.metrics``).
     """
     model.train()
+    # the convolutions channels-last for the client's steps; DP-SGD's per-example passes as built
+    fast_convs = sample_privacy is None and wants_channels_last(config.channels_last, model, device)
+    with channels_last(model) if fast_convs else nullcontext():
+        return _train_steps(
+            model, data, config, seed, spec, device, round_num, step_budget, hooks, sample_privacy
+        )
+
+
+def _train_steps(
+    model: nn.Module,
+    data: ClientData,
+    config: LocalTrainConfig,
+    seed: int,
+    spec: DataSpec,
+    device: torch.device | str,
+    round_num: int,
+    step_budget: int | None,
+    hooks: LocalHooks,
+    sample_privacy: SampleNoise | None,
+) -> tuple[ClientMetrics, Weights]:
+    """``train_local_watched``'s optimizer, batches and steps."""
     optimizer = make_optimizer(model, config, round_lr(config, round_num))
     tensors = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field
 from torch import nn
 
-from raysim.train.local import Batch, BatchLoss, LossFn
+from raysim.train.batching import Batch
+from raysim.train.local import BatchLoss, LossFn
 from raysim.types import ClientContext, ClientData, DataSpec
 
 

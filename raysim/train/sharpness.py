@@ -35,7 +35,8 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import nn
 
-from raysim.train.local import Backward, Batch, BatchLoss, LocalStep, LossFn
+from raysim.train.batching import Batch
+from raysim.train.local import Backward, BatchLoss, LocalStep, LossFn
 
 _TINY = 1e-16  # keeps e finite (zero) when the gradient is zero
 

@@ -35,7 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from raysim import params as P
-from raysim.train.batching import batch_plan, has_batchnorm, lone_example
+from raysim.train.batching import Batch, batch_plan, has_batchnorm, lone_example, to_tensors
 from raysim.train.client_change import (
     ClientChange,
     Losses,
@@ -48,14 +48,7 @@ from raysim.train.client_change import (
     watch_stacked_,
 )
 from raysim.train.hashed_dropout import HashedDropout
-from raysim.train.local import (
-    Batch,
-    LocalTrainConfig,
-    round_epochs,
-    round_lr,
-    step_limit,
-    to_tensors,
-)
+from raysim.train.local import LocalTrainConfig, round_epochs, round_lr, step_limit
 from raysim.train.task_loss import outputs_loss
 from raysim.train.vectorizable import vectorization_blocker
 from raysim.types import ClientContext, ClientData, DataSpec, Metrics, Params

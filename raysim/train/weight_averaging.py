@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.train.local import iterate_batches, to_tensors
+from raysim.train.batching import iterate_batches, to_tensors
 from raysim.types import ClientData, ClientMetrics, Params
 
 _SPLIT_TAG = 0x5A1D  # keeps the held-back draw apart from the client's other random streams

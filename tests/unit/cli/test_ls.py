@@ -18,7 +18,7 @@ def test_overview_lines_show_type_default_and_literal_choices():
     (fedfish,) = ls.find("fedfish", "algorithms")
     lines = fedfish.lines
     assert "fisher_mode: train|eval = train" in lines
-    assert "local: {epochs, batch_size, lr, lr_decay, +7}" in lines  # a nested section, compact
+    assert "local: {epochs, batch_size, lr, lr_decay, +8}" in lines  # a nested section, compact
     (digits,) = ls.find("digits", "datasets")
     assert "partition: {iid|dirichlet|shards|natural|domain|domain_dirichlet} = iid" in digits.lines
     assert "cache_dir: str | null = null" in digits.lines

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from raysim import params as P
-from raysim.train.batching import batch_plan, epoch_batches, has_batchnorm, lone_example
-from raysim.train.local import LocalTrainConfig, iterate_batches, train_local
+from raysim.train.batching import batch_plan, epoch_batches, has_batchnorm, iterate_batches, lone_example
+from raysim.train.local import LocalTrainConfig, train_local
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
 

@@ -9,15 +9,9 @@ from torch import nn
 
 from raysim import params as P
 from raysim.measure.evaluate import evaluate
+from raysim.train.batching import iterate_batches
 from raysim.train.client_change import ClientChange
-from raysim.train.local import (
-    LocalHooks,
-    LocalTrainConfig,
-    iterate_batches,
-    round_lr,
-    train_client,
-    train_local,
-)
+from raysim.train.local import LocalHooks, LocalTrainConfig, round_lr, train_client, train_local
 from raysim.train.task_loss import outputs_loss, task_loss
 from raysim.types import ClientContext, ClientData, DataSpec, Payload
 

@@ -50,7 +50,7 @@ def _yaml_on_off(mode: Any) -> Any:
     return {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode
 
 
-# A switch with a default that decides for itself: auto, on (or refuse what cannot), off.
+# A switch with a default that decides for itself (auto), or is forced on or off.
 OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_on_off)]
 
 

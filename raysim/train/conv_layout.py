@@ -7,10 +7,14 @@ convolution whose weight is channels-last runs channels-last whatever its input:
 weights, not the images, reaches the convolutions after a one-channel image too (an (N, 1, H, W)
 tensor is both layouts at once, and so is a weight over one channel).
 
-Only the layout changes: the same values, as parameters with the same identity (each one's data is
-swapped for a copy, as ``nn.Module.to`` does). The sums inside the kernels run in another order,
-so a trained model differs in its last bits from a contiguous run's. Outside the block the model
-is contiguous again: the update, the partials and every plugin see the layout they always saw.
+Only the layout changes: the same values, in parameters that keep their identity (each 4-D
+weight's data, and its gradient, are swapped for a copy laid out anew). The sums inside the
+kernels run in another order, so a trained model differs in its last bits from a contiguous
+run's; and a dropout over feature maps draws its mask in memory order, so it drops other
+elements (an equally distributed draw: the model trains differently, not worse). Outside the
+block the model is contiguous again: the update, the partials and every plugin see the layout
+they always saw. A model or hook that flattens a feature map, weight or gradient with ``.view``
+refuses channels-last ones; the error then names this setting.
 
 Usage:
     with channels_last(model) if wants_channels_last(config.channels_last, model, device) else nullcontext():
@@ -39,13 +43,32 @@ def wants_channels_last(
 
 @contextmanager
 def channels_last(model: nn.Module) -> Iterator[None]:
-    """``model``'s 4-D weights and buffers channels-last inside the block, contiguous after it.
+    """``model``'s 4-D weights (and their gradients) channels-last inside the block, contiguous after it.
 
-    The optimizer must be made inside: it keeps the parameters' tensors. A model that flattens
-    its feature maps with ``.view`` refuses channels-last ones: it must ``reshape`` (``nn.Flatten``
-    does), or train with ``channels_last: off``."""
-    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # stubs lack the keyword
+    Raises:
+        RuntimeError: torch's, where something in the block ``.view``-ed a channels-last tensor,
+            with the setting that avoids it.
+    """
+    _lay_out(model, torch.channels_last)
     try:
         yield
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"{exc} (this client trained with its convolution weights channels-last: make the model "
+            "or hook reshape instead of view, or set algorithm.local.channels_last: off)"
+        ) from exc
     finally:
-        model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
+        _lay_out(model, torch.contiguous_format)
+
+
+def _lay_out(model: nn.Module, layout: torch.memory_format) -> None:
+    """Each 4-D parameter, and its gradient, in ``layout`` (a 5-D one, a 3-D convolution's, as built)."""
+    # ``to``, as ``nn.Module.to`` does: it lays out a 1x1 kernel anew too, where ``contiguous``
+    # keeps it as it is (its strides pass for both layouts) and the kernels read it so
+    for param in model.parameters():
+        if param.dim() == 4:
+            param.data = param.data.to(memory_format=layout)
+            if param.grad is not None:
+                param.grad = param.grad.to(memory_format=layout)

@@ -127,3 +127,52 @@ def test_off_and_dp_sgd_train_as_built():
         layouts = weight_layouts(model)
         train_local(model, images(3), config, seed=0, spec=spec(3), sample_privacy=privacy)
         assert layouts and not any(layouts)
+
+
+def test_gradients_come_out_contiguous_too():
+    model = conv_net(3)
+    train_local(model, images(3), LocalTrainConfig(batch_size=5, channels_last="on"), seed=0, spec=spec(3))
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and g.is_contiguous() for g in grads)
+
+
+def test_momentum_and_batchnorm_train_as_a_contiguous_run_does():
+    """Momentum buffers and BatchNorm's running statistics live through the steps in the layout the
+    block gave; the trained model must still equal the contiguous run's to float32 rounding."""
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 4, 3),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3),
+            nn.Flatten(),
+            nn.Linear(64, 3),
+        )
+
+    runs = {}
+    for mode in ("on", "off"):
+        model = net()
+        config = LocalTrainConfig(epochs=2, batch_size=5, lr=0.05, momentum=0.9, channels_last=mode)
+        train_local(model, images(3), config, seed=4, spec=spec(3))
+        runs[mode] = model.state_dict()
+    assert not torch.equal(runs["on"]["1.running_mean"], net().state_dict()["1.running_mean"])  # it trained
+    for name, value in runs["off"].items():
+        torch.testing.assert_close(runs["on"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_that_views_its_feature_maps_is_told_the_setting_and_restored():
+    class Viewing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4 * 6 * 6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.conv(x).view(len(x), -1))  # the tutorials' idiom
+
+    model = Viewing()
+    with pytest.raises(RuntimeError, match=r"view size.*channels_last: off"):
+        train_local(model, images(3), LocalTrainConfig(batch_size=5), seed=0, spec=spec(3))
+    assert model.conv.weight.is_contiguous()
+    train_local(model, images(3), LocalTrainConfig(batch_size=5, channels_last="off"), seed=0, spec=spec(3))

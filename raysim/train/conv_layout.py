@@ -25,15 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
 
 import torch
 from torch import nn
 
+from raysim.config.sections import OnOffAuto
 
-def wants_channels_last(
-    mode: Literal["auto", "on", "off"], model: nn.Module, device: torch.device | str
-) -> bool:
+
+def wants_channels_last(mode: OnOffAuto, model: nn.Module, device: torch.device | str) -> bool:
     """``on`` always, ``off`` never, ``auto`` for a model with a 2-D convolution on the CPU (on a
     GPU the card's kernels decide, and that is not measured yet)."""
     if mode != "auto":

@@ -41,7 +41,7 @@ def two_workers(out: Path, dry: bool) -> int:
 
     from raysim.bench.bench_file import load_benchmark
     from raysim.engine.build import build
-    from raysim.runtime.ray_backend import worker_setup_for
+    from raysim.runtime.ray_placement import worker_setup_for
     from raysim.runtime.wire import WorkerSetup
     from raysim.tracking.tracker import MemoryTracker
 

@@ -1,5 +1,5 @@
 """``resources.gpus_per_worker: auto`` resolved before the workers start: on Ray, one worker's
-training measured on a whole GPU of the cluster (``ray_backend.probe_gpu_worker``, which trains
+training measured on a whole GPU of the cluster (``ray_placement.probe_gpu_worker``, which trains
 with ``gpu_sizing.measure_worker``) and the share that packs as many such workers as fit; under
 the serial backend the whole card, its workers taking turns in one process. With
 ``engine.vectorize: auto`` and ``resources.num_workers`` unset, the probe's peak only bounds the
@@ -79,7 +79,7 @@ def sized_resources(
         note = "resources.gpus_per_worker: auto: the serial backend's one process takes the whole card"
         whole = resources.model_copy(update={"gpus_per_worker": 1.0})
         return SizedResources(whole, {"gpus_per_worker": "1"}, note)
-    from raysim.runtime.ray_backend import probe_gpu_worker
+    from raysim.runtime.ray_placement import probe_gpu_worker
 
     made = work()
     peak = probe_gpu_worker(setup, resources, made)

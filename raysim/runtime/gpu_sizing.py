@@ -10,7 +10,7 @@ A worker's peak is the CUDA allocator's peak plus what the process holds outside
 (the CUDA context and loaded kernels: the card's used memory less the allocator's reserve, so
 other processes on the card count too, which only makes the share smaller).
 
-On Ray the probe runs as a task with one whole GPU (``ray_backend.probe_gpu_worker``), on a GPU
+On Ray the probe runs as a task with one whole GPU (``ray_placement.probe_gpu_worker``), on a GPU
 node, not the driver; ``gpu_auto.sized_resources`` chooses the probe or, under the serial backend,
 the whole card.
 

@@ -1,5 +1,6 @@
 """RayBackend: long-lived worker actors, one broadcast per round, one partial each (through shared
-memory for the workers on the driver's node, ``shared_segments.py``; the object store beyond).
+memory for the workers on the driver's node, ``shared_segments.py``, their calls over direct
+lines, ``direct_line.py``; the object store and Ray's calls beyond).
 
 Workers are ``ClientTrainer`` actors reserved together in a placement group (a job never starts
 with half a pool), spread over a cluster's nodes by ``resources.placement``. Each opens the job's
@@ -28,13 +29,13 @@ from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raysim.algorithm import AnyAlgorithm
 from raysim.config import PersonalizationConfig, ResourcesConfig
-from raysim.errors import RaysimError, ResourceError
+from raysim.errors import ResourceError
 from raysim.runtime.backend import (
     answers_in_segments,
     by_point,
@@ -44,15 +45,13 @@ from raysim.runtime.backend import (
     shard_cohort,
     split_evenly,
 )
-from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, no_gpu
-from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
-from raysim.runtime.ray_session import init_ray
+from raysim.runtime.direct_line import LineLost, Lines
+from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers, worker_setup_for
+from raysim.runtime.ray_session import init_ray, ray_result
 from raysim.runtime.ray_workers import (
     ClusterTrainer,
     ShardCall,
     WorkerPlace,
-    gpu_node_view,
-    measure_here,
     view_of_this_node,
 )
 from raysim.runtime.shared_segments import DriverSegments, Packed
@@ -71,38 +70,6 @@ A = TypeVar("A")  # the algorithm's aggregate type
 R = TypeVar("R")  # one ``map_clients`` result
 # a shard's ``train`` arguments: its (position, client) pairs, round, options, its clients' parts
 Call: TypeAlias = tuple[list[tuple[int, int]], int, RoundOptions, dict[int, Any] | None]
-
-
-def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: ProbeWork) -> WorkerPeak:
-    """One worker's training measured on a whole GPU of the cluster (``gpus_per_worker: auto``):
-    a task with one GPU finds a GPU node and what it sees of the data; the stores it cannot read
-    are shipped (``resources.ship_data``); then a task on that node trains and measures
-    (``gpu_sizing.measure_worker``), in a process that exits after it, freeing the card.
-
-    Raises:
-        ResourceError: no node of the cluster has a whole GPU, or the probe's own errors.
-    """
-    init_ray(resources)
-    most = max((node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"]), default=0.0)
-    if most < 1:
-        raise ResourceError(no_gpu(f"no node of the Ray cluster has a whole one (the largest has {most:g})"))
-    plan = DataPlan.of(setup, resources.ship_data)
-    node_id, view = _result(ray.remote(num_cpus=0, num_gpus=1)(gpu_node_view).remote(plan))
-    plan = plan.ship(stores_to_ship(plan, [view]), ray.put)
-    measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(measure_here)
-    on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return _result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work.shipped()))
-
-
-def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
-    """Device, threads and GPU memory share of one worker."""
-    gpus = resources.gpu_share
-    return replace(
-        setup,
-        device="cuda" if gpus > 0 else "cpu",
-        num_threads=max(1, int(resources.cpus_per_worker)),
-        gpu_memory_fraction=gpus if 0 < gpus < 1 else None,
-    )
 
 
 class RayBackend:
@@ -155,6 +122,8 @@ class RayBackend:
             log.info("%d workers on %d nodes", len(self.workers), len(nodes))
         self.segments = DriverSegments()
         self.local = self._mapping_workers()
+        self.lines = Lines()
+        self._open_lines(self.workers)
 
     def _mapping_workers(self) -> set[int]:
         """The bundles of the workers on the driver's node that map its segments: their rounds
@@ -165,6 +134,13 @@ class RayBackend:
             return set()
         maps = _get([w.maps.remote(self.segments.broadcast.name) for w in here])
         return {self.bundle_of[w] for w, ok in zip(here, maps) if ok}
+
+    def _open_lines(self, workers: list[WorkerHandle]) -> None:
+        """Direct lines to those of ``workers`` whose rounds go through this node's segments."""
+        here = [w for w in workers if self.bundle_of[w] in self.local]
+        for worker, address in zip(here, _get([w.open_line.remote() for w in here])):
+            if not self.lines.open(self.bundle_of[worker], address, ray.cloudpickle.dumps):
+                log.info("no direct line to a worker on this node: its rounds go through Ray's calls")
 
     def _data_plan(self, setup: WorkerSetup, resources: ResourcesConfig) -> DataPlan:
         """The stores' fingerprints, and shipped copies of those some worker's node cannot read
@@ -213,13 +189,16 @@ class RayBackend:
 
     def _train(self, worker: WorkerHandle, broadcast: Broadcast, call: Call, answer: bool) -> Any:
         """One worker's call: through shared memory on this node (its answer into its segment
-        where ``answer``), else through the object store."""
+        where ``answer``), over its direct line where it has one; else through the object store."""
         bundle = self.bundle_of[worker]
         if bundle not in self.local:
             return worker.train.remote(broadcast.ref, *call)
         assert broadcast.packed is not None, "a round with a worker on this node packs its broadcast"
         segment = self.segments.answer_segment(bundle) if answer else None
-        return worker.train_here.remote(ShardCall(broadcast.packed, *call, segment))
+        shard_call = ShardCall(broadcast.packed, *call, segment)
+        if self.lines.send(bundle, shard_call):
+            return OnLine(shard_call)
+        return worker.train_here.remote(shard_call)
 
     def _run_shards(
         self,
@@ -249,12 +228,26 @@ class RayBackend:
             orphans: list[tuple[int, int]] = []
             for worker, shard, ref in refs:
                 try:
-                    reports.append(self.segments.received(self.bundle_of[worker], self._await(worker, ref)))
+                    reports.append(self.segments.received(self.bundle_of[worker], self._answer(worker, ref)))
                 except RayActorError:
                     self._drop(worker, f"round {round_num}")
                     orphans += shard
             pending = list(zip(self.workers, self._reshard(orphans))) if orphans else []
         return reports
+
+    def _answer(self, worker: WorkerHandle, sent: Any) -> Any:
+        """A round's answer: read from the worker's line, else ``_await``'s. Where the line broke
+        (the worker's process died) the same call goes through Ray, which answers as it would have
+        (the worker it restarted, or ``RayActorError``); then a new line to that worker."""
+        if not isinstance(sent, OnLine):
+            return self._await(worker, sent)
+        try:
+            return self.lines.receive(self.bundle_of[worker])
+        except LineLost as lost:
+            log.info("a worker's direct line broke (%s): its call goes through Ray", lost)
+        answer = self._await(worker, worker.train_here.remote(sent.call))
+        self._open_lines([worker])
+        return answer
 
     def _await(self, worker: WorkerHandle, ref: Any) -> Any:
         """The call's result. A worker whose node is gone waits for Ray to place it on another
@@ -274,7 +267,7 @@ class RayBackend:
                 log.warning("a worker lost its node; none took it in %g s", self.restart_timeout_s)
                 ray.kill(worker, no_restart=True)
                 break
-        return _result(ref)
+        return ray_result(ref)
 
     def _has_node(self, worker: WorkerHandle) -> bool:
         """Whether the worker's reservation is on a live node (Ray re-places it after a node loss)."""
@@ -285,6 +278,7 @@ class RayBackend:
         if dead in self.workers:
             self.workers.remove(dead)
             self.local.discard(self.bundle_of[dead])
+            self.lines.close(self.bundle_of[dead])
             self.dead_workers += 1
         log.warning("%s: a worker died for good (%d left); re-running its work", during, len(self.workers))
         if not self.workers:
@@ -329,6 +323,7 @@ class RayBackend:
     def _spread(self, call: Callable[[WorkerHandle, Any], Any], parts: list[Any], during: str) -> list[Any]:
         """Runs ``call`` on one part per worker; a part whose worker died for good runs again on a
         survivor (evaluation, like training, outlives a lost worker). Results in part order."""
+        self.lines.settle()  # a worker runs one call at a time
         results: dict[int, Any] = {}
         pending = list(range(len(parts)))
         while pending:
@@ -343,6 +338,7 @@ class RayBackend:
         return [results[i] for i in range(len(parts))]
 
     def shutdown(self) -> None:
+        self.lines.close()
         self.segments.close()
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
@@ -359,30 +355,23 @@ class Broadcast:
     ref: Any
 
 
+@dataclass(frozen=True)
+class OnLine:
+    """A call sent on a worker's direct line, kept to send again through Ray if the line breaks."""
+
+    call: ShardCall
+
+
 def parts_of(per_client: dict[int, Any], shard: list[tuple[int, int]]) -> dict[int, Any] | None:
     """The payload parts of the shard's clients (None: the plugin sends none)."""
     return {c: per_client[c] for _, c in shard if c in per_client} if per_client else None
 
 
 def _get(refs: Any) -> Any:
-    """``_result`` while workers start: a worker whose constructor raised is a ResourceError."""
+    """``ray_result`` while workers start: a worker whose constructor raised is a ResourceError."""
     try:
-        return _result(refs)
+        return ray_result(refs)
     except RayActorError as exc:
         if "__init__" in str(exc):  # the constructor raised: say so, keep Ray's report
             raise ResourceError(f"a worker failed to start: {exc}") from exc
-        raise
-
-
-def _result(refs: Any) -> Any:
-    """``ray.get``, re-raising a raysim error from inside a worker as itself (no Ray wrapper).
-
-    A worker Ray restarted mid-run whose constructor raised (on a node that cannot read the data,
-    say) is a lost worker: RayActorError.
-    """
-    try:
-        return ray.get(refs)
-    except RayTaskError as exc:
-        if isinstance(exc.cause, RaysimError):
-            raise exc.cause from None
         raise

@@ -1,15 +1,26 @@
-"""How many Ray workers a job gets: counted from the cluster's resources, checked against the placement.
+"""How many Ray workers a job gets (counted from the cluster's resources, checked against the
+placement) and what each gets: its device, threads and GPU share, and where ``gpus_per_worker:
+auto`` is measured first, a whole GPU of the cluster to measure one worker's training on.
 
 Usage:
     num_workers = placeable_workers(resources, resolve_num_workers(resources))
+    one = worker_setup_for(setup, resources)
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.config import ResourcesConfig
 from raysim.errors import ResourceError
+from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, no_gpu
+from raysim.runtime.ray_session import init_ray, ray_result
+from raysim.runtime.ray_workers import gpu_node_view, measure_here
+from raysim.runtime.shipping import DataPlan, stores_to_ship
+from raysim.runtime.wire import WorkerSetup
 
 
 def cluster_shape() -> tuple[int, float]:
@@ -86,3 +97,35 @@ def worker_slots(node_resources: dict[str, float], resources: ResourcesConfig) -
 def shares_in(gpus: float, share: float) -> int:
     """How many ``share``s of a GPU ``gpus`` hold: 5 of 0.2 in 1.0 (``1.0 // 0.2`` is 4.0 in floats)."""
     return int(gpus / share + 1e-9)
+
+
+def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: ProbeWork) -> WorkerPeak:
+    """One worker's training measured on a whole GPU of the cluster (``gpus_per_worker: auto``):
+    a task with one GPU finds a GPU node and what it sees of the data; the stores it cannot read
+    are shipped (``resources.ship_data``); then a task on that node trains and measures
+    (``gpu_sizing.measure_worker``), in a process that exits after it, freeing the card.
+
+    Raises:
+        ResourceError: no node of the cluster has a whole GPU, or the probe's own errors.
+    """
+    init_ray(resources)
+    most = max((node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"]), default=0.0)
+    if most < 1:
+        raise ResourceError(no_gpu(f"no node of the Ray cluster has a whole one (the largest has {most:g})"))
+    plan = DataPlan.of(setup, resources.ship_data)
+    node_id, view = ray_result(ray.remote(num_cpus=0, num_gpus=1)(gpu_node_view).remote(plan))
+    plan = plan.ship(stores_to_ship(plan, [view]), ray.put)
+    measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(measure_here)
+    on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return ray_result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work.shipped()))
+
+
+def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:
+    """Device, threads and GPU memory share of one worker."""
+    gpus = resources.gpu_share
+    return replace(
+        setup,
+        device="cuda" if gpus > 0 else "cpu",
+        num_threads=max(1, int(resources.cpus_per_worker)),
+        gpu_memory_fraction=gpus if 0 < gpus < 1 else None,
+    )

@@ -19,9 +19,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 
 from raysim.config import ResourcesConfig
-from raysim.errors import ResourceError
+from raysim.errors import RaysimError, ResourceError
 from raysim.runtime.sentinel import Sentinel
 
 LOOPBACK = "127.0.0.1"
@@ -157,3 +158,17 @@ def watch_local_node() -> Sentinel:
         except psutil.Error:
             pass
     return Sentinel.start("reap-ray", node.get_session_dir_path(), *alive)
+
+
+def ray_result(refs: Any) -> Any:
+    """``ray.get``, re-raising a raysim error from inside a worker as itself (no Ray wrapper).
+
+    A worker Ray restarted mid-run whose constructor raised (on a node that cannot read the data,
+    say) is a lost worker: RayActorError.
+    """
+    try:
+        return ray.get(refs)
+    except RayTaskError as exc:
+        if isinstance(exc.cause, RaysimError):
+            raise exc.cause from None
+        raise

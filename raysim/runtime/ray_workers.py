@@ -3,7 +3,8 @@ node; ``ray_backend.py`` is the driver's side, which starts them and calls them.
 
 A ``ClusterTrainer`` on the driver's own node takes its round through shared memory
 (``train_here``, ``raysim.runtime.shared_segments``): the broadcast read from the driver's
-segment, its answer written into a segment of its own where the driver offers one.
+segment, its answer written into a segment of its own where the driver offers one; and the call
+itself over a direct line where it can open one (``open_line``, ``raysim.runtime.direct_line``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import ray
 
+from raysim.runtime.direct_line import LineServer
 from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker
 from raysim.runtime.shared_segments import Attached, Packed, Unfit, carved, pack, unpack
 from raysim.runtime.shipping import DataPlan, NodeView, node_view
@@ -51,6 +53,7 @@ class ClusterTrainer(ClientTrainer):
         self.place = WorkerPlace(ray.get_runtime_context().get_node_id(), node, str(self.store.path))
         self.segments = Attached()
         self.answer: str | None = None  # the last answer segment offered: kept mapped between offers
+        self.line: LineServer | None = None
 
     def where(self) -> WorkerPlace:
         return self.place
@@ -62,6 +65,16 @@ class ClusterTrainer(ClientTrainer):
         except OSError:
             return False
         return True
+
+    def open_line(self) -> str | None:
+        """The address of this worker's direct line for ``train_here``, opened at the first ask;
+        None where this platform has none (the rounds stay on Ray's path)."""
+        if self.line is None:
+            try:
+                self.line = LineServer(self.train_here, ray.cloudpickle.dumps)
+            except OSError:
+                return None
+        return self.line.address
 
     def train_here(self, call: ShardCall) -> WorkerReport | Packed | Unfit:
         """``train`` with the payload read from the driver's segment (copied: the next round's

@@ -16,7 +16,7 @@ PROBE = textwrap.dedent(
     from raysim.engine.build import open_parts
     from raysim.errors import ResourceError
     from raysim.runtime.gpu_sizing import probe_work
-    from raysim.runtime.ray_backend import probe_gpu_worker
+    from raysim.runtime.ray_placement import probe_gpu_worker
     from raysim.runtime.ray_session import start_local_ray
     from raysim.runtime.wire import WorkerSetup
 

@@ -1,7 +1,9 @@
 """Ray workers on the driver's node take their rounds through shared memory
-(``raysim.runtime.shared_segments``): the same model, bit for bit, as the serial backend's, with
-the partials read from the workers' answer segments."""
+(``raysim.runtime.shared_segments``) and their calls over direct lines
+(``raysim.runtime.direct_line``): the same model, bit for bit, as the serial backend's, with the
+partials read from the workers' answer segments, a worker Ray restarts mid-run included."""
 
+import ray
 import torch
 
 from jobs import tiny_job
@@ -9,14 +11,19 @@ from raysim.engine.build import build
 from raysim.tracking.tracker import MemoryTracker
 
 
-def rounds(job, output_dir, num_rounds):
+def rounds(job, output_dir, num_rounds, between=None):
+    """The params after ``num_rounds``; the workers whose rounds went through shared memory, the
+    sizes of their answer segments and the workers with a direct line at the end."""
     services, state = build(job, MemoryTracker(), None, output_dir)
     try:
         for round_num in range(num_rounds):
             state, _ = services.run_round(state, round_num)
+            if between is not None and round_num == 0:
+                between(services.backend)
         segments = getattr(services.backend, "segments", None)
         sizes = {w: s.buffer.nbytes for w, s in segments.answers.items()} if segments else {}
-        return state.params, getattr(services.backend, "local", set()), sizes
+        lines = set(services.backend.lines.open_lines) if hasattr(services.backend, "lines") else set()
+        return state.params, getattr(services.backend, "local", set()), sizes, lines
     finally:
         services.backend.shutdown()
 
@@ -27,11 +34,28 @@ def test_rounds_through_shared_memory_equal_the_serial_backends(tmp_path, ray_lo
     sections = {"model": {"name": "mlp", "hidden": [256]}, "evaluation": {"every": 0}}
     ray_job = tiny_job(resources={"backend": "ray", "num_workers": 2}, **sections)
     serial_job = tiny_job(resources={"backend": "serial", "num_workers": 2}, **sections)
-    on_ray, local, sizes = rounds(ray_job, tmp_path / "ray", 3)
-    serial, _, _ = rounds(serial_job, tmp_path / "serial", 3)
-    assert local == {0, 1}  # both workers share the driver's memory
+    on_ray, local, sizes, lines = rounds(ray_job, tmp_path / "ray", 3)
+    serial, _, _, _ = rounds(serial_job, tmp_path / "serial", 3)
+    assert local == {0, 1} and lines == {0, 1}  # both workers share the driver's memory and node
     largest = max(v.numel() * 8 for v in serial.values())  # a float64 sum out of band (>= 64 KiB)
     assert largest >= 1 << 16
     assert set(sizes) == {0, 1} and all(size >= largest for size in sizes.values())
     assert serial.keys() == on_ray.keys()
+    assert all(torch.equal(serial[k], on_ray[k]) for k in serial)
+
+
+def test_a_worker_restarted_mid_run_answers_through_ray_then_on_a_new_line(tmp_path, ray_local):
+    """Worker 0 killed after round 0 and restarted by Ray: its line is broken, so round 1's call
+    goes through Ray to the new process, which then gets a line of its own; the model is the
+    serial backend's, bit for bit."""
+    sections = {"model": {"name": "mlp", "hidden": [32]}, "evaluation": {"every": 0}}
+    ray_job = tiny_job(resources={"backend": "ray", "num_workers": 2}, **sections)
+    serial_job = tiny_job(resources={"backend": "serial", "num_workers": 2}, **sections)
+
+    def restart_first(backend):
+        ray.kill(backend.workers[0], no_restart=False)
+
+    on_ray, _, _, lines = rounds(ray_job, tmp_path / "ray", 3, between=restart_first)
+    serial, _, _, _ = rounds(serial_job, tmp_path / "serial", 3)
+    assert lines == {0, 1}
     assert all(torch.equal(serial[k], on_ray[k]) for k in serial)

@@ -7,8 +7,7 @@ from jobs import tiny_job
 from raysim.config import ResourcesConfig
 from raysim.engine.loop import run
 from raysim.errors import ResourceError
-from raysim.runtime.ray_backend import worker_setup_for
-from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers
+from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers, worker_setup_for
 from raysim.runtime.wire import WorkerSetup
 
 
@@ -97,7 +96,7 @@ def test_a_measured_gpu_share_packs_the_workers_the_probes_peak_allows(tmp_path,
     from raysim.engine.build import open_parts
     from raysim.runtime.gpu_sizing import RAY_UNITS, probe_work
     from raysim.runtime.memory import SAFETY
-    from raysim.runtime.ray_backend import probe_gpu_worker
+    from raysim.runtime.ray_placement import probe_gpu_worker
     from raysim.tracking.tracker import MemoryTracker
 
     job = tiny_job(resources={"backend": "ray", "gpus_per_worker": "auto", "num_workers": None},

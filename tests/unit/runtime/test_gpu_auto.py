@@ -34,7 +34,7 @@ def test_auto_on_ray_takes_the_share_of_the_probes_peak_and_records_it(monkeypat
         probed.append((setup, resources.cpus_per_worker, asked))
         return WorkerPeak(3.5 * GiB, 0.5 * GiB, 80 * GiB, "Test GPU 80GB", 1)
 
-    monkeypatch.setattr("raysim.runtime.ray_backend.probe_gpu_worker", probe)
+    monkeypatch.setattr("raysim.runtime.ray_placement.probe_gpu_worker", probe)
     sized = sized_resources(ResourcesConfig(gpus_per_worker="auto", cpus_per_worker=2), SETUP, lambda: work)
     assert probed == [(SETUP, 2, work)]
     assert sized.resources.gpus_per_worker == pytest.approx(1 / 16) and sized.resources.cpus_per_worker == 2

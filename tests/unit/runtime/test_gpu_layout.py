@@ -72,7 +72,7 @@ def cluster(monkeypatch, tmp_path):
     peak = WorkerPeak(
         30 * GiB, 0.5 * GiB, 80 * GiB, "Test GPU 80GB", 64, least_bytes=6 * GiB, vectorizes=True
     )
-    monkeypatch.setattr("raysim.runtime.ray_backend.probe_gpu_worker", lambda setup, resources, work: peak)
+    monkeypatch.setattr("raysim.runtime.ray_placement.probe_gpu_worker", lambda setup, resources, work: peak)
     timed: list[list[int]] = []
 
     def time_layouts(setup, resources, work, layouts, cards):

@@ -6,6 +6,7 @@ import pytest
 
 from raysim.aggregate import WeightedMean
 from raysim.runtime import ray_backend
+from raysim.runtime.direct_line import Lines
 from raysim.runtime.ray_backend import RayBackend
 from raysim.runtime.shared_segments import DriverSegments, Packed
 from raysim.services import RoundOptions
@@ -43,6 +44,7 @@ def pool(monkeypatch):
     backend.local, backend.dead_workers = {0, 1}, 0
     backend.num_examples = np.full(10, 5)
     backend.segments = DriverSegments()
+    backend.lines = Lines()  # none open: every call through Ray's path
     monkeypatch.setattr(ray_backend.ray, "put", lambda value: ("ref", value))
     empty = RoundOutput(aggregate=WeightedMean().zero())
     monkeypatch.setattr(RayBackend, "_await", lambda self, worker, ref: empty)

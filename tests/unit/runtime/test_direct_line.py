@@ -1,0 +1,143 @@
+"""A worker's direct line (``raysim.runtime.direct_line``): calls and answers over a real Unix
+socket, framed whole however the kernel splits them; a call's exception raised on the driver as
+itself; a line that breaks is ``LineLost``, and the server takes the next connection."""
+
+import socket
+import threading
+
+import pytest
+
+from raysim.errors import ResourceError
+from raysim.runtime.direct_line import DirectLine, LineLost, Lines, LineServer, receive_message, send_message
+
+RELEASE = threading.Event()  # what a "wait" call waits for (a handler's argument travels pickled)
+
+
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+class Unloadable(Exception):
+    """Pickles, but does not unpickle: its ``__init__`` takes two arguments, its args hold one."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+def handler(call):
+    kind, value = call
+    if kind == "echo":
+        return value
+    if kind == "raise":
+        raise ResourceError(f"worker {value} failed")
+    if kind == "unpicklable":
+        raise Unpicklable("it stays here")
+    if kind == "unloadable":
+        raise Unloadable("half", "whole")
+    if kind == "stop":
+        raise SystemExit(143)  # a stop asked of the worker's process: not the call's own failure
+    if kind == "wait":
+        return RELEASE.wait(5)
+    raise AssertionError(kind)
+
+
+@pytest.fixture
+def server():
+    return LineServer(handler)
+
+
+def test_answers_come_back_in_order_whole(server):
+    line = DirectLine(server.address)
+    big = bytes(range(256)) * 40_000  # 10 MB: many recv calls on both sides
+    for value in ["a", big, {"n": [1, 2, 3]}]:
+        line.send(("echo", value))
+        assert line.receive() == value
+    line.close()
+
+
+def test_a_calls_exception_is_raised_as_itself_with_the_workers_traceback(server):
+    line = DirectLine(server.address)
+    line.send(("raise", 7))
+    with pytest.raises(ResourceError, match="worker 7 failed") as raised:
+        line.receive()
+    assert any("raised in a raysim worker" in note and "handler" in note for note in raised.value.__notes__)
+    line.send(("echo", "after"))  # the line goes on
+    assert line.receive() == "after"
+
+
+@pytest.mark.parametrize(
+    "kind, text", [("unpicklable", "Unpicklable: it stays here"), ("unloadable", "half whole")]
+)
+def test_an_exception_that_does_not_travel_comes_as_its_text(server, kind, text):
+    line = DirectLine(server.address)
+    line.send((kind, None))
+    with pytest.raises(RuntimeError, match=text):
+        line.receive()
+
+
+def test_a_failure_not_the_calls_own_breaks_the_line_and_the_server_takes_another(server):
+    line = DirectLine(server.address)
+    line.send(("stop", None))
+    with pytest.raises(LineLost, match="closed before it answered"):
+        line.receive()
+    again = DirectLine(server.address)
+    again.send(("echo", 1))
+    assert again.receive() == 1
+
+
+def test_a_line_to_nobody_cannot_open():
+    with pytest.raises(OSError):
+        DirectLine("\0raysim-line-nobody-listens")
+
+
+def test_a_stream_that_ends_within_a_message_is_lost():
+    ours, theirs = socket.socketpair()
+    theirs.sendall((100).to_bytes(8, "little") + b"only part")
+    theirs.close()
+    with pytest.raises(ConnectionError, match="9 bytes into a 100-byte message"):
+        receive_message(ours)
+
+
+def test_messages_split_into_small_pieces_arrive_whole():
+    ours, theirs = socket.socketpair()
+    message = bytes(range(200))
+    framed = len(message).to_bytes(8, "little") + message
+
+    def dribble():
+        for i in range(0, len(framed), 3):
+            theirs.sendall(framed[i : i + 3])
+        send_message(theirs, b"")
+        theirs.close()
+
+    writer = threading.Thread(target=dribble)
+    writer.start()
+    assert bytes(receive_message(ours)) == message
+    assert bytes(receive_message(ours)) == b""
+    assert receive_message(ours) is None  # closed between messages
+    writer.join()
+
+
+def test_lines_wait_for_a_call_left_unanswered_before_the_next(server):
+    """A round that raised before reading an answer: the next call waits for it (a worker runs
+    one call at a time) and its answer is not taken for the next call's."""
+    lines = Lines()
+    assert not lines.send(0, ("echo", 1))  # no line yet: Ray's path
+    assert lines.open(0, server.address)
+    assert lines.send(0, ("wait", None))
+    assert lines.unanswered == {0}
+    threading.Timer(0.2, RELEASE.set).start()
+    assert lines.send(0, ("echo", "next"))
+    assert lines.receive(0) == "next"
+    assert lines.unanswered == set()
+
+
+def test_a_broken_line_is_closed_and_the_call_goes_elsewhere(server):
+    lines = Lines()
+    assert lines.open(0, server.address)
+    lines.send(0, ("stop", None))
+    with pytest.raises(LineLost):
+        lines.receive(0)
+    assert 0 not in lines.open_lines
+    assert not lines.send(0, ("echo", 1))
+    assert not lines.open(1, None) and not lines.open(2, "\0raysim-line-nobody-listens")

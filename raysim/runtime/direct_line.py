@@ -15,6 +15,12 @@ worker: the driver makes no other call to that worker while one is on the line. 
 round's calls take the line; Ray keeps everything else: the actors' lifecycle, restarts, and
 every other method.
 
+Who may call: only the driver that started the worker. The socket's name is not secret (Linux
+lists abstract names in /proc/net/unix), so a connection must come from this user (the kernel's
+peer credentials) and open with the line's 32-byte key, which the worker gives the driver
+through Ray (``LineAddress``); any other connection is closed unanswered. Without that, any local
+process could hand the worker a pickle to run, past the token that guards Ray's own ports.
+
 Failures: an exception raised by the call travels back and is raised on the driver as itself,
 with the worker's traceback as a note. A line that breaks (the worker's process died, or was
 killed and restarted by Ray) is ``LineLost``: the driver makes the same call through Ray, whose
@@ -24,7 +30,7 @@ dead for good). Sockets live in Linux's abstract namespace (no file to clean up)
 
 Usage:
     server = LineServer(worker.train_here)     # a worker, once
-    line = DirectLine(server.address)           # the driver
+    line = DirectLine(server.address)           # the driver, given server.address through Ray
     line.send(call)
     report = line.receive()                     # raises the call's exception, or LineLost
 """
@@ -32,10 +38,12 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import pickle
 import secrets
 import socket
+import struct
 import sys
 import threading
 import traceback
@@ -46,10 +54,20 @@ from typing import Any
 from raysim.runtime.shared_segments import Dumps
 
 _HEADER = 8  # a message's length, little-endian, then its pickled bytes
+_KEY_BYTES = 32
+_ADMISSION_S = 10.0  # how long a new connection may take to send its key
 
 
 class LineLost(ConnectionError):
     """The line broke: the worker's process is gone (dead, or restarted by Ray)."""
+
+
+@dataclass(frozen=True)
+class LineAddress:
+    """Where a worker's line listens, and the key a connection must open with."""
+
+    name: str  # in Linux's abstract namespace: starts with a NUL byte
+    key: bytes
 
 
 @dataclass(frozen=True)
@@ -70,9 +88,11 @@ class LineServer:
         self.handler, self.dumps = handler, dumps
         if not sys.platform.startswith("linux"):
             raise OSError("direct lines need Linux's abstract socket namespace")
-        self.address = f"\0raysim-line-{os.getpid()}-{secrets.token_hex(6)}"
+        self.address = LineAddress(
+            f"\0raysim-line-{os.getpid()}-{secrets.token_hex(6)}", secrets.token_bytes(_KEY_BYTES)
+        )
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.address)
+        self.listener.bind(self.address.name)
         self.listener.listen(1)
         threading.Thread(target=self._serve, name="raysim-line", daemon=True).start()
 
@@ -80,7 +100,23 @@ class LineServer:
         while True:
             connection, _ = self.listener.accept()
             with connection:
-                self._answer_all(connection)
+                if self._admits(connection):
+                    self._answer_all(connection)
+
+    def _admits(self, connection: socket.socket) -> bool:
+        """Whether the connection comes from this user and opens with the line's key."""
+        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", credentials)
+        if uid != os.getuid():
+            return False
+        connection.settimeout(_ADMISSION_S)  # a caller that never sends a key does not hold the line
+        try:
+            opening = _receive_exactly(connection, _HEADER + _KEY_BYTES, at_start=True)
+        except OSError:
+            return False
+        connection.settimeout(None)
+        expected = _KEY_BYTES.to_bytes(_HEADER, "little") + self.address.key
+        return opening is not None and hmac.compare_digest(bytes(opening), expected)
 
     def _answer_all(self, connection: socket.socket) -> None:
         """Answers the calls on ``connection`` until the driver closes it. Any failure other than
@@ -111,11 +147,12 @@ class DirectLine:
 
     Raises (constructor): OSError where the worker's socket cannot be reached."""
 
-    def __init__(self, address: str, dumps: Dumps = pickle.dumps) -> None:
+    def __init__(self, address: LineAddress, dumps: Dumps = pickle.dumps) -> None:
         self.dumps = dumps
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.socket.connect(address)
+            self.socket.connect(address.name)
+            send_message(self.socket, address.key)
         except OSError:
             self.socket.close()
             raise
@@ -196,7 +233,7 @@ class Lines:
         self.open_lines: dict[int, DirectLine] = {}
         self.unanswered: set[int] = set()
 
-    def open(self, worker: int, address: str | None, dumps: Dumps = pickle.dumps) -> bool:
+    def open(self, worker: int, address: LineAddress | None, dumps: Dumps = pickle.dumps) -> bool:
         """Whether a line to ``worker`` at ``address`` is open now (None: the worker has none)."""
         self.close(worker)
         if address is not None:

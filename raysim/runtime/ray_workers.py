@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from raysim.runtime.direct_line import LineServer
+from raysim.runtime.direct_line import LineAddress, LineServer
 from raysim.runtime.gpu_sizing import ProbeWork, WorkerPeak, measure_worker
 from raysim.runtime.shared_segments import Attached, Packed, Unfit, carved, pack, unpack
 from raysim.runtime.shipping import DataPlan, NodeView, node_view
@@ -66,9 +66,9 @@ class ClusterTrainer(ClientTrainer):
             return False
         return True
 
-    def open_line(self) -> str | None:
-        """The address of this worker's direct line for ``train_here``, opened at the first ask;
-        None where this platform has none (the rounds stay on Ray's path)."""
+    def open_line(self) -> LineAddress | None:
+        """The address and key of this worker's direct line for ``train_here``, opened at the
+        first ask; None where this platform has none (the rounds stay on Ray's path)."""
         if self.line is None:
             try:
                 self.line = LineServer(self.train_here, ray.cloudpickle.dumps)

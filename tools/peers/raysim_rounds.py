@@ -7,7 +7,7 @@ Usage (from the repository root):
 Prints each round's seconds and, last, ``JSON {...}`` with the timed rounds' median (the first
 ``bench.warmup_rounds`` are left out), as ``tools/peers/pfl_cifar_shape.py`` prints pfl's, and the
 median time outside the workers (the engine's ``sys/driver_overhead_s``, as ``raysim bench``
-reports it).
+reports it) and the slowest worker's busy time (``sys/worker_busy_s``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from raysim.tracking.tracker import MemoryTracker
 def main(path: str, overrides: list[str]) -> None:
     job, bench = load_benchmark(path, overrides)
     services, state = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
-    seconds, outside = [], []
+    seconds, outside, busy = [], [], []
     try:
         for round_num in range(job.engine.num_rounds):
             t0 = time.perf_counter()
             state, metrics = services.run_round(state, round_num)
             seconds.append(time.perf_counter() - t0)
             outside.append(metrics["sys/driver_overhead_s"])
+            busy.append(metrics["sys/worker_busy_s"])
             print(f"round {round_num}: {seconds[-1]:.3f} s", flush=True)
     finally:
         services.backend.shutdown()
@@ -40,6 +41,7 @@ def main(path: str, overrides: list[str]) -> None:
     timed = seconds[warm:]
     figures: dict[str, object] = {"median_s": statistics.median(timed), "rounds_s": timed}
     figures["outside_s"] = statistics.median(outside[warm:])
+    figures["busy_s"] = statistics.median(busy[warm:])
     print("JSON " + json.dumps(figures), flush=True)
 
 

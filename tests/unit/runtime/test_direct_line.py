@@ -2,13 +2,25 @@
 socket, framed whole however the kernel splits them; a call's exception raised on the driver as
 itself; a line that breaks is ``LineLost``, and the server takes the next connection."""
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
 
 from raysim.errors import ResourceError
-from raysim.runtime.direct_line import DirectLine, LineLost, Lines, LineServer, receive_message, send_message
+from raysim.runtime.direct_line import (
+    DirectLine,
+    LineAddress,
+    LineLost,
+    Lines,
+    LineServer,
+    receive_message,
+    send_message,
+)
 
 RELEASE = threading.Event()  # what a "wait" call waits for (a handler's argument travels pickled)
 
@@ -88,7 +100,18 @@ def test_a_failure_not_the_calls_own_breaks_the_line_and_the_server_takes_anothe
 
 def test_a_line_to_nobody_cannot_open():
     with pytest.raises(OSError):
-        DirectLine("\0raysim-line-nobody-listens")
+        DirectLine(LineAddress("\0raysim-line-nobody-listens", bytes(32)))
+
+
+def test_a_connection_without_the_lines_key_is_closed_unanswered(server):
+    """Anyone on the machine can see the name; only the driver holds the key, given through Ray."""
+    wrong = DirectLine(LineAddress(server.address.name, bytes(32)))
+    wrong.send(("echo", "let me in"))
+    with pytest.raises(LineLost):
+        wrong.receive()
+    right = DirectLine(server.address)  # the server goes on
+    right.send(("echo", "mine"))
+    assert right.receive() == "mine"
 
 
 def test_a_stream_that_ends_within_a_message_is_lost():
@@ -140,4 +163,26 @@ def test_a_broken_line_is_closed_and_the_call_goes_elsewhere(server):
         lines.receive(0)
     assert 0 not in lines.open_lines
     assert not lines.send(0, ("echo", 1))
-    assert not lines.open(1, None) and not lines.open(2, "\0raysim-line-nobody-listens")
+    assert not lines.open(1, None) and not lines.open(
+        2, LineAddress("\0raysim-line-nobody-listens", bytes(32))
+    )
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can connect as another user")
+def test_a_connection_from_another_user_is_closed_even_with_the_key(server):
+    """The kernel's peer credentials, checked before the key: another user's process is refused."""
+    script = textwrap.dedent(
+        f"""
+        import os, pickle
+        from raysim.runtime.direct_line import DirectLine, LineAddress, LineLost
+        os.setuid(65534)  # nobody
+        line = DirectLine(LineAddress({server.address.name!r}, {server.address.key!r}))
+        line.send(("echo", 1))
+        try:
+            line.receive()
+        except LineLost:
+            print("refused")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "refused", done.stderr

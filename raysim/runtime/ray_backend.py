@@ -29,6 +29,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import ray
+import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
@@ -46,7 +47,12 @@ from raysim.runtime.backend import (
     split_evenly,
 )
 from raysim.runtime.direct_line import LineLost, Lines
-from raysim.runtime.ray_placement import placeable_workers, resolve_num_workers, worker_setup_for
+from raysim.runtime.ray_placement import (
+    driver_threads,
+    placeable_workers,
+    resolve_num_workers,
+    worker_setup_for,
+)
 from raysim.runtime.ray_session import init_ray, ray_result
 from raysim.runtime.ray_workers import (
     ClusterTrainer,
@@ -120,6 +126,9 @@ class RayBackend:
         nodes = {place.node_id for place in self.places}
         if len(nodes) > 1:
             log.info("%d workers on %d nodes", len(self.workers), len(nodes))
+        self.threads_before = torch.get_num_threads()  # the driver's, given back at shutdown
+        here = sum(place.node_id == ray.get_runtime_context().get_node_id() for place in self.places)
+        torch.set_num_threads(driver_threads(self.threads_before, here * resources.cpus_per_worker))
         self.segments = DriverSegments()
         self.local = self._mapping_workers()
         self.lines = Lines()
@@ -338,6 +347,7 @@ class RayBackend:
         return [results[i] for i in range(len(parts))]
 
     def shutdown(self) -> None:
+        torch.set_num_threads(self.threads_before)
         self.lines.close()
         self.segments.close()
         for worker in self.workers:

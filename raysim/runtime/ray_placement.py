@@ -1,14 +1,17 @@
 """How many Ray workers a job gets (counted from the cluster's resources, checked against the
 placement) and what each gets: its device, threads and GPU share, and where ``gpus_per_worker:
-auto`` is measured first, a whole GPU of the cluster to measure one worker's training on.
+auto`` is measured first, a whole GPU of the cluster to measure one worker's training on; and the
+driver's threads beside the workers of its node.
 
 Usage:
     num_workers = placeable_workers(resources, resolve_num_workers(resources))
     one = worker_setup_for(setup, resources)
+    threads = driver_threads(torch.get_num_threads(), reserved_here=2.0)   # 2 workers x 1 CPU here
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import ray
@@ -118,6 +121,20 @@ def probe_gpu_worker(setup: WorkerSetup, resources: ResourcesConfig, work: Probe
     measure = ray.remote(num_cpus=resources.cpus_per_worker, num_gpus=1, max_calls=1)(measure_here)
     on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray_result(measure.options(scheduling_strategy=on_node).remote(setup, plan, work.shipped()))
+
+
+def driver_threads(current: int, reserved_here: float) -> int:
+    """The driver's torch threads while workers share its node: the cores they leave free, at
+    least one, never more than ``current``.
+
+    Why: the driver's per-round arithmetic (the mean, the server step) is memory-bound, so a
+    second thread gains little, while a thread it leaves spinning (OpenMP's wait before it
+    sleeps) holds a core a worker needs as the round starts: on the 2-core VM, with 2 workers,
+    1 thread made the round's time outside the workers shorter in 4 of 4 interleaved pairs
+    (docs/performance.md, "Direct lines").
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(current, int(cores - reserved_here)))
 
 
 def worker_setup_for(setup: WorkerSetup, resources: ResourcesConfig) -> WorkerSetup:

@@ -3,6 +3,8 @@
 (``raysim.runtime.direct_line``): the same model, bit for bit, as the serial backend's, with the
 partials read from the workers' answer segments, a worker Ray restarts mid-run included."""
 
+import os
+
 import ray
 import torch
 
@@ -42,6 +44,21 @@ def test_rounds_through_shared_memory_equal_the_serial_backends(tmp_path, ray_lo
     assert set(sizes) == {0, 1} and all(size >= largest for size in sizes.values())
     assert serial.keys() == on_ray.keys()
     assert all(torch.equal(serial[k], on_ray[k]) for k in serial)
+
+
+def test_the_driver_leaves_its_nodes_workers_their_cores_and_takes_its_threads_back(tmp_path, ray_local):
+    """Two workers of 1 CPU on the driver's node: the driver trains nothing and keeps the cores
+    they leave (at least one) for its arithmetic, and has its threads back after shutdown."""
+    before = torch.get_num_threads()
+    job = tiny_job(resources={"backend": "ray", "num_workers": 2}, evaluation={"every": 0})
+    services, state = build(job, MemoryTracker(), None, tmp_path)
+    try:
+        services.run_round(state, 0)
+        during = torch.get_num_threads()
+    finally:
+        services.backend.shutdown()
+    assert during == max(1, min(before, len(os.sched_getaffinity(0)) - 2))
+    assert torch.get_num_threads() == before
 
 
 def test_a_worker_restarted_mid_run_answers_through_ray_then_on_a_new_line(tmp_path, ray_local):

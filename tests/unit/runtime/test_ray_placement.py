@@ -39,3 +39,19 @@ def test_a_gpu_share_on_a_cluster_without_a_gpu_is_one_error_naming_the_fix(monk
 
 def test_a_node_holds_as_many_workers_as_its_gpus_take_shares():
     assert worker_slots({"CPU": 16.0, "GPU": 1.0}, ResourcesConfig(gpus_per_worker=0.2)) == 5
+
+
+@pytest.mark.parametrize(
+    "cores, current, reserved, expected",
+    [
+        (2, 2, 2.0, 1),  # the 2-core VM, 2 workers of 1 CPU: one thread, never none
+        (2, 2, 1.0, 1),
+        (16, 16, 4.0, 12),  # a GPU node, 4 workers of 1 CPU: the 12 cores they leave
+        (16, 8, 4.0, 8),  # never more than the driver had
+        (16, 16, 0.0, 16),  # no worker on the driver's node
+        (4, 4, 1.5, 2),  # half a core left is not a thread
+    ],
+)
+def test_the_driver_keeps_the_cores_its_nodes_workers_leave(monkeypatch, cores, current, reserved, expected):
+    monkeypatch.setattr(ray_placement.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert ray_placement.driver_threads(current, reserved) == expected

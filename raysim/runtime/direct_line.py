@@ -105,16 +105,15 @@ class LineServer:
 
     def _admits(self, connection: socket.socket) -> bool:
         """Whether the connection comes from this user and opens with the line's key."""
-        credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _, uid, _ = struct.unpack("3i", credentials)
-        if uid != os.getuid():
-            return False
-        connection.settimeout(_ADMISSION_S)  # a caller that never sends a key does not hold the line
         try:
+            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", credentials)[1] != os.getuid():
+                return False
+            connection.settimeout(_ADMISSION_S)  # a caller that never sends a key does not hold the line
             opening = _receive_exactly(connection, _HEADER + _KEY_BYTES, at_start=True)
-        except OSError:
+            connection.settimeout(None)
+        except OSError:  # the caller went away, or took too long
             return False
-        connection.settimeout(None)
         expected = _KEY_BYTES.to_bytes(_HEADER, "little") + self.address.key
         return opening is not None and hmac.compare_digest(bytes(opening), expected)
 

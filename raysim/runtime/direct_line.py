@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import os
 import pickle
 import secrets
@@ -46,6 +47,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,9 +55,12 @@ from typing import Any
 
 from raysim.runtime.shared_segments import Dumps
 
+log = logging.getLogger("raysim")
 _HEADER = 8  # a message's length, little-endian, then its pickled bytes
 _KEY_BYTES = 32
-_ADMISSION_S = 10.0  # how long a new connection may take to send its key
+_ADMISSION_S = 10.0  # how long a new connection may take to be admitted, the key sent and acknowledged
+_ADMITTED = b"\x01"  # the server's acknowledgement: the line is open
+_CONNECT_S = 30.0  # how long the driver waits to be admitted (behind another caller, say)
 
 
 class LineLost(ConnectionError):
@@ -68,6 +73,14 @@ class LineAddress:
 
     name: str  # in Linux's abstract namespace: starts with a NUL byte
     key: bytes
+
+
+@dataclass(frozen=True)
+class OnLine:
+    """A call sent on a worker's line (its answer to come from there), kept to send again
+    another way if the line breaks."""
+
+    call: Any
 
 
 @dataclass(frozen=True)
@@ -98,32 +111,58 @@ class LineServer:
 
     def _serve(self) -> None:
         while True:
-            connection, _ = self.listener.accept()
+            try:
+                connection, _ = self.listener.accept()
+            except OSError as exc:
+                if self.listener.fileno() == -1:  # closed: the server is done
+                    return
+                log.warning("a direct line could not accept a connection (%s)", exc)
+                time.sleep(0.1)  # out of file descriptors, say: not a busy loop
+                continue
             with connection:
                 if self._admits(connection):
                     self._answer_all(connection)
 
     def _admits(self, connection: socket.socket) -> bool:
-        """Whether the connection comes from this user and opens with the line's key."""
+        """Whether the connection comes from this user and opens with the line's key, all within
+        ``_ADMISSION_S`` (a caller that says nothing does not hold the line); acknowledged."""
+        opening = _KEY_BYTES.to_bytes(_HEADER, "little") + self.address.key
+        deadline = time.monotonic() + _ADMISSION_S
+        received = b""
         try:
-            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", credentials)[1] != os.getuid():
+            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+            if struct.unpack("iII", credentials)[1] != os.getuid():
                 return False
-            connection.settimeout(_ADMISSION_S)  # a caller that never sends a key does not hold the line
-            opening = _receive_exactly(connection, _HEADER + _KEY_BYTES, at_start=True)
+            while len(received) < len(opening):
+                connection.settimeout(max(deadline - time.monotonic(), 1e-3))
+                if not (more := connection.recv(len(opening) - len(received))):
+                    return False
+                received += more
+            if not hmac.compare_digest(received, opening):
+                return False
             connection.settimeout(None)
+            connection.sendall(_ADMITTED)
         except OSError:  # the caller went away, or took too long
             return False
-        expected = _KEY_BYTES.to_bytes(_HEADER, "little") + self.address.key
-        return opening is not None and hmac.compare_digest(bytes(opening), expected)
+        return True
 
     def _answer_all(self, connection: socket.socket) -> None:
         """Answers the calls on ``connection`` until the driver closes it. Any failure other than
         a call's own (the driver gone, a stop asked of this process) ends the connection, not the
         server: the driver makes that call through Ray instead, and may connect again."""
-        with contextlib.suppress(BaseException):
+        try:
             while (message := receive_message(connection)) is not None:
                 send_message(connection, self._answer(message))
+        except OSError:  # the driver went away
+            pass
+        except BaseException as exc:  # a stop, or a bug here: the call goes through Ray
+            log.info("a direct line ended: %r", exc)
+
+    def close(self) -> None:
+        """Stops listening; the serving thread ends at its next ``accept``."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
 
     def _answer(self, message: memoryview) -> bytes:
         try:
@@ -147,11 +186,15 @@ class DirectLine:
     Raises (constructor): OSError where the worker's socket cannot be reached."""
 
     def __init__(self, address: LineAddress, dumps: Dumps = pickle.dumps) -> None:
-        self.dumps = dumps
+        self.address, self.dumps = address, dumps
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            self.socket.settimeout(_CONNECT_S)  # a worker busy with another caller, or gone
             self.socket.connect(address.name)
             send_message(self.socket, address.key)
+            if self.socket.recv(1) != _ADMITTED:
+                raise ConnectionRefusedError("the worker's line did not admit this connection")
+            self.socket.settimeout(None)
         except OSError:
             self.socket.close()
             raise
@@ -225,47 +268,61 @@ class Lines:
     """The driver's direct lines, by worker; at most one call unanswered on each.
 
     A call left unanswered (its round raised before reading every answer) is waited for before
-    the next call to that worker, as Ray runs an actor's calls one after another: a worker never
-    runs a call from its line and one from Ray at once."""
+    the next call to that worker, as Ray runs an actor's calls one after another. A line whose
+    stream can no longer be trusted (it broke, or an interrupt landed within a message) is
+    closed and its worker marked ``broken``: its calls go through Ray until it answers there and
+    gets a new line. The worker holds a lock of its own besides (``ray_workers.ClusterTrainer``)."""
 
     def __init__(self) -> None:
         self.open_lines: dict[int, DirectLine] = {}
         self.unanswered: set[int] = set()
+        self.broken: set[int] = set()  # to open again once the worker answers through Ray
 
     def open(self, worker: int, address: LineAddress | None, dumps: Dumps = pickle.dumps) -> bool:
         """Whether a line to ``worker`` at ``address`` is open now (None: the worker has none)."""
         self.close(worker)
+        self.broken.discard(worker)
         if address is not None:
             with contextlib.suppress(OSError):  # not reachable from here: Ray's path
                 self.open_lines[worker] = DirectLine(address, dumps)
         return worker in self.open_lines
 
     def send(self, worker: int, call: Any) -> bool:
-        """Whether ``call`` went on the worker's line; False: it has none, or the line broke (and
-        is closed)."""
-        if worker not in self.open_lines:
+        """Whether ``call`` went on the worker's line; False: it has none, or it broke."""
+        if worker in self.open_lines:
+            self.settle(worker)
+        if worker not in self.open_lines:  # none, or its unanswered call found it broken
             return False
-        self.settle(worker)
         try:
             self.open_lines[worker].send(call)
         except LineLost:
-            self.close(worker)
+            self.close(worker, broken=True)
             return False
+        except BaseException:  # an interrupt within the message: the stream is lost
+            self.close(worker, broken=True)
+            raise
         self.unanswered.add(worker)
         return True
 
     def receive(self, worker: int) -> Any:
-        """The answer to the worker's call (``DirectLine.receive``).
+        """The answer to the worker's call (``DirectLine.receive``: the call's exception raised).
 
         Raises:
             LineLost: the line broke (and is closed).
         """
-        self.unanswered.discard(worker)
         try:
-            return self.open_lines[worker].receive()
+            answer = self.open_lines[worker].receive()
         except LineLost:
-            self.close(worker)
+            self.close(worker, broken=True)
             raise
+        except Exception:  # the call's own failure, its message read whole: the line goes on
+            self.unanswered.discard(worker)
+            raise
+        except BaseException:  # an interrupt within the message: the stream is lost
+            self.close(worker, broken=True)
+            raise
+        self.unanswered.discard(worker)
+        return answer
 
     def settle(self, worker: int | None = None) -> None:
         """Waits for the worker's unanswered call (every worker's: None); its answer, or its
@@ -275,9 +332,11 @@ class Lines:
                 with contextlib.suppress(Exception):
                     self.receive(one)
 
-    def close(self, worker: int | None = None) -> None:
-        """Closes the worker's line (every line: None)."""
+    def close(self, worker: int | None = None, broken: bool = False) -> None:
+        """Closes the worker's line (every line: None); ``broken``: to open again later."""
         for one in [worker] if worker is not None else list(self.open_lines):
             self.unanswered.discard(one)
             if one in self.open_lines:
                 self.open_lines.pop(one).close()
+            if broken:
+                self.broken.add(one)

@@ -46,7 +46,7 @@ from raysim.runtime.backend import (
     shard_cohort,
     split_evenly,
 )
-from raysim.runtime.direct_line import LineLost, Lines
+from raysim.runtime.direct_line import LineLost, Lines, OnLine
 from raysim.runtime.ray_placement import (
     driver_threads,
     placeable_workers,
@@ -126,13 +126,13 @@ class RayBackend:
         nodes = {place.node_id for place in self.places}
         if len(nodes) > 1:
             log.info("%d workers on %d nodes", len(self.workers), len(nodes))
-        self.threads_before = torch.get_num_threads()  # the driver's, given back at shutdown
-        here = sum(place.node_id == ray.get_runtime_context().get_node_id() for place in self.places)
-        torch.set_num_threads(driver_threads(self.threads_before, here * resources.cpus_per_worker))
         self.segments = DriverSegments()
         self.local = self._mapping_workers()
         self.lines = Lines()
         self._open_lines(self.workers)
+        self.threads_before = torch.get_num_threads()  # the driver's, given back at shutdown
+        here = sum(place.node_id == ray.get_runtime_context().get_node_id() for place in self.places)
+        torch.set_num_threads(driver_threads(self.threads_before, here * resources.cpus_per_worker))
 
     def _mapping_workers(self) -> set[int]:
         """The bundles of the workers on the driver's node that map its segments: their rounds
@@ -148,8 +148,18 @@ class RayBackend:
         """Direct lines to those of ``workers`` whose rounds go through this node's segments."""
         here = [w for w in workers if self.bundle_of[w] in self.local]
         for worker, address in zip(here, _get([w.open_line.remote() for w in here])):
-            if not self.lines.open(self.bundle_of[worker], address, ray.cloudpickle.dumps):
-                log.info("no direct line to a worker on this node: its rounds go through Ray's calls")
+            self._open_line(worker, address)
+
+    def _open_line(self, worker: WorkerHandle, address: Any) -> None:
+        if not self.lines.open(self.bundle_of[worker], address, ray.cloudpickle.dumps):
+            log.info("no direct line to a worker on this node: its rounds go through Ray's calls")
+
+    def _reopen_line(self, worker: WorkerHandle) -> None:
+        """A new line to a worker whose line broke, once it answered through Ray (restarted)."""
+        try:
+            self._open_line(worker, ray_result(worker.open_line.remote()))
+        except RayActorError:  # it died again since answering: the next round's call finds out
+            pass
 
     def _data_plan(self, setup: WorkerSetup, resources: ResourcesConfig) -> DataPlan:
         """The stores' fingerprints, and shipped copies of those some worker's node cannot read
@@ -175,6 +185,7 @@ class RayBackend:
     ) -> RoundOutput[A]:
         # ONE copy of the shared part for every worker (a segment for those on this node, the
         # object store for the others); each client's own part goes to the worker that trains it
+        self.lines.settle()  # a call left from a round that raised reads no rewritten broadcast
         shared = replace(payload, per_client={})
         here = {self.bundle_of[w] for w in self.workers} & self.local
         packed = self._send(shared) if here else None
@@ -248,14 +259,16 @@ class RayBackend:
         """A round's answer: read from the worker's line, else ``_await``'s. Where the line broke
         (the worker's process died) the same call goes through Ray, which answers as it would have
         (the worker it restarted, or ``RayActorError``); then a new line to that worker."""
-        if not isinstance(sent, OnLine):
-            return self._await(worker, sent)
-        try:
-            return self.lines.receive(self.bundle_of[worker])
-        except LineLost as lost:
-            log.info("a worker's direct line broke (%s): its call goes through Ray", lost)
-        answer = self._await(worker, worker.train_here.remote(sent.call))
-        self._open_lines([worker])
+        bundle = self.bundle_of[worker]
+        if isinstance(sent, OnLine):
+            try:
+                return self.lines.receive(bundle)
+            except LineLost as lost:
+                log.info("a worker's direct line broke (%s): its call goes through Ray", lost)
+                sent = worker.train_here.remote(sent.call)
+        answer = self._await(worker, sent)
+        if bundle in self.lines.broken:  # broke here, or on sending the call
+            self._reopen_line(worker)
         return answer
 
     def _await(self, worker: WorkerHandle, ref: Any) -> Any:
@@ -363,13 +376,6 @@ class Broadcast:
 
     packed: Packed | None
     ref: Any
-
-
-@dataclass(frozen=True)
-class OnLine:
-    """A call sent on a worker's direct line, kept to send again through Ray if the line breaks."""
-
-    call: ShardCall
 
 
 def parts_of(per_client: dict[int, Any], shard: list[tuple[int, int]]) -> dict[int, Any] | None:

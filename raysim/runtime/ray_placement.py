@@ -127,11 +127,11 @@ def driver_threads(current: int, reserved_here: float) -> int:
     """The driver's torch threads while workers share its node: the cores they leave free, at
     least one, never more than ``current``.
 
-    Why: the driver's per-round arithmetic (the mean, the server step) is memory-bound, so a
-    second thread gains little, while a thread it leaves spinning (OpenMP's wait before it
-    sleeps) holds a core a worker needs as the round starts: on the 2-core VM, with 2 workers,
-    1 thread made the round's time outside the workers shorter in 4 of 4 interleaved pairs
-    (docs/performance.md, "Direct lines").
+    Why: a pool thread the driver leaves spinning (OpenMP's wait before it sleeps) holds a core
+    a worker needs as the round starts. On the 2-core VM with 2 workers, a driver started with
+    one thread (``OMP_NUM_THREADS=1``) had a shorter time outside the workers in 4 of 4
+    interleaved pairs, though its memory-bound mean and server step slowed (docs/performance.md,
+    "Direct lines, and the driver's threads"; not measured on a many-core node).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(current, int(cores - reserved_here)))

@@ -10,9 +10,11 @@ itself over a direct line where it can open one (``open_line``, ``raysim.runtime
 from __future__ import annotations
 
 import socket
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from functools import partial, wraps
+from typing import Any, TypeVar
 
 import ray
 
@@ -23,6 +25,21 @@ from raysim.runtime.shipping import DataPlan, NodeView, node_view
 from raysim.runtime.wire import WorkerReport, WorkerSetup
 from raysim.runtime.worker import ClientTrainer
 from raysim.services import RoundOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_at_a_time(method: F) -> F:
+    """A call that uses the worker's resident model, run under the worker's lock: a round on the
+    direct line's thread and a Ray call on the main thread never overlap, whatever the driver's
+    bookkeeping (an interrupt on the driver can leave a call running that it no longer waits for)."""
+
+    @wraps(method)
+    def locked(self: ClusterTrainer, *args: Any, **kwargs: Any) -> Any:
+        with self.busy:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 def node_label() -> str:
@@ -47,6 +64,7 @@ class ClusterTrainer(ClientTrainer):
     """
 
     def __init__(self, setup: WorkerSetup, plan: DataPlan) -> None:
+        self.busy = threading.RLock()  # reentrant: ``train_here`` calls ``train``
         node = node_label()
         super().__init__(plan.resolve(setup, ray.get, node))
         self.states = plan.state_store(node)
@@ -54,6 +72,11 @@ class ClusterTrainer(ClientTrainer):
         self.segments = Attached()
         self.answer: str | None = None  # the last answer segment offered: kept mapped between offers
         self.line: LineServer | None = None
+
+    train = one_at_a_time(ClientTrainer.train)
+    personalize = one_at_a_time(ClientTrainer.personalize)
+    evaluate_personal = one_at_a_time(ClientTrainer.evaluate_personal)
+    map_units = one_at_a_time(ClientTrainer.map_units)
 
     def where(self) -> WorkerPlace:
         return self.place
@@ -76,6 +99,7 @@ class ClusterTrainer(ClientTrainer):
                 return None
         return self.line.address
 
+    @one_at_a_time
     def train_here(self, call: ShardCall) -> WorkerReport | Packed | Unfit:
         """``train`` with the payload read from the driver's segment (copied: the next round's
         broadcast rewrites it), and the report written into the ``answer`` segment where the

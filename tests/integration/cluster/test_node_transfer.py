@@ -4,6 +4,7 @@
 partials read from the workers' answer segments, a worker Ray restarts mid-run included."""
 
 import os
+import time
 
 import ray
 import torch
@@ -24,7 +25,8 @@ def rounds(job, output_dir, num_rounds, between=None):
                 between(services.backend)
         segments = getattr(services.backend, "segments", None)
         sizes = {w: s.buffer.nbytes for w, s in segments.answers.items()} if segments else {}
-        lines = set(services.backend.lines.open_lines) if hasattr(services.backend, "lines") else set()
+        open_lines = services.backend.lines.open_lines if hasattr(services.backend, "lines") else {}
+        lines = {bundle: line.address.name for bundle, line in open_lines.items()}
         return state.params, getattr(services.backend, "local", set()), sizes, lines
     finally:
         services.backend.shutdown()
@@ -38,7 +40,7 @@ def test_rounds_through_shared_memory_equal_the_serial_backends(tmp_path, ray_lo
     serial_job = tiny_job(resources={"backend": "serial", "num_workers": 2}, **sections)
     on_ray, local, sizes, lines = rounds(ray_job, tmp_path / "ray", 3)
     serial, _, _, _ = rounds(serial_job, tmp_path / "serial", 3)
-    assert local == {0, 1} and lines == {0, 1}  # both workers share the driver's memory and node
+    assert local == {0, 1} and set(lines) == {0, 1}  # both workers share the driver's memory and node
     largest = max(v.numel() * 8 for v in serial.values())  # a float64 sum out of band (>= 64 KiB)
     assert largest >= 1 << 16
     assert set(sizes) == {0, 1} and all(size >= largest for size in sizes.values())
@@ -62,17 +64,23 @@ def test_the_driver_leaves_its_nodes_workers_their_cores_and_takes_its_threads_b
 
 
 def test_a_worker_restarted_mid_run_answers_through_ray_then_on_a_new_line(tmp_path, ray_local):
-    """Worker 0 killed after round 0 and restarted by Ray: its line is broken, so round 1's call
-    goes through Ray to the new process, which then gets a line of its own; the model is the
-    serial backend's, bit for bit."""
+    """Worker 0 killed after round 0 and restarted by Ray before round 1: its line is broken, so
+    round 1's call goes through Ray to the new process, which then gets a line of its own; the
+    model is the serial backend's, bit for bit."""
     sections = {"model": {"name": "mlp", "hidden": [32]}, "evaluation": {"every": 0}}
     ray_job = tiny_job(resources={"backend": "ray", "num_workers": 2}, **sections)
     serial_job = tiny_job(resources={"backend": "serial", "num_workers": 2}, **sections)
 
+    first_line = []
+
     def restart_first(backend):
-        ray.kill(backend.workers[0], no_restart=False)
+        worker = backend.workers[0]
+        first_line.append(backend.lines.open_lines[0].address.name)
+        ray.kill(worker, no_restart=False)
+        while ray.get(worker.open_line.remote()).name == first_line[0]:  # the old process, not yet gone
+            time.sleep(0.1)
 
     on_ray, _, _, lines = rounds(ray_job, tmp_path / "ray", 3, between=restart_first)
     serial, _, _, _ = rounds(serial_job, tmp_path / "serial", 3)
-    assert lines == {0, 1}
+    assert set(lines) == {0, 1} and lines[0] != first_line[0]  # the restarted process's line
     assert all(torch.equal(serial[k], on_ray[k]) for k in serial)

@@ -2,12 +2,14 @@
 socket, framed whole however the kernel splits them; a call's exception raised on the driver as
 itself; a line that breaks is ``LineLost``, and the server takes the next connection."""
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -57,7 +59,9 @@ def handler(call):
 
 @pytest.fixture
 def server():
-    return LineServer(handler)
+    server = LineServer(handler)
+    yield server
+    server.close()
 
 
 def test_answers_come_back_in_order_whole(server):
@@ -104,27 +108,38 @@ def test_a_line_to_nobody_cannot_open():
         DirectLine(LineAddress("\0raysim-line-nobody-listens", bytes(32)))
 
 
-def test_a_connection_without_the_lines_key_is_closed_unanswered(server):
+def test_a_connection_without_the_lines_key_is_not_admitted(server):
     """Anyone on the machine can see the name; only the driver holds the key, given through Ray."""
-    wrong = DirectLine(LineAddress(server.address.name, bytes(32)))
-    with pytest.raises(LineLost):  # on sending, or on receiving: whenever the close arrives
-        wrong.send(("echo", "let me in"))
-        wrong.receive()
+    with pytest.raises(OSError):  # closed without the acknowledgement (or reset as it closes)
+        DirectLine(LineAddress(server.address.name, bytes(32)))
     right = DirectLine(server.address)  # the server goes on
     right.send(("echo", "mine"))
     assert right.receive() == "mine"
 
 
-def test_a_caller_that_never_sends_the_key_does_not_hold_the_line(monkeypatch):
-    monkeypatch.setattr(direct_line, "_ADMISSION_S", 0.2)
-    server = LineServer(handler)
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.connect(server.address.name)  # and says nothing
-    line = DirectLine(server.address)  # waits in the backlog until the silent one is dropped
+def test_a_caller_that_sends_too_slowly_does_not_hold_the_line(monkeypatch, server):
+    """One deadline for the whole opening: a byte every 0.3 s (each within a 0.5 s read's
+    timeout, so a deadline per read would hold the line past 2 s) is dropped at 0.5 s."""
+    monkeypatch.setattr(direct_line, "_ADMISSION_S", 0.5)
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.connect(server.address.name)
+
+    def dribble():
+        for _ in range(6):
+            with contextlib.suppress(OSError):  # dropped part way
+                slow.sendall(b"\x00")
+            time.sleep(0.3)
+
+    writer = threading.Thread(target=dribble)
+    writer.start()
+    start = time.monotonic()
+    line = DirectLine(server.address)  # waits in the backlog until the slow one is dropped
+    assert time.monotonic() - start < 1.5
     line.send(("echo", "through"))
     assert line.receive() == "through"
-    assert silent.recv(1) == b""  # closed unanswered
-    silent.close()
+    writer.join()
+    assert slow.recv(1) == b""  # closed unanswered
+    slow.close()
 
 
 def test_a_stream_that_ends_within_a_message_is_lost():
@@ -160,25 +175,63 @@ def test_lines_wait_for_a_call_left_unanswered_before_the_next(server):
     lines = Lines()
     assert not lines.send(0, ("echo", 1))  # no line yet: Ray's path
     assert lines.open(0, server.address)
+    RELEASE.clear()
     assert lines.send(0, ("wait", None))
     assert lines.unanswered == {0}
-    threading.Timer(0.2, RELEASE.set).start()
+    threading.Timer(0.3, RELEASE.set).start()
+    start = time.monotonic()
     assert lines.send(0, ("echo", "next"))
+    assert time.monotonic() - start >= 0.25  # it waited for the first call's answer
     assert lines.receive(0) == "next"
     assert lines.unanswered == set()
 
 
-def test_a_broken_line_is_closed_and_the_call_goes_elsewhere(server):
+def test_a_broken_line_is_closed_marked_and_the_call_goes_elsewhere(server):
     lines = Lines()
     assert lines.open(0, server.address)
     lines.send(0, ("stop", None))
     with pytest.raises(LineLost):
         lines.receive(0)
-    assert 0 not in lines.open_lines
+    assert 0 not in lines.open_lines and lines.broken == {0}
     assert not lines.send(0, ("echo", 1))
-    assert not lines.open(1, None) and not lines.open(
-        2, LineAddress("\0raysim-line-nobody-listens", bytes(32))
-    )
+    assert lines.open(0, server.address) and lines.broken == set()  # open again
+    nobody = LineAddress("\0raysim-line-nobody-listens", bytes(32))
+    assert not lines.open(1, None) and not lines.open(2, nobody)
+
+
+def test_a_line_an_unanswered_call_finds_broken_is_not_sent_on(server):
+    """The round that sent "stop" raised before reading its answer: the next call settles it,
+    finds the line broken and goes elsewhere (no KeyError)."""
+    lines = Lines()
+    assert lines.open(0, server.address)
+    assert lines.send(0, ("stop", None))
+    assert not lines.send(0, ("echo", 1))
+    assert lines.broken == {0} and lines.unanswered == set()
+
+
+def test_an_interrupt_within_an_answer_closes_the_line(server, monkeypatch):
+    """Where the stream stands is lost: the line is closed and marked, never read again."""
+    lines = Lines()
+    assert lines.open(0, server.address)
+    assert lines.send(0, ("echo", 1))
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lines.open_lines[0], "receive", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lines.receive(0)
+    assert 0 not in lines.open_lines and lines.broken == {0} and lines.unanswered == set()
+
+
+def test_a_calls_own_failure_leaves_the_line_open(server):
+    lines = Lines()
+    assert lines.open(0, server.address)
+    assert lines.send(0, ("raise", 3))
+    with pytest.raises(ResourceError):
+        lines.receive(0)
+    assert lines.unanswered == set() and lines.broken == set()
+    assert lines.send(0, ("echo", 2)) and lines.receive(0) == 2
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="only root can connect as another user")

@@ -106,19 +106,24 @@ class LineServer:
         )
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.address.name)
-        self.listener.listen(1)
+        self.listener.listen(16)  # a connect to a full backlog fails at once, not after a wait
+        self.closed = False
         threading.Thread(target=self._serve, name="raysim-line", daemon=True).start()
 
     def _serve(self) -> None:
+        warned = False
         while True:
             try:
                 connection, _ = self.listener.accept()
             except OSError as exc:
-                if self.listener.fileno() == -1:  # closed: the server is done
+                if self.closed:
                     return
-                log.warning("a direct line could not accept a connection (%s)", exc)
+                if not warned:  # once until a connection is accepted again
+                    log.warning("a direct line could not accept a connection (%s)", exc)
+                warned = True
                 time.sleep(0.1)  # out of file descriptors, say: not a busy loop
                 continue
+            warned = False
             with connection:
                 if self._admits(connection):
                     self._answer_all(connection)
@@ -160,6 +165,7 @@ class LineServer:
 
     def close(self) -> None:
         """Stops listening; the serving thread ends at its next ``accept``."""
+        self.closed = True
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
@@ -298,6 +304,8 @@ class Lines:
         except LineLost:
             self.close(worker, broken=True)
             return False
+        except Exception:  # the call did not pickle: nothing was sent, the line goes on
+            raise
         except BaseException:  # an interrupt within the message: the stream is lost
             self.close(worker, broken=True)
             raise

@@ -30,7 +30,7 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -158,8 +158,8 @@ class RayBackend:
         """A new line to a worker whose line broke, once it answered through Ray (restarted)."""
         try:
             self._open_line(worker, ray_result(worker.open_line.remote()))
-        except RayActorError:  # it died again since answering: the next round's call finds out
-            pass
+        except RayError as exc:  # it died again since answering, say: the next round finds out
+            log.info("no new direct line to a worker (%s): its rounds go through Ray's calls", exc)
 
     def _data_plan(self, setup: WorkerSetup, resources: ResourcesConfig) -> DataPlan:
         """The stores' fingerprints, and shipped copies of those some worker's node cannot read
@@ -185,7 +185,9 @@ class RayBackend:
     ) -> RoundOutput[A]:
         # ONE copy of the shared part for every worker (a segment for those on this node, the
         # object store for the others); each client's own part goes to the worker that trains it
-        self.lines.settle()  # a call left from a round that raised reads no rewritten broadcast
+        # a line's call left by a round that raised reads no rewritten broadcast (a Ray call left
+        # so is not waited for: the engine ends a run whose round raised)
+        self.lines.settle()
         shared = replace(payload, per_client={})
         here = {self.bundle_of[w] for w in self.workers} & self.local
         packed = self._send(shared) if here else None
@@ -301,6 +303,7 @@ class RayBackend:
             self.workers.remove(dead)
             self.local.discard(self.bundle_of[dead])
             self.lines.close(self.bundle_of[dead])
+            self.lines.broken.discard(self.bundle_of[dead])
             self.dead_workers += 1
         log.warning("%s: a worker died for good (%d left); re-running its work", during, len(self.workers))
         if not self.workers:

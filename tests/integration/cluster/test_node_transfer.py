@@ -77,7 +77,9 @@ def test_a_worker_restarted_mid_run_answers_through_ray_then_on_a_new_line(tmp_p
         worker = backend.workers[0]
         first_line.append(backend.lines.open_lines[0].address.name)
         ray.kill(worker, no_restart=False)
+        deadline = time.monotonic() + 60
         while ray.get(worker.open_line.remote()).name == first_line[0]:  # the old process, not yet gone
+            assert time.monotonic() < deadline, "Ray did not restart the worker within 60 s"
             time.sleep(0.1)
 
     on_ray, _, _, lines = rounds(ray_job, tmp_path / "ray", 3, between=restart_first)

@@ -183,11 +183,11 @@ class RayBackend:
         round_num: int,
         options: RoundOptions,
     ) -> RoundOutput[A]:
+        # a call on a line left by a round that raised ends before the broadcast is rewritten (a
+        # Ray call left so is not waited for: the engine ends a run whose round raised)
+        self.lines.settle()
         # ONE copy of the shared part for every worker (a segment for those on this node, the
         # object store for the others); each client's own part goes to the worker that trains it
-        # a line's call left by a round that raised reads no rewritten broadcast (a Ray call left
-        # so is not waited for: the engine ends a run whose round raised)
-        self.lines.settle()
         shared = replace(payload, per_client={})
         here = {self.bundle_of[w] for w in self.workers} & self.local
         packed = self._send(shared) if here else None

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,15 +300,10 @@ class Lines:
         if worker not in self.open_lines:  # none, or its unanswered call found it broken
             return False
         try:
-            self.open_lines[worker].send(call)
+            with self._trusted_stream(worker):
+                self.open_lines[worker].send(call)
         except LineLost:
-            self.close(worker, broken=True)
             return False
-        except Exception:  # the call did not pickle: nothing was sent, the line goes on
-            raise
-        except BaseException:  # an interrupt within the message: the stream is lost
-            self.close(worker, broken=True)
-            raise
         self.unanswered.add(worker)
         return True
 
@@ -319,18 +314,25 @@ class Lines:
             LineLost: the line broke (and is closed).
         """
         try:
-            answer = self.open_lines[worker].receive()
-        except LineLost:
-            self.close(worker, broken=True)
-            raise
-        except Exception:  # the call's own failure, its message read whole: the line goes on
+            with self._trusted_stream(worker):
+                return self.open_lines[worker].receive()
+        finally:
             self.unanswered.discard(worker)
+
+    @contextlib.contextmanager
+    def _trusted_stream(self, worker: int) -> Iterator[None]:
+        """Closes the worker's line, marked broken, where its stream can no longer be trusted: it
+        broke, or an interrupt landed within a message. An ordinary exception (a call that did not
+        pickle, a call's own failure read whole) leaves it open."""
+        try:
+            yield
+        except Exception as exc:
+            if isinstance(exc, LineLost):
+                self.close(worker, broken=True)
             raise
-        except BaseException:  # an interrupt within the message: the stream is lost
+        except BaseException:
             self.close(worker, broken=True)
             raise
-        self.unanswered.discard(worker)
-        return answer
 
     def settle(self, worker: int | None = None) -> None:
         """Waits for the worker's unanswered call (every worker's: None); its answer, or its

@@ -46,7 +46,7 @@ from raysim.runtime.backend import (
     shard_cohort,
     split_evenly,
 )
-from raysim.runtime.direct_line import LineLost, Lines, OnLine
+from raysim.runtime.direct_line import LineAddress, LineLost, Lines, OnLine
 from raysim.runtime.ray_placement import (
     driver_threads,
     placeable_workers,
@@ -150,7 +150,7 @@ class RayBackend:
         for worker, address in zip(here, _get([w.open_line.remote() for w in here])):
             self._open_line(worker, address)
 
-    def _open_line(self, worker: WorkerHandle, address: Any) -> None:
+    def _open_line(self, worker: WorkerHandle, address: LineAddress | None) -> None:
         if not self.lines.open(self.bundle_of[worker], address, ray.cloudpickle.dumps):
             log.info("no direct line to a worker on this node: its rounds go through Ray's calls")
 

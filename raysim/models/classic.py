@@ -23,6 +23,7 @@ from __future__ import annotations
 from pydantic import PositiveInt
 from torch import nn
 
+from raysim.models.pooling import MaxPool2d
 from raysim.models.vision import BlockSequential, NormKind, classifier, image_shape, make_norm
 from raysim.models.weights import ModelConfig
 from raysim.registry import register
@@ -62,7 +63,7 @@ def build_vgg11(config: VGG11Config, spec: DataSpec) -> BlockSequential:
     name = ""
     for layer in VGG11_LAYERS:
         if isinstance(layer, str):  # "M": a max-pool closes the block of the conv before it
-            convs[name].append(nn.MaxPool2d(2))
+            convs[name].append(MaxPool2d(2))
             continue
         name = f"conv{len(convs) + 1}"
         normalise = [] if config.norm == "none" else [norm(layer)]  # no Identity in the state dict
@@ -84,7 +85,7 @@ def build_alexnet_gn(config: AlexNetGNConfig, spec: DataSpec) -> BlockSequential
     convs: dict[str, list[nn.Module]] = {}
     for index, (width, (kernel, stride, padding)) in enumerate(zip(ALEXNET_WIDTHS, shapes), start=1):
         conv = nn.Conv2d(channels, width, kernel, stride, padding)
-        pool = [nn.MaxPool2d(3, 2)] if index in (1, 2, 5) else []
+        pool = [MaxPool2d(3, 2)] if index in (1, 2, 5) else []
         convs[f"conv{index}"] = [conv, norm(width), nn.ReLU(), *pool]
         channels = width
     convs["pool"] = [nn.AdaptiveAvgPool2d((6, 6))]

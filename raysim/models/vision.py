@@ -25,6 +25,7 @@ import torch
 from pydantic import Field, PositiveInt
 from torch import nn
 
+from raysim.models.pooling import MaxPool2d
 from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec
@@ -204,7 +205,7 @@ def build_mlp(config: MLPConfig, spec: DataSpec) -> BlockSequential:
 
 def conv_pool(channels_in: int, channels_out: int, padding: int = 0) -> list[nn.Module]:
     """A 5x5 conv, ReLU and 2x2 max-pool: one conv block of the FedAvg and IMA CNNs."""
-    return [nn.Conv2d(channels_in, channels_out, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2)]
+    return [nn.Conv2d(channels_in, channels_out, 5, padding=padding), nn.ReLU(), MaxPool2d(2)]
 
 
 @register("model", "cnn_mnist", config=CNNMnistConfig)
@@ -242,7 +243,7 @@ def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> BlockSequential:
     channels, _, _ = image_shape(spec, "cnn_pfl")
     convs: dict[str, list[nn.Module]] = {
         "conv1": [nn.Conv2d(channels, 32, 3), nn.ReLU()],
-        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)],
+        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2d(2)],
     }
     dense = [
         nn.Dropout(config.conv_dropout),
@@ -268,8 +269,8 @@ def build_simple_cnn(config: SimpleCNNConfig, spec: DataSpec) -> BlockSequential
     """
     channels, _, _ = image_shape(spec, "simple_cnn")
     convs: dict[str, list[nn.Module]] = {
-        "conv1": [nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.MaxPool2d(2)],
-        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)],
+        "conv1": [nn.Conv2d(channels, 32, 3), nn.ReLU(), MaxPool2d(2)],
+        "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2d(2)],
         "conv3": [nn.Conv2d(64, 64, 3), nn.ReLU()],
     }
     return classifier(convs, [64], spec, "simple_cnn")
@@ -292,7 +293,7 @@ def build_cnn_digit5(config: CNNDigit5Config, spec: DataSpec) -> BlockSequential
 
     def conv_norm_pool(channels_in: int, channels_out: int) -> list[nn.Module]:
         conv = nn.Conv2d(channels_in, channels_out, 5, padding=2)
-        return [conv, norm(channels_out), nn.ReLU(), nn.MaxPool2d(2)]
+        return [conv, norm(channels_out), nn.ReLU(), MaxPool2d(2)]
 
     convs = {
         "conv1": conv_norm_pool(channels, 64),

@@ -1,0 +1,86 @@
+"""raysim's max-pool against torch's in raysim's own local training, paired per client.
+
+Builds a bench file's job's first worker in this process (the serial backend, one torch thread), reads its
+clients' round-0 data, and trains each client twice from the same weights and the same seed:
+once with the model's ``raysim.models.pooling.MaxPool2d`` layers, once with ``nn.MaxPool2d``
+swapped in, in alternating order. Prints the median of the per-client time ratios (raysim /
+torch) with its interquartile range, and checks that both sides trained the same weights to the
+last bit (exits 1 where they did not). The job's ``algorithm.local.channels_last`` applies to
+both sides; set it on the command line to measure either layout.
+
+Usage (from the repository root):
+    python tools/max_pool_ab.py jobs/bench/pfl_cifar10.yaml [key=value ...]
+    python tools/max_pool_ab.py jobs/bench/pfl_cifar10.yaml model.name=simple_cnn \
+        algorithm.local.batch_size=64 algorithm.local.channels_last=off
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from raysim.bench.bench_file import load_benchmark
+from raysim.engine.build import build
+from raysim.models.pooling import MaxPool2d
+from raysim.plugin_defaults import local_section
+from raysim.runtime.backend import SerialBackend
+from raysim.tracking.tracker import MemoryTracker
+from raysim.train.local import LocalTrainConfig, train_local
+
+
+def main(path: str, overrides: list[str]) -> int:
+    torch.set_num_threads(1)
+    fixed = ["resources.backend=serial", "resources.num_workers=1", "tracking.enabled=false"]
+    job, _ = load_benchmark(path, [*overrides, *fixed])
+    services, _ = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
+    backend = services.backend
+    assert isinstance(backend, SerialBackend)  # resources.backend=serial above
+    trainer = backend.trainer
+    local = local_section(job.algorithm.config)
+    assert isinstance(local, LocalTrainConfig), f"{job.algorithm.name} has no local SGD section"
+    model, spec = trainer.model, trainer.store.spec
+    pools: list[nn.Module] = [m for m in model.modules() if type(m) is MaxPool2d]
+    if not pools:
+        sys.exit(f"{job.model.name} has no raysim MaxPool2d layer to compare")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    clients = [trainer.training.round_data(c, 0) for c in range(int(os.environ.get("CLIENTS", "10")))]
+    ratios: list[float] = []
+    seconds: dict[type, list[float]] = {MaxPool2d: [], nn.MaxPool2d: []}
+    differ = 0
+    for repeat in range(int(os.environ.get("REPEATS", "4"))):
+        for i, data in enumerate(clients):
+            took, trained = {}, {}
+            kinds: tuple[type[nn.MaxPool2d], ...] = (MaxPool2d, nn.MaxPool2d)
+            for kind in kinds if (repeat + i) % 2 else kinds[::-1]:
+                for pool in pools:
+                    pool.__class__ = kind  # the same module, its forward raysim's or torch's
+                model.load_state_dict(start)
+                torch.manual_seed(i)  # the same dropout masks on both sides
+                t0 = time.perf_counter()
+                train_local(model, data, local, seed=i, spec=spec)
+                took[kind] = time.perf_counter() - t0
+                seconds[kind].append(took[kind])
+                trained[kind] = [t.clone() for t in model.state_dict().values()]
+            ratios.append(took[MaxPool2d] / took[nn.MaxPool2d])
+            differ += not all(map(torch.equal, trained[MaxPool2d], trained[nn.MaxPool2d]))
+    backend.shutdown()
+    ratios.sort()
+    q = len(ratios) // 4
+    print(
+        f"{job.model.name} (channels_last {local.channels_last}): raysim / torch max-pool "
+        f"{statistics.median(ratios):.3f} (IQR {ratios[q]:.3f}-{ratios[-q - 1]:.3f}, {len(ratios)} client "
+        f"pairs); ms a client {statistics.median(seconds[MaxPool2d]) * 1e3:.1f} raysim, "
+        f"{statistics.median(seconds[nn.MaxPool2d]) * 1e3:.1f} torch; trained weights "
+        + ("identical in every pair" if not differ else f"DIFFER in {differ} pairs")
+    )
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -5,8 +5,11 @@ clients' round-0 data, and trains each client twice from the same weights and th
 once with the model's ``raysim.models.pooling.MaxPool2d`` layers, once with ``nn.MaxPool2d``
 swapped in, in alternating order. Prints the median of the per-client time ratios (raysim /
 torch) with its interquartile range, and checks that both sides trained the same weights to the
-last bit (exits 1 where they did not). The job's ``algorithm.local.channels_last`` applies to
-both sides; set it on the command line to measure either layout.
+last bit. Then it times evaluation alike: the model's forward without gradients over those
+clients' examples in batches of 256, raysim's pools against torch's, paired per pass, the logits
+checked equal. Exits 1 where either side's bits differ. The job's
+``algorithm.local.channels_last`` applies to training on both sides; set it on the command line
+to measure either layout (evaluation runs the model as built, contiguous).
 
 Usage (from the repository root):
     python tools/max_pool_ab.py jobs/bench/pfl_cifar10.yaml [key=value ...]
@@ -33,6 +36,8 @@ from raysim.runtime.backend import SerialBackend
 from raysim.tracking.tracker import MemoryTracker
 from raysim.train.local import LocalTrainConfig, train_local
 
+SIDES: tuple[type[nn.MaxPool2d], ...] = (MaxPool2d, nn.MaxPool2d)  # raysim's pool, torch's
+
 
 def main(path: str, overrides: list[str]) -> int:
     torch.set_num_threads(1)
@@ -56,8 +61,7 @@ def main(path: str, overrides: list[str]) -> int:
     for repeat in range(int(os.environ.get("REPEATS", "4"))):
         for i, data in enumerate(clients):
             took, trained = {}, {}
-            kinds: tuple[type[nn.MaxPool2d], ...] = (MaxPool2d, nn.MaxPool2d)
-            for kind in kinds if (repeat + i) % 2 else kinds[::-1]:
+            for kind in SIDES if (repeat + i) % 2 else SIDES[::-1]:
                 for pool in pools:
                     pool.__class__ = kind  # the same module, its forward raysim's or torch's
                 model.load_state_dict(start)
@@ -69,17 +73,54 @@ def main(path: str, overrides: list[str]) -> int:
                 trained[kind] = [t.clone() for t in model.state_dict().values()]
             ratios.append(took[MaxPool2d] / took[nn.MaxPool2d])
             differ += not all(map(torch.equal, trained[MaxPool2d], trained[nn.MaxPool2d]))
+    images = torch.cat([torch.as_tensor(data.arrays["x"]) for data in clients])
+    eval_ratios, eval_seconds, eval_differ = evaluation_pairs(model, pools, images.split(256))
     backend.shutdown()
-    ratios.sort()
-    q = len(ratios) // 4
     print(
-        f"{job.model.name} (channels_last {local.channels_last}): raysim / torch max-pool "
-        f"{statistics.median(ratios):.3f} (IQR {ratios[q]:.3f}-{ratios[-q - 1]:.3f}, {len(ratios)} client "
-        f"pairs); ms a client {statistics.median(seconds[MaxPool2d]) * 1e3:.1f} raysim, "
+        f"{job.model.name} training (channels_last {local.channels_last}): raysim / torch max-pool "
+        f"{spread(ratios)}, {len(ratios)} client pairs; ms a client "
+        f"{statistics.median(seconds[MaxPool2d]) * 1e3:.1f} raysim, "
         f"{statistics.median(seconds[nn.MaxPool2d]) * 1e3:.1f} torch; trained weights "
         + ("identical in every pair" if not differ else f"DIFFER in {differ} pairs")
     )
-    return 1 if differ else 0
+    print(
+        f"{job.model.name} evaluation ({len(images)} examples, batches of 256): raysim / torch "
+        f"{spread(eval_ratios)}, {len(eval_ratios)} pass pairs; ms a pass "
+        f"{statistics.median(eval_seconds[MaxPool2d]) * 1e3:.1f} raysim, "
+        f"{statistics.median(eval_seconds[nn.MaxPool2d]) * 1e3:.1f} torch; logits "
+        + ("identical in every pair" if not eval_differ else f"DIFFER in {eval_differ} pairs")
+    )
+    return 1 if differ or eval_differ else 0
+
+
+@torch.no_grad()
+def evaluation_pairs(
+    model: nn.Module, pools: list[nn.Module], batches: tuple[torch.Tensor, ...]
+) -> tuple[list[float], dict[type, list[float]], int]:
+    """The model's forward over ``batches`` in eval mode, raysim's pools against torch's in
+    alternating order: the per-pass time ratios, each side's seconds, the passes whose logits differ."""
+    model.eval()
+    ratios: list[float] = []
+    seconds: dict[type, list[float]] = {MaxPool2d: [], nn.MaxPool2d: []}
+    differ = 0
+    for repeat in range(2 * int(os.environ.get("REPEATS", "4"))):
+        took, logits = {}, {}
+        for kind in SIDES if repeat % 2 else SIDES[::-1]:
+            for pool in pools:
+                pool.__class__ = kind
+            t0 = time.perf_counter()
+            logits[kind] = [model(batch) for batch in batches]
+            took[kind] = time.perf_counter() - t0
+            seconds[kind].append(took[kind])
+        ratios.append(took[MaxPool2d] / took[nn.MaxPool2d])
+        differ += not all(map(torch.equal, logits[MaxPool2d], logits[nn.MaxPool2d]))
+    return ratios, seconds, differ
+
+
+def spread(ratios: list[float]) -> str:
+    """The median ratio and its interquartile range."""
+    ordered, q = sorted(ratios), len(ratios) // 4
+    return f"{statistics.median(ordered):.3f} (IQR {ordered[q]:.3f}-{ordered[-q - 1]:.3f})"
 
 
 if __name__ == "__main__":

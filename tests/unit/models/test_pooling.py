@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.models import build_model
+from raysim.models import build_model, pooling
 from raysim.models.pooling import MaxPool2d, fast_path_applies
 from raysim.types import DataSpec
 
@@ -36,12 +36,17 @@ def tied_maps(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: 
 
 
 def pooled_and_grad(
-    module: nn.Module, x: torch.Tensor, layout: torch.memory_format, grad_seed: int = 1
+    module: nn.Module,
+    x: torch.Tensor,
+    layout: torch.memory_format,
+    grad_layout: torch.memory_format | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's output on ``x`` laid out as ``layout``, and the input's gradient for a seeded
+    output gradient: contiguous (as a ``Flatten`` after the pool hands it back) or ``grad_layout``."""
     leaf = x.clone().contiguous(memory_format=layout).requires_grad_()
     out = module(leaf)
-    g = torch.Generator().manual_seed(grad_seed)
-    out.backward(torch.randn(out.shape, generator=g, dtype=out.dtype))
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    out.backward(grad if grad_layout is None else grad.contiguous(memory_format=grad_layout))
     assert leaf.grad is not None
     return out, leaf.grad
 
@@ -56,6 +61,29 @@ def test_equals_torch_max_pool_bit_for_bit(window: dict, layout: torch.memory_fo
     assert torch.equal(our_grad, their_grad)
     assert ours.stride() == theirs.stride()  # the layout the next layer receives
     assert our_grad.stride() == their_grad.stride()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["contiguous", "channels_last"])
+def test_a_gradient_in_the_outputs_layout_equals_torch(layout: torch.memory_format) -> None:
+    """The gradient a convolution after the pool hands back: laid out as the output."""
+    x = tied_maps((2, 6, 9, 9))
+    ours, our_grad = pooled_and_grad(MaxPool2d(3, 2), x, layout, grad_layout=layout)
+    theirs, their_grad = pooled_and_grad(nn.MaxPool2d(3, 2), x, layout, grad_layout=layout)
+    assert torch.equal(ours, theirs) and torch.equal(our_grad, their_grad)
+    assert our_grad.stride() == their_grad.stride()
+
+
+def test_a_batch_pooled_in_several_copies_equals_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contiguous batch is copied channels-last a few images at a time: 7 images of 2,560
+    bytes in copies of at most 6,000 bytes are pooled 2, 2, 2 and 1 at a time."""
+    monkeypatch.setattr(pooling, "_COPY_BYTES", 6_000)
+    x = tied_maps((7, 4, 16, 10))
+    assert pooling._images_per_copy(x) == 2
+    ours, our_grad = pooled_and_grad(MaxPool2d(3, 2, padding=1), x, torch.contiguous_format)
+    theirs, their_grad = pooled_and_grad(nn.MaxPool2d(3, 2, padding=1), x, torch.contiguous_format)
+    assert torch.equal(ours, theirs) and torch.equal(our_grad, their_grad)
+    with torch.no_grad():
+        assert torch.equal(MaxPool2d(2)(x), nn.MaxPool2d(2)(x))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["contiguous", "channels_last"])
@@ -99,12 +127,13 @@ def test_without_grad_the_output_equals_torch() -> None:
         assert torch.equal(MaxPool2d(3, 2)(x), nn.MaxPool2d(3, 2)(x))
 
 
-def test_second_derivatives_equal_torch() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["contiguous", "channels_last"])
+def test_second_derivatives_equal_torch(layout: torch.memory_format) -> None:
     """A gradient penalty differentiates the pool's backward: the same graph as torch's."""
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     grads = []
     for module in (MaxPool2d(2), nn.MaxPool2d(2)):
-        leaf = x.clone().requires_grad_()
+        leaf = x.clone().contiguous(memory_format=layout).requires_grad_()
         (first,) = torch.autograd.grad((module(leaf) ** 3).sum(), leaf, create_graph=True)
         (second,) = torch.autograd.grad((first**2).sum(), leaf)
         grads.append(second)
@@ -130,6 +159,7 @@ def test_fast_path_is_the_cpu_float_maps_only() -> None:
     assert fast_path_applies(torch.zeros(1, 2, 4, 4))
     assert fast_path_applies(torch.zeros(1, 2, 4, 4, dtype=torch.float64))
     assert not fast_path_applies(torch.zeros(2, 4, 4))  # unbatched
+    assert not fast_path_applies(torch.zeros(0, 2, 4, 4))  # an empty batch: torch's own shape checks
     assert not fast_path_applies(torch.zeros(1, 2, 4, 4, dtype=torch.bfloat16))
     with_indices = MaxPool2d(2, return_indices=True)(torch.arange(16.0).view(1, 1, 4, 4))
     assert isinstance(with_indices, tuple)  # nn.MaxPool2d's own (output, indices)

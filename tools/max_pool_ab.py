@@ -2,7 +2,7 @@
 
 Builds a bench file's job's first worker in this process (the serial backend, one torch thread), reads its
 clients' round-0 data, and trains each client twice from the same weights and the same seed:
-once with the model's ``raysim.models.pooling.MaxPool2d`` layers, once with ``nn.MaxPool2d``
+once with the model's ``raysim.models.max_pool.MaxPool2d`` layers, once with ``nn.MaxPool2d``
 swapped in, in alternating order. Prints the median of the per-client time ratios (raysim /
 torch) with its interquartile range, and checks that both sides trained the same weights to the
 last bit. Then it times evaluation alike: the model's forward without gradients over those
@@ -30,7 +30,7 @@ from torch import nn
 
 from raysim.bench.bench_file import load_benchmark
 from raysim.engine.build import build
-from raysim.models.pooling import MaxPool2d
+from raysim.models.max_pool import MaxPool2d
 from raysim.plugin_defaults import local_section
 from raysim.runtime.backend import SerialBackend
 from raysim.tracking.tracker import MemoryTracker

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pydantic import PositiveInt
 from torch import nn
 
-from raysim.models.pooling import MaxPool2d
+from raysim.models.max_pool import MaxPool2d
 from raysim.models.vision import BlockSequential, NormKind, classifier, image_shape, make_norm
 from raysim.models.weights import ModelConfig
 from raysim.registry import register

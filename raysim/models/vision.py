@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, PositiveInt
 from torch import nn
 
-from raysim.models.pooling import MaxPool2d
+from raysim.models.max_pool import MaxPool2d
 from raysim.models.weights import ModelConfig
 from raysim.registry import register
 from raysim.types import DataSpec

@@ -1,4 +1,4 @@
-"""Tests of raysim/models/pooling.py: ``MaxPool2d`` is ``nn.MaxPool2d``, bit for bit.
+"""Tests of raysim/models/max_pool.py: ``MaxPool2d`` is ``nn.MaxPool2d``, bit for bit.
 
 The reference is torch's own module on a copy of the same input. Equality is ``torch.equal`` on
 the output, its layout, and the input's gradient, in both input layouts, for the windows raysim's
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.models import build_model, pooling
-from raysim.models.pooling import MaxPool2d, fast_path_applies
+from raysim.models import build_model, max_pool
+from raysim.models.max_pool import MaxPool2d, fast_path_applies
 from raysim.types import DataSpec
 
 WINDOWS = [
@@ -76,9 +76,9 @@ def test_a_gradient_in_the_outputs_layout_equals_torch(layout: torch.memory_form
 def test_a_batch_pooled_in_several_copies_equals_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A contiguous batch is copied channels-last a few images at a time: 7 images of 2,560
     bytes in copies of at most 6,000 bytes are pooled 2, 2, 2 and 1 at a time."""
-    monkeypatch.setattr(pooling, "_COPY_BYTES", 6_000)
+    monkeypatch.setattr(max_pool, "_COPY_BYTES", 6_000)
     x = tied_maps((7, 4, 16, 10))
-    assert pooling._images_per_copy(x) == 2
+    assert max_pool._images_per_copy(x) == 2
     ours, our_grad = pooled_and_grad(MaxPool2d(3, 2, padding=1), x, torch.contiguous_format)
     theirs, their_grad = pooled_and_grad(nn.MaxPool2d(3, 2, padding=1), x, torch.contiguous_format)
     assert torch.equal(ours, theirs) and torch.equal(our_grad, their_grad)

@@ -3,8 +3,11 @@ thread they come on: its direct line's thread (``raysim.runtime.direct_line``) o
 
 import threading
 import time
+from types import SimpleNamespace
 
-from raysim.runtime.ray_workers import ClusterTrainer, one_at_a_time
+import torch
+
+from raysim.runtime.ray_workers import ClusterTrainer, on_main_thread_only, one_at_a_time
 
 
 class Resident:
@@ -49,3 +52,27 @@ def test_every_call_that_uses_the_model_is_locked():
     locked = {name for name in dir(ClusterTrainer) if hasattr(getattr(ClusterTrainer, name), "__wrapped__")}
     assert {"train", "train_here", "personalize", "evaluate_personal", "map_units"} <= locked
     assert not {"where", "maps", "open_line"} & locked  # no model: answered while a round runs
+
+
+def test_a_worker_vectorizing_on_a_cpu_opens_no_direct_line():
+    """Its chunks' tensors keep their pages only on the main thread, where Ray runs its rounds."""
+    vectorizing = SimpleNamespace(vectorizes=True, device=torch.device("cpu"), line=None, train_here=None)
+    assert ClusterTrainer.open_line(vectorizing) is None
+    assert vectorizing.line is None  # no socket, no thread
+
+
+def test_a_sequential_worker_opens_its_direct_line_once():
+    cpu = torch.device("cpu")
+    worker = SimpleNamespace(vectorizes=False, device=cpu, line=None, train_here=lambda call: call)
+    address = ClusterTrainer.open_line(worker)
+    try:
+        assert address is not None and address == worker.line.address
+        assert ClusterTrainer.open_line(worker) == address  # the same line at the next ask
+    finally:
+        worker.line.close()
+
+
+def test_only_chunks_trained_on_a_cpu_keep_to_the_main_thread():
+    assert on_main_thread_only(True, torch.device("cpu"))
+    assert not on_main_thread_only(False, torch.device("cpu"))
+    assert not on_main_thread_only(True, torch.device("cuda", 0))  # CUDA's own allocator caches

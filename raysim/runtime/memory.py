@@ -199,6 +199,8 @@ def keep_freed_memory() -> None:
     the 32 MB beyond which glibc maps fresh pages for each allocation and unmaps them when freed,
     so every step paid the kernel for faulting in and zeroing them again: measured on the CIFAR
     benchmark's shape, about a third of a vectorized step. The process keeps its peak heap.
+    It holds for the main thread's arena only: a thread of its own still faults them in at
+    every reuse, so such a worker trains on the main thread (``ray_workers.on_main_thread_only``).
     """
     _mallopt({_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: _NEVER})  # no mapping of its own: all from the heap
 

@@ -33,16 +33,23 @@ from raysim.tracking.tracker import MemoryTracker
 from raysim.train.local import LocalTrainConfig, train_local
 
 
-def main(path: str, overrides: list[str]) -> None:
+def first_worker(path: str, overrides: list[str]) -> tuple[JobConfig, SerialBackend, LocalTrainConfig]:
+    """A job's first worker built in this process on one torch thread (the serial backend),
+    and the plugin's local SGD section; ``tools/max_pool_ab.py`` measures on it too."""
     torch.set_num_threads(1)
     fixed = ["resources.backend=serial", "resources.num_workers=1", "tracking.enabled=false"]
     job = load_job(path, [*overrides, *fixed])
     services, _ = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
     backend = services.backend
     assert isinstance(backend, SerialBackend)  # resources.backend=serial above
-    trainer = backend.trainer
     local = local_section(job.algorithm.config)
     assert isinstance(local, LocalTrainConfig), f"{job.algorithm.name} has no local SGD section"
+    return job, backend, local
+
+
+def main(path: str, overrides: list[str]) -> None:
+    job, backend, local = first_worker(path, overrides)
+    trainer = backend.trainer
     configs = {mode: local.model_copy(update={"channels_last": mode}) for mode in ("on", "off")}
     model, spec = trainer.model, trainer.store.spec
     start = {k: v.clone() for k, v in model.state_dict().items()}

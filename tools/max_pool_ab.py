@@ -1,6 +1,6 @@
 """raysim's max-pool against torch's in raysim's own local training, paired per client.
 
-Builds a bench file's job's first worker in this process (the serial backend, one torch thread), reads its
+Builds a job's first worker in this process (the serial backend, one torch thread), reads its
 clients' round-0 data, and trains each client twice from the same weights and the same seed:
 once with the model's ``raysim.models.max_pool.MaxPool2d`` layers, once with ``nn.MaxPool2d``
 swapped in, in alternating order. Prints the median of the per-client time ratios (raysim /
@@ -11,7 +11,7 @@ checked equal. Exits 1 where either side's bits differ. The job's
 ``algorithm.local.channels_last`` applies to training on both sides; set it on the command line
 to measure either layout (evaluation runs the model as built, contiguous).
 
-Usage (from the repository root):
+Usage (from the repository root; a job file or a bench file):
     python tools/max_pool_ab.py jobs/bench/pfl_cifar10.yaml [key=value ...]
     python tools/max_pool_ab.py jobs/bench/pfl_cifar10.yaml model.name=simple_cnn \
         algorithm.local.batch_size=64 algorithm.local.channels_last=off
@@ -23,32 +23,20 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from conv_layout_ab import first_worker  # beside this script
 from torch import nn
 
-from raysim.bench.bench_file import load_benchmark
-from raysim.engine.build import build
 from raysim.models.max_pool import MaxPool2d
-from raysim.plugin_defaults import local_section
-from raysim.runtime.backend import SerialBackend
-from raysim.tracking.tracker import MemoryTracker
-from raysim.train.local import LocalTrainConfig, train_local
+from raysim.train.local import train_local
 
 SIDES: tuple[type[nn.MaxPool2d], ...] = (MaxPool2d, nn.MaxPool2d)  # raysim's pool, torch's
 
 
 def main(path: str, overrides: list[str]) -> int:
-    torch.set_num_threads(1)
-    fixed = ["resources.backend=serial", "resources.num_workers=1", "tracking.enabled=false"]
-    job, _ = load_benchmark(path, [*overrides, *fixed])
-    services, _ = build(job, MemoryTracker(), None, Path(".raysim") / "bench")
-    backend = services.backend
-    assert isinstance(backend, SerialBackend)  # resources.backend=serial above
+    job, backend, local = first_worker(path, overrides)
     trainer = backend.trainer
-    local = local_section(job.algorithm.config)
-    assert isinstance(local, LocalTrainConfig), f"{job.algorithm.name} has no local SGD section"
     model, spec = trainer.model, trainer.store.spec
     pools: list[nn.Module] = [m for m in model.modules() if type(m) is MaxPool2d]
     if not pools:

@@ -1,12 +1,12 @@
 """raysim's max-pool against torch's in raysim's own local training, paired per client.
 
-Builds a job's first worker in this process (the serial backend, one torch thread), reads its
-clients' round-0 data, and trains each client twice from the same weights and the same seed:
-once with the model's ``raysim.models.max_pool.MaxPool2d`` layers, once with ``nn.MaxPool2d``
-swapped in, in alternating order. Prints the median of the per-client time ratios (raysim /
-torch) with its interquartile range, and checks that both sides trained the same weights to the
-last bit. Then it times evaluation alike: the model's forward without gradients over those
-clients' examples in batches of 256, raysim's pools against torch's, paired per pass, the logits
+Builds a job's first worker in this process (the serial backend, one torch thread) and reads its
+clients' round-0 data. Trains each client twice from the same weights and the same seed: once
+with the model's ``raysim.models.max_pool.MaxPool2d`` layers, once with ``nn.MaxPool2d`` swapped
+in, in alternating order, after one untimed client on each side. Prints the median of the
+per-client time ratios (raysim / torch) with its interquartile range, and checks that both sides
+trained the same weights to the last bit. Then times evaluation alike: the model's forward
+without gradients over those clients' examples in batches of 256, paired per pass, the logits
 checked equal. Exits 1 where either side's bits differ. The job's
 ``algorithm.local.channels_last`` applies to training on both sides; set it on the command line
 to measure either layout (evaluation runs the model as built, contiguous).
@@ -43,6 +43,10 @@ def main(path: str, overrides: list[str]) -> int:
         sys.exit(f"{job.model.name} has no raysim MaxPool2d layer to compare")
     start = {k: v.clone() for k, v in model.state_dict().items()}
     clients = [trainer.training.round_data(c, 0) for c in range(int(os.environ.get("CLIENTS", "10")))]
+    for kind in SIDES:  # warm-up, untimed: the first steps pay for allocations and lazy set-up
+        for pool in pools:
+            pool.__class__ = kind
+        train_local(model, clients[0], local, seed=0, spec=spec)
     ratios: list[float] = []
     seconds: dict[type, list[float]] = {MaxPool2d: [], nn.MaxPool2d: []}
     differ = 0

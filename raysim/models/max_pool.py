@@ -5,21 +5,23 @@ over a channels-last map it compares a pixel's channels a vector at a time. On t
 10x64x28x28 map, on one core, that is 2.9 ms against 0.19 ms, more than the layout copies the
 contiguous case then needs (about 0.75 ms). The backward kernel is fast (0.17 ms) when the
 gradient comes in the input's layout; a channels-last input whose gradient arrives contiguous (a
-``Flatten`` after the pool makes it so) takes a slow mixed path (1.4 ms). So:
+``Flatten`` after the pool makes it so) takes a slow mixed path (1.4 ms). So, by the layout torch
+itself would pool the input in (``suggest_memory_format``):
 
 - a contiguous map pools channels-last copies of a few images at a time (each copy stays in
-  cache: a 51 MB evaluation batch copied whole took twice as long), hands on the output (and
-  keeps the indices) contiguous, and its backward is torch's contiguous kernel;
+  cache: a 51 MB evaluation batch copied whole took twice as long), hands on the output
+  contiguous, and its backward is torch's contiguous kernel on the indices it kept;
 - a channels-last map pools as torch does, and its gradient is laid out channels-last before
   torch's backward reads it (a hook; a gradient already so is left alone).
 
 Both forward kernels pick the same window element, the first maximum in scan order, and the last
-NaN where there is one. The output, the indices and the gradient are therefore
-``nn.MaxPool2d``'s, bit for bit, in either layout, with overlapping windows too: each backward is
-the kernel ``nn.MaxPool2d``'s autograd calls, on the same indices. Where the fast path does not
-apply it is ``nn.MaxPool2d`` itself: on a GPU, for an input other than a float32 or float64
-batch of maps, with ``return_indices``, and inside ``torch.func`` transforms (``vmap`` of the
-vectorized trainer, per-example gradients), which a custom autograd function would need rules for.
+NaN where there is one. The output (values and strides) and the input's gradient are therefore
+``nn.MaxPool2d``'s, bit for bit, with overlapping windows too: each backward is the kernel
+``nn.MaxPool2d``'s autograd calls, on the same indices. Where the fast path does not apply it is
+``nn.MaxPool2d`` itself: on a GPU, for an input other than a float32 or float64 batch of maps,
+with ``return_indices``, inside ``torch.func`` transforms (``vmap`` of the vectorized trainer,
+per-example gradients), under forward-mode AD and under ``torch.compile``. Not scriptable with
+``torch.jit.script`` (``nn.MaxPool2d`` is).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._prims_common import suggest_memory_format
+from torch.autograd import forward_ad
 
 _FAST_DTYPES = (torch.float32, torch.float64)
 
@@ -39,23 +43,32 @@ class MaxPool2d(nn.MaxPool2d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.return_indices or not fast_path_applies(input):
             return super().forward(input)
-        if _is_channels_last(input):  # torch's forward is the fast one; its gradient may not be
+        if _torch_pools_channels_last(input):  # torch's forward is the fast one
             pooled = super().forward(input)
-            if pooled.requires_grad:
+            if pooled.requires_grad:  # its backward is, given the gradient in the same layout
                 pooled.register_hook(_channels_last)
             return pooled
+        if input.numel() < _SMALLEST_COPIED:
+            return super().forward(input)
         window = (_pair(self.kernel_size), _pair(self.stride), _pair(self.padding), _pair(self.dilation))
-        return _PooledChannelsLast.apply(input, *window, self.ceil_mode)
+        if torch.is_grad_enabled() and input.requires_grad:
+            return _PooledChannelsLast.apply(input, *window, self.ceil_mode)
+        return _pooled_in_copies(input, (*window, self.ceil_mode), with_indices=False)[0]
 
 
 def fast_path_applies(x: torch.Tensor) -> bool:
-    """A non-empty CPU float32/float64 batch of maps (N, C, H, W), outside ``torch.func`` transforms."""
+    """A non-empty CPU float32/float64 batch of maps (N, C, H, W), with no ``torch.func``
+    transform, forward-mode AD or ``torch.compile`` at work (a custom autograd function would
+    need rules of its own there)."""
     return (
-        x.device.type == "cpu"
+        not torch.compiler.is_compiling()  # first: a traced call below would break the graph
+        and x.device.type == "cpu"
         and x.dim() == 4
         and x.dtype in _FAST_DTYPES
         and x.numel() > 0
+        and not torch._C._are_functorch_transforms_active()
         and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+        and forward_ad._current_level < 0  # no dual level entered
     )
 
 
@@ -63,10 +76,17 @@ def _pair(value: int | tuple[int, ...]) -> list[int]:
     return [value, value] if isinstance(value, int) else list(value)
 
 
-def _is_channels_last(x: torch.Tensor) -> bool:
-    """Laid out channels-last and not also contiguous (a one-channel or 1x1 map is both: there
-    the contiguous kernels run, as ``nn.MaxPool2d``'s would)."""
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+def _torch_pools_channels_last(x: torch.Tensor) -> bool:
+    """Whether torch pools ``x`` in its channels-last kernel, handing on a channels-last output:
+    by the layout its strides suggest (``suggest_memory_format``). The two dense layouts of
+    maps with several channels and pixels are told apart in C++, the rest (one channel, 1x1
+    maps, strided views) by torch's own rule, which costs 16 us in Python."""
+    several = x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1
+    if several and x.is_contiguous():
+        return False
+    if several and x.is_contiguous(memory_format=torch.channels_last):
+        return True
+    return suggest_memory_format(x) == torch.channels_last
 
 
 def _channels_last(grad: torch.Tensor) -> torch.Tensor:
@@ -75,7 +95,7 @@ def _channels_last(grad: torch.Tensor) -> torch.Tensor:
 
 
 class _PooledChannelsLast(torch.autograd.Function):
-    """A contiguous map's pool: forward on channels-last copies, backward on the contiguous kernel."""
+    """A contiguous map's pool: forward in channels-last copies, backward on the contiguous kernel."""
 
     @staticmethod
     def forward(
@@ -88,22 +108,9 @@ class _PooledChannelsLast(torch.autograd.Function):
         ceil_mode: bool,
     ) -> torch.Tensor:
         window = (kernel, stride, padding, dilation, ceil_mode)
-        keep = ctx.needs_input_grad[0]  # nn.MaxPool2d's autograd keeps the input and the indices
-        pooled = indices = None
-        at = 0
-        for part in x.split(_images_per_copy(x)):  # each copy, its pool and their results in cache
-            part_pooled, part_indices = torch.ops.aten.max_pool2d_with_indices(_laid_out(part), *window)
-            if pooled is None:  # contiguous, the layout nn.MaxPool2d hands on
-                pooled = part_pooled.new_empty((len(x), *part_pooled.shape[1:]))
-                indices = part_indices.new_empty(pooled.shape) if keep else None
-            pooled[at : at + len(part)] = part_pooled
-            if indices is not None:
-                indices[at : at + len(part)] = part_indices
-            at += len(part)
-        assert pooled is not None, "fast_path_applies refuses an empty batch"
-        if keep:
-            ctx.save_for_backward(x, indices)
-            ctx.window = window
+        pooled, indices = _pooled_in_copies(x, window, with_indices=True)
+        ctx.save_for_backward(x, indices)  # what nn.MaxPool2d's autograd keeps
+        ctx.window = window
         return pooled
 
     @staticmethod
@@ -113,14 +120,36 @@ class _PooledChannelsLast(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
+def _pooled_in_copies(
+    x: torch.Tensor, window: tuple[list[int], list[int], list[int], list[int], bool], with_indices: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` pooled a few images at a time, each copied channels-last (the copy, its pool and
+    their results stay in cache), into a contiguous output, and contiguous indices if asked."""
+    pooled = indices = None
+    at = 0
+    for part in x.split(_images_per_copy(x)):
+        part_pooled, part_indices = torch.ops.aten.max_pool2d_with_indices(
+            part.contiguous(memory_format=torch.channels_last), *window
+        )
+        if pooled is None:  # contiguous, the layout nn.MaxPool2d hands on
+            pooled = part_pooled.new_empty((len(x), *part_pooled.shape[1:]))
+            indices = part_indices.new_empty(pooled.shape) if with_indices else None
+        pooled[at : at + len(part)] = part_pooled
+        if indices is not None:
+            indices[at : at + len(part)] = part_indices
+        at += len(part)
+    assert pooled is not None, "fast_path_applies refuses an empty batch"
+    return pooled, indices
+
+
+# elements of the smallest contiguous batch of maps worth the copies: below it their fixed cost
+# (about 45 us without gradients, 150 us with the backward, on the 2-core VM) is more than the
+# slow kernel takes; from 10x32x14x14 (62,720) on, the copies were faster both ways
+_SMALLEST_COPIED = 1 << 16
 # bytes of a contiguous map copied channels-last at a time: a copy that stays in cache. A whole
 # evaluation batch of pfl's CNN (256x64x28x28, 51 MB) pooled in 2 MiB copies took half the time
 # of one copy on the 2-core VM; 1-4 MiB were alike.
 _COPY_BYTES = 1 << 21
-
-
-def _laid_out(part: torch.Tensor) -> torch.Tensor:
-    return part.contiguous(memory_format=torch.channels_last)
 
 
 def _images_per_copy(x: torch.Tensor) -> int:

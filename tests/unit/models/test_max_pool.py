@@ -29,6 +29,13 @@ WINDOWS = [
 LAYOUTS = [torch.contiguous_format, torch.channels_last]
 
 
+@pytest.fixture(autouse=True)
+def copies_for_small_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies are kept for maps of 65,536 elements and more; these tests' small maps, which
+    show ties and windows plainly, take them too."""
+    monkeypatch.setattr(max_pool, "_SMALLEST_COPIED", 1)
+
+
 def tied_maps(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
     """ReLU'd values on a grid of quarters: most windows hold equal maxima (zeros, or equal levels)."""
     g = torch.Generator().manual_seed(seed)
@@ -125,6 +132,50 @@ def test_without_grad_the_output_equals_torch() -> None:
     x = tied_maps((2, 8, 12, 12))
     with torch.no_grad():
         assert torch.equal(MaxPool2d(3, 2)(x), nn.MaxPool2d(3, 2)(x))
+    leaf = x.clone().requires_grad_()
+    with torch.no_grad():  # a leaf that wants gradients, outside grad mode: nothing kept for them
+        pooled = MaxPool2d(3, 2)(leaf)
+    assert pooled.grad_fn is None and torch.equal(pooled, nn.MaxPool2d(3, 2)(x))
+
+
+CHANNELS_LAST_STRIDED = {
+    "one channel, permuted from NHWC": lambda x: (
+        x[:, :1].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    ),
+    "a channel slice": lambda x: x.contiguous(memory_format=torch.channels_last)[:, 1:4],
+    "every other image": lambda x: x.contiguous(memory_format=torch.channels_last)[::2],
+    "a column slice": lambda x: x.contiguous(memory_format=torch.channels_last)[..., 1:9],
+    "1x1 maps": lambda x: x[..., :1, :1].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2),
+}
+
+
+@pytest.mark.parametrize("view", CHANNELS_LAST_STRIDED.values(), ids=CHANNELS_LAST_STRIDED.keys())
+def test_maps_torch_pools_channels_last_keep_torchs_output_layout(view) -> None:
+    """torch pools by the layout its strides suggest, dense or not, one channel or many (an
+    augmentation's ``permute`` hands on such images): the output's strides, which choose the next
+    layer's kernel and so its bits, are torch's too; so is the gradient through the view."""
+    maps = tied_maps((4, 5, 10, 10))
+    for grad in (False, True):
+        bases = [maps.clone().requires_grad_(grad) for _ in range(2)]
+        views = [view(base) for base in bases]
+        pool = 1 if views[0].shape[-1] == 1 else 2
+        ours, theirs = MaxPool2d(pool)(views[0]), nn.MaxPool2d(pool)(views[1])
+        assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+        if grad:
+            ours.pow(2).sum().backward()
+            theirs.pow(2).sum().backward()
+            assert torch.equal(bases[0].grad, bases[1].grad)
+
+
+def test_each_layout_takes_its_fast_path() -> None:
+    """Losing the speed-up fails here: a contiguous map's pool is the channels-last copies' function,
+    a channels-last map's output carries the hook that lays its gradient out."""
+    x = tied_maps((2, 4, 8, 8)).requires_grad_()
+    assert type(MaxPool2d(2)(x).grad_fn).__name__ == "_PooledChannelsLastBackward"
+    channels_last = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    pooled = MaxPool2d(2)(channels_last)
+    assert type(pooled.grad_fn) is type(nn.MaxPool2d(2)(channels_last).grad_fn)
+    assert pooled._backward_hooks  # torch's pool, with the hook
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["contiguous", "channels_last"])
@@ -146,6 +197,9 @@ def test_vmap_and_per_example_gradients_take_torchs_path() -> None:
     x = tied_maps((4, 2, 3, 8, 8))
     pool, reference = MaxPool2d(2), nn.MaxPool2d(2)
     assert torch.equal(torch.func.vmap(pool)(x), torch.func.vmap(reference)(x))
+    maps, scales = x[0].requires_grad_(), torch.arange(3.0)  # an input vmap does not batch
+    ours = torch.func.vmap(lambda w: (pool(maps) * w).sum())(scales)
+    assert torch.equal(ours, torch.func.vmap(lambda w: (reference(maps) * w).sum())(scales))
 
     def loss(module: nn.Module, sample: torch.Tensor) -> torch.Tensor:
         return (module(sample) ** 2).sum()
@@ -204,3 +258,23 @@ def test_a_trained_cnn_equals_one_built_with_torchs_pool() -> None:
             opt.step()
         weights.append(model.state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_small_contiguous_maps_are_pooled_by_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ``_SMALLEST_COPIED`` elements the copies cost more than torch's slow kernel."""
+    monkeypatch.setattr(max_pool, "_SMALLEST_COPIED", 1 << 16)
+    small, large = tied_maps((2, 4, 8, 8)).requires_grad_(), tied_maps((1, 4, 128, 128)).requires_grad_()
+    assert type(MaxPool2d(2)(small).grad_fn) is type(nn.MaxPool2d(2)(small).grad_fn)
+    assert type(MaxPool2d(2)(large).grad_fn).__name__ == "_PooledChannelsLastBackward"
+
+
+def test_forward_mode_ad_takes_torchs_path() -> None:
+    x, tangent = tied_maps((2, 3, 8, 8)), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    for wants_grad in (False, True):  # forward and reverse mode together too
+        tangents = []
+        for module in (MaxPool2d(2), nn.MaxPool2d(2)):
+            with torch.autograd.forward_ad.dual_level():
+                primal = x.clone().requires_grad_(wants_grad)
+                out = module(torch.autograd.forward_ad.make_dual(primal, tangent))
+                tangents.append(torch.autograd.forward_ad.unpack_dual(out).tangent)
+        assert torch.equal(tangents[0], tangents[1])

@@ -8,9 +8,10 @@ gradient comes in the input's layout; a channels-last input whose gradient arriv
 ``Flatten`` after the pool makes it so) takes a slow mixed path (1.4 ms). So, by the layout torch
 itself would pool the input in (``suggest_memory_format``):
 
-- a contiguous map pools channels-last copies of a few images at a time (each copy stays in
-  cache: a 51 MB evaluation batch copied whole took twice as long), hands on the output
-  contiguous, and its backward is torch's contiguous kernel on the indices it kept;
+- a contiguous batch of maps of 65,536 elements or more pools channels-last copies of a few
+  images at a time (each copy stays in cache: a 51 MB evaluation batch copied whole took twice
+  as long), hands on the output contiguous, and its backward is torch's contiguous kernel on the
+  indices it kept; a smaller one is torch's (the copies' fixed cost would exceed the gain);
 - a channels-last map pools as torch does, and its gradient is laid out channels-last before
   torch's backward reads it (a hook; a gradient already so is left alone).
 

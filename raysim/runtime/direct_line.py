@@ -326,9 +326,10 @@ class Lines:
         pickle, a call's own failure read whole) leaves it open."""
         try:
             yield
-        except Exception as exc:
-            if isinstance(exc, LineLost):
-                self.close(worker, broken=True)
+        except LineLost:
+            self.close(worker, broken=True)
+            raise
+        except Exception:  # the stream is still whole
             raise
         except BaseException:
             self.close(worker, broken=True)

@@ -178,6 +178,22 @@ def test_global_norm_squares_in_float64():
     assert P.global_norm({"w": torch.tensor([300.0, 400.0], dtype=torch.float16)}) == 500.0
 
 
+def test_global_norm_sums_every_slice_of_a_large_tensor_once():
+    """A tensor longer than several slices, with a ragged tail: integer entries, so every square
+    and every partial sum is exact in float64 and any order of additions gives numpy's integer
+    sum exactly; a slice missed or counted twice would change it."""
+    rng = np.random.default_rng(0)
+    entries = rng.integers(-7, 8, size=3 * P._NORM_SLICE + 15)
+    tree = {"w": torch.tensor(entries, dtype=torch.float32).view(-1, 3), "b": torch.tensor([2.0])}
+    assert P.global_norm(tree) == math.sqrt(int(np.sum(entries.astype(np.int64) ** 2)) + 4)
+
+
+def test_global_norm_of_a_large_tensor_equals_a_float64_reference():
+    values = torch.randn(2 * P._NORM_SLICE + 17, generator=torch.Generator().manual_seed(0)) * 1e-3
+    reference = math.sqrt(float(np.sum(values.numpy().astype(np.float64) ** 2)))
+    assert P.global_norm({"w": values}) == pytest.approx(reference, rel=1e-13)
+
+
 def test_distance_is_the_norm_of_the_difference():
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([4.0, 6.0]), "b": torch.tensor([12.0])}

@@ -171,8 +171,8 @@ def _sum_of_squares(v: torch.Tensor) -> torch.Tensor:
     flat = v.detach().reshape(-1)
     if flat.device.type != "cpu" or flat.numel() <= _NORM_SLICE:
         return _squared(flat).sum()
-    parts = [_squared(flat[start : start + _NORM_SLICE]).sum() for start in range(0, flat.numel(), _NORM_SLICE)]
-    return torch.stack(parts).sum()
+    starts = range(0, flat.numel(), _NORM_SLICE)
+    return torch.stack([_squared(flat[start : start + _NORM_SLICE]).sum() for start in starts]).sum()
 
 
 def _squared(v: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from pydantic import Field, PositiveInt
 from torch import nn
 
+from raysim.models.dropout import Dropout
 from raysim.models.max_pool import MaxPool2d
 from raysim.models.weights import ModelConfig
 from raysim.registry import register
@@ -246,11 +247,11 @@ def build_cnn_pfl(config: PflCNNConfig, spec: DataSpec) -> BlockSequential:
         "conv2": [nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2d(2)],
     }
     dense = [
-        nn.Dropout(config.conv_dropout),
+        Dropout(config.conv_dropout),
         nn.Flatten(),
         nn.Linear(flat_size(convs, spec.input_shape, "cnn_pfl"), 128),
         nn.ReLU(),
-        nn.Dropout(config.fc_dropout),
+        Dropout(config.fc_dropout),
     ]
     model = BlockSequential({**convs, "fc1": dense, "head": [nn.Linear(128, spec.num_classes)]})
     # pfl initialises weights Glorot-uniform to match its TF2 twin; biases keep torch's default.

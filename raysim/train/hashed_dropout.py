@@ -72,11 +72,13 @@ def hashed_uniform(key: torch.Tensor, counter: int, shape: torch.Size, device: t
 
 
 class HashedDropout:
-    """Swaps the forward of ``model``'s ``nn.Dropout`` layers for hashed masks while active."""
+    """Swaps the forward of ``model``'s ``nn.Dropout`` layers (subclasses too, such as the built-in
+    models' ``raysim.models.dropout.Dropout``, which draw the same kind of mask) for hashed masks
+    while active."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layers = [m for m in model.modules() if type(m) is nn.Dropout and m.p > 0]
+        self.layers = [m for m in model.modules() if isinstance(m, nn.Dropout) and m.p > 0]
         self.keys = torch.zeros((), dtype=torch.int64)  # set inside the vmapped function
         self.step = 0
         self._calls = 0

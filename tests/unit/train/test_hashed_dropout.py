@@ -5,6 +5,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.models.dropout import Dropout
 from raysim.train.hashed_dropout import HashedDropout, hashed_uniform, hashed_words
 from raysim.train.local import LocalTrainConfig
 from raysim.train.vectorized import train_local_vectorized
@@ -14,9 +15,9 @@ SPEC = DataSpec("classification", (8,), 3)
 CONFIG = LocalTrainConfig(lr=0.1, batch_size=4, epochs=2)
 
 
-def dropout_model(p=0.5):
+def dropout_model(p=0.5, layer=nn.Dropout):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(p), nn.Linear(32, 3))
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), layer(p), nn.Linear(32, 3))
 
 
 def data(n, seed):
@@ -84,3 +85,12 @@ def test_the_models_own_dropout_is_back_after_training():
     torch.manual_seed(0)
     out = model[2](torch.ones(10_000))
     assert abs(float((out == 0).float().mean()) - 0.5) < 0.03
+
+
+def test_the_built_in_models_dropout_is_hashed_alike():
+    """raysim's ``Dropout`` (its own CPU mask outside vmap) trains vectorized to the same weights
+    as ``nn.Dropout``: the same hashed masks replace both."""
+    clients, seeds = [data(10, 1), data(7, 2)], [3, 4]
+    torchs, _, _ = train_local_vectorized(dropout_model(), clients, CONFIG, seeds=seeds, spec=SPEC)
+    ours, _, _ = train_local_vectorized(dropout_model(layer=Dropout), clients, CONFIG, seeds=seeds, spec=SPEC)
+    assert all(torch.equal(ours[key], value) for key, value in torchs.items())

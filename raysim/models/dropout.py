@@ -1,18 +1,20 @@
 """Dropout whose CPU mask is a uniform draw compared with the keep rate: ``nn.Dropout`` otherwise.
 
-torch draws a CPU dropout mask with ``bernoulli_``, one element at a time: 888 us for the 125,440
-elements after pfl's CNN's pool, on one core, against 302 us for ``torch.rand_like(x) < keep``,
-whose uniform kernel is vectorized (medians of 200 calls on the 2-core VM), about 3 ms of a
-client's 70-85 ms on the CPU benchmark's shape. Both masks are independent Bernoulli(1 - p)
-draws from torch's default generator, so both are a pure function of the seed a client's
-training sets (``torch.manual_seed``); a uniform float is a multiple of 2**-24, so an element is
-kept with probability ``1 - p`` rounded up to that grid, as ``bernoulli_``'s. They are not the
-same draws: a model trains to another, equally distributed result than with ``nn.Dropout``.
+torch draws a CPU dropout mask with ``bernoulli_``, which spends a 64-bit draw and double
+arithmetic on each element: 888 us for the 125,440 elements after pfl's CNN's pool, on one core,
+against 302 us for ``torch.rand_like(x) < keep``, one 32-bit draw an element (medians of 200
+calls on the 2-core VM), about 3 ms of a client's 70-85 ms on the CPU benchmark's shape. Both
+masks are independent Bernoulli draws from torch's default generator, so both are a pure
+function of the seed a client's training sets (``torch.manual_seed``); a float32 uniform is a
+multiple of 2**-24 and is compared with ``1 - p`` rounded to float32, so an element is kept with
+probability ``1 - p`` to within 2**-24. They are not the same draws: a model trains to another,
+equally distributed result than with ``nn.Dropout``.
 Kept elements are scaled as torch scales them, ``x * (mask / (1 - p))``, and the gradient is the
 output's times the same scaled mask.
 
 Where the fast path does not apply it is ``nn.Dropout`` itself: in evaluation, for ``p`` of 0 or 1,
-``inplace``, on a GPU (torch's fused kernel), for an input other than float32 or float64, inside
+``inplace``, on a GPU (torch's fused kernel), for an input other than a strided float32 or float64
+tensor (so under ``resources.precision: bf16``, whose activations are bfloat16), inside
 ``torch.func`` transforms (the vectorized trainer hashes each client's masks instead:
 ``raysim.train.hashed_dropout``) and under ``torch.compile``.
 """
@@ -29,6 +31,8 @@ class Dropout(nn.Dropout):
     """``nn.Dropout`` with its CPU mask drawn from a uniform (module docstring). A drop-in
     subclass: same arguments, no parameters or buffers, ``isinstance(m, nn.Dropout)``."""
 
+    hashes_as_nn_dropout = True  # its law is nn.Dropout's: the vectorized trainer may hash its masks
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (self.training and 0 < self.p < 1) or self.inplace or not fast_path_applies(input):
             return super().forward(input)
@@ -38,10 +42,12 @@ class Dropout(nn.Dropout):
 
 
 def fast_path_applies(x: torch.Tensor) -> bool:
-    """A CPU float32/float64 tensor, with no ``torch.func`` transform or ``torch.compile`` at work."""
+    """A strided CPU float32/float64 tensor, with no ``torch.func`` transform or ``torch.compile``
+    at work."""
     return (
         not torch.compiler.is_compiling()
         and x.device.type == "cpu"
+        and x.layout == torch.strided
         and x.dtype in _FAST_DTYPES
         and not torch._C._are_functorch_transforms_active()
         and not torch._C._functorch.is_functorch_wrapped_tensor(x)

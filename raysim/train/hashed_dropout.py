@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import torch
 from torch import nn
@@ -72,13 +72,14 @@ def hashed_uniform(key: torch.Tensor, counter: int, shape: torch.Size, device: t
 
 
 class HashedDropout:
-    """Swaps the forward of ``model``'s ``nn.Dropout`` layers (subclasses too, such as the built-in
-    models' ``raysim.models.dropout.Dropout``, which draw the same kind of mask) for hashed masks
-    while active."""
+    """Swaps the forward of ``model``'s ``nn.Dropout`` layers for hashed masks while active; of its
+    subclasses only those that declare ``nn.Dropout``'s law (``hashes_as_nn_dropout``, as the
+    built-in models' ``raysim.models.dropout.Dropout`` does): another forward (a mask shared along
+    a dimension, dropout kept on in evaluation) draws under ``vmap`` and so is refused there."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layers = [m for m in model.modules() if isinstance(m, nn.Dropout) and m.p > 0]
+        self.layers = [m for m in model.modules() if _has_nn_dropouts_law(m) and m.p > 0]
         self.keys = torch.zeros((), dtype=torch.int64)  # set inside the vmapped function
         self.step = 0
         self._calls = 0
@@ -112,3 +113,8 @@ class HashedDropout:
             return torch.where(keep, x * (1.0 / (1.0 - layer.p)), 0.0)
 
         return forward
+
+
+def _has_nn_dropouts_law(module: nn.Module) -> TypeGuard[nn.Dropout]:
+    declared = getattr(type(module), "hashes_as_nn_dropout", False)
+    return type(module) is nn.Dropout or (isinstance(module, nn.Dropout) and declared is True)

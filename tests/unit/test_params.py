@@ -194,6 +194,21 @@ def test_global_norm_of_a_large_tensor_equals_a_float64_reference():
     assert P.global_norm({"w": values}) == pytest.approx(reference, rel=1e-13)
 
 
+def test_global_norm_leaves_its_input_as_it_was_and_reads_views_in_logical_order():
+    """float64 tensors above and below a slice (their squares must not be taken in place), and a
+    transposed one above (summed from its logical order): each against numpy's float64 norm."""
+    rng = np.random.default_rng(1)
+    small, large = rng.normal(size=100), rng.normal(size=P._NORM_SLICE + 3)
+    tree = {"small": torch.tensor(small), "large": torch.tensor(large)}
+    expected = math.sqrt(float(np.sum(small**2) + np.sum(large**2)))
+    assert P.global_norm(tree) == pytest.approx(expected, rel=1e-13)
+    assert torch.equal(tree["small"], torch.tensor(small)) and torch.equal(tree["large"], torch.tensor(large))
+    grid = rng.normal(size=(3, P._NORM_SLICE // 2)).astype(np.float32)
+    transposed = torch.tensor(grid).t()
+    reference = math.sqrt(float(np.sum(grid.astype(np.float64) ** 2)))
+    assert P.global_norm({"t": transposed}) == pytest.approx(reference, rel=1e-13)
+
+
 def test_distance_is_the_norm_of_the_difference():
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([4.0, 6.0]), "b": torch.tensor([12.0])}

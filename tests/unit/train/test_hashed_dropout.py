@@ -8,6 +8,7 @@ from torch import nn
 from raysim.models.dropout import Dropout
 from raysim.train.hashed_dropout import HashedDropout, hashed_uniform, hashed_words
 from raysim.train.local import LocalTrainConfig
+from raysim.train.vectorizable import vectorization_blocker
 from raysim.train.vectorized import train_local_vectorized
 from raysim.types import ClientData, DataSpec
 
@@ -94,3 +95,19 @@ def test_the_built_in_models_dropout_is_hashed_alike():
     torchs, _, _ = train_local_vectorized(dropout_model(), clients, CONFIG, seeds=seeds, spec=SPEC)
     ours, _, _ = train_local_vectorized(dropout_model(layer=Dropout), clients, CONFIG, seeds=seeds, spec=SPEC)
     assert all(torch.equal(ours[key], value) for key, value in torchs.items())
+
+
+class LockedDropout(nn.Dropout):
+    """One mask for every row of a batch: another law than nn.Dropout's, so not to be hashed."""
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        return x * (torch.rand_like(x[:1]) >= self.p) / (1 - self.p)
+
+
+def test_a_subclass_with_a_forward_of_its_own_is_not_hashed_and_is_refused():
+    model = dropout_model(layer=LockedDropout)
+    assert HashedDropout(model).layers == []
+    assert "random numbers" in vectorization_blocker(model, torch.zeros(2, 8))
+    assert vectorization_blocker(dropout_model(layer=Dropout), torch.zeros(2, 8)) is None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_FAST_DTYPES = (torch.float32, torch.float64)
+from raysim.models.eager_cpu import eager_cpu_float
 
 
 class Dropout(nn.Dropout):
@@ -34,21 +34,8 @@ class Dropout(nn.Dropout):
     hashes_as_nn_dropout = True  # its law is nn.Dropout's: the vectorized trainer may hash its masks
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not (self.training and 0 < self.p < 1) or self.inplace or not fast_path_applies(input):
+        if not (self.training and 0 < self.p < 1) or self.inplace or not eager_cpu_float(input):
             return super().forward(input)
         keep = 1.0 - self.p
         noise = torch.rand_like(input).lt_(keep)  # 1.0 where kept, in the input's dtype and layout
         return input * noise.div_(keep)
-
-
-def fast_path_applies(x: torch.Tensor) -> bool:
-    """A strided CPU float32/float64 tensor, with no ``torch.func`` transform or ``torch.compile``
-    at work."""
-    return (
-        not torch.compiler.is_compiling()
-        and x.device.type == "cpu"
-        and x.layout == torch.strided
-        and x.dtype in _FAST_DTYPES
-        and not torch._C._are_functorch_transforms_active()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-    )

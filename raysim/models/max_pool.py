@@ -34,7 +34,7 @@ from torch import nn
 from torch._prims_common import suggest_memory_format
 from torch.autograd import forward_ad
 
-_FAST_DTYPES = (torch.float32, torch.float64)
+from raysim.models.eager_cpu import eager_cpu_float
 
 
 class MaxPool2d(nn.MaxPool2d):
@@ -58,17 +58,13 @@ class MaxPool2d(nn.MaxPool2d):
 
 
 def fast_path_applies(x: torch.Tensor) -> bool:
-    """A non-empty CPU float32/float64 batch of maps (N, C, H, W), with no ``torch.func``
-    transform, forward-mode AD or ``torch.compile`` at work (a custom autograd function would
-    need rules of its own there)."""
+    """A non-empty CPU float32/float64 batch of maps (N, C, H, W) on torch's eager path
+    (``eager_cpu_float``), and no forward-mode AD (a custom autograd function would need a rule
+    of its own there)."""
     return (
-        not torch.compiler.is_compiling()  # first: a traced call below would break the graph
-        and x.device.type == "cpu"
+        eager_cpu_float(x)
         and x.dim() == 4
-        and x.dtype in _FAST_DTYPES
         and x.numel() > 0
-        and not torch._C._are_functorch_transforms_active()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
         and forward_ad._current_level < 0  # no dual level entered
     )
 

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from raysim.models import build_model
-from raysim.models.dropout import Dropout, fast_path_applies
+from raysim.models.dropout import Dropout
+from raysim.models.eager_cpu import eager_cpu_float
 from raysim.types import DataSpec
 
 
@@ -103,8 +104,8 @@ def test_under_vmap_it_is_nn_dropout() -> None:
         return torch.func.vmap(lambda row: row + module(fixed), randomness="different")(x)
 
     assert torch.equal(beside(Dropout(0.25)), beside(nn.Dropout(0.25)))
-    assert not torch.func.vmap(lambda row: torch.tensor(fast_path_applies(row)))(x).any()
-    assert fast_path_applies(x)
+    assert not torch.func.vmap(lambda row: torch.tensor(eager_cpu_float(row)))(x).any()
+    assert eager_cpu_float(x)
 
 
 def test_cnn_pfl_drops_out_with_it() -> None:

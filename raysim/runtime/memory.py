@@ -187,8 +187,16 @@ def keep_round_memory() -> None:
     again: on the CIFAR benchmark's shape about 55 MB a round, most of the driver's time outside
     the workers. Allocations of 32 MB and more still map pages of their own; the heap keeps its
     peak (as a vectorizing worker's does, ``keep_freed_memory``).
+
+    A thread's own arena (a Ray worker trains on its direct line's thread) grows in 64 MB heaps,
+    and glibc unmaps a heap that empties whenever the one before it has room at its end, whatever
+    the trim threshold: a client whose temporaries spilled into a new heap faulted 6.4 MB (pfl's
+    CNN's dense layer) in again and again, 10,000 to 60,000 pages a round on the CIFAR shape. A
+    top pad of a whole heap keeps every heap (glibc's ``heap_trim`` keeps one when the room
+    before it is under the pad).
     """
-    _mallopt({_M_MMAP_THRESHOLD: 32 * MiB, _M_TRIM_THRESHOLD: _NEVER})  # glibc's own mmap ceiling
+    # 32 MB: glibc's own mmap ceiling; 64 MB: a thread arena's heap (``HEAP_MAX_SIZE``)
+    _mallopt({_M_MMAP_THRESHOLD: 32 * MiB, _M_TRIM_THRESHOLD: _NEVER, _M_TOP_PAD: 64 * MiB})
 
 
 def keep_freed_memory() -> None:
@@ -213,7 +221,7 @@ def _mallopt(settings: dict[int, int]) -> None:
             libc.mallopt(parameter, value)
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4  # glibc's malloc.h
 _NEVER = 2**31 - 1  # a trim threshold no heap top reaches: never given back
 
 

@@ -158,3 +158,44 @@ def test_a_round_s_temporaries_reuse_the_heap_instead_of_faulting_fresh_pages_in
     round (where glibc's adaptive thresholds end up depends on the heap's layout)."""
     run = subprocess.run([sys.executable, "-c", ROUNDS, "keep"], capture_output=True, text=True, check=True)
     assert float(run.stdout) < 100  # pages: the merged sums alone are 3,125 of them
+
+
+THREAD_HEAPS = """
+import ctypes, resource, statistics, sys, threading
+from raysim.runtime.memory import keep_round_memory
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+MB = 1 << 20
+keep_round_memory()
+
+def client_faults():
+    second = libc.malloc(30 * MB)  # with ``first``: the thread's arena's 64 MB heap nearly full
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    spill = libc.malloc(6 * MB)  # does not fit: it goes to a second heap
+    ctypes.memset(spill, 1, 6 * MB)
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    libc.free(second)
+    libc.free(spill)  # the second heap empty, the first with room at its end
+    return faults
+
+def clients(out):
+    first = libc.malloc(30 * MB)
+    client_faults()  # the second heap's first use faults its pages in
+    out.append(statistics.median(client_faults() for _ in range(9)))
+
+out = []
+thread = threading.Thread(target=clients, args=(out,))  # a direct line's thread: an arena of its own
+thread.start()
+thread.join()
+print(out[0])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_thread_s_spilled_temporaries_keep_their_heap_instead_of_faulting_it_in_again():
+    """Without ``keep_round_memory``'s top pad glibc unmaps the emptied second heap after every
+    use, and each use faults all 1,536 pages of the 6 MB in again."""
+    run = subprocess.run([sys.executable, "-c", THREAD_HEAPS], capture_output=True, text=True, check=True)
+    assert float(run.stdout) < 100

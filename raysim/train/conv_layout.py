@@ -16,6 +16,11 @@ block the model is contiguous again: the update, the partials and every plugin s
 they always saw. A model or hook that flattens a feature map, weight or gradient with ``.view``
 refuses channels-last ones; the error then names this setting.
 
+One shape stays contiguous: a strided 1x1 convolution over fewer than 8 input channels (a small
+ResNet's shortcut), whose channels-last backward in torch 2.13's oneDNN writes past its buffer on
+an AVX2 core with one thread (glibc's malloc checks catch it at once; without them a later
+allocation aborts, 2026-12-07). A model that holds one trains contiguous, under ``on`` too (warned).
+
 Usage:
     with channels_last(model) if wants_channels_last(config.channels_last, model, device) else nullcontext():
         ... the client's optimizer and steps
@@ -23,6 +28,7 @@ Usage:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,13 +37,46 @@ from torch import nn
 
 from raysim.config.sections import OnOffAuto
 
+logger = logging.getLogger(__name__)
+
 
 def wants_channels_last(mode: OnOffAuto, model: nn.Module, device: torch.device | str) -> bool:
     """``on`` always, ``off`` never, ``auto`` for a model with a 2-D convolution on the CPU (on a
-    GPU the card's kernels decide, and that is not measured yet)."""
-    if mode != "auto":
-        return mode == "on"
-    return torch.device(device).type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    GPU the card's kernels decide, and that is not measured yet). On the CPU, never for a model
+    with a convolution that oneDNN mishandles channels-last (``unsafe_convolution``): under ``on``
+    such a model trains contiguous, with a warning naming the convolution (once a process)."""
+    if mode == "off":
+        return False
+    on_cpu = torch.device(device).type == "cpu"
+    unsafe = unsafe_convolution(model) if on_cpu else None
+    if unsafe is not None:
+        if mode == "on" and unsafe not in _warned:
+            _warned.add(unsafe)
+            logger.warning(
+                "algorithm.local.channels_last: on, but the model's convolution %r (1x1, strided, over "
+                "fewer than 8 channels) corrupts memory channels-last in torch's CPU kernels: it "
+                "trains contiguous",
+                unsafe,
+            )
+        return False
+    return mode == "on" or (on_cpu and any(isinstance(m, nn.Conv2d) for m in model.modules()))
+
+
+_warned: set[str] = set()  # the convolutions ``on`` was refused for, warned of once
+
+
+def unsafe_convolution(model: nn.Module) -> str | None:
+    """The name of the first strided 1x1 convolution of ``model`` over fewer than 8 input channels
+    a group (the module docstring's oneDNN fault), or None."""
+    for name, module in model.named_modules():
+        if (
+            isinstance(module, nn.Conv2d)
+            and module.kernel_size == (1, 1)
+            and max(module.stride) > 1
+            and module.in_channels // module.groups < 8
+        ):
+            return name
+    return None
 
 
 @contextmanager

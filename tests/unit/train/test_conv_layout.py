@@ -7,6 +7,10 @@ layout. The convolutions must actually run on channels-last weights inside, afte
 images too (an (N, 1, H, W) tensor is both layouts at once: the input cannot decide).
 """
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +18,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from raysim.config.privacy import SamplePrivacy
+from raysim.train import conv_layout
 from raysim.train.conv_layout import channels_last, wants_channels_last
 from raysim.train.dp_sgd import SampleNoise
 from raysim.train.local import LocalTrainConfig, train_local
@@ -78,6 +83,49 @@ def test_auto_is_on_for_a_convolutional_model_on_the_cpu_only():
     assert not wants_channels_last("auto", conv_net(3), torch.device("cuda", 0))  # not measured there
     assert wants_channels_last("on", nn.Linear(3, 2), "cuda")
     assert not wants_channels_last("off", conv_net(3), "cpu")
+
+
+def shortcut_net(channels: int, stride: int = 2) -> nn.Module:
+    """A small ResNet's shortcut: a 1x1 convolution over ``channels``, strided."""
+    return nn.Sequential(nn.Conv2d(1, channels, 3), nn.Conv2d(channels, 8, 1, stride=stride))
+
+
+def test_a_strided_1x1_convolution_over_few_channels_stays_contiguous_even_under_on(caplog, monkeypatch):
+    monkeypatch.setattr(conv_layout, "_warned", set())  # warned once a process: not by another test
+    assert not wants_channels_last("auto", shortcut_net(4), "cpu")  # the layer oneDNN mishandles
+    assert not wants_channels_last("on", shortcut_net(4), "cpu")
+    assert "convolution '1' (1x1, strided" in caplog.text and "trains contiguous" in caplog.text
+    assert not wants_channels_last("off", shortcut_net(4), "cpu")
+    assert wants_channels_last("on", shortcut_net(4), "cuda")  # torch's CPU kernels only
+    assert wants_channels_last("auto", shortcut_net(8), "cpu")  # enough channels
+    assert wants_channels_last("auto", shortcut_net(4, stride=1), "cpu")  # not strided
+
+
+MALLOC_DEBUG = Path("/lib/x86_64-linux-gnu/libc_malloc_debug.so.0")
+RESNET_CLIENT = """
+import numpy as np, torch
+from raysim.models.resnet import ResNet10Config, build_resnet10
+from raysim.train.local import LocalTrainConfig, train_local
+from raysim.types import ClientData, DataSpec
+
+torch.set_num_threads(1)  # the kernel that wrote past its buffer ran on one thread
+spec = DataSpec("classification", (1, 8, 8), 10)
+rng = np.random.default_rng(0)
+data = ClientData({"x": rng.normal(size=(48, 1, 8, 8)).astype(np.float32), "y": np.arange(48) % 10})
+model = build_resnet10(ResNet10Config(width=4), spec)
+train_local(model, data, LocalTrainConfig(batch_size=16), seed=0, spec=spec)
+print("trained")
+"""
+
+
+@pytest.mark.skipif(not MALLOC_DEBUG.exists(), reason="glibc's malloc checks (Linux, x86-64)")
+def test_a_small_resnet_trains_under_glibc_s_malloc_checks():
+    """A ResNet-10 of width 4 on 1x8x8 images, ``channels_last: auto``: channels-last, its 4-channel
+    shortcut's backward aborted the process on an AVX2 core (the checks catch the stray write at
+    once; other machines' kernels did not write it, and pass either way)."""
+    env = {"LD_PRELOAD": str(MALLOC_DEBUG), "GLIBC_TUNABLES": "glibc.malloc.check=3", "PATH": ""}
+    run = subprocess.run([sys.executable, "-c", RESNET_CLIENT], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "trained", run.stderr[-2000:]
 
 
 def test_the_setting_reads_yaml_booleans_and_refuses_anything_else():

@@ -54,7 +54,7 @@ def wants_channels_last(mode: OnOffAuto, model: nn.Module, device: torch.device 
             _warned.add(unsafe)
             logger.warning(
                 "algorithm.local.channels_last: on, but the model's convolution %r (1x1, strided, over "
-                "fewer than 8 channels) corrupts memory channels-last in torch's CPU kernels: it "
+                "fewer than 8 channels a group) corrupts memory channels-last in torch's CPU kernels: it "
                 "trains contiguous",
                 unsafe,
             )
@@ -62,7 +62,8 @@ def wants_channels_last(mode: OnOffAuto, model: nn.Module, device: torch.device 
     return mode == "on" or (on_cpu and any(isinstance(m, nn.Conv2d) for m in model.modules()))
 
 
-_warned: set[str] = set()  # the convolutions ``on`` was refused for, warned of once
+# the convolutions ``on`` was refused for, by name: warned of once a process, whichever model
+_warned: set[str] = set()
 
 
 def unsafe_convolution(model: nn.Module) -> str | None:

@@ -1,6 +1,7 @@
 """What fits a worker's memory, from measured bytes (pure functions, no GPU needed), and the CPU
 measurement of a block's peak."""
 
+import platform
 import subprocess
 import sys
 
@@ -152,7 +153,7 @@ print(statistics.median(round_faults() for _ in range(21)))  # the kernel reclai
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_a_round_s_temporaries_reuse_the_heap_instead_of_faulting_fresh_pages_in():
     """Without ``keep_round_memory`` about half of such processes fault some 8,000 pages in every
     round (where glibc's adaptive thresholds end up depends on the heap's layout)."""
@@ -193,7 +194,7 @@ print(out[0])
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_a_thread_s_spilled_temporaries_keep_their_heap_instead_of_faulting_it_in_again():
     """Without ``keep_round_memory``'s top pad glibc unmaps the emptied second heap after every
     use, and each use faults all 1,536 pages of the 6 MB in again."""

@@ -7,6 +7,7 @@ layout. The convolutions must actually run on channels-last weights inside, afte
 images too (an (N, 1, H, W) tensor is both layouts at once: the input cannot decide).
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,7 @@ from raysim.models.resnet import ResNet10Config, build_resnet10
 from raysim.train.local import LocalTrainConfig, train_local
 from raysim.types import ClientData, DataSpec
 
+assert "libc_malloc_debug" in open("/proc/self/maps").read()  # a preload that failed only warns
 torch.set_num_threads(1)  # the kernel that wrote past its buffer ran on one thread
 spec = DataSpec("classification", (1, 8, 8), 10)
 rng = np.random.default_rng(0)
@@ -118,13 +120,15 @@ print("trained")
 """
 
 
-@pytest.mark.skipif(not MALLOC_DEBUG.exists(), reason="glibc's malloc checks (Linux, x86-64)")
+@pytest.mark.skipif(not MALLOC_DEBUG.exists(), reason="glibc's malloc checks (glibc on x86-64)")
 def test_a_small_resnet_trains_under_glibc_s_malloc_checks():
     """A ResNet-10 of width 4 on 1x8x8 images, ``channels_last: auto``: channels-last, its 4-channel
     shortcut's backward aborted the process on an AVX2 core (the checks catch the stray write at
     once; other machines' kernels did not write it, and pass either way)."""
-    env = {"LD_PRELOAD": str(MALLOC_DEBUG), "GLIBC_TUNABLES": "glibc.malloc.check=3", "PATH": ""}
-    run = subprocess.run([sys.executable, "-c", RESNET_CLIENT], capture_output=True, text=True, env=env)
+    env = os.environ | {"LD_PRELOAD": str(MALLOC_DEBUG), "GLIBC_TUNABLES": "glibc.malloc.check=3"}
+    run = subprocess.run(
+        [sys.executable, "-c", RESNET_CLIENT], capture_output=True, text=True, env=env, timeout=300
+    )
     assert run.returncode == 0 and run.stdout.strip() == "trained", run.stderr[-2000:]
 
 

@@ -189,8 +189,8 @@ def keep_round_memory() -> None:
     peak (as a vectorizing worker's does, ``keep_freed_memory``).
 
     A thread's own arena (a Ray worker trains on its direct line's thread) grows in 64 MB heaps,
-    and glibc unmaps a heap that empties whenever the heap before it has room at its end of the
-    top pad (128 KB by default) and a page, whatever the trim threshold: a client whose
+    and glibc unmaps a heap that empties whenever the heap before it has the top pad (128 KB by
+    default) and a page free at its end, whatever the trim threshold: a client whose
     temporaries spilled into a new heap faulted 6.4 MB (pfl's CNN's dense layer) in again and
     again, 10,000 to 60,000 pages a round on the CIFAR shape. A top pad of a whole heap keeps
     every heap (glibc's ``heap_trim``). It costs address space, not resident memory: a new heap

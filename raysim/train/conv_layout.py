@@ -43,41 +43,35 @@ logger = logging.getLogger(__name__)
 def wants_channels_last(mode: OnOffAuto, model: nn.Module, device: torch.device | str) -> bool:
     """``on`` always, ``off`` never, ``auto`` for a model with a 2-D convolution on the CPU (on a
     GPU the card's kernels decide, and that is not measured yet). On the CPU, never for a model
-    with a convolution that oneDNN mishandles channels-last (``unsafe_convolution``): under ``on``
-    such a model trains contiguous, with a warning naming the convolution (once a process)."""
+    with a convolution that oneDNN mishandles channels-last (``mishandled``): under ``on`` such a
+    model trains contiguous, with a warning naming the convolution (once a process)."""
     if mode == "off":
         return False
-    on_cpu = torch.device(device).type == "cpu"
-    unsafe = unsafe_convolution(model) if on_cpu else None
-    if unsafe is not None:
-        if mode == "on" and unsafe not in _warned:
-            _warned.add(unsafe)
-            logger.warning(
-                "algorithm.local.channels_last: on, but the model's convolution %r (1x1, strided, over "
-                "fewer than 8 channels a group) corrupts memory channels-last in torch's CPU kernels: it "
-                "trains contiguous",
-                unsafe,
-            )
-        return False
-    return mode == "on" or (on_cpu and any(isinstance(m, nn.Conv2d) for m in model.modules()))
+    if torch.device(device).type != "cpu":
+        return mode == "on"
+    convs = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    unsafe = next((name for name, conv in convs if mishandled(conv)), None)
+    if unsafe is None:
+        return mode == "on" or bool(convs)
+    if mode == "on" and unsafe not in _warned:
+        _warned.add(unsafe)
+        logger.warning(
+            "algorithm.local.channels_last: on, but the model's convolution %r (1x1, strided, over "
+            "fewer than 8 channels a group) corrupts memory channels-last in torch's CPU kernels: it "
+            "trains contiguous",
+            unsafe,
+        )
+    return False
 
 
 # the convolutions ``on`` was refused for, by name: warned of once a process, whichever model
 _warned: set[str] = set()
 
 
-def unsafe_convolution(model: nn.Module) -> str | None:
-    """The name of the first strided 1x1 convolution of ``model`` over fewer than 8 input channels
-    a group (the module docstring's oneDNN fault), or None."""
-    for name, module in model.named_modules():
-        if (
-            isinstance(module, nn.Conv2d)
-            and module.kernel_size == (1, 1)
-            and max(module.stride) > 1
-            and module.in_channels // module.groups < 8
-        ):
-            return name
-    return None
+def mishandled(conv: nn.Conv2d) -> bool:
+    """A strided 1x1 convolution over fewer than 8 input channels a group: the module docstring's
+    oneDNN fault."""
+    return conv.kernel_size == (1, 1) and max(conv.stride) > 1 and conv.in_channels // conv.groups < 8
 
 
 @contextmanager

@@ -1,7 +1,10 @@
 """Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray."""
 
 import os
+import sqlite3
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 _TMP = tempfile.mkdtemp(prefix="raysim-tests-")
@@ -21,8 +24,52 @@ for key, value in {
     "RAYSIM_PLUGIN_PATH": str(Path(__file__).parent / "plugins"),
 }.items():
     os.environ[key] = value
+# pytest-xdist starts its workers with COLUMNS=80: the CLI would lay its tables out for an 80-column
+# terminal, where a plain `pytest` sees a pipe (raysim.cli.console).
+os.environ.pop("COLUMNS", None)
 
 import pytest  # noqa: E402
+
+_TEMPLATE_STORE = os.path.join(_TMP, "template-mlflow.db")
+_template_lock = threading.Lock()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Once MLflow's store code is loaded, new SQLite stores in this process copy a template."""
+    utils = sys.modules.get("mlflow.store.db.utils")
+    if utils is not None and not hasattr(utils._initialize_tables, "template"):
+        utils._initialize_tables = tables_from_a_template(utils._initialize_tables)
+
+
+def tables_from_a_template(initialize):
+    """MLflow creates a store's tables by running its schema migrations, 2-3 s of CPU each time on
+    2 cores: the first SQLite store of this process is created so and kept as the template, and
+    each later one starts as a copy of it (the same file MLflow would write). Stores created in
+    subprocesses (the CLI's drivers, the first-creation races) are MLflow's own."""
+
+    def from_template(engine):
+        path = engine.url.database
+        if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:":
+            return initialize(engine)
+        with _template_lock:
+            if os.path.exists(_TEMPLATE_STORE):
+                return _copy_store(_TEMPLATE_STORE, path)
+            initialize(engine)
+            _copy_store(path, _TEMPLATE_STORE)
+
+    from_template.template = _TEMPLATE_STORE
+    return from_template
+
+
+def _copy_store(source: str, target: str) -> None:
+    """SQLite's online backup: a consistent copy even where another connection holds ``target``."""
+    source_db, target_db = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        source_db.backup(target_db)
+    finally:
+        source_db.close()
+        target_db.close()
 
 
 @pytest.fixture(scope="session")

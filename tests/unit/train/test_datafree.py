@@ -140,7 +140,7 @@ def test_one_pass_over_the_pool_steps_the_student_on_the_kd_loss_to_the_ensemble
     loss = distill_on_pool(student, pool, targets, optimizer, 8, 3.0, torch.Generator().manual_seed(0))
     expected = kd_loss(reference(pool), ensemble_logits(teachers, pool).detach(), 3.0)
     expected.backward()
-    assert loss == pytest.approx(float(expected), rel=1e-5)
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
     for got, before in zip(student.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.detach(), (before - 0.1 * before.grad).detach())
 

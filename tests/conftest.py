@@ -1,5 +1,6 @@
 """Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray."""
 
+import contextlib
 import os
 import sqlite3
 import sys
@@ -50,8 +51,8 @@ def tables_from_a_template(initialize):
 
     def from_template(engine):
         path = engine.url.database
-        if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:":
-            return initialize(engine)
+        if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:" or _has_tables(path):
+            return initialize(engine)  # MLflow's tables beside others: MLflow's own migrations
         with _template_lock:
             if os.path.exists(_TEMPLATE_STORE):
                 return _copy_store(_TEMPLATE_STORE, path)
@@ -62,14 +63,16 @@ def tables_from_a_template(initialize):
     return from_template
 
 
+def _has_tables(path: str) -> bool:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+
+
 def _copy_store(source: str, target: str) -> None:
     """SQLite's online backup: a consistent copy even where another connection holds ``target``."""
-    source_db, target_db = sqlite3.connect(source), sqlite3.connect(target)
-    try:
-        source_db.backup(target_db)
-    finally:
-        source_db.close()
-        target_db.close()
+    with contextlib.closing(sqlite3.connect(source)) as source_db:
+        with contextlib.closing(sqlite3.connect(target)) as target_db:
+            source_db.backup(target_db)
 
 
 @pytest.fixture(scope="session")

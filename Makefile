@@ -19,7 +19,7 @@ demo: $(STAMP)
 # the format check makes a module's line count the formatter's (tests/unit/test_layout.py).
 # The suite runs in 3 processes (pytest-xdist), each test file whole in one (its module fixtures
 # set up once): its Ray start-ups and subprocesses leave a core idle often enough that 3 took
-# 15 minutes where 1 took 22, on 2 cores.
+# 13-15 minutes where 1 took 22, on 2 cores.
 test: $(STAMP)
 	$(BIN)/ruff check raysim algorithms datasets tests tools
 	$(BIN)/ruff format --check raysim algorithms datasets tests tools

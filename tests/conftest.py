@@ -1,7 +1,16 @@
-"""Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray."""
+"""Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray.
 
+`make test` runs the suite in 3 processes (pytest-xdist, each test file whole in one), so a test
+never assumes it is alone on the machine: a port it serves on is a free one (or, fixed, one that
+no other test file uses), its Ray processes are found by its own folder, never by name, and
+`ray stop` is never called. Each process has its own Ray (``ray_local``) and its own temporary
+folder below.
+"""
+
+import atexit
 import contextlib
 import os
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -9,6 +18,7 @@ import threading
 from pathlib import Path
 
 _TMP = tempfile.mkdtemp(prefix="raysim-tests-")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # one a test process: 4 a `make test`
 # Set before anything imports HF, MLflow or Ray: a failing hub lookup otherwise hangs ~50 s.
 for key, value in {
     "HF_HUB_OFFLINE": "1",
@@ -25,8 +35,8 @@ for key, value in {
     "RAYSIM_PLUGIN_PATH": str(Path(__file__).parent / "plugins"),
 }.items():
     os.environ[key] = value
-# pytest-xdist starts its workers with COLUMNS=80: the CLI would lay its tables out for an 80-column
-# terminal, where a plain `pytest` sees a pipe (raysim.cli.console).
+# A COLUMNS in the environment (pytest-xdist's workers here started with COLUMNS=80) would make the
+# CLI lay its tables out for a terminal, where the tests read what a pipe gets (raysim.cli.console).
 os.environ.pop("COLUMNS", None)
 
 import pytest  # noqa: E402
@@ -51,9 +61,11 @@ def tables_from_a_template(initialize):
 
     def from_template(engine):
         path = engine.url.database
-        if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:" or _has_tables(path):
-            return initialize(engine)  # MLflow's tables beside others: MLflow's own migrations
+        if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:" or engine.url.query:
+            return initialize(engine)
         with _template_lock:
+            if _has_tables(path):  # MLflow's tables beside others': MLflow's own migrations
+                return initialize(engine)
             if os.path.exists(_TEMPLATE_STORE):
                 return _copy_store(_TEMPLATE_STORE, path)
             initialize(engine)

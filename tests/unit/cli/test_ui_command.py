@@ -86,8 +86,10 @@ def test_stopping_a_group_ends_every_process_in_it():
 
 
 def test_a_group_that_ignores_sigterm_is_killed_after_the_grace_period():
-    group = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True)
-    time.sleep(0.3)  # the trap is set (the child sleep inherits the ignored SIGTERM)
+    script = "trap '' TERM; sleep 60 & echo ready; wait"  # the child sleep inherits the ignored SIGTERM
+    group = subprocess.Popen(["sh", "-c", script], start_new_session=True, stdout=subprocess.PIPE)
+    assert group.stdout.readline() == b"ready\n"  # the trap is set: no sleep that may be too short
+    group.stdout.close()
     started = time.monotonic()
     ui.stop_process_group(group, grace_s=0.5)
     assert not group_alive(group.pid)

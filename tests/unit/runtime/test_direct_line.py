@@ -120,13 +120,13 @@ def test_a_connection_without_the_lines_key_is_not_admitted(server):
 
 def test_a_caller_that_sends_too_slowly_does_not_hold_the_line(monkeypatch, server):
     """One deadline for the whole opening: a byte every 0.3 s (each within a 0.5 s read's
-    timeout, so a deadline per read would hold the line past 2 s) is dropped at 0.5 s."""
+    timeout, so a deadline per read would hold the line past 4 s) is dropped at 0.5 s."""
     monkeypatch.setattr(direct_line, "_ADMISSION_S", 0.5)
     slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     slow.connect(server.address.name)
 
     def dribble():
-        for _ in range(6):
+        for _ in range(12):
             with contextlib.suppress(OSError):  # dropped part way
                 slow.sendall(b"\x00")
             time.sleep(0.3)
@@ -135,7 +135,7 @@ def test_a_caller_that_sends_too_slowly_does_not_hold_the_line(monkeypatch, serv
     writer.start()
     start = time.monotonic()
     line = DirectLine(server.address)  # waits in the backlog until the slow one is dropped
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 3  # margin for a busy machine: the suite runs in 3 processes
     line.send(("echo", "through"))
     assert line.receive() == "through"
     writer.join()

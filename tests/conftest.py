@@ -1,4 +1,4 @@
-"""Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray.
+"""Test-wide settings: offline HuggingFace, MLflow in a temp SQLite, no Ray usage stats; one Ray a process.
 
 `make test` runs the suite in 3 processes (pytest-xdist, each test file whole in one), so a test
 never assumes it is alone on the machine: a port it serves on is a free one (or, fixed, one that

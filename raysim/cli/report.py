@@ -96,9 +96,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from raysim.results.cost_table import COST_KEYS
     from raysim.results.grid_cost import cell_cost
     from raysim.results.grid_paired import paired
-    from raysim.results.grid_rounds import mixed_lengths
     from raysim.results.grid_runs import load_runs, log_report
-    from raysim.results.grid_table import Selection, Statistic, build_table, keep_runs
+    from raysim.results.grid_table import Selection, Statistic, build_table, keep_runs, mixed_lengths
     from raysim.results.run_store import STORE_HINT, RunStore
     from raysim.tracking.outbox import outage_as_error
     from raysim.tracking.tracking_store import tracking_uri

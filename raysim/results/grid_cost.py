@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysim.results.cost_table import COST_KEYS, INFERENCE_MACS, PEAK, SECONDS, run_cost
-from raysim.results.grid_table import Cell, Curve, higher_is_better
+from raysim.results.grid_table import Cell, higher_is_better
+from raysim.results.seed_run import Curve
 
 BYTES_UP, BYTES_DOWN = "sys/bytes_up", "sys/bytes_down"
 

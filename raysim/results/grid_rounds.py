@@ -1,5 +1,6 @@
 """How far the runs of a grid table went: ``--at-round R`` needs each run's value after R rounds,
-and runs of different lengths in one column compare a short run's final value with a long one's.
+and runs of different lengths in one column compare a short run's final value with a long one's
+(``raysim.results.grid_table.mixed_lengths`` warns of those).
 
 Rounds count as ``--target``'s do (``raysim.results.grid_cost``): a value logged at round r was
 reached after r + 1 rounds, so the value after R rounds is the one logged at round R - 1, and
@@ -7,19 +8,14 @@ after 0 rounds the initial model's (``evaluation.at_start``, logged at round -1)
 
 Usage:
     check_reached(runs, ["eval/central/accuracy"], 3)   # raises, naming the runs that did not
-    warning = mixed_lengths(table)                       # None, or one line to print
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from raysim.errors import RaysimError
-
-if TYPE_CHECKING:
-    from raysim.results.grid_table import Curve, GridTable, SeedRun
+from raysim.results.seed_run import Curve, SeedRun
 
 _NAMED = 5  # runs named in an error; the rest are counted
 
@@ -61,28 +57,8 @@ def check_reached(runs: Sequence[SeedRun], metrics: Sequence[str], rounds: int) 
             raise RaysimError(f"--at-round {rounds}: no value of {metric} {after}: {'; '.join(problems)}")
 
 
-def mixed_lengths(table: GridTable) -> str | None:
-    """One warning line when a column of ``table`` mixes runs of different lengths (in rounds, of
-    its metric's curve), naming how many runs have which length; None when none does."""
-    lengths: dict[str, list[int]] = {}
-    for (_, column), cell in table.cells.items():
-        lengths.setdefault(column, []).extend(rounds_of(r.curves[table.metric]) for r in cell.runs)
-    if all(len(set(found)) < 2 for found in lengths.values()):
-        return None
-    counts = Counter(n for found in lengths.values() for n in found)
-    listed = ", ".join(f"{count} {_runs(count)} of {n} {_rounds(n)}" for n, count in sorted(counts.items()))
-    return (
-        f"warning: runs of different lengths share a column ({listed}), so a cell mixes values of "
-        "different rounds; --at-round R reports every run after R rounds"
-    )
-
-
 def _rounds(n: int) -> str:
     return "round" if n == 1 else "rounds"
-
-
-def _runs(n: int) -> str:
-    return "run" if n == 1 else "runs"
 
 
 def _more(names: Sequence[str] | dict[str, int]) -> str:

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.results.grid_table import SeedRun
 from raysim.results.run_store import KIND_TAG, RunStore
+from raysim.results.seed_run import SeedRun
 from raysim.tracking.tracking_store import artifact_repository
 
 SWEEP_TAG, CELL_TAG, AXIS_PREFIX = "raysim.sweep", "raysim.cell", "raysim.axis."

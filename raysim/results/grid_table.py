@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,29 +27,12 @@ from typing import Literal
 import numpy as np
 
 from raysim.errors import RaysimError
-from raysim.results.grid_rounds import check_reached, value_after
+from raysim.results.grid_rounds import check_reached, rounds_of, value_after
+from raysim.results.seed_run import Curve, SeedRun
 
-Curve = tuple[tuple[int, float], ...]  # (round, value), rounds ascending; round -1: before training
 TEST_SCOPES = ("eval/central/", "eval/clients/", "eval/transfer/")  # metrics of test splits
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|barrier|error)(_mean|_p\d+)?$")
 ALL = "all"  # the one column of a table without a column axis
-
-
-@dataclass(frozen=True)
-class SeedRun:
-    """One run of a grid: its axes (``variant``, ``seed``, dotted config keys) and its curves."""
-
-    run_id: str
-    name: str
-    axes: Mapping[str, str]  # declared by a sweep (raysim.axis.* tags); checked for being placed
-    failed: bool = False  # did not finish: counted in its cell, not averaged
-    curves: Mapping[str, Curve] = field(default_factory=dict)
-    params: Mapping[str, str] = field(default_factory=dict)  # looked up when no axis has the key
-    seconds: float | None = None  # wall time
-    logged: frozenset[str] = frozenset()  # every metric the run logged (named when one is missing)
-
-    def value(self, axis: str) -> str | None:
-        return self.axes.get(axis, self.params.get(axis))
 
 
 def higher_is_better(metric: str) -> bool:
@@ -225,6 +209,29 @@ def check_selection(selection: Selection, metric: str) -> None:
             f"{scope}); choose on validation data: eval/validation/... (dataset.validation_fraction) or "
             f"eval/heldout/... (evaluation.heldout_fraction); --force-test-selection to choose on it anyway"
         )
+
+
+def mixed_lengths(table: GridTable) -> str | None:
+    """One warning line when a column of ``table`` mixes runs of different lengths (in rounds, of
+    its metric's curve, ``raysim.results.grid_rounds``), naming how many runs have which length;
+    None when none does."""
+    lengths: dict[str, list[int]] = {}
+    for (_, column), cell in table.cells.items():
+        lengths.setdefault(column, []).extend(rounds_of(r.curves[table.metric]) for r in cell.runs)
+    if all(len(set(found)) < 2 for found in lengths.values()):
+        return None
+    counts = Counter(n for found in lengths.values() for n in found)
+    listed = ", ".join(
+        f"{count} {_plural(count, 'run')} of {n} {_plural(n, 'round')}" for n, count in sorted(counts.items())
+    )
+    return (
+        f"warning: runs of different lengths share a column ({listed}), so a cell mixes values of "
+        "different rounds; --at-round R reports every run after R rounds"
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"
 
 
 def check_placed(runs: Sequence[SeedRun], placed: set[str]) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from raysim.results.cost_table import INFERENCE_MACS, PEAK, SECONDS
 from raysim.results.grid_cost import BYTES_UP, cell_cost, rounds_to_target
-from raysim.results.grid_table import Cell, SeedRun
+from raysim.results.grid_table import Cell
+from raysim.results.seed_run import SeedRun
 
 CURVE = ((-1, 0.1), (0, 0.3), (1, 0.6), (2, 0.9))
 

@@ -9,7 +9,8 @@ import pytest
 from raysim.errors import RaysimError
 from raysim.results.grid_paired import paired
 from raysim.results.grid_render import csv_text, latex, markdown, paired_markdown, seed_band_curves
-from raysim.results.grid_table import SeedRun, Selection, Statistic, build_table
+from raysim.results.grid_table import Selection, Statistic, build_table
+from raysim.results.seed_run import SeedRun
 
 TEST = "eval/central/accuracy"
 RULE = (

@@ -5,8 +5,9 @@ evaluate there; a column mixing runs of different lengths is one warning naming 
 import pytest
 
 from raysim.errors import RaysimError
-from raysim.results.grid_rounds import check_reached, mixed_lengths
-from raysim.results.grid_table import SeedRun, Statistic, build_table
+from raysim.results.grid_rounds import check_reached
+from raysim.results.grid_table import Statistic, build_table, mixed_lengths
+from raysim.results.seed_run import SeedRun
 
 TEST = "eval/central/accuracy"
 

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from raysim.errors import RaysimError
-from raysim.results.grid_table import SeedRun, Selection, Statistic, build_table, higher_is_better, keep_runs
+from raysim.results.grid_table import Selection, Statistic, build_table, higher_is_better, keep_runs
+from raysim.results.seed_run import SeedRun
 
 TEST, VALID = "eval/central/accuracy", "eval/heldout/accuracy"
 

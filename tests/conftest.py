@@ -31,6 +31,8 @@ for key, value in {
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "RAYSIM_CACHE": os.path.join(_TMP, "cache"),
+    # what a command writes by default (reports, compared runs, one-shot caches): not the checkout
+    "RAYSIM_HOME": os.path.join(_TMP, "home"),
     # test plugins (tests/plugins/algorithms/*.py); set before Ray starts, so workers see them too
     "RAYSIM_PLUGIN_PATH": str(Path(__file__).parent / "plugins"),
 }.items():

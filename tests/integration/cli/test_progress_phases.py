@@ -45,5 +45,6 @@ def test_a_one_shot_method_moves_the_bar_by_its_steps(tmp_path, monkeypatch):
         original(self, *exc)
 
     monkeypatch.setattr(RoundProgress, "__exit__", record)
+    monkeypatch.setenv("RAYSIM_HOME", str(tmp_path))  # its client models' cache: not the checkout's
     loop.run(tiny_job(algorithm={"name": "oneshot_fedavg"}), output_dir=tmp_path)
     assert seen == [("step 0", 1, 1)]  # unfixed: "0/3", nothing completed

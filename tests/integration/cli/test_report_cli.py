@@ -38,11 +38,18 @@ def log_cell(client, experiment, variant, lr, seed, values, status):
     return made.info.run_id
 
 
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """A report without ``--out`` writes under RAYSIM_HOME: here, not into the checkout."""
+    monkeypatch.setenv("RAYSIM_HOME", str(tmp_path / "home"))
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('report') / 'mlflow.db'}"
+    folder = tmp_path_factory.mktemp("report")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
     client = MlflowClient(uri)
-    experiment = client.create_experiment("grid")
+    experiment = client.create_experiment("grid", artifact_location=(folder / "artifacts").as_uri())
     parent = client.create_run(
         experiment, run_name="grid-sweep", tags={"raysim.kind": "sweep", "raysim.sweep": "sw1"}
     )

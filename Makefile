@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check raysim algorithms datasets tests tools
 	$(BIN)/ruff format --check raysim algorithms datasets tests tools
-	$(BIN)/mypy raysim algorithms tools
+	$(BIN)/mypy raysim algorithms datasets tools
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile
 
 # the tests marked slow: signalled drivers and servers, a second Ray, a real MiniLM (docs/reliability.md)

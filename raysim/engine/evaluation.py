@@ -26,7 +26,7 @@ from raysim import params as P
 from raysim.config import PersonalizationConfig, TimeToTargetConfig
 from raysim.engine.domain_scores import summarize_domains
 from raysim.engine.predictor import Predictor
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, NonFiniteError
 from raysim.measure.pooling import scored, summarize_clients
 from raysim.runtime.backend import Backend
 from raysim.types import Metrics, NumpyParams, Params
@@ -82,6 +82,7 @@ def evaluate_global(
     weights = P.to_numpy(params)
     # the held-out clients are personalized instead, where that is due
     metrics = evaluate_predictor(backend, Predictor.of([weights]), plan, heldout=personalize_round is None)
+    refuse_nonfinite_losses(metrics, state_round)
     if plan.with_client_state and state_round is not None and len(plan.clients):
         rows = backend.evaluate_personal(weights, plan.clients, state_round)
         metrics |= summarize_clients(rows, "eval/personal")
@@ -90,6 +91,30 @@ def evaluate_global(
     metrics |= {f"{scope}/num_skipped_clients": float(n) for scope, n in plan.num_skipped.items()}
     metrics["sys/eval_s"] = time.perf_counter() - t0
     return metrics
+
+
+# the global model's own losses (personalization, below, fine-tunes it first)
+GLOBAL_LOSSES = ("eval/central/loss", "eval/clients/loss", "eval/heldout/loss")
+
+
+def refuse_nonfinite_losses(metrics: Metrics, round_num: int | None) -> None:
+    """Stops a run (or ``raysim eval``) whose global model scores a NaN or infinite loss: its
+    weights are finite (they were checked) but its outputs overflow, so it is no usable model,
+    whatever its accuracy reads (an argmax of NaN logits is class 0).
+
+    Raises:
+        NonFiniteError: naming the losses and the likely cause.
+    """
+    bad = {key: metrics[key] for key in GLOBAL_LOSSES if key in metrics and not np.isfinite(metrics[key])}
+    if not bad:
+        return
+    when = f"round {round_num}: " if round_num is not None and round_num >= 0 else ""
+    losses = ", ".join(f"{key} is {value}" for key, value in bad.items())
+    raise NonFiniteError(
+        f"{when}the global model's {losses}: its weights are finite but its outputs overflow; a "
+        f"server step too large (lower algorithm.server.lr) or clients' steps (algorithm.local.lr, "
+        f"algorithm.local.grad_clip) made it"
+    )
 
 
 def evaluate_predictor(

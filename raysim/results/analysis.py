@@ -34,6 +34,7 @@ from raysim.config import JobConfig, TrackingConfig, deep_merge
 from raysim.config.renames import upgrade_saved_job
 from raysim.engine.build import JobParts, engine_of, open_parts, start_workers
 from raysim.engine.preflight import check_existing_tracking_store
+from raysim.engine.resumed_state import refuse_nonfinite_checkpoint
 from raysim.errors import CheckpointError, RaysimError
 from raysim.plugin_defaults import fresh_state
 from raysim.results.run_store import RUN_ID, WHICH_STORE, run_named
@@ -159,6 +160,7 @@ class FinishedRun:
     def _load(self, path: Path) -> NumpyParams:
         state, _ = read_state(path)
         check_compatible(state, self.parts.params, str(path))
+        refuse_nonfinite_checkpoint(state, str(path), "analyze")  # as eval and --resume refuse it
         return P.to_numpy(state.params)
 
     # --- evaluation and logging -----------------------------------------------------------

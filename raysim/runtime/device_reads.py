@@ -85,7 +85,9 @@ def check_finite_result(result: ClientResult) -> None:
     bad = P.nonfinite_names(result.update) + ([] if weight_is_finite else ["weight"])
     raise NonFiniteError(
         f"the client's update holds NaN or infinity in {bad[:5]}{' ...' if len(bad) > 5 else ''}; "
-        f"its local training diverged (lower the learning rate, or set local.grad_clip)"
+        f"its local training diverged (lower the learning rate, or set local.grad_clip), or the "
+        f"global model it started from already overflowed (a server step too large: "
+        f"algorithm.server.lr)"
     )
 
 

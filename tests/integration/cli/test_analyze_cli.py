@@ -189,6 +189,14 @@ def test_user_errors_are_one_line_naming_the_fix(finished, tmp_path, capsys):
     assert "no checkpoint of round 7" in err and "[0, 1, 2]" in err and "checkpoint_every" in err
     assert analyze(finished, "line", "best", "final") == 2
     assert "use final, init, round:N" in one_line_error(capsys)
+    nan = torch.load(result.run_dir / "checkpoints" / "final.pt", weights_only=False)
+    key = sorted(nan["state"]["params"])[-1]
+    nan["state"]["params"][key].view(-1)[0] = float("nan")
+    torch.save(nan, tmp_path / "nan.pt")
+    before = logged(result, uri, "analysis/line/init_nan/loss_barrier")
+    assert analyze(finished, "line", "init", str(tmp_path / "nan.pt")) == 2  # as eval and --resume
+    assert f"nan.pt is non-finite: params/{key} holds NaN" in one_line_error(capsys)
+    assert logged(result, uri, "analysis/line/init_nan/loss_barrier") == before == {}  # nothing logged
     missing = f"sqlite:///{tmp_path / 'none.db'}"
     assert main(["analyze", result.run_id, "line", "init", "final", "--tracking-uri", missing]) == 2
     assert "no MLflow store" in one_line_error(capsys)

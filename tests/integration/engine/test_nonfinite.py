@@ -115,6 +115,17 @@ def test_a_nonfinite_server_step_stops_the_run_and_mlflow_says_failed(tmp_path, 
     assert client.get_metric_history(found.info.run_id, "train/loss") == []  # no round was logged
 
 
+def test_a_finite_model_whose_outputs_overflow_stops_the_run_at_its_evaluation(tmp_path):
+    """FedAvgM's server lr of 1e37 leaves weights near 1e35: finite, so the model check passes,
+    but every logit overflows and the loss is NaN (the argmax of NaN logits would still score an
+    accuracy)."""
+    tracker = MemoryTracker()
+    job = tiny_job(algorithm={"name": "fedavgm", "server": {"lr": 1e37}}, engine={"num_rounds": 2})
+    with pytest.raises(NonFiniteError, match="round 0: the global model's eval/clients/loss is nan"):
+        run(job, tracker=tracker, output_dir=tmp_path)
+    assert tracker.status == "FAILED" and not list(tmp_path.rglob("final.pt"))
+
+
 class NanProtocol:
     """A protocol plugin whose own server step goes NaN (a test plugin)."""
 

@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from raysim.config import TimeToTargetConfig
-from raysim.engine.evaluation import TimeToTarget
-from raysim.errors import ConfigError
+from raysim.engine.evaluation import TimeToTarget, refuse_nonfinite_losses
+from raysim.errors import ConfigError, NonFiniteError
 from raysim.measure.barrier import summarize_barrier
 
 
@@ -85,3 +85,13 @@ def test_time_to_target_restored_from_a_checkpoint_logs_only_the_values_not_reac
     assert older.reached({"eval/clients/accuracy": 0.6}, 4, None) == {
         "tta/eval/clients/accuracy_0.5/round": 4.0
     }
+
+
+def test_only_the_global_models_own_nonfinite_losses_stop_a_run():
+    finite = {"eval/central/loss": 0.3, "eval/clients/loss": 1e30, "eval/personal/loss": float("nan")}
+    refuse_nonfinite_losses(finite, 4)  # a personal or fine-tuned model's loss is not the global one's
+    refuse_nonfinite_losses({"eval/transfer/x/loss": float("inf")}, 4)
+    with pytest.raises(NonFiniteError, match=r"^round 4: the global model's eval/clients/loss is inf: "):
+        refuse_nonfinite_losses({"eval/central/loss": 0.3, "eval/clients/loss": float("inf")}, 4)
+    with pytest.raises(NonFiniteError, match=r"^the global model's eval/heldout/loss is nan: .*server\.lr"):
+        refuse_nonfinite_losses({"eval/heldout/loss": float("nan")}, None)  # before the first round

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import yaml
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
 from raysim.bench.plain_loop import plain_local
 from raysim.config import JobConfig, apply_overrides, explain
+from raysim.config.files import read_job_file
 from raysim.errors import ConfigError
 
 
@@ -33,10 +33,7 @@ class BenchConfig(BaseModel, frozen=True, extra="forbid"):
 
 
 def load_benchmark(path: str | Path, overrides: list[str]) -> tuple[JobConfig, BenchConfig]:
-    raw = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
-    if not isinstance(raw, dict):
-        raise ConfigError([f"no benchmark file (a YAML mapping) at {path}"])
-    raw = apply_overrides(raw, overrides)
+    raw = apply_overrides(read_job_file(Path(path)), overrides)  # a job file with a bench: section
     try:
         bench = BenchConfig.model_validate(raw.pop("bench", {}) or {})
     except ValidationError as exc:

@@ -124,6 +124,12 @@ def read_job_file(path: Path) -> dict[str, Any]:
         raw = yaml.load(path.read_text(), Loader=JobLoader)  # noqa: S506 (safe, plus !unset)
     except FileNotFoundError:
         raise ConfigError([f"no such job file: {path}"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{path} is a folder; name a job file in it (a .yaml)"]) from None
+    except OSError as exc:
+        raise ConfigError([f"cannot read the job file: {exc.strerror}"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"not UTF-8 text (byte {exc.start}): a job file is YAML"], str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
     if not isinstance(raw, dict):

@@ -112,7 +112,11 @@ def read_unsent(folder: Path) -> UnsentRecords:
     """
     path = unsent_file(folder)
     lines: list[tuple[int, dict[str, Any]]] = []
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        content = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise ResourceError(f"{path}: not UTF-8 text (byte {exc.start}); {NOT_RAYSIMS}") from None
+    for number, text in enumerate(content.splitlines(), start=1):
         try:
             line = json.loads(text)
         except json.JSONDecodeError:

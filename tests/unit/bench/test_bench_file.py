@@ -1,4 +1,5 @@
-"""A benchmark file's device: the plain loop and the vectorized side train where the job's GPU is."""
+"""A benchmark file: read as a job file is, and its device (the plain loop and the vectorized side
+train where the job's GPU is)."""
 
 import pytest
 import torch
@@ -41,3 +42,14 @@ def test_a_gpu_figure_needs_two_warm_up_and_ten_timed_rounds_and_a_cpu_one_does_
     check_gpu_rounds(job, bench, torch.device("cuda"))  # 2 + 10: enough
     gpu_job, gpu_bench = load_benchmark("jobs/bench/pfl_cifar10_gpu.yaml", [])
     check_gpu_rounds(gpu_job, gpu_bench, torch.device("cuda"))  # the GPU benchmark as shipped
+
+
+def test_a_bench_file_is_read_as_a_job_file_is(tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: x\n  b: [u\n")  # a YAML traceback before
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_benchmark(tmp_path / "bad.yaml", [])
+    (tmp_path / "binary.yaml").write_bytes(b"\xff")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_benchmark(tmp_path / "binary.yaml", [])
+    with pytest.raises(ConfigError, match="no such job file"):
+        load_benchmark(tmp_path / "missing.yaml", [])

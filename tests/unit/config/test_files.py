@@ -69,6 +69,11 @@ def test_file_errors_are_config_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_jobs(tmp_path / "bad.yaml")
+    (tmp_path / "binary.yaml").write_bytes(b"a\xff\xfe")  # each was a traceback
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 1\): a job file is YAML"):
+        load_jobs(tmp_path / "binary.yaml")
+    with pytest.raises(ConfigError, match=f"{tmp_path} is a folder; name a job file in it"):
+        load_jobs(tmp_path)
 
 
 def test_every_job_file_in_the_repo_validates():

@@ -64,6 +64,12 @@ def test_a_line_raysim_never_writes_is_named_by_file_and_line_and_nothing_is_sen
     assert "restore the run's own file" in str(info.value)
 
 
+def test_a_file_that_is_not_text_is_refused_in_one_line(tmp_path):
+    (tmp_path / UNSENT_FILE).write_bytes(b"\xff")  # a UnicodeDecodeError traceback before
+    with pytest.raises(ResourceError, match=r"not UTF-8 text \(byte 0\); .*restore the run's own file"):
+        read_unsent(tmp_path)
+
+
 def test_a_first_line_naming_no_run_is_refused(tmp_path):
     (tmp_path / UNSENT_FILE).write_text(json.dumps({"run_id": 7}) + "\n")
     with pytest.raises(ResourceError, match="names no MLflow run and store on its first line"):

@@ -31,7 +31,7 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, evaluate_glob
 from raysim.engine.metrics import round_metrics, round_timing
 from raysim.engine.predictor import Predictor
 from raysim.engine.round_timer import Phase, RoundTimer
-from raysim.errors import ClientError, ConfigError, NonFiniteError
+from raysim.errors import ClientError, ConfigError, NonFiniteError, RaysimError
 from raysim.plugin_defaults import aggregator_of, pseudo_gradient, with_client_payloads
 from raysim.privacy.run_privacy import RunPrivacy
 from raysim.probe import Probe, ProbeRound, is_due
@@ -131,10 +131,15 @@ class Engine(Generic[A]):
         if self.robust is not None and self.robust.gathers:  # a robust rule reads every update
             options = replace(options, gathers=True)
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
-        if len(output.failures) > self.job.engine.max_failed_clients:
+        failed = len(output.failures)
+        if failed > self.job.engine.max_failed_clients or (failed and not output.clients):
             first = output.failures[0]  # the run stops on the first, its exception the cause
-            raise ClientError(
-                first.client_id, round_num, first.stage, first.error, first.raised_at
+            error = ClientError(first.client_id, round_num, first.stage, first.error, first.raised_at)
+            if output.clients:
+                raise error from first.error
+            raise RaysimError(  # a round of nothing but failures would leave the model as it was
+                f"round {round_num}: all {failed} clients of the cohort failed, so nothing was "
+                f"aggregated (engine.max_failed_clients drops some, never all); the first: {error}"
             ) from first.error
         for failure in output.failures:
             log.warning(

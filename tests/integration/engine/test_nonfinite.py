@@ -12,7 +12,7 @@ from raysim import params as P
 from raysim import registry
 from raysim.aggregate import Sum
 from raysim.engine.loop import run
-from raysim.errors import ClientError, NonFiniteError
+from raysim.errors import ClientError, NonFiniteError, RaysimError
 from raysim.runtime import worker as raysim_worker
 from raysim.runtime.client_state import ClientStateStore
 from raysim.stop_request import clear_stop_request, note_stop_request
@@ -113,6 +113,17 @@ def test_a_nonfinite_server_step_stops_the_run_and_mlflow_says_failed(tmp_path, 
     [found] = client.search_runs([client.get_experiment_by_name("nonfinite").experiment_id])
     assert found.info.status == "FAILED"
     assert client.get_metric_history(found.info.run_id, "train/loss") == []  # no round was logged
+
+
+def test_a_round_whose_every_client_failed_stops_the_run_whatever_the_policy_drops(tmp_path):
+    """A cohort of 6 that all diverge, under a policy that drops up to 6: nothing is aggregated,
+    so the run would go on with the model standing still and end FINISHED."""
+    tracker = MemoryTracker()
+    job = tiny_job(algorithm={"local": {"lr": 1e30}}, engine={"max_failed_clients": 6})
+    with pytest.raises(RaysimError, match="round 0: all 6 clients of the cohort failed, so nothing") as info:
+        run(job, tracker=tracker, output_dir=tmp_path)
+    assert "the first: client " in str(info.value) and "update_check: NonFiniteError" in str(info.value)
+    assert tracker.status == "FAILED"
 
 
 def test_a_finite_model_whose_outputs_overflow_stops_the_run_at_its_evaluation(tmp_path):

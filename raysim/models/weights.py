@@ -24,6 +24,7 @@ Usage:
 from __future__ import annotations
 
 import fnmatch
+import pickle
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,6 +78,8 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file at {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty, not a weights file (an interrupted copy?)")
     if path.suffix != ".safetensors" and zipfile.is_zipfile(path):  # what torch.save writes
         check_archive(path)  # older pickled torch files have no checksums to check
     try:
@@ -88,7 +91,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     except Exception as exc:
         raise CheckpointError(
             f"{path} is not a readable weights file (a raysim checkpoint, .safetensors, or a torch "
-            f"state dict saved with torch.save): {exc}"
+            f"state dict saved with torch.save): {unreadable(exc)}"
         ) from exc
     if is_checkpoint(raw):
         return parse_state(raw, path)[0].params  # no client-state snapshot needed
@@ -99,6 +102,17 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
             "save model.state_dict() itself"
         )
     return raw
+
+
+def unreadable(exc: Exception) -> str:
+    """Why ``torch.load`` could not read a file, in one line: torch's own texts run to pages, and
+    for a file that is no torch file they advise loading it with ``weights_only=False``."""
+    if isinstance(exc, pickle.UnpicklingError):
+        return "it is no torch file, or holds objects beyond tensors (a damaged copy?)"
+    if isinstance(exc, EOFError):
+        return "it ends early (a truncated copy?)"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first.split(". ")[0][:200]  # its first sentence (a truncated archive's is miniz's)
 
 
 @torch.no_grad()
@@ -116,7 +130,8 @@ def load_weights(
 
     Raises:
         CheckpointError: the file is unreadable, or lists in one message every missing,
-            unexpected and mis-shaped key, and every ``skip`` pattern that matches no key.
+            unexpected and mis-shaped key, and every ``skip`` pattern that matches no key; or a
+            tensor it would load holds NaN or infinity.
     """
     skip = (skip,) if isinstance(skip, str) else tuple(skip)  # one pattern, not its characters
     own = model.state_dict()
@@ -129,6 +144,9 @@ def load_weights(
         problems.append(f"skip patterns {unused} match no key of the model")
     if problems:
         raise CheckpointError(f"{path} does not fit the model: " + "; ".join(problems))
+    if not P.is_finite(weights):  # every client would train from it and diverge, blamed on its lr
+        bad = P.nonfinite_names(weights)
+        raise CheckpointError(f"{path} is non-finite: {listing(bad)} hold NaN or infinity")
     for key, value in weights.items():
         own[key].copy_(value)
 

@@ -226,6 +226,39 @@ def test_a_model_config_must_take_init_from():
     assert "plain_test_model" not in registry.names("model")
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty, not a weights file"),
+        (bytes(range(256)) * 20, "it is no torch file, or holds objects beyond tensors"),  # not "weights_only=False"
+        ("truncated", "failed reading zip archive: failed finding central directory$"),
+    ],
+)
+def test_an_unreadable_file_is_refused_in_one_line(tmp_path, content, message):
+    path = tmp_path / "w.pt"
+    if content == "truncated":
+        torch.save({"w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:500])
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_weights(build("mlp", {}), path)
+    assert "\n" not in str(info.value) and "weights_only" not in str(info.value)
+
+
+def test_weights_holding_nan_are_refused_and_nothing_is_loaded(tmp_path):
+    model = build("mlp", {}, seed=0)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    key = sorted(weights)[-1]
+    weights[key].view(-1)[0] = float("nan")
+    torch.save(weights, tmp_path / "nan.pt")
+    fresh = build("mlp", {})
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointError, match=f"nan.pt is non-finite: .*{key}.* hold NaN or infinity"):
+        load_weights(fresh, tmp_path / "nan.pt")
+    assert_same_tensors(fresh, before)
+
+
 def test_a_damaged_torch_state_dict_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"w": torch.arange(4096.0)}, path)

@@ -230,7 +230,7 @@ def test_a_model_config_must_take_init_from():
     ("content", "message"),
     [
         (b"", "is empty, not a weights file"),
-        (bytes(range(256)) * 20, "it is no torch file, or holds objects beyond tensors"),  # not "weights_only=False"
+        (bytes(range(256)) * 20, "it is no torch file, or holds objects beyond tensors"),
         ("truncated", "failed reading zip archive: failed finding central directory$"),
     ],
 )

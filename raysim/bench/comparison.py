@@ -7,7 +7,7 @@ figures under its own name and never printed as the headline.
 
 Usage:
     overhead = Ratio.of(raysim_s, [p / cores for p in plain_s])
-    print(f"raysim / ideal {overhead.text()}")   # 1.107x (IQR 1.041-1.163, 15 rounds)
+    print(f"raysim / ideal {overhead.text()}")   # 1.107x (per-round IQR 1.041-1.163, 15 rounds)
     figures |= overhead.figures("ratio_to_ideal")
 """
 
@@ -49,8 +49,10 @@ class Ratio:
         return cls(headline, float(low), float(high), statistics.median(per_round), len(per_round))
 
     def text(self) -> str:
-        """``1.107x (IQR 1.041-1.163, 15 rounds)``."""
-        return f"{self.headline:.3f}x (IQR {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
+        """``1.107x (per-round IQR 1.041-1.163, 15 rounds)``: the spread is the per-round ratios',
+        which need not hold the ratio of the medians (a few rounds that pair a fast round of one
+        side with a slow one of the other)."""
+        return f"{self.headline:.3f}x (per-round IQR {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
 
     def figures(self, name: str) -> dict[str, Any]:
         """The headline under ``name``; its spread and the other estimator beside it, named so."""

@@ -264,4 +264,4 @@ def _table(f: dict[str, Any]) -> Table:
 def _with_spread(f: dict[str, Any], name: str) -> str:
     """A headline ratio with the interquartile range of its per-round ratios."""
     low, high = f[f"{name}_iqr"]
-    return f"{f[name]:.3f}x (IQR {low:.3f}-{high:.3f})"
+    return f"{f[name]:.3f}x (per-round IQR {low:.3f}-{high:.3f})"

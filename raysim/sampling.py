@@ -170,6 +170,28 @@ def sample_eval_clients(num_clients: int, max_clients: int | None, seed: int) ->
     return np.sort(rng.choice(num_clients, size=max_clients, replace=False)).astype(np.int64)
 
 
+def schedule_problems(cohorts: object, first_round: object, recorded: object, num_clients: int) -> list[str]:
+    """What is wrong with a schedule's cohorts, first round and recorded population, at most one
+    line a kind (a client id 2.5 would train client 2)."""
+
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not isinstance(cohorts, list) or not all(isinstance(c, list) for c in cohorts):
+        return ["cohorts must be a list of lists of client ids"]
+    problems = []
+    if not (whole(first_round) and isinstance(first_round, int) and first_round >= 0):
+        problems.append(f"first_round must be a round number (0 or more), got {first_round!r}")
+    if recorded != num_clients:
+        problems.append(f"it was made for {recorded!r} clients, the dataset has {num_clients}")
+    ids = [c for cohort in cohorts for c in cohort]
+    if not_ids := [c for c in ids if not whole(c)]:
+        problems.append(f"client ids are whole numbers, found {not_ids[0]!r}")
+    elif outside := [c for c in ids if not 0 <= c < num_clients]:
+        problems.append(f"names client {outside[0]}, but the dataset has {num_clients} clients")
+    return problems
+
+
 class CohortSchedule:
     """A fixed participation schedule: the cohort of every round, shared across algorithms.
 
@@ -185,18 +207,37 @@ class CohortSchedule:
 
     @classmethod
     def load(cls, path: str | Path, num_clients: int) -> CohortSchedule:
+        """The schedule in ``path``, checked whole against a population of ``num_clients``.
+
+        Raises:
+            ConfigError: an unreadable file; a population, round or client id that is not a
+                whole number, or not this dataset's.
+        """
         try:
             raw = json.loads(Path(path).read_text())
-            cohorts = [[int(c) for c in cohort] for cohort in raw["cohorts"]]
-            first_round = int(raw.get("first_round", 0))
+            cohorts, first_round = raw["cohorts"], raw.get("first_round", 0)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError([f"engine.schedule: cannot read a cohort schedule from {path}: {exc}"])
-        bad = [c for cohort in cohorts for c in cohort if not 0 <= c < num_clients]
-        if bad:
             raise ConfigError(
-                [f"engine.schedule: {path} names client {bad[0]}, but the dataset has {num_clients} clients"]
-            )
+                [f"engine.schedule: cannot read a cohort schedule from {path}: {exc}"]
+            ) from None
+        problems = schedule_problems(cohorts, first_round, raw.get("num_clients", num_clients), num_clients)
+        if problems:
+            raise ConfigError([f"engine.schedule: {path}: {problem}" for problem in problems])
         return cls(cohorts, num_clients, first_round)
+
+    def check_runs(self, first: int, last: int) -> None:
+        """Refuses a schedule that cannot fix the cohorts of rounds ``first`` to ``last``: a round
+        without a cohort, an empty cohort, a client twice in one (a record of a run may hold
+        those: a round nobody reported in, an asynchronous client that arrived twice)."""
+        end = self.first_round + len(self.cohorts) - 1
+        if self.first_round > first or end < last:
+            covered = f"covers rounds {self.first_round}..{end}"
+            raise ConfigError([f"engine.schedule: {covered}, the job runs rounds {first}..{last}"])
+        for round_num in range(first, last + 1):
+            cohort = self.cohorts[round_num - self.first_round]
+            if not cohort or len(set(cohort)) < len(cohort):
+                what = "is empty" if not cohort else "names a client twice (a client trains once a round)"
+                raise ConfigError([f"engine.schedule: the cohort of round {round_num} {what}"])
 
     def cohort(self, round_num: int) -> np.ndarray:
         index = round_num - self.first_round

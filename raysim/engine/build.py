@@ -100,6 +100,8 @@ def build(
     check_time_to_target(job, parts.info)
     state, start_round = initial_state(parts.algorithm, parts.params, parts.info, job, checkpoint)
     check_resumable(job.robust, start_round)
+    if parts.schedule is not None:  # checked whole here, not at the round it lacks
+        parts.schedule.check_runs(start_round, job.engine.num_rounds - 1)
     if job.robust is not None:
         release_device(job)  # robust.device: cuda without a GPU, refused before the workers start
     examples = parts.store.num_examples("train")

@@ -1,5 +1,6 @@
 """Cohort sampling and seeds are pure functions of their inputs."""
 
+import json
 import math
 
 import numpy as np
@@ -149,3 +150,37 @@ def test_every_purpose_tag_names_one_stream():
     }
     assert len(tags) >= 19
     assert len(set(tags.values())) == len(tags), sorted(tags.items(), key=lambda item: item[1])
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ({"num_clients": 20, "cohorts": [[1, 2.5]]}, "client ids are whole numbers, found 2.5"),  # client 2
+        ({"num_clients": 20, "cohorts": [[1, True]]}, "client ids are whole numbers, found True"),
+        ({"num_clients": 20, "cohorts": [[1, 20]]}, "names client 20, but the dataset has 20 clients"),
+        ({"num_clients": 50, "cohorts": [[1, 2]]}, "it was made for 50 clients, the dataset has 20"),
+        ({"num_clients": 20, "first_round": -1, "cohorts": [[1]]}, "first_round must be a round number"),
+        ({"num_clients": 20, "first_round": 1.5, "cohorts": [[1]]}, "first_round must be a round number"),
+        ({"num_clients": 20, "cohorts": [1, 2]}, "cohorts must be a list of lists of client ids"),
+    ],
+)
+def test_a_schedule_file_is_checked_whole_as_it_is_read(tmp_path, content, says):
+    path = tmp_path / "cohorts.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ConfigError, match=f"engine.schedule: {path}: {says}"):
+        CohortSchedule.load(path, 20)
+
+
+def test_a_schedule_must_fix_every_round_the_job_runs_each_with_distinct_clients(tmp_path):
+    path = tmp_path / "cohorts.json"
+    path.write_text(json.dumps({"num_clients": 20, "first_round": 2, "cohorts": [[1, 2], [3], [], [4, 4]]}))
+    schedule = CohortSchedule.load(path, 20)  # a run's record may hold an empty round: it reads
+    schedule.check_runs(2, 3)
+    for first, last, says in [
+        (0, 3, "covers rounds 2..5, the job runs rounds 0..3"),
+        (2, 6, "covers rounds 2..5, the job runs rounds 2..6"),
+        (2, 4, "the cohort of round 4 is empty"),
+        (5, 5, "the cohort of round 5 names a client twice"),
+    ]:
+        with pytest.raises(ConfigError, match=f"engine.schedule: {says}"):
+            schedule.check_runs(first, last)

@@ -15,7 +15,9 @@ def test_the_headline_is_the_ratio_of_the_medians_not_the_median_of_the_ratios()
     assert ratio.median_of_ratios == pytest.approx(per_round[2])
     assert (ratio.low, ratio.high) == pytest.approx((per_round[1], per_round[3]))  # quartiles of 5 values
     assert ratio.rounds == 5
-    assert ratio.text() == f"{2.0 / 1.69:.3f}x (per-round IQR {per_round[1]:.3f}-{per_round[3]:.3f}, 5 rounds)"
+    assert (
+        ratio.text() == f"{2.0 / 1.69:.3f}x (per-round IQR {per_round[1]:.3f}-{per_round[3]:.3f}, 5 rounds)"
+    )
 
 
 def test_the_figures_name_the_headline_and_label_the_other_estimator():

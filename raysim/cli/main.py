@@ -13,6 +13,7 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -214,6 +215,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_jobs, probes_never_due
     from raysim.config.cells import has_sweep
 
+    if args.show_config and not args.dry_run:  # else a real run would start, printing no config
+        raise RaysimError("--show-config prints each variant's config with --dry-run: add --dry-run")
     if has_sweep(args.config):
         from raysim.cli.sweep_command import cmd_sweep
 
@@ -223,9 +226,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--only and --confirm-cells pick a sweep's cells; {args.config} has no sweep: section"
         )
     jobs = load_jobs(args.config, args.overrides, args.variant)
+    if args.resume and len(jobs) > 1:
+        raise RaysimError("--resume continues one run: pick one with --variant NAME")
+    if args.branch and not args.resume:
+        raise RaysimError("--branch starts a run from a checkpoint: give it with --resume CHECKPOINT")
     if args.dry_run:
         from raysim.cli.dry_run import resolved_configs, summary
 
+        if args.resume:  # the checkpoint's own checks, as the run makes them before its data
+            check_resume(args.resume, jobs[0], args.branch)
         if args.show_config:
             print(resolved_configs(jobs), end="")
         for job in jobs:
@@ -236,10 +245,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from raysim.cli.variant_runs import run_variants  # after --dry-run: it imports no Ray nor MLflow
 
     exit_on_sigterm()  # the run's finally ends it as KILLED and stops its workers
-    if args.resume and len(jobs) > 1:
-        raise RaysimError("--resume continues one run: pick one with --variant NAME")
-    if args.branch and not args.resume:
-        raise RaysimError("--branch starts a run from a checkpoint: give it with --resume CHECKPOINT")
     with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:  # a run's final.pt, fetched
         resume = resume_checkpoint(args.resume, jobs[0], Path(scratch)) if args.resume else None
         return run_variants(jobs, args, resume)
@@ -252,6 +257,22 @@ def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
     from raysim.tracking.tracking_store import tracking_uri
 
     return str(find_checkpoint(target, tracking_uri(job.tracking), scratch))
+
+
+def check_resume(target: str, job: JobConfig, branch: bool) -> None:
+    """What ``--dry-run --resume`` checks: the checkpoint found and whole, of this job (or
+    ``--branch``), with a round left to run, finite (the model's shapes are the run's check)."""
+    from raysim.checkpoint import read_checkpoint
+    from raysim.config.renames import upgrade_saved_job
+    from raysim.engine.resumed_state import check_rounds_left, refuse_nonfinite_checkpoint
+    from raysim.tracking.lineage import refuse_another_job
+
+    with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:
+        path = resume_checkpoint(target, job, Path(scratch))
+        checkpoint = read_checkpoint(path)
+        refuse_another_job(replace(checkpoint, job=upgrade_saved_job(checkpoint.job)), job.to_dict(), branch)
+        check_rounds_left(checkpoint.round_num, job.engine.num_rounds, path)
+        refuse_nonfinite_checkpoint(checkpoint.state, path)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -190,3 +190,20 @@ def test_dry_run_of_one_variant_and_of_a_bad_config(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("dry run: 1 variant x 2 rounds")  # the YAML only when asked
     assert main(["run", write(tmp_path, GOOD), "--dry-run", "engine.num_round=2"]) == 2
     assert "engine.num_round: unknown key" in capsys.readouterr().err
+
+
+def test_dry_run_checks_the_checkpoint_a_resume_names_and_show_config_needs_it(tmp_path, capsys):
+    """Each passed before: a dry run said "checks passed" for a checkpoint the run refuses, and
+    --show-config without --dry-run started a real run, printing no config."""
+    job = write(tmp_path, GOOD)
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    resume = ["--dry-run", "--variant", "prox", "--resume"]
+    assert main(["run", job, *resume, str(tmp_path / "garbage.pt")]) == 2
+    assert "garbage.pt is not a torch file (or a truncated one)" in capsys.readouterr().err
+    assert main(["run", job, *resume, str(tmp_path / "absent.pt")]) == 2
+    assert "absent.pt is neither a checkpoint file nor a run folder" in capsys.readouterr().err
+    assert main(["run", job, "--dry-run", "--resume", str(tmp_path / "garbage.pt")]) == 2
+    assert "pick one with --variant NAME" in capsys.readouterr().err
+    assert main(["run", job, "--show-config", "--variant", "prox", "--output-dir", str(tmp_path)]) == 2
+    assert "add --dry-run" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

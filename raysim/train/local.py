@@ -94,7 +94,7 @@ def gradient_step(
     return loss
 
 
-class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
+class LocalTrainConfig(BaseModel, frozen=True, extra="forbid", allow_inf_nan=False):
     """Client-side training hyper-parameters."""
 
     epochs: int = Field(1, ge=1)

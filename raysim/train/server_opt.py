@@ -29,7 +29,7 @@ from raysim.types import Metrics, OptState, Params, Payload, ServerState
 E = TypeVar("E")  # the plugin's ``ServerState.extra``
 
 
-class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
+class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid", allow_inf_nan=False):
     """Server optimizer applied to ``mean(delta)`` each round."""
 
     kind: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"

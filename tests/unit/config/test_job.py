@@ -20,6 +20,15 @@ def test_unknown_key_inside_a_plugin_section():
     assert "algorithm.local.lrr" in problem and "did you mean 'lr'" in problem
 
 
+def test_an_infinite_learning_rate_is_refused_as_nan_is():
+    """lr=inf passed ``gt=0`` and trained every client to NaN; so did the server's."""
+    algorithm = {"name": "fedadam", "local": {"lr": float("inf"), "momentum": float("nan")}}
+    problems = problems_of({**BASE, "algorithm": {**algorithm, "server": {"lr": float("inf")}}})
+    wrong = sorted(p.split(":")[0] for p in problems)
+    assert wrong == ["algorithm.local.lr", "algorithm.local.momentum", "algorithm.server.lr"]
+    assert all("Input should be a finite number" in p for p in problems)
+
+
 def test_placement_takes_rays_strategy_names_in_any_case():
     assert JobConfig.from_dict({**BASE, "resources": {"placement": "strict_spread"}}).resources.placement == (
         "STRICT_SPREAD"

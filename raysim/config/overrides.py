@@ -37,7 +37,21 @@ UNSET = _Unset()
 
 
 class JobLoader(yaml.SafeLoader):
-    """YAML's safe loader that also reads ``!unset``."""
+    """YAML's safe loader that also reads ``!unset``, and refuses a key written twice in one
+    mapping: YAML keeps the last one silently, so a second ``engine:`` section dropped the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key overrides it
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is written twice in one mapping; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 JobLoader.add_constructor(UNSET_TAG, lambda loader, node: UNSET)

@@ -76,6 +76,19 @@ def test_file_errors_are_config_errors(tmp_path):
         load_jobs(tmp_path)
 
 
+def test_a_key_written_twice_is_refused_where_yaml_would_keep_the_last(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: j\nengine: {num_rounds: 2, cohort_size: 3}\nengine: {num_rounds: 3}\n")
+    with pytest.raises(ConfigError, match="'engine' is written twice in one mapping; keep one"):
+        load_jobs(path)  # the first engine: section, with its cohort_size, was dropped silently
+    path.write_text("name: j\nalgorithm: {name: fedavg, local: {lr: 0.1, lr: 0.2}}\n")
+    with pytest.raises(ConfigError, match="'lr' is written twice"):
+        load_jobs(path)
+    path.write_text("base: &b {lr: 0.1}\nname: j\nalgorithm: {name: fedavg, local: {<<: *b, lr: 0.2}}\n")
+    with pytest.raises(ConfigError, match="base: unknown key"):  # a merge then a key: no duplicate
+        load_jobs(path)
+
+
 def test_every_job_file_in_the_repo_validates():
     from raysim.bench.bench_file import load_benchmark
 

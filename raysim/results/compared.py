@@ -89,6 +89,11 @@ def compare_runs(
 
             fetched = seed_means(runs, fetched)
         found += fetched
+    if x and not any(x in metrics_of_round for r in found for _, metrics_of_round in r.history):
+        raise RaysimError(  # else every curve went missing, blamed on the runs' evaluation
+            f"--x {x}: no compared run logged it; an x axis is a metric logged every round "
+            f"(e.g. sys/bytes_up, or sys/sim_clock_s with a system: section)"
+        )
     panels = curve_panels(found, metrics, x)
     missing = [m for m in metrics or [] if m not in {p.metric for p in panels}]
     if missing:

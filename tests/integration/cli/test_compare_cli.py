@@ -137,6 +137,8 @@ def test_unknown_names_and_metrics_are_clear_errors(store, capsys):
     assert "'no-such-run' is no run id, experiment or run name" in err and "'digits'" in err
     assert compare(store, "digits", "--metric", "bleu", "--no-log") == 2
     assert "no compared run logged bleu" in capsys.readouterr().err
+    assert compare(store, "digits", "--x", "nosuch/metric", "--no-log") == 2  # "no curves" before
+    assert "--x nosuch/metric: no compared run logged it" in capsys.readouterr().err
 
 
 def test_where_keeps_the_runs_with_that_param_or_tag(store, capsys, tmp_path):

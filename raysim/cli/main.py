@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raysim.cli import compare, eval_checkpoint, ls, report, runs, submit, track
+from raysim.cli.arg_types import positive_int
 from raysim.cli.console import console, err_console
 from raysim.cli.driver import exit_on_sigterm, quiet_startup
 from raysim.cli.home import raysim_home
@@ -169,7 +170,7 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
     )
     common.add_argument(
         "--clients",
-        type=int,
+        type=positive_int,
         metavar="K",
         help="pool the test splits of K of the run's evaluated clients (default: the central test set)",
     )

@@ -170,6 +170,8 @@ class FinishedRun:
         clients (drawn from its seed); else None, the central test set; else, for a dataset without
         one, all of its evaluated clients (their pooled loss is the run's ``eval/clients/loss``)."""
         pool = self.parts.plan.clients
+        if count is not None and count > len(pool):  # else silently fewer than asked for
+            raise RaysimError(f"--clients {count}: the run evaluates {len(pool)} clients, at most")
         if count is not None:
             return pool[sample_eval_clients(len(pool), count, self.job.seed)]
         return None if self.parts.store.meta["has_central_test"] else pool

@@ -197,6 +197,11 @@ def test_user_errors_are_one_line_naming_the_fix(finished, tmp_path, capsys):
     assert analyze(finished, "line", "init", str(tmp_path / "nan.pt")) == 2  # as eval and --resume
     assert f"nan.pt is non-finite: params/{key} holds NaN" in one_line_error(capsys)
     assert logged(result, uri, "analysis/line/init_nan/loss_barrier") == before == {}  # nothing logged
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage line, then its error
+        analyze(finished, "line", "init", "final", "--clients", "0")
+    assert "argument --clients: must be at least 1, got 0" in capsys.readouterr().err
+    assert analyze(finished, "line", "init", "final", "--clients", "100000") == 2  # cut to 20 before
+    assert "--clients 100000: the run evaluates 20 clients" in one_line_error(capsys)
     missing = f"sqlite:///{tmp_path / 'none.db'}"
     assert main(["analyze", result.run_id, "line", "init", "final", "--tracking-uri", missing]) == 2
     assert "no MLflow store" in one_line_error(capsys)

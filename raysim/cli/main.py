@@ -39,11 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow options (`--variant a x.y=1`): argparse leaves them over
     stray = [item for item in extra if "=" not in item or item.startswith("-")]
+    command = getattr(args, "command_parser", parser)
+    if stray and hasattr(args, "overrides") and not any(item.startswith("-") for item in stray):
+        command.error(f"override {stray[0]!r}: expected key.sub=value")  # as one before the options
     if stray:
-        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+        command.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         if not hasattr(args, "overrides"):
-            parser.error(f"{args.command} takes no key=value overrides: {' '.join(extra)}")
+            command.error(f"{args.command} takes no key=value overrides: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     quiet_startup()
     bound_store_calls()  # before any MLflow call, here or in a sentinel or job this process starts
@@ -143,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_parser(sub)
     submit.add_parser(sub)
     track.add_parser(sub)
+    for command in sub.choices.values():  # an error after parsing shows the command's own usage
+        command.set_defaults(command_parser=command)
     return parser
 
 

@@ -62,8 +62,9 @@ def check_rounds_left(last_round: int, num_rounds: int, resume_from: str) -> Non
         raise ConfigError(
             [
                 f"engine.num_rounds: {resume_from} already completed rounds 0..{last_round}, so a run of "
-                f"{num_rounds} rounds has none left; raise engine.num_rounds above {last_round + 1} "
-                f"(engine.num_rounds={last_round + 1 + num_rounds} runs {num_rounds} more)"
+                f"{num_rounds} {'round' if num_rounds == 1 else 'rounds'} has none left; raise "
+                f"engine.num_rounds above {last_round + 1} (engine.num_rounds={last_round + 1 + num_rounds} "
+                f"runs {num_rounds} more)"
             ]
         )
 

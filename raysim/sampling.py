@@ -227,17 +227,18 @@ class CohortSchedule:
 
     def check_runs(self, first: int, last: int) -> None:
         """Refuses a schedule that cannot fix the cohorts of rounds ``first`` to ``last``: a round
-        without a cohort, an empty cohort, a client twice in one (a record of a run may hold
-        those: a round nobody reported in, an asynchronous client that arrived twice)."""
+        without a cohort, a client twice in one (an asynchronous run's record may hold that: a
+        client that arrived twice). An empty cohort stays: a Poisson draw of nobody, or a round
+        nobody reported in, trains nobody and keeps the model."""
         end = self.first_round + len(self.cohorts) - 1
         if self.first_round > first or end < last:
             covered = f"covers rounds {self.first_round}..{end}"
             raise ConfigError([f"engine.schedule: {covered}, the job runs rounds {first}..{last}"])
         for round_num in range(first, last + 1):
             cohort = self.cohorts[round_num - self.first_round]
-            if not cohort or len(set(cohort)) < len(cohort):
-                what = "is empty" if not cohort else "names a client twice (a client trains once a round)"
-                raise ConfigError([f"engine.schedule: the cohort of round {round_num} {what}"])
+            if len(set(cohort)) < len(cohort):
+                problem = "names a client twice (a client trains once a round)"
+                raise ConfigError([f"engine.schedule: the cohort of round {round_num} {problem}"])
 
     def cohort(self, round_num: int) -> np.ndarray:
         index = round_num - self.first_round

@@ -35,11 +35,11 @@ if TYPE_CHECKING:  # the commands import their modules lazily: `raysim ls` stays
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser, commands = _parsers()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow options (`--variant a x.y=1`): argparse leaves them over
     stray = [item for item in extra if "=" not in item or item.startswith("-")]
-    command = getattr(args, "command_parser", parser)
+    command = commands[args.command]
     if stray and hasattr(args, "overrides") and not any(item.startswith("-") for item in stray):
         command.error(f"override {stray[0]!r}: expected key.sub=value")  # as one before the options
     if stray:
@@ -63,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """raysim's parser, and each command's own (whose usage an error after parsing shows)."""
     parser = argparse.ArgumentParser(prog="raysim", description="Federated-learning simulator on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -146,9 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_parser(sub)
     submit.add_parser(sub)
     track.add_parser(sub)
-    for command in sub.choices.values():  # an error after parsing shows the command's own usage
-        command.set_defaults(command_parser=command)
-    return parser
+    return parser, dict(sub.choices)
 
 
 MODEL_HELP = "a model of the run: final, init, round:N (its checkpoint of round N) or a checkpoint file"

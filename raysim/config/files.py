@@ -10,7 +10,14 @@ from typing import Any
 import yaml
 
 from raysim.config.job import JobConfig, JobOrigin, validate_job
-from raysim.config.overrides import JobLoader, check_targets, drop_unset, overrides_for, split_sweep
+from raysim.config.overrides import (
+    DuplicateKey,
+    JobLoader,
+    check_targets,
+    drop_unset,
+    overrides_for,
+    split_sweep,
+)
 from raysim.errors import ConfigError
 
 
@@ -183,6 +190,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             node = node[part]
         try:
             node[leaf] = yaml.load(text, Loader=JobLoader)  # noqa: S506 (safe, plus !unset)
+        except DuplicateKey as exc:  # {lr: 1, lr: 2}: not a string to pass on as the value
+            problems.append(f"override {item!r}: {exc}")
         except yaml.YAMLError:
             node[leaf] = text
     if problems:

@@ -36,22 +36,27 @@ class _Unset:
 UNSET = _Unset()
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key written twice in one mapping of a job file or an override."""
+
+
 class JobLoader(yaml.SafeLoader):
     """YAML's safe loader that also reads ``!unset``, and refuses a key written twice in one
-    mapping: YAML keeps the last one silently, so a second ``engine:`` section dropped the first."""
+    mapping: YAML keeps the last one silently, so a second ``engine:`` section dropped the first.
+    Checked as each mapping is composed, before merge keys (``<<: *base``) copy other mappings'
+    keys in, which a key may then override."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        seen: set[tuple[str, str]] = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key overrides it
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is written twice in one mapping; keep one", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+            if (key_node.tag, key_node.value) in seen:
+                at = f"line {key_node.start_mark.line + 1}"
+                raise DuplicateKey(f"{key_node.value!r} is written twice in one mapping ({at}); keep one")
+            seen.add((key_node.tag, key_node.value))
+        return node
 
 
 JobLoader.add_constructor(UNSET_TAG, lambda loader, node: UNSET)

@@ -131,15 +131,10 @@ class Engine(Generic[A]):
         if self.robust is not None and self.robust.gathers:  # a robust rule reads every update
             options = replace(options, gathers=True)
         output = self.backend.train_cohort(self.algorithm, payload, cohort, round_num, options)
-        failed = len(output.failures)
-        if failed > self.job.engine.max_failed_clients or (failed and not output.clients):
+        if len(output.failures) > self.job.engine.max_failed_clients:
             first = output.failures[0]  # the run stops on the first, its exception the cause
-            error = ClientError(first.client_id, round_num, first.stage, first.error, first.raised_at)
-            if output.clients:
-                raise error from first.error
-            raise RaysimError(  # a round of nothing but failures would leave the model as it was
-                f"round {round_num}: all {failed} clients of the cohort failed, so nothing was "
-                f"aggregated (engine.max_failed_clients drops some, never all); the first: {error}"
+            raise ClientError(
+                first.client_id, round_num, first.stage, first.error, first.raised_at
             ) from first.error
         for failure in output.failures:
             log.warning(
@@ -182,6 +177,7 @@ class Engine(Generic[A]):
             return state, plan.metrics() | {"sys/round_s": time.perf_counter() - t0}
         timer.lap()
         output = self.train_cohort(payload, cohort, round_num, options)
+        refuse_all_failed(output, round_num)
         timer.add_cohort(output, self.backend.is_concurrent)
         if self.selector is not None:  # it learns from who trained, and how long each took
             seconds = plan.durations() if plan is not None else None
@@ -357,6 +353,19 @@ class Engine(Generic[A]):
 def _every(every: int, round_num: int) -> bool:
     """Due after every ``every``-th round (0: never)."""
     return every > 0 and (round_num + 1) % every == 0
+
+
+def refuse_all_failed(output: RoundOutput[Any], round_num: int) -> None:
+    """Stops a round whose every client failed, however many ``engine.max_failed_clients`` lets it
+    drop: nothing was aggregated, and a run of such rounds would end FINISHED, untrained. (An
+    asynchronous step's group of one start version may fail whole: the rest of its buffer trained.)"""
+    if output.failures and not output.clients:
+        first = output.failures[0]
+        error = ClientError(first.client_id, round_num, first.stage, first.error, first.raised_at)
+        raise RaysimError(
+            f"round {round_num}: all {len(output.failures)} clients of the cohort failed, so nothing "
+            f"was aggregated (engine.max_failed_clients drops some of a round, never all); the first: {error}"
+        ) from first.error
 
 
 def refuse_nonfinite(tree: object, what: str, round_num: int) -> None:

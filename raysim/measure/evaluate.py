@@ -32,7 +32,7 @@ def evaluate(
     for batch in iterate_batches(to_tensors(data, device), batch_size):
         outputs = model(batch["x"])
         loss, num_correct, num_items = outputs_loss(outputs, batch, spec)
-        loss_sum, correct, seen = loss_sum + loss * num_items, correct + num_correct, seen + num_items
+        loss_sum, correct, seen = loss_sum + _summed(loss, num_items), correct + num_correct, seen + num_items
         if spec.metrics:  # causal LM batches have no "y"
             for name, value in scores.batch_statistics(spec, outputs, batch["y"]).items():
                 statistics[name] = statistics[name] + value if name in statistics else value
@@ -46,3 +46,12 @@ def evaluate(
         sums = scores.statistics_metrics(statistics)
         metrics |= scores.finish(spec.metrics, sums) | sums
     return metrics
+
+
+def _summed(loss: torch.Tensor, num_items: torch.Tensor | int) -> torch.Tensor:
+    """A batch's mean ``loss`` times its ``num_items``; 0 for a batch with nothing to score (a
+    causal LM batch of padding alone, whose mean is 0/0 = NaN), where a NaN over scored items
+    still shows (the run refuses a global model's NaN loss)."""
+    if isinstance(num_items, torch.Tensor):
+        return torch.where(num_items > 0, loss * num_items, torch.zeros_like(loss))
+    return loss * num_items

@@ -94,20 +94,20 @@ def gradient_step(
     return loss
 
 
-class LocalTrainConfig(BaseModel, frozen=True, extra="forbid", allow_inf_nan=False):
+class LocalTrainConfig(BaseModel, frozen=True, extra="forbid"):
     """Client-side training hyper-parameters."""
 
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)  # BatchNorm: an epoch's last batch of one joins the one before
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.05, gt=0, allow_inf_nan=False)  # inf passes gt=0: every client NaN
     lr_decay: float = Field(1.0, gt=0, le=1)  # round r trains at lr * lr_decay**r
     lr_schedule: Schedule | None = None  # any raysim.train.schedules lr schedule, instead of lr_decay
     epochs_schedule: EpochDecay | None = None  # round r trains round_epochs(config, r) epochs
     momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
     optimizer: str = Field("sgd", pattern="^(sgd|adam)$")
     max_steps: int | None = Field(None, ge=1)  # stop after this many batches (local steps)
-    grad_clip: float | None = Field(None, gt=0)  # max global grad norm
+    grad_clip: float | None = Field(None, gt=0, allow_inf_nan=False)  # max global grad norm
     channels_last: OnOffAuto = "auto"  # convolutions in channels-last memory; auto: on the CPU
 
     @model_validator(mode="after")

@@ -42,7 +42,7 @@ class Constant(BaseModel, frozen=True, extra="forbid"):
     """The same lr every round: ``lr0``, or ``lr`` when set (IMA's CLR ablation uses 5e-5)."""
 
     kind: Literal["constant"] = "constant"
-    lr: float | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     def value(self, lr0: float, round_num: int) -> float:
         return lr0 if self.lr is None else self.lr
@@ -58,7 +58,7 @@ class Cyclic(BaseModel, frozen=True, extra="forbid"):
     """
 
     kind: Literal["cyclic"] = "cyclic"
-    lr_min: float = Field(gt=0)
+    lr_min: float = Field(gt=0, allow_inf_nan=False)
     period: int = Field(20, ge=2)
     shape: Literal["sawtooth", "triangle"] = "sawtooth"
 

@@ -29,16 +29,16 @@ from raysim.types import Metrics, OptState, Params, Payload, ServerState
 E = TypeVar("E")  # the plugin's ``ServerState.extra``
 
 
-class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid", allow_inf_nan=False):
+class ServerOptimizerConfig(BaseModel, frozen=True, extra="forbid"):
     """Server optimizer applied to ``mean(delta)`` each round."""
 
     kind: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"
-    lr: float = Field(1.0, gt=0)
+    lr: float = Field(1.0, gt=0, allow_inf_nan=False)  # inf passes gt=0
     momentum: float = Field(0.0, ge=0, lt=1)  # sgd only (FedAvgM)
     nesterov: bool = False
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
-    eps: float = Field(1e-3, gt=0)  # the adaptivity Reddi et al. call tau
+    eps: float = Field(1e-3, gt=0, allow_inf_nan=False)  # the adaptivity Reddi et al. call tau
     bias_correction: bool = False
     # where the second moment v starts (adam, yogi, adagrad). Reddi et al.'s Algorithm 2 starts at
     # v_{-1} = eps^2 (FedAdam, FedYogi and FedAdagrad set that); the generic default is zero, the

@@ -79,14 +79,19 @@ def test_file_errors_are_config_errors(tmp_path):
 def test_a_key_written_twice_is_refused_where_yaml_would_keep_the_last(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: j\nengine: {num_rounds: 2, cohort_size: 3}\nengine: {num_rounds: 3}\n")
-    with pytest.raises(ConfigError, match="'engine' is written twice in one mapping; keep one"):
+    with pytest.raises(ConfigError, match=r"'engine' is written twice in one mapping \(line 3\); keep one"):
         load_jobs(path)  # the first engine: section, with its cohort_size, was dropped silently
     path.write_text("name: j\nalgorithm: {name: fedavg, local: {lr: 0.1, lr: 0.2}}\n")
     with pytest.raises(ConfigError, match="'lr' is written twice"):
         load_jobs(path)
-    path.write_text("base: &b {lr: 0.1}\nname: j\nalgorithm: {name: fedavg, local: {<<: *b, lr: 0.2}}\n")
-    with pytest.raises(ConfigError, match="base: unknown key"):  # a merge then a key: no duplicate
+    # merges, the deeper one first, and a key over a merged one: no key written twice
+    anchors = "base: &b {lr: 0.1}\nx: {y: &f {<<: *b, lr: 0.5}}\n"
+    path.write_text(anchors + "name: j\nalgorithm: {name: fedavg, local: {<<: *f}}\n")
+    with pytest.raises(ConfigError, match="base: unknown key") as info:
         load_jobs(path)
+    assert "written twice" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"override 'algorithm.local=\{lr: 1, lr: 2\}': 'lr' is written"):
+        load_jobs(REPO / "jobs" / "quickstart.yaml", ["algorithm.local={lr: 1, lr: 2}"])
 
 
 def test_every_job_file_in_the_repo_validates():

@@ -21,11 +21,12 @@ def test_unknown_key_inside_a_plugin_section():
 
 
 def test_an_infinite_learning_rate_is_refused_as_nan_is():
-    """lr=inf passed ``gt=0`` and trained every client to NaN; so did the server's."""
-    algorithm = {"name": "fedadam", "local": {"lr": float("inf"), "momentum": float("nan")}}
-    problems = problems_of({**BASE, "algorithm": {**algorithm, "server": {"lr": float("inf")}}})
-    wrong = sorted(p.split(":")[0] for p in problems)
-    assert wrong == ["algorithm.local.lr", "algorithm.local.momentum", "algorithm.server.lr"]
+    """lr=inf passed ``gt=0`` and trained every client to NaN; so did a server or schedule lr."""
+    inf = float("inf")
+    local = {"lr": inf, "weight_decay": inf, "lr_schedule": {"kind": "constant", "lr": inf}}
+    problems = problems_of({**BASE, "algorithm": {"name": "fedadam", "local": local, "server": {"lr": inf}}})
+    wrong = sorted(p.split(":")[0].removeprefix("algorithm.") for p in problems)
+    assert wrong == ["local.lr", "local.lr_schedule.constant.lr", "local.weight_decay", "server.lr"], problems
     assert all("Input should be a finite number" in p for p in problems)
 
 

@@ -13,7 +13,6 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -269,19 +268,12 @@ def resume_checkpoint(target: str, job: JobConfig, scratch: Path) -> str:
 
 
 def check_resume(target: str, job: JobConfig, branch: bool) -> None:
-    """What ``--dry-run --resume`` checks: the checkpoint found and whole, of this job (or
-    ``--branch``), with a round left to run, finite (the model's shapes are the run's check)."""
-    from raysim.checkpoint import read_checkpoint
-    from raysim.config.renames import upgrade_saved_job
-    from raysim.engine.resumed_state import check_rounds_left, refuse_nonfinite_checkpoint
-    from raysim.tracking.lineage import refuse_another_job
+    """What ``--dry-run --resume`` checks: the checkpoint found, and as the run checks it before
+    opening its data (``resumable_checkpoint``)."""
+    from raysim.engine.resumed_state import resumable_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="raysim-resume-") as scratch:
-        path = resume_checkpoint(target, job, Path(scratch))
-        checkpoint = read_checkpoint(path)
-        refuse_another_job(replace(checkpoint, job=upgrade_saved_job(checkpoint.job)), job.to_dict(), branch)
-        check_rounds_left(checkpoint.round_num, job.engine.num_rounds, path)
-        refuse_nonfinite_checkpoint(checkpoint.state, path)
+        resumable_checkpoint(resume_checkpoint(target, job, Path(scratch)), job, branch)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -17,9 +17,8 @@ from rich.console import Console
 from raysim import params as P
 from raysim import registry
 from raysim.algorithm import AnyAlgorithm, has_personal_model
-from raysim.checkpoint import Checkpoint, read_checkpoint
+from raysim.checkpoint import Checkpoint
 from raysim.config import JobConfig, probes_never_due
-from raysim.config.renames import upgrade_saved_job
 from raysim.data.prepare import open_dataset
 from raysim.data.round_data import check_training_options, dataset_options, with_validation_split
 from raysim.data.store import ClientStore
@@ -31,7 +30,7 @@ from raysim.engine.evaluation import EvaluationPlan, TimeToTarget, keep_personal
 from raysim.engine.model_check import check_model_fits, check_model_groups, check_plugin_model
 from raysim.engine.preflight import preflight
 from raysim.engine.privacy_setup import open_privacy
-from raysim.engine.resumed_state import initial_state
+from raysim.engine.resumed_state import initial_state, resumable_checkpoint
 from raysim.engine.selection_setup import open_selection
 from raysim.engine.system_clock import check_time_to_target, open_system
 from raysim.errors import ConfigError, ResourceError
@@ -51,7 +50,7 @@ from raysim.runtime.wire import WorkerSetup
 from raysim.sampling import CohortSchedule, split_population
 from raysim.systems.rounds import SimulatedSystem
 from raysim.tracking.driver_lock import claim_run_folder, release_run_folder
-from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide, refuse_another_job
+from raysim.tracking.lineage import CHECKPOINTS_DIR, Lineage, decide
 from raysim.tracking.tracker import MemoryTracker, MlflowTracker, Tracker
 from raysim.types import RunInfo, ServerState
 
@@ -91,10 +90,7 @@ def build(
         Console(stderr=True).print(f"note ({job.name}): {job.note}", highlight=False, soft_wrap=True)
     check_installed(job)
     preflight(job, tracking=tracker is None)  # seconds, not minutes, for a store or cluster that is down
-    checkpoint = read_checkpoint(resume_from) if resume_from is not None else None
-    if checkpoint is not None:  # written before options were renamed: today's names, no change
-        checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))
-        refuse_another_job(checkpoint, job.to_dict(), branch)  # before the data is opened
+    checkpoint = resumable_checkpoint(resume_from, job, branch) if resume_from is not None else None
     parts = open_parts(job)
     system = open_system(job, parts.store, parts.train_pool, parts.params, parts.algorithm)
     check_time_to_target(job, parts.info)

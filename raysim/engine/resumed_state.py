@@ -8,12 +8,27 @@ from typing import Any
 
 from raysim import params as P
 from raysim.algorithm import AnyAlgorithm
-from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible
+from raysim.checkpoint import Checkpoint, CheckpointTrail, check_compatible, read_checkpoint
 from raysim.config import JobConfig
+from raysim.config.renames import upgrade_saved_job
 from raysim.errors import CheckpointError, ConfigError
 from raysim.plugin_defaults import fresh_state, resume_state
 from raysim.stored import plain, rebuild
+from raysim.tracking.lineage import refuse_another_job
 from raysim.types import RunInfo, ServerState
+
+
+def resumable_checkpoint(path: str, job: JobConfig, branch: bool) -> Checkpoint:
+    """The checkpoint a run resumes from, checked before its data is opened (the run, and
+    ``raysim run --dry-run --resume``): whole, of this job unless ``branch``, with a round left,
+    finite; in today's option names. Its shapes are checked against the built model later
+    (``initial_state``)."""
+    checkpoint = read_checkpoint(path)
+    checkpoint = replace(checkpoint, job=upgrade_saved_job(checkpoint.job))  # written before renames
+    refuse_another_job(checkpoint, job.to_dict(), branch)
+    check_rounds_left(checkpoint.round_num, job.engine.num_rounds, str(checkpoint.path))
+    refuse_nonfinite_checkpoint(checkpoint.state, str(checkpoint.path))
+    return checkpoint
 
 
 def initial_state(

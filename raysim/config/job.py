@@ -250,7 +250,24 @@ def validate_job(raw: Any, source: str | None = None) -> JobConfig:
     assert core is not None  # it validated, or it added a problem
     fields = dict(core)
     fields["evaluation"] = fields["evaluation"].model_copy(update={"probes": probes})
-    return JobConfig(**fields, **sections, model_groups=groups)
+    job = JobConfig(**fields, **sections, model_groups=groups)
+    if booleans := numbers_given_as_booleans(raw, job.to_dict()):
+        raise ConfigError(booleans, source)
+    return job
+
+
+def numbers_given_as_booleans(raw: Any, resolved: Any, key: str = "") -> list[str]:
+    """The keys where a job wrote a boolean (YAML reads yes, no, on, off as ones) and the config
+    took a number: pydantic reads true as 1, so ``engine.num_rounds=yes`` ran one round."""
+    if isinstance(raw, dict) and isinstance(resolved, dict):
+        pairs = [(f"{key}{k}", v, resolved[k]) for k, v in raw.items() if k in resolved]
+    elif isinstance(raw, list) and isinstance(resolved, list) and len(raw) == len(resolved):
+        pairs = [(f"{key}{i}", v, w) for i, (v, w) in enumerate(zip(raw, resolved, strict=True))]
+    elif isinstance(raw, bool) and isinstance(resolved, int | float) and not isinstance(resolved, bool):
+        return [f"{key.rstrip('.')}: a number, not {str(raw).lower()} (YAML reads yes, no, on, off so)"]
+    else:
+        return []
+    return [problem for name, v, w in pairs for problem in numbers_given_as_booleans(v, w, f"{name}.")]
 
 
 def job_file_keys() -> list[str]:

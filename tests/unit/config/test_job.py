@@ -227,3 +227,15 @@ def test_model_validate_validates_a_mapping_as_from_dict_does():
     assert job == JobConfig.from_dict(BASE) and JobConfig.model_validate(job) is job
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         JobConfig.model_validate({**BASE, "algorithm": {"name": "nope"}})
+
+
+def test_a_boolean_where_a_number_goes_is_refused_not_read_as_one():
+    """Pydantic reads true as 1: ``engine.num_rounds=yes`` ran one round, ``epochs: on`` one epoch."""
+    algorithm = {"name": "fedavg", "local": {"epochs": True, "lr": True, "grad_clip": None}}
+    problems = problems_of({**BASE, "engine": {"num_rounds": True}, "algorithm": algorithm})
+    assert sorted(problems) == [
+        "algorithm.local.epochs: a number, not true (YAML reads yes, no, on, off so)",
+        "algorithm.local.lr: a number, not true (YAML reads yes, no, on, off so)",
+        "engine.num_rounds: a number, not true (YAML reads yes, no, on, off so)",
+    ]
+    JobConfig.from_dict({**BASE, "tracking": {"progress": False}})  # a real boolean stays one

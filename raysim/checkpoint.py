@@ -17,6 +17,7 @@ Usage:
 
 from __future__ import annotations
 
+import pickle
 import re
 import shutil
 import zipfile
@@ -299,10 +300,20 @@ def _load(path: Path) -> Any:
     try:
         return torch.load(path, weights_only=True)
     except Exception as exc:  # a damaged archive, or objects beyond tensors and plain containers
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]  # torch's are pages long
         raise CheckpointError(
-            f"{path} is a torch file but not a readable raysim checkpoint: {reason}"
+            f"{path} is a torch file but not a readable raysim checkpoint: {unreadable(exc)}"
         ) from exc
+
+
+def unreadable(exc: Exception) -> str:
+    """Why ``torch.load`` could not read a file, in one line: torch's own texts run to pages, and
+    for a file that is no torch file they advise loading it with ``weights_only=False``."""
+    if isinstance(exc, pickle.UnpicklingError):
+        return "it is no torch file, or holds objects beyond tensors (a damaged copy?)"
+    if isinstance(exc, EOFError):
+        return "it ends early (a truncated copy?)"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first.split(". ")[0][:200]  # its first sentence (a truncated archive's is miniz's)
 
 
 def check_archive(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -174,13 +175,13 @@ def schedule_problems(cohorts: object, first_round: object, recorded: object, nu
     """What is wrong with a schedule's cohorts, first round and recorded population, at most one
     line a kind (a client id 2.5 would train client 2)."""
 
-    def whole(value: object) -> bool:
+    def whole(value: object) -> TypeGuard[int]:
         return isinstance(value, int) and not isinstance(value, bool)
 
     if not isinstance(cohorts, list) or not all(isinstance(c, list) for c in cohorts):
         return ["cohorts must be a list of lists of client ids"]
     problems = []
-    if not (whole(first_round) and isinstance(first_round, int) and first_round >= 0):
+    if not (whole(first_round) and first_round >= 0):
         problems.append(f"first_round must be a round number (0 or more), got {first_round!r}")
     if recorded != num_clients:
         problems.append(f"it was made for {recorded!r} clients, the dataset has {num_clients}")

@@ -59,7 +59,7 @@ class EngineConfig(BaseModel, frozen=True, extra="forbid"):
 
     num_rounds: int = Field(10, ge=1)
     cohort_size: int = Field(10, ge=1)
-    max_failed_clients: int = Field(0, ge=0)  # per round; more stop the run, and so do all of a cohort
+    max_failed_clients: int = Field(0, ge=0)  # per round; more stop the run, as a round of all failed does
     max_client_examples: int | None = Field(None, ge=1)  # per client per round: a seeded subset
     schedule: str | None = None  # a cohorts.json from an earlier run: the same participation
     # fixed: exactly cohort_size clients a round, uniformly without replacement; poisson: each

@@ -24,7 +24,6 @@ Usage:
 from __future__ import annotations
 
 import fnmatch
-import pickle
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ from torch import nn
 
 from raysim import params as P
 from raysim import registry
-from raysim.checkpoint import check_archive, is_checkpoint, parse_state
+from raysim.checkpoint import check_archive, is_checkpoint, parse_state, unreadable
 from raysim.errors import CheckpointError
 
 SHOWN = 8  # keys listed per kind of mismatch; the rest are counted
@@ -102,17 +101,6 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
             "save model.state_dict() itself"
         )
     return raw
-
-
-def unreadable(exc: Exception) -> str:
-    """Why ``torch.load`` could not read a file, in one line: torch's own texts run to pages, and
-    for a file that is no torch file they advise loading it with ``weights_only=False``."""
-    if isinstance(exc, pickle.UnpicklingError):
-        return "it is no torch file, or holds objects beyond tensors (a damaged copy?)"
-    if isinstance(exc, EOFError):
-        return "it ends early (a truncated copy?)"
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return first.split(". ")[0][:200]  # its first sentence (a truncated archive's is miniz's)
 
 
 @torch.no_grad()

@@ -44,7 +44,8 @@ def check_reached(runs: Sequence[SeedRun], metrics: Sequence[str], rounds: int) 
         unlogged = [n for n, c in curves.items() if n not in short and value_after(c, rounds) is None]
         problems = []
         if short:
-            listed = ", ".join(f"{name} ({n} {_rounds(n)})" for name, n in list(short.items())[:_NAMED])
+            named = list(short.items())[:_NAMED]
+            listed = ", ".join(f"{name} ({n} {plural(n, 'round')})" for name, n in named)
             problems.append(
                 f"{len(short)} of {len(curves)} runs did not reach it: {listed}{_more(short)}; "
                 f"the most every run reached is {min(map(rounds_of, curves.values()))}"
@@ -53,12 +54,13 @@ def check_reached(runs: Sequence[SeedRun], metrics: Sequence[str], rounds: int) 
             listed = ", ".join(unlogged[:_NAMED])
             problems.append(f"{listed}{_more(unlogged)} did not evaluate {metric} then (evaluation.every)")
         if problems:
-            after = f"after {rounds} {_rounds(rounds)}"
+            after = f"after {rounds} {plural(rounds, 'round')}"
             raise RaysimError(f"--at-round {rounds}: no value of {metric} {after}: {'; '.join(problems)}")
 
 
-def _rounds(n: int) -> str:
-    return "round" if n == 1 else "rounds"
+def plural(n: int, word: str) -> str:
+    """``word`` for one, ``words`` for any other count."""
+    return word if n == 1 else f"{word}s"
 
 
 def _more(names: Sequence[str] | dict[str, int]) -> str:

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from raysim.errors import RaysimError
-from raysim.results.grid_rounds import check_reached, rounds_of, value_after
+from raysim.results.grid_rounds import check_reached, plural, rounds_of, value_after
 from raysim.results.seed_run import Curve, SeedRun
 
 TEST_SCOPES = ("eval/central/", "eval/clients/", "eval/transfer/")  # metrics of test splits
@@ -222,16 +222,12 @@ def mixed_lengths(table: GridTable) -> str | None:
         return None
     counts = Counter(n for found in lengths.values() for n in found)
     listed = ", ".join(
-        f"{count} {_plural(count, 'run')} of {n} {_plural(n, 'round')}" for n, count in sorted(counts.items())
+        f"{count} {plural(count, 'run')} of {n} {plural(n, 'round')}" for n, count in sorted(counts.items())
     )
     return (
         f"warning: runs of different lengths share a column ({listed}), so a cell mixes values of "
         "different rounds; --at-round R reports every run after R rounds"
     )
-
-
-def _plural(n: int, word: str) -> str:
-    return word if n == 1 else f"{word}s"
 
 
 def check_placed(runs: Sequence[SeedRun], placed: set[str]) -> None:
